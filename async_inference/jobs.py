@@ -1,0 +1,62 @@
+"""Job states and the transitions between them.
+
+Every state change is a conditional write whose condition is "the job is in one of the states this transition may
+leave", so a redelivered message, a late worker or a racing cancel can never move a job backwards or out of a final
+state.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+
+
+class JobStatus(str, enum.Enum):
+    AWAITING_UPLOAD = "awaiting_upload"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+
+# target state -> states it may be entered from. RUNNING -> RUNNING is a redelivery after a crash.
+ALLOWED_SOURCES: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.AWAITING_UPLOAD}),
+    JobStatus.RUNNING: frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
+    JobStatus.SUCCEEDED: frozenset({JobStatus.RUNNING}),
+    JobStatus.FAILED: frozenset({JobStatus.AWAITING_UPLOAD, JobStatus.QUEUED, JobStatus.RUNNING}),
+    JobStatus.CANCELLED: frozenset({JobStatus.AWAITING_UPLOAD, JobStatus.QUEUED, JobStatus.RUNNING}),
+    JobStatus.EXPIRED: frozenset({JobStatus.AWAITING_UPLOAD, JobStatus.QUEUED}),
+}
+
+
+def sources_of(target: JobStatus) -> frozenset[JobStatus]:
+    """The states a job may be in for a move to ``target`` to be allowed."""
+    return ALLOWED_SOURCES[target]
+
+
+JOB_ID_PATTERN = r"^job_[0-9a-f]{32}$"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+# Namespace for ids derived from (tenant, Idempotency-Key): a retried POST maps to the same job id.
+_IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0d7a52-3f5e-4d0e-9a57-0c1f3c1a9e11")
+
+
+def new_job_id(tenant: str, idempotency_key: str | None = None) -> str:
+    """A fresh job id, or the one that (tenant, idempotency_key) always maps to."""
+    if idempotency_key is None:
+        return f"job_{uuid.uuid4().hex}"
+    name = tenant + "\x00" + idempotency_key
+    return f"job_{uuid.uuid5(_IDEMPOTENCY_NAMESPACE, name).hex}"
+
+
+def is_job_id(value: str) -> bool:
+    return bool(_JOB_ID_RE.match(value))

@@ -1,0 +1,300 @@
+"""The wire schemas: what clients send, what travels on the queue, what is stored and what subscribers receive.
+
+Every producer and consumer validates with these models. Each message that leaves a process carries
+``schema_version`` so that a consumer can tell an old message from a new one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from async_inference import settings
+from async_inference.jobs import JOB_ID_PATTERN, JobStatus
+
+SCHEMA_VERSION = "1"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class _Strict(BaseModel):
+    """Client input: unknown fields are errors, and no silent type coercion ("5" is not an int)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Internal(BaseModel):
+    """Messages between our own components: unknown fields are tolerated so that a newer producer does not break an
+    older consumer during a rolling deploy."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- The request: an OpenAI-compatible chat.completions body ------------------------------------------------------
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+
+
+StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class ChatCompletionRequest(_Strict):
+    """The subset of ``POST /v1/chat/completions`` that a batch job can use. ``n`` is fixed at 1."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    messages: list[ChatMessage] = Field(min_length=1, max_length=settings.MAX_MESSAGES)
+    max_tokens: int = Field(default=settings.DEFAULT_MAX_TOKENS, ge=1, le=settings.MAX_TOKENS_LIMIT)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: StopSequence | list[StopSequence] | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    n: Literal[1] = 1
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > settings.MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {settings.MAX_STOP_SEQUENCES} stop sequences are allowed")
+        return value
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+# --- Submission -----------------------------------------------------------------------------------------------------
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=settings.MAX_METADATA_KEY_CHARS)]
+MetadataValue = Annotated[str, StringConstraints(max_length=settings.MAX_METADATA_VALUE_CHARS)]
+
+
+class UploadSpec(_Strict):
+    size_bytes: int = Field(ge=1, le=settings.MAX_UPLOAD_BYTES, description="Exact size of the body you will PUT.")
+
+
+class WebhookSpec(_Strict):
+    url: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
+    events: list[Literal["completed", "started"]] = Field(default_factory=lambda: ["completed"], min_length=1)
+
+
+class JobSubmission(_Strict):
+    """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
+
+    request: ChatCompletionRequest | None = None
+    upload: UploadSpec | None = None
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=settings.MAX_METADATA_KEYS)
+    webhook: WebhookSpec | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1, le=settings.MAX_TTL_S)
+    timeout_seconds: int | None = Field(default=None, ge=1, le=settings.MAX_EXECUTION_TIMEOUT_S)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> JobSubmission:
+        if (self.request is None) == (self.upload is None):
+            raise ValueError("give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})")
+        return self
+
+
+# --- The claim check: the only thing on the queue -------------------------------------------------------------------
+
+
+class ClaimCheck(_Internal):
+    """A reference to a job's payload in S3. Never the prompt: it stays well under 1 KB."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    tenant: str
+    bucket: str
+    key: str
+    model: str | None = None  # lets a fleet route by model without reading the payload
+    deadline: dt.datetime  # still queued after this: the job expires and never runs
+    timeout_s: int  # a running generation is aborted after this
+
+
+# --- The stored job -------------------------------------------------------------------------------------------------
+
+
+class Usage(_Internal):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class WebhookAttempt(_Internal):
+    at: dt.datetime
+    status_code: int | None = None
+    error: str | None = None
+
+
+class WebhookState(_Internal):
+    url: str
+    events: list[str]
+    status: Literal["pending", "delivered", "failed"] = "pending"
+    attempts: list[WebhookAttempt] = Field(default_factory=list)
+
+
+class Job(_Internal):
+    """A job as the state store holds it."""
+
+    job_id: str
+    tenant: str
+    status: JobStatus
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    attempts: int = 0
+    model: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    error: str | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    request_bucket: str
+    request_key: str
+    result_key: str | None = None
+    upload_size_bytes: int | None = None
+    deadline: dt.datetime
+    timeout_s: int
+    idempotency_key: str | None = None
+    webhook: WebhookState | None = None
+    notified: bool = False
+
+    def claim_check(self) -> ClaimCheck:
+        return ClaimCheck(
+            job_id=self.job_id,
+            tenant=self.tenant,
+            bucket=self.request_bucket,
+            key=self.request_key,
+            model=self.model,
+            deadline=self.deadline,
+            timeout_s=self.timeout_s,
+        )
+
+
+# --- API responses --------------------------------------------------------------------------------------------------
+
+
+class PresignedUrl(BaseModel):
+    url: str
+    expires_at: dt.datetime
+
+
+class PresignedUpload(PresignedUrl):
+    method: Literal["PUT"] = "PUT"
+    headers: dict[str, str] = Field(description="Send exactly these headers with the PUT.")
+
+
+class JobView(BaseModel):
+    """What ``GET /v1/jobs/{id}`` returns."""
+
+    job_id: str
+    status: JobStatus
+    created_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    attempts: int = 0
+    model: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    error: str | None = None
+    usage: Usage | None = None
+    result: PresignedUrl | None = None
+    upload: PresignedUpload | None = None
+    webhook: WebhookState | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+    next: str | None = Field(default=None, description="Pass as ?next= to get the following page.")
+
+
+class ErrorDetail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+# --- The result object: an OpenAI chat.completion with the job id ---------------------------------------------------
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    job_id: str
+
+
+# --- The notification -----------------------------------------------------------------------------------------------
+
+
+class S3Location(BaseModel):
+    bucket: str
+    key: str
+
+
+class Timings(BaseModel):
+    created_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    queue_s: float | None = None
+    run_s: float | None = None
+
+
+class ResultNotification(_Internal):
+    """The message published to the result topic when a job reaches a final state.
+
+    Message attributes ``status``, ``tenant`` and ``model`` carry the same values so that subscriptions can filter.
+    """
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    event: Literal["job.completed"] = "job.completed"
+    job_id: str
+    tenant: str
+    status: JobStatus
+    model: str | None = None
+    result_location: S3Location | None = None
+    result: ChatCompletion | None = Field(
+        default=None, description=f"The result itself when it is at most {settings.MAX_INLINE_RESULT_BYTES} bytes."
+    )
+    usage: Usage | None = None
+    error: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    timings: Timings
+
+
+def first_error_location(errors: list[dict[str, Any]]) -> str:
+    """'request.max_tokens' from a pydantic error list (used in 4xx messages)."""
+    if not errors:
+        return ""
+    return ".".join(str(p) for p in errors[0].get("loc", ()))

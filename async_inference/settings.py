@@ -1,0 +1,80 @@
+"""Settings that the CDK stack and the runtime code both use, defined once.
+
+The stack imports these to size queues, buckets and limits; the handlers and the worker import them to enforce the same
+limits. Change a value here and both sides follow.
+"""
+
+from __future__ import annotations
+
+# --- Names (the stack lets CloudFormation pick physical names; the local runtime uses these) -----------------------
+QUEUE_NAME = "inference-jobs"
+DLQ_NAME = "inference-jobs-dlq"
+TABLE_NAME = "inference-jobs"
+RESULT_TOPIC_NAME = "inference-job-results"
+BUCKET_NAME = "inference-claim-checks"
+# Locally, S3 "object created" events reach the upload handler through this queue (moto can notify SQS, not Lambda).
+UPLOAD_EVENTS_QUEUE_NAME = "inference-upload-events"
+
+# --- Queue ----------------------------------------------------------------------------------------------------------
+# The worker extends the visibility of every message it holds each HEARTBEAT_INTERVAL_S, so the timeout only has to
+# outlive a stalled heartbeat, not the longest generation. A crashed worker's jobs come back after this long.
+VISIBILITY_TIMEOUT_S = 60
+HEARTBEAT_INTERVAL_S = 15
+# Receives before SQS moves a message to the DLQ, and the DLQ handler fails the job.
+MAX_RECEIVE_COUNT = 5
+RECEIVE_WAIT_TIME_S = 20  # SQS long polling maximum
+RECEIVE_BATCH_SIZE = 10  # SQS ReceiveMessage maximum
+DLQ_RETENTION_DAYS = 14
+
+# --- Payloads and limits --------------------------------------------------------------------------------------------
+MAX_INLINE_REQUEST_BYTES = 256 * 1024  # body of POST /v1/jobs
+MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a presigned upload may announce at most this
+MAX_TOKENS_LIMIT = 4096  # max_tokens a job may ask for
+DEFAULT_MAX_TOKENS = 256
+MAX_MESSAGES = 256
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_STOP_SEQUENCES = 4
+MAX_INLINE_RESULT_BYTES = 128 * 1024  # results up to this size travel inside the SNS notification too
+
+# --- Presigned URLs -------------------------------------------------------------------------------------------------
+PRESIGNED_UPLOAD_EXPIRY_S = 15 * 60  # the API contract promises at most 15 minutes
+PRESIGNED_RESULT_EXPIRY_S = 60 * 60
+
+# --- Deadlines ------------------------------------------------------------------------------------------------------
+DEFAULT_TTL_S = 24 * 60 * 60  # a job still queued after this becomes `expired`
+MAX_TTL_S = 7 * 24 * 60 * 60
+DEFAULT_EXECUTION_TIMEOUT_S = 10 * 60  # a running generation is aborted after this
+MAX_EXECUTION_TIMEOUT_S = 60 * 60
+
+# --- Retention ------------------------------------------------------------------------------------------------------
+PAYLOAD_RETENTION_DAYS = 7  # S3 lifecycle for requests and results
+JOB_RECORD_RETENTION_DAYS = 30  # DynamoDB TTL on finished jobs
+
+# --- Listing --------------------------------------------------------------------------------------------------------
+TENANT_INDEX_NAME = "tenant-created-index"
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+
+# --- S3 key layout --------------------------------------------------------------------------------------------------
+REQUEST_PREFIX = "requests/"
+RESULT_PREFIX = "results/"
+
+
+def request_key(tenant: str, job_id: str) -> str:
+    """Where a job's request body (inline or uploaded) lives."""
+    return f"{REQUEST_PREFIX}{tenant}/{job_id}/request.json"
+
+
+def result_key(tenant: str, job_id: str) -> str:
+    """Where a job's chat.completion result lives; one fixed key, so a second write is harmless."""
+    return f"{RESULT_PREFIX}{tenant}/{job_id}/result.json"
+
+
+def parse_request_key(key: str) -> tuple[str, str] | None:
+    """(tenant, job_id) from a request key, or None when the key is not one of ours."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] + "/" != REQUEST_PREFIX or parts[3] != "request.json":
+        return None
+    return parts[1], parts[2]
