@@ -58,7 +58,10 @@ DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 
 # --- S3 key layout --------------------------------------------------------------------------------------------------
+# Inline bodies (written by the API Lambda) and presigned uploads live under different prefixes, so that the S3 event
+# notification that triggers the upload handler fires for uploads only.
 REQUEST_PREFIX = "requests/"
+UPLOAD_PREFIX = "uploads/"
 RESULT_PREFIX = "results/"
 
 
@@ -67,14 +70,19 @@ def request_key(tenant: str, job_id: str) -> str:
     return f"{REQUEST_PREFIX}{tenant}/{job_id}/request.json"
 
 
+def upload_key(tenant: str, job_id: str) -> str:
+    """Where a presigned upload puts a job's request body."""
+    return f"{UPLOAD_PREFIX}{tenant}/{job_id}/request.json"
+
+
 def result_key(tenant: str, job_id: str) -> str:
     """Where a job's chat.completion result lives; one fixed key, so a second write is harmless."""
     return f"{RESULT_PREFIX}{tenant}/{job_id}/result.json"
 
 
-def parse_request_key(key: str) -> tuple[str, str] | None:
-    """(tenant, job_id) from a request key, or None when the key is not one of ours."""
+def parse_upload_key(key: str) -> tuple[str, str] | None:
+    """(tenant, job_id) from an upload key, or None when the key is not one of ours."""
     parts = key.split("/")
-    if len(parts) != 4 or parts[0] + "/" != REQUEST_PREFIX or parts[3] != "request.json":
+    if len(parts) != 4 or parts[0] + "/" != UPLOAD_PREFIX or parts[3] != "request.json":
         return None
     return parts[1], parts[2]
