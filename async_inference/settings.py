@@ -86,3 +86,30 @@ def parse_upload_key(key: str) -> tuple[str, str] | None:
     if len(parts) != 4 or parts[0] + "/" != UPLOAD_PREFIX or parts[3] != "request.json":
         return None
     return parts[1], parts[2]
+
+
+# --- Added with the CDK app: names the stack and the code must agree on ------------------------------------------------
+# Job table key schema (async_inference.aws writes these attributes; the stack declares them).
+TABLE_PARTITION_KEY = "job_id"
+TENANT_INDEX_PARTITION_KEY = "tenant"
+TENANT_INDEX_SORT_KEY = "created_key"  # "<created_at ISO>#<job_id>"
+TABLE_TTL_ATTRIBUTE = "ttl_epoch"  # epoch seconds, set when a job becomes final
+
+# CloudWatch metrics the worker emits (EMF) and the dashboard plots.
+METRICS_NAMESPACE = "AsyncInference"
+METRIC_JOBS_SUCCEEDED = "JobsSucceeded"
+METRIC_JOBS_FAILED = "JobsFailed"
+METRIC_PROCESSING_TIME = "ProcessingTime"  # seconds
+
+# Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
+# receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.
+WEBHOOK_BACKOFF_BASE_S = 30
+WEBHOOK_BACKOFF_MAX_S = 15 * 60
+WEBHOOK_MAX_RECEIVE_COUNT = 10
+
+
+def webhook_retry_span_s() -> int:
+    """Seconds between a webhook's first delivery attempt and its move to the DLQ (the backoff schedule summed)."""
+    return sum(
+        min(WEBHOOK_BACKOFF_BASE_S * 2 ** (n - 1), WEBHOOK_BACKOFF_MAX_S) for n in range(1, WEBHOOK_MAX_RECEIVE_COUNT)
+    )
