@@ -1,0 +1,369 @@
+"""Small adapters over the AWS services the pipeline uses. The only module that calls boto3.
+
+Each adapter takes its boto3 client or resource in the constructor so a process builds its clients once (module level
+in a Lambda, once per worker) and tests can hand in clients pointed at a moto server. ``AWS_ENDPOINT_URL``, which
+boto3 honours by itself, is how the local runtime points everything at moto.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import boto3
+from boto3.dynamodb.conditions import Attr, Key
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from async_inference import settings
+from async_inference.jobs import FINAL_STATES, JobStatus, sources_of
+from async_inference.schemas import ClaimCheck, Job, ResultNotification, utcnow
+
+# Retries with backoff for throttling live in botocore ("standard" mode); anything still failing is an infrastructure
+# fault that the caller lets surface (the worker leaves the message for redelivery).
+_BOTO_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64)
+
+
+def _s3_config() -> Config:
+    # A local endpoint (moto) cannot serve virtual-hosted buckets (bucket.127.0.0.1), so presigned URLs and calls use
+    # path-style addressing there; against AWS the default (virtual-hosted) is kept.
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        return _BOTO_CONFIG.merge(Config(s3={"addressing_style": "path"}, signature_version="s3v4"))
+    return _BOTO_CONFIG.merge(Config(signature_version="s3v4"))
+
+
+def client(service: str) -> Any:
+    """A boto3 client with the project's retry settings."""
+    return boto3.client(service, config=_s3_config() if service == "s3" else _BOTO_CONFIG)
+
+
+def is_error(exc: BaseException, *codes: str) -> bool:
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in codes
+
+
+# --- DynamoDB -------------------------------------------------------------------------------------------------------
+
+
+def _to_item(job: Job) -> dict[str, Any]:
+    item = {k: v for k, v in job.model_dump(mode="json").items() if v is not None}
+    # Sort key of the tenant index: ISO timestamps sort chronologically as strings; the id breaks ties.
+    item["created_key"] = f"{item['created_at']}#{job.job_id}"
+    return item
+
+
+def _from_item(item: dict[str, Any]) -> Job:
+    return Job.model_validate(item)
+
+
+def _encode_token(key: dict[str, Any] | None) -> str | None:
+    if not key:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(key, default=str).encode()).decode()
+
+
+def _decode_token(token: str) -> dict[str, Any]:
+    """The opaque ``next`` token back into an ExclusiveStartKey; ValueError when it is not one of ours."""
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError) as exc:
+        raise ValueError("'next' is not a token this API returned") from exc
+    if not isinstance(key, dict) or set(key) != {"job_id", "tenant", "created_key"}:
+        raise ValueError("'next' is not a token this API returned")
+    return key
+
+
+class JobStore:
+    """Job state in DynamoDB. Every state change is conditional on the job's current state (see ``jobs.py``)."""
+
+    def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
+        self._dynamodb = dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)
+        self._table = self._dynamodb.Table(table_name)
+
+    def create(self, job: Job) -> bool:
+        """Store a new job; False when a job with this id exists already (an idempotent retry)."""
+        try:
+            self._table.put_item(Item=_to_item(job), ConditionExpression=Attr("job_id").not_exists())
+        except ClientError as exc:
+            if is_error(exc, "ConditionalCheckFailedException"):
+                return False
+            raise
+        return True
+
+    def get(self, job_id: str) -> Job | None:
+        item = self._table.get_item(Key={"job_id": job_id}, ConsistentRead=True).get("Item")
+        return _from_item(item) if item else None
+
+    def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
+        """Current state of up to 100 jobs in one request (the worker's cancellation check)."""
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        found: dict[str, Job] = {}
+        request = {self._table.name: {"Keys": [{"job_id": i} for i in ids], "ConsistentRead": True}}
+        while request:
+            response = self._dynamodb.batch_get_item(RequestItems=request)
+            for item in response.get("Responses", {}).get(self._table.name, []):
+                job = _from_item(item)
+                found[job.job_id] = job
+            request = response.get("UnprocessedKeys") or {}
+        return found
+
+    def transition(
+        self,
+        job_id: str,
+        target: JobStatus,
+        *,
+        tenant: str | None = None,
+        count_attempt: bool = False,
+        **fields: Any,
+    ) -> Job | None:
+        """Move a job to ``target`` if its current state allows it, setting ``fields``; the new job, or None when the
+        move was not allowed (already final, cancelled, unknown id, or another tenant's job)."""
+        now = utcnow()
+        values: dict[str, Any] = {"status": target.value, "updated_at": now.isoformat()}
+        if target in FINAL_STATES:
+            values["finished_at"] = now.isoformat()
+            values["ttl_epoch"] = int(now.timestamp()) + settings.JOB_RECORD_RETENTION_DAYS * 86400
+        for name, value in fields.items():
+            values[name] = _json_value(value)
+        names = {f"#{k}": k for k in values}
+        expr_values = {f":{k}": v for k, v in values.items()}
+        update = "SET " + ", ".join(f"#{k} = :{k}" for k in values)
+        if count_attempt:
+            update += " ADD #attempts :one"
+            names["#attempts"] = "attempts"
+            expr_values[":one"] = 1
+        condition = Attr("status").is_in([s.value for s in sources_of(target)])
+        if tenant is not None:
+            condition = condition & Attr("tenant").eq(tenant)
+        try:
+            response = self._table.update_item(
+                Key={"job_id": job_id},
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=expr_values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if is_error(exc, "ConditionalCheckFailedException"):
+                return None
+            raise
+        return _from_item(response["Attributes"])
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set fields that are not part of the state machine (notified flag, webhook attempts)."""
+        names = {f"#{k}": k for k in fields}
+        values = {f":{k}": _json_value(v) for k, v in fields.items()}
+        self._table.update_item(
+            Key={"job_id": job_id},
+            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+            ConditionExpression=Attr("job_id").exists(),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
+
+    def list_for_tenant(
+        self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None
+    ) -> tuple[list[Job], str | None]:
+        """A page of the tenant's jobs, newest first. Raises ValueError for a token this API did not issue."""
+        jobs: list[Job] = []
+        start = _decode_token(next_token) if next_token else None
+        if start is not None and start["tenant"] != tenant:
+            raise ValueError("'next' is not a token this API returned")
+        while True:
+            kwargs: dict[str, Any] = {
+                "IndexName": settings.TENANT_INDEX_NAME,
+                "KeyConditionExpression": Key("tenant").eq(tenant),
+                "ScanIndexForward": False,
+                "Limit": limit - len(jobs),
+            }
+            if status is not None:
+                # The filter runs after Limit is applied, so a page can come back short: keep reading.
+                kwargs["FilterExpression"] = Attr("status").eq(status.value)
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            response = self._table.query(**kwargs)
+            jobs.extend(_from_item(item) for item in response.get("Items", []))
+            start = response.get("LastEvaluatedKey")
+            if not start or len(jobs) >= limit:
+                break
+        return jobs, _encode_token(start)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, JobStatus):
+        return value.value
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if hasattr(value, "model_dump"):
+        return {k: v for k, v in value.model_dump(mode="json").items() if v is not None}
+    if isinstance(value, float):
+        raise TypeError("DynamoDB needs Decimal, not float: store floats as strings or ints")
+    return value
+
+
+# --- S3 -------------------------------------------------------------------------------------------------------------
+
+
+class PayloadTooLarge(Exception):
+    pass
+
+
+class Blobs:
+    """Request and result objects in the claim-check bucket."""
+
+    def __init__(self, bucket: str, s3: Any | None = None) -> None:
+        self.bucket = bucket
+        self._s3 = s3 or client("s3")
+
+    def put_json(self, key: str, body: bytes) -> None:
+        self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+
+    def put_json_once(self, key: str, body: bytes) -> bytes | None:
+        """Write ``body`` unless the key exists (S3 conditional write); the existing object's bytes if it did."""
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+        except ClientError as exc:
+            if is_error(exc, "PreconditionFailed", "ConditionalRequestConflict", "412"):
+                return self.get(key, max_bytes=settings.MAX_UPLOAD_BYTES)
+            raise
+        return None
+
+    def get(self, key: str, *, max_bytes: int, bucket: str | None = None) -> bytes:
+        """The object's bytes; KeyError when absent, PayloadTooLarge when over ``max_bytes``."""
+        try:
+            response = self._s3.get_object(Bucket=bucket or self.bucket, Key=key)
+        except ClientError as exc:
+            if is_error(exc, "NoSuchKey", "404", "NoSuchBucket"):
+                raise KeyError(key) from exc
+            raise
+        if response["ContentLength"] > max_bytes:
+            response["Body"].close()
+            raise PayloadTooLarge(f"{response['ContentLength']} bytes, limit {max_bytes}")
+        return response["Body"].read()
+
+    def delete(self, key: str) -> None:
+        self._s3.delete_object(Bucket=self.bucket, Key=key)
+
+    def presign_put(self, key: str, *, size_bytes: int, expires_s: int) -> tuple[str, dict[str, str]]:
+        """A SigV4 presigned PUT. Content-Length and Content-Type are signed, so S3 refuses a body of another size."""
+        headers = {"Content-Type": "application/json", "Content-Length": str(size_bytes)}
+        url = self._s3.generate_presigned_url(
+            "put_object",
+            Params={"Bucket": self.bucket, "Key": key, "ContentType": "application/json", "ContentLength": size_bytes},
+            ExpiresIn=expires_s,
+        )
+        return url, headers
+
+    def presign_get(self, key: str, *, expires_s: int) -> str:
+        return self._s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s)
+
+
+# --- SQS ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueMessage:
+    message_id: str
+    receipt_handle: str
+    body: str
+    receive_count: int
+
+
+class JobQueue:
+    """The claim-check queue."""
+
+    def __init__(self, queue_url: str, sqs: Any | None = None) -> None:
+        self.url = queue_url
+        self._sqs = sqs or client("sqs")
+
+    def send(self, claim: ClaimCheck) -> None:
+        self._sqs.send_message(QueueUrl=self.url, MessageBody=claim.model_dump_json(exclude_none=True))
+
+    def receive(self, *, max_messages: int, wait_s: int) -> list[QueueMessage]:
+        response = self._sqs.receive_message(
+            QueueUrl=self.url,
+            MaxNumberOfMessages=max(1, min(max_messages, settings.RECEIVE_BATCH_SIZE)),
+            WaitTimeSeconds=wait_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        )
+        return [
+            QueueMessage(
+                message_id=m["MessageId"],
+                receipt_handle=m["ReceiptHandle"],
+                body=m["Body"],
+                receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+            )
+            for m in response.get("Messages", [])
+        ]
+
+    def delete_batch(self, receipt_handles: list[str]) -> list[str]:
+        """Delete up to 10 messages in one request; the handles that failed."""
+        return self._batch("delete_message_batch", [{"ReceiptHandle": h} for h in receipt_handles])
+
+    def change_visibility_batch(self, receipt_handles: list[str], timeout_s: int) -> list[str]:
+        """Set the visibility timeout of up to 10 messages in one request; the handles that failed."""
+        entries = [{"ReceiptHandle": h, "VisibilityTimeout": timeout_s} for h in receipt_handles]
+        return self._batch("change_message_visibility_batch", entries)
+
+    def _batch(self, operation: str, entries: list[dict[str, Any]]) -> list[str]:
+        failed: list[str] = []
+        for start in range(0, len(entries), settings.RECEIVE_BATCH_SIZE):
+            chunk = [dict(e, Id=str(i)) for i, e in enumerate(entries[start : start + settings.RECEIVE_BATCH_SIZE])]
+            response = getattr(self._sqs, operation)(QueueUrl=self.url, Entries=chunk)
+            failed.extend(chunk[int(f["Id"])]["ReceiptHandle"] for f in response.get("Failed", []))
+        return failed
+
+
+# --- SNS ------------------------------------------------------------------------------------------------------------
+
+
+class Notifier:
+    """Publishes result notifications with the attributes subscriptions filter on."""
+
+    def __init__(self, topic_arn: str, sns: Any | None = None) -> None:
+        self.topic_arn = topic_arn
+        self._sns = sns or client("sns")
+
+    def publish(self, notification: ResultNotification) -> None:
+        self._sns.publish(
+            TopicArn=self.topic_arn,
+            Message=notification.model_dump_json(exclude_none=True),
+            MessageAttributes=notification_attributes(notification),
+        )
+
+
+def notification_attributes(notification: ResultNotification) -> dict[str, dict[str, str]]:
+    attributes = {
+        "status": {"DataType": "String", "StringValue": notification.status.value},
+        "tenant": {"DataType": "String", "StringValue": notification.tenant},
+    }
+    if notification.model:
+        attributes["model"] = {"DataType": "String", "StringValue": notification.model}
+    return attributes
+
+
+# --- API Gateway ----------------------------------------------------------------------------------------------------
+
+
+class TenantDirectory:
+    """Tenant of an API Gateway API key: the key's name. Cached, since keys are not renamed."""
+
+    def __init__(self, apigateway: Any | None = None) -> None:
+        self._apigateway = apigateway or client("apigateway")
+        self._cache: dict[str, str | None] = {}
+
+    def tenant_of(self, api_key_id: str) -> str | None:
+        if api_key_id not in self._cache:
+            try:
+                self._cache[api_key_id] = self._apigateway.get_api_key(apiKey=api_key_id, includeValue=False)["name"]
+            except ClientError as exc:
+                if not is_error(exc, "NotFoundException"):
+                    raise
+                self._cache[api_key_id] = None
+        return self._cache[api_key_id]

@@ -1,0 +1,373 @@
+"""The GPU worker: keeps the engine full of jobs from the claim-check queue.
+
+Up to ``engine.capacity`` jobs are in flight at once: messages are received in batches of 10, each job's payload is
+fetched and handed to the engine as soon as it is read, and each job finishes on its own. Visibility of held messages
+is extended in batches while they run; deletes are batched. A job that cannot succeed becomes a ``failed`` job with a
+reason; only infrastructure faults and transient engine faults are left to SQS redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, TypeVar
+
+from pydantic import ValidationError
+
+from async_inference import settings
+from async_inference.aws import Blobs, JobQueue, JobStore, QueueMessage
+from async_inference.config import ServiceConfig
+from async_inference.jobs import FINAL_STATES, JobStatus
+from async_inference.schemas import AssistantMessage, ChatCompletion, Choice, ClaimCheck, Job, Usage, utcnow
+from async_inference.service import JobService, parse_request_body
+from gpu_worker.engines.base import Engine, GenerationAborted, PermanentEngineError, TransientEngineError
+from gpu_worker.task_protection import TaskProtection
+
+logger = logging.getLogger("gpu_worker")
+T = TypeVar("T")
+
+
+# --- Configuration --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    service: ServiceConfig
+    engine: str = "echo"
+    heartbeat_interval_s: float = settings.HEARTBEAT_INTERVAL_S
+    visibility_timeout_s: int = settings.VISIBILITY_TIMEOUT_S
+    receive_wait_s: int = settings.RECEIVE_WAIT_TIME_S
+    # ECS sends SIGTERM, then SIGKILL after the task's stop timeout (120 s at most on EC2): drain inside it.
+    drain_timeout_s: float = 90.0
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        return cls(
+            service=ServiceConfig.from_env(),
+            engine=os.environ.get("ENGINE", "echo"),
+            heartbeat_interval_s=float(os.environ.get("HEARTBEAT_INTERVAL_S", settings.HEARTBEAT_INTERVAL_S)),
+            visibility_timeout_s=int(os.environ.get("VISIBILITY_TIMEOUT_S", settings.VISIBILITY_TIMEOUT_S)),
+            receive_wait_s=int(os.environ.get("RECEIVE_WAIT_S", settings.RECEIVE_WAIT_TIME_S)),
+            drain_timeout_s=float(os.environ.get("DRAIN_TIMEOUT_S", 90.0)),
+        )
+
+
+# --- I/O helpers ----------------------------------------------------------------------------------------------------
+
+
+class Slots:
+    """Free places in the engine's batch: a receiver takes up to 10 before it asks SQS for that many messages."""
+
+    def __init__(self, capacity: int) -> None:
+        self.free = capacity
+        self._changed = asyncio.Condition()
+
+    async def take(self, most: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.free > 0)
+            taken = min(most, self.free)
+            self.free -= taken
+            return taken
+
+    async def give(self, count: int) -> None:
+        async with self._changed:
+            self.free += count
+            self._changed.notify_all()
+
+
+class Batcher:
+    """Gathers items and hands them to ``flush`` in groups of up to ``max_size``, at most ``max_delay_s`` late.
+    Turns one SQS DeleteMessage per job into one DeleteMessageBatch per ten."""
+
+    def __init__(self, flush: Callable[[list[Any]], Awaitable[None]], *, max_size: int = 10, max_delay_s: float = 0.05):
+        self._flush = flush
+        self._max_size = max_size
+        self._max_delay_s = max_delay_s
+        self._items: list[Any] = []
+        self._timer: asyncio.Task[None] | None = None
+
+    async def add(self, item: Any) -> None:
+        self._items.append(item)
+        if len(self._items) >= self._max_size:
+            await self._drain()
+        elif self._timer is None:
+            self._timer = asyncio.create_task(self._later())
+
+    async def _later(self) -> None:
+        await asyncio.sleep(self._max_delay_s)
+        self._timer = None
+        await self._drain()
+
+    async def _drain(self) -> None:
+        while self._items:
+            chunk, self._items = self._items[: self._max_size], self._items[self._max_size :]
+            await self._flush(chunk)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self._drain()
+
+
+@dataclass
+class InFlight:
+    message: QueueMessage
+    job_id: str | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
+    return ChatCompletion(
+        id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
+        created=int(time.time()),
+        model=job.model or "",
+        choices=[Choice(message=AssistantMessage(content=text), finish_reason=finish_reason)],
+        usage=usage,
+        job_id=job.job_id,
+    )
+
+
+# --- The worker -----------------------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        engine: Engine,
+        *,
+        service: JobService | None = None,
+        protection: TaskProtection | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.service = service or JobService.from_config(config.service)
+        self.store: JobStore = self.service.store
+        self.blobs: Blobs = self.service.blobs
+        self.queue: JobQueue = self.service.queue
+        self.protection = protection or TaskProtection.from_env()
+        self._inflight: dict[str, InFlight] = {}  # by message id
+        self._stopping = asyncio.Event()
+        self._slots: Slots
+        self._deletes: Batcher
+        # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(64, engine.capacity + 8), thread_name_prefix="io")
+        self.jobs_finished = 0
+
+    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    # --- one job --------------------------------------------------------------------------------------------------
+
+    async def process(self, message: QueueMessage, flight: InFlight) -> None:
+        """Run one claim check to a final state, or leave its message for redelivery on an infrastructure fault."""
+        try:
+            claim = ClaimCheck.model_validate_json(message.body)
+        except ValidationError:
+            logger.error("poison message %s is not a claim check; deleting it", message.message_id)
+            await self._deletes.add(message.receipt_handle)
+            return
+        flight.job_id = claim.job_id
+        try:
+            done = await self._run_claim(claim, message)
+        except Exception:
+            # S3/DynamoDB/SNS faults that survived botocore's retries: SQS redelivers after the visibility timeout,
+            # and the DLQ takes the message after the max receive count.
+            logger.exception("job %s: infrastructure fault, leaving it for redelivery", claim.job_id)
+            return
+        if done:
+            await self._deletes.add(message.receipt_handle)
+
+    async def _run_claim(self, claim: ClaimCheck, message: QueueMessage) -> bool:
+        """True when the message is finished with (delete it), False to leave it for redelivery."""
+        if utcnow() > claim.deadline:
+            job = await self._io(self.store.get, claim.job_id)
+            if job is not None and job.status is JobStatus.QUEUED:
+                await self._io(self.service.finish, job, JobStatus.EXPIRED, error="still queued at its deadline")
+                return True
+        job = await self._io(
+            self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=utcnow()
+        )
+        if job is None:
+            return await self._not_runnable(claim.job_id)
+
+        raw = await self._read_payload(claim)
+        if raw is None:
+            await self._io(self.service.finish, job, JobStatus.FAILED, error="the request payload is missing from S3")
+            return True
+        request, reason = parse_request_body(raw)
+        if request is None:
+            await self._io(self.service.finish, job, JobStatus.FAILED, error=reason)
+            return True
+
+        started = time.monotonic()
+        try:
+            generation = await asyncio.wait_for(self.engine.generate(job.job_id, request), timeout=claim.timeout_s)
+        except asyncio.TimeoutError:
+            await self.engine.abort(job.job_id)
+            error = f"execution timed out after {claim.timeout_s} s"
+            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
+            return True
+        except GenerationAborted:
+            return True  # cancelled while running: the cancel already stored the final state and notified
+        except PermanentEngineError as exc:
+            await self._io(self.service.finish, job, JobStatus.FAILED, error=str(exc))
+            return True
+        except TransientEngineError as exc:
+            logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
+            return False
+        logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
+
+        usage = Usage(
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            total_tokens=generation.prompt_tokens + generation.completion_tokens,
+        )
+        completion = completion_for(job, generation.text, generation.finish_reason, usage)
+        key = settings.result_key(job.tenant, job.job_id)
+        stored = await self._io(self.blobs.put_json_once, key, completion.model_dump_json().encode())
+        if stored is not None:
+            # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
+            completion = ChatCompletion.model_validate_json(stored)
+        await self._io(
+            self.service.finish,
+            job,
+            JobStatus.SUCCEEDED,
+            result=completion,
+            result_key=key,
+            usage=completion.usage,
+            finish_reason=completion.choices[0].finish_reason,
+        )
+        self.jobs_finished += 1
+        return True
+
+    async def _not_runnable(self, job_id: str) -> bool:
+        """The job could not be moved to running: find out why and whether the message is done with."""
+        job = await self._io(self.store.get, job_id)
+        if job is None:
+            logger.error("claim check for unknown job %s; deleting it", job_id)
+            return True
+        if job.status in FINAL_STATES:
+            if not job.notified:  # a worker crashed between the state write and the publish
+                await self._io(self.service.notify, job)
+            return True
+        return False  # e.g. still awaiting its upload: try again later
+
+    async def _read_payload(self, claim: ClaimCheck) -> bytes | None:
+        try:
+            return await self._io(self.blobs.get, claim.key, bucket=claim.bucket, max_bytes=settings.MAX_UPLOAD_BYTES)
+        except KeyError:
+            return None
+
+    # --- the loops ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Receive and run jobs until ``stop``; then drain and hand back what is left."""
+        asyncio.get_running_loop().set_default_executor(self._pool)
+        await self.engine.start()
+        self._slots = Slots(self.engine.capacity)
+        self._deletes = Batcher(self._delete_batch)
+        receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
+        logger.info("worker started: engine=%s capacity=%d receivers=%d", self.engine.name, self.engine.capacity, receivers)
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            await asyncio.gather(*(self._receive_loop() for _ in range(receivers)))
+            await self._drain()
+        finally:
+            heartbeat.cancel()
+            await self._deletes.close()
+            await self.protection.set(False)
+            await self.engine.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _receive_loop(self) -> None:
+        while not self._stopping.is_set():
+            taken = await self._slots.take(settings.RECEIVE_BATCH_SIZE)
+            if self._stopping.is_set():
+                await self._slots.give(taken)
+                return
+            try:
+                messages = await self._io(self.queue.receive, max_messages=taken, wait_s=self.config.receive_wait_s)
+            except Exception:
+                logger.exception("receive failed; retrying in 1 s")
+                await self._slots.give(taken)
+                await asyncio.sleep(1)
+                continue
+            await self._slots.give(taken - len(messages))
+            if self._stopping.is_set() and messages:
+                # Received after the stop began: hand them straight back.
+                await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
+                await self._slots.give(len(messages))
+                return
+            if messages and not self._inflight:
+                await self.protection.set(True)
+            for message in messages:
+                self._start(message)
+
+    def _start(self, message: QueueMessage) -> None:
+        flight = InFlight(message=message)
+        self._inflight[message.message_id] = flight
+        flight.task = asyncio.create_task(self.process(message, flight))
+        flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(message.message_id)))
+
+    async def _finished(self, message_id: str) -> None:
+        self._inflight.pop(message_id, None)
+        await self._slots.give(1)
+        if not self._inflight and not self._stopping.is_set():
+            await self.protection.set(False)
+
+    async def _delete_batch(self, handles: list[str]) -> None:
+        failed = await self._io(self.queue.delete_batch, handles)
+        if failed:
+            logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
+
+    async def _heartbeat(self) -> None:
+        """Keep held messages invisible while their jobs run, and abort jobs cancelled while running."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            flights = list(self._inflight.values())
+            if not flights:
+                continue
+            try:
+                await self._io(
+                    self.queue.change_visibility_batch,
+                    [f.message.receipt_handle for f in flights],
+                    self.config.visibility_timeout_s,
+                )
+                await self._abort_cancelled([f.job_id for f in flights if f.job_id])
+            except Exception:
+                logger.exception("heartbeat failed; retrying at the next beat")
+
+    async def _abort_cancelled(self, job_ids: list[str]) -> None:
+        for start in range(0, len(job_ids), 100):
+            jobs = await self._io(self.store.get_many, job_ids[start : start + 100])
+            for job in jobs.values():
+                if job.status is JobStatus.CANCELLED:
+                    await self.engine.abort(job.job_id)
+
+    async def _drain(self) -> None:
+        """After a stop: let running jobs finish within the drain timeout, then abort the rest and make their
+        messages visible at once, so another worker picks them up now rather than after the visibility timeout."""
+        pending = [f.task for f in self._inflight.values() if f.task]
+        if pending:
+            logger.info("draining %d jobs for up to %.0f s", len(pending), self.config.drain_timeout_s)
+            await asyncio.wait(pending, timeout=self.config.drain_timeout_s)
+        left = list(self._inflight.values())
+        if not left:
+            return
+        logger.info("handing back %d unfinished jobs", len(left))
+        for flight in left:
+            if flight.task:
+                flight.task.cancel()
+            if flight.job_id:
+                await self.engine.abort(flight.job_id)
+        await self._io(self.queue.change_visibility_batch, [f.message.receipt_handle for f in left], 0)

@@ -1,0 +1,36 @@
+"""S3 "object created" events for presigned uploads: check the object and queue its job, or fail it with a reason."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.data_classes import S3Event, event_source
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from async_inference.config import ServiceConfig
+from async_inference.service import JobService
+
+logger = Logger()
+tracer = Tracer()
+service = JobService.from_config(ServiceConfig.from_env())
+
+
+@tracer.capture_method
+def accept(key: str, size: int) -> None:
+    job = service.accept_upload(key, size)
+    if job is None:
+        logger.warning("object under the upload prefix matches no waiting job", extra={"key": key})
+    else:
+        logger.info("upload checked", extra={"job_id": job.job_id, "status": job.status.value, "error": job.error})
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@event_source(data_class=S3Event)
+def lambda_handler(event: S3Event, context: LambdaContext) -> dict[str, Any]:
+    for record in event.records:
+        # S3 event keys are URL-encoded (spaces become '+').
+        accept(unquote_plus(record.s3.get_object.key), record.s3.get_object.size)
+    return {"processed": len(list(event.records))}

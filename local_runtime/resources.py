@@ -1,0 +1,89 @@
+"""Creates the service's resources on the local endpoint from the same settings the CDK stack uses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from async_inference import settings
+from async_inference.aws import client
+from async_inference.config import ServiceConfig
+
+
+@dataclass(frozen=True)
+class LocalResources:
+    config: ServiceConfig
+    upload_events_queue_url: str
+    api_keys: dict[str, str]  # key value -> tenant
+
+
+def create_resources(api_keys: dict[str, str]) -> LocalResources:
+    s3, sqs, sns, dynamodb, apigateway = (client(s) for s in ("s3", "sqs", "sns", "dynamodb", "apigateway"))
+
+    dlq_url = sqs.create_queue(
+        QueueName=settings.DLQ_NAME,
+        Attributes={"MessageRetentionPeriod": str(settings.DLQ_RETENTION_DAYS * 86400)},
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    queue_url = sqs.create_queue(
+        QueueName=settings.QUEUE_NAME,
+        Attributes={
+            "VisibilityTimeout": str(settings.VISIBILITY_TIMEOUT_S),
+            "ReceiveMessageWaitTimeSeconds": str(settings.RECEIVE_WAIT_TIME_S),
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.MAX_RECEIVE_COUNT}),
+        },
+    )["QueueUrl"]
+
+    # moto delivers S3 notifications to SQS but cannot invoke a Python function: locally the upload handler reads
+    # its S3 events from this queue (in AWS, S3 invokes the Lambda directly).
+    upload_events_url = sqs.create_queue(QueueName=settings.UPLOAD_EVENTS_QUEUE_NAME)["QueueUrl"]
+    upload_events_arn = sqs.get_queue_attributes(QueueUrl=upload_events_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    s3.create_bucket(Bucket=settings.BUCKET_NAME)
+    s3.put_bucket_notification_configuration(
+        Bucket=settings.BUCKET_NAME,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": upload_events_arn,
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": settings.UPLOAD_PREFIX}]}},
+                }
+            ]
+        },
+    )
+
+    dynamodb.create_table(
+        TableName=settings.TABLE_NAME,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "job_id", "AttributeType": "S"},
+            {"AttributeName": "tenant", "AttributeType": "S"},
+            {"AttributeName": "created_key", "AttributeType": "S"},
+        ],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": settings.TENANT_INDEX_NAME,
+                "KeySchema": [
+                    {"AttributeName": "tenant", "KeyType": "HASH"},
+                    {"AttributeName": "created_key", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+    )
+    topic_arn = sns.create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"]
+
+    for key, tenant in api_keys.items():
+        apigateway.create_api_key(name=tenant, value=key, enabled=True)
+
+    config = ServiceConfig(
+        table_name=settings.TABLE_NAME,
+        bucket_name=settings.BUCKET_NAME,
+        queue_url=queue_url,
+        topic_arn=topic_arn,
+        dlq_url=dlq_url,
+    )
+    return LocalResources(config=config, upload_events_queue_url=upload_events_url, api_keys=dict(api_keys))
