@@ -1,0 +1,23 @@
+"""The S3 key layout is one definition, read back by the upload handler."""
+
+from async_inference import settings
+
+
+def test_upload_keys_round_trip_and_other_keys_are_not_uploads():
+    assert settings.parse_upload_key(settings.upload_key("acme", "job_1")) == ("acme", "job_1")
+    assert settings.parse_upload_key(settings.request_key("acme", "job_1")) is None
+    assert settings.parse_upload_key("uploads/acme/job_1/other.json") is None
+
+
+def test_inline_requests_uploads_and_results_live_under_distinct_prefixes():
+    prefixes = {settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX}
+    assert len(prefixes) == 3
+    assert settings.result_key("t", "j").startswith(settings.RESULT_PREFIX)
+
+
+def test_presigned_upload_expiry_is_at_most_15_minutes():
+    assert settings.PRESIGNED_UPLOAD_EXPIRY_S <= 15 * 60
+
+
+def test_heartbeat_renews_visibility_well_before_it_lapses():
+    assert settings.HEARTBEAT_INTERVAL_S * 3 <= settings.VISIBILITY_TIMEOUT_S
