@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""CDK entry point: reads the deploy-time options from context (cdk.json or -c), validates them, builds the stack.
+
+Every option is a field of ``AsyncInferenceServiceProps`` (documented and defaulted there) under the same name in
+context. ``-c name=value`` gives strings, so values are converted by the field's type; JSON-valued options (tenants,
+subscriptions, scale_out_steps) accept a JSON string. cdk-nag's AwsSolutions checks always run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import App, Environment, Validations
+from cdk_nag import AwsSolutionsChecks
+
+from cdk.ingestion_api import TenantPlan
+from cdk.result_topics import TopicSubscription
+from cdk.service import AsyncInferenceServiceProps
+from cdk.stack import AsyncInferenceStack
+
+STACK_NAME_CONTEXT = "stack_name"
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean")
+
+
+def _tenants(value: Any) -> dict[str, TenantPlan]:
+    return {tenant: TenantPlan(**(plan or {})) for tenant, plan in _json(value).items()}
+
+
+def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
+    return tuple(TopicSubscription(**entry) for entry in _json(value))
+
+
+def _steps(value: Any) -> tuple[tuple[int, int], ...]:
+    return tuple((int(threshold), int(tasks)) for threshold, tasks in _json(value))
+
+
+def _optional_str(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "tenants": _tenants,
+    "subscriptions": _subscriptions,
+    "scale_out_steps": _steps,
+    "cors_allowed_origins": lambda v: tuple(_json(v)),
+    "worker_image_context": lambda v: Path(v).resolve(),
+    "alarm_topic_arn": _optional_str,
+    "create_api_gateway_cloudwatch_role": _bool,
+    "destroy_data_on_delete": _bool,
+}
+_NOT_FROM_CONTEXT = {"log_retention"}
+
+
+def props_from_context(app: App) -> AsyncInferenceServiceProps:
+    """The service options set in context, converted and validated; unset ones keep their defaults."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(AsyncInferenceServiceProps):
+        raw = app.node.try_get_context(field.name)
+        if raw is None or field.name in _NOT_FROM_CONTEXT:
+            continue
+        convert = _CONVERTERS.get(field.name) or {"int": int, "str": str}[str(field.type)]
+        try:
+            values[field.name] = convert(raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"context option {field.name}: {exc}") from exc
+    props = AsyncInferenceServiceProps(**values)
+    props.validate()
+    return props
+
+
+def build(app: App) -> AsyncInferenceStack:
+    """The stack for ``app`` with cdk-nag on; the account and region come from the CLI's environment, if any."""
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    env = None
+    if os.environ.get("CDK_DEFAULT_REGION"):
+        env = Environment(account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ["CDK_DEFAULT_REGION"])
+    name = app.node.try_get_context(STACK_NAME_CONTEXT) or "AsyncInference"
+    return AsyncInferenceStack(
+        app, name, props=props_from_context(app), env=env, description="Asynchronous LLM inference service"
+    )
+
+
+if __name__ == "__main__":
+    application = App()
+    build(application)
+    application.synth()

@@ -1,0 +1,227 @@
+"""GPU workers: a VPC, an ECS cluster on an Auto Scaling group of GPU instances, and the vLLM worker service."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+from cdk.nag import acknowledge, rendered_arn_prefix
+
+# EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
+STOP_TIMEOUT = Duration.seconds(120)
+# Only what the worker image needs: the core package and the worker (the build context is the repository root).
+WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
+
+
+class GpuWorkerService(Construct):
+    """The vLLM worker as an ECS service on GPU instances that ECS scales with the tasks it has to place.
+
+    Instances live in private subnets; S3 and DynamoDB are reached through gateway endpoints and ECR and CloudWatch
+    Logs through interface endpoints, which keeps the multi-gigabyte image pulls off the NAT gateway. The NAT gateway
+    remains for SQS, SNS and the model download from Hugging Face.
+
+    The Auto Scaling group is an ``AsgCapacityProvider`` with managed scaling (instances follow the tasks to place,
+    down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
+    service's task count is scaled by :class:`cdk.queue_scaling.QueueScaling`.
+
+    :param image_context: Docker build context of the worker image. Default: the repository root.
+    :param dockerfile: Dockerfile path inside ``image_context``. Default: ``gpu_worker/Dockerfile``.
+    :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS.
+    :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM).
+    :param max_instances: most GPU instances at once. Default: 2.
+    :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
+    :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
+    :param nat_gateways: NAT gateways of the VPC. Default: 1.
+    :param log_retention: worker and flow log retention. Default: one month.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        image_context: Path,
+        dockerfile: str = "gpu_worker/Dockerfile",
+        environment: Mapping[str, str],
+        instance_type: str = "g5.xlarge",
+        max_instances: int = 2,
+        memory_reservation_mib: int = 12288,
+        root_volume_gib: int = 100,
+        nat_gateways: int = 1,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, id)
+        self.vpc = self._vpc(nat_gateways, log_retention)
+        self.cluster = ecs.Cluster(
+            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+        )
+        self.auto_scaling_group = self._gpu_instances(instance_type, max_instances, root_volume_gib)
+        self.capacity_provider = ecs.AsgCapacityProvider(
+            self,
+            "GpuCapacity",
+            auto_scaling_group=self.auto_scaling_group,
+            enable_managed_scaling=True,
+            enable_managed_termination_protection=True,
+            enable_managed_draining=True,
+            target_capacity_percent=100,
+        )
+        self.cluster.add_asg_capacity_provider(self.capacity_provider)
+        acknowledge(
+            self.instance_role,
+            {
+                "AwsSolutions-IAM5[Action::ecs:Submit*]": "Written by ecs.Cluster for the container agent (state "
+                "change submissions), scoped to this cluster.",
+                "AwsSolutions-IAM5[Resource::*]": "Written by ecs.Cluster for the container agent: ecs:Poll and "
+                "StartTelemetrySession carry a condition on this cluster; ecr:GetAuthorizationToken, "
+                "ecs:DiscoverPollEndpoint and the agent's log calls support no narrower resource.",
+            },
+        )
+        self.task_definition = ecs.Ec2TaskDefinition(self, "TaskDefinition")
+        self.container = self.task_definition.add_container(
+            "Worker",
+            image=ecs.ContainerImage.from_asset(
+                str(image_context), file=dockerfile, exclude=WORKER_IMAGE_EXCLUDE
+            ),
+            gpu_count=1,
+            memory_reservation_mib=memory_reservation_mib,
+            environment=dict(environment),
+            stop_timeout=STOP_TIMEOUT,
+            # vLLM's workers exchange tensors through /dev/shm; Docker's 64 MiB default is too small.
+            linux_parameters=ecs.LinuxParameters(self, "LinuxParameters", shared_memory_size=2048, init_process_enabled=True),
+            logging=ecs.LogDrivers.aws_logs(
+                stream_prefix="worker",
+                log_group=logs.LogGroup(
+                    self, "WorkerLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+                ),
+            ),
+        )
+        acknowledge(
+            self.task_definition,
+            {
+                "AwsSolutions-ECS2": "The environment holds resource names, the model id and tuning values, no secrets.",
+                "AwsSolutions-IAM5[Resource::*]": "Execution role: ecr:GetAuthorizationToken supports no resource-level "
+                "permissions (the image pull itself is granted on the one asset repository).",
+            },
+        )
+        self.service = ecs.Ec2Service(
+            self,
+            "Service",
+            cluster=self.cluster,
+            task_definition=self.task_definition,
+            capacity_provider_strategies=[
+                ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
+            ],
+            circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
+            # Start idle: QueueScaling raises the count when work arrives. Fixed at 0 so a deploy does not wake a GPU.
+            desired_count=0,
+            # New tasks start before old ones stop (on new instances if needed), so a deploy never drops capacity.
+            min_healthy_percent=100,
+            max_healthy_percent=200,
+        )
+        self._allow_task_protection()
+
+    def _vpc(self, nat_gateways: int, log_retention: logs.RetentionDays) -> ec2.Vpc:
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            max_azs=2,
+            nat_gateways=nat_gateways,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20),
+            ],
+            gateway_endpoints={
+                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
+                "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
+            },
+        )
+        for name, service in {
+            "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
+            "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+            "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+        }.items():
+            endpoint = vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True)
+            acknowledge(
+                endpoint,
+                {
+                    # cdk-nag cannot evaluate the CIDR token; the rule CDK writes admits port 443 from the VPC only.
+                    "AwsSolutions-EC23": "Ingress is HTTPS from this VPC's own CIDR (the endpoint's default rule)."
+                },
+            )
+        vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
+                logs.LogGroup(self, "FlowLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY)
+            ),
+        )
+        return vpc
+
+    def _gpu_instances(self, instance_type: str, max_instances: int, root_volume_gib: int) -> autoscaling.AutoScalingGroup:
+        security_group = ec2.SecurityGroup(
+            self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only", allow_all_outbound=True
+        )
+        role = self.instance_role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+        launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            instance_type=ec2.InstanceType(instance_type),
+            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
+            # The cluster appends its join commands to this user data (a launch template must expose one).
+            user_data=ec2.UserData.for_linux(),
+            role=role,
+            security_group=security_group,
+            require_imdsv2=True,
+            http_put_response_hop_limit=2,  # containers in bridge mode are one hop further from IMDS
+            detailed_monitoring=True,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True
+                    ),
+                )
+            ],
+        )
+        group = autoscaling.AutoScalingGroup(
+            self,
+            "GpuInstances",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            launch_template=launch_template,
+            min_capacity=0,
+            max_capacity=max_instances,
+        )
+        acknowledge(
+            group,
+            {"AwsSolutions-AS3": "ECS managed scaling drives this group; scaling activity is visible in ECS service events and "
+            "the dashboard, so per-group SNS notifications would only duplicate them."},
+        )
+        return group
+
+    def _allow_task_protection(self) -> None:
+        # Task scale-in protection is requested by the worker through $ECS_AGENT_URI with the task role; only tasks
+        # of this cluster can be protected.
+        stack = Stack.of(self)
+        acknowledge(
+            self.task_definition.task_role,
+            {
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:<AWS::AccountId>:task/"
+                f"<{stack.get_logical_id(self.cluster.node.default_child)}>/*]": "Task ids are assigned at launch; "
+                "the statement admits only tasks of this cluster, and only the two task protection actions.",
+            },
+        )
+        self.task_definition.task_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["ecs:UpdateTaskProtection", "ecs:GetTaskProtection"],
+                resources=[
+                    stack.format_arn(service="ecs", resource="task", resource_name=f"{self.cluster.cluster_name}/*")
+                ],
+            )
+        )

@@ -1,0 +1,42 @@
+"""The job table: one item per job, listed per tenant through a secondary index."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from constructs import Construct
+
+from async_inference import settings
+
+
+class JobTable(Construct):
+    """An on-demand DynamoDB table with point-in-time recovery, TTL on finished jobs and the tenant listing index.
+
+    Key names come from ``settings`` (the code writes the same attributes). The code sets the TTL attribute only when
+    a job becomes final, so DynamoDB never expires a job that is still queued or running.
+
+    :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.RETAIN``.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, removal_policy: RemovalPolicy = RemovalPolicy.RETAIN) -> None:
+        super().__init__(scope, id)
+        string = dynamodb.AttributeType.STRING
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name=settings.TABLE_PARTITION_KEY, type=string),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            time_to_live_attribute=settings.TABLE_TTL_ATTRIBUTE,
+            removal_policy=removal_policy,
+        )
+        # The list endpoint: a tenant's jobs, newest first (the sort key starts with the ISO creation time).
+        self.table.add_global_secondary_index(
+            index_name=settings.TENANT_INDEX_NAME,
+            partition_key=dynamodb.Attribute(name=settings.TENANT_INDEX_PARTITION_KEY, type=string),
+            sort_key=dynamodb.Attribute(name=settings.TENANT_INDEX_SORT_KEY, type=string),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )

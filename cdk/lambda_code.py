@@ -1,0 +1,150 @@
+"""The code every Lambda function of the service runs: one source asset and one dependency layer, built without Docker.
+
+The handlers (``lambdas/``) and the core package (``async_inference/``) are copied into a source asset; the
+dependencies in ``lambdas/requirements.txt`` are installed by pip *for the Lambda platform* into a layer. pydantic_core
+is compiled, so pip must fetch manylinux x86_64 wheels for CPython 3.11 whatever machine runs the synth; that is what
+the platform flags below do. The layer is cached under ``cdk.out/`` by the hash of the requirements file, so repeated
+synths (and the test session) do not re-run pip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from cdk.nag import acknowledge
+
+RUNTIME = lambda_.Runtime.PYTHON_3_11
+ARCHITECTURE = lambda_.Architecture.X86_64
+_PIP_PLATFORM = ["--platform", "manylinux2014_x86_64", "--implementation", "cp", "--python-version", "3.11"]
+# The Lambda runtime ships boto3/botocore. A botocore pulled in by aws-xray-sdk would sit before the runtime's on
+# sys.path (layers come first) and pair an arbitrary botocore with the runtime's boto3, so it is removed from the layer.
+_PROVIDED_BY_RUNTIME = ("boto3", "botocore", "s3transfer")
+_SOURCE_SUFFIXES = {".py", ".json", ".txt"}
+
+
+def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
+    """A layer directory (``python/...``) with the requirements installed for Lambda; built once per requirements."""
+    digest = hashlib.sha256(requirements.read_bytes() + " ".join(_PIP_PLATFORM).encode()).hexdigest()[:16]
+    layer_dir = cache_root / f"deps-{digest}"
+    if (layer_dir / ".complete").exists():
+        return layer_dir
+    building = cache_root / f"deps-{digest}.building"
+    shutil.rmtree(building, ignore_errors=True)
+    target = building / "python"
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
+    command += [*_PIP_PLATFORM, "--only-binary=:all:", "--target", str(target), "-r", str(requirements)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"pip could not install {requirements} for the Lambda platform:\n{result.stderr}")
+    for entry in target.iterdir():
+        name = entry.name.split("-")[0].lower()
+        if name in _PROVIDED_BY_RUNTIME or entry.name == "bin":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    (building / ".complete").write_text(digest)
+    shutil.rmtree(layer_dir, ignore_errors=True)
+    building.rename(layer_dir)
+    return layer_dir
+
+
+def _stage_sources(project_root: Path, packages: Sequence[str], cache_root: Path) -> Path:
+    """A directory holding only the service's own packages, so the asset hash changes only when they do."""
+    staged = cache_root / "sources"
+    shutil.rmtree(staged, ignore_errors=True)
+    for package in packages:
+        for path in sorted((project_root / package).rglob("*")):
+            if path.is_file() and path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts:
+                destination = staged / path.relative_to(project_root)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, destination)
+    return staged
+
+
+class LambdaCode(Construct):
+    """The shared source asset and dependency layer, and a factory for functions that run them.
+
+    :param project_root: repository root holding the packages and the requirements file.
+    :param packages: top-level packages copied into the source asset. Default: ``("async_inference", "lambdas")``.
+    :param requirements: requirements installed into the layer. Default: ``<project_root>/lambdas/requirements.txt``.
+    :param cache_dir: where built layers are kept between synths. Default: ``<project_root>/cdk.out/.lambda-build``.
+    :param log_retention: retention of each function's log group. Default: one month.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        project_root: Path,
+        packages: Sequence[str] = ("async_inference", "lambdas"),
+        requirements: Path | None = None,
+        cache_dir: Path | None = None,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, id)
+        cache_root = cache_dir or project_root / "cdk.out" / ".lambda-build"
+        cache_root.mkdir(parents=True, exist_ok=True)
+        layer_dir = _install_dependencies(requirements or project_root / "lambdas" / "requirements.txt", cache_root)
+        self.log_retention = log_retention
+        self.layer = lambda_.LayerVersion(
+            self,
+            "Dependencies",
+            code=lambda_.Code.from_asset(str(layer_dir), exclude=[".complete"]),
+            compatible_runtimes=[RUNTIME],
+            compatible_architectures=[ARCHITECTURE],
+            description="pydantic, Powertools and standardwebhooks for the inference service's functions",
+        )
+        self.code = lambda_.Code.from_asset(str(_stage_sources(project_root, packages, cache_root)))
+
+    def new_function(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        handler: str,
+        description: str,
+        service_name: str,
+        environment: Mapping[str, str],
+        timeout: Duration = Duration.seconds(30),
+        memory_size: int = 512,
+    ) -> lambda_.Function:
+        """A Python 3.11 function on the shared code, traced with X-Ray, logging (Powertools JSON) to its own log group."""
+        log_group = logs.LogGroup(
+            scope, f"{id}Logs", retention=self.log_retention, removal_policy=RemovalPolicy.DESTROY
+        )
+        function = lambda_.Function(
+            scope,
+            id,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            handler=handler,
+            code=self.code,
+            layers=[self.layer],
+            description=description,
+            environment={"POWERTOOLS_SERVICE_NAME": service_name, **environment},
+            timeout=timeout,
+            memory_size=memory_size,
+            tracing=lambda_.Tracing.ACTIVE,
+            log_group=log_group,
+        )
+        acknowledge(
+            function,
+            {
+                "AwsSolutions-L1": "Python 3.11 on purpose: the project's Python, and the layer is built for CPython "
+                "3.11 (pydantic_core is compiled per Python version); upgrade both together.",
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                "AWSLambdaBasicExecutionRole]": "The standard Lambda logging policy: CloudWatch Logs writes only.",
+                "AwsSolutions-IAM5[Resource::*]": "X-Ray tracing: xray:PutTraceSegments and PutTelemetryRecords "
+                "support no resource-level permissions.",
+            },
+        )
+        return function

@@ -1,0 +1,104 @@
+"""The result topic: one notification per finished job, fanned out to the subscriptions a platform team configures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from aws_cdk import Duration
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from async_inference import settings
+from async_inference.jobs import JobStatus
+from cdk.nag import acknowledge
+
+Protocol = Literal["email", "https", "sqs"]
+PROTOCOLS: tuple[Protocol, ...] = ("email", "https", "sqs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicSubscription:
+    """One subscriber of the result topic.
+
+    :param protocol: ``email``, ``https`` or ``sqs``.
+    :param endpoint: the address, the URL (https only) or the queue ARN.
+    :param statuses: job statuses delivered (a filter policy on the ``status`` message attribute). Default: all.
+    :param raw_message_delivery: deliver the bare notification JSON (https and sqs only). Default: False.
+    """
+
+    protocol: Protocol
+    endpoint: str
+    statuses: Sequence[str] | None = None
+    raw_message_delivery: bool = False
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"subscription protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.protocol == "https" and not self.endpoint.startswith("https://"):
+            raise ValueError(f"https subscription endpoint {self.endpoint!r} must start with https://")
+        if self.protocol == "sqs" and not self.endpoint.startswith("arn:aws"):
+            raise ValueError(f"sqs subscription endpoint {self.endpoint!r} must be a queue ARN")
+        if self.protocol == "email" and self.raw_message_delivery:
+            raise ValueError(f"raw_message_delivery conflicts with protocol 'email' (endpoint {self.endpoint!r})")
+        known = {s.value for s in JobStatus}
+        unknown = sorted(set(self.statuses or ()) - known)
+        if unknown or (self.statuses is not None and not self.statuses):
+            raise ValueError(
+                f"subscription {self.endpoint!r}: statuses {unknown or '[]'} not among {sorted(known)}"
+            )
+
+
+class ResultTopics(Construct):
+    """An encrypted, TLS-only SNS topic for job results, its subscriptions, and a DLQ for HTTPS deliveries.
+
+    Publishers set the message attributes ``status``, ``tenant`` and ``model``; subscriptions filter on ``status``.
+    HTTPS deliveries that exhaust SNS's retry policy land in ``subscription_dead_letter_queue`` instead of vanishing.
+    SQS subscriptions to queues this stack does not own need the queue owner to allow ``sns.amazonaws.com`` to send.
+
+    :param subscriptions: subscribers. Default: none.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, subscriptions: Sequence[TopicSubscription] = ()) -> None:
+        super().__init__(scope, id)
+        # A key of our own (not alias/aws/sns): grant_publish can then name this one key in each publisher's policy.
+        self.key = kms.Key(self, "TopicKey", description="Encrypts job result notifications", enable_key_rotation=True)
+        self.topic = sns.Topic(
+            self, "ResultTopic", display_name="Inference job results", master_key=self.key, enforce_ssl=True
+        )
+        self.subscription_dead_letter_queue = sqs.Queue(
+            self,
+            "SubscriptionDeadLetterQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(settings.DLQ_RETENTION_DAYS),
+        )
+        acknowledge(
+            self.subscription_dead_letter_queue,
+            {"AwsSolutions-SQS3": "This queue is itself a dead-letter queue: SNS's redrive target for HTTPS deliveries."},
+        )
+        for index, subscription in enumerate(subscriptions):
+            self.topic.add_subscription(self._subscription(index, subscription))
+
+    def _subscription(self, index: int, spec: TopicSubscription) -> sns.ITopicSubscription:
+        filter_policy = (
+            {"status": sns.SubscriptionFilter.string_filter(allowlist=list(spec.statuses))} if spec.statuses else None
+        )
+        if spec.protocol == "email":
+            return subscriptions.EmailSubscription(spec.endpoint, filter_policy=filter_policy)
+        if spec.protocol == "https":
+            return subscriptions.UrlSubscription(
+                spec.endpoint,
+                protocol=sns.SubscriptionProtocol.HTTPS,
+                raw_message_delivery=spec.raw_message_delivery,
+                filter_policy=filter_policy,
+                dead_letter_queue=self.subscription_dead_letter_queue,
+            )
+        queue = sqs.Queue.from_queue_arn(self, f"Subscriber{index}", spec.endpoint)
+        return subscriptions.SqsSubscription(
+            queue, raw_message_delivery=spec.raw_message_delivery, filter_policy=filter_policy
+        )

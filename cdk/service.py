@@ -1,0 +1,282 @@
+"""AsyncInferenceService: the whole service as one construct, with every option documented and defaulted here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from async_inference import settings
+from async_inference.config import ServiceConfig
+from cdk.claim_check_bucket import ClaimCheckBucket
+from cdk.dead_letter_handler import DeadLetterHandler
+from cdk.gpu_worker_service import GpuWorkerService
+from cdk.ingestion_api import IngestionApi, TenantPlan
+from cdk.job_queue import JobQueue
+from cdk.job_table import JobTable
+from cdk.lambda_code import LambdaCode
+from cdk.monitoring import Monitoring
+from cdk.nag import acknowledge
+from cdk.queue_scaling import QueueScaling
+from cdk.result_topics import ResultTopics, TopicSubscription
+from cdk.upload_intake import UploadIntake
+from cdk.webhook_dispatch import WebhookDispatch
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncInferenceServiceProps:
+    """Options of :class:`AsyncInferenceService`. Every option has a default; :meth:`validate` rejects conflicts.
+
+    Tenants and API
+      tenants: tenant id -> usage plan (throttling, daily quota); one API key named by the tenant id each.
+        Default: ``{"demo": TenantPlan()}``.
+      api_stage_name: Default: ``"prod"``.
+      create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+    Payloads
+      retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
+      cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
+    Notifications
+      subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
+    Workers
+      model: Hugging Face model id vLLM serves. Default: ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: 16.
+      gpu_instance_type: Default: ``"g5.xlarge"``.
+      gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
+      max_gpu_instances: Default: 2.
+      max_worker_tasks: one task per GPU. Default: 2.
+      worker_memory_reservation_mib: Default: 12288.
+      worker_image_context: Docker build context of the worker. Default: the repository root.
+      worker_dockerfile: relative to the context. Default: ``"gpu_worker/Dockerfile"``.
+      nat_gateways: Default: 1.
+    Scaling
+      scale_out_steps: (visible messages, tasks added) pairs. Default: ``((1, 1), (20, 2), (100, 4))``.
+      idle_minutes_before_scale_in: minutes with nothing visible or in flight before scaling to zero. Default: 10.
+    Monitoring
+      oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
+      alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
+      log_retention: Default: one month.
+    Lifecycle
+      destroy_data_on_delete: ``cdk destroy`` deletes the table and the bucket's objects. Default: False (retain).
+    """
+
+    tenants: Mapping[str, TenantPlan] = field(default_factory=lambda: {"demo": TenantPlan()})
+    api_stage_name: str = "prod"
+    create_api_gateway_cloudwatch_role: bool = True
+    retention_days: int = settings.PAYLOAD_RETENTION_DAYS
+    cors_allowed_origins: Sequence[str] = ("*",)
+    subscriptions: Sequence[TopicSubscription] = ()
+    model: str = DEFAULT_MODEL
+    max_num_seqs: int = 16
+    gpu_instance_type: str = "g5.xlarge"
+    gpus_per_instance: int = 1
+    max_gpu_instances: int = 2
+    max_worker_tasks: int = 2
+    worker_memory_reservation_mib: int = 12288
+    worker_image_context: Path = PROJECT_ROOT
+    worker_dockerfile: str = "gpu_worker/Dockerfile"
+    nat_gateways: int = 1
+    scale_out_steps: Sequence[tuple[int, int]] = ((1, 1), (20, 2), (100, 4))
+    idle_minutes_before_scale_in: int = 10
+    oldest_message_alarm_seconds: int = 900
+    alarm_topic_arn: str | None = None
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    destroy_data_on_delete: bool = False
+
+    def validate(self) -> None:
+        """Raise ValueError naming the options that cannot hold together."""
+        positive = ("max_num_seqs", "gpus_per_instance", "max_gpu_instances", "max_worker_tasks", "retention_days")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_worker_tasks > self.max_gpu_instances * self.gpus_per_instance:
+            raise ValueError(
+                f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
+                f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
+            )
+        if self.retention_days * 86400 < settings.MAX_TTL_S:
+            raise ValueError(
+                f"retention_days ({self.retention_days}) is shorter than settings.MAX_TTL_S "
+                f"({settings.MAX_TTL_S // 86400} days): a queued job's request would expire before the job does"
+            )
+        if self.nat_gateways < 1:
+            raise ValueError("nat_gateways (0) leaves the GPU workers without a route to SQS, SNS and the model hub")
+        if not 60 <= self.oldest_message_alarm_seconds < 14 * 86400:
+            raise ValueError(
+                f"oldest_message_alarm_seconds ({self.oldest_message_alarm_seconds}) must lie between 60 s and the "
+                "queue's 14-day retention"
+            )
+        if not (self.worker_image_context / self.worker_dockerfile).is_file():
+            raise ValueError(
+                f"worker_dockerfile ({self.worker_dockerfile}) not found in worker_image_context "
+                f"({self.worker_image_context})"
+            )
+
+
+class AsyncInferenceService(Construct):
+    """The asynchronous inference service: API, claim-check bucket, queue, table, topics, webhooks, GPU workers.
+
+    The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
+    ``webhooks``, ``api``, ``uploads``, ``dead_letters``, ``workers``, ``scaling``, ``monitoring``). Every
+    permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
+    each function and the worker from ``ServiceConfig``, the same class the code reads it with.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, props: AsyncInferenceServiceProps | None = None) -> None:
+        super().__init__(scope, id)
+        props = props or AsyncInferenceServiceProps()
+        props.validate()
+        removal = RemovalPolicy.DESTROY if props.destroy_data_on_delete else RemovalPolicy.RETAIN
+
+        self.bucket = ClaimCheckBucket(
+            self,
+            "ClaimChecks",
+            retention_days=props.retention_days,
+            cors_allowed_origins=props.cors_allowed_origins,
+            removal_policy=removal,
+        )
+        self.jobs = JobQueue(self, "Jobs")
+        self.table = JobTable(self, "JobTable", removal_policy=removal)
+        self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions)
+
+        runtime = ServiceConfig(
+            table_name=self.table.table.table_name,
+            bucket_name=self.bucket.bucket.bucket_name,
+            queue_url=self.jobs.queue.queue_url,
+            topic_arn=self.results.topic.topic_arn,
+            dlq_url=self.jobs.dead_letter_queue.queue_url,
+        ).to_env()
+        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
+
+        code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
+        self.api = IngestionApi(
+            self,
+            "Ingestion",
+            code=code,
+            environment=environment,
+            tenants=props.tenants,
+            stage_name=props.api_stage_name,
+            log_retention=props.log_retention,
+            create_cloudwatch_role=props.create_api_gateway_cloudwatch_role,
+        )
+        self.uploads = UploadIntake(
+            self, "Uploads", code=code, bucket=self.bucket.bucket, environment=environment
+        )
+        self.dead_letters = DeadLetterHandler(
+            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue, environment=environment
+        )
+        self.webhooks = WebhookDispatch(
+            self, "Webhooks", code=code, topic=self.results.topic, environment=environment
+        )
+        self.workers = GpuWorkerService(
+            self,
+            "Workers",
+            image_context=props.worker_image_context,
+            dockerfile=props.worker_dockerfile,
+            environment={
+                **runtime,
+                "ENGINE": "vllm",
+                "MODEL": props.model,
+                "MAX_NUM_SEQS": str(props.max_num_seqs),
+            },
+            instance_type=props.gpu_instance_type,
+            max_instances=props.max_gpu_instances,
+            memory_reservation_mib=props.worker_memory_reservation_mib,
+            nat_gateways=props.nat_gateways,
+            log_retention=props.log_retention,
+        )
+        self.scaling = QueueScaling(
+            self,
+            "Scaling",
+            service=self.workers.service,
+            queue=self.jobs.queue,
+            max_tasks=props.max_worker_tasks,
+            scale_out_steps=props.scale_out_steps,
+            idle_minutes=props.idle_minutes_before_scale_in,
+        )
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            queue=self.jobs.queue,
+            dead_letter_queues={
+                "JobDeadLetterQueue": self.jobs.dead_letter_queue,
+                "WebhookDeadLetterQueue": self.webhooks.dead_letter_queue,
+                "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
+            },
+            service=self.workers.service,
+            oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
+            alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
+            if props.alarm_topic_arn
+            else None,
+        )
+        self._grant()
+
+    def _grant(self) -> None:
+        bucket, table, topic, queue = self.bucket.bucket, self.table.table, self.results.topic, self.jobs.queue
+        self._acknowledge_grant_wildcards()
+        requests, uploads, results = (
+            f"{prefix}*" for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
+        )
+
+        api = self.api.handler
+        table.grant_read_write_data(api)
+        bucket.grant_read_write(api, requests)  # inline bodies
+        bucket.grant_read(api, results)  # presigned result GETs are signed with the function's role
+        bucket.grant_put(api, uploads)  # presigned upload PUTs likewise
+        queue.grant_send_messages(api)
+        self.api.grant_read_api_keys(api)  # tenant = name of the caller's API key
+
+        upload = self.uploads.handler
+        bucket.grant_read(upload, uploads)
+        bucket.grant_delete(upload, uploads)
+        table.grant_read_write_data(upload)
+        queue.grant_send_messages(upload)
+        topic.grant_publish(upload)
+
+        dead_letters = self.dead_letters.handler
+        table.grant_read_write_data(dead_letters)
+        topic.grant_publish(dead_letters)
+
+        table.grant_read_write_data(self.webhooks.handler)
+
+        worker = self.workers.task_definition.task_role
+        queue.grant_consume_messages(worker)  # includes ChangeMessageVisibility for the heartbeat
+        bucket.grant_read(worker, requests)
+        bucket.grant_read(worker, uploads)
+        bucket.grant_put(worker, results)
+        table.grant_read_write_data(worker)
+        topic.grant_publish(worker)
+
+
+    def _acknowledge_grant_wildcards(self) -> None:
+        """The wildcards that ``grant_*`` writes, each confined to one resource of this service."""
+        stack = Stack.of(self)
+        bucket = stack.get_logical_id(self.bucket.bucket.node.default_child)
+        table = stack.get_logical_id(self.table.table.node.default_child)
+        findings = {
+            "AwsSolutions-IAM5[Action::s3:GetObject*]": "bucket.grant_read: GetObject and its version/tagging "
+            "variants, on one key prefix of the claim-check bucket.",
+            "AwsSolutions-IAM5[Action::s3:GetBucket*]": "bucket.grant_read: bucket metadata reads, on the claim-check "
+            "bucket only.",
+            "AwsSolutions-IAM5[Action::s3:List*]": "bucket.grant_read: listing the claim-check bucket only (a missing "
+            "key then reads as 404, not 403).",
+            "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "bucket.grant_delete / grant_read_write: deletes on one key "
+            "prefix of the claim-check bucket.",
+            "AwsSolutions-IAM5[Action::s3:Abort*]": "bucket.grant_put: aborting multipart uploads, on one key prefix.",
+            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "topic.grant_publish: SNS encrypts each message with a "
+            "data key of the result topic's own key, the only key named.",
+            f"AwsSolutions-IAM5[Resource::<{table}.Arn>/index/*]": "table.grant_read_write_data includes the job "
+            "table's indexes; the list endpoint queries the tenant index.",
+        }
+        for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX):
+            findings[f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]"] = (
+                f"Objects under the {prefix} prefix only: keys hold tenant and job ids assigned at run time."
+            )
+        acknowledge(self, findings)

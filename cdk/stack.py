@@ -1,0 +1,37 @@
+"""The deployable stack: the service construct and the outputs operators need."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from cdk.service import AsyncInferenceService, AsyncInferenceServiceProps
+
+
+class AsyncInferenceStack(Stack):
+    """Places :class:`AsyncInferenceService` and exports where its endpoints and resources are."""
+
+    def __init__(
+        self, scope: Construct, id: str, *, props: AsyncInferenceServiceProps, **stack_kwargs: Any
+    ) -> None:
+        super().__init__(scope, id, **stack_kwargs)
+        self.service = AsyncInferenceService(self, "Service", props=props)
+        s = self.service
+        outputs = {
+            "ApiUrl": s.api.api.url,
+            "BucketName": s.bucket.bucket.bucket_name,
+            "QueueUrl": s.jobs.queue.queue_url,
+            "DeadLetterQueueUrl": s.jobs.dead_letter_queue.queue_url,
+            "TableName": s.table.table.table_name,
+            "ResultTopicArn": s.results.topic.topic_arn,
+            "WebhookSigningSecretArn": s.webhooks.signing_secrets.secret_arn,
+            "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
+            "DashboardName": s.monitoring.dashboard.dashboard_name,
+        }
+        for name, value in outputs.items():
+            CfnOutput(self, name, value=value)
+        for tenant, key in s.api.api_keys.items():
+            # The key's value stays in API Gateway: `aws apigateway get-api-key --api-key <id> --include-value`.
+            CfnOutput(self, f"ApiKeyId{tenant.replace('-', '')}", value=key.key_id, description=f"API key of {tenant}")

@@ -1,0 +1,94 @@
+"""Webhook dispatch: per-job webhooks delivered from the result topic, signed with Standard Webhooks secrets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import Duration
+from aws_cdk import aws_lambda_event_sources as event_sources
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from async_inference import config, settings
+from cdk.lambda_code import LambdaCode
+from cdk.nag import acknowledge
+
+FUNCTION_TIMEOUT = Duration.seconds(30)
+
+
+class WebhookDispatch(Construct):
+    """A queue subscribed to the result topic (raw delivery), the dispatcher Lambda, its DLQ and the signing secret.
+
+    Retries: after its n-th failed receive the dispatcher hides a message for ``min(WEBHOOK_BACKOFF_BASE_S * 2**(n-1),
+    WEBHOOK_BACKOFF_MAX_S)`` seconds (30, 60, 120, 240, 480, 900, 900, ...). With ``WEBHOOK_MAX_RECEIVE_COUNT`` = 10
+    receives the delays before the last one sum to ``settings.webhook_retry_span_s()`` = 4530 s, about 75 minutes, so
+    an endpoint that is down for up to an hour still gets the webhook; after that it is in ``dead_letter_queue``.
+
+    The function runs in no VPC: it calls tenants' endpoints on the public internet.
+
+    :param code: the shared Lambda code.
+    :param topic: the result topic to subscribe to.
+    :param environment: the service's runtime configuration (``ServiceConfig.to_env()``) and Powertools settings.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        code: LambdaCode,
+        topic: sns.ITopic,
+        environment: Mapping[str, str],
+    ) -> None:
+        super().__init__(scope, id)
+        self.dead_letter_queue = sqs.Queue(
+            self,
+            "DeadLetterQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(settings.DLQ_RETENTION_DAYS),
+        )
+        self.queue = sqs.Queue(
+            self,
+            "Queue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
+            # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
+            visibility_timeout=Duration.seconds(FUNCTION_TIMEOUT.to_seconds() * 6),
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.dead_letter_queue, max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT
+            ),
+        )
+        topic.add_subscription(subscriptions.SqsSubscription(self.queue, raw_message_delivery=True))
+        self.signing_secrets = secretsmanager.Secret(
+            self,
+            "SigningSecrets",
+            description='Standard Webhooks signing secrets per tenant: {"<tenant>": "whsec_..."}',
+            secret_object_value={},
+        )
+        acknowledge(
+            self.signing_secrets,
+            {"AwsSolutions-SMG4": "Tenants hold these signing secrets and verify with them; rotating one is a coordinated change "
+            "with the tenant, not an automatic rotation."},
+        )
+        self.handler = code.new_function(
+            self,
+            "Handler",
+            handler="lambdas.webhooks.handler.lambda_handler",
+            description="Delivers signed job webhooks with backoff",
+            service_name="async-inference-webhooks",
+            environment={
+                **environment,
+                config.ENV_WEBHOOK_SECRET_ARN: self.signing_secrets.secret_arn,
+                config.ENV_WEBHOOK_QUEUE_URL: self.queue.queue_url,
+            },
+            timeout=FUNCTION_TIMEOUT,
+        )
+        self.handler.add_event_source(
+            event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True)
+        )
+        self.signing_secrets.grant_read(self.handler)
