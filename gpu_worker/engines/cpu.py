@@ -50,9 +50,9 @@ from gpu_worker.engines.base import (
     Generation,
     GenerationAborted,
     PermanentEngineError,
-    PromptTooLongError,
     TransientEngineError,
 )
+from gpu_worker.engines.common import chat_prompt_ids, check_context
 
 logger = logging.getLogger(__name__)
 
@@ -269,11 +269,8 @@ class CpuEngine(Engine):
     # -- requests --
 
     def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
-        """The request's prompt as vLLM builds it: the chat template, tokenised without extra special tokens."""
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
         with self._tokenizer_lock:
-            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+            return chat_prompt_ids(self._tokenizer, request)
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         if self._model is None:
@@ -281,12 +278,7 @@ class CpuEngine(Engine):
         if request_id in self._rows:
             raise PermanentEngineError(f"request {request_id!r} is already running")
         prompt_ids = self.prompt_ids(request)
-        if len(prompt_ids) + request.max_tokens > self._max_model_len:
-            raise PromptTooLongError(
-                f"this model's maximum context length is {self._max_model_len} tokens, but the request needs "
-                f"{len(prompt_ids) + request.max_tokens} ({len(prompt_ids)} in the messages, {request.max_tokens} "
-                "in max_tokens): shorten the messages or lower max_tokens"
-            )
+        check_context(len(prompt_ids), request.max_tokens, self._max_model_len)
         import torch
 
         generator = torch.Generator()
