@@ -167,6 +167,30 @@ class JobStore:
             ExpressionAttributeValues=values,
         )
 
+    def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
+        """Append one delivery attempt to the job's webhook (and set its status); False when the job or its webhook
+        is gone. ``list_append`` makes concurrent appends safe without reading the job first."""
+        update = "SET #webhook.#attempts = list_append(if_not_exists(#webhook.#attempts, :empty), :attempt)"
+        names = {"#webhook": "webhook", "#attempts": "attempts"}
+        values: dict[str, Any] = {":empty": [], ":attempt": [attempt]}
+        if status is not None:
+            update += ", #webhook.#status = :status"
+            names["#status"] = "status"
+            values[":status"] = status
+        try:
+            self._table.update_item(
+                Key={"job_id": job_id},
+                UpdateExpression=update,
+                ConditionExpression=Attr("webhook").exists(),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if is_error(exc, "ConditionalCheckFailedException"):
+                return False
+            raise
+        return True
+
     def list_for_tenant(
         self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None
     ) -> tuple[list[Job], str | None]:
@@ -285,12 +309,15 @@ class JobQueue:
     def send(self, claim: ClaimCheck) -> None:
         self._sqs.send_message(QueueUrl=self.url, MessageBody=claim.model_dump_json(exclude_none=True))
 
-    def receive(self, *, max_messages: int, wait_s: int) -> list[QueueMessage]:
+    def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int | None = None) -> list[QueueMessage]:
+        """Up to ``max_messages`` messages, hidden for ``visibility_timeout_s`` (the queue's default when None)."""
+        extra = {} if visibility_timeout_s is None else {"VisibilityTimeout": visibility_timeout_s}
         response = self._sqs.receive_message(
             QueueUrl=self.url,
             MaxNumberOfMessages=max(1, min(max_messages, settings.RECEIVE_BATCH_SIZE)),
             WaitTimeSeconds=wait_s,
             MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            **extra,
         )
         return [
             QueueMessage(
@@ -318,6 +345,21 @@ class JobQueue:
             response = getattr(self._sqs, operation)(QueueUrl=self.url, Entries=chunk)
             failed.extend(chunk[int(f["Id"])]["ReceiptHandle"] for f in response.get("Failed", []))
         return failed
+
+
+class WebhookQueue:
+    """The webhook dispatcher's queue: the result topic feeds it; the worker sends "started" events to it directly."""
+
+    def __init__(self, queue_url: str, sqs: Any | None = None) -> None:
+        self.url = queue_url
+        self._sqs = sqs or client("sqs")
+
+    def send(self, body: str) -> None:
+        self._sqs.send_message(QueueUrl=self.url, MessageBody=body)
+
+    def hide(self, receipt_handle: str, seconds: int) -> None:
+        """Make a received message visible again only after ``seconds`` (the retry backoff)."""
+        self._sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt_handle, VisibilityTimeout=seconds)
 
 
 # --- SNS ------------------------------------------------------------------------------------------------------------
