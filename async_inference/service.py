@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from async_inference import settings
+from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
@@ -63,11 +63,14 @@ class Submitted:
 
 
 class JobService:
-    def __init__(self, *, store: JobStore, blobs: Blobs, queue: JobQueue, notifier: Notifier) -> None:
+    def __init__(
+        self, *, store: JobStore, blobs: Blobs, queue: JobQueue, notifier: Notifier, allow_local_webhooks: bool = False
+    ) -> None:
         self.store = store
         self.blobs = blobs
         self.queue = queue
         self.notifier = notifier
+        self.allow_local_webhooks = allow_local_webhooks
 
     @classmethod
     def from_config(cls, config: ServiceConfig) -> JobService:
@@ -77,6 +80,7 @@ class JobService:
             blobs=Blobs(config.bucket_name),
             queue=JobQueue(config.queue_url),
             notifier=Notifier(config.topic_arn),
+            allow_local_webhooks=webhooks.allow_local_from_env(),
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -87,6 +91,8 @@ class JobService:
             existing = self.store.get(job_id)
             if existing is not None:
                 return Submitted(existing, created=False, upload=self._upload_for(existing))
+        if submission.webhook is not None:
+            self._check_webhook_url(submission.webhook.url)
         now = utcnow()
         request = submission.request
         inline = request is not None
@@ -120,6 +126,13 @@ class JobService:
         if inline:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
+
+    def _check_webhook_url(self, url: str) -> None:
+        """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""
+        try:
+            webhooks.check_url(url, allow_local=self.allow_local_webhooks)
+        except webhooks.UnsafeUrl as exc:
+            raise ApiError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
 
     def _enqueue(self, job: Job) -> None:
         try:

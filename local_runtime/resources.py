@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
-from async_inference import settings
+from async_inference import settings, webhooks
 from async_inference.aws import client
 from async_inference.config import ServiceConfig
+
+
+# Local names of the webhook dispatcher's queues (in AWS, CloudFormation names them).
+WEBHOOK_QUEUE_NAME = "inference-webhooks"
+WEBHOOK_DLQ_NAME = "inference-webhooks-dlq"
 
 
 @dataclass(frozen=True)
@@ -15,6 +21,8 @@ class LocalResources:
     config: ServiceConfig
     upload_events_queue_url: str
     api_keys: dict[str, str]  # key value -> tenant
+    webhook_queue_url: str = ""
+    webhook_dlq_url: str = ""
 
 
 def create_resources(api_keys: dict[str, str]) -> LocalResources:
@@ -75,6 +83,7 @@ def create_resources(api_keys: dict[str, str]) -> LocalResources:
         ],
     )
     topic_arn = sns.create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"]
+    webhook_queue_url, webhook_dlq_url = _create_webhook_queues(sqs, sns, topic_arn)
 
     for key, tenant in api_keys.items():
         apigateway.create_api_key(name=tenant, value=key, enabled=True)
@@ -86,4 +95,29 @@ def create_resources(api_keys: dict[str, str]) -> LocalResources:
         topic_arn=topic_arn,
         dlq_url=dlq_url,
     )
-    return LocalResources(config=config, upload_events_queue_url=upload_events_url, api_keys=dict(api_keys))
+    return LocalResources(
+        config=config,
+        upload_events_queue_url=upload_events_url,
+        api_keys=dict(api_keys),
+        webhook_queue_url=webhook_queue_url,
+        webhook_dlq_url=webhook_dlq_url,
+    )
+
+
+def _create_webhook_queues(sqs: Any, sns: Any, topic_arn: str) -> tuple[str, str]:
+    """The dispatcher's queue, subscribed to the result topic with raw delivery, and its DLQ."""
+    dlq_url = sqs.create_queue(
+        QueueName=WEBHOOK_DLQ_NAME, Attributes={"MessageRetentionPeriod": str(settings.DLQ_RETENTION_DAYS * 86400)}
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    redrive = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.WEBHOOK_MAX_RECEIVE_COUNT}
+    url = sqs.create_queue(
+        QueueName=WEBHOOK_QUEUE_NAME,
+        Attributes={
+            "VisibilityTimeout": str(webhooks.QUEUE_VISIBILITY_TIMEOUT_S),
+            "RedrivePolicy": json.dumps(redrive),
+        },
+    )["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
+    return url, dlq_url

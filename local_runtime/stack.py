@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -11,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from async_inference import config as runtime_config
+from async_inference import webhooks
 from async_inference.aws import client
 from local_runtime.gateway import ApiKeys, make_server
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer
@@ -20,6 +23,9 @@ from local_runtime.resources import LocalResources, create_resources
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_API_KEYS = {"local-demo-key-0123456789": "demo"}
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
+# Locally a failed webhook is retried every second, so a receiver that never answers reaches the webhook DLQ in
+# seconds, not hours; export WEBHOOK_BACKOFF_BASE_S / WEBHOOK_BACKOFF_MAX_S to try the deployed schedule.
+LOCAL_WEBHOOK_BACKOFF = {webhooks.ENV_BACKOFF_BASE_S: "1", webhooks.ENV_BACKOFF_MAX_S: "1"}
 logger = logging.getLogger("local_runtime")
 
 
@@ -36,6 +42,10 @@ def parse_api_keys(value: str | None) -> dict[str, str]:
             raise ValueError(f"LOCAL_API_KEYS: the key for {tenant!r} must be at least {MIN_API_KEY_CHARS} characters")
         keys[key] = tenant
     return keys
+
+
+def _queue_arn(url: str | None) -> str:
+    return client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
 
 
 class LocalStack:
@@ -63,6 +73,8 @@ class LocalStack:
         self.resources: LocalResources | None = None
         self._threads: list[QueuePoller] = []
         self._server = None
+        # One Standard Webhooks signing secret per tenant, made at start-up (in AWS: a Secrets Manager secret).
+        self.webhook_secrets = {tenant: webhooks.new_secret() for tenant in sorted(set(self.api_keys.values()))}
 
     @property
     def api_url(self) -> str:
@@ -80,7 +92,10 @@ class LocalStack:
             "POWERTOOLS_METRICS_NAMESPACE": "AsyncInference",
             "POWERTOOLS_TRACE_DISABLED": "true",
             "POWERTOOLS_METRICS_DISABLED": "true",
-            "ALLOW_LOCAL_WEBHOOKS": "1",
+            runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
+            runtime_config.ENV_WEBHOOK_QUEUE_URL: self.resources.webhook_queue_url,
+            runtime_config.ENV_WEBHOOK_SECRETS_JSON: json.dumps(self.webhook_secrets),
+            **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
         }
 
     def start(self) -> LocalStack:
@@ -93,14 +108,18 @@ class LocalStack:
             api = importlib.import_module("lambdas.api.handler")
             upload = importlib.import_module("lambdas.upload.handler")
             dlq = importlib.import_module("lambdas.dlq.handler")
+            dispatcher = importlib.import_module("lambdas.webhooks.handler")
             self._server = make_server("127.0.0.1", self.api_port, api.lambda_handler, ApiKeys(client("apigateway")))
             threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
-            dlq_arn = client("sqs").get_queue_attributes(
-                QueueUrl=self.resources.config.dlq_url, AttributeNames=["QueueArn"]
-            )["Attributes"]["QueueArn"]
+            dlq_arn = _queue_arn(self.resources.config.dlq_url)
             self._threads = [
                 QueuePoller("upload-events", self.resources.upload_events_queue_url, s3_events_to(upload.lambda_handler)),
                 QueuePoller("dlq", self.resources.config.dlq_url, sqs_batches_to(dlq.lambda_handler, dlq_arn)),
+                QueuePoller(
+                    "webhooks",
+                    self.resources.webhook_queue_url,
+                    sqs_batches_to(dispatcher.lambda_handler, _queue_arn(self.resources.webhook_queue_url)),
+                ),
             ]
             for thread in self._threads:
                 thread.start()

@@ -1,0 +1,57 @@
+"""The webhook dispatcher: one signed POST per event on the webhook queue, retried by SQS redelivery.
+
+A failed delivery hides its message for the backoff of its receive count and is reported as a batch item failure;
+SQS redelivers it then, and after ``WEBHOOK_MAX_RECEIVE_COUNT`` receives moves it to the webhook DLQ. The event source
+mapping must have ``ReportBatchItemFailures`` on, or a failure would redeliver the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from async_inference import webhooks
+from async_inference.aws import JobStore, WebhookQueue
+from async_inference.config import ENV_TABLE, ENV_WEBHOOK_QUEUE_URL
+
+logger = Logger()
+tracer = Tracer()
+# Every record failing is an ordinary outcome here (one receiver down), not a reason to fail the invocation.
+processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+queue = WebhookQueue(os.environ[ENV_WEBHOOK_QUEUE_URL])
+dispatcher = webhooks.Dispatcher(
+    store=JobStore(os.environ[ENV_TABLE]),
+    secrets=webhooks.TenantSecrets.from_env(),
+    allow_local=webhooks.allow_local_from_env(),
+    backoff=webhooks.Backoff.from_env(),
+)
+
+
+class DeliveryFailed(Exception):
+    """Marks the record as a batch item failure; its message was hidden for the backoff already."""
+
+
+@tracer.capture_method
+def record_handler(record: SQSRecord) -> None:
+    receive_count = int(record.attributes.approximate_receive_count or 1)
+    outcome = dispatcher.dispatch(record.body, receive_count)
+    if outcome.done:
+        logger.info("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
+        return
+    queue.hide(record.receipt_handle, outcome.retry_in_s)
+    logger.warning(
+        "webhook delivery failed",
+        extra={"reason": outcome.reason, "receive_count": receive_count, "retry_in_s": outcome.retry_in_s},
+    )
+    raise DeliveryFailed(outcome.reason)
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
