@@ -17,6 +17,7 @@ from cdk.nag import acknowledge, rendered_arn_prefix
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
 STOP_TIMEOUT = Duration.seconds(120)
 # Only what the worker image needs: the core package and the worker (the build context is the repository root).
+MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
 
 
@@ -101,6 +102,12 @@ class GpuWorkerService(Construct):
                     self, "WorkerLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
                 ),
             ),
+        )
+        # The image sets HF_HOME under /models; a host directory there keeps downloaded weights across task restarts
+        # on the same instance, so a scale-out onto a warm instance skips the download.
+        self.task_definition.add_volume(name="models", host=ecs.Host(source_path=MODEL_CACHE_HOST_PATH))
+        self.container.add_mount_points(
+            ecs.MountPoint(container_path="/models", source_volume="models", read_only=False)
         )
         acknowledge(
             self.task_definition,

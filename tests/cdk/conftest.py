@@ -7,6 +7,7 @@ worker's Dockerfile does not exist yet, a placeholder build context in a temp di
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,10 @@ def cdk_json_context() -> dict[str, Any]:
 class Synthesized:
     stack: Stack
     template: Template
+
+    @functools.cached_property
+    def json(self) -> dict[str, Any]:
+        return self.template.to_json()
 
     def resources(self, type_: str) -> dict[str, dict[str, Any]]:
         return self.template.find_resources(type_)

@@ -1,0 +1,126 @@
+"""Result topic subscriptions from context and the webhook dispatch path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from async_inference import settings
+
+pytestmark = pytest.mark.cdk
+
+
+def _subscription(template, protocol):
+    found = template.find_resources("AWS::SNS::Subscription", {"Properties": {"Protocol": protocol}})
+    return [r["Properties"] for r in found.values()]
+
+
+def test_email_subscription_from_context_filters_on_status(synthesized):
+    """GIVEN an email subscription with statuses in context WHEN synthesized THEN it filters on `status`."""
+    [email] = _subscription(synthesized.template, "email")
+    assert email["Endpoint"] == "ops@example.com"
+    assert email["FilterPolicy"] == {"status": ["failed", "expired"]}
+
+
+def test_https_subscription_from_context_has_a_dead_letter_queue(synthesized):
+    """GIVEN an https subscription WHEN its deliveries exhaust retries THEN they go to the subscription DLQ."""
+    dlq = synthesized.logical_id(synthesized.stack.service.results.subscription_dead_letter_queue)
+    [https] = _subscription(synthesized.template, "https")
+    assert https["FilterPolicy"] == {"status": ["succeeded"]}
+    assert https["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq, "Arn"]}}
+
+
+def test_sqs_arn_subscription_from_context_needs_no_filter(synthesized):
+    """GIVEN an sqs subscription without statuses WHEN synthesized THEN it has raw delivery and no filter policy."""
+    external = [
+        s
+        for s in _subscription(synthesized.template, "sqs")
+        if s["Endpoint"] == "arn:aws:sqs:us-east-1:111122223333:downstream"
+    ]
+    assert len(external) == 1
+    assert external[0]["RawMessageDelivery"] is True
+    assert "FilterPolicy" not in external[0]
+
+
+def test_webhook_queue_receives_raw_result_notifications(synthesized):
+    """GIVEN the webhook dispatcher WHEN results are published THEN its queue gets them raw."""
+    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    synthesized.template.has_resource_properties(
+        "AWS::SNS::Subscription",
+        {"Protocol": "sqs", "Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "RawMessageDelivery": True},
+    )
+
+
+def test_webhook_retries_span_over_an_hour_before_the_dlq(synthesized):
+    """GIVEN the backoff settings WHEN summing the schedule THEN retries last over an hour, then the DLQ takes over."""
+    assert settings.webhook_retry_span_s() > 3600
+    dlq = synthesized.logical_id(synthesized.stack.service.webhooks.dead_letter_queue)
+    synthesized.template.has_resource_properties(
+        "AWS::SQS::Queue",
+        {
+            "RedrivePolicy": {
+                "deadLetterTargetArn": {"Fn::GetAtt": [dlq, "Arn"]},
+                "maxReceiveCount": settings.WEBHOOK_MAX_RECEIVE_COUNT,
+            }
+        },
+    )
+
+
+def test_webhook_function_reports_batch_item_failures(synthesized):
+    """GIVEN the webhook event source WHEN a delivery fails THEN only that message is retried."""
+    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {"EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
+    )
+
+
+def test_webhook_function_knows_its_secret_and_runs_outside_any_vpc(synthesized):
+    """GIVEN the webhook function WHEN reading it THEN it gets the secret ARN and has no VPC config."""
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": "lambdas.webhooks.handler.lambda_handler"}}
+    ).values()
+    secret = synthesized.logical_id(synthesized.stack.service.webhooks.signing_secrets)
+    assert function["Properties"]["Environment"]["Variables"]["WEBHOOK_SECRET_ARN"] == {"Ref": secret}
+    assert "VpcConfig" not in function["Properties"]
+
+
+def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
+    """GIVEN the DLQ handler WHEN messages reach the job DLQ THEN it consumes them, reporting item failures."""
+    dlq = synthesized.logical_id(synthesized.stack.service.jobs.dead_letter_queue)
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {"EventSourceArn": {"Fn::GetAtt": [dlq, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
+    )
+
+
+def test_dashboard_plots_the_worker_metrics_by_their_shared_names(synthesized):
+    """GIVEN the dashboard WHEN reading its body THEN it plots the worker's metrics from the shared namespace."""
+    [dashboard] = synthesized.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for name in (settings.METRIC_JOBS_SUCCEEDED, settings.METRIC_JOBS_FAILED, settings.METRIC_PROCESSING_TIME):
+        assert f"{settings.METRICS_NAMESPACE}}} MetricName=\\\\\\\"{name}" in body
+
+
+@pytest.mark.parametrize("attribute", ["jobs.dead_letter_queue", "webhooks.dead_letter_queue"])
+def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
+    """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
+    owner, name = attribute.split(".")
+    dlq = synthesized.logical_id(getattr(getattr(synthesized.stack.service, owner), name))
+    synthesized.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "ApproximateNumberOfMessagesVisible",
+            "Dimensions": [{"Name": "QueueName", "Value": {"Fn::GetAtt": [dlq, "QueueName"]}}],
+            "ComparisonOperator": "GreaterThanThreshold",
+            "Threshold": 0,
+        },
+    )
+
+
+def test_oldest_job_alarm_uses_the_threshold_from_context(synthesized):
+    """GIVEN oldest_message_alarm_seconds in cdk.json WHEN synthesized THEN the age alarm uses it."""
+    synthesized.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900, "ComparisonOperator": "GreaterThanThreshold"},
+    )

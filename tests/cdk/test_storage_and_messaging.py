@@ -1,0 +1,181 @@
+"""Secure defaults and shared settings of the bucket, queues, table and topic (one behaviour per test)."""
+
+from __future__ import annotations
+
+import pytest
+from aws_cdk.assertions import Match
+
+from async_inference import settings
+from tests.cdk.helpers import denies_insecure_transport, policy_of
+
+pytestmark = pytest.mark.cdk
+
+
+def test_job_queue_redrives_to_its_dlq_after_the_shared_max_receive_count(synthesized):
+    """GIVEN the synthesized app WHEN reading the job queue THEN it redrives to the DLQ after MAX_RECEIVE_COUNT."""
+    jobs = synthesized.stack.service.jobs
+    synthesized.template.has_resource_properties(
+        "AWS::SQS::Queue",
+        {
+            "RedrivePolicy": {
+                "deadLetterTargetArn": {"Fn::GetAtt": [synthesized.logical_id(jobs.dead_letter_queue), "Arn"]},
+                "maxReceiveCount": settings.MAX_RECEIVE_COUNT,
+            }
+        },
+    )
+
+
+def test_job_queue_long_polls_and_its_visibility_outlives_a_heartbeat(synthesized):
+    """GIVEN the job queue WHEN reading its timing THEN long polling is on and visibility is the shared value."""
+    assert settings.VISIBILITY_TIMEOUT_S > settings.HEARTBEAT_INTERVAL_S
+    synthesized.template.has_resource_properties(
+        "AWS::SQS::Queue",
+        {
+            "ReceiveMessageWaitTimeSeconds": settings.RECEIVE_WAIT_TIME_S,
+            "VisibilityTimeout": settings.VISIBILITY_TIMEOUT_S,
+            "RedrivePolicy": Match.any_value(),
+        },
+    )
+
+
+def test_every_queue_is_encrypted(synthesized):
+    """GIVEN all SQS queues WHEN reading their properties THEN each has server-side encryption."""
+    queues = synthesized.resources("AWS::SQS::Queue")
+    assert len(queues) >= 5
+    unencrypted = [q for q, r in queues.items() if not r["Properties"].get("SqsManagedSseEnabled")]
+    assert unencrypted == []
+
+
+@pytest.mark.parametrize("attribute", ["queue", "dead_letter_queue"])
+def test_job_queues_refuse_requests_without_tls(synthesized, attribute):
+    """GIVEN the job queue and its DLQ WHEN reading their queue policies THEN non-TLS requests are denied."""
+    queue = getattr(synthesized.stack.service.jobs, attribute)
+    statements = policy_of(synthesized.template, "AWS::SQS::QueuePolicy", synthesized.logical_id(queue))
+    assert denies_insecure_transport(statements)
+
+
+def test_bucket_blocks_public_access_and_encrypts(synthesized):
+    """GIVEN the claim-check bucket WHEN reading it THEN public access is blocked and objects are encrypted."""
+    synthesized.template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+            },
+            "VersioningConfiguration": {"Status": "Enabled"},
+        },
+    )
+
+
+def test_bucket_refuses_requests_without_tls(synthesized):
+    """GIVEN the claim-check bucket WHEN reading its bucket policy THEN non-TLS requests are denied."""
+    bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
+    assert denies_insecure_transport(policy_of(synthesized.template, "AWS::S3::BucketPolicy", bucket))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "action", "expiry_s"),
+    [
+        (settings.UPLOAD_PREFIX, "s3:PutObject", settings.PRESIGNED_UPLOAD_EXPIRY_S),
+        (settings.RESULT_PREFIX, "s3:GetObject", settings.PRESIGNED_RESULT_EXPIRY_S),
+    ],
+)
+def test_bucket_refuses_presigned_urls_older_than_the_shared_expiry(synthesized, prefix, action, expiry_s):
+    """GIVEN the bucket policy WHEN a signature is older than the presign expiry THEN the request is denied."""
+    bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
+    statements = policy_of(synthesized.template, "AWS::S3::BucketPolicy", bucket)
+    matching = [
+        s
+        for s in statements
+        if s["Effect"] == "Deny"
+        and s["Action"] == action
+        and s.get("Condition") == {"NumericGreaterThan": {"s3:signatureAge": expiry_s * 1000}}
+        and s["Resource"]["Fn::Join"][1][-1] == f"/{prefix}*"
+    ]
+    assert len(matching) == 1
+
+
+@pytest.mark.parametrize("prefix", [settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX])
+def test_payloads_expire_after_the_configured_retention(synthesized, prefix):
+    """GIVEN cdk.json's retention_days WHEN reading the lifecycle rules THEN each prefix expires after it."""
+    synthesized.template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [Match.object_like({"Prefix": prefix, "ExpirationInDays": 7, "Status": "Enabled"})]
+                )
+            }
+        },
+    )
+
+
+def test_bucket_allows_browser_puts_of_presigned_uploads(synthesized):
+    """GIVEN the default CORS options WHEN reading the bucket THEN PUT is allowed cross-origin."""
+    synthesized.template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {"CorsConfiguration": {"CorsRules": [Match.object_like({"AllowedMethods": ["PUT"]})]}},
+    )
+
+
+def test_uploads_prefix_notifies_the_upload_function(synthesized):
+    """GIVEN the bucket notification WHEN an object is created under uploads/ THEN the upload Lambda is invoked."""
+    upload = synthesized.logical_id(synthesized.stack.service.uploads.handler)
+    synthesized.template.has_resource_properties(
+        "Custom::S3BucketNotifications",
+        {
+            "NotificationConfiguration": {
+                "LambdaFunctionConfigurations": [
+                    {
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": settings.UPLOAD_PREFIX}]}},
+                        "LambdaFunctionArn": {"Fn::GetAtt": [upload, "Arn"]},
+                    }
+                ]
+            }
+        },
+    )
+
+
+def test_job_table_is_on_demand_with_pitr_ttl_and_the_tenant_index(synthesized):
+    """GIVEN the job table WHEN reading it THEN billing, PITR, TTL and the list index match the shared settings."""
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "BillingMode": "PAY_PER_REQUEST",
+            "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+            "TimeToLiveSpecification": {"AttributeName": settings.TABLE_TTL_ATTRIBUTE, "Enabled": True},
+            "KeySchema": [{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
+            "GlobalSecondaryIndexes": [
+                Match.object_like(
+                    {
+                        "IndexName": settings.TENANT_INDEX_NAME,
+                        "KeySchema": [
+                            {"AttributeName": settings.TENANT_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                            {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "KeyType": "RANGE"},
+                        ],
+                    }
+                )
+            ],
+        },
+    )
+
+
+def test_result_topic_is_encrypted_with_its_own_key(synthesized):
+    """GIVEN the result topic WHEN reading it THEN a KMS key encrypts it."""
+    key = synthesized.logical_id(synthesized.stack.service.results.key)
+    synthesized.template.has_resource_properties(
+        "AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key, "Arn"]}}
+    )
+
+
+def test_result_topic_refuses_requests_without_tls(synthesized):
+    """GIVEN the result topic WHEN reading its topic policy THEN non-TLS requests are denied."""
+    topic = synthesized.logical_id(synthesized.stack.service.results.topic)
+    assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SNS::TopicPolicy", topic))
