@@ -71,6 +71,11 @@ def proxy_event(method: str, target: str, headers: dict[str, str], body: bytes, 
 
 
 def make_server(host: str, port: int, handler: Handler, api_keys: ApiKeys) -> ThreadingHTTPServer:
+    # A Lambda execution environment handles one event at a time, and the handler relies on that: the Powertools
+    # resolver keeps the current event on the module-level app. Connections are served concurrently; invocations
+    # are not.
+    one_invocation_at_a_time = threading.Lock()
+
     class Gateway(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -101,7 +106,8 @@ def make_server(host: str, port: int, handler: Handler, api_keys: ApiKeys) -> Th
                 return self._gateway_error(403, "Forbidden: unknown API key")
             event = proxy_event(self.command, self.path, dict(self.headers.items()), body, api_key=key,
                                 api_key_id=key_id, source_ip=self.client_address[0])
-            response = handler(event, LocalLambdaContext(function_name="api"))
+            with one_invocation_at_a_time:
+                response = handler(event, LocalLambdaContext(function_name="api"))
             payload = response.get("body") or ""
             raw = base64.b64decode(payload) if response.get("isBase64Encoded") else payload.encode()
             headers = dict(response.get("headers") or {})
