@@ -25,7 +25,8 @@ import secrets as _secrets
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Literal, Mapping, Union
 from urllib.parse import urlsplit
@@ -383,6 +384,7 @@ class Outcome:
     done: bool
     retry_in_s: int = 0
     reason: str = ""
+    job_id: str | None = None
 
 
 class Dispatcher:
@@ -414,10 +416,10 @@ class Dispatcher:
             return Outcome(done=True, reason="not a job event")
         job = self.store.get(event.job_id)
         if job is None or job.webhook is None or event.kind not in job.webhook.events:
-            return Outcome(done=True, reason="no webhook for this event")
+            return Outcome(done=True, reason="no webhook for this event", job_id=event.job_id)
         decides_status = event.kind == EVENT_COMPLETED or EVENT_COMPLETED not in job.webhook.events
         if decides_status and job.webhook.status == "delivered":
-            return Outcome(done=True, reason="delivered already")  # a duplicate notification
+            return Outcome(done=True, reason="delivered already", job_id=job.job_id)  # a duplicate notification
 
         result = self._attempt(job, event)
         last = receive_count >= self.max_receives
@@ -433,9 +435,10 @@ class Dispatcher:
             attempt["error"] = f"HTTP {result.status_code}"
         self.store.record_webhook_attempt(job.job_id, attempt, status=status)
         if result.delivered:
-            return Outcome(done=True, reason="delivered")
-        # The last receive is hidden briefly only: the next receive moves the message to the DLQ.
-        return Outcome(done=False, retry_in_s=0 if last else self.backoff.delay_s(receive_count), reason=attempt["error"])
+            return Outcome(done=True, reason="delivered", job_id=job.job_id)
+        # After the last receive the message is not hidden: the next receive moves it to the DLQ.
+        retry_in_s = 0 if last else self.backoff.delay_s(receive_count)
+        return Outcome(done=False, retry_in_s=retry_in_s, reason=attempt["error"], job_id=job.job_id)
 
     def _attempt(self, job: Job, event: QueuedEvent) -> PostResult:
         assert job.webhook is not None
@@ -494,6 +497,7 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes | str) -> dict[s
 class Delivery:
     headers: dict[str, str]
     body: bytes
+    received_at: float = field(default_factory=time.monotonic)
 
 
 class Receiver:

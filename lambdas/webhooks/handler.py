@@ -40,6 +40,7 @@ class DeliveryFailed(Exception):
 def record_handler(record: SQSRecord) -> None:
     receive_count = int(record.attributes.approximate_receive_count or 1)
     outcome = dispatcher.dispatch(record.body, receive_count)
+    logger.append_keys(job_id=outcome.job_id)
     if outcome.done:
         logger.info("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
         return

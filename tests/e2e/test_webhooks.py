@@ -1,0 +1,151 @@
+"""Per-job webhooks end to end: submit with a webhook, a worker runs the job, the dispatcher POSTs a signed delivery
+to a local receiver, retries on failure, ends in the webhook DLQ, and records every attempt on the job.
+
+The local stack retries a failed delivery every second (``LOCAL_WEBHOOK_BACKOFF``), so these take seconds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import pytest
+from standardwebhooks import Webhook
+
+from async_inference import settings
+from async_inference.aws import client
+from async_inference.client import ApiError, Client
+from async_inference.schemas import ResultNotification
+from async_inference.webhooks import Receiver
+from local_runtime.stack import LocalStack
+from tests.e2e.conftest import chat
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
+    statuses = getattr(request, "param", ())
+    with Receiver(statuses=statuses) as local:
+        yield local
+
+
+def webhook_settled(api: Client, job_id: str, *, attempts: int, timeout_s: float) -> dict[str, Any]:
+    """The job once its webhook is no longer pending and has ``attempts`` attempts (or at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = api.get(job_id)
+        hook = job["webhook"]
+        if (hook["status"] != "pending" and len(hook["attempts"]) >= attempts) or time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)
+
+
+def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_notification(
+    stack: LocalStack, api: Client, worker, receiver: Receiver
+):
+    # GIVEN a job submitted with a webhook to a local receiver
+    submitted = api.submit(chat("sign this please", max_tokens=2), webhook={"url": receiver.url, "events": ["completed"]})
+    assert submitted["webhook"] == {"url": receiver.url, "events": ["completed"], "status": "pending", "attempts": []}
+    # WHEN the job finishes
+    final = api.wait(submitted["job_id"], timeout_s=30)
+    [delivery] = receiver.wait_for(1, timeout_s=15)
+
+    # THEN the delivery verifies with the tenant's secret (standardwebhooks' own verifier)
+    payload = Webhook(stack.webhook_secrets["tenant-a"]).verify(delivery.body, delivery.headers)
+    assert delivery.headers["webhook-id"] == f"{submitted['job_id']}_completed"
+    # AND its body is the versioned result notification, with the small result inline and equal to the stored one
+    note = ResultNotification.model_validate(payload)
+    assert (note.schema_version, note.event, note.job_id, note.status.value) == ("1", "job.completed", final["job_id"], "succeeded")
+    assert note.result is not None and note.result.model_dump(mode="json") == api.result(final)
+    # AND another tenant's secret does not verify it
+    with pytest.raises(Exception):
+        Webhook(stack.webhook_secrets["tenant-b"]).verify(delivery.body, delivery.headers)
+    # AND the job shows the webhook delivered, with one attempt
+    job = webhook_settled(api, submitted["job_id"], attempts=1, timeout_s=10)
+    assert job["webhook"]["status"] == "delivered"
+    assert [a["status_code"] for a in job["webhook"]["attempts"]] == [200]
+
+
+@pytest.mark.parametrize("receiver", [(500, 500)], indirect=True)
+def test_receiver_answering_500_twice_then_200_gets_three_attempts_and_the_job_shows_delivered(
+    api: Client, worker, receiver: Receiver
+):
+    # GIVEN a receiver that answers 500, 500, then 200
+    submitted = api.submit(chat("retry me", max_tokens=2), webhook={"url": receiver.url})
+    # WHEN the job finishes
+    api.wait(submitted["job_id"], timeout_s=30)
+    deliveries = receiver.wait_for(3, timeout_s=20)
+    job = webhook_settled(api, submitted["job_id"], attempts=3, timeout_s=10)
+
+    # THEN three attempts of the same message arrived, each after a backoff
+    assert len(deliveries) == 3
+    assert len({d.headers["webhook-id"] for d in deliveries}) == 1 and len({d.body for d in deliveries}) == 1
+    gaps = [later.received_at - earlier.received_at for earlier, later in zip(deliveries, deliveries[1:])]
+    assert all(gap >= 0.9 for gap in gaps), gaps
+    # AND the job records all three and shows the webhook delivered
+    assert [a["status_code"] for a in job["webhook"]["attempts"]] == [500, 500, 200]
+    assert [a["error"] for a in job["webhook"]["attempts"][:2]] == ["HTTP 500", "HTTP 500"]
+    assert job["webhook"]["status"] == "delivered"
+    time.sleep(1.5)
+    assert len(receiver.deliveries) == 3, "a delivered webhook is not sent again"
+
+
+@pytest.mark.parametrize("receiver", [(302,) + (503,) * 20], indirect=True)
+def test_receiver_that_always_fails_ends_in_the_webhook_dlq_and_the_job_keeps_its_result(
+    stack: LocalStack, api: Client, worker, receiver: Receiver
+):
+    # GIVEN a receiver that redirects once, then answers 503 for ever
+    submitted = api.submit(chat("nobody listens", max_tokens=2), webhook={"url": receiver.url})
+    # WHEN the job finishes and every delivery fails
+    final = api.wait(submitted["job_id"], timeout_s=30)
+    job = webhook_settled(api, submitted["job_id"], attempts=settings.WEBHOOK_MAX_RECEIVE_COUNT, timeout_s=40)
+
+    # THEN the dispatcher tried the maximum number of times (the redirect was not followed), and the job says failed
+    attempts = job["webhook"]["attempts"]
+    assert job["webhook"]["status"] == "failed"
+    assert [a["status_code"] for a in attempts] == [302] + [503] * (settings.WEBHOOK_MAX_RECEIVE_COUNT - 1)
+    assert len(receiver.deliveries) == settings.WEBHOOK_MAX_RECEIVE_COUNT
+    # AND the message is in the webhook DLQ
+    assert stack.resources is not None
+    assert _wait_in_queue(stack.resources.webhook_dlq_url, submitted["job_id"], timeout_s=10)
+    # AND the job still has its result, in S3 and on the job
+    assert job["status"] == "succeeded"
+    assert api.result(final)["choices"][0]["message"]["content"] == "nobody listens"
+
+
+def _wait_in_queue(url: str, needle: str, timeout_s: float) -> bool:
+    """Whether a message containing ``needle`` is on the queue (peeked: left visible for other readers)."""
+    sqs = client("sqs")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=1)
+        if any(needle in m["Body"] for m in messages.get("Messages", [])):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "metadata"),  # EC2 instance metadata
+        ("https://[fd00:ec2::254]/", "metadata"),  # the same over IPv6
+        ("https://2852039166/", "metadata"),  # 169.254.169.254 written as one number
+        ("https://[::ffff:169.254.169.254]/", "metadata"),  # IPv4-mapped IPv6
+        ("https://10.0.0.8/hook", "private"),
+        ("https://192.168.1.1/hook", "private"),
+        ("https://[fe80::1]/hook", "link-local"),
+        ("https://0.0.0.0/hook", "not a unicast"),
+        ("ftp://127.0.0.1/hook", "https://"),
+        ("https://user:pw@127.0.0.1/hook", "credentials"),
+        ("https://127.0.0.1/" + "a" * 2100, "2048"),
+    ],
+)
+def test_unsafe_webhook_urls_are_refused_with_400_naming_the_field(api: Client, url: str, reason: str):
+    # WHEN a job is submitted with a webhook URL that points inside the network, or is malformed
+    with pytest.raises(ApiError) as refused:
+        api.submit(chat("x"), webhook={"url": url})
+    # THEN it is a 400 that names webhook.url and says why
+    assert refused.value.status == 400
+    error = refused.value.body["error"]
+    assert error["details"][0]["field"] == "webhook.url"
+    assert reason in error["details"][0]["message"]
