@@ -4,6 +4,21 @@ Up to ``engine.capacity`` jobs are in flight at once: messages are received in b
 fetched and handed to the engine as soon as it is read, and each job finishes on its own. Visibility of held messages
 is extended in batches while they run; deletes are batched. A job that cannot succeed becomes a ``failed`` job with a
 reason; only infrastructure faults and transient engine faults are left to SQS redelivery.
+
+What each fault leads to (docs/guarantees.md has the client's view):
+
+* crash (SIGKILL, lost host): nothing is acknowledged before its effects are stored, so the held messages come back
+  after the visibility timeout and another worker finishes them. Messages are received with this worker's
+  ``visibility_timeout_s`` (``VisibilityTimeout`` on the receive, not the queue's default), so that window is the
+  worker's setting from the first moment it holds a message. State moves are conditional and the result object is
+  written once (``put_json_once``), so a job that runs twice still has one result and one final state; the
+  ``notified`` flag lets a redelivery send a notification that a crash kept back.
+* SIGTERM (scale-in, deployment): stop receiving, let running jobs finish for ``drain_timeout_s``, then abort the rest
+  and make their messages visible at once. ECS task scale-in protection is held while any job is.
+* a job that can never succeed: ``failed`` with a reason, message deleted, no retries burnt.
+* a transient fault (throttling that outlasted botocore's retries, engine out of memory): the message is kept and
+  made visible again after a short backoff (``transient_retry_delay_s`` doubled per receive); after the queue's max
+  receive count SQS moves it to the DLQ, whose handler fails the job.
 """
 
 from __future__ import annotations
@@ -19,12 +34,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import ValidationError
 
 from async_inference import settings
-from async_inference.aws import Blobs, JobQueue, JobStore, QueueMessage
+from async_inference.aws import Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import AssistantMessage, ChatCompletion, Choice, ClaimCheck, Job, Usage, utcnow
 from async_inference.service import JobService, parse_request_body
 from gpu_worker.engines.base import Engine, GenerationAborted, PermanentEngineError, TransientEngineError
+from gpu_worker.faults import Faults
 from gpu_worker.task_protection import TaskProtection
 
 logger = logging.getLogger("gpu_worker")
@@ -43,6 +59,9 @@ class WorkerConfig:
     receive_wait_s: int = settings.RECEIVE_WAIT_TIME_S
     # ECS sends SIGTERM, then SIGKILL after the task's stop timeout (120 s at most on EC2): drain inside it.
     drain_timeout_s: float = 90.0
+    # A message left for redelivery after a transient fault comes back after this, doubled per receive (capped at
+    # the visibility timeout). SQS takes whole seconds; 0 means at once.
+    transient_retry_delay_s: int = 5
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -53,7 +72,12 @@ class WorkerConfig:
             visibility_timeout_s=int(os.environ.get("VISIBILITY_TIMEOUT_S", settings.VISIBILITY_TIMEOUT_S)),
             receive_wait_s=int(os.environ.get("RECEIVE_WAIT_S", settings.RECEIVE_WAIT_TIME_S)),
             drain_timeout_s=float(os.environ.get("DRAIN_TIMEOUT_S", 90.0)),
+            transient_retry_delay_s=int(os.environ.get("TRANSIENT_RETRY_DELAY_S", 5)),
         )
+
+    def retry_delay_s(self, receive_count: int) -> int:
+        """Seconds a message stays hidden after its ``receive_count``-th receive ended in a transient fault."""
+        return min(self.transient_retry_delay_s * 2 ** max(0, receive_count - 1), self.visibility_timeout_s)
 
 
 # --- I/O helpers ----------------------------------------------------------------------------------------------------
@@ -143,6 +167,7 @@ class Worker:
         *,
         service: JobService | None = None,
         protection: TaskProtection | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -151,6 +176,8 @@ class Worker:
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
         self.protection = protection or TaskProtection.from_env()
+        self.faults = faults or Faults.from_env()
+        self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
         self._slots: Slots
@@ -177,12 +204,24 @@ class Worker:
         try:
             done = await self._run_claim(claim, message)
         except Exception:
-            # S3/DynamoDB/SNS faults that survived botocore's retries: SQS redelivers after the visibility timeout,
-            # and the DLQ takes the message after the max receive count.
+            # S3/DynamoDB/SNS faults that survived botocore's retries: SQS redelivers after the backoff, and the DLQ
+            # takes the message after the max receive count.
             logger.exception("job %s: infrastructure fault, leaving it for redelivery", claim.job_id)
-            return
+            done = False
         if done:
+            self.faults.at("before_delete", claim.job_id)
             await self._deletes.add(message.receipt_handle)
+        else:
+            await self._retry_later(message)
+
+    async def _retry_later(self, message: QueueMessage) -> None:
+        """Leave the message for redelivery, visible again after the backoff rather than the visibility timeout."""
+        self._inflight.pop(message.message_id, None)  # no heartbeat may extend it again
+        delay = self.config.retry_delay_s(message.receive_count)
+        try:
+            await self._io(self.queue.change_visibility_batch, [message.receipt_handle], delay)
+        except Exception:
+            logger.exception("could not shorten the visibility of %s; it returns after the timeout", message.message_id)
 
     async def _run_claim(self, claim: ClaimCheck, message: QueueMessage) -> bool:
         """True when the message is finished with (delete it), False to leave it for redelivery."""
@@ -199,7 +238,8 @@ class Worker:
 
         raw = await self._read_payload(claim)
         if raw is None:
-            await self._io(self.service.finish, job, JobStatus.FAILED, error="the request payload is missing from S3")
+            error = "the request payload is missing from S3 or over the size limit"
+            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
             return True
         request, reason = parse_request_body(raw)
         if request is None:
@@ -207,6 +247,7 @@ class Worker:
             return True
 
         started = time.monotonic()
+        self.faults.at("before_engine", job.job_id)
         try:
             generation = await asyncio.wait_for(self.engine.generate(job.job_id, request), timeout=claim.timeout_s)
         except asyncio.TimeoutError:
@@ -235,15 +276,22 @@ class Worker:
         if stored is not None:
             # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
             completion = ChatCompletion.model_validate_json(stored)
-        await self._io(
-            self.service.finish,
-            job,
+        self.faults.at("after_result_write", job.job_id)
+        # JobService.finish, with the state write and the notification apart so a crash can be injected between.
+        finished = await self._io(
+            self.store.transition,
+            job.job_id,
             JobStatus.SUCCEEDED,
-            result=completion,
+            notified=False,
             result_key=key,
             usage=completion.usage,
             finish_reason=completion.choices[0].finish_reason,
         )
+        self.faults.at("after_state_write", job.job_id)
+        if finished is not None:
+            await self._io(self.service.notify, finished, result=completion)
+        else:  # cancelled meanwhile, or another run of the job finished first: make sure its end was notified
+            await self._not_runnable(job.job_id)
         self.jobs_finished += 1
         return True
 
@@ -260,9 +308,10 @@ class Worker:
         return False  # e.g. still awaiting its upload: try again later
 
     async def _read_payload(self, claim: ClaimCheck) -> bytes | None:
+        """The request body; None when it is missing or over the limit (either way the job can never run)."""
         try:
             return await self._io(self.blobs.get, claim.key, bucket=claim.bucket, max_bytes=settings.MAX_UPLOAD_BYTES)
-        except KeyError:
+        except (KeyError, PayloadTooLarge):
             return None
 
     # --- the loops ------------------------------------------------------------------------------------------------
@@ -296,7 +345,12 @@ class Worker:
                 await self._slots.give(taken)
                 return
             try:
-                messages = await self._io(self.queue.receive, max_messages=taken, wait_s=self.config.receive_wait_s)
+                messages = await self._io(
+                    self.queue.receive,
+                    max_messages=taken,
+                    wait_s=self.config.receive_wait_s,
+                    visibility_timeout_s=self.config.visibility_timeout_s,
+                )
             except Exception:
                 logger.exception("receive failed; retrying in 1 s")
                 await self._slots.give(taken)

@@ -1,20 +1,32 @@
-"""A deterministic engine for fast tests: the completion is the last user message, cut to max_tokens words."""
+"""A deterministic engine for fast tests: the completion is the last user message, cut to max_tokens words.
+
+Tokens are whitespace-separated words. ``max_model_len`` (``ECHO_MAX_MODEL_LEN``) is enforced as the model-backed
+engines enforce theirs, so a prompt too long for the context fails the job at once; ``delay_s`` (``ECHO_DELAY_S``)
+makes each generation take that long, and ``abort`` ends a delayed generation at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, GenerationAborted, Generation
+from gpu_worker.engines.common import check_context
+
+ENV_MAX_MODEL_LEN = "ECHO_MAX_MODEL_LEN"
+DEFAULT_MAX_MODEL_LEN = 1_000_000
 
 
 class EchoEngine(Engine):
     name = "echo"
 
-    def __init__(self, *, capacity: int = 64, delay_s: float = 0.0) -> None:
+    def __init__(self, *, capacity: int = 64, delay_s: float = 0.0, max_model_len: int | None = None) -> None:
         self._capacity = capacity
         self._delay_s = delay_s
-        self._aborted: set[str] = set()
+        # Read here rather than through make_engine's table so that tests can set it per worker process.
+        self._max_model_len = max_model_len or int(os.environ.get(ENV_MAX_MODEL_LEN) or DEFAULT_MAX_MODEL_LEN)
+        self._aborts: dict[str, asyncio.Event] = {}
 
     @property
     def capacity(self) -> int:
@@ -22,15 +34,23 @@ class EchoEngine(Engine):
 
     @property
     def max_model_len(self) -> int:
-        return 1_000_000
+        return self._max_model_len
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
-        if self._delay_s:
-            await asyncio.sleep(self._delay_s)
-        if request_id in self._aborted:
-            self._aborted.discard(request_id)
-            raise GenerationAborted(request_id)
         prompt = " ".join(m.content for m in request.messages)
+        prompt_tokens = len(prompt.split())
+        check_context(prompt_tokens, request.max_tokens, self._max_model_len)
+        aborted = self._aborts.setdefault(request_id, asyncio.Event())
+        try:
+            if self._delay_s:
+                try:
+                    await asyncio.wait_for(aborted.wait(), timeout=self._delay_s)
+                except asyncio.TimeoutError:
+                    pass
+            if aborted.is_set():
+                raise GenerationAborted(request_id)
+        finally:
+            self._aborts.pop(request_id, None)
         last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         words = last_user.split()
         text = " ".join(words[: request.max_tokens])
@@ -38,12 +58,9 @@ class EchoEngine(Engine):
         for stop in request.stop_sequences:
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"
-        return Generation(
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=len(prompt.split()),
-            completion_tokens=len(text.split()),
-        )
+        return Generation(text=text, finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(text.split()))
 
     async def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
+        event = self._aborts.get(request_id)
+        if event is not None:  # unknown or finished ids are ignored, as the interface says
+            event.set()
