@@ -13,8 +13,9 @@ synth: venv node_modules/.installed
 	$(NPX) cdk synth --quiet --output cdk.out
 	$(MAKE) cdk-lint
 
+# W3005 (DependsOn already implied by a GetAtt) is how aws-cdk-lib writes every Lambda's role dependency; not ours.
 cdk-lint: venv
-	$(VENV)/bin/cfn-lint --non-zero-exit-code error cdk.out/*.template.json
+	$(VENV)/bin/cfn-lint --non-zero-exit-code error --ignore-checks W3005 -- cdk.out/*.template.json
 
 cdk-test: venv
 	$(PY) -m pytest tests/cdk

@@ -1,0 +1,81 @@
+"""AsyncInferenceService options: defaults, context conversion, and conflicts rejected with their names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aws_cdk import App
+
+from app import props_from_context
+from async_inference import settings
+from cdk.queue_scaling import validate_scale_out_steps
+from cdk.result_topics import TopicSubscription
+from cdk.service import AsyncInferenceServiceProps
+from tests.cdk.conftest import cdk_json_context
+
+pytestmark = pytest.mark.cdk
+
+
+def _props(worker_context, **options):
+    return AsyncInferenceServiceProps(worker_image_context=worker_context, **options)
+
+
+def test_defaults_are_valid(worker_context):
+    """GIVEN no options WHEN validating THEN the defaults hold together (g5.xlarge, shared retention)."""
+    props = _props(worker_context)
+    props.validate()
+    assert props.gpu_instance_type == "g5.xlarge"
+    assert props.retention_days == settings.PAYLOAD_RETENTION_DAYS
+
+
+def test_more_tasks_than_gpus_is_rejected_naming_the_options(worker_context):
+    """GIVEN max_worker_tasks above the GPUs available WHEN validating THEN the error names all three options."""
+    with pytest.raises(ValueError, match=r"max_worker_tasks \(3\).*max_gpu_instances \(1\).*gpus_per_instance \(2\)"):
+        _props(worker_context, max_worker_tasks=3, max_gpu_instances=1, gpus_per_instance=2).validate()
+
+
+def test_retention_shorter_than_a_job_ttl_is_rejected(worker_context):
+    """GIVEN payloads that would expire before a queued job does WHEN validating THEN the error says so."""
+    with pytest.raises(ValueError, match=r"retention_days \(3\).*MAX_TTL_S"):
+        _props(worker_context, retention_days=3).validate()
+
+
+def test_raw_delivery_to_email_is_rejected_naming_both():
+    """GIVEN an email subscription with raw delivery WHEN constructing it THEN the conflict is named."""
+    with pytest.raises(ValueError, match="raw_message_delivery conflicts with protocol 'email'"):
+        TopicSubscription(protocol="email", endpoint="ops@example.com", raw_message_delivery=True)
+
+
+def test_unknown_status_in_a_filter_is_rejected():
+    """GIVEN a filter on a status jobs never have WHEN constructing the subscription THEN it is rejected."""
+    with pytest.raises(ValueError, match="done"):
+        TopicSubscription(protocol="https", endpoint="https://x.example.com", statuses=["done"])
+
+
+@pytest.mark.parametrize("steps", [[], [(5, 1)], [(1, 1), (1, 2)], [(1, 0)]])
+def test_scale_out_steps_that_cannot_start_from_zero_are_rejected(steps):
+    """GIVEN steps that are empty, start above 1, repeat a threshold or add nothing WHEN validating THEN rejected."""
+    with pytest.raises(ValueError, match="scale_out_steps"):
+        validate_scale_out_steps(steps)
+
+
+def test_context_strings_from_the_command_line_are_converted(worker_context):
+    """GIVEN -c style string values WHEN reading context THEN numbers and JSON options get their types."""
+    context = {
+        **cdk_json_context(),
+        "worker_image_context": str(worker_context),
+        "max_gpu_instances": "4",
+        "max_worker_tasks": "4",
+        "subscriptions": json.dumps([{"protocol": "https", "endpoint": "https://h.example.com"}]),
+    }
+    props = props_from_context(App(context=context))
+    assert props.max_gpu_instances == 4
+    assert props.subscriptions == (TopicSubscription(protocol="https", endpoint="https://h.example.com"),)
+
+
+def test_invalid_context_value_names_the_option(worker_context):
+    """GIVEN a non-numeric max_gpu_instances WHEN reading context THEN the error names the option."""
+    context = {**cdk_json_context(), "worker_image_context": str(worker_context), "max_gpu_instances": "many"}
+    with pytest.raises(ValueError, match="context option max_gpu_instances"):
+        props_from_context(App(context=context))
