@@ -1,5 +1,6 @@
-"""``make demo``: the whole pipeline locally with the real model, two jobs (inline and presigned upload), their
-results and the SNS notifications they produced. Exit status 0 only if every job succeeded."""
+"""``make demo``: the whole pipeline locally with the real model, jobs inline and by presigned upload, their results,
+the SNS notifications they produced, and one job's webhook delivered to a local receiver and verified.
+Exit status 0 only if every job succeeded and the webhook verified."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import json
 import sys
 import time
 
+from standardwebhooks import Webhook, WebhookVerificationError
+
 from async_inference.aws import client
 from async_inference.cli import Progress
 from async_inference.client import Client
+from async_inference.webhooks import Receiver
 from local_runtime.stack import LocalStack
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -46,12 +50,14 @@ def run_demo(stack: LocalStack) -> int:
         notifications_url = subscribe_queue(stack.resources.config.topic_arn)
         api_key = next(iter(stack.api_keys))
         api = Client(stack.api_url, api_key)
+        receiver = Receiver().start()  # stands in for a product team's webhook endpoint
 
         jobs = []
-        for prompt in INLINE_PROMPTS:
+        for i, prompt in enumerate(INLINE_PROMPTS):
             request = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64, "temperature": 0}
-            job = api.submit(request, metadata={"path": "inline"})
-            print(f"submitted {job['job_id']} inline          -> {job['status']}")
+            webhook = {"url": receiver.url, "events": ["completed"]} if i == 0 else None
+            job = api.submit(request, metadata={"path": "inline"}, webhook=webhook)
+            print(f"submitted {job['job_id']} inline          -> {job['status']}" + (f" (webhook {receiver.url})" if webhook else ""))
             jobs.append((job["job_id"], prompt))
         body = json.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": UPLOAD_PROMPT}], "max_tokens": 64, "temperature": 0}
@@ -84,6 +90,34 @@ def run_demo(stack: LocalStack) -> int:
             location = note.get("result_location") or {}
             print(f"   {note['job_id']} status={note['status']} tenant={note['tenant']} result=s3://{location.get('bucket')}/{location.get('key')}")
 
-    ok = all(final["status"] == "succeeded" for final, _ in finals)
-    print("\ndemo " + ("succeeded: every job finished with a result" if ok else "FAILED: not every job succeeded"))
+        webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
+        receiver.stop()
+
+    ok = all(final["status"] == "succeeded" for final, _ in finals) and webhook_ok
+    print("\ndemo " + ("succeeded: every job finished with a result, and the webhook verified" if ok else "FAILED: see above"))
     return 0 if ok else 1
+
+
+def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> bool:
+    """Print the webhook the receiver got for ``job_id``, verified with the tenant's secret; True when it verified."""
+    print("\nWebhook received by a local endpoint:")
+    delivery = next((d for d in receiver.wait_for(1, timeout_s=30) if job_id in d.headers.get("webhook-id", "")), None)
+    if delivery is None:
+        print(f"   FAILED: no delivery for {job_id} within 30 s")
+        return False
+    try:
+        payload = Webhook(secret).verify(delivery.body, delivery.headers)
+    except WebhookVerificationError as exc:
+        print(f"   FAILED: the signature did not verify: {exc}")
+        return False
+    print(f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret")
+    print(f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
+          f" result inline={'result' in payload}")
+    deadline = time.monotonic() + 10
+    state = api.get(job_id)["webhook"]
+    while state["status"] == "pending" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = api.get(job_id)["webhook"]
+    codes = [a.get("status_code") for a in state["attempts"]]
+    print(f"   GET /v1/jobs/{job_id} -> webhook status={state['status']} attempts={codes}")
+    return state["status"] == "delivered"
