@@ -95,7 +95,9 @@ class GpuWorkerService(Construct):
             environment=dict(environment),
             stop_timeout=STOP_TIMEOUT,
             # vLLM's workers exchange tensors through /dev/shm; Docker's 64 MiB default is too small.
-            linux_parameters=ecs.LinuxParameters(self, "LinuxParameters", shared_memory_size=2048, init_process_enabled=True),
+            linux_parameters=ecs.LinuxParameters(
+                self, "LinuxParameters", shared_memory_size=2048, init_process_enabled=True
+            ),
             logging=ecs.LogDrivers.aws_logs(
                 stream_prefix="worker",
                 log_group=logs.LogGroup(
@@ -112,9 +114,10 @@ class GpuWorkerService(Construct):
         acknowledge(
             self.task_definition,
             {
-                "AwsSolutions-ECS2": "The environment holds resource names, the model id and tuning values, no secrets.",
-                "AwsSolutions-IAM5[Resource::*]": "Execution role: ecr:GetAuthorizationToken supports no resource-level "
-                "permissions (the image pull itself is granted on the one asset repository).",
+                "AwsSolutions-ECS2": "The environment holds resource names, the model id and tuning values; no "
+                "secrets.",
+                "AwsSolutions-IAM5[Resource::*]": "Execution role: ecr:GetAuthorizationToken supports no "
+                "resource-level permissions (the image pull is granted on the one asset repository).",
             },
         )
         self.service = ecs.Ec2Service(
@@ -170,11 +173,14 @@ class GpuWorkerService(Construct):
         )
         return vpc
 
-    def _gpu_instances(self, instance_type: str, max_instances: int, root_volume_gib: int) -> autoscaling.AutoScalingGroup:
+    def _gpu_instances(
+        self, instance_type: str, max_instances: int, root_volume_gib: int
+    ) -> autoscaling.AutoScalingGroup:
         security_group = ec2.SecurityGroup(
-            self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only", allow_all_outbound=True
+            self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only"
         )
-        role = self.instance_role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+        role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+        self.instance_role = role
         launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -207,8 +213,10 @@ class GpuWorkerService(Construct):
         )
         acknowledge(
             group,
-            {"AwsSolutions-AS3": "ECS managed scaling drives this group; scaling activity is visible in ECS service events and "
-            "the dashboard, so per-group SNS notifications would only duplicate them."},
+            {
+                "AwsSolutions-AS3": "ECS managed scaling drives this group; scaling activity shows in the ECS service "
+                "events and the dashboard, so per-group SNS notifications would only duplicate them."
+            },
         )
         return group
 

@@ -201,8 +201,9 @@ class IngestionApi(Construct):
         acknowledge(
             grantee.grant_principal,
             {
-                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'apigateway')}::/apikeys/*]": "Read-only (apigateway:GET) on API keys: naming each key "
-                "would be a dependency cycle (keys -> stage -> methods -> function -> policy)."
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'apigateway')}::/apikeys/*]": "Read-only "
+                "(apigateway:GET) on API keys: naming each key would be a dependency cycle (keys -> stage -> methods "
+                "-> function -> policy)."
             },
         )
         return iam.Grant.add_to_principal(grantee=grantee, actions=["apigateway:GET"], resource_arns=[keys])

@@ -117,7 +117,7 @@ class LambdaCode(Construct):
         timeout: Duration = Duration.seconds(30),
         memory_size: int = 512,
     ) -> lambda_.Function:
-        """A Python 3.11 function on the shared code, traced with X-Ray, logging (Powertools JSON) to its own log group."""
+        """A Python 3.11 function on the shared code and layer, traced with X-Ray, with its own log group."""
         log_group = logs.LogGroup(
             scope, f"{id}Logs", retention=self.log_retention, removal_policy=RemovalPolicy.DESTROY
         )

@@ -86,7 +86,9 @@ class Monitoring(Construct):
             cloudwatch.GraphWidget(
                 title="Queue depth and in-flight jobs",
                 left=[
-                    queue.metric_approximate_number_of_messages_visible(statistic="Maximum", period=Duration.minutes(1)),
+                    queue.metric_approximate_number_of_messages_visible(
+                        statistic="Maximum", period=Duration.minutes(1)
+                    ),
                     queue.metric_approximate_number_of_messages_not_visible(
                         statistic="Maximum", period=Duration.minutes(1)
                     ),

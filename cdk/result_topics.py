@@ -79,7 +79,7 @@ class ResultTopics(Construct):
         )
         acknowledge(
             self.subscription_dead_letter_queue,
-            {"AwsSolutions-SQS3": "This queue is itself a dead-letter queue: SNS's redrive target for HTTPS deliveries."},
+            {"AwsSolutions-SQS3": "This queue is itself a DLQ: SNS's redrive target for failed HTTPS deliveries."},
         )
         for index, subscription in enumerate(subscriptions):
             self.topic.add_subscription(self._subscription(index, subscription))

@@ -72,8 +72,10 @@ class WebhookDispatch(Construct):
         )
         acknowledge(
             self.signing_secrets,
-            {"AwsSolutions-SMG4": "Tenants hold these signing secrets and verify with them; rotating one is a coordinated change "
-            "with the tenant, not an automatic rotation."},
+            {
+                "AwsSolutions-SMG4": "Tenants hold these signing secrets and verify with them; rotating one is a "
+                "coordinated change with the tenant, not an automatic rotation."
+            },
         )
         self.handler = code.new_function(
             self,

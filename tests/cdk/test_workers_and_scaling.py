@@ -138,10 +138,13 @@ def test_scale_in_to_zero_waits_for_no_visible_and_no_in_flight_message(synthesi
 
 def test_no_other_policy_removes_tasks(synthesized):
     """GIVEN every scaling policy WHEN listing those that lower the count THEN only the scale-in-to-zero one does."""
+    configurations = [
+        policy["Properties"]["StepScalingPolicyConfiguration"]
+        for policy in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
+    ]
     lowering = [
-        name
-        for name, policy in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").items()
-        if policy["Properties"]["StepScalingPolicyConfiguration"]["AdjustmentType"] == "ExactCapacity"
-        or any(s["ScalingAdjustment"] < 0 for s in policy["Properties"]["StepScalingPolicyConfiguration"]["StepAdjustments"])
+        c
+        for c in configurations
+        if c["AdjustmentType"] == "ExactCapacity" or any(s["ScalingAdjustment"] < 0 for s in c["StepAdjustments"])
     ]
     assert len(lowering) == 1
