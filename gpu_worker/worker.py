@@ -178,6 +178,7 @@ class Worker:
         self.protection = protection or TaskProtection.from_env()
         self.faults = faults or Faults.from_env()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
+        self._protection_lock: asyncio.Lock | None = None  # made in run(), on the loop
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
         self._slots: Slots
@@ -321,6 +322,7 @@ class Worker:
         asyncio.get_running_loop().set_default_executor(self._pool)
         await self.engine.start()
         self._slots = Slots(self.engine.capacity)
+        self._protection_lock = asyncio.Lock()
         self._deletes = Batcher(self._delete_batch)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
         logger.info("worker started: engine=%s capacity=%d receivers=%d", self.engine.name, self.engine.capacity, receivers)
@@ -331,9 +333,15 @@ class Worker:
         finally:
             heartbeat.cancel()
             await self._deletes.close()
-            await self.protection.set(False)
+            await self._protect(False)
             await self.engine.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _protect(self, enabled: bool) -> None:
+        """Set ECS task protection; serialized, so receivers racing to protect make one call, in order with clears."""
+        assert self._protection_lock is not None
+        async with self._protection_lock:
+            await self.protection.set(enabled)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -363,7 +371,7 @@ class Worker:
                 await self._slots.give(len(messages))
                 return
             if messages and not self._inflight:
-                await self.protection.set(True)
+                await self._protect(True)
             for message in messages:
                 self._start(message)
 
@@ -377,7 +385,7 @@ class Worker:
         self._inflight.pop(message_id, None)
         await self._slots.give(1)
         if not self._inflight and not self._stopping.is_set():
-            await self.protection.set(False)
+            await self._protect(False)
 
     async def _delete_batch(self, handles: list[str]) -> None:
         failed = await self._io(self.queue.delete_batch, handles)

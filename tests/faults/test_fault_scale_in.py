@@ -1,0 +1,107 @@
+"""Scale-in: SIGTERM makes a busy worker hand its unfinished jobs back at once; ECS task protection while busy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+from conftest import FaultStack, Inbox, chat, wait_until
+
+from local_runtime.moto_server import free_port
+
+
+class FakeEcsAgent:
+    """The ECS agent's task-protection endpoint: records every PUT body."""
+
+    def __init__(self) -> None:
+        self.states: list[dict] = []
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:  # noqa: N802 - the stdlib's name
+                if self.path == "/task-protection/v1/state":
+                    agent.states.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def enabled(self) -> list[bool]:
+        return [s["ProtectionEnabled"] for s in self.states]
+
+
+@pytest.fixture
+def ecs_agent() -> Iterator[FakeEcsAgent]:
+    agent = FakeEcsAgent()
+    yield agent
+    agent.server.shutdown()
+
+
+def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_them(
+    workers: FaultStack, inbox: Inbox, ecs_agent: FakeEcsAgent
+):
+    # GIVEN a busy worker in ECS (task protection endpoint) with the production 60 s visibility timeout, whose jobs
+    # take 20 s each, and which may drain for 1 s only
+    busy = workers.start_worker("busy", ECHO_DELAY_S="20", DRAIN_TIMEOUT_S="1", VISIBILITY_TIMEOUT_S="60",
+                                HEARTBEAT_INTERVAL_S="15", ECS_AGENT_URI=ecs_agent.uri)
+    api = workers.api()
+    job_ids = [api.submit(chat(f"scale in {i}", max_tokens=2))["job_id"] for i in range(4)]
+    wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
+    # THEN while it holds jobs the task is protected from scale-in
+    assert ecs_agent.enabled == [True]
+    assert ecs_agent.states[0]["ExpiresInMinutes"] > 0
+    # WHEN ECS stops the task (SIGTERM), with another worker running
+    other = workers.start_worker("other")
+    time.sleep(1)  # let it start polling
+    stopped_at = time.monotonic()
+    busy.send_signal(signal.SIGTERM)
+    # THEN the busy worker exits cleanly after its drain timeout, clearing the protection
+    assert busy.wait(timeout=15) == 0
+    assert ecs_agent.enabled == [True, False]
+    # AND the other worker finishes every job within a few seconds, not after the 60 s visibility timeout
+    jobs = workers.wait_final(job_ids, timeout_s=15)
+    assert time.monotonic() - stopped_at < 10
+    assert {j.status.value for j in jobs.values()} == {"succeeded"}
+    assert all(j.attempts == 2 for j in jobs.values())  # started on the busy worker, finished on the other
+    notes = inbox.drain()
+    assert all([n["status"] for n in notes[j]] == ["succeeded"] for j in job_ids)
+    workers.stop_worker(other)
+
+
+def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: FaultStack, ecs_agent: FakeEcsAgent):
+    # GIVEN a worker whose jobs take 2 s, allowed to drain for 10 s
+    busy = workers.start_worker("drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri)
+    api = workers.api()
+    job_ids = [api.submit(chat(f"drain {i}"))["job_id"] for i in range(3)]
+    wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
+    # WHEN it is stopped
+    busy.send_signal(signal.SIGTERM)
+    # THEN it finishes them itself before exiting, takes nothing new, and leaves protection cleared
+    assert busy.wait(timeout=15) == 0
+    jobs = {j: workers.job(j) for j in job_ids}
+    assert {j.status.value for j in jobs.values()} == {"succeeded"}
+    assert all(j.attempts == 1 for j in jobs.values())
+    assert workers.queue_depth() == 0
+    assert ecs_agent.enabled == [True, False]
+
+
+def test_task_protection_is_cleared_when_the_worker_goes_idle(workers: FaultStack, ecs_agent: FakeEcsAgent):
+    worker = workers.start_worker("idle", ECS_AGENT_URI=ecs_agent.uri)
+    job_id = workers.api().submit(chat("quick"))["job_id"]
+    workers.wait_final([job_id])
+    wait_until(lambda: ecs_agent.enabled == [True, False], 5, "protection to be set then cleared")
+    workers.stop_worker(worker)
+    assert ecs_agent.enabled == [True, False]  # stopping an idle worker changes nothing
