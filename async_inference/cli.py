@@ -1,6 +1,8 @@
 """Command line client: ``python -m async_inference.cli submit|status|result|cancel|list|dlq``.
 
 The API URL and key come from ``--api-url`` / ``--api-key`` or ``ASYNC_INFERENCE_API_URL`` / ``ASYNC_INFERENCE_API_KEY``.
+``dlq list`` and ``dlq redrive`` are operator commands: they use AWS credentials, not an API key, and the queue URLs
+from ``--dlq-url`` / ``--queue-url`` or ``JOBS_DLQ_URL`` / ``JOBS_QUEUE_URL`` (the variables the stack sets).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from async_inference.aws import JobQueue
 from async_inference.client import ApiError, Client
+from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL
+from async_inference.schemas import ClaimCheck
 
 ENV_API_URL = "ASYNC_INFERENCE_API_URL"
 ENV_API_KEY = "ASYNC_INFERENCE_API_KEY"
@@ -102,6 +109,67 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+# --- Dead-letter queue (operators) -------------------------------------------------------------------------------
+
+# How long `dlq list` hides what it reads: long enough to read the whole DLQ once, so that no message is counted twice.
+DLQ_PEEK_VISIBILITY_S = 30
+
+
+def _read_dlq(dlq: JobQueue, limit: int) -> list[Any]:
+    """Up to ``limit`` DLQ messages, each received once (hidden for DLQ_PEEK_VISIBILITY_S)."""
+    messages: list[Any] = []
+    while len(messages) < limit:
+        batch = dlq.receive(max_messages=min(10, limit - len(messages)), wait_s=1, visibility_timeout_s=DLQ_PEEK_VISIBILITY_S)
+        if not batch:
+            break
+        messages.extend(batch)
+    return messages
+
+
+def _describe(message: Any) -> dict[str, Any]:
+    try:
+        claim = ClaimCheck.model_validate_json(message.body)
+    except ValidationError:
+        return {"message_id": message.message_id, "receive_count": message.receive_count, "claim_check": None,
+                "body": message.body[:200]}
+    return {"message_id": message.message_id, "receive_count": message.receive_count, "job_id": claim.job_id,
+            "tenant": claim.tenant, "model": claim.model, "deadline": claim.deadline.isoformat()}
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    """Print what is in the DLQ, then make it visible again (listing moves nothing)."""
+    dlq = JobQueue(args.dlq_url)
+    messages = _read_dlq(dlq, args.limit)
+    if messages:
+        dlq.change_visibility_batch([m.receipt_handle for m in messages], 0)
+    _print({"count": len(messages), "messages": [_describe(m) for m in messages]})
+    return 0
+
+
+def cmd_dlq_redrive(args: argparse.Namespace) -> int:
+    """Move the DLQ's claim checks back to the job queue. Anything that is not a claim check stays for a person.
+
+    A redriven job runs again only if it is not final yet: one whose DLQ handler already failed it stays failed (the
+    worker deletes its claim check), so redrive is for messages the DLQ handler itself could not process."""
+    dlq, queue = JobQueue(args.dlq_url), JobQueue(args.queue_url)
+    messages = _read_dlq(dlq, args.limit)
+    moved, kept = [], []
+    for message in messages:
+        try:
+            claim = ClaimCheck.model_validate_json(message.body)
+        except ValidationError:
+            kept.append(message)
+            continue
+        queue.send(claim)  # sent before the delete: a crash in between duplicates a claim check, which is harmless
+        moved.append(message)
+    failed = dlq.delete_batch([m.receipt_handle for m in moved]) if moved else []
+    if kept:
+        dlq.change_visibility_batch([m.receipt_handle for m in kept], 0)
+    _print({"redriven": len(moved) - len(failed), "left_in_dlq": [_describe(m) for m in kept],
+            "delete_failed": len(failed)})
+    return 0 if not kept and not failed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="async-inference", description=__doc__)
     parser.add_argument("--api-url", default=os.environ.get(ENV_API_URL, "http://127.0.0.1:8000"))
@@ -134,11 +202,25 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int)
     listing.add_argument("--next")
     listing.set_defaults(func=cmd_list)
+
+    dlq = sub.add_parser("dlq", help="operators: inspect and redrive the dead-letter queue (AWS credentials)")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    for name, func, help_ in (("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
+                              ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue")):
+        command = dlq_sub.add_parser(name, help=help_)
+        command.add_argument("--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL))
+        if name == "redrive":
+            command.add_argument("--queue-url", default=os.environ.get(ENV_QUEUE_URL),
+                                 required=not os.environ.get(ENV_QUEUE_URL))
+        command.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
+        command.set_defaults(func=func, operator=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "operator", False):
+        return args.func(args)
     if not args.api_key:
         print(f"no API key: pass --api-key or set {ENV_API_KEY}", file=sys.stderr)
         return 2
