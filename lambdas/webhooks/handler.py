@@ -42,7 +42,8 @@ def record_handler(record: SQSRecord) -> None:
     outcome = dispatcher.dispatch(record.body, receive_count)
     logger.append_keys(job_id=outcome.job_id)
     if outcome.done:
-        logger.info("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
+        # Most events are for jobs without a webhook, and every attempt is recorded on its job: debug is enough.
+        logger.debug("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
         return
     queue.hide(record.receipt_handle, outcome.retry_in_s)
     logger.warning(

@@ -9,7 +9,7 @@ import time
 from typing import Any, Iterator
 
 import pytest
-from standardwebhooks import Webhook
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings
 from async_inference.aws import client
@@ -58,7 +58,7 @@ def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_noti
     assert (note.schema_version, note.event, note.job_id, note.status.value) == ("1", "job.completed", final["job_id"], "succeeded")
     assert note.result is not None and note.result.model_dump(mode="json") == api.result(final)
     # AND another tenant's secret does not verify it
-    with pytest.raises(Exception):
+    with pytest.raises(WebhookVerificationError):
         Webhook(stack.webhook_secrets["tenant-b"]).verify(delivery.body, delivery.headers)
     # AND the job shows the webhook delivered, with one attempt
     job = webhook_settled(api, submitted["job_id"], attempts=1, timeout_s=10)
