@@ -47,11 +47,16 @@ def is_error(exc: BaseException, *codes: str) -> bool:
 
 # --- DynamoDB -------------------------------------------------------------------------------------------------------
 
+# Key names the stack declares (settings) and the Job model's fields use.
+_PK = settings.TABLE_PARTITION_KEY
+_TENANT = settings.TENANT_INDEX_PARTITION_KEY
+_SORT = settings.TENANT_INDEX_SORT_KEY
+
 
 def _to_item(job: Job) -> dict[str, Any]:
     item = {k: v for k, v in job.model_dump(mode="json").items() if v is not None}
     # Sort key of the tenant index: ISO timestamps sort chronologically as strings; the id breaks ties.
-    item["created_key"] = f"{item['created_at']}#{job.job_id}"
+    item[_SORT] = f"{item['created_at']}#{job.job_id}"
     return item
 
 
@@ -71,7 +76,7 @@ def _decode_token(token: str) -> dict[str, Any]:
         key = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (ValueError, TypeError) as exc:
         raise ValueError("'next' is not a token this API returned") from exc
-    if not isinstance(key, dict) or set(key) != {"job_id", "tenant", "created_key"}:
+    if not isinstance(key, dict) or set(key) != {_PK, _TENANT, _SORT}:
         raise ValueError("'next' is not a token this API returned")
     return key
 
@@ -86,7 +91,7 @@ class JobStore:
     def create(self, job: Job) -> bool:
         """Store a new job; False when a job with this id exists already (an idempotent retry)."""
         try:
-            self._table.put_item(Item=_to_item(job), ConditionExpression=Attr("job_id").not_exists())
+            self._table.put_item(Item=_to_item(job), ConditionExpression=Attr(_PK).not_exists())
         except ClientError as exc:
             if is_error(exc, "ConditionalCheckFailedException"):
                 return False
@@ -94,7 +99,7 @@ class JobStore:
         return True
 
     def get(self, job_id: str) -> Job | None:
-        item = self._table.get_item(Key={"job_id": job_id}, ConsistentRead=True).get("Item")
+        item = self._table.get_item(Key={_PK: job_id}, ConsistentRead=True).get("Item")
         return _from_item(item) if item else None
 
     def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
@@ -103,7 +108,7 @@ class JobStore:
         if not ids:
             return {}
         found: dict[str, Job] = {}
-        request = {self._table.name: {"Keys": [{"job_id": i} for i in ids], "ConsistentRead": True}}
+        request = {self._table.name: {"Keys": [{_PK: i} for i in ids], "ConsistentRead": True}}
         while request:
             response = self._dynamodb.batch_get_item(RequestItems=request)
             for item in response.get("Responses", {}).get(self._table.name, []):
@@ -127,7 +132,7 @@ class JobStore:
         values: dict[str, Any] = {"status": target.value, "updated_at": now.isoformat()}
         if target in FINAL_STATES:
             values["finished_at"] = now.isoformat()
-            values["ttl_epoch"] = int(now.timestamp()) + settings.JOB_RECORD_RETENTION_DAYS * 86400
+            values[settings.TABLE_TTL_ATTRIBUTE] = int(now.timestamp()) + settings.JOB_RECORD_RETENTION_DAYS * 86400
         for name, value in fields.items():
             values[name] = _json_value(value)
         names = {f"#{k}": k for k in values}
@@ -139,10 +144,10 @@ class JobStore:
             expr_values[":one"] = 1
         condition = Attr("status").is_in([s.value for s in sources_of(target)])
         if tenant is not None:
-            condition = condition & Attr("tenant").eq(tenant)
+            condition = condition & Attr(_TENANT).eq(tenant)
         try:
             response = self._table.update_item(
-                Key={"job_id": job_id},
+                Key={_PK: job_id},
                 UpdateExpression=update,
                 ConditionExpression=condition,
                 ExpressionAttributeNames=names,
@@ -160,9 +165,9 @@ class JobStore:
         names = {f"#{k}": k for k in fields}
         values = {f":{k}": _json_value(v) for k, v in fields.items()}
         self._table.update_item(
-            Key={"job_id": job_id},
+            Key={_PK: job_id},
             UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
-            ConditionExpression=Attr("job_id").exists(),
+            ConditionExpression=Attr(_PK).exists(),
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
         )
@@ -179,7 +184,7 @@ class JobStore:
             values[":status"] = status
         try:
             self._table.update_item(
-                Key={"job_id": job_id},
+                Key={_PK: job_id},
                 UpdateExpression=update,
                 ConditionExpression=Attr("webhook").exists(),
                 ExpressionAttributeNames=names,
@@ -197,12 +202,12 @@ class JobStore:
         """A page of the tenant's jobs, newest first. Raises ValueError for a token this API did not issue."""
         jobs: list[Job] = []
         start = _decode_token(next_token) if next_token else None
-        if start is not None and start["tenant"] != tenant:
+        if start is not None and start[_TENANT] != tenant:
             raise ValueError("'next' is not a token this API returned")
         while True:
             kwargs: dict[str, Any] = {
                 "IndexName": settings.TENANT_INDEX_NAME,
-                "KeyConditionExpression": Key("tenant").eq(tenant),
+                "KeyConditionExpression": Key(_TENANT).eq(tenant),
                 "ScanIndexForward": False,
                 "Limit": limit - len(jobs),
             }

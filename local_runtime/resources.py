@@ -66,17 +66,17 @@ def create_resources(api_keys: dict[str, str]) -> LocalResources:
         TableName=settings.TABLE_NAME,
         BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[
-            {"AttributeName": "job_id", "AttributeType": "S"},
-            {"AttributeName": "tenant", "AttributeType": "S"},
-            {"AttributeName": "created_key", "AttributeType": "S"},
+            {"AttributeName": settings.TABLE_PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": settings.TENANT_INDEX_PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "AttributeType": "S"},
         ],
-        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
         GlobalSecondaryIndexes=[
             {
                 "IndexName": settings.TENANT_INDEX_NAME,
                 "KeySchema": [
-                    {"AttributeName": "tenant", "KeyType": "HASH"},
-                    {"AttributeName": "created_key", "KeyType": "RANGE"},
+                    {"AttributeName": settings.TENANT_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "ALL"},
             }

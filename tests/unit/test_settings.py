@@ -21,3 +21,9 @@ def test_presigned_upload_expiry_is_at_most_15_minutes():
 
 def test_heartbeat_renews_visibility_well_before_it_lapses():
     assert settings.HEARTBEAT_INTERVAL_S * 3 <= settings.VISIBILITY_TIMEOUT_S
+
+
+def test_the_table_keys_the_stack_declares_are_fields_of_the_stored_job():
+    from async_inference.schemas import Job
+
+    assert {settings.TABLE_PARTITION_KEY, settings.TENANT_INDEX_PARTITION_KEY} <= set(Job.model_fields)

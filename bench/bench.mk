@@ -1,0 +1,7 @@
+# Benchmarks, not part of `make test`: each prints ratios measured side by side in one run, writes its figures to
+# bench/results/ and ends with one JSON line.
+.PHONY: bench
+bench: venv
+	$(PY) -m bench.run
+
+-include bench/soak.mk

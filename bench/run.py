@@ -1,0 +1,358 @@
+"""``make bench``: how well the pipeline feeds the engine, each figure a ratio measured side by side in one run.
+
+- engine_utilisation: a backlog through the local stack into the simulated engine (capacity 64, fixed step time):
+  tokens/s achieved divided by the engine's ceiling (capacity / step time).
+- one_at_a_time_utilisation: the same kind of jobs through a worker that holds one message at a time.
+- pipeline_efficiency: CPU engine, ShareGPT prompts: tokens/s through the whole local pipeline divided by tokens/s
+  calling the same engine directly on the same prompts.
+- requests_per_job: AWS requests (counted at the botocore level, API side and worker side) per job at backlog.
+- idle_pickup_p50_s: submit to generation start with an idle, long-polling worker, median.
+
+Figures go to bench/results/ (JSON and a plot); the last line printed is one JSON object with those five keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import datetime as dt
+import json
+import logging
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import botocore.client
+
+from async_inference.aws import client
+from async_inference.client import Client
+from async_inference.config import ServiceConfig
+from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.engines.base import Engine, Generation
+from gpu_worker.worker import Worker, WorkerConfig
+from local_runtime.moto_server import free_port
+from local_runtime.stack import LocalStack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAREGPT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ShareGPT_V3_filtered_500_v2.json"
+API_KEY = "bench-api-key-0123456789"
+# The simulated GPU: 64 sequences per batch, 50 ms a decoding step (a 7B model on one A10G decodes a batch of 64 in
+# about that), 128 output tokens a job, so one job takes 6.4 s and the engine's ceiling is 1,280 tokens/s (10 jobs/s).
+STEP_S = 0.05
+TOKENS = 128
+log = logging.getLogger("bench")
+
+
+# --- instrumentation ------------------------------------------------------------------------------------------------
+
+
+class RequestCounter:
+    """Counts every AWS API call made in this process, split by the side that made it (worker I/O threads are
+    named ``io_*``; everything else here is the API gateway, its Lambda handlers and the event pollers)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+        self._original = botocore.client.BaseClient._make_api_call
+        counter = self
+
+        def counting(self_: Any, operation: str, params: dict[str, Any]) -> Any:
+            side = "worker" if threading.current_thread().name.startswith("io") else "api"
+            with counter._lock:
+                counter.counts[(side, operation)] += 1
+            return counter._original(self_, operation, params)
+
+        botocore.client.BaseClient._make_api_call = counting  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+
+    def total(self, side: str | None = None) -> int:
+        return sum(n for (s, _), n in self.counts.items() if side is None or s == side)
+
+
+class Timed(Engine):
+    """Wraps an engine: records when each request started generating, and can lower the capacity the worker sees
+    (capacity 1 is the one-message-at-a-time worker)."""
+
+    def __init__(self, inner: Engine, capacity: int | None = None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._capacity = capacity or inner.capacity
+        self.started: dict[str, float] = {}
+        self.tokens = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
+        self.started[request_id] = time.perf_counter()
+        generation = await self.inner.generate(request_id, request)
+        self.tokens += generation.completion_tokens
+        return generation
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def close(self) -> None:
+        pass  # the inner engine is shared between runs; closed by the caller
+
+
+class RunningWorker:
+    """A worker on its own thread and event loop, in this process (so its requests can be counted)."""
+
+    def __init__(self, engine: Engine, receive_wait_s: int = 20) -> None:
+        config = WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s)
+        self.worker = Worker(config, engine)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self.worker.run(),), daemon=True)
+
+    def __enter__(self) -> Worker:
+        self._thread.start()
+        return self.worker
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self.worker.stop)
+        self._thread.join(timeout=60)
+
+
+def submit_all(api: Client, bodies: list[dict[str, Any]], threads: int = 8) -> list[str]:
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return [job["job_id"] for job in pool.map(api.submit, bodies)]
+
+
+def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark run did not finish in time")
+        time.sleep(poll_s)
+
+
+def queue_depth(queue_url: str) -> tuple[int, int]:
+    attributes = client("sqs").get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]), int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+# --- the measurements -----------------------------------------------------------------------------------------------
+
+
+def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_capacity: int, jobs: int,
+                    tokens: int, step_s: float, sample: bool) -> dict[str, Any]:
+    """A backlog of ``jobs`` jobs of ``tokens`` output tokens each, through a worker that holds at most
+    ``worker_capacity`` jobs, into a simulated engine of ``capacity`` slots."""
+    from gpu_worker.engines.simulated import SimulatedEngine
+
+    prompt = " ".join(f"w{i}" for i in range(tokens))
+    bodies = [{"model": "sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}] * jobs
+    submit_all(api, bodies)
+    engine = Timed(SimulatedEngine(capacity=capacity, step_s=step_s), capacity=worker_capacity)
+    samples: list[dict[str, float]] = []
+    assert stack.resources is not None
+    start = time.perf_counter()
+    with RunningWorker(engine) as worker:
+        while worker.jobs_finished < jobs:
+            if time.perf_counter() - start > 600:
+                raise TimeoutError("utilisation run did not finish")
+            if sample:
+                visible, in_flight = queue_depth(stack.resources.config.queue_url)
+                samples.append({"t": time.perf_counter() - start, "tokens": engine.tokens, "visible": visible,
+                                "in_flight": in_flight})
+                time.sleep(0.25)
+            else:
+                time.sleep(0.05)
+        elapsed = time.perf_counter() - start
+    ceiling = capacity / step_s
+    return {
+        "jobs": jobs, "tokens": engine.tokens, "elapsed_s": round(elapsed, 3), "tokens_per_s": engine.tokens / elapsed,
+        "ceiling_tokens_per_s": ceiling, "utilisation": engine.tokens / elapsed / ceiling, "samples": samples,
+    }
+
+
+def requests_run(stack: LocalStack, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
+    """AWS requests per job at backlog: submit ``jobs`` jobs, then let one worker run them all."""
+    from gpu_worker.engines.simulated import SimulatedEngine
+
+    bodies = [{"model": "sim", "messages": [{"role": "user", "content": "a b c d"}], "max_tokens": 4}] * jobs
+    counter.reset()
+    submit_all(api, bodies)
+    api_side = counter.total("api")
+    engine = Timed(SimulatedEngine(capacity=64, step_s=0.01))
+    with RunningWorker(engine, receive_wait_s=1) as worker:
+        wait_until(lambda: worker.jobs_finished >= jobs, 300)
+        time.sleep(0.5)  # let the last batched deletes go out
+    # The worker's idle long polls after the backlog and the stop are not per-job work.
+    by_operation = {f"{side}:{op}": n for (side, op), n in sorted(counter.counts.items())}
+    worker_side = counter.total("worker")
+    return {
+        "jobs": jobs, "api_requests": api_side, "worker_requests": worker_side,
+        "requests_per_job": (api_side + worker_side) / jobs, "worker_requests_per_job": worker_side / jobs,
+        "api_requests_per_job": api_side / jobs, "by_operation": by_operation,
+    }
+
+
+def pickup_run(api: Client, samples: int) -> dict[str, Any]:
+    """Submit to generation start, one job at a time, with the worker idle and long-polling in between."""
+    from gpu_worker.engines.echo import EchoEngine
+
+    engine = Timed(EchoEngine())
+    latencies = []
+    with RunningWorker(engine) as worker:
+        time.sleep(1.0)  # the worker is now idle inside a long poll
+        for i in range(samples):
+            before = time.perf_counter()
+            job_id = api.submit({"model": "echo", "messages": [{"role": "user", "content": f"ping {i}"}]})["job_id"]
+            wait_until(lambda: job_id in engine.started, 30, poll_s=0.005)
+            latencies.append(engine.started[job_id] - before)
+            wait_until(lambda: worker.jobs_finished >= i + 1, 30, poll_s=0.01)
+            time.sleep(0.3)
+    return {"samples": [round(x, 4) for x in latencies], "p50_s": statistics.median(latencies),
+            "p90_s": sorted(latencies)[int(0.9 * (len(latencies) - 1))]}
+
+
+def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+    """CPU engine: tokens/s direct vs through the pipeline, same prompts, greedy, same engine instance."""
+    from gpu_worker.engines import make_engine
+
+    engine = make_engine("cpu")
+    requests = [
+        ChatCompletionRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": p}],
+                              max_tokens=max_tokens, temperature=0)
+        for p in prompts
+    ]
+
+    async def direct() -> tuple[int, float]:
+        await engine.start()
+        await engine.generate("warm-up", requests[0].model_copy(update={"max_tokens": 4}))
+        start = time.perf_counter()
+        outputs = await asyncio.gather(*(engine.generate(f"direct-{i}", r) for i, r in enumerate(requests)))
+        return sum(o.completion_tokens for o in outputs), time.perf_counter() - start
+
+    loop = asyncio.new_event_loop()
+    direct_tokens, direct_s = loop.run_until_complete(direct())
+    loop.close()
+
+    timed = Timed(engine)
+    with RunningWorker(timed) as worker:
+        time.sleep(0.5)
+        start = time.perf_counter()
+        submit_all(api, [r.model_dump(exclude_none=True) for r in requests])
+        wait_until(lambda: worker.jobs_finished >= len(requests), 900, poll_s=0.02)
+        pipeline_s = time.perf_counter() - start
+    pipeline_tokens = timed.tokens
+    return {
+        "prompts": len(prompts), "max_tokens": max_tokens,
+        "direct_tokens": direct_tokens, "direct_s": round(direct_s, 3), "direct_tokens_per_s": direct_tokens / direct_s,
+        "pipeline_tokens": pipeline_tokens, "pipeline_s": round(pipeline_s, 3),
+        "pipeline_tokens_per_s": pipeline_tokens / pipeline_s,
+        "efficiency": (pipeline_tokens / pipeline_s) / (direct_tokens / direct_s),
+    }
+
+
+def sharegpt_prompts(count: int, max_chars: int = 1500) -> list[str]:
+    data = json.loads(SHAREGPT.read_text())
+    prompts = []
+    for conversation in data:
+        turns = conversation.get("conversations") or conversation.get("conversation") or []
+        first = next((t.get("value") for t in turns if t.get("from") in ("human", "user")), None)
+        if first and len(first) <= max_chars:
+            prompts.append(first)
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def plot(utilisation: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = utilisation["samples"]
+    t = [s["t"] for s in samples]
+    rates = [0.0] + [
+        (b["tokens"] - a["tokens"]) / (b["t"] - a["t"]) for a, b in zip(samples, samples[1:]) if b["t"] > a["t"]
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(t[: len(rates)], rates, label="engine tokens/s")
+    ax.axhline(utilisation["ceiling_tokens_per_s"], linestyle="--", color="grey", label="engine ceiling")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("tokens/s")
+    depth = ax.twinx()
+    depth.plot(t, [s["visible"] for s in samples], color="tab:orange", label="queue visible")
+    depth.plot(t, [s["in_flight"] for s in samples], color="tab:green", label="in flight")
+    depth.set_ylabel("messages")
+    fig.legend(loc="upper right")
+    ax.set_title("Simulated engine (capacity 64): throughput and queue depth")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=320)
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU-engine pipeline efficiency run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    counter = RequestCounter()
+    stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={API_KEY: "bench"}, workers=0)
+    with stack:
+        api = Client(stack.api_url, API_KEY)
+        print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
+        full = utilisation_run(stack, api, capacity=64, worker_capacity=64, jobs=args.jobs, tokens=TOKENS, step_s=STEP_S,
+                               sample=True)
+        print(f"  {full['tokens_per_s']:.0f} tokens/s of {full['ceiling_tokens_per_s']:.0f}: {full['utilisation']:.3f}")
+        print("one-at-a-time worker, same engine...", flush=True)
+        single = utilisation_run(stack, api, capacity=64, worker_capacity=1, jobs=4, tokens=TOKENS, step_s=STEP_S,
+                                 sample=False)
+        print(f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: {single['utilisation']:.4f}")
+        print("AWS requests per job at backlog...", flush=True)
+        requests = requests_run(stack, api, counter, jobs=200)
+        print(f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
+              f"worker {requests['worker_requests_per_job']:.2f})")
+        print("idle pickup latency...", flush=True)
+        pickup = pickup_run(api, samples=15)
+        print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
+        efficiency = None
+        if not args.skip_cpu:
+            print(f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",
+                  flush=True)
+            efficiency = efficiency_run(api, sharegpt_prompts(args.prompts), args.max_tokens)
+            print(f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
+                  f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    plot(full, RESULTS / f"throughput-{stamp}.png")
+    summary = {
+        "engine_utilisation": round(full["utilisation"], 4),
+        "one_at_a_time_utilisation": round(single["utilisation"], 4),
+        "pipeline_efficiency": round(efficiency["efficiency"], 4) if efficiency else None,
+        "requests_per_job": round(requests["requests_per_job"], 3),
+        "idle_pickup_p50_s": round(pickup["p50_s"], 4),
+    }
+    details = {"summary": summary, "utilisation": full, "one_at_a_time": single, "requests": requests,
+               "pickup": pickup, "efficiency": efficiency}
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
+    print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
