@@ -33,9 +33,10 @@ from async_inference.client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, Generation
-from gpu_worker.worker import Worker, WorkerConfig
+from gpu_worker.worker import WorkerConfig
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalStack
+from local_runtime.worker_thread import WorkerThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAREGPT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ShareGPT_V3_filtered_500_v2.json"
@@ -111,22 +112,9 @@ class Timed(Engine):
         pass  # the inner engine is shared between runs; closed by the caller
 
 
-class RunningWorker:
-    """A worker on its own thread and event loop, in this process (so its requests can be counted)."""
-
-    def __init__(self, engine: Engine, receive_wait_s: int = 20) -> None:
-        config = WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s)
-        self.worker = Worker(config, engine)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self.worker.run(),), daemon=True)
-
-    def __enter__(self) -> Worker:
-        self._thread.start()
-        return self.worker
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self.worker.stop)
-        self._thread.join(timeout=60)
+def RunningWorker(engine: Engine, receive_wait_s: int = 20) -> WorkerThread:
+    """A worker in this process (so that its requests can be counted and its engine inspected)."""
+    return WorkerThread.for_engine(engine, WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s))
 
 
 def submit_all(api: Client, bodies: list[dict[str, Any]], threads: int = 8) -> list[str]:

@@ -1,0 +1,124 @@
+"""The worker keeps the engine full and its messages hidden: batching and visibility extension, against moto server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from async_inference.aws import JobQueue
+from async_inference.config import ServiceConfig
+from async_inference.schemas import ChatCompletionRequest
+from async_inference.service import JobService
+from gpu_worker.engines.base import Engine, Generation
+from gpu_worker.engines.echo import EchoEngine
+from gpu_worker.worker import Worker, WorkerConfig
+from local_runtime.worker_thread import WorkerThread
+from tests.e2e.conftest import chat
+
+pytestmark = pytest.mark.e2e
+
+
+class RecordingQueue(JobQueue):
+    """The real queue adapter, remembering the batched calls the worker makes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.receives: list[int] = []  # messages asked for per ReceiveMessage
+        self.received: list[int] = []  # messages returned per ReceiveMessage
+        self.extensions: list[tuple[float, list[str], int]] = []  # (time, receipt handles, timeout)
+        self.deletes: list[int] = []
+
+    def receive(self, *, max_messages: int, wait_s: int, **kwargs: Any):  # type: ignore[override]
+        messages = super().receive(max_messages=max_messages, wait_s=wait_s, **kwargs)
+        self.receives.append(max_messages)
+        self.received.append(len(messages))
+        return messages
+
+    def change_visibility_batch(self, receipt_handles: list[str], timeout_s: int) -> list[str]:
+        self.extensions.append((time.monotonic(), list(receipt_handles), timeout_s))
+        return super().change_visibility_batch(receipt_handles, timeout_s)
+
+    def delete_batch(self, receipt_handles: list[str]) -> list[str]:
+        self.deletes.append(len(receipt_handles))
+        return super().delete_batch(receipt_handles)
+
+
+class Concurrency(Engine):
+    """Echo with a delay, counting how many requests are inside the engine at once."""
+
+    def __init__(self, capacity: int, delay_s: float) -> None:
+        self.inner = EchoEngine(capacity=capacity, delay_s=delay_s)
+        self.now = 0
+        self.peak = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.inner.capacity
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            return await self.inner.generate(request_id, request)
+        finally:
+            self.now -= 1
+
+
+def worker_for(engine: Engine, queue: RecordingQueue, **config: Any) -> Worker:
+    service_config = ServiceConfig.from_env()
+    base = JobService.from_config(service_config)
+    service = JobService(store=base.store, blobs=base.blobs, queue=queue, notifier=base.notifier)
+    return Worker(WorkerConfig(service=service_config, receive_wait_s=1, **config), engine, service=service)
+
+
+def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_deletes(stack, api):
+    # GIVEN a backlog of 40 jobs and an engine that batches 16
+    ids = [api.submit(chat(f"job {i} words"))["job_id"] for i in range(40)]
+    engine = Concurrency(capacity=16, delay_s=0.5)
+    queue = RecordingQueue(stack.resources.config.queue_url)
+    # WHEN one worker runs them
+    with WorkerThread(worker_for(engine, queue)) as worker:
+        deadline = time.monotonic() + 60
+        while worker.jobs_finished < 40 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    # THEN the engine held its full batch at once, never more
+    assert engine.peak == 16
+    # AND messages came in batches of up to 10 and left in batched deletes, far fewer calls than jobs
+    assert max(queue.received) == 10
+    assert all(asked <= 10 for asked in queue.receives)
+    assert sum(queue.deletes) >= 40 and len(queue.deletes) < 40 / 2
+    assert all(api.get(i)["status"] == "succeeded" for i in ids)
+
+
+def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
+    # GIVEN a job that generates for 4 s, and a worker whose messages would reappear after 2 s without a heartbeat
+    job = api.submit(chat("slow job"))
+    queue = RecordingQueue(stack.resources.config.queue_url)
+    worker = worker_for(EchoEngine(delay_s=4.0), queue, visibility_timeout_s=2, heartbeat_interval_s=0.5)
+    peeker = JobQueue(stack.resources.config.queue_url)
+    seen_by_another: list[str] = []
+    # WHEN another consumer keeps polling the queue while it runs
+    with WorkerThread(worker) as running:
+        deadline = time.monotonic() + 30
+        while running.jobs_finished < 1 and time.monotonic() < deadline:
+            for message in peeker.receive(max_messages=10, wait_s=0, visibility_timeout_s=0):
+                if job["job_id"] in message.body:
+                    seen_by_another.append(message.message_id)
+            time.sleep(0.2)
+        finished_at = time.monotonic()
+        time.sleep(1.5)  # three more heartbeats with nothing in flight
+    # THEN nobody else saw the message, the job ran once, and the heartbeat extended it in batched calls
+    assert seen_by_another == []
+    final = api.get(job["job_id"])
+    assert final["status"] == "succeeded" and final["attempts"] == 1
+    during = [e for e in queue.extensions if e[2] == 2 and e[0] < finished_at]
+    assert len(during) >= 4, queue.extensions
+    # AND once the job ended its message was no longer extended
+    assert not [e for e in queue.extensions if e[0] > finished_at + 0.2 and e[2] > 0]
