@@ -16,13 +16,15 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference.client import Client
+from async_inference.schemas import JobSubmission
+from async_inference.service import JobService
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalStack
 
@@ -74,34 +76,60 @@ def main(argv: list[str] | None = None) -> int:
                       Attributes={"RawMessageDelivery": "true"})
         workers = [stack.start_worker() for _ in range(args.workers)]
         watched = workers[0]  # never killed: its RSS is the one compared
-        api = Client(stack.api_url, KEY)
+        service = JobService.from_config(config)
+        request = {"model": "echo", "max_tokens": 4}
 
-        # Submit from a few threads (the local gateway runs one handler call at a time, like one Lambda instance).
-        job_ids: list[str] = []
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(api.submit, {"model": "echo", "messages": [{"role": "user", "content": f"soak {i}"}],
-                                                "max_tokens": 4}) for i in range(args.jobs)]
-            first_rss = killed = None
-            for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                job_ids.append(future.result()["job_id"])
-                if n % 1000 == 0:
-                    print(f"{time.monotonic() - started:7.1f} s submitted {n}", file=sys.stderr, flush=True)
+        # Watch progress in the background: RSS after the first 1,000, and the kill, happen while jobs still arrive.
+        progress: dict = {"first_rss": None, "killed": None}
+        finished = threading.Event()
+
+        submitted = Counter()
+
+        def depth() -> int:
+            attributes = sqs.get_queue_attributes(QueueUrl=config.queue_url, AttributeNames=[
+                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+            return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+        def watch() -> None:
+            # Progress from the queue depth (one cheap call); a table scan every few seconds would load moto more
+            # than the workers do. The exact count is taken once, at the end.
+            while not finished.is_set():
+                finished.wait(2)
+                done = submitted["n"] - depth()
+                if progress["first_rss"] is None and done >= 1000:
+                    progress["first_rss"] = rss_mb(watched.pid)
+                if progress["killed"] is None and done >= args.kill_at:
+                    victim = workers[-1]
+                    victim.send_signal(signal.SIGKILL)
+                    victim.wait()
+                    progress["killed"] = {"at_done": done, "pid": victim.pid}
+                    workers.append(stack.start_worker())  # ECS would start a replacement task
+                print(f"{time.monotonic() - started:7.1f} s submitted {submitted['n']} done ~{done}", file=sys.stderr,
+                      flush=True)
+                if (submitted["n"] >= args.jobs and done >= args.jobs) or time.monotonic() > started + args.timeout:
+                    finished.set()
+
+        def submit(_: int) -> str:
+            job_id = service.submit("soak", submission, None).job.job_id
+            submitted["n"] += 1  # Counter updates are atomic enough under the GIL for a progress figure
+            return job_id
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        # Jobs enter through JobService.submit, the core the API Lambda calls: the local gateway runs one handler
+        # call at a time, which would make this a benchmark of the gateway rather than of the pipeline.
+        submission = JobSubmission.model_validate(
+            {"request": {**request, "messages": [{"role": "user", "content": "soak"}]}})
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            job_ids = list(pool.map(submit, range(args.jobs)))
         print(f"{time.monotonic() - started:7.1f} s all {len(job_ids)} submitted", file=sys.stderr, flush=True)
-
-        deadline = started + args.timeout
-        done = 0
-        while done < args.jobs and time.monotonic() < deadline:
-            time.sleep(2)
+        watcher.join()
+        for _ in range(30):  # the last notifications and flags may trail the queue emptying by a moment
             done, statuses = succeeded_count(config.table_name)
-            if first_rss is None and done >= 1000:
-                first_rss = rss_mb(watched.pid)
-            if killed is None and done >= args.kill_at:
-                victim = workers[-1]
-                victim.send_signal(signal.SIGKILL)
-                victim.wait()
-                killed = {"at_succeeded": done, "pid": victim.pid}
-                workers.append(stack.start_worker())  # ECS would start a replacement task
-            print(f"{time.monotonic() - started:7.1f} s succeeded {done} {dict(statuses)}", file=sys.stderr, flush=True)
+            if done >= args.jobs:
+                break
+            time.sleep(5)
+        first_rss, killed = progress["first_rss"], progress["killed"]
         end_rss = rss_mb(watched.pid)
         elapsed = time.monotonic() - started
 
