@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from conftest import FaultStack, Inbox, chat, wait_until
+from fault_stack import FaultStack, Inbox, chat, wait_until
 
 JOBS = 5
 

@@ -1,0 +1,203 @@
+"""A local stack of its own for the fault-injection tests, run as a subprocess (``python -m local_runtime up``).
+
+The end-to-end suite's stack lives in the test process and owns its environment (``AWS_ENDPOINT_URL``) and the
+imported Lambda handlers, so this suite does not share the process: it starts the same stack out of process, with no
+workers, and talks to its moto server through clients built with an explicit endpoint. Workers are started per test
+with the faults they are meant to suffer (``WORKER_FAULTS``, see ``gpu_worker/faults.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import boto3
+from boto3.dynamodb.types import TypeDeserializer
+from botocore.config import Config
+
+from async_inference import settings
+from async_inference.client import Client
+from async_inference.config import ServiceConfig
+from async_inference.schemas import Job
+from local_runtime.moto_server import LOCAL_CREDENTIALS, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "faults-tenant-key-0123456789"
+TENANT = "faults"
+# Held messages stay invisible ~2 s and come back ~2 s after a SIGKILL; transient faults are retried at once.
+FAST_RECOVERY = {
+    "ENGINE": "echo",
+    "RECEIVE_WAIT_S": "1",
+    "HEARTBEAT_INTERVAL_S": "0.5",
+    "VISIBILITY_TIMEOUT_S": "2",
+    "DRAIN_TIMEOUT_S": "5",
+    "TRANSIENT_RETRY_DELAY_S": "0",
+    "LOG_LEVEL": "INFO",
+}
+
+
+class FaultStack:
+    """The stack subprocess, clients on its moto server, and the worker processes the tests start."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.api_port, self.moto_port = free_port(), free_port()
+        self.moto_url = f"http://127.0.0.1:{self.moto_port}"
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self.config: ServiceConfig
+
+    # --- lifecycle --------------------------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60.0) -> FaultStack:
+        env = {**self._base_env(), "API_PORT": str(self.api_port), "MOTO_PORT": str(self.moto_port), "WORKERS": "0",
+               "ENGINE": "echo", "LOCAL_API_KEYS": f"{API_KEY}={TENANT}"}
+        log = open(self.log_dir / "stack.log", "wb")
+        self._process = subprocess.Popen([sys.executable, "-u", "-m", "local_runtime", "up"], env=env, cwd=REPO_ROOT,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while "Workers:" not in (self.log_dir / "stack.log").read_text(errors="replace"):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("fault stack did not start:\n" + (self.log_dir / "stack.log").read_text()[-3000:])
+            time.sleep(0.1)
+        sqs, sns = self.client("sqs"), self.client("sns")
+        self.config = ServiceConfig(
+            table_name=settings.TABLE_NAME,
+            bucket_name=settings.BUCKET_NAME,
+            queue_url=sqs.get_queue_url(QueueName=settings.QUEUE_NAME)["QueueUrl"],
+            topic_arn=sns.create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"],  # idempotent: the existing one
+            dlq_url=sqs.get_queue_url(QueueName=settings.DLQ_NAME)["QueueUrl"],
+        )
+        return self
+
+    def stop(self) -> None:
+        for process in self.workers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if self._process and self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+
+    def _base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "JOBS_", "RESULT_TOPIC"))}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        return {**env, **LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.moto_url}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to use this stack (a worker, the CLI)."""
+        return {**self._base_env(), **self.config.to_env()}
+
+    # --- workers ----------------------------------------------------------------------------------------------------
+
+    def start_worker(self, name: str, **extra_env: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"worker-{name}.log", "ab")
+        process = subprocess.Popen([sys.executable, "-m", "gpu_worker"], env={**self.env, **FAST_RECOVERY, **extra_env},
+                                   cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process.log_path = self.log_dir / f"worker-{name}.log"  # type: ignore[attr-defined]
+        self.workers.append(process)
+        return process
+
+    def stop_worker(self, process: subprocess.Popen[bytes]) -> None:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+
+    # --- clients and reads ------------------------------------------------------------------------------------------
+
+    def client(self, service: str) -> Any:
+        config = Config(s3={"addressing_style": "path"}) if service == "s3" else None
+        return boto3.client(service, endpoint_url=self.moto_url, region_name="us-east-1", config=config,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def api(self) -> Client:
+        return Client(self.api_url, API_KEY)
+
+    def job(self, job_id: str) -> Job:
+        item = self.client("dynamodb").get_item(TableName=self.config.table_name, Key={"job_id": {"S": job_id}},
+                                                ConsistentRead=True)["Item"]
+        return Job.model_validate({k: TypeDeserializer().deserialize(v) for k, v in item.items()})
+
+    def result_objects(self, job_id: str) -> list[dict[str, Any]]:
+        s3, key = self.client("s3"), settings.result_key(TENANT, job_id)
+        listing = s3.list_objects_v2(Bucket=self.config.bucket_name, Prefix=key).get("Contents", [])
+        return [json.loads(s3.get_object(Bucket=self.config.bucket_name, Key=o["Key"])["Body"].read()) for o in listing]
+
+    def queue_depth(self, url: str | None = None) -> int:
+        attributes = self.client("sqs").get_queue_attributes(
+            QueueUrl=url or self.config.queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+    def empty_queue(self, timeout_s: float = 5.0) -> None:
+        """Delete whatever a test left on the job queue (PurgeQueue is allowed once a minute only)."""
+        sqs, deadline = self.client("sqs"), time.monotonic() + timeout_s
+        while self.queue_depth() and time.monotonic() < deadline:
+            for message in sqs.receive_message(QueueUrl=self.config.queue_url, MaxNumberOfMessages=10,
+                                               WaitTimeSeconds=1).get("Messages", []):
+                sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+    def wait_final(self, job_ids: list[str], timeout_s: float = 30.0) -> dict[str, Job]:
+        """Every job once all are final; AssertionError naming the stragglers after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            jobs = {job_id: self.job(job_id) for job_id in job_ids}
+            if all(j.status.is_final for j in jobs.values()):
+                return jobs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not final after {timeout_s} s: " +
+                                     ", ".join(f"{i}={j.status.value}" for i, j in jobs.items() if not j.status.is_final))
+            time.sleep(0.2)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Inbox:
+    """A queue subscribed to the result topic: every notification, by job id."""
+
+    def __init__(self, stack: FaultStack) -> None:
+        self._sqs = stack.client("sqs")
+        self.url = self._sqs.create_queue(QueueName=f"faults-inbox-{free_port()}")["QueueUrl"]
+        arn = self._sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        stack.client("sns").subscribe(TopicArn=stack.config.topic_arn, Protocol="sqs", Endpoint=arn,
+                                      Attributes={"RawMessageDelivery": "true"})
+        self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def drain(self, quiet_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
+        """Read until the queue has been empty for ``quiet_s``; all notifications seen so far."""
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < quiet_s:
+            messages = self._sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get("Messages", [])
+            for message in messages:
+                body = json.loads(message["Body"])
+                self.by_job[body["job_id"]].append(body)
+            if messages:
+                self._sqs.delete_message_batch(QueueUrl=self.url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+                quiet_since = time.monotonic()
+            else:
+                time.sleep(0.1)
+        return self.by_job
+
+
+def chat(prompt: str = "hello fault tests", **overrides: Any) -> dict[str, Any]:
+    return {"model": "echo-model", "messages": [{"role": "user", "content": prompt}], **overrides}
