@@ -51,9 +51,14 @@ log = logging.getLogger("bench")
 # --- instrumentation ------------------------------------------------------------------------------------------------
 
 
+# Threads of the local runtime that stand in for AWS event sources (S3 -> Lambda, SQS -> Lambda): their polling has
+# no counterpart in a deployment, where the event source mappings are AWS's own.
+LOCAL_POLLERS = {"upload-events", "dlq", "webhooks"}
+
+
 class RequestCounter:
-    """Counts every AWS API call made in this process, split by the side that made it (worker I/O threads are
-    named ``io_*``; everything else here is the API gateway, its Lambda handlers and the event pollers)."""
+    """Counts every AWS API call made in this process, split by the side that made it: the worker (its I/O threads
+    are named ``io_*``), the local event pollers, and the API (the gateway threads running the Lambda handler)."""
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -62,7 +67,8 @@ class RequestCounter:
         counter = self
 
         def counting(self_: Any, operation: str, params: dict[str, Any]) -> Any:
-            side = "worker" if threading.current_thread().name.startswith("io") else "api"
+            name = threading.current_thread().name
+            side = "worker" if name.startswith("io") else "local" if name in LOCAL_POLLERS else "api"
             with counter._lock:
                 counter.counts[(side, operation)] += 1
             return counter._original(self_, operation, params)
@@ -81,8 +87,9 @@ class Timed(Engine):
     """Wraps an engine: records when each request started generating, and can lower the capacity the worker sees
     (capacity 1 is the one-message-at-a-time worker)."""
 
-    def __init__(self, inner: Engine, capacity: int | None = None) -> None:
+    def __init__(self, inner: Engine, capacity: int | None = None, shared: bool = False) -> None:
         self.inner = inner
+        self.shared = shared
         self.name = inner.name
         self._capacity = capacity or inner.capacity
         self.started: dict[str, float] = {}
@@ -109,12 +116,14 @@ class Timed(Engine):
         await self.inner.abort(request_id)
 
     async def close(self) -> None:
-        pass  # the inner engine is shared between runs; closed by the caller
+        if not self.shared:  # a shared engine serves several runs and is closed by its owner
+            await self.inner.close()
 
 
-def RunningWorker(engine: Engine, receive_wait_s: int = 20) -> WorkerThread:
+def RunningWorker(engine: Engine, receive_wait_s: int = 20, prefetch: int | None = None) -> WorkerThread:
     """A worker in this process (so that its requests can be counted and its engine inspected)."""
-    return WorkerThread.for_engine(engine, WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s))
+    config = WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s, prefetch=prefetch)
+    return WorkerThread.for_engine(engine, config)
 
 
 def submit_all(api: Client, bodies: list[dict[str, Any]], threads: int = 8) -> list[str]:
@@ -153,7 +162,8 @@ def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_cap
     samples: list[dict[str, float]] = []
     assert stack.resources is not None
     start = time.perf_counter()
-    with RunningWorker(engine) as worker:
+    # The one-at-a-time worker holds exactly one message: no prefetch either.
+    with RunningWorker(engine, prefetch=0 if worker_capacity == 1 else None) as worker:
         while worker.jobs_finished < jobs:
             if time.perf_counter() - start > 600:
                 raise TimeoutError("utilisation run did not finish")
@@ -235,7 +245,7 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
     direct_tokens, direct_s = loop.run_until_complete(direct())
     loop.close()
 
-    timed = Timed(engine)
+    timed = Timed(engine, shared=True)
     with RunningWorker(timed) as worker:
         time.sleep(0.5)
         start = time.perf_counter()

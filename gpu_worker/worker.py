@@ -1,6 +1,8 @@
 """The GPU worker: keeps the engine full of jobs from the claim-check queue.
 
-Up to ``engine.capacity`` jobs are in flight at once: messages are received in batches of 10, each job's payload is
+Up to ``engine.capacity`` jobs are in the engine at once, and a few more messages are held beyond that (prefetch) so
+that reading payloads and writing results overlap generation instead of leaving engine slots idle: messages are
+received in batches of 10, each job's payload is
 fetched and handed to the engine as soon as it is read, and each job finishes on its own. Visibility of held messages
 is extended in batches while they run; deletes are batched. A job that cannot succeed becomes a ``failed`` job with a
 reason; only infrastructure faults and transient engine faults are left to SQS redelivery.
@@ -37,9 +39,24 @@ from async_inference import settings
 from async_inference.aws import Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
-from async_inference.schemas import AssistantMessage, ChatCompletion, Choice, ClaimCheck, Job, Usage, utcnow
+from async_inference.schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    ClaimCheck,
+    Job,
+    Usage,
+    utcnow,
+)
 from async_inference.service import JobService, parse_request_body
-from gpu_worker.engines.base import Engine, GenerationAborted, PermanentEngineError, TransientEngineError
+from gpu_worker.engines.base import (
+    Engine,
+    Generation,
+    GenerationAborted,
+    PermanentEngineError,
+    TransientEngineError,
+)
 from gpu_worker.faults import Faults
 from gpu_worker.task_protection import TaskProtection
 
@@ -62,6 +79,9 @@ class WorkerConfig:
     # A message left for redelivery after a transient fault comes back after this, doubled per receive (capped at
     # the visibility timeout). SQS takes whole seconds; 0 means at once.
     transient_retry_delay_s: int = 5
+    # Messages held beyond the engine's capacity. A job spends part of its life in S3/DynamoDB/SNS calls; if those held
+    # engine slots, the engine would idle while they ran. None: max(10, capacity // 4).
+    prefetch: int | None = None
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -73,7 +93,12 @@ class WorkerConfig:
             receive_wait_s=int(os.environ.get("RECEIVE_WAIT_S", settings.RECEIVE_WAIT_TIME_S)),
             drain_timeout_s=float(os.environ.get("DRAIN_TIMEOUT_S", 90.0)),
             transient_retry_delay_s=int(os.environ.get("TRANSIENT_RETRY_DELAY_S", 5)),
+            prefetch=int(os.environ["PREFETCH"]) if os.environ.get("PREFETCH") else None,
         )
+
+    def held_messages(self, capacity: int) -> int:
+        """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
+        return capacity + (self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 4))
 
     def retry_delay_s(self, receive_count: int) -> int:
         """Seconds a message stays hidden after its ``receive_count``-th receive ended in a transient fault."""
@@ -181,10 +206,12 @@ class Worker:
         self._protection_lock: asyncio.Lock | None = None  # made in run(), on the loop
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
-        self._slots: Slots
+        self._slots: Slots  # messages held
+        self._engine_slots: asyncio.Semaphore  # jobs inside the engine
         self._deletes: Batcher
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(64, engine.capacity + 8), thread_name_prefix="io")
+        held = config.held_messages(engine.capacity)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(128, held + 8), thread_name_prefix="io")
         self.jobs_finished = 0
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -250,7 +277,7 @@ class Worker:
         started = time.monotonic()
         self.faults.at("before_engine", job.job_id)
         try:
-            generation = await asyncio.wait_for(self.engine.generate(job.job_id, request), timeout=claim.timeout_s)
+            generation = await self._generate(job.job_id, request, claim.timeout_s)
         except asyncio.TimeoutError:
             await self.engine.abort(job.job_id)
             error = f"execution timed out after {claim.timeout_s} s"
@@ -296,6 +323,11 @@ class Worker:
         self.jobs_finished += 1
         return True
 
+    async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
+        """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken."""
+        async with self._engine_slots:
+            return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
+
     async def _not_runnable(self, job_id: str) -> bool:
         """The job could not be moved to running: find out why and whether the message is done with."""
         job = await self._io(self.store.get, job_id)
@@ -321,7 +353,8 @@ class Worker:
         """Receive and run jobs until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
         await self.engine.start()
-        self._slots = Slots(self.engine.capacity)
+        self._slots = Slots(self.config.held_messages(self.engine.capacity))
+        self._engine_slots = asyncio.Semaphore(self.engine.capacity)
         self._protection_lock = asyncio.Lock()
         self._deletes = Batcher(self._delete_batch)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
