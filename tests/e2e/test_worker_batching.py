@@ -79,13 +79,14 @@ def worker_for(engine: Engine, queue: RecordingQueue, **config: Any) -> Worker:
 
 
 def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_deletes(stack, api):
-    # GIVEN a backlog of 40 jobs and an engine that batches 16
+    # GIVEN a backlog of 40 jobs and an engine that batches 16 (each generation long enough that the worker's I/O,
+    # even on a loaded machine, keeps up with it)
     ids = [api.submit(chat(f"job {i} words"))["job_id"] for i in range(40)]
-    engine = Concurrency(capacity=16, delay_s=0.5)
+    engine = Concurrency(capacity=16, delay_s=2.0)
     queue = RecordingQueue(stack.resources.config.queue_url)
     # WHEN one worker runs them
     with WorkerThread(worker_for(engine, queue)) as worker:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while worker.jobs_finished < 40 and time.monotonic() < deadline:
             time.sleep(0.1)
     # THEN the engine held its full batch at once, never more
@@ -93,20 +94,22 @@ def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_delete
     # AND messages came in batches of up to 10 and left in batched deletes, far fewer calls than jobs
     assert max(queue.received) == 10
     assert all(asked <= 10 for asked in queue.receives)
-    assert sum(queue.deletes) >= 40 and len(queue.deletes) < 40 / 2
+    assert sum(queue.deletes) >= 40 and len(queue.deletes) < sum(queue.deletes) / 2
     assert all(api.get(i)["status"] == "succeeded" for i in ids)
 
 
 def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
-    # GIVEN a job that generates for 4 s, and a worker whose messages would reappear after 2 s without a heartbeat
+    # GIVEN a job that generates for 8 s, and a worker whose messages would reappear after 3 s without a heartbeat
     job = api.submit(chat("slow job"))
     queue = RecordingQueue(stack.resources.config.queue_url)
-    worker = worker_for(EchoEngine(delay_s=4.0), queue, visibility_timeout_s=2, heartbeat_interval_s=0.5)
+    worker = worker_for(EchoEngine(delay_s=8.0), queue, visibility_timeout_s=3, heartbeat_interval_s=0.5)
     peeker = JobQueue(stack.resources.config.queue_url)
     seen_by_another: list[str] = []
     # WHEN another consumer keeps polling the queue while it runs
     with WorkerThread(worker) as running:
         deadline = time.monotonic() + 30
+        while api.get(job["job_id"])["status"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.1)  # before the worker holds it, anyone may see it
         while running.jobs_finished < 1 and time.monotonic() < deadline:
             for message in peeker.receive(max_messages=10, wait_s=0, visibility_timeout_s=0):
                 if job["job_id"] in message.body:
@@ -118,7 +121,7 @@ def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
     assert seen_by_another == []
     final = api.get(job["job_id"])
     assert final["status"] == "succeeded" and final["attempts"] == 1
-    during = [e for e in queue.extensions if e[2] == 2 and e[0] < finished_at]
+    during = [e for e in queue.extensions if e[2] == 3 and e[0] < finished_at]
     assert len(during) >= 4, queue.extensions
     # AND once the job ended its message was no longer extended
     assert not [e for e in queue.extensions if e[0] > finished_at + 0.2 and e[2] > 0]
