@@ -131,6 +131,7 @@ class Usage(_Internal):
 
 class WebhookAttempt(_Internal):
     at: dt.datetime
+    event: str | None = None  # "completed" or "started"
     status_code: int | None = None
     error: str | None = None
 

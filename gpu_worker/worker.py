@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
 
-from async_inference import settings
+from async_inference import settings, webhooks
 from async_inference.aws import Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
@@ -266,6 +266,8 @@ class Worker:
         )
         if job is None:
             return await self._not_runnable(claim.job_id)
+        if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
+            await self._io(webhooks.started_event, job)  # never raises: a lost "started" must not cost the run
 
         raw = await self._read_payload(claim)
         if raw is None:

@@ -149,3 +149,22 @@ def test_unsafe_webhook_urls_are_refused_with_400_naming_the_field(api: Client, 
     error = refused.value.body["error"]
     assert error["details"][0]["field"] == "webhook.url"
     assert reason in error["details"][0]["message"]
+
+
+def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_event(
+    stack: LocalStack, api: Client, worker, receiver: Receiver
+):
+    # GIVEN a job that asks for both events
+    submitted = api.submit(chat("tell me twice", max_tokens=2),
+                           webhook={"url": receiver.url, "events": ["started", "completed"]})
+    # WHEN it runs to the end
+    api.wait(submitted["job_id"], timeout_s=30)
+    deliveries = receiver.wait_for(2, timeout_s=15)
+    # THEN one delivery per event, each verifying with the tenant's secret
+    ids = sorted(d.headers["webhook-id"] for d in deliveries)
+    assert ids == [f"{submitted['job_id']}_completed", f"{submitted['job_id']}_started"]
+    for delivery in deliveries:
+        Webhook(stack.webhook_secrets["tenant-a"]).verify(delivery.body, delivery.headers)
+    # AND the job records an attempt for each event
+    job = webhook_settled(api, submitted["job_id"], attempts=2, timeout_s=10)
+    assert sorted(a["event"] for a in job["webhook"]["attempts"]) == ["completed", "started"]
