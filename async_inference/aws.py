@@ -377,18 +377,19 @@ class Notifier:
         self.topic_arn = topic_arn
         self._sns = sns or client("sns")
 
-    def publish(self, notification: ResultNotification) -> None:
+    def publish(self, notification: ResultNotification, *, has_webhook: bool = False) -> None:
         self._sns.publish(
             TopicArn=self.topic_arn,
             Message=notification.model_dump_json(exclude_none=True),
-            MessageAttributes=notification_attributes(notification),
+            MessageAttributes=notification_attributes(notification, has_webhook=has_webhook),
         )
 
 
-def notification_attributes(notification: ResultNotification) -> dict[str, dict[str, str]]:
+def notification_attributes(notification: ResultNotification, *, has_webhook: bool = False) -> dict[str, dict[str, str]]:
     attributes = {
         "status": {"DataType": "String", "StringValue": notification.status.value},
         "tenant": {"DataType": "String", "StringValue": notification.tenant},
+        settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "true" if has_webhook else "false"},
     }
     if notification.model:
         attributes["model"] = {"DataType": "String", "StringValue": notification.model}

@@ -261,7 +261,8 @@ class JobService:
     def notify(self, job: Job, *, result: ChatCompletion | None = None) -> None:
         """Publish the job's notification, then record that it was sent. A crash in between re-sends it on
         redelivery: subscribers see a notification at least once, and dedupe on job id."""
-        self.notifier.publish(build_notification(job, result=result, bucket=self.blobs.bucket))
+        notification = build_notification(job, result=result, bucket=self.blobs.bucket)
+        self.notifier.publish(notification, has_webhook=job.webhook is not None)
         self.store.update(job.job_id, notified=True)
 
 

@@ -106,6 +106,10 @@ METRIC_PROCESSING_TIME = "ProcessingTime"  # seconds
 WEBHOOK_BACKOFF_BASE_S = 30
 WEBHOOK_BACKOFF_MAX_S = 15 * 60
 WEBHOOK_MAX_RECEIVE_COUNT = 10
+# Result notifications carry the message attribute webhook="true" when their job has a webhook; the dispatcher's
+# subscription filters on it, so jobs without webhooks cost the dispatcher nothing.
+WEBHOOK_ATTRIBUTE = "webhook"
+WEBHOOK_FILTER_POLICY = {WEBHOOK_ATTRIBUTE: ["true"]}
 
 
 def webhook_retry_span_s() -> int:

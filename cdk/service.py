@@ -12,7 +12,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ServiceConfig
+from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.gpu_worker_service import GpuWorkerService
@@ -185,6 +185,7 @@ class AsyncInferenceService(Construct):
                 "ENGINE": "vllm",
                 "MODEL": props.model,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),
+                ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
             },
             instance_type=props.gpu_instance_type,
             max_instances=props.max_gpu_instances,
@@ -253,6 +254,7 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(worker, results)
         table.grant_read_write_data(worker)
         topic.grant_publish(worker)
+        self.webhooks.queue.grant_send_messages(worker)  # "started" webhook events
 
 
     def _acknowledge_grant_wildcards(self) -> None:

@@ -12,11 +12,13 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from async_inference import config, settings
+from async_inference import config, settings, webhooks
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
-FUNCTION_TIMEOUT = Duration.seconds(30)
+# A batch of 10 deliveries to slow receivers (5 s each at most) must fit in one invocation: the dispatcher's own
+# figure, shared with the local runtime's queue.
+FUNCTION_TIMEOUT = Duration.seconds(webhooks.DISPATCHER_TIMEOUT_S)
 
 
 class WebhookDispatch(Construct):
@@ -58,12 +60,19 @@ class WebhookDispatch(Construct):
             enforce_ssl=True,
             # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
             # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
-            visibility_timeout=Duration.seconds(FUNCTION_TIMEOUT.to_seconds() * 6),
+            visibility_timeout=Duration.seconds(webhooks.QUEUE_VISIBILITY_TIMEOUT_S),
             dead_letter_queue=sqs.DeadLetterQueue(
                 queue=self.dead_letter_queue, max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT
             ),
         )
-        topic.add_subscription(subscriptions.SqsSubscription(self.queue, raw_message_delivery=True))
+        # Only notifications of jobs that have a webhook reach the dispatcher (the attribute is set by the publisher).
+        webhook_only = {
+            name: sns.SubscriptionFilter.string_filter(allowlist=values)
+            for name, values in settings.WEBHOOK_FILTER_POLICY.items()
+        }
+        topic.add_subscription(
+            subscriptions.SqsSubscription(self.queue, raw_message_delivery=True, filter_policy=webhook_only)
+        )
         self.signing_secrets = secretsmanager.Secret(
             self,
             "SigningSecrets",

@@ -119,5 +119,6 @@ def _create_webhook_queues(sqs: Any, sns: Any, topic_arn: str) -> tuple[str, str
         },
     )["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
+    attributes = {"RawMessageDelivery": "true", "FilterPolicy": json.dumps(settings.WEBHOOK_FILTER_POLICY)}
+    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes=attributes)
     return url, dlq_url

@@ -135,7 +135,10 @@ def test_worker_role_consumes_jobs_writes_results_and_protects_its_tasks(synthes
     assert {"ecs:UpdateTaskProtection", "ecs:GetTaskProtection"} <= set(actions)
     assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*"}
-    assert "s3:DeleteObject*" not in actions and "sqs:SendMessage" not in actions
+    assert "s3:DeleteObject*" not in actions
+    # It sends to one queue only: the webhook queue, for "started" events (never to the job queue).
+    webhook_queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [webhook_queue, "Arn"]}]
 
 
 def test_no_role_has_an_aws_managed_full_access_policy(synthesized):

@@ -124,3 +124,33 @@ def test_oldest_job_alarm_uses_the_threshold_from_context(synthesized):
         "AWS::CloudWatch::Alarm",
         {"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900, "ComparisonOperator": "GreaterThanThreshold"},
     )
+
+
+def test_only_notifications_of_jobs_with_a_webhook_reach_the_dispatcher(synthesized):
+    """GIVEN the dispatcher's subscription WHEN a job without a webhook finishes THEN the filter keeps it away."""
+    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    synthesized.template.has_resource_properties(
+        "AWS::SNS::Subscription",
+        {"Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "FilterPolicy": settings.WEBHOOK_FILTER_POLICY},
+    )
+
+
+def test_dispatcher_has_time_for_a_full_batch_of_slow_receivers(synthesized):
+    """GIVEN the dispatcher WHEN it gets 10 deliveries of up to 5 s THEN its timeout and queue visibility fit them."""
+    from async_inference import webhooks
+
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": "lambdas.webhooks.handler.lambda_handler"}}
+    ).values()
+    assert function["Properties"]["Timeout"] == webhooks.DISPATCHER_TIMEOUT_S >= 10 * 5
+    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    visibility = synthesized.template.to_json()["Resources"][queue]["Properties"]["VisibilityTimeout"]
+    assert visibility >= function["Properties"]["Timeout"]
+
+
+def test_workers_know_the_webhook_queue_for_started_events(synthesized):
+    """GIVEN the worker task WHEN a job starts THEN the worker can find the webhook queue."""
+    [task] = synthesized.template.find_resources("AWS::ECS::TaskDefinition").values()
+    [container] = task["Properties"]["ContainerDefinitions"]
+    names = {variable["Name"] for variable in container["Environment"]}
+    assert "WEBHOOK_QUEUE_URL" in names

@@ -61,7 +61,9 @@ def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notificatio
     assert [n["status"] for n in notes] == ["succeeded"]
     assert notes[0]["result_location"]["key"] == settings.result_key("tenant-a", submitted["job_id"])
     assert notes[0]["metadata"] == {"team": "search"}
-    assert inbox.attributes[submitted["job_id"]][0] == {"status": "succeeded", "tenant": "tenant-a", "model": "echo-model"}
+    assert inbox.attributes[submitted["job_id"]][0] == {
+        "status": "succeeded", "tenant": "tenant-a", "model": "echo-model", "webhook": "false"
+    }
 
 
 def test_claim_check_on_the_queue_is_small_and_carries_no_prompt(stack, api):
