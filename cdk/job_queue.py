@@ -36,13 +36,7 @@ class JobQueue(Construct):
                 f"visibility_timeout ({visibility_timeout.to_seconds()} s) must exceed settings.HEARTBEAT_INTERVAL_S "
                 f"({settings.HEARTBEAT_INTERVAL_S} s), or held jobs reappear between heartbeats"
             )
-        self.dead_letter_queue = sqs.Queue(
-            self,
-            "DeadLetterQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=Duration.days(settings.DLQ_RETENTION_DAYS),
-        )
+        self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
         self.queue = sqs.Queue(
             self,
             "Queue",
@@ -54,3 +48,14 @@ class JobQueue(Construct):
             retention_period=retention,
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.dead_letter_queue, max_receive_count=max_receive_count),
         )
+
+
+def secure_dead_letter_queue(scope: Construct, id: str) -> sqs.Queue:
+    """A DLQ with the service's defaults: encrypted (SSE-SQS), TLS only, kept for the shared retention."""
+    return sqs.Queue(
+        scope,
+        id,
+        encryption=sqs.QueueEncryption.SQS_MANAGED,
+        enforce_ssl=True,
+        retention_period=Duration.days(settings.DLQ_RETENTION_DAYS),
+    )

@@ -13,6 +13,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import config, settings, webhooks
+from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
@@ -46,13 +47,7 @@ class WebhookDispatch(Construct):
         environment: Mapping[str, str],
     ) -> None:
         super().__init__(scope, id)
-        self.dead_letter_queue = sqs.Queue(
-            self,
-            "DeadLetterQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=Duration.days(settings.DLQ_RETENTION_DAYS),
-        )
+        self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
         self.queue = sqs.Queue(
             self,
             "Queue",
