@@ -302,8 +302,12 @@ class CpuEngine(Engine):
         model_len = getattr(model.config, "max_position_embeddings", None)
         if model_len and self._max_model_len > model_len:
             raise PermanentEngineError(f"max_model_len {self._max_model_len} exceeds the model's {model_len}")
+        # Warm up: the weights are memory-mapped, and the first forward pass faults them all in (seconds); better
+        # here than in the first job's latency.
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[self._pad_id] * 4]), logits_to_keep=1)
         self._model = model
-        logger.info("cpu engine: loaded %s in %.1f s", model_dir, time.monotonic() - started)
+        logger.info("cpu engine: loaded and warmed up %s in %.1f s", model_dir, time.monotonic() - started)
 
     async def close(self) -> None:
         if self._scheduler is not None:
