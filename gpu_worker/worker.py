@@ -211,6 +211,9 @@ class Worker:
         self._stopping = asyncio.Event()
         self._slots: Slots  # messages held
         self._engine_slots: asyncio.Semaphore  # jobs inside the engine
+        # Jobs the heartbeat found cancelled. An engine ignores an abort for a request it has not seen yet, so a job
+        # cancelled while it waits for an engine slot is stopped here instead.
+        self._cancelled: set[str] = set()
         self._deletes: Batcher
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
@@ -331,6 +334,8 @@ class Worker:
     async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
         """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken."""
         async with self._engine_slots:
+            if job_id in self._cancelled:
+                raise GenerationAborted(job_id)
             return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
 
     async def _not_runnable(self, job_id: str) -> bool:
@@ -420,7 +425,9 @@ class Worker:
         flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(message.message_id)))
 
     async def _finished(self, message_id: str) -> None:
-        self._inflight.pop(message_id, None)
+        flight = self._inflight.pop(message_id, None)
+        if flight is not None and flight.job_id:
+            self._cancelled.discard(flight.job_id)
         await self._slots.give(1)
         if not self._inflight and not self._stopping.is_set():
             await self._protect(False)
@@ -452,6 +459,7 @@ class Worker:
             jobs = await self._io(self.store.get_many, job_ids[start : start + 100])
             for job in jobs.values():
                 if job.status is JobStatus.CANCELLED:
+                    self._cancelled.add(job.job_id)
                     await self.engine.abort(job.job_id)
 
     async def _drain(self) -> None:

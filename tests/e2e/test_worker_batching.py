@@ -53,6 +53,7 @@ class Concurrency(Engine):
         self.inner = EchoEngine(capacity=capacity, delay_s=delay_s)
         self.now = 0
         self.peak = 0
+        self.seen: list[str] = []
 
     @property
     def capacity(self) -> int:
@@ -63,6 +64,7 @@ class Concurrency(Engine):
         return self.inner.max_model_len
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
+        self.seen.append(request_id)
         self.now += 1
         self.peak = max(self.peak, self.now)
         try:
@@ -125,3 +127,27 @@ def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
     assert len(during) >= 4, queue.extensions
     # AND once the job ended its message was no longer extended
     assert not [e for e in queue.extensions if e[0] > finished_at + 0.2 and e[2] > 0]
+
+
+def test_job_cancelled_while_waiting_for_an_engine_slot_never_reaches_the_engine(stack, api):
+    # GIVEN an engine with one slot, busy with a first job, and a second job held by the worker, waiting for the slot
+    engine = Concurrency(capacity=1, delay_s=4.0)
+    queue = RecordingQueue(stack.resources.config.queue_url)
+    worker = worker_for(engine, queue, heartbeat_interval_s=0.3)
+    with WorkerThread(worker) as running:
+        first = api.submit(chat("first"))
+        deadline = time.monotonic() + 30
+        while first["job_id"] not in engine.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waiting = api.submit(chat("second"))
+        while api.get(waiting["job_id"])["status"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # WHEN the client cancels the waiting job
+        api.cancel(waiting["job_id"])
+        while running.jobs_finished < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the slot is free now: the waiting job would have entered the engine
+    # THEN the engine never saw it, and it stays cancelled; the first job was not disturbed
+    assert engine.seen == [first["job_id"]]
+    assert api.get(waiting["job_id"])["status"] == "cancelled"
+    assert api.get(first["job_id"])["status"] == "succeeded"
