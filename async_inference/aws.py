@@ -196,6 +196,27 @@ class JobStore:
             raise
         return True
 
+    def mark_notified(self, job_ids: list[str]) -> None:
+        """Record that these jobs' notifications went out: one TransactWriteItems request per 100 jobs rather than an
+        UpdateItem each. No condition but existence, so the transaction cannot fail on a job's state."""
+        client = self._dynamodb.meta.client
+        for start in range(0, len(job_ids), 100):
+            client.transact_write_items(
+                TransactItems=[
+                    {
+                        "Update": {
+                            "TableName": self._table.name,
+                            "Key": {_PK: job_id},
+                            "UpdateExpression": "SET #notified = :true",
+                            "ConditionExpression": "attribute_exists(#pk)",
+                            "ExpressionAttributeNames": {"#notified": "notified", "#pk": _PK},
+                            "ExpressionAttributeValues": {":true": True},
+                        }
+                    }
+                    for job_id in job_ids[start : start + 100]
+                ]
+            )
+
     def list_for_tenant(
         self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None
     ) -> tuple[list[Job], str | None]:
@@ -383,6 +404,45 @@ class Notifier:
             Message=notification.model_dump_json(exclude_none=True),
             MessageAttributes=notification_attributes(notification, has_webhook=has_webhook),
         )
+
+
+    def publish_batch(self, notifications: list[tuple[ResultNotification, bool]]) -> list[bool]:
+        """Publish (notification, has_webhook) pairs in as few PublishBatch requests as SNS allows (10 entries and
+        256 KB a request); whether each one was published, in order."""
+        published = [False] * len(notifications)
+        chunk: list[int] = []
+        size = 0
+        bodies = [n.model_dump_json(exclude_none=True) for n, _ in notifications]
+        for index, body in enumerate(bodies):
+            # Attributes count towards the limit too; 1 KB a message covers them.
+            entry_size = len(body.encode()) + 1024
+            if chunk and (len(chunk) == SNS_BATCH_ENTRIES or size + entry_size > SNS_BATCH_BYTES):
+                self._publish_chunk(chunk, notifications, bodies, published)
+                chunk, size = [], 0
+            chunk.append(index)
+            size += entry_size
+        if chunk:
+            self._publish_chunk(chunk, notifications, bodies, published)
+        return published
+
+    def _publish_chunk(self, chunk: list[int], notifications: list[tuple[ResultNotification, bool]],
+                       bodies: list[str], published: list[bool]) -> None:
+        entries = [
+            {
+                "Id": str(i),
+                "Message": bodies[i],
+                "MessageAttributes": notification_attributes(notifications[i][0], has_webhook=notifications[i][1]),
+            }
+            for i in chunk
+        ]
+        response = self._sns.publish_batch(TopicArn=self.topic_arn, PublishBatchRequestEntries=entries)
+        for success in response.get("Successful", []):
+            published[int(success["Id"])] = True
+
+
+# SNS PublishBatch limits.
+SNS_BATCH_ENTRIES = 10
+SNS_BATCH_BYTES = 256 * 1024
 
 
 def notification_attributes(notification: ResultNotification, *, has_webhook: bool = False) -> dict[str, dict[str, str]]:

@@ -258,6 +258,18 @@ class JobService:
             self.notify(finished, result=result)
         return finished
 
+    def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
+        """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""
+        notifications = [
+            (build_notification(job, result=result, bucket=self.blobs.bucket), job.webhook is not None)
+            for job, result in finished
+        ]
+        published = self.notifier.publish_batch(notifications)
+        done = [job.job_id for (job, _), ok in zip(finished, published) if ok]
+        if done:
+            self.store.mark_notified(done)
+        return published
+
     def notify(self, job: Job, *, result: ChatCompletion | None = None) -> None:
         """Publish the job's notification, then record that it was sent. A crash in between re-sends it on
         redelivery: subscribers see a notification at least once, and dedupe on job id."""

@@ -65,6 +65,9 @@ T = TypeVar("T")
 # How long a finished job's delete may wait for nine others. Its message is no longer extended by the heartbeat but
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
+# How long a finished job's notification may wait for others to share a PublishBatch: notifications arrive up to this
+# much later, for a tenth of the SNS and DynamoDB requests at load.
+NOTIFY_BATCH_DELAY_S = 0.1
 
 
 # --- Configuration --------------------------------------------------------------------------------------------------
@@ -133,21 +136,28 @@ class Slots:
 
 class Batcher:
     """Gathers items and hands them to ``flush`` in groups of up to ``max_size``, at most ``max_delay_s`` late.
-    Turns one SQS DeleteMessage per job into one DeleteMessageBatch per ten."""
+    Turns one SQS DeleteMessage (or SNS Publish) per job into one batch request per ten.
 
-    def __init__(self, flush: Callable[[list[Any]], Awaitable[None]], *, max_size: int = 10, max_delay_s: float = 0.05):
+    ``flush`` returns one result per item (or None when there is nothing to report); ``add`` returns a future of the
+    item's result, which callers that must know (was my notification published?) await.
+    """
+
+    def __init__(self, flush: Callable[[list[Any]], Awaitable[list[Any] | None]], *, max_size: int = 10,
+                 max_delay_s: float = 0.05):
         self._flush = flush
         self._max_size = max_size
         self._max_delay_s = max_delay_s
-        self._items: list[Any] = []
+        self._items: list[tuple[Any, asyncio.Future[Any]]] = []
         self._timer: asyncio.Task[None] | None = None
 
-    async def add(self, item: Any) -> None:
-        self._items.append(item)
+    async def add(self, item: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
         if len(self._items) >= self._max_size:
             await self._drain()
         elif self._timer is None:
             self._timer = asyncio.create_task(self._later())
+        return future
 
     async def _later(self) -> None:
         await asyncio.sleep(self._max_delay_s)
@@ -157,7 +167,16 @@ class Batcher:
     async def _drain(self) -> None:
         while self._items:
             chunk, self._items = self._items[: self._max_size], self._items[self._max_size :]
-            await self._flush(chunk)
+            try:
+                results = await self._flush([item for item, _ in chunk])
+            except Exception as exc:  # every item of the chunk shares the failure
+                for _, future in chunk:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for index, (_, future) in enumerate(chunk):
+                if not future.done():
+                    future.set_result(results[index] if results is not None else None)
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -215,6 +234,7 @@ class Worker:
         # cancelled while it waits for an engine slot is stopped here instead.
         self._cancelled: set[str] = set()
         self._deletes: Batcher
+        self._notices: Batcher  # (job, completion) -> published?
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(128, held + 8), thread_name_prefix="io")
@@ -325,7 +345,11 @@ class Worker:
         )
         self.faults.at("after_state_write", job.job_id)
         if finished is not None:
-            await self._io(self.service.notify, finished, result=completion)
+            published = await (await self._notices.add((finished, completion)))
+            if not published:
+                # The job is final but its notification did not go out: leave the message, and its redelivery
+                # finds the job final and not notified, and sends it.
+                return False
         else:  # cancelled meanwhile, or another run of the job finished first: make sure its end was notified
             await self._not_runnable(job.job_id)
         self.jobs_finished += 1
@@ -345,8 +369,15 @@ class Worker:
             logger.error("claim check for unknown job %s; deleting it", job_id)
             return True
         if job.status in FINAL_STATES:
-            if not job.notified:  # a worker crashed between the state write and the publish
-                await self._io(self.service.notify, job)
+            if job.notified:
+                return True
+            # Final but not notified: either its finisher crashed between the state write and the publish, or it is
+            # publishing right now (a duplicate delivery of the same message). Only the first needs us; the finisher
+            # would have published within its visibility timeout, so until then look again later.
+            finished_at = job.finished_at or job.updated_at
+            if (utcnow() - finished_at).total_seconds() < self.config.visibility_timeout_s:
+                return False
+            await self._io(self.service.notify, job)
             return True
         return False  # e.g. still awaiting its upload: try again later
 
@@ -367,6 +398,7 @@ class Worker:
         self._engine_slots = asyncio.Semaphore(self.engine.capacity)
         self._protection_lock = asyncio.Lock()
         self._deletes = Batcher(self._delete_batch, max_delay_s=DELETE_BATCH_DELAY_S)
+        self._notices = Batcher(self._notify_batch, max_delay_s=NOTIFY_BATCH_DELAY_S)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
         logger.info("worker started: engine=%s capacity=%d receivers=%d", self.engine.name, self.engine.capacity, receivers)
         heartbeat = asyncio.create_task(self._heartbeat())
@@ -375,6 +407,7 @@ class Worker:
             await self._drain()
         finally:
             heartbeat.cancel()
+            await self._notices.close()
             await self._deletes.close()
             await self._protect(False)
             await self.engine.close()
@@ -431,6 +464,9 @@ class Worker:
         await self._slots.give(1)
         if not self._inflight and not self._stopping.is_set():
             await self._protect(False)
+
+    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion]]) -> list[bool]:
+        return await self._io(self.service.notify_many, finished)
 
     async def _delete_batch(self, handles: list[str]) -> None:
         failed = await self._io(self.queue.delete_batch, handles)
