@@ -30,7 +30,7 @@ from local_runtime.stack import LocalStack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = "soak-tenant-key-0123456789"
-WORKER_ENV = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1.5", "VISIBILITY_TIMEOUT_S": "5", "DRAIN_TIMEOUT_S": "5",
+WORKER_ENV = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "3", "VISIBILITY_TIMEOUT_S": "15", "DRAIN_TIMEOUT_S": "5",
               "TRANSIENT_RETRY_DELAY_S": "1", "LOG_LEVEL": "WARNING"}
 
 
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     victim.wait()
                     progress["killed"] = {"at_done": done, "pid": victim.pid}
                     workers.append(stack.start_worker())  # ECS would start a replacement task
-                print(f"{time.monotonic() - started:7.1f} s submitted {submitted['n']} done ~{done}", file=sys.stderr,
-                      flush=True)
+                print(f"{time.monotonic() - started:7.1f} s submitted {submitted['n']} done ~{done} "
+                      f"rss {rss_mb(watched.pid):.1f} MB (after 1,000: {progress['first_rss']})", file=sys.stderr, flush=True)
                 if (submitted["n"] >= args.jobs and done >= args.jobs) or time.monotonic() > started + args.timeout:
                     finished.set()
 
