@@ -7,6 +7,8 @@ as ``{"error": {"code", "message", "details"}}``; no exception text or stack tra
 
 # No `from __future__ import annotations` here: Powertools reads the route signatures at run time to validate and
 # to build the OpenAPI document, and string annotations behind the tracer's wrapper do not resolve.
+import base64
+import binascii
 import json
 from http import HTTPStatus
 from typing import Annotated, Any, Callable, Optional
@@ -24,7 +26,7 @@ from async_inference import settings
 from async_inference.aws import TenantDirectory
 from async_inference.config import ServiceConfig
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
-from async_inference.schemas import JobList, JobSubmission, JobView
+from async_inference.schemas import ErrorResponse, JobList, JobSubmission, JobView
 from async_inference.service import ApiError, JobService
 
 logger = Logger()
@@ -39,6 +41,24 @@ tenants = TenantDirectory()
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+
+
+# What each error status means here; every one carries ErrorResponse. Routes list the ones they can answer, so the
+# OpenAPI document says exactly what a client will see.
+_ERRORS = {
+    400: "Invalid request: `error.message` starts with the field to fix",
+    404: "No such job for this tenant",
+    409: "The job is already final",
+    413: "Body over the inline limit: use an upload job",
+    503: "The queue is unavailable: retry",
+}
+
+
+def _documented(*codes: int, **success: Any) -> dict[int, Any]:
+    responses = {code: {"description": _ERRORS[code], "content": {"application/json": {"model": ErrorResponse}}}
+                 for code in codes}
+    responses.update({int(code.removeprefix("s")): value for code, value in success.items()})
+    return responses
 
 
 def _error(status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> Response:
@@ -60,7 +80,15 @@ def _tenant() -> str:
     return tenant
 
 
-@app.post("/v1/jobs", summary="Submit a job", responses={202: {"description": "Queued"}, 201: {"description": "Awaiting upload"}})
+@app.post(
+    "/v1/jobs",
+    summary="Submit a job",
+    responses=_documented(
+        400, 413, 503,
+        s202={"description": "Queued", "content": {"application/json": {"model": JobView}}},
+        s201={"description": "Awaiting its upload", "content": {"application/json": {"model": JobView}}},
+    ),
+)
 @tracer.capture_method
 def create_job(submission: Annotated[JobSubmission, Body()]) -> Response[JobView]:
     tenant = _tenant()
@@ -74,13 +102,13 @@ def create_job(submission: Annotated[JobSubmission, Body()]) -> Response[JobView
     return _json(status, service.view(submitted.job, upload=submitted.upload))
 
 
-@app.get("/v1/jobs/<job_id>", summary="Get a job's status and result")
+@app.get("/v1/jobs/<job_id>", summary="Get a job's status and result", responses=_documented(400, 404))
 @tracer.capture_method
 def get_job(job_id: JobId) -> Response[JobView]:
     return _json(HTTPStatus.OK, service.view(service.get(_tenant(), job_id)))
 
 
-@app.get("/v1/jobs", summary="List your jobs, newest first")
+@app.get("/v1/jobs", summary="List your jobs, newest first", responses=_documented(400))
 @tracer.capture_method
 def list_jobs(
     status: Annotated[Optional[JobStatus], Query()] = None,
@@ -91,7 +119,7 @@ def list_jobs(
     return _json(HTTPStatus.OK, JobList(jobs=[service.view(j) for j in jobs], next=token))
 
 
-@app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job that has not finished")
+@app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job that has not finished", responses=_documented(400, 404, 409))
 @tracer.capture_method
 def cancel_job(job_id: JobId) -> Response[JobView]:
     return _json(HTTPStatus.OK, service.view(service.cancel(_tenant(), job_id)))
@@ -99,8 +127,15 @@ def cancel_job(job_id: JobId) -> Response[JobView]:
 
 @app.get("/v1/openapi.json", summary="This API's OpenAPI document", include_in_schema=False)
 def openapi():  # no return annotation: Powertools would try to validate the document against it
-    document = app.get_openapi_json_schema(title="Async inference API", version="1")
-    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=document)
+    document = json.loads(app.get_openapi_json_schema(title="Async inference API", version="1"))
+    # Powertools declares a 422 on every validated route; this API answers validation errors with a 400 carrying
+    # ErrorResponse (declared per route above), so the 422 and its schemas would only mislead clients.
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    for unused in ("HTTPValidationError", "ValidationError"):
+        document.get("components", {}).get("schemas", {}).pop(unused, None)
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=json.dumps(document))
 
 
 # --- Errors: mapped to responses in one place -----------------------------------------------------------------------
@@ -137,20 +172,32 @@ def _unexpected(exc: Exception) -> Response:
     return _error(500, "internal_error", "internal error; the request id is in the x-amzn-requestid response header")
 
 
+def _raw_error(status: int, code: str, message: str) -> dict[str, Any]:
+    body = {"error": {"code": code, "message": message, "details": []}}
+    return {"statusCode": status, "headers": {"Content-Type": "application/json"}, "body": json.dumps(body)}
+
+
 @lambda_handler_decorator
-def body_limit(handler: Callable[..., Any], event: dict[str, Any], context: LambdaContext) -> Any:
-    """Refuse oversize bodies before anything parses them."""
+def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: LambdaContext) -> Any:
+    """Refuse oversize bodies and bodies that are not UTF-8 text before anything parses them."""
     body = event.get("body") or ""
-    if len(body.encode() if isinstance(body, str) else body) > settings.MAX_INLINE_REQUEST_BYTES:
+    try:
+        raw = base64.b64decode(body, validate=True) if event.get("isBase64Encoded") else body.encode()
+    except binascii.Error:
+        return _raw_error(400, "invalid_request", "the request body is not valid base64")
+    if len(raw) > settings.MAX_INLINE_REQUEST_BYTES:
         message = f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
-        body = {"error": {"code": "payload_too_large", "message": message, "details": []}}
-        return {"statusCode": 413, "headers": {"Content-Type": "application/json"}, "body": json.dumps(body)}
+        return _raw_error(413, "payload_too_large", message)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _raw_error(400, "invalid_json", "the request body is not UTF-8 text; send a JSON object")
     return handler(event, context)
 
 
 @logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-@body_limit
+@body_checks
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return app.resolve(event, context)
