@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import csv
 import datetime as dt
 import json
 import logging
@@ -39,12 +40,16 @@ from local_runtime.stack import LocalStack
 from local_runtime.worker_thread import WorkerThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAREGPT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ShareGPT_V3_filtered_500_v2.json"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHAREGPT = SHARED_DATA / "ShareGPT_V3_filtered_500_v2.json"
+AZURE_TRACE = SHARED_DATA / "AzureLLMInferenceTrace_conv_2023.csv"
 API_KEY = "bench-api-key-0123456789"
 # The simulated GPU: 64 sequences per batch, 50 ms a decoding step (a 7B model on one A10G decodes a batch of 64 in
-# about that), 128 output tokens a job, so one job takes 6.4 s and the engine's ceiling is 1,280 tokens/s (10 jobs/s).
+# about that), so the engine's ceiling is 1,280 tokens/s. Output lengths are the GeneratedTokens of the Azure LLM
+# inference conversation trace (mean 211), so jobs end at staggered steps as real ones do, about 6 jobs/s at the
+# ceiling. The job rate matters: moto server answers 50-100 requests/s on this machine (measured and printed by each
+# run); much shorter jobs would measure the emulator, not the worker.
 STEP_S = 0.05
-TOKENS = 128
 log = logging.getLogger("bench")
 
 
@@ -87,9 +92,9 @@ class Timed(Engine):
     """Wraps an engine: records when each request started generating, and can lower the capacity the worker sees
     (capacity 1 is the one-message-at-a-time worker)."""
 
-    def __init__(self, inner: Engine, capacity: int | None = None, shared: bool = False) -> None:
+    def __init__(self, inner: Engine, capacity: int | None = None) -> None:
         self.inner = inner
-        self.shared = shared
+        self.ready = False
         self.name = inner.name
         self._capacity = capacity or inner.capacity
         self.started: dict[str, float] = {}
@@ -105,6 +110,7 @@ class Timed(Engine):
 
     async def start(self) -> None:
         await self.inner.start()
+        self.ready = True
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         self.started[request_id] = time.perf_counter()
@@ -116,8 +122,7 @@ class Timed(Engine):
         await self.inner.abort(request_id)
 
     async def close(self) -> None:
-        if not self.shared:  # a shared engine serves several runs and is closed by its owner
-            await self.inner.close()
+        await self.inner.close()
 
 
 def RunningWorker(engine: Engine, receive_wait_s: int = 20, prefetch: int | None = None) -> WorkerThread:
@@ -149,14 +154,24 @@ def queue_depth(queue_url: str) -> tuple[int, int]:
 # --- the measurements -----------------------------------------------------------------------------------------------
 
 
-def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_capacity: int, jobs: int,
-                    tokens: int, step_s: float, sample: bool) -> dict[str, Any]:
-    """A backlog of ``jobs`` jobs of ``tokens`` output tokens each, through a worker that holds at most
-    ``worker_capacity`` jobs, into a simulated engine of ``capacity`` slots."""
+def trace_lengths(count: int) -> list[int]:
+    """Output lengths of the first ``count`` requests of the Azure conversation trace."""
+    with AZURE_TRACE.open() as trace:
+        rows = csv.DictReader(trace)
+        return [int(row["GeneratedTokens"]) for row, _ in zip(rows, range(count))]
+
+
+def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_capacity: int, lengths: list[int],
+                    step_s: float, sample: bool) -> dict[str, Any]:
+    """A backlog of jobs with these output lengths, through a worker that lets at most ``worker_capacity`` jobs into
+    a simulated engine of ``capacity`` slots."""
     from gpu_worker.engines.simulated import SimulatedEngine
 
-    prompt = " ".join(f"w{i}" for i in range(tokens))
-    bodies = [{"model": "sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}] * jobs
+    jobs = len(lengths)
+    bodies = [
+        {"model": "sim", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(n))}], "max_tokens": n}
+        for n in lengths
+    ]
     submit_all(api, bodies)
     engine = Timed(SimulatedEngine(capacity=capacity, step_s=step_s), capacity=worker_capacity)
     samples: list[dict[str, float]] = []
@@ -169,8 +184,9 @@ def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_cap
                 raise TimeoutError("utilisation run did not finish")
             if sample:
                 visible, in_flight = queue_depth(stack.resources.config.queue_url)
-                samples.append({"t": time.perf_counter() - start, "tokens": engine.tokens, "visible": visible,
-                                "in_flight": in_flight})
+                # The engine's own counter: tokens as each decoding step produces them, not when their job ends.
+                samples.append({"t": time.perf_counter() - start, "tokens": engine.inner.stats.tokens,
+                                "visible": visible, "in_flight": in_flight})
                 time.sleep(0.25)
             else:
                 time.sleep(0.05)
@@ -178,8 +194,34 @@ def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_cap
     ceiling = capacity / step_s
     return {
         "jobs": jobs, "tokens": engine.tokens, "elapsed_s": round(elapsed, 3), "tokens_per_s": engine.tokens / elapsed,
-        "ceiling_tokens_per_s": ceiling, "utilisation": engine.tokens / elapsed / ceiling, "samples": samples,
+        "ceiling_tokens_per_s": ceiling, "utilisation": engine.tokens / elapsed / ceiling,
+        # How full the batch was over the steps the engine ran (it runs none while idle).
+        "batch_fullness": engine.inner.stats.utilisation,
+        "while_backlogged": while_backlogged(samples, ceiling) if samples else None, "samples": samples,
     }
+
+
+def emulator_rate(stack: LocalStack, requests: int = 200, threads: int = 8) -> float:
+    """GetQueueAttributes calls per second that moto server answers with ``threads`` callers: the ceiling on any
+    request rate measured here."""
+    assert stack.resources is not None
+    url = stack.resources.config.queue_url
+    sqs = client("sqs")
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda _: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"]), range(requests)))
+    return requests / (time.perf_counter() - start)
+
+
+def while_backlogged(samples: list[dict[str, float]], ceiling: float) -> float | None:
+    """Throughput over the engine's ceiling from the worker's start until the queue ran dry (the last sample with
+    messages still visible). After that nothing is left to feed the engine: the drain tail, where the longest jobs of
+    the trace finish in a nearly empty batch, measures the workload, not the worker."""
+    last = max((i for i, s in enumerate(samples) if s["visible"] > 0), default=0)
+    if last == 0:
+        return None
+    end = samples[last]
+    return end["tokens"] / end["t"] / ceiling
 
 
 def requests_run(stack: LocalStack, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
@@ -224,7 +266,8 @@ def pickup_run(api: Client, samples: int) -> dict[str, Any]:
 
 
 def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str, Any]:
-    """CPU engine: tokens/s direct vs through the pipeline, same prompts, greedy, same engine instance."""
+    """CPU engine: tokens/s direct vs through the pipeline, same prompts, greedy, the same engine and model (one
+    instance each: an engine belongs to the event loop it started on)."""
     from gpu_worker.engines import make_engine
 
     engine = make_engine("cpu")
@@ -239,15 +282,17 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
         await engine.generate("warm-up", requests[0].model_copy(update={"max_tokens": 4}))
         start = time.perf_counter()
         outputs = await asyncio.gather(*(engine.generate(f"direct-{i}", r) for i, r in enumerate(requests)))
-        return sum(o.completion_tokens for o in outputs), time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        await engine.close()
+        return sum(o.completion_tokens for o in outputs), elapsed
 
     loop = asyncio.new_event_loop()
     direct_tokens, direct_s = loop.run_until_complete(direct())
     loop.close()
 
-    timed = Timed(engine, shared=True)
+    timed = Timed(make_engine("cpu"))
     with RunningWorker(timed) as worker:
-        time.sleep(0.5)
+        wait_until(lambda: timed.ready, 300)  # the engine loads and warms up before the clock starts
         start = time.perf_counter()
         submit_all(api, [r.model_dump(exclude_none=True) for r in requests])
         wait_until(lambda: worker.jobs_finished >= len(requests), 900, poll_s=0.02)
@@ -303,7 +348,7 @@ def plot(utilisation: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=320)
+    parser.add_argument("--jobs", type=int, default=640)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU-engine pipeline efficiency run")
@@ -314,12 +359,16 @@ def main() -> None:
     stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={API_KEY: "bench"}, workers=0)
     with stack:
         api = Client(stack.api_url, API_KEY)
+        moto_rate = emulator_rate(stack)
+        print(f"moto server answers {moto_rate:.0f} requests/s here (8 callers)", flush=True)
         print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
-        full = utilisation_run(stack, api, capacity=64, worker_capacity=64, jobs=args.jobs, tokens=TOKENS, step_s=STEP_S,
-                               sample=True)
-        print(f"  {full['tokens_per_s']:.0f} tokens/s of {full['ceiling_tokens_per_s']:.0f}: {full['utilisation']:.3f}")
+        lengths = trace_lengths(args.jobs)
+        full = utilisation_run(stack, api, capacity=64, worker_capacity=64, lengths=lengths, step_s=STEP_S, sample=True)
+        print(f"  while the backlog lasted: {full['while_backlogged']:.3f} of the ceiling; whole run with the drain tail: "
+              f"{full['utilisation']:.3f} ({full['tokens_per_s']:.0f} of {full['ceiling_tokens_per_s']:.0f} tokens/s; "
+              f"batch {full['batch_fullness']:.3f} full over the steps run)")
         print("one-at-a-time worker, same engine...", flush=True)
-        single = utilisation_run(stack, api, capacity=64, worker_capacity=1, jobs=4, tokens=TOKENS, step_s=STEP_S,
+        single = utilisation_run(stack, api, capacity=64, worker_capacity=1, lengths=lengths[:6], step_s=STEP_S,
                                  sample=False)
         print(f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: {single['utilisation']:.4f}")
         print("AWS requests per job at backlog...", flush=True)
@@ -339,13 +388,13 @@ def main() -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     plot(full, RESULTS / f"throughput-{stamp}.png")
     summary = {
-        "engine_utilisation": round(full["utilisation"], 4),
+        "engine_utilisation": round(full["while_backlogged"], 4),
         "one_at_a_time_utilisation": round(single["utilisation"], 4),
         "pipeline_efficiency": round(efficiency["efficiency"], 4) if efficiency else None,
         "requests_per_job": round(requests["requests_per_job"], 3),
         "idle_pickup_p50_s": round(pickup["p50_s"], 4),
     }
-    details = {"summary": summary, "utilisation": full, "one_at_a_time": single, "requests": requests,
+    details = {"summary": summary, "emulator_requests_per_s": moto_rate, "utilisation": full, "one_at_a_time": single, "requests": requests,
                "pickup": pickup, "efficiency": efficiency}
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
     print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")

@@ -151,3 +151,24 @@ def test_job_cancelled_while_waiting_for_an_engine_slot_never_reaches_the_engine
     assert engine.seen == [first["job_id"]]
     assert api.get(waiting["job_id"])["status"] == "cancelled"
     assert api.get(first["job_id"])["status"] == "succeeded"
+
+
+def test_a_second_delivery_of_a_job_this_worker_is_running_does_not_run_it_again(stack, api):
+    # GIVEN a worker running a slow job
+    engine = Concurrency(capacity=4, delay_s=3.0)
+    queue = RecordingQueue(stack.resources.config.queue_url)
+    with WorkerThread(worker_for(engine, queue)) as running:
+        job = api.submit(chat("only once here"))
+        deadline = time.monotonic() + 30
+        while job["job_id"] not in engine.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # WHEN SQS delivers its claim check again meanwhile (at-least-once delivery)
+        claim = JobService.from_config(ServiceConfig.from_env()).store.get(job["job_id"]).claim_check()
+        queue.send(claim)
+        while running.jobs_finished < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+    # THEN the engine ran the job once, and it succeeded on its first attempt
+    assert engine.seen == [job["job_id"]]
+    final = api.get(job["job_id"])
+    assert final["status"] == "succeeded" and final["attempts"] == 1
