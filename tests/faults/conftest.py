@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from fault_stack import FaultStack, Inbox
+from tests.faults.fault_stack import FaultStack, Inbox
 
 
 @pytest.fixture(scope="session")

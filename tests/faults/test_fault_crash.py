@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 JOBS = 5
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 
 def test_expired_and_cancelled_jobs_never_reach_the_engine(workers: FaultStack, inbox: Inbox):

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from fault_stack import REPO_ROOT, TENANT, FaultStack
+from tests.faults.fault_stack import REPO_ROOT, TENANT, FaultStack
 
 from async_inference.jobs import new_job_id
 from async_inference.schemas import ClaimCheck

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fault_stack import TENANT, FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import TENANT, FaultStack, Inbox, chat, wait_until
 
 from async_inference import settings
 

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
-from fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 from local_runtime.moto_server import free_port
 

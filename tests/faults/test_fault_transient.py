@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 from async_inference import settings
 
