@@ -22,4 +22,5 @@ async def main() -> None:
 
 if __name__ == "__main__":  # vLLM spawns processes: nothing may start on import
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # its INFO lines (credentials, endpoints) are noise here
     asyncio.run(main())
