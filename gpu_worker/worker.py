@@ -356,8 +356,10 @@ class Worker:
                 # The job is final but its notification did not go out: leave the message, and its redelivery
                 # finds the job final and not notified, and sends it.
                 return False
-        else:  # cancelled meanwhile, or another run of the job finished first: make sure its end was notified
-            await self._not_runnable(job.job_id)
+        else:
+            # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
+            # end was notified: if the other run died before publishing, this message is the one left to do it.
+            return await self._not_runnable(job.job_id)
         self.jobs_finished += 1
         return True
 
