@@ -18,6 +18,7 @@ variable                    engines                meaning (default)
 ``SIM_STEP_S``              simulated              seconds per decoding step (0.01)
 ``SIM_OUTPUT_TOKENS``       simulated              fixed output length (words of the last user message)
 ``ECHO_DELAY_S``            echo                   delay per request (0)
+``ECHO_MAX_MODEL_LEN``      echo                   context limit in words, for poison-input tests (none)
 ``MODEL_CACHE_DIR``         cpu                    where the float32 copy of the packaged model is kept
                                                    (``<repo>/.model-cache``)
 =========================== ====================== ===============================================================
