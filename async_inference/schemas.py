@@ -7,7 +7,7 @@ Every producer and consumer validates with these models. Each message that leave
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -292,10 +292,3 @@ class ResultNotification(_Internal):
     error: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     timings: Timings
-
-
-def first_error_location(errors: list[dict[str, Any]]) -> str:
-    """'request.max_tokens' from a pydantic error list (used in 4xx messages)."""
-    if not errors:
-        return ""
-    return ".".join(str(p) for p in errors[0].get("loc", ()))

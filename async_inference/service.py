@@ -6,7 +6,6 @@ Handlers are thin adapters over this module; it talks to AWS only through the ad
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,16 +315,3 @@ def parse_request_body(body: bytes) -> tuple[ChatCompletionRequest | None, str]:
             return None, "the body is not valid JSON"
         message, _ = describe_validation_error(exc)
         return None, f"the body is not a valid chat.completions request: {message}"
-
-
-def parse_json_object(body: str | bytes | None) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    if not body:
-        raise ApiError(400, "invalid_request", "the request body is empty; send a JSON object")
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ApiError(400, "invalid_request", "the request body must be a JSON object")
-    return value
