@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from async_inference import settings
+from async_inference.aws import client
 from async_inference.client import Client
 from async_inference.schemas import ResultNotification
+from async_inference.service import JobService
 from local_runtime.stack import LocalStack
 from tests.e2e.conftest import Inbox, chat
 
@@ -85,3 +87,24 @@ def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalStack,
     assert "result" not in raw
     assert raw["result_location"]["key"] == settings.result_key("tenant-a", final["job_id"])
     assert len(api.result(final)["choices"][0]["message"]["content"]) > settings.MAX_INLINE_RESULT_BYTES
+
+
+def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_the_others(
+    stack: LocalStack, api: Client, inbox: Inbox
+):
+    # GIVEN two final jobs whose notifications are not yet recorded, one of them since removed from the table (TTL)
+    assert stack.resources is not None
+    service = JobService.from_config(stack.resources.config)
+    kept, gone = (api.cancel(api.submit(chat(text))["job_id"])["job_id"] for text in ("kept", "gone"))
+    for job_id in (kept, gone):
+        service.store.update(job_id, notified=False)
+    jobs = [service.store.get(kept), service.store.get(gone)]
+    client("dynamodb").delete_item(TableName=stack.resources.config.table_name,
+                                   Key={settings.TABLE_PARTITION_KEY: {"S": gone}})
+    # WHEN the worker's batched path notifies both
+    published = service.notify_many([(job, None) for job in jobs if job is not None])
+    # THEN both went out, and the job still in the table has its notification recorded
+    assert published == [True, True]
+    assert service.store.get(kept).notified is True
+    assert service.store.get(gone) is None
+    assert [n["status"] for n in inbox.for_job(gone)][-1] == "cancelled"
