@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -35,8 +36,9 @@ class MotoServer:
     def start(self, timeout_s: float = 30.0) -> MotoServer:
         env = dict(os.environ, **LOCAL_CREDENTIALS)
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "local_runtime.moto_main", "-H", "127.0.0.1", "-p", str(self.port)],
             env=env,
+            cwd=Path(__file__).resolve().parent.parent,  # the repository root, where local_runtime imports from
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
