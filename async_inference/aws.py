@@ -25,7 +25,10 @@ from async_inference.schemas import ClaimCheck, Job, ResultNotification, utcnow
 
 # Retries with backoff for throttling live in botocore ("standard" mode); anything still failing is an infrastructure
 # fault that the caller lets surface (the worker leaves the message for redelivery).
-_BOTO_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64)
+# A client's connection pool is as large as the most requests a process makes at once (the worker's I/O threads, which
+# it caps at this); a smaller pool discards and reopens connections under load.
+MAX_CONCURRENT_REQUESTS = 128
+_BOTO_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=MAX_CONCURRENT_REQUESTS)
 
 
 def _s3_config() -> Config:

@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import ValidationError
 
 from async_inference import settings, webhooks
-from async_inference.aws import Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
+from async_inference.aws import MAX_CONCURRENT_REQUESTS, Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
@@ -238,7 +238,7 @@ class Worker:
         self._notices: Batcher  # (job, completion) -> published?
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(128, held + 8), thread_name_prefix="io")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io")
         self.jobs_finished = 0
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
