@@ -37,6 +37,7 @@ from async_inference.aws import client
 from async_inference.schemas import JobSubmission
 from async_inference.service import JobService
 from local_runtime.moto_server import free_port
+from local_runtime.resources import subscribe_queue
 from local_runtime.stack import LocalStack
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -153,13 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         assert stack.resources is not None
         config = stack.resources.config
-        sqs, sns = client("sqs"), client("sns")
         client("s3").put_bucket_versioning(Bucket=config.bucket_name, VersioningConfiguration={"Status": "Enabled"})
-        inbox_url = sqs.create_queue(QueueName="soak-inbox")["QueueUrl"]
-        inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        sns.subscribe(TopicArn=config.topic_arn, Protocol="sqs", Endpoint=inbox_arn,
-                      Attributes={"RawMessageDelivery": "true"})
-        inbox = Inbox(inbox_url)
+        inbox = Inbox(subscribe_queue(config.topic_arn, "soak-inbox"))
         inbox.start()
         workers = [stack.start_worker() for _ in range(args.workers)]
         watched = workers[0]  # never killed: its RSS is the one compared

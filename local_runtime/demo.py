@@ -14,6 +14,7 @@ from async_inference.aws import client
 from async_inference.cli import Progress
 from async_inference.client import Client
 from async_inference.webhooks import Receiver
+from local_runtime.resources import subscribe_queue
 from local_runtime.stack import LocalStack
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -22,15 +23,6 @@ INLINE_PROMPTS = [
     "Give me three tips for writing clear code.",
 ]
 UPLOAD_PROMPT = "Explain in two sentences why the sky is blue."
-
-
-def subscribe_queue(topic_arn: str) -> str:
-    """An SQS queue subscribed to the result topic, standing in for a subscriber."""
-    sqs, sns = client("sqs"), client("sns")
-    url = sqs.create_queue(QueueName="demo-notifications")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
-    return url
 
 
 def received_notifications(url: str, expected: int, timeout_s: float = 10.0) -> list[dict]:
@@ -47,7 +39,7 @@ def run_demo(stack: LocalStack) -> int:
     print(f"Starting the local stack (moto server on {stack.moto.url}, API on {stack.api_url}, engine {stack.engine})...")
     with stack:
         assert stack.resources is not None
-        notifications_url = subscribe_queue(stack.resources.config.topic_arn)
+        notifications_url = subscribe_queue(stack.resources.config.topic_arn, "demo-notifications")
         api_key = next(iter(stack.api_keys))
         api = Client(stack.api_url, api_key)
         receiver = Receiver().start()  # stands in for a product team's webhook endpoint

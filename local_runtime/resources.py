@@ -104,6 +104,27 @@ def create_resources(api_keys: dict[str, str]) -> LocalResources:
     )
 
 
+def subscribe_queue(
+    topic_arn: str,
+    queue_name: str,
+    *,
+    filter_policy: dict[str, Any] | None = None,
+    queue_attributes: dict[str, str] | None = None,
+    sqs: Any = None,
+    sns: Any = None,
+) -> str:
+    """Create an SQS queue and subscribe it to ``topic_arn`` with raw delivery, as the service's own subscribers are;
+    its URL. Clients default to the local endpoint's."""
+    sqs, sns = sqs or client("sqs"), sns or client("sns")
+    url = sqs.create_queue(QueueName=queue_name, Attributes=queue_attributes or {})["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    attributes = {"RawMessageDelivery": "true"}
+    if filter_policy:
+        attributes["FilterPolicy"] = json.dumps(filter_policy)
+    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes=attributes)
+    return url
+
+
 def _create_webhook_queues(sqs: Any, sns: Any, topic_arn: str) -> tuple[str, str]:
     """The dispatcher's queue, subscribed to the result topic with raw delivery, and its DLQ."""
     dlq_url = sqs.create_queue(
@@ -111,14 +132,15 @@ def _create_webhook_queues(sqs: Any, sns: Any, topic_arn: str) -> tuple[str, str
     )["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     redrive = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.WEBHOOK_MAX_RECEIVE_COUNT}
-    url = sqs.create_queue(
-        QueueName=WEBHOOK_QUEUE_NAME,
-        Attributes={
+    url = subscribe_queue(
+        topic_arn,
+        WEBHOOK_QUEUE_NAME,
+        filter_policy=settings.WEBHOOK_FILTER_POLICY,
+        queue_attributes={
             "VisibilityTimeout": str(webhooks.QUEUE_VISIBILITY_TIMEOUT_S),
             "RedrivePolicy": json.dumps(redrive),
         },
-    )["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    attributes = {"RawMessageDelivery": "true", "FilterPolicy": json.dumps(settings.WEBHOOK_FILTER_POLICY)}
-    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes=attributes)
+        sqs=sqs,
+        sns=sns,
+    )
     return url, dlq_url

@@ -16,6 +16,7 @@ import pytest
 
 from async_inference.client import Client
 from local_runtime.moto_server import free_port
+from local_runtime.resources import subscribe_queue
 from local_runtime.stack import LocalStack
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
@@ -58,14 +59,9 @@ class Inbox:
     def __init__(self, stack: LocalStack, filter_policy: dict[str, Any] | None = None) -> None:
         from async_inference.aws import client
 
-        self._sqs, sns = client("sqs"), client("sns")
-        self.url = self._sqs.create_queue(QueueName=f"inbox-{free_port()}")["QueueUrl"]
-        arn = self._sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        attributes = {"RawMessageDelivery": "true"}
-        if filter_policy:
-            attributes["FilterPolicy"] = json.dumps(filter_policy)
         assert stack.resources is not None
-        sns.subscribe(TopicArn=stack.resources.config.topic_arn, Protocol="sqs", Endpoint=arn, Attributes=attributes)
+        self._sqs = client("sqs")
+        self.url = subscribe_queue(stack.resources.config.topic_arn, f"inbox-{free_port()}", filter_policy=filter_policy)
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.attributes: dict[str, list[dict[str, Any]]] = defaultdict(list)
 

@@ -27,6 +27,7 @@ from async_inference.client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import Job
 from local_runtime.moto_server import LOCAL_CREDENTIALS, free_port
+from local_runtime.resources import subscribe_queue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "faults-tenant-key-0123456789"
@@ -176,10 +177,8 @@ class Inbox:
 
     def __init__(self, stack: FaultStack) -> None:
         self._sqs = stack.client("sqs")
-        self.url = self._sqs.create_queue(QueueName=f"faults-inbox-{free_port()}")["QueueUrl"]
-        arn = self._sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        stack.client("sns").subscribe(TopicArn=stack.config.topic_arn, Protocol="sqs", Endpoint=arn,
-                                      Attributes={"RawMessageDelivery": "true"})
+        self.url = subscribe_queue(stack.config.topic_arn, f"faults-inbox-{free_port()}", sqs=self._sqs,
+                                   sns=stack.client("sns"))
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
     def drain(self, quiet_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
