@@ -274,7 +274,7 @@ class JobService:
         redelivery: subscribers see a notification at least once, and dedupe on job id."""
         notification = build_notification(job, result=result, bucket=self.blobs.bucket)
         self.notifier.publish(notification, has_webhook=job.webhook is not None)
-        self.store.update(job.job_id, notified=True)
+        self.store.mark_notified([job.job_id])
 
 
 def build_notification(job: Job, *, result: ChatCompletion | None, bucket: str) -> ResultNotification:

@@ -238,7 +238,9 @@ class Worker:
         self._notices: Batcher  # (job, completion) -> published?
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
+        )
         self.jobs_finished = 0
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
