@@ -21,6 +21,18 @@ ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
+# The worker container (set by the task definition; the worker refuses to start without ENGINE).
+ENV_ENGINE = "ENGINE"
+ENV_MODEL = "MODEL"
+# s3://bucket/prefix/ holding the model's files (config, tokenizer, weights): synced to MODEL_DIR at start, and vLLM
+# loads from there. Unset: MODEL is a Hugging Face id (HF_TOKEN, from a secret, for gated models) or a local path.
+ENV_MODEL_S3_URI = "MODEL_S3_URI"
+ENV_MODEL_DIR = "MODEL_DIR"
+# The worker touches this file while its loops run; the container health check (`python3 -m gpu_worker.health`)
+# fails when it is older than HEALTH_MAX_AGE_S.
+ENV_HEALTH_FILE = "WORKER_HEALTH_FILE"
+DEFAULT_HEALTH_FILE = "/tmp/gpu-worker-health"
+ENV_HEALTH_MAX_AGE_S = "HEALTH_MAX_AGE_S"
 
 
 @dataclass(frozen=True)

@@ -95,11 +95,23 @@ TENANT_INDEX_PARTITION_KEY = "tenant"
 TENANT_INDEX_SORT_KEY = "created_key"  # "<created_at ISO>#<job_id>"
 TABLE_TTL_ATTRIBUTE = "ttl_epoch"  # epoch seconds, set when a job becomes final
 
-# CloudWatch metrics the worker emits (EMF) and the dashboard plots.
+# CloudWatch metrics, emitted as EMF records on stdout (Lambda and the worker's awslogs driver ship them), and plotted
+# by the dashboard. Every name here must be emitted by the process that owns it and shown on the dashboard.
 METRICS_NAMESPACE = "AsyncInference"
-METRIC_JOBS_SUCCEEDED = "JobsSucceeded"
-METRIC_JOBS_FAILED = "JobsFailed"
-METRIC_PROCESSING_TIME = "ProcessingTime"  # seconds
+METRIC_JOBS_SUBMITTED = "JobsSubmitted"  # API: jobs accepted (count)
+METRIC_JOBS_SUCCEEDED = "JobsSucceeded"  # worker: jobs that ended succeeded (count)
+METRIC_JOBS_FAILED = "JobsFailed"  # worker: jobs that ended failed (count)
+METRIC_PROCESSING_TIME = "ProcessingTime"  # worker: seconds from generation start to result stored
+METRIC_QUEUE_TIME = "QueueTime"  # worker: seconds from submission to generation start
+METRIC_COMPLETION_TOKENS = "CompletionTokens"  # worker: tokens generated (count)
+WORKER_METRICS = (
+    METRIC_JOBS_SUCCEEDED,
+    METRIC_JOBS_FAILED,
+    METRIC_PROCESSING_TIME,
+    METRIC_QUEUE_TIME,
+    METRIC_COMPLETION_TOKENS,
+)
+API_METRICS = (METRIC_JOBS_SUBMITTED,)
 
 # Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
 # receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.

@@ -97,7 +97,7 @@ def create_job(submission: Annotated[JobSubmission, Body()]) -> Response[JobView
         raise ApiError(400, "invalid_request", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
     submitted = service.submit(tenant, submission, idempotency_key)
     if submitted.created:
-        metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
+        metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
     status = HTTPStatus.CREATED if submitted.upload else HTTPStatus.ACCEPTED
     return _json(status, service.view(submitted.job, upload=submitted.upload))
 
