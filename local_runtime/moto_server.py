@@ -10,13 +10,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-LOCAL_CREDENTIALS = {
+# The credentials moto accepts. A deployed function or task gets its role's credentials from its runtime; locally
+# these stand in for them (and carry no region: the region is the runtime's, or the task definition's, to give).
+LOCAL_KEYS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
 }
+# What a client process (the CLI, a test, a benchmark) needs besides the endpoint.
+LOCAL_CREDENTIALS = {**LOCAL_KEYS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
 def free_port() -> int:

@@ -1,31 +1,58 @@
-"""The whole service on 127.0.0.1, started and stopped as one."""
+"""The whole service on 127.0.0.1, deployed from its synthesized template and started and stopped as one.
+
+``LocalStack.start`` starts moto server, deploys the cloud assembly into it (``local_runtime.deployer``), starts every
+Python function of the template from its assets (``local_runtime.functions``) with its event sources
+(``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and runs the workers from the task
+definition under a supervisor (``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
+the list of overrides below, each with its reason.
+
+Local overrides, on top of what the template gives:
+
+* every function and worker: the moto endpoint (``AWS_ENDPOINT_URL``) and moto's credentials (in AWS: the role's);
+* functions: ``POWERTOOLS_TRACE_DISABLED`` (no X-Ray daemon here), ``ALLOW_LOCAL_WEBHOOKS=1`` (webhooks may target
+  127.0.0.1), webhook retries after 1 s instead of 30 s and up (``WEBHOOK_BACKOFF_*``; export them to try the
+  deployed schedule);
+* workers: ``ENGINE`` (``cpu``, ``echo``...: this machine has no GPU for vLLM), and for any engine but vllm no
+  ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine;
+* the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
+  or a user knows them. Each tenant must be one the template has a key for.
+"""
 
 from __future__ import annotations
 
-import importlib
+import concurrent.futures
 import json
 import logging
 import os
 import subprocess
-import sys
+import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import boto3
+from botocore.config import Config
 
 from async_inference import config as runtime_config
 from async_inference import webhooks
-from async_inference.aws import client
-from local_runtime.gateway import ApiKeys, make_server
-from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer
-from local_runtime.pollers import QueuePoller, s3_events_to, sqs_batches_to
-from local_runtime.resources import LocalResources, create_resources
+from async_inference.config import ServiceConfig
+from local_runtime.deployer import Deployment, deployable
+from local_runtime.functions import LocalFunction, function_ids
+from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer
+from local_runtime.pollers import event_sources
+from local_runtime.rest_api import RestApi, serve
+from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
+from local_runtime.workers import TaskDefinition, WorkerFleet
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ASSEMBLY = REPO_ROOT / "cdk.out"
 DEFAULT_API_KEYS = {"local-demo-key-0123456789": "demo"}
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
-# Locally a failed webhook is retried every second, so a receiver that never answers reaches the webhook DLQ in
-# seconds, not hours; export WEBHOOK_BACKOFF_BASE_S / WEBHOOK_BACKOFF_MAX_S to try the deployed schedule.
 LOCAL_WEBHOOK_BACKOFF = {webhooks.ENV_BACKOFF_BASE_S: "1", webhooks.ENV_BACKOFF_MAX_S: "1"}
+LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
+# Functions behind the REST API get this many execution environments (Lambda scales them with concurrent requests).
+API_FUNCTION_INSTANCES = 2
 logger = logging.getLogger("local_runtime")
 
 
@@ -44,16 +71,29 @@ def parse_api_keys(value: str | None) -> dict[str, str]:
     return keys
 
 
-def _queue_arn(url: str | None) -> str:
-    return client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+@dataclass(frozen=True)
+class LocalResources:
+    """Where the deployed resources are, from the stack's outputs (as ``aws cloudformation describe-stacks`` gives)."""
+
+    config: ServiceConfig
+    outputs: dict[str, Any]
+
+    @property
+    def webhook_dlq_url(self) -> str:
+        return self.outputs["WebhookDeadLetterQueueUrl"]
+
+    @property
+    def webhook_secret_arn(self) -> str:
+        return self.outputs["WebhookSigningSecretArn"]
 
 
 class LocalStack:
-    """moto server, the service's resources, the API gateway, the event pollers and ``workers`` worker processes."""
+    """moto server, the template deployed into it, its functions and event sources, the REST API and the workers."""
 
     def __init__(
         self,
         *,
+        assembly: Path | str = DEFAULT_ASSEMBLY,
         api_port: int = 8000,
         moto_port: int = 5000,
         api_keys: dict[str, str] | None = None,
@@ -61,7 +101,9 @@ class LocalStack:
         engine: str = "cpu",
         worker_env: dict[str, str] | None = None,
         worker_log: IO[bytes] | int | None = None,
+        log_dir: Path | str | None = None,
     ) -> None:
+        self.assembly_dir = Path(assembly)
         self.api_port = api_port
         self.moto = MotoServer(moto_port)
         self.api_keys = api_keys or dict(DEFAULT_API_KEYS)
@@ -69,12 +111,19 @@ class LocalStack:
         self.engine = engine
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="local-stack-logs-"))
+        self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
-        self._threads: list[QueuePoller] = []
-        self._server = None
-        # One Standard Webhooks signing secret per tenant, made at start-up (in AWS: a Secrets Manager secret).
+        self.functions: dict[str, LocalFunction] = {}
+        self.fleet: WorkerFleet | None = None
+        self._pollers: list[Any] = []
+        self._servers: list[Any] = []
+        self._function_log: IO[bytes] | None = None
+        # One Standard Webhooks signing secret per tenant, put into the template's signing secret at start, as an
+        # operator would (`aws secretsmanager put-secret-value`).
         self.webhook_secrets = {tenant: webhooks.new_secret() for tenant in sorted(set(self.api_keys.values()))}
+
+    # --- what clients need ------------------------------------------------------------------------------------------
 
     @property
     def api_url(self) -> str:
@@ -82,77 +131,141 @@ class LocalStack:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment a process needs to talk to this stack (the same variables the CDK stack sets)."""
+        """The environment a client process needs to use this stack (the CLI, a test, a benchmark)."""
         assert self.resources is not None, "start() first"
-        return {
-            **LOCAL_CREDENTIALS,
-            "AWS_ENDPOINT_URL": self.moto.url,
-            **self.resources.config.to_env(),
-            "POWERTOOLS_SERVICE_NAME": "async-inference",
-            "POWERTOOLS_METRICS_NAMESPACE": "AsyncInference",
-            "POWERTOOLS_TRACE_DISABLED": "true",
-            "POWERTOOLS_METRICS_DISABLED": "true",
-            runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
-            runtime_config.ENV_WEBHOOK_QUEUE_URL: self.resources.webhook_queue_url,
-            runtime_config.ENV_WEBHOOK_SECRETS_JSON: json.dumps(self.webhook_secrets),
-            **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
-        }
+        return {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.moto.url, **self.resources.config.to_env()}
+
+    def client(self, service: str) -> Any:
+        """A boto3 client of this stack's moto server."""
+        config = Config(s3={"addressing_style": "path"}, signature_version="s3v4") if service == "s3" else None
+        return boto3.client(service, endpoint_url=self.moto.url, region_name=LOCAL_REGION, config=config,
+                            **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+
+    # --- start and stop ---------------------------------------------------------------------------------------------
 
     def start(self) -> LocalStack:
+        assembly = Assembly.load(self.assembly_dir)
+        deployable(assembly)
         self.moto.start()
         try:
-            os.environ.update({**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.moto.url})
-            self.resources = create_resources(self.api_keys)
-            os.environ.update(self.env)
-            # The handlers read their configuration at import, as in Lambda: import them only now.
-            api = importlib.import_module("lambdas.api.handler")
-            upload = importlib.import_module("lambdas.upload.handler")
-            dlq = importlib.import_module("lambdas.dlq.handler")
-            dispatcher = importlib.import_module("lambdas.webhooks.handler")
-            self._server = make_server("127.0.0.1", self.api_port, api.lambda_handler, ApiKeys(client("apigateway")))
-            threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
-            dlq_arn = _queue_arn(self.resources.config.dlq_url)
-            self._threads = [
-                QueuePoller("upload-events", self.resources.upload_events_queue_url, s3_events_to(upload.lambda_handler)),
-                QueuePoller("dlq", self.resources.config.dlq_url, sqs_batches_to(dlq.lambda_handler, dlq_arn)),
-                QueuePoller(
-                    "webhooks",
-                    self.resources.webhook_queue_url,
-                    sqs_batches_to(dispatcher.lambda_handler, _queue_arn(self.resources.webhook_queue_url)),
-                ),
-            ]
-            for thread in self._threads:
-                thread.start()
-            for _ in range(self.worker_count):
-                self.start_worker()
+            self._deploy(assembly)
+            self._start_functions()
+            assert self.deployment is not None
+            self._pollers = event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
+            for poller in self._pollers:
+                poller.start()
+            self._serve_api()
+            self.fleet = WorkerFleet(
+                TaskDefinition.from_deployment(self.deployment),
+                environment=self._worker_overrides(),
+                unset=() if self.engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
+                volumes_dir=self.log_dir / "volumes",
+                log=self.worker_log,
+            ).start(self.worker_count)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def start_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.env, "ENGINE": self.engine, **self.worker_env, **extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, stdout=self.worker_log, stderr=subprocess.STDOUT
+    def _deploy(self, assembly: Assembly) -> None:
+        keys_by_tenant = {tenant: key for key, tenant in self.api_keys.items()}
+        template_tenants = {r["Properties"].get("Name") for r in assembly.of_type("AWS::ApiGateway::ApiKey").values()}
+        unknown = sorted(set(keys_by_tenant) - template_tenants)
+        if unknown:
+            raise TemplateError(
+                f"tenants {unknown} have no API key in {self.assembly_dir} (it has {sorted(template_tenants)}): "
+                "add them to the `tenants` context and synthesize again"
+            )
+        self.deployment = Deployment(assembly, self.client, api_key_values=keys_by_tenant).deploy()
+        outputs = self.deployment.outputs
+        self.resources = LocalResources(
+            config=ServiceConfig(
+                table_name=outputs["TableName"],
+                bucket_name=outputs["BucketName"],
+                queue_url=outputs["QueueUrl"],
+                topic_arn=outputs["ResultTopicArn"],
+                dlq_url=outputs["DeadLetterQueueUrl"],
+            ),
+            outputs=outputs,
         )
-        self.workers.append(process)
-        return process
+        self.client("secretsmanager").put_secret_value(
+            SecretId=self.resources.webhook_secret_arn, SecretString=json.dumps(self.webhook_secrets)
+        )
+
+    def _function_overrides(self) -> dict[str, str]:
+        return {
+            **LOCAL_KEYS,
+            "AWS_ENDPOINT_URL": self.moto.url,
+            "POWERTOOLS_TRACE_DISABLED": "true",
+            runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
+            **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
+        }
+
+    def _worker_overrides(self) -> dict[str, str]:
+        overrides = {**LOCAL_KEYS, "AWS_ENDPOINT_URL": self.moto.url, runtime_config.ENV_ENGINE: self.engine,
+                     "MODEL_CACHE_DIR": str(REPO_ROOT / ".model-cache"), **self.worker_env}
+        return overrides
+
+    def _start_functions(self) -> None:
+        assert self.deployment is not None
+        self._function_log = open(self.log_dir / "functions.log", "ab")
+        behind_api = self._api_function_ids()
+        self.functions = {
+            logical_id: LocalFunction(
+                self.deployment, logical_id, extra_env=self._function_overrides(), log=self._function_log,
+                instances=API_FUNCTION_INSTANCES if logical_id in behind_api else 1,
+            ).start()
+            for logical_id in function_ids(self.deployment)
+        }
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            list(pool.map(LocalFunction.wait_ready, self.functions.values()))
+
+    def _api_function_ids(self) -> set[str]:
+        assert self.deployment is not None
+        ids = set()
+        for method in self.deployment.assembly.of_type("AWS::ApiGateway::Method").values():
+            uri = json.dumps(method["Properties"].get("Integration", {}).get("Uri", ""))
+            ids |= {lid for lid in self.deployment.of_type("AWS::Lambda::Function") if lid in uri}
+        return ids
+
+    def _serve_api(self) -> None:
+        assert self.deployment is not None
+        apis = list(self.deployment.of_type("AWS::ApiGateway::RestApi"))
+        if len(apis) != 1:
+            raise TemplateError(f"the local runtime serves one REST API; the template has {len(apis)}")
+        server = serve(RestApi(self.deployment, apis[0], self.functions), "127.0.0.1", self.api_port)
+        threading.Thread(target=server.serve_forever, name="rest-api", daemon=True).start()
+        self._servers.append(server)
+
+    # --- workers ----------------------------------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[subprocess.Popen[bytes]]:
+        return self.fleet.processes if self.fleet else []
+
+    def start_worker(self, *, supervised: bool = False, log: IO[bytes] | int | None = None,
+                     **extra_env: str) -> subprocess.Popen[bytes]:
+        """One more worker from the task definition (plus ``extra_env``); tests stop it themselves unless it is
+        ``supervised`` (then it is replaced whenever it exits, as ECS replaces a task)."""
+        assert self.fleet is not None, "start() first"
+        return self.fleet.add(supervised=supervised, log=log, **extra_env)
+
+    def stop_worker(self, process: subprocess.Popen[bytes]) -> None:
+        assert self.fleet is not None
+        self.fleet.remove(process)
 
     def stop(self) -> None:
-        for process in self.workers:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.workers:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for thread in self._threads:
-            thread.stop()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        if self.fleet is not None:
+            self.fleet.stop()
+        for poller in self._pollers:
+            poller.stop()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+        for function in self.functions.values():
+            function.stop()
+        if self._function_log is not None:
+            self._function_log.close()
         self.moto.stop()
 
     def __enter__(self) -> LocalStack:

@@ -38,20 +38,15 @@ def test_each_tenant_gets_a_named_key_and_its_own_usage_plan(synthesized, tenant
     )
 
 
-def test_submission_body_is_validated_before_the_lambda(synthesized):
-    """GIVEN POST /v1/jobs WHEN reading the method THEN a validator checks the body against the submission model."""
+def test_submission_body_has_one_schema_the_functions(synthesized):
+    """GIVEN POST /v1/jobs WHEN reading the API THEN the gateway validates parameters only and holds no body model:
+    the function validates the body with the pydantic models, whose errors name the field to fix."""
+    synthesized.template.resource_count_is("AWS::ApiGateway::Model", 0)
     synthesized.template.has_resource_properties(
-        "AWS::ApiGateway::Method",
-        {
-            "HttpMethod": "POST",
-            "RequestValidatorId": Match.any_value(),
-            "RequestModels": {"application/json": Match.any_value()},
-        },
+        "AWS::ApiGateway::RequestValidator", {"ValidateRequestBody": False, "ValidateRequestParameters": True}
     )
-    synthesized.template.has_resource_properties(
-        "AWS::ApiGateway::Model",
-        {"Schema": Match.object_like({"oneOf": [{"required": ["request"]}, {"required": ["upload"]}]})},
-    )
+    for method in synthesized.template.find_resources("AWS::ApiGateway::Method").values():
+        assert "RequestModels" not in method["Properties"]
 
 
 @pytest.mark.parametrize("response_type", ["INVALID_API_KEY", "THROTTLED", "QUOTA_EXCEEDED"])
@@ -153,3 +148,13 @@ def test_no_role_has_an_aws_managed_full_access_policy(synthesized):
 def test_stack_outputs_where_the_service_is(synthesized, output):
     """GIVEN the stack WHEN deployed THEN it outputs the API URL and the resources operators need."""
     synthesized.template.has_output(output, {"Value": Match.any_value()})
+
+
+def test_a_path_no_method_serves_is_a_404_not_found(synthesized):
+    """GIVEN API Gateway's MISSING_AUTHENTICATION_TOKEN (its answer to an unknown path, 403 by default) WHEN reading the
+    gateway responses THEN it answers 404 with the not_found code."""
+    synthesized.template.has_resource_properties(
+        "AWS::ApiGateway::GatewayResponse",
+        {"ResponseType": "MISSING_AUTHENTICATION_TOKEN", "StatusCode": "404",
+         "ResponseTemplates": {"application/json": Match.string_like_regexp('"code": "not_found"')}},
+    )

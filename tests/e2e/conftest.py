@@ -6,6 +6,7 @@ Workers are started per test, as subprocesses, with the echo engine: tests decid
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections import defaultdict
@@ -16,7 +17,7 @@ import pytest
 
 from async_inference.client import Client
 from local_runtime.moto_server import free_port
-from local_runtime.resources import subscribe_queue
+from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalStack
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
@@ -24,12 +25,19 @@ FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOU
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    log = open(tmp_path_factory.mktemp("logs") / "workers.log", "ab")
-    local = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys=TENANT_KEYS, workers=0, engine="echo",
-                       worker_env=FAST_WORKER, worker_log=log)
+def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalStack]:
+    logs = tmp_path_factory.mktemp("logs")
+    log = open(logs / "workers.log", "ab")
+    local = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), api_keys=TENANT_KEYS,
+                       workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs)
     local.start()
+    # This test process is a client of the stack: boto3 clients made without an endpoint (async_inference.aws.client)
+    # talk to its moto server.
+    saved = dict(os.environ)
+    os.environ.update(local.env)
     yield local
+    os.environ.clear()
+    os.environ.update(saved)
     local.stop()
     log.close()
 

@@ -21,9 +21,12 @@ def post(stack, body, headers=KEY_A, **kwargs):
     return requests.post(f"{stack.api_url}/v1/jobs", data=data, headers={"Content-Type": "application/json", **headers}, **kwargs)
 
 
-def test_missing_api_key_is_401_and_unknown_key_is_403(stack):
-    assert requests.get(f"{stack.api_url}/v1/jobs").status_code == 401
-    assert requests.get(f"{stack.api_url}/v1/jobs", headers={"x-api-key": "not-a-key-of-ours-000000"}).status_code == 403
+def test_missing_or_unknown_api_key_is_403_in_the_error_envelope(stack):
+    # API Gateway answers both with its INVALID_API_KEY response, which the template renders as {"error": {...}}.
+    for headers in ({}, {"x-api-key": "not-a-key-of-ours-000000"}):
+        response = requests.get(f"{stack.api_url}/v1/jobs", headers=headers)
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "invalid_api_key"
 
 
 @pytest.mark.parametrize(

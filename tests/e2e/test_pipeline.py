@@ -31,8 +31,9 @@ def result_objects(stack: LocalStack, tenant: str, job_id: str) -> list[dict]:
     """Every version of the result object (the bucket is versioned in the stack; here we list the key)."""
     s3 = client("s3")
     key = settings.result_key(tenant, job_id)
-    listing = s3.list_objects_v2(Bucket=settings.BUCKET_NAME, Prefix=key).get("Contents", [])
-    return [json.loads(s3.get_object(Bucket=settings.BUCKET_NAME, Key=o["Key"])["Body"].read()) for o in listing]
+    bucket = stack.resources.config.bucket_name
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", [])
+    return [json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()) for o in listing]
 
 
 def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notification(stack, api, inbox: Inbox, worker):
@@ -133,7 +134,8 @@ def test_upload_of_another_size_than_announced_fails_and_is_deleted(stack, api):
     # THEN the job fails with the sizes in the reason, and the object is gone
     assert final["status"] == "failed"
     assert f"{len(body)} bytes but 500 were announced" in final["error"]
-    listing = client("s3").list_objects_v2(Bucket=settings.BUCKET_NAME, Prefix=settings.upload_key("tenant-a", created["job_id"]))
+    listing = client("s3").list_objects_v2(Bucket=stack.resources.config.bucket_name,
+                                           Prefix=settings.upload_key("tenant-a", created["job_id"]))
     assert listing.get("KeyCount", 0) == 0
 
 
@@ -221,4 +223,5 @@ def test_queue_has_a_redrive_policy_to_the_dlq_with_the_shared_receive_count(sta
     attributes = client("sqs").get_queue_attributes(QueueUrl=stack.resources.config.queue_url, AttributeNames=["All"])
     policy = json.loads(attributes["Attributes"]["RedrivePolicy"])
     assert int(policy["maxReceiveCount"]) == settings.MAX_RECEIVE_COUNT
-    assert policy["deadLetterTargetArn"].endswith(settings.DLQ_NAME)
+    dlq = client("sqs").get_queue_attributes(QueueUrl=stack.resources.config.dlq_url, AttributeNames=["QueueArn"])
+    assert policy["deadLetterTargetArn"] == dlq["Attributes"]["QueueArn"]

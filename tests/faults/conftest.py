@@ -1,7 +1,8 @@
-"""Fixtures of the fault-injection tests: one out-of-process stack for the session (see ``fault_stack``)."""
+"""Fixtures of the fault-injection tests: one stack of their own for the session (see ``fault_stack``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -9,8 +10,8 @@ from tests.faults.fault_stack import FaultStack, Inbox
 
 
 @pytest.fixture(scope="session")
-def fstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
-    stack = FaultStack(tmp_path_factory.mktemp("fault-logs")).start()
+def fstack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[FaultStack]:
+    stack = FaultStack(tmp_path_factory.mktemp("fault-logs"), local_assembly).start()
     yield stack
     stack.stop()
 

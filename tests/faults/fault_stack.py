@@ -1,33 +1,27 @@
-"""A local stack of its own for the fault-injection tests, run as a subprocess (``python -m local_runtime up``).
-
-The end-to-end suite's stack lives in the test process and owns its environment (``AWS_ENDPOINT_URL``) and the
-imported Lambda handlers, so this suite does not share the process: it starts the same stack out of process, with no
-workers, and talks to its moto server through clients built with an explicit endpoint. Workers are started per test
-with the faults they are meant to suffer (``WORKER_FAULTS``, see ``gpu_worker/faults.py``).
+"""A local stack of its own for the fault-injection tests: the same template-deployed stack as the end-to-end
+suite's, with no workers, talked to through clients built with its explicit endpoint. Workers are started per test
+from the task definition, with the faults they are meant to suffer (``WORKER_FAULTS``, see ``gpu_worker/faults.py``)
+and short timings (``FAST_RECOVERY``), and nobody replaces them when they die: the tests decide.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-import boto3
 from boto3.dynamodb.types import TypeDeserializer
-from botocore.config import Config
 
 from async_inference import settings
 from async_inference.client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import Job
-from local_runtime.moto_server import LOCAL_CREDENTIALS, free_port
-from local_runtime.resources import subscribe_queue
+from local_runtime.moto_server import free_port
+from local_runtime.stack import LocalStack
+from local_runtime.subscribers import subscribe_queue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "faults-tenant-key-0123456789"
@@ -45,38 +39,23 @@ FAST_RECOVERY = {
 
 
 class FaultStack:
-    """The stack subprocess, clients on its moto server, and the worker processes the tests start."""
+    """The stack, clients on its moto server, and the worker processes the tests start."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, assembly: Path) -> None:
         self.log_dir = log_dir
-        self.api_port, self.moto_port = free_port(), free_port()
-        self.moto_url = f"http://127.0.0.1:{self.moto_port}"
-        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.local = LocalStack(assembly=assembly, api_port=free_port(), moto_port=free_port(),
+                                api_keys={API_KEY: TENANT}, workers=0, engine="echo", log_dir=log_dir)
+        self.api_url = self.local.api_url
+        self.moto_url = self.local.moto.url
         self.workers: list[subprocess.Popen[bytes]] = []
-        self._process: subprocess.Popen[bytes] | None = None
         self.config: ServiceConfig
 
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 60.0) -> FaultStack:
-        env = {**self._base_env(), "API_PORT": str(self.api_port), "MOTO_PORT": str(self.moto_port), "WORKERS": "0",
-               "ENGINE": "echo", "LOCAL_API_KEYS": f"{API_KEY}={TENANT}"}
-        log = open(self.log_dir / "stack.log", "wb")
-        self._process = subprocess.Popen([sys.executable, "-u", "-m", "local_runtime", "up"], env=env, cwd=REPO_ROOT,
-                                         stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while "Workers:" not in (self.log_dir / "stack.log").read_text(errors="replace"):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("fault stack did not start:\n" + (self.log_dir / "stack.log").read_text()[-3000:])
-            time.sleep(0.1)
-        sqs, sns = self.client("sqs"), self.client("sns")
-        self.config = ServiceConfig(
-            table_name=settings.TABLE_NAME,
-            bucket_name=settings.BUCKET_NAME,
-            queue_url=sqs.get_queue_url(QueueName=settings.QUEUE_NAME)["QueueUrl"],
-            topic_arn=sns.create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"],  # idempotent: the existing one
-            dlq_url=sqs.get_queue_url(QueueName=settings.DLQ_NAME)["QueueUrl"],
-        )
+    def start(self) -> FaultStack:
+        self.local.start()
+        assert self.local.resources is not None
+        self.config = self.local.resources.config
         return self
 
     def stop(self) -> None:
@@ -84,29 +63,18 @@ class FaultStack:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        if self._process and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-
-    def _base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "JOBS_", "RESULT_TOPIC"))}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        return {**env, **LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.moto_url}
+        self.local.stop()
 
     @property
     def env(self) -> dict[str, str]:
-        """What a process needs to use this stack (a worker, the CLI)."""
-        return {**self._base_env(), **self.config.to_env()}
+        """What a client process needs to use this stack (the CLI)."""
+        return self.local.env
 
     # --- workers ----------------------------------------------------------------------------------------------------
 
     def start_worker(self, name: str, **extra_env: str) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"worker-{name}.log", "ab")
-        process = subprocess.Popen([sys.executable, "-m", "gpu_worker"], env={**self.env, **FAST_RECOVERY, **extra_env},
-                                   cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = self.local.start_worker(log=log, **{**FAST_RECOVERY, **extra_env})
         process.log_path = self.log_dir / f"worker-{name}.log"  # type: ignore[attr-defined]
         self.workers.append(process)
         return process
@@ -119,9 +87,7 @@ class FaultStack:
     # --- clients and reads ------------------------------------------------------------------------------------------
 
     def client(self, service: str) -> Any:
-        config = Config(s3={"addressing_style": "path"}) if service == "s3" else None
-        return boto3.client(service, endpoint_url=self.moto_url, region_name="us-east-1", config=config,
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return self.local.client(service)
 
     def api(self) -> Client:
         return Client(self.api_url, API_KEY)
