@@ -21,9 +21,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backlog", type=int, default=640)
     args = parser.parse_args()
-    stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={"emulator-probe-key-0123": "probe"},
-                       workers=0)
+    stack = LocalStack.with_tenants({"emulator-probe-key-0123": "probe"}, api_port=free_port(), moto_port=free_port(),
+                                    workers=0)
     with stack:
+        stack.export_env()
         config = ServiceConfig.from_env()
         sqs = client("sqs")
         for _ in range(0, args.backlog, 10):

@@ -356,8 +356,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
     counter = RequestCounter()
-    stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={API_KEY: "bench"}, workers=0)
+    stack = LocalStack.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0)
     with stack:
+        stack.export_env()
         api = Client(stack.api_url, API_KEY)
         moto_rate = emulator_rate(stack)
         print(f"moto server answers {moto_rate:.0f} requests/s here (8 callers)", flush=True)

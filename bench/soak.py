@@ -37,7 +37,7 @@ from async_inference.aws import client
 from async_inference.schemas import JobSubmission
 from async_inference.service import JobService
 from local_runtime.moto_server import free_port
-from local_runtime.resources import subscribe_queue
+from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalStack
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -148,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(exist_ok=True)
     log = open(RESULTS / "soak-workers.log", "wb")
-    stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={KEY: TENANT}, workers=0, engine="echo",
-                       worker_env=WORKER_ENV, worker_log=log).start()
+    stack = LocalStack.with_tenants({KEY: TENANT}, api_port=free_port(), moto_port=free_port(), workers=0,
+                                    engine="echo", worker_env=WORKER_ENV, worker_log=log).start()
+    stack.export_env()
     started = time.monotonic()
     try:
         assert stack.resources is not None
-        config = stack.resources.config
-        client("s3").put_bucket_versioning(Bucket=config.bucket_name, VersioningConfiguration={"Status": "Enabled"})
+        config = stack.resources.config  # its bucket is versioned, as the template's is: each write leaves a version
         inbox = Inbox(subscribe_queue(config.topic_arn, "soak-inbox"))
         inbox.start()
         workers = [stack.start_worker() for _ in range(args.workers)]

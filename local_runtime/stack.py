@@ -123,6 +123,20 @@ class LocalStack:
         # operator would (`aws secretsmanager put-secret-value`).
         self.webhook_secrets = {tenant: webhooks.new_secret() for tenant in sorted(set(self.api_keys.values()))}
 
+    @classmethod
+    def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalStack:
+        """A stack of the app synthesized for exactly the tenants of ``api_keys`` (key -> tenant), as
+        ``cdk synth -c tenants=...`` would build it, in a temporary assembly directory (benchmarks, tools)."""
+        from local_runtime.synth import synthesize
+
+        outdir = Path(tempfile.mkdtemp(prefix="cdk.out-"))
+        synthesize(outdir, {"tenants": {tenant: {} for tenant in sorted(set(api_keys.values()))}})
+        return cls(assembly=outdir, api_keys=api_keys, **options)
+
+    def export_env(self) -> None:
+        """Make this process a client of the stack: boto3 clients built without an endpoint talk to its moto."""
+        os.environ.update(self.env)
+
     # --- what clients need ------------------------------------------------------------------------------------------
 
     @property
