@@ -183,11 +183,11 @@ class WorkerFleet:
                 return str(local) + path[len(mount.rstrip("/")):]
         return path
 
-    def environment(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def environment(self, extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
         image_env = {k: self._map_paths(v) for k, v in self.task.image.environment.items()}
         env = {**CONTAINER_BASE_ENV, **image_env, **self.task.environment, **ECS_PROVIDED, **self._environment,
                **(extra or {})}
-        return {k: v for k, v in env.items() if k not in self._unset}
+        return {k: v for k, v in env.items() if k not in self._unset and k not in unset}
 
     def _map_paths(self, value: str) -> str:
         return ":".join(self.container_path(part) if part.startswith("/") else part for part in value.split(":"))
@@ -204,10 +204,12 @@ class WorkerFleet:
         self._monitor.start()
         return self
 
-    def add(self, *, supervised: bool = True, log: IO[bytes] | int | None = None, **extra_env: str) -> subprocess.Popen[bytes]:
+    def add(self, *, supervised: bool = True, log: IO[bytes] | int | None = None, unset: tuple[str, ...] = (),
+            **extra_env: str) -> subprocess.Popen[bytes]:
         """Start one more worker; a supervised one is replaced when it exits, an unsupervised one (for tests that
-        decide when a worker runs) is not. ``log``: where its output goes (default: the fleet's)."""
-        slot = _Slot(self, supervised=supervised, extra_env=extra_env, log=log)
+        decide when a worker runs) is not. ``log``: where its output goes (default: the fleet's); ``unset``:
+        variables to leave out of its environment."""
+        slot = _Slot(self, supervised=supervised, extra_env=extra_env, log=log, unset=unset)
         with self._lock:
             self._slots.append(slot)
         return slot.process
@@ -249,8 +251,9 @@ class _Slot:
     """One task of the service: its current process, replaced when it exits or fails its health check."""
 
     def __init__(self, fleet: WorkerFleet, *, supervised: bool, extra_env: dict[str, str],
-                 log: IO[bytes] | int | None) -> None:
+                 log: IO[bytes] | int | None, unset: tuple[str, ...] = ()) -> None:
         self._fleet = fleet
+        self._unset = unset
         self.supervised = supervised
         self._extra_env = extra_env
         self._log = log if log is not None else fleet._log
@@ -258,7 +261,7 @@ class _Slot:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         fleet = self._fleet
-        env = fleet.environment(self._extra_env)
+        env = fleet.environment(self._extra_env, self._unset)
         self._started = time.monotonic()
         self._health_failures = 0
         self._next_check = self._started + float((fleet.task.health_check or {}).get("StartPeriod", 0))
@@ -297,7 +300,7 @@ class _Slot:
         fleet = self._fleet
         words = [fleet.python if word in ("python", "python3") else word for word in words]
         try:
-            done = subprocess.run(words, env=fleet.environment(self._extra_env), capture_output=True,
+            done = subprocess.run(words, env=fleet.environment(self._extra_env, self._unset), capture_output=True,
                                   cwd=fleet.container_path(fleet.task.image.workdir),
                                   timeout=float(spec.get("Timeout", 5)))
         except subprocess.TimeoutExpired:

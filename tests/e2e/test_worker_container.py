@@ -1,0 +1,71 @@
+"""The worker runs as its task definition says: the image's and the container's configuration, what ECS provides,
+and the local overrides, nothing inherited; and a supervisor replaces it when it dies, as ECS replaces a task."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from async_inference.client import Client
+from local_runtime.stack import LocalStack
+from local_runtime.workers import ECS_PROVIDED
+from tests.e2e.conftest import chat
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_starter(stack: LocalStack, monkeypatch):
+    assert stack.fleet is not None
+    monkeypatch.setenv("STARTER_ONLY_VARIABLE", "1")
+    env = stack.fleet.environment()
+    task = stack.fleet.task
+    # THEN every variable of the container definition is there, resolved (the region among them)...
+    for name, value in task.environment.items():
+        if name not in ("ENGINE", "MODEL", "MODEL_S3_URI"):  # the local overrides, see local_runtime.stack
+            assert env[name] == value, name
+    assert env["AWS_REGION"] == task.environment["AWS_REGION"]
+    assert env["JOBS_QUEUE_URL"] == stack.resources.config.queue_url
+    # ...with the image's own variables, its WORKDIR mapped to the staged build context...
+    assert env["PYTHONPATH"] == str(task.image.directory)
+    assert (task.image.directory / "gpu_worker" / "worker.py").is_file()
+    # ...what ECS provides, the local engine, and nothing from the process that started it
+    assert all(env[k] == v for k, v in ECS_PROVIDED.items())
+    assert env["ENGINE"] == "echo" and "MODEL" not in env
+    assert "STARTER_ONLY_VARIABLE" not in env and "VIRTUAL_ENV" not in env and "PYTEST_CURRENT_TEST" not in env
+
+
+def test_without_the_task_definitions_region_the_worker_cannot_start(stack: LocalStack, tmp_path):
+    # GIVEN the container environment without the region the task definition now sets (the deployed defect)
+    assert stack.fleet is not None
+    log = open(tmp_path / "worker.log", "wb")
+    process = stack.start_worker(log=log, unset=("AWS_REGION", "AWS_DEFAULT_REGION"))
+    # WHEN it starts THEN boto3 finds no region and the worker exits
+    assert process.wait(timeout=60) != 0
+    assert "NoRegionError" in (tmp_path / "worker.log").read_text()
+
+
+def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: LocalStack, api: Client):
+    assert stack.fleet is not None
+    replaced_before = stack.fleet.replacements
+    # GIVEN a supervised worker (as `make up` runs them)
+    first = stack.start_worker(supervised=True)
+    try:
+        # WHEN it is killed
+        time.sleep(1)
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while stack.fleet.replacements == replaced_before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # THEN the supervisor starts another in its place, which runs the next job
+        assert stack.fleet.replacements == replaced_before + 1
+        replacement = next(p for p in stack.workers if p is not first and p.poll() is None)
+        job = api.submit(chat("after the replacement"))
+        assert api.wait(job["job_id"], timeout_s=60)["status"] == "succeeded"
+    finally:
+        for process in stack.workers:
+            if process is first or process.poll() is None:
+                stack.stop_worker(process)
+    assert replacement.poll() is not None
