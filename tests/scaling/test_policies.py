@@ -1,0 +1,37 @@
+"""The policy fragments (SageMaker's documented policy, the candidate) read through the same template reader."""
+
+from __future__ import annotations
+
+from bench.scaling.policies import candidate_resources, sagemaker_resources
+from bench.scaling.template import read_policy
+
+
+def test_sagemaker_policy_is_target_tracking_at_five_plus_a_step_from_zero():
+    # GIVEN SageMaker's documented policy in ECS terms WHEN read
+    spec = read_policy(sagemaker_resources(max_tasks=3))
+    # THEN one target tracking policy on backlog per running task at 5, its two generated alarms, and the
+    # HasBacklogWithoutCapacity step alarm: 2 of 2 one-minute datapoints, +1 task, 300 s cooldown
+    (tracking,) = spec.tracking
+    assert tracking.target == 5.0 and tracking.query.expression == "(visible + inFlight) / instances"
+    names = {a.name for a in spec.alarms}
+    assert {"BacklogTracking-AlarmHigh", "BacklogTracking-AlarmLow", "HasBacklogWithoutCapacityAlarm"} <= names
+    alarm = next(a for a in spec.alarms if a.name == "HasBacklogWithoutCapacityAlarm")
+    assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (2, 2, "missing")
+    step = spec.steps["HasBacklogWithoutCapacityScalingPolicy"]
+    assert step.step_for(0.0).adjustment == 1 and step.cooldown_s == 300
+
+
+def test_candidate_scale_out_adds_the_shortfall_of_tasks():
+    # GIVEN the candidate with 16 jobs per task on a ceiling of 4 WHEN its scale-out policy sees a shortfall of n
+    spec = read_policy(candidate_resources(max_tasks=4, jobs_per_task=16))
+    policy = spec.steps["ScaleOut"]
+    # THEN it adds n tasks (the alarm's threshold is a shortfall of 1)
+    assert [policy.step_for(n - 1).adjustment for n in (1, 2, 3, 4, 7)] == [1, 2, 3, 4, 4]
+
+
+def test_candidate_keep_alive_counts_messages_sent():
+    # GIVEN the candidate WHEN its idle alarm is read THEN it counts messages sent, so each message restarts it
+    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3))
+    idle = next(a for a in spec.alarms if a.name == "Idle")
+    assert "sent" in idle.query.stats and idle.query.stats["sent"].stat == "Sum"
+    assert (idle.evaluation_periods, idle.treat_missing) == (3, "breaching")
