@@ -75,6 +75,7 @@ class ClusterConfig:
     target_capacity: float = 100.0
     weights_on_host: bool = True
     uses_task_protection: bool = True
+    instance_warmup_s: float = INSTANCE_WARMUP_S
 
 
 class Cluster:
@@ -242,7 +243,7 @@ class Cluster:
         self._store.sample(clock)
         fire, _ = self.scale_out_alarm.evaluate(self._store, clock)
         if fire:
-            warming = any(now - i.requested_s < INSTANCE_WARMUP_S for i in self.live_instances())
+            warming = any(now - i.requested_s < self.config.instance_warmup_s for i in self.live_instances())
             target = min(self.config.max_instances, needed)
             if not warming and target > current:
                 for _ in range(target - current):

@@ -18,11 +18,13 @@ group under ECS managed scaling), so they differ only in how they set the task c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.scaling.figures import INSTANCE_BOOT_S
 from bench.scaling.simulation import ApiWake, Scenario
 from bench.scaling.template import read_policy
 
@@ -94,13 +96,26 @@ def sagemaker_resources(max_tasks: int) -> dict[str, Any]:
     }}
 
 
+# The candidate's tuning, chosen by simulating the conversation trace (docs/scaling.md shows the neighbours):
+# a task's batch plus half a batch queued before another task is added; scale in when the backlog would fit in one task
+# fewer at half that fill for 3 minutes; scale to zero after 3 minutes without a message.
+JOBS_PER_TASK_OVER_BATCH = 1.5
+SCALE_IN_FILL = 0.5
+SCALE_IN_MINUTES = 3
+KEEP_ALIVE_MINUTES = 3
+# The capacity provider's InstanceWarmupPeriod for the candidate: the modelled instance boot (figures.INSTANCE_BOOT_S),
+# which is what the warm-up guards (the agent registering); ECS's 300 s default keeps a second instance from launching
+# for 5 minutes after the first.
+CANDIDATE_INSTANCE_WARMUP_S = INSTANCE_BOOT_S
+
+
 def candidate_resources(
     max_tasks: int,
     jobs_per_task: float,
     *,
-    scale_in_fill: float = 0.5,
-    scale_in_minutes: int = 5,
-    keep_alive_minutes: int = 3,
+    scale_in_fill: float = SCALE_IN_FILL,
+    scale_in_minutes: int = SCALE_IN_MINUTES,
+    keep_alive_minutes: int = KEEP_ALIVE_MINUTES,
 ) -> dict[str, Any]:
     """The candidate's CloudWatch alarms and step policies, as phase 2 is to synthesize them.
 
@@ -197,9 +212,8 @@ def scenarios(
     deployed.maximum = max_tasks
     queue_processing = read_policy(queue_processing_template(max_tasks, int(cpu_vcpus * 1024)))
     sagemaker = read_policy(sagemaker_resources(max_tasks))
-    candidate = read_policy(candidate_resources(max_tasks, candidate_jobs_per_task or max_num_seqs))
-    import dataclasses
-
+    jobs_per_task = candidate_jobs_per_task or JOBS_PER_TASK_OVER_BATCH * max_num_seqs
+    candidate = read_policy(candidate_resources(max_tasks, jobs_per_task))
     keda = dataclasses.replace(keda_spec, max_replicas=max_tasks)
     return [
         Scenario("deployed", policy=deployed, task_protection=True),
@@ -207,5 +221,6 @@ def scenarios(
                  initial_tasks=queue_processing.minimum, cpu_vcpus=cpu_vcpus),
         Scenario("sagemaker", policy=sagemaker, task_protection=False),
         Scenario("keda", keda=keda, task_protection=False),
-        Scenario("candidate", policy=candidate, api_wake=ApiWake(), task_protection=False),
+        Scenario("candidate", policy=candidate, api_wake=ApiWake(), task_protection=False,
+                 instance_warmup_s=CANDIDATE_INSTANCE_WARMUP_S),
     ]

@@ -55,6 +55,7 @@ class Scenario:
     task_protection: bool = True
     initial_tasks: int = 0
     cpu_vcpus: float = 4.0
+    instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
 
 
 @dataclass
@@ -125,6 +126,8 @@ def simulate(
 
     finished_receives: list[float] = []
     config = dataclasses.replace(cluster_config, uses_task_protection=scenario.task_protection)
+    if scenario.instance_warmup_s is not None:
+        config = dataclasses.replace(config, instance_warmup_s=scenario.instance_warmup_s)
     cluster = Cluster(env, config, cold, make_worker, changed)
 
     # --- metrics ---------------------------------------------------------------------------------------------------

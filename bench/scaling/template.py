@@ -11,7 +11,7 @@
   DatapointsToAlarm, TreatMissingData.
 
 ``read`` adds what the template says about capacity and the worker: the Auto Scaling group's MaxSize, the capacity
-provider's managed scaling target, the launch template's instance type, and from the worker's task definition
+provider's managed scaling target and instance warm-up, the launch template's instance type, and from the worker's task definition
 MAX_NUM_SEQS and MODEL, whether the weights live on a host volume, and whether the task role may set task protection.
 What it cannot model it refuses, naming the resource and property.
 """
@@ -26,7 +26,7 @@ from typing import Any
 from bench.scaling.autoscaling import Step, StepPolicy, TargetTrackingPolicy
 from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat
 from bench.scaling.ecs import ClusterConfig
-from bench.scaling.figures import DEFAULT_COOLDOWN_S
+from bench.scaling.figures import DEFAULT_COOLDOWN_S, INSTANCE_WARMUP_S
 from cdk.capacity import INSTANCE_GPUS
 
 PREDEFINED = {
@@ -251,6 +251,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
         max_instances=int(group["Properties"]["MaxSize"]),
         gpus_per_instance=INSTANCE_GPUS[instance_type][1],
         target_capacity=float(managed.get("TargetCapacity", 100)),
+        instance_warmup_s=float(managed.get("InstanceWarmupPeriod", INSTANCE_WARMUP_S)),
         weights_on_host=weights_on_host,
         uses_task_protection=protection,
     )
