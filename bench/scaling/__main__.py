@@ -23,18 +23,15 @@ from async_inference import settings
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel
 from bench.scaling.keda import read_scaled_object
-from bench.scaling.policies import candidate_resources, scenarios
+from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
-from bench.scaling.simulation import Scenario, simulate
-from bench.scaling.template import read, read_policy
-from bench.scaling.trace import load
+from bench.scaling.simulation import simulate
+from bench.scaling.template import read
+from bench.scaling.trace import AZURE_CONVERSATION, load
 from cdk.capacity import INSTANCE_GPUS, MODELS, kv_cache_tokens, max_num_seqs, percentile_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
-AZURE_CONV = ROOT.parent.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv_2023.csv"
-if not AZURE_CONV.exists():
-    AZURE_CONV = Path("/work/shared/data/AzureLLMInferenceTrace_conv_2023.csv")
 
 
 def synthesize() -> dict[str, Any]:
@@ -54,7 +51,7 @@ def synthesize() -> dict[str, Any]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, default=AZURE_CONV, help="CSV with TIMESTAMP, ContextTokens, "
+    parser.add_argument("--trace", type=Path, default=AZURE_CONVERSATION, help="CSV with TIMESTAMP, ContextTokens, "
                         "GeneratedTokens (default: the Azure LLM inference conversation trace)")
     parser.add_argument("--template", type=Path, help="synthesized template JSON (default: synthesize the app)")
     parser.add_argument("--max-tasks", type=int, help="fleet ceiling for every policy (default: the template's)")

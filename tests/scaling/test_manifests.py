@@ -11,14 +11,13 @@ import yaml
 
 from async_inference.config import ServiceConfig
 from bench.scaling.keda import read_scaled_object
+from bench.scaling.trace import SHARED_DATA
 from bench.scaling.worker import DRAIN_TIMEOUT_S
 from tests.scaling.conftest import cdk_json_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EKS = ROOT / "deploy" / "eks"
-KEDA_CRDS = ROOT.parent.parent / "shared" / "data" / "keda"
-if not KEDA_CRDS.is_dir():
-    KEDA_CRDS = Path("/work/shared/data/keda")
+KEDA_CRDS = SHARED_DATA / "keda"
 KUBERNETES_VERSION = "1.31.0"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.scaling.policies import candidate_resources, sagemaker_resources
 from bench.scaling.template import read_policy
 
@@ -35,3 +37,24 @@ def test_candidate_keep_alive_counts_messages_sent():
     idle = next(a for a in spec.alarms if a.name == "Idle")
     assert "sent" in idle.query.stats and idle.query.stats["sent"].stat == "Sum"
     assert (idle.evaluation_periods, idle.treat_missing) == (3, "breaching")
+
+
+def test_trace_loader_refuses_a_csv_without_the_columns(tmp_path):
+    # GIVEN a CSV without GeneratedTokens WHEN loaded THEN the error names the missing column
+    from bench.scaling.trace import load
+
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n")
+    with pytest.raises(ValueError, match="GeneratedTokens"):
+        load(path)
+
+
+def test_trace_loader_reads_seven_digit_timestamps_in_order(tmp_path):
+    from bench.scaling.trace import load
+
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.9951690,396,109\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n")
+    requests = load(path)
+    assert [r.context_tokens for r in requests] == [374, 396]
+    assert requests[1].arrival_s == pytest.approx(4.314579)
