@@ -82,3 +82,10 @@ def test_scaled_object_mirrors_the_ecs_limits_and_reads_as_the_keda_policy():
     trigger = by_kind("ScaledObject")["spec"]["triggers"][0]
     assert trigger["authenticationRef"]["name"] == by_kind("TriggerAuthentication")["metadata"]["name"]
     assert by_kind("ScaledObject")["spec"]["scaleTargetRef"]["name"] == by_kind("Deployment")["metadata"]["name"]
+
+
+def test_worker_model_and_batch_match_the_stack():
+    # GIVEN the Deployment and cdk.json WHEN compared THEN the pod runs the model and batch the ECS task runs
+    env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    context = cdk_json_context()
+    assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], context["max_num_seqs"])
