@@ -83,10 +83,6 @@ class Engine:
         env.process(self._run())
 
     @property
-    def occupancy(self) -> int:
-        return self.admitted
-
-    @property
     def busy(self) -> bool:
         return self.admitted > 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from async_inference import settings
+from cdk.capacity import QWEN2_5_1_5B
 
 # --- CloudWatch and SQS ---------------------------------------------------------------------------------------------
 # SQS pushes its metrics to CloudWatch at one-minute intervals, for queues CloudWatch considers active: for up to six
@@ -122,7 +123,7 @@ class ColdStart:
 
     instance_boot_s: float = INSTANCE_BOOT_S
     image_pull_s: float = IMAGE_PULL_S
-    model_download_s: float = 10.0
+    model_download_s: float = QWEN2_5_1_5B.weight_bytes() / MODEL_DOWNLOAD_BYTES_PER_S
     engine_start_s: float = ENGINE_START_S
     total_s: float | None = None
 
