@@ -5,3 +5,4 @@ bench: venv
 	$(PY) -m bench.run
 
 -include bench/soak.mk
+-include bench/scaling.mk

@@ -1,0 +1,270 @@
+"""ECS on EC2: the service's tasks, the Auto Scaling group of GPU instances and capacity provider managed scaling.
+
+* The service keeps ``desired`` tasks. A new task waits (PROVISIONING) for an instance with a free GPU, then starts:
+  on an instance's first task it pulls the image and downloads the weights, later tasks only start the engine (and
+  download the weights again unless the task definition keeps them on a host volume). When desired falls, ECS stops
+  tasks not yet running first, then running ones, never one that holds task protection; those wait until their
+  protection clears. A stopped task drains (the worker's SIGTERM handling) before its GPU is free.
+* Managed scaling (ECS Developer Guide, "Amazon ECS cluster auto scaling"): every minute ECS computes
+  CapacityProviderReservation = 100 x instances needed / instances in the group (200 when the group is empty and a task
+  waits); one datapoint above ``target_capacity`` sets the group's desired capacity to the instances needed, unless an
+  instance launched within the warm-up period (300 s) blocks further scale-out; 15 datapoints below it terminate the
+  empty instances (managed termination protection keeps the others). An instance bills from its launch request to
+  its termination: that is a GPU hour, whether or not a task runs on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat, MetricStore, Sources
+from bench.scaling.figures import (
+    INSTANCE_WARMUP_S,
+    MANAGED_SCALING_IN_DATAPOINTS,
+    MANAGED_SCALING_OUT_DATAPOINTS,
+    MANAGED_SCALING_PERIOD_S,
+    ColdStart,
+)
+from bench.scaling.worker import Worker
+
+CPR = MetricId("AWS/ECS/ManagedScaling", "CapacityProviderReservation")
+# ECS's managed scaling minute is not CloudWatch's alarm minute; half a minute apart keeps the simulation from lining
+# up a scale-out alarm and an instance launch by accident.
+MANAGED_SCALING_PHASE_S = 30.0
+
+
+@dataclass
+class Instance:
+    index: int
+    requested_s: float
+    gpus: int
+    ready_s: float | None = None
+    terminated_s: float | None = None
+    image_cached: bool = False
+    weights_cached: bool = False
+    tasks: list["Task"] = field(default_factory=list)
+
+    @property
+    def free_gpus(self) -> int:
+        return self.gpus - len(self.tasks)
+
+
+@dataclass
+class Task:
+    index: int
+    created_s: float
+    state: str = "PROVISIONING"  # PROVISIONING -> STARTING -> RUNNING -> STOPPING -> STOPPED
+    instance: Instance | None = None
+    worker: Worker | None = None
+    running_s: float | None = None
+    stopped_s: float | None = None
+    stop_requested: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What the template says about capacity: the group's maximum, GPUs per instance, managed scaling's target."""
+
+    max_instances: int
+    gpus_per_instance: int = 1
+    target_capacity: float = 100.0
+    weights_on_host: bool = True
+    uses_task_protection: bool = True
+    instance_warmup_s: float = INSTANCE_WARMUP_S
+
+
+class Cluster:
+    """One ECS service on one capacity provider's Auto Scaling group."""
+
+    def __init__(self, env: simpy.Environment, config: ClusterConfig, cold: ColdStart,
+                 make_worker: Callable[[Task], Worker], on_change: Callable[[], None]) -> None:
+        self.env = env
+        self.config = config
+        self.cold = cold
+        self.make_worker = make_worker
+        self.on_change = on_change
+        self.desired = 0
+        self.tasks: list[Task] = []
+        self.instances: list[Instance] = []
+        self.desired_log: list[tuple[float, int]] = [(0.0, 0)]
+        self.running_log: list[tuple[float, int]] = [(0.0, 0)]
+        self.instance_log: list[tuple[float, int]] = [(0.0, 0)]
+        self.task_requests: list[float] = []  # times the desired count rose from zero
+        self._task_ids = itertools.count()
+        self._instance_ids = itertools.count()
+        self._cpr = 100.0
+        self._store = MetricStore(Sources({CPR: lambda: self._cpr}))
+        query = MetricQuery({"cpr": MetricStat(CPR, "Average", MANAGED_SCALING_PERIOD_S)})
+        self.scale_out_alarm = Alarm("ManagedScalingHigh", query, config.target_capacity, "GreaterThanThreshold",
+                                     MANAGED_SCALING_OUT_DATAPOINTS, MANAGED_SCALING_OUT_DATAPOINTS, actions=("out",))
+        self.scale_in_alarm = Alarm("ManagedScalingLow", query, config.target_capacity, "LessThanThreshold",
+                                    MANAGED_SCALING_IN_DATAPOINTS, MANAGED_SCALING_IN_DATAPOINTS, actions=("in",))
+
+    # --- counts ---------------------------------------------------------------------------------------------------
+
+    def live_tasks(self) -> list[Task]:
+        return [t for t in self.tasks if t.state != "STOPPED"]
+
+    def running_count(self) -> int:
+        return sum(1 for t in self.tasks if t.state == "RUNNING" and not t.stop_requested)
+
+    def live_instances(self) -> list[Instance]:
+        return [i for i in self.instances if i.terminated_s is None]
+
+    def _log(self) -> None:
+        now = self.env.now
+        for log, value in ((self.desired_log, self.desired), (self.running_log, self.running_count()),
+                           (self.instance_log, len(self.live_instances()))):
+            if log[-1][1] != value:
+                log.append((now, value))
+
+    # --- the service ----------------------------------------------------------------------------------------------
+
+    def set_desired(self, count: int, cause: str = "") -> None:
+        if count == self.desired:
+            return
+        if self.desired == 0 and count > 0:
+            self.task_requests.append(self.env.now)
+        self.desired = count
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Start or stop tasks toward the desired count; place waiting tasks on free GPUs."""
+        live = [t for t in self.live_tasks() if not t.stop_requested]
+        if len(live) < self.desired:
+            for _ in range(self.desired - len(live)):
+                self.tasks.append(Task(next(self._task_ids), self.env.now))
+        elif len(live) > self.desired:
+            surplus = len(live) - self.desired
+            order = {"PROVISIONING": 0, "STARTING": 1, "RUNNING": 2}
+            candidates = sorted(live, key=lambda t: (order[t.state], t.worker.held if t.worker else 0, -t.created_s))
+            for task in candidates:
+                if surplus == 0:
+                    break
+                if task.state == "RUNNING" and self.config.uses_task_protection and task.worker.protected:
+                    continue
+                self._stop(task)
+                surplus -= 1
+        self._place()
+        self._log()
+
+    def _stop(self, task: Task) -> None:
+        task.stop_requested = True
+        if task.state == "PROVISIONING":
+            self._stopped(task)
+        elif task.state == "RUNNING":
+            task.state = "STOPPING"
+            task.worker.stop()
+        # STARTING: stopped when the start completes
+
+    def _stopped(self, task: Task) -> None:
+        task.state = "STOPPED"
+        task.stopped_s = self.env.now
+        if task.instance is not None:
+            task.instance.tasks.remove(task)
+        self._place()
+        self._log()
+        self.on_change()
+
+    def _place(self) -> None:
+        for task in self.tasks:
+            if task.state != "PROVISIONING" or task.stop_requested:
+                continue
+            instance = next((i for i in self.live_instances() if i.ready_s is not None and i.free_gpus > 0), None)
+            if instance is None:
+                return
+            task.state = "STARTING"
+            task.instance = instance
+            instance.tasks.append(task)
+            self.env.process(self._start(task))
+
+    def _start(self, task: Task):
+        instance = task.instance
+        if not instance.image_cached:
+            seconds = self.cold.fresh_task_s()
+        else:
+            seconds = self.cold.warm_task_s(weights_cached=instance.weights_cached)
+        yield self.env.timeout(seconds)
+        instance.image_cached = True
+        instance.weights_cached = self.config.weights_on_host
+        if task.stop_requested:
+            self._stopped(task)
+            return
+        task.state = "RUNNING"
+        task.running_s = self.env.now
+        task.worker = self.make_worker(task)
+        self._log()
+        self.on_change()
+
+    def prewarm(self, count: int) -> None:
+        """Start the run with ``count`` tasks running on ready instances that hold the image and the weights."""
+        for _ in range(count):
+            instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance,
+                                ready_s=self.env.now, image_cached=True, weights_cached=True)
+            self.instances.append(instance)
+            task = Task(next(self._task_ids), self.env.now, state="RUNNING", instance=instance, running_s=self.env.now)
+            instance.tasks.append(task)
+            self.tasks.append(task)
+            task.worker = self.make_worker(task)
+        self.desired = count
+        self.desired_log = [(self.env.now, count)]
+        self._log()
+
+    def worker_stopped(self, task: Task) -> None:
+        self._stopped(task)
+
+    def protection_changed(self) -> None:
+        if len([t for t in self.live_tasks() if not t.stop_requested]) > self.desired:
+            self.reconcile()
+
+    # --- managed scaling ------------------------------------------------------------------------------------------
+
+    def _instances_needed(self) -> int:
+        waiting = sum(1 for t in self.tasks if t.state == "PROVISIONING" and not t.stop_requested)
+        busy = sum(1 for i in self.live_instances() if i.tasks)
+        free = sum(i.free_gpus for i in self.live_instances() if i.tasks)
+        return busy + math.ceil(max(0, waiting - free) / self.config.gpus_per_instance)
+
+    def managed_scaling_tick(self, now: float) -> None:
+        """Once a minute (ECS's own minute, ``MANAGED_SCALING_PHASE_S`` after CloudWatch's): publish
+        CapacityProviderReservation and act on its two alarms."""
+        clock = now - MANAGED_SCALING_PHASE_S
+        needed = self._instances_needed()
+        current = len(self.live_instances())
+        if current == 0:
+            self._cpr = 200.0 if needed > 0 else 100.0
+        else:
+            self._cpr = 100.0 * needed / current
+        self._store.sample(clock)
+        fire, _ = self.scale_out_alarm.evaluate(self._store, clock)
+        if fire:
+            warming = any(now - i.requested_s < self.config.instance_warmup_s for i in self.live_instances())
+            target = min(self.config.max_instances, needed)
+            if not warming and target > current:
+                for _ in range(target - current):
+                    self._launch()
+        fire, _ = self.scale_in_alarm.evaluate(self._store, clock)
+        if fire:
+            for instance in self.live_instances():
+                if not instance.tasks and instance.ready_s is not None:
+                    instance.terminated_s = now
+        self._log()
+
+    def _launch(self) -> None:
+        instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance)
+        self.instances.append(instance)
+        self.env.process(self._boot(instance))
+
+    def _boot(self, instance: Instance):
+        yield self.env.timeout(self.cold.instance_boot_s)
+        instance.ready_s = self.env.now
+        self._place()
+
+    def gpu_hours(self, end_s: float) -> float:
+        return sum(((i.terminated_s if i.terminated_s is not None else end_s) - i.requested_s)
+                   for i in self.instances) / 3600.0

@@ -1,0 +1,164 @@
+"""Every default the simulator uses that is not read from the template or the manifests, each with where it comes from.
+
+A figure is either published (the document is named) or reported (an issue thread that measured it); none is
+measured on this project's machines, which have no GPU. Those that decide a result can be overridden from the command
+line (``python -m bench.scaling --help``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from async_inference import settings
+from cdk.capacity import QWEN2_5_1_5B
+
+# --- CloudWatch and SQS ---------------------------------------------------------------------------------------------
+# SQS pushes its metrics to CloudWatch at one-minute intervals, for queues CloudWatch considers active: for up to six
+# hours after the queue held a message or any API action touched it (SQS Developer Guide, "Monitoring Amazon SQS queues
+# using CloudWatch"; "All metrics emit non-negative values only when the queue is active", "Available CloudWatch
+# metrics for Amazon SQS").
+SQS_METRIC_PERIOD_S = 60
+SQS_INACTIVE_AFTER_S = 6 * 3600
+# How long after a period ends its SQS datapoint is there for alarms. Not published; 0 is the most favourable value
+# for every policy that waits on CloudWatch (copilot-cli#3376 reports about 3 minutes to scale out on a 3-datapoint
+# alarm, which 0 reproduces).
+SQS_PUBLICATION_DELAY_S = 0.0
+# Extra time before metrics resume once an inactive queue is used again. Not published by AWS (third-party monitoring
+# notes speak of up to 15 minutes); 0 is again the value most favourable to the CloudWatch-driven policies.
+SQS_RESUME_DELAY_S = 0.0
+# CloudWatch fetches more datapoints than the alarm's evaluation periods when some are missing (its "evaluation
+# range"); for one-minute alarms with 3 evaluation periods it retrieves 5 (CloudWatch User Guide, "Using Amazon
+# CloudWatch alarms", how alarm state is evaluated when data is missing).
+EVALUATION_RANGE_EXTRA_PERIODS = 2
+# Alarms with Auto Scaling actions invoke them again every period the alarm stays in the state (same page).
+
+# --- Application Auto Scaling ---------------------------------------------------------------------------------------
+# Target tracking: the policy's alarms scale out after 3 one-minute datapoints above the target and in after 15 below
+# 90 % of it (the "AlarmHigh"/"AlarmLow" alarms App Auto Scaling creates: "CPUUtilization > 50 for 3 datapoints within
+# 3 minutes", "< 45 for 15 datapoints within 15 minutes"; scale-in only "when utilization passes a threshold ... usually
+# more than 10% lower", Application Auto Scaling User Guide, "Target tracking scaling policies").
+TARGET_TRACKING_OUT_DATAPOINTS = 3
+TARGET_TRACKING_IN_DATAPOINTS = 15
+TARGET_TRACKING_IN_FRACTION = 0.9
+# Cooldown when a policy gives none: 300 s for ECS services and SageMaker variants (TargetTrackingScalingPolicyConfig
+# and StepScalingPolicyConfiguration, Application Auto Scaling API Reference).
+DEFAULT_COOLDOWN_S = 300
+
+# --- ECS cluster auto scaling (capacity provider managed scaling) ----------------------------------------------------
+# ECS computes CapacityProviderReservation every minute; scale-out follows from one datapoint above the target capacity
+# ("Deep dive on Amazon ECS cluster auto scaling", AWS Containers blog); scale-in needs 15 datapoints (15 minutes);
+# a new scale-out waits until every launched instance is past instanceWarmupPeriod, 300 s by default (ECS Developer
+# Guide, "Amazon ECS cluster auto scaling").
+MANAGED_SCALING_PERIOD_S = 60
+MANAGED_SCALING_OUT_DATAPOINTS = 1
+MANAGED_SCALING_IN_DATAPOINTS = 15
+INSTANCE_WARMUP_S = 300
+
+# --- Cold start ------------------------------------------------------------------------------------------------------
+# A GPU VM takes 2-5 minutes to be provisioned and boot with drivers (vllm-project/vllm#41893); the lower end.
+INSTANCE_BOOT_S = 120.0
+# vLLM's image is about 12 GB compressed (vllm-project/vllm#27154); pulling and extracting it takes about 5 minutes
+# (vllm-project/vllm#41893).
+IMAGE_PULL_S = 300.0
+# g5.xlarge: "up to 10 Gbps", 2.5 Gbps baseline (EC2 instance network specifications); the weights download from the
+# hub at the baseline rate. Seconds = weight bytes / this.
+MODEL_DOWNLOAD_BYTES_PER_S = 2.5e9 / 8
+# Engine start once the weights are on disk: 59 s from start to first response for a 3.4 GiB model with a warm
+# torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264).
+ENGINE_START_S = 59.0
+
+# --- Engine (roofline) -----------------------------------------------------------------------------------------------
+# Fractions of peak bandwidth and compute vLLM reaches, from one published serving table (tenstorrent/tt-inference-
+# server#143, Qwen2.5-72B on 2xH100, vLLM): decode TPOT 31.0 ms against 21.6 ms at peak bandwidth (0.70), 1,024-token
+# prefill at 7,924 tokens/s against 2 x 989 dense TFLOPS (0.58).
+BANDWIDTH_EFFICIENCY = 0.70
+COMPUTE_EFFICIENCY = 0.58
+# Tokens vLLM schedules in one step (chunked prefill budget): SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, what
+# an engine built outside the OpenAI server gets on GPUs under 70 GiB (vllm/engine/arg_utils.py).
+MAX_NUM_BATCHED_TOKENS = 2048
+
+# --- The worker (gpu_worker/worker.py) -----------------------------------------------------------------------------
+# Messages held beyond the engine's batch: max(10, capacity // 2) (WorkerConfig.held_messages).
+RECEIVE_BATCH = settings.RECEIVE_BATCH_SIZE
+RECEIVE_WAIT_S = settings.RECEIVE_WAIT_TIME_S
+DRAIN_TIMEOUT_S = 90.0  # WorkerConfig.drain_timeout_s
+RECEIVERS_MAX = 4  # Worker.run: min(4, ceil(capacity / 10)) receive loops
+# A task's CPU use, for CPU target tracking: vLLM's engine core is one busy-looping process while it has work
+# (1 vCPU), the worker's asyncio loop a fraction of another. Not published; stated here so it can be argued with.
+CPU_VCPUS_BUSY = 1.2
+CPU_VCPUS_IDLE = 0.1
+
+# --- KEDA and the HPA ------------------------------------------------------------------------------------------------
+# HPA: sync every 15 s, 10 % tolerance, scale-down stabilization 300 s, scale-up at most max(4 pods, 100 %) per 15 s
+# (Kubernetes "Horizontal Pod Autoscaling" docs; kube-controller-manager defaults).
+HPA_SYNC_S = 15.0
+HPA_TOLERANCE = 0.1
+HPA_SCALE_DOWN_STABILIZATION_S = 300.0
+HPA_SCALE_UP_PODS = 4
+HPA_SCALE_UP_PERCENT = 100
+
+# --- Prices (USD, us-east-1, list prices as published on 2025-01-01; re-check before quoting) ------------------------
+PRICE_DATE = "2025-01-01"
+GPU_HOURLY_USD = {"g5.xlarge": 1.006, "g5.2xlarge": 1.212}  # Amazon EC2 On-Demand pricing, Linux
+SQS_PER_MILLION = 0.40  # standard queue requests, after the free tier
+SNS_PUBLISH_PER_MILLION = 0.50
+S3_PUT_PER_MILLION = 5.00  # S3 Standard PUT/COPY/POST/LIST, $0.005 per 1,000
+S3_GET_PER_MILLION = 0.40  # S3 Standard GET, $0.0004 per 1,000
+DYNAMODB_WRITE_PER_MILLION = 0.625  # on-demand write request units (price since 2024-11-01)
+API_GATEWAY_REST_PER_MILLION = 3.50  # REST API, first 333 million
+LAMBDA_REQUEST_PER_MILLION = 0.20  # requests only; duration is compute and not counted here
+CLOUDWATCH_ALARM_METRIC_MONTH = 0.10  # standard-resolution alarm, per metric in it
+CLOUDWATCH_CUSTOM_METRIC_MONTH = 0.30
+CLOUDWATCH_PUT_PER_THOUSAND = 0.01
+HOURS_PER_MONTH = 730
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """Seconds from an instance launch request to a task that serves: boot, image pull, weights, engine start.
+
+    ``total_s`` (a measured cold start, ``--cold-start-s``) replaces the sum for a task on a fresh instance; a task
+    on an instance that already pulled the image and keeps the weights on its host volume pays only the engine start.
+    """
+
+    instance_boot_s: float = INSTANCE_BOOT_S
+    image_pull_s: float = IMAGE_PULL_S
+    model_download_s: float = QWEN2_5_1_5B.weight_bytes() / MODEL_DOWNLOAD_BYTES_PER_S
+    engine_start_s: float = ENGINE_START_S
+    total_s: float | None = None
+
+    def fresh_task_s(self) -> float:
+        """A task on a new instance, after the instance booted."""
+        if self.total_s is not None:
+            return max(0.0, self.total_s - self.instance_boot_s)
+        return self.image_pull_s + self.model_download_s + self.engine_start_s
+
+    def warm_task_s(self, *, weights_cached: bool) -> float:
+        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them."""
+        return self.engine_start_s + (0.0 if weights_cached else self.model_download_s)
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """AWS requests one job makes outside the GPU, by price class (from the design of the API and the worker, with
+    the batches ``make bench`` measured: receive, delete and visibility in tens)."""
+
+    api_gateway: float = 1.0
+    lambda_invocations: float = 1.0
+    s3_put: float = 2.0  # request body (API), result (worker)
+    s3_get: float = 1.0  # request body (worker)
+    dynamodb_writes: float = 4.0  # create (API); running, final state, notified (worker)
+    sqs: float = 1.0 + 0.1 + 0.1 + 0.1  # send; receive, delete, visibility in batches of 10
+    sns: float = 1.0  # the result notification (PublishBatch bills per message)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def cost_usd(self) -> float:
+        return (
+            self.api_gateway * API_GATEWAY_REST_PER_MILLION
+            + self.lambda_invocations * LAMBDA_REQUEST_PER_MILLION
+            + self.s3_put * S3_PUT_PER_MILLION
+            + self.s3_get * S3_GET_PER_MILLION
+            + self.dynamodb_writes * DYNAMODB_WRITE_PER_MILLION
+            + self.sqs * SQS_PER_MILLION
+            + self.sns * SNS_PUBLISH_PER_MILLION
+        ) / 1e6

@@ -1,0 +1,108 @@
+"""A run's figures (GPU hours, queue waits, expired jobs, scale events, cost per million jobs) and the comparison plot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.scaling import figures
+from bench.scaling.simulation import Run
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = q * (len(ordered) - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def waits(run: Run) -> list[float]:
+    """Submit to start for every job that did not expire; a job never started counts with its wait so far."""
+    return [
+        (job.started_s if job.started_s is not None else run.end_s) - job.submitted_s
+        for job in run.jobs
+        if not job.expired
+    ]
+
+
+def latencies(run: Run) -> list[float]:
+    """Submit to result (queue wait plus generation); a job not finished counts with its time so far."""
+    return [
+        (job.finished_s if job.finished_s is not None else run.end_s) - job.submitted_s
+        for job in run.jobs
+        if not job.expired
+    ]
+
+
+def request_cost_usd(run: Run, alarm_metrics: int) -> float:
+    """AWS requests outside the GPU at list prices: per job, the worker's receives as simulated, KEDA's polls, and
+    the scaling alarms' monthly price for the hours simulated."""
+    counts = figures.RequestCounts()
+    per_job = counts.cost_usd() - (0.1 * figures.SQS_PER_MILLION) / 1e6  # receives are counted, not assumed
+    jobs = len(run.jobs)
+    total = jobs * per_job + run.receives * figures.SQS_PER_MILLION / 1e6
+    total += run.keda_polls * figures.SQS_PER_MILLION / 1e6
+    total += alarm_metrics * figures.CLOUDWATCH_ALARM_METRIC_MONTH * (run.end_s / 3600) / figures.HOURS_PER_MONTH
+    return total
+
+
+def summarise(run: Run, *, instance_type: str, alarm_metrics: int) -> dict[str, Any]:
+    price = figures.GPU_HOURLY_USD[instance_type]
+    values = waits(run)
+    jobs = max(1, len(run.jobs))
+    gpu_cost = run.gpu_hours * price
+    requests = request_cost_usd(run, alarm_metrics)
+    started = [j for j in run.jobs if j.started_s is not None]
+    summary: dict[str, Any] = {
+        "gpu_hours": round(run.gpu_hours, 3),
+        "p50_wait_s": round(percentile(values, 0.50), 2),
+        "p95_wait_s": round(percentile(values, 0.95), 2),
+        "p99_wait_s": round(percentile(values, 0.99), 2),
+        "p95_latency_s": round(percentile(latencies(run), 0.95), 2),
+        "expired": sum(1 for j in run.jobs if j.expired),
+        "unstarted": sum(1 for j in run.jobs if j.started_s is None and not j.expired),
+        "scale_events": run.activities,
+        "max_tasks": run.max_tasks,
+        "cost_per_million_jobs_usd": round((gpu_cost + requests) / jobs * 1e6, 2),
+        "request_cost_per_million_jobs_usd": round(requests / jobs * 1e6, 2),
+    }
+    if run.wakes_s:
+        summary["wake_from_zero_s"] = round(max(run.wakes_s), 2)
+        first = min(started, key=lambda j: j.started_s) if started else None
+        summary["first_job_start_s"] = round(first.started_s - run.jobs[0].submitted_s, 1) if first else None
+    return summary
+
+
+def plot(runs: list[Run], path: Path, title: str) -> None:
+    """Tasks (desired, running), instances and queue depth over time, one panel per policy on the same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, sharex=True, sharey=True, figsize=(11, 2.2 * len(runs)), squeeze=False)
+    depth_max = max((v + f for run in runs for _, _, _, v, f, _ in run.timeline), default=1)
+    task_max = max((max(d, i) for run in runs for _, d, _, _, _, i in run.timeline), default=1)
+    for ax, run in zip(axes[:, 0], runs):
+        minutes = [t / 60 for t, *_ in run.timeline]
+        ax.step(minutes, [d for _, d, *_ in run.timeline], where="post", label="desired tasks", color="tab:blue")
+        ax.step(minutes, [r for _, _, r, *_ in run.timeline], where="post", label="running tasks",
+                color="tab:green")
+        ax.step(minutes, [i for *_, i in run.timeline], where="post", label="GPU instances", color="tab:red",
+                linestyle=":")
+        ax.set_ylim(0, task_max + 0.5)
+        ax.set_ylabel(run.scenario, rotation=0, ha="right", va="center")
+        depth = ax.twinx()
+        depth.fill_between(minutes, [v + f for *_, v, f, _ in run.timeline], step="post", alpha=0.2, color="grey",
+                           label="visible + in flight")
+        depth.set_ylim(0, depth_max * 1.05)
+    axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("minutes since the first job")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,306 @@
+"""One run of one scaling policy over a trace: the queue, CloudWatch, the scaler, ECS and the workers together.
+
+Each minute, in this order: every gauge is sampled (SQS visible and in flight, the service's desired and running
+counts, CPU), every alarm is evaluated and the policies it invokes propose capacities (the largest wins), then ECS
+managed scaling runs. Messages are delivered to workers with room the moment they are visible. The run ends
+``tail_s`` after the last submission, so a fleet that stays up pays for staying up.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import simpy
+
+from bench.scaling.autoscaling import ScalableTarget, StepPolicy, TargetTrackingPolicy
+from bench.scaling.cloudwatch import MetricId, MetricStore, Sources
+from bench.scaling.ecs import MANAGED_SCALING_PHASE_S, Cluster, ClusterConfig, Task
+from bench.scaling.engine import EngineModel
+from bench.scaling.figures import CPU_VCPUS_BUSY, CPU_VCPUS_IDLE, RECEIVE_BATCH, SQS_RESUME_DELAY_S, ColdStart
+from bench.scaling.keda import KedaController, KedaSpec
+from bench.scaling.queue import Job, Queue
+from bench.scaling.template import PolicySpec
+from bench.scaling.trace import Request
+from bench.scaling.worker import Worker
+
+VISIBLE = MetricId("AWS/SQS", "ApproximateNumberOfMessagesVisible")
+NOT_VISIBLE = MetricId("AWS/SQS", "ApproximateNumberOfMessagesNotVisible")
+SENT = MetricId("AWS/SQS", "NumberOfMessagesSent")
+DESIRED = MetricId("ECS/ContainerInsights", "DesiredTaskCount")
+RUNNING = MetricId("ECS/ContainerInsights", "RunningTaskCount")
+CPU = MetricId("AWS/ECS", "CPUUtilization")
+
+
+@dataclass(frozen=True)
+class ApiWake:
+    """The API's wake from zero: on accepting a job, if the service's desired count is 0, set it to 1 at once; each
+    API instance checks at most once per ``check_interval_s`` (one call per burst, not per job)."""
+
+    latency_s: float = 0.1
+    check_interval_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A policy to simulate: App Auto Scaling (``policy``) or KEDA (``keda``), plus the worker's scale-in behaviour."""
+
+    name: str
+    policy: PolicySpec | None = None
+    keda: KedaSpec | None = None
+    api_wake: ApiWake | None = None
+    task_protection: bool = True
+    initial_tasks: int = 0
+    cpu_vcpus: float = 4.0
+    instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
+
+
+@dataclass
+class Run:
+    scenario: str
+    jobs: list[Job]
+    end_s: float
+    gpu_hours: float
+    activities: int
+    max_tasks: int
+    wakes_s: list[float]
+    receives: float
+    timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
+    keda_polls: int = 0
+    api_wake_calls: int = 0
+
+
+def simulate(
+    scenario: Scenario,
+    requests: list[Request],
+    engine: EngineModel,
+    cluster_config: ClusterConfig,
+    cold: ColdStart,
+    *,
+    ttl_s: float,
+    tail_s: float = 3600.0,
+    resume_delay_s: float = SQS_RESUME_DELAY_S,
+) -> Run:
+    env = simpy.Environment()
+    queue = Queue()
+    jobs: list[Job] = []
+    sent_times: list[float] = []
+    workers: dict[int, Worker] = {}
+    order = itertools.count()
+    end_s = (requests[-1].arrival_s if requests else 0.0) + tail_s
+
+    def dispatch() -> None:
+        while queue.visible:
+            ready = [w for w in workers.values() if w.free > 0]
+            if not ready:
+                return
+            worker = min(ready, key=lambda w: (w.held, w.name))
+            worker.take(queue.take(min(RECEIVE_BATCH, worker.free), env.now))
+        for worker in workers.values():
+            worker.waiting_for_messages()
+
+    def changed() -> None:
+        dispatch()
+        cluster.protection_changed()
+
+    def make_worker(task: Task) -> Worker:
+        def stopped(worker: Worker) -> None:
+            worker.close_accounting()
+            finished_receives.append(worker.receives)
+            workers.pop(task.index, None)
+            cluster.worker_stopped(task)
+
+        def started(job: Job, now: float) -> None:
+            if job.started_s is None:
+                job.started_s = now
+
+        def done(job: Job, now: float) -> None:
+            job.finished_s = now
+
+        worker = Worker(env, f"task-{task.index:04d}", queue, engine, changed, stopped, started, done)
+        workers[task.index] = worker
+        return worker
+
+    finished_receives: list[float] = []
+    config = dataclasses.replace(cluster_config, uses_task_protection=scenario.task_protection)
+    if scenario.instance_warmup_s is not None:
+        config = dataclasses.replace(config, instance_warmup_s=scenario.instance_warmup_s)
+    cluster = Cluster(env, config, cold, make_worker, changed)
+
+    # --- metrics ---------------------------------------------------------------------------------------------------
+    def queue_published(now: float) -> bool:
+        active = queue.active(now) or bool(workers)
+        return active and now - queue.became_active_s >= resume_delay_s
+
+    busy_mark: dict[int, float] = {}
+
+    def cpu() -> float | None:
+        running = [w for w in workers.values() if not w.stopping]
+        if not running:
+            return None
+        total = 0.0
+        for key, worker in ((k, w) for k, w in workers.items() if not w.stopping):
+            busy = worker.engine.busy_s - busy_mark.get(key, 0.0)
+            busy_mark[key] = worker.engine.busy_s
+            fraction = min(1.0, busy / 60.0)
+            total += (CPU_VCPUS_BUSY * fraction + CPU_VCPUS_IDLE) / scenario.cpu_vcpus * 100
+        return total / len(running)
+
+    def sent(start: float, end: float) -> float | None:
+        if not queue_published(end):
+            return None
+        return float(bisect.bisect_left(sent_times, end) - bisect.bisect_left(sent_times, start))
+
+    sources = Sources(
+        gauges={
+            VISIBLE: lambda: len(queue.visible) if queue_published(env.now) else None,
+            NOT_VISIBLE: lambda: queue.in_flight if queue_published(env.now) else None,
+            DESIRED: lambda: cluster.desired,
+            RUNNING: lambda: cluster.running_count(),
+            CPU: cpu,
+        },
+        counters={SENT: sent},
+    )
+    store = MetricStore(sources)
+    policy = scenario.policy
+    target = None
+    if policy is not None:
+        for alarm in policy.alarms:
+            for metric in alarm.query.metrics():
+                if not sources.knows(metric):
+                    raise ValueError(f"{scenario.name}: alarm {alarm.name} reads {metric.namespace}/{metric.name}, "
+                                     "which the simulator has no source for")
+        target = ScalableTarget(policy.minimum, policy.maximum, lambda: cluster.desired, cluster.set_desired)
+    tracking = {p.name: p for p in (policy.tracking if policy else [])}
+    keda = KedaController(scenario.keda) if scenario.keda else None
+    timeline: list[tuple[float, int, int, int, int, int]] = []
+    activities = 0
+
+    def minute():
+        nonlocal activities
+        while True:
+            yield env.timeout(60.0 - (env.now % 60.0) if env.now % 60.0 else 60.0)
+            now = env.now
+            store.sample(now)
+            if policy is not None:
+                proposals = []
+                for alarm in policy.alarms:
+                    fire, window = alarm.evaluate(store, now)
+                    if not fire:
+                        continue
+                    for action in alarm.actions:
+                        if "#" in action:
+                            name, direction = action.split("#")
+                            tt: TargetTrackingPolicy = tracking[name]
+                            capacity = tt.propose(direction, window, cluster.desired, now)
+                            owner: object = tt
+                        else:
+                            step: StepPolicy = policy.steps[action]
+                            capacity = step.propose(window, alarm.threshold, cluster.desired, now,
+                                                    upper_alarm=alarm.comparison.startswith("Greater"))
+                            owner = step
+                        if capacity is not None:
+                            proposals.append((owner, capacity, f"{alarm.name} -> {action}"))
+                before = len(target.activities)
+                target.apply(proposals, now)
+                activities += len(target.activities) - before
+            timeline.append((now, cluster.desired, cluster.running_count(), len(queue.visible), queue.in_flight,
+                             len(cluster.live_instances())))
+
+    def managed_scaling():
+        yield env.timeout(MANAGED_SCALING_PHASE_S)
+        while True:
+            cluster.managed_scaling_tick(env.now)
+            yield env.timeout(60.0)
+
+    def keda_loop():
+        nonlocal activities
+        spec = scenario.keda
+        while True:
+            yield env.timeout(spec.polling_interval_s)
+            queue.touch(env.now)  # GetQueueAttributes is an API action: the queue stays active
+            replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired)
+            if replicas is not None:
+                cluster.set_desired(replicas, "keda")
+                activities += 1
+
+    wake_calls = 0
+    last_wake_check = -math.inf
+
+    def arrivals():
+        nonlocal wake_calls, last_wake_check
+        for request in requests:
+            delay = request.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            job = Job(next(order), env.now, request.context_tokens, request.generated_tokens, env.now + ttl_s)
+            jobs.append(job)
+            queue.send(job, env.now)
+            sent_times.append(env.now)
+            if scenario.api_wake is not None and env.now - last_wake_check >= scenario.api_wake.check_interval_s:
+                last_wake_check = env.now
+                if cluster.desired == 0:
+                    wake_calls += 1
+                    env.process(wake(scenario.api_wake.latency_s))
+            dispatch()
+
+    def wake(latency: float):
+        yield env.timeout(latency)
+        if cluster.desired == 0:
+            cluster.set_desired(1, "api wake")
+
+    if scenario.initial_tasks:
+        # A policy with a minimum above zero has that many warm tasks running when the trace starts.
+        cluster.prewarm(scenario.initial_tasks)
+
+    env.process(arrivals())
+    env.process(minute())
+    env.process(managed_scaling())
+    if keda is not None:
+        env.process(keda_loop())
+    env.run(until=end_s)
+
+    for worker in list(workers.values()):
+        worker.close_accounting()
+        finished_receives.append(worker.receives)
+    wakes = _wakes(jobs, cluster.desired_log)
+    return Run(
+        scenario=scenario.name,
+        jobs=jobs,
+        end_s=end_s,
+        gpu_hours=cluster.gpu_hours(end_s),
+        activities=activities,
+        max_tasks=max(v for _, v in cluster.desired_log),
+        wakes_s=wakes,
+        receives=sum(finished_receives),
+        timeline=timeline,
+        keda_polls=keda.polls if keda else 0,
+        api_wake_calls=wake_calls,
+    )
+
+
+def _wakes(jobs: list[Job], desired_log: list[tuple[float, int]]) -> list[float]:
+    """For each time the service sat at zero and a job came: seconds from that job's submission to the desired count
+    leaving zero (the first submit to task requested)."""
+    wakes = []
+    zero_since = 0.0 if desired_log and desired_log[0][1] == 0 else None
+    log = list(desired_log)
+    cursor = 0
+    for job in sorted(jobs, key=lambda j: j.submitted_s):
+        while cursor < len(log) and log[cursor][0] <= job.submitted_s:
+            zero_since = log[cursor][0] if log[cursor][1] == 0 else None
+            cursor += 1
+        if zero_since is None:
+            continue
+        rise = next((t for t, v in log[cursor:] if v > 0), None)
+        if rise is None:
+            wakes.append(math.inf)
+            break
+        wakes.append(rise - job.submitted_s)
+        zero_since = None
+        while cursor < len(log) and log[cursor][0] <= rise:
+            cursor += 1
+    return wakes

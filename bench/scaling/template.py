@@ -1,0 +1,264 @@
+"""The scaling policy, capacity and worker settings as a synthesized CloudFormation template declares them.
+
+``read_policy`` reads any mix of the resources Application Auto Scaling and CloudWatch use for an ECS service:
+
+* ``AWS::ApplicationAutoScaling::ScalableTarget``: MinCapacity, MaxCapacity;
+* ``AWS::ApplicationAutoScaling::ScalingPolicy``: StepScaling (AdjustmentType, StepAdjustments, Cooldown,
+  MetricAggregationType, MinAdjustmentMagnitude) and TargetTrackingScaling (TargetValue, cooldowns, DisableScaleIn,
+  a predefined metric or a customized one, single or metric math);
+* ``AWS::CloudWatch::Alarm`` whose AlarmActions name a scaling policy: a single metric (Namespace, MetricName,
+  Statistic, Period) or ``Metrics`` with metric math, Threshold, ComparisonOperator, EvaluationPeriods,
+  DatapointsToAlarm, TreatMissingData.
+
+``read`` adds what the template says about capacity and the worker: the Auto Scaling group's MaxSize, the capacity
+provider's managed scaling target and instance warm-up, the launch template's instance type, and from the worker's task definition
+MAX_NUM_SEQS and MODEL, whether the weights live on a host volume, and whether the task role may set task protection.
+What it cannot model it refuses, naming the resource and property.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.scaling.autoscaling import Step, StepPolicy, TargetTrackingPolicy
+from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat
+from bench.scaling.ecs import ClusterConfig
+from bench.scaling.figures import DEFAULT_COOLDOWN_S, INSTANCE_WARMUP_S
+from cdk.capacity import INSTANCE_GPUS
+
+PREDEFINED = {
+    "ECSServiceAverageCPUUtilization": MetricId("AWS/ECS", "CPUUtilization"),
+    "ECSServiceAverageMemoryUtilization": MetricId("AWS/ECS", "MemoryUtilization"),
+}
+
+
+class TemplateError(ValueError):
+    """The template holds a scaling construct the simulator does not model."""
+
+
+@dataclass
+class PolicySpec:
+    """The scaling policy of one scalable target, ready to simulate."""
+
+    minimum: int
+    maximum: int
+    alarms: list[Alarm] = field(default_factory=list)
+    steps: dict[str, StepPolicy] = field(default_factory=dict)
+    tracking: list[TargetTrackingPolicy] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    max_num_seqs: int
+    model: str
+    instance_type: str
+    stop_timeout_s: int | None
+
+
+@dataclass
+class Deployed:
+    policy: PolicySpec
+    cluster: ClusterConfig
+    worker: WorkerSpec
+
+
+def _resources(template: Mapping[str, Any], type_: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template.get("Resources", {}).items() if v.get("Type") == type_}
+
+
+def _ref(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if "Ref" in value:
+            return value["Ref"]
+        if "Fn::GetAtt" in value:
+            return value["Fn::GetAtt"][0]
+    return None
+
+
+def _stat(metric: Mapping[str, Any], stat: str, period: int) -> MetricStat:
+    return MetricStat(MetricId(metric["Namespace"], metric["MetricName"]), stat, int(period))
+
+
+def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> MetricQuery:
+    """A single metric (Namespace/MetricName/Statistic/Period) or a ``Metrics`` list with one returned expression."""
+    if "Metrics" in props:
+        stats: dict[str, MetricStat] = {}
+        expression = None
+        for entry in props["Metrics"]:
+            if "MetricStat" in entry:
+                ms = entry["MetricStat"]
+                stats[entry["Id"]] = _stat(ms["Metric"], ms["Stat"], ms.get("Period", default_period))
+            if entry.get("ReturnData", True) and "Expression" in entry:
+                if expression is not None:
+                    raise TemplateError(f"{where}: more than one expression returns data")
+                expression = entry["Expression"]
+            elif entry.get("ReturnData", True) and "MetricStat" in entry and len(props["Metrics"]) == 1:
+                expression = None
+        return MetricQuery(stats, expression, label=str(props.get("Label", "")))
+    if "MetricName" not in props:
+        raise TemplateError(f"{where}: neither MetricName nor Metrics")
+    if "ExtendedStatistic" in props:
+        raise TemplateError(f"{where}: ExtendedStatistic (percentiles) is not modelled")
+    stat = props.get("Statistic", "Average")
+    period = props.get("Period", default_period)
+    return MetricQuery({"m1": _stat(props, stat, period)})
+
+
+def _steps(policy_id: str, config: Mapping[str, Any]) -> StepPolicy:
+    steps = [
+        Step(
+            lower=float(s["MetricIntervalLowerBound"]) if "MetricIntervalLowerBound" in s else None,
+            upper=float(s["MetricIntervalUpperBound"]) if "MetricIntervalUpperBound" in s else None,
+            adjustment=int(s["ScalingAdjustment"]),
+        )
+        for s in config["StepAdjustments"]
+    ]
+    return StepPolicy(
+        name=policy_id,
+        adjustment_type=config["AdjustmentType"],
+        steps=steps,
+        aggregation=config.get("MetricAggregationType", "Average"),
+        cooldown_s=float(config.get("Cooldown", DEFAULT_COOLDOWN_S)),
+        min_adjustment_magnitude=config.get("MinAdjustmentMagnitude"),
+    )
+
+
+def _tracking(policy_id: str, config: Mapping[str, Any]) -> TargetTrackingPolicy:
+    if "PredefinedMetricSpecification" in config:
+        kind = config["PredefinedMetricSpecification"]["PredefinedMetricType"]
+        if kind not in PREDEFINED:
+            raise TemplateError(f"{policy_id}: predefined metric {kind} is not modelled")
+        query = MetricQuery({"m1": MetricStat(PREDEFINED[kind], "Average", 60)})
+    elif "CustomizedMetricSpecification" in config:
+        spec = config["CustomizedMetricSpecification"]
+        if "Metrics" in spec:
+            # Target tracking's metric data queries nest the stat one level deeper than alarms' do.
+            metrics = [
+                {**e, "MetricStat": {**e["MetricStat"], "Period": e["MetricStat"].get("Period", 60)}}
+                if "MetricStat" in e else e
+                for e in spec["Metrics"]
+            ]
+            query = _query(policy_id, {"Metrics": metrics})
+        else:
+            query = _query(policy_id, spec)
+    else:
+        raise TemplateError(f"{policy_id}: target tracking without a metric specification")
+    return TargetTrackingPolicy(
+        name=policy_id,
+        query=query,
+        target=float(config["TargetValue"]),
+        scale_out_cooldown_s=float(config.get("ScaleOutCooldown", DEFAULT_COOLDOWN_S)),
+        scale_in_cooldown_s=float(config.get("ScaleInCooldown", DEFAULT_COOLDOWN_S)),
+        disable_scale_in=bool(config.get("DisableScaleIn", False)),
+    )
+
+
+def read_policy(template: Mapping[str, Any]) -> PolicySpec:
+    """The one ECS scalable target's policies and the alarms that drive them."""
+    targets = {
+        k: v for k, v in _resources(template, "AWS::ApplicationAutoScaling::ScalableTarget").items()
+        if v["Properties"].get("ScalableDimension") == "ecs:service:DesiredCount"
+    }
+    if len(targets) != 1:
+        raise TemplateError(f"expected one ECS ScalableTarget (ecs:service:DesiredCount), found {len(targets)}")
+    target_id, target = next(iter(targets.items()))
+    spec = PolicySpec(minimum=int(target["Properties"]["MinCapacity"]), maximum=int(target["Properties"]["MaxCapacity"]))
+    for policy_id, policy in _resources(template, "AWS::ApplicationAutoScaling::ScalingPolicy").items():
+        props = policy["Properties"]
+        if _ref(props.get("ScalingTargetId")) not in (target_id, None):
+            continue
+        kind = props["PolicyType"]
+        if kind == "StepScaling":
+            spec.steps[policy_id] = _steps(policy_id, props["StepScalingPolicyConfiguration"])
+        elif kind == "TargetTrackingScaling":
+            tracking = _tracking(policy_id, props["TargetTrackingScalingPolicyConfiguration"])
+            spec.tracking.append(tracking)
+            spec.alarms.extend(tracking.alarms())
+        else:
+            raise TemplateError(f"{policy_id}: PolicyType {kind} is not modelled")
+    for alarm_id, alarm in _resources(template, "AWS::CloudWatch::Alarm").items():
+        props = alarm["Properties"]
+        actions = tuple(a for a in (_ref(x) for x in props.get("AlarmActions", [])) if a in spec.steps)
+        if not actions:
+            continue
+        periods = int(props["EvaluationPeriods"])
+        spec.alarms.append(
+            Alarm(
+                name=alarm_id,
+                query=_query(alarm_id, props),
+                threshold=float(props["Threshold"]),
+                comparison=props["ComparisonOperator"],
+                evaluation_periods=periods,
+                datapoints_to_alarm=int(props.get("DatapointsToAlarm", periods)),
+                treat_missing=props.get("TreatMissingData", "missing"),
+                actions=actions,
+            )
+        )
+    unused = set(spec.steps) - {a for alarm in spec.alarms for a in alarm.actions}
+    if unused:
+        raise TemplateError(f"step policies no alarm invokes: {sorted(unused)}")
+    return spec
+
+
+def _single(template: Mapping[str, Any], type_: str) -> tuple[str, dict[str, Any]]:
+    found = _resources(template, type_)
+    if len(found) != 1:
+        raise TemplateError(f"expected one {type_}, found {len(found)}")
+    return next(iter(found.items()))
+
+
+def _worker_container(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    for task_def in _resources(template, "AWS::ECS::TaskDefinition").values():
+        for container in task_def["Properties"].get("ContainerDefinitions", []):
+            env = {e["Name"]: e.get("Value") for e in container.get("Environment", [])}
+            if "MAX_NUM_SEQS" in env:
+                return task_def, container
+    raise TemplateError("no task definition has a container with MAX_NUM_SEQS (the GPU worker)")
+
+
+def read(template: Mapping[str, Any]) -> Deployed:
+    """Policy, capacity and worker of the synthesized stack."""
+    policy = read_policy(template)
+    _, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
+    _, provider = _single(template, "AWS::ECS::CapacityProvider")
+    managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
+    if managed.get("Status") != "ENABLED":
+        raise TemplateError("AWS::ECS::CapacityProvider: ManagedScaling is not ENABLED; instances would not follow tasks")
+    _, launch = _single(template, "AWS::EC2::LaunchTemplate")
+    instance_type = launch["Properties"]["LaunchTemplateData"]["InstanceType"]
+    task_def, container = _worker_container(template)
+    env = {e["Name"]: e.get("Value") for e in container.get("Environment", [])}
+    volumes = {v["Name"]: v for v in task_def["Properties"].get("Volumes", [])}
+    weights_on_host = any(
+        m.get("ContainerPath") == "/models" and "Host" in volumes.get(m.get("SourceVolume"), {})
+        for m in container.get("MountPoints", [])
+    )
+    task_role = _ref(task_def["Properties"].get("TaskRoleArn"))
+    protection = any(
+        _ref(r) == task_role and "ecs:UpdateTaskProtection" in json.dumps(p["Properties"]["PolicyDocument"])
+        for p in _resources(template, "AWS::IAM::Policy").values()
+        for r in p["Properties"].get("Roles", [])
+    )
+    gpus_per_task = next((int(r["Value"]) for r in container.get("ResourceRequirements", []) if r["Type"] == "GPU"), 0)
+    if gpus_per_task != 1:
+        raise TemplateError(f"the worker container asks for {gpus_per_task} GPUs; the simulator models one per task")
+    if instance_type not in INSTANCE_GPUS:
+        raise TemplateError(f"AWS::EC2::LaunchTemplate: instance type {instance_type} is not in cdk.capacity")
+    cluster = ClusterConfig(
+        max_instances=int(group["Properties"]["MaxSize"]),
+        gpus_per_instance=INSTANCE_GPUS[instance_type][1],
+        target_capacity=float(managed.get("TargetCapacity", 100)),
+        instance_warmup_s=float(managed.get("InstanceWarmupPeriod", INSTANCE_WARMUP_S)),
+        weights_on_host=weights_on_host,
+        uses_task_protection=protection,
+    )
+    worker = WorkerSpec(
+        max_num_seqs=int(env["MAX_NUM_SEQS"]),
+        model=str(env.get("MODEL", "")),
+        instance_type=str(instance_type),
+        stop_timeout_s=container.get("StopTimeout"),
+    )
+    return Deployed(policy=policy, cluster=cluster, worker=worker)

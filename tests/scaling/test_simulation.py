@@ -1,0 +1,163 @@
+"""The whole loop on small hand-made traces whose outcome is known."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.scaling.ecs import ClusterConfig
+from bench.scaling.engine import EngineModel
+from bench.scaling.figures import ColdStart
+from bench.scaling.keda import KedaSpec
+from bench.scaling.policies import candidate_resources
+from bench.scaling.queue import Queue
+from bench.scaling.simulation import ApiWake, Scenario, simulate
+from bench.scaling.template import read_policy
+from bench.scaling.trace import Request
+from cdk.capacity import A10G, QWEN2_5_1_5B, kv_cache_tokens
+
+ENGINE = EngineModel(QWEN2_5_1_5B, A10G, max_num_seqs=16, kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G))
+CLUSTER = ClusterConfig(max_instances=2)
+# A cold start longer than the 300 s cooldown: boot 120 s + 420 s to serve.
+SLOW = ColdStart(instance_boot_s=120, image_pull_s=300, model_download_s=10, engine_start_s=110)
+
+
+def _deployed_like(max_tasks: int = 2) -> dict:
+    """cdk/queue_scaling.py's resources, by hand: +1 task per 300 s while anything is visible, to 0 after idle."""
+    visible = {"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesVisible"}
+    in_flight = {"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesNotVisible"}
+    return {"Resources": {
+        "T": {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+              "Properties": {"MinCapacity": 0, "MaxCapacity": max_tasks, "ScalableDimension": "ecs:service:DesiredCount"}},
+        "Out": {"Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Properties": {
+            "PolicyType": "StepScaling", "ScalingTargetId": {"Ref": "T"}, "StepScalingPolicyConfiguration": {
+                "AdjustmentType": "ChangeInCapacity", "Cooldown": 300, "MetricAggregationType": "Maximum",
+                "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]}}},
+        "Zero": {"Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Properties": {
+            "PolicyType": "StepScaling", "ScalingTargetId": {"Ref": "T"}, "StepScalingPolicyConfiguration": {
+                "AdjustmentType": "ExactCapacity", "MetricAggregationType": "Maximum",
+                "StepAdjustments": [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]}}},
+        "Visible": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            **visible, "Statistic": "Maximum", "Period": 60, "Threshold": 1, "EvaluationPeriods": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold", "TreatMissingData": "notBreaching",
+            "AlarmActions": [{"Ref": "Out"}]}},
+        "Idle": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "Metrics": [{"Id": "visible", "MetricStat": {"Metric": visible, "Stat": "Maximum", "Period": 60},
+                         "ReturnData": False},
+                        {"Id": "inFlight", "MetricStat": {"Metric": in_flight, "Stat": "Maximum", "Period": 60},
+                         "ReturnData": False},
+                        {"Id": "e", "Expression": "visible + inFlight", "ReturnData": True}],
+            "Threshold": 0, "EvaluationPeriods": 10, "DatapointsToAlarm": 10,
+            "ComparisonOperator": "LessThanOrEqualToThreshold", "TreatMissingData": "breaching",
+            "AlarmActions": [{"Ref": "Zero"}]}},
+    }}
+
+
+def _run(scenario: Scenario, requests: list[Request], cold: ColdStart = SLOW, **kwargs):
+    return simulate(scenario, requests, ENGINE, CLUSTER, cold, ttl_s=86400, tail_s=kwargs.pop("tail_s", 3600),
+                    **kwargs)
+
+
+def test_one_job_from_idle_brings_up_every_task_when_the_cold_start_outlasts_the_cooldown():
+    # GIVEN the deployed policy's shape and a cold start of 540 s > the 300 s cooldown
+    run = _run(Scenario("deployed", policy=read_policy(_deployed_like())), [Request(0.0, 500, 50)])
+    # WHEN one job arrives at an idle service THEN the first minute's alarm asks for a task, and 300 s later, the job
+    # still visible (its task is still starting), for a second one: the whole fleet for one job
+    assert run.max_tasks == 2
+    assert run.wakes_s == [60.0]
+    assert run.jobs[0].started_s is not None
+
+
+def test_the_api_wake_requests_a_task_within_a_second_once_per_burst():
+    # GIVEN the candidate WHEN a burst of jobs reaches an idle service
+    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16))
+    burst = [Request(i * 0.05, 300, 20) for i in range(10)]  # fewer than one task batches
+    run = _run(Scenario("candidate", policy=spec, api_wake=ApiWake(), task_protection=False), burst)
+    # THEN the desired count leaves zero 0.1 s after the first submit, with one call, and no second task is added
+    # (the deployed policy adds one per cooldown while the first is starting)
+    assert run.wakes_s == [pytest.approx(0.1)]
+    assert run.api_wake_calls == 1 and run.max_tasks == 1
+
+
+def test_keep_alive_restarts_with_each_message_then_scales_to_zero():
+    # GIVEN the candidate with a 3-minute keep-alive and a job every 2 minutes for 20 minutes, with a fast cold start
+    fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
+    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3))
+    jobs = [Request(120.0 * i, 200, 10) for i in range(11)]
+    run = _run(Scenario("candidate", policy=spec, api_wake=ApiWake(), task_protection=False), jobs, cold=fast,
+               tail_s=900)
+    # WHEN simulated THEN the service never returns to zero between jobs (one wake) and is at zero by the end
+    assert len(run.wakes_s) == 1
+    assert run.timeline[-1][1] == 0
+    zero_at = next(t for t, desired, *_ in run.timeline if t > jobs[-1].arrival_s and desired == 0)
+    assert 3 * 60 <= zero_at - jobs[-1].arrival_s <= 5 * 60
+
+
+def test_idle_queue_publishes_no_metrics_until_it_resumes():
+    # GIVEN a queue idle for more than six hours WHEN a message arrives THEN it is active again from that moment
+    queue = Queue()
+    assert not queue.active(0.0)
+    queue.touch(10.0)
+    assert queue.active(10.0) and queue.became_active_s == 10.0
+    assert not queue.active(10.0 + 6 * 3600)
+
+
+def test_a_resume_delay_holds_back_the_deployed_wake():
+    # GIVEN the deployed policy and an idle queue whose metrics resume 5 minutes after it is used again
+    spec = read_policy(_deployed_like())
+    run = _run(Scenario("deployed", policy=spec), [Request(0.0, 500, 50)], resume_delay_s=300)
+    # WHEN one job arrives THEN the first datapoint is the minute ending at 5:00: the wake is there, not at 1:00
+    assert run.wakes_s == [300.0]
+
+
+def test_keda_wakes_within_a_polling_interval_and_scales_to_zero_after_its_cooldown():
+    # GIVEN KEDA polling every 15 s with a 300 s cooldown WHEN one job arrives at 1 s
+    spec = KedaSpec(polling_interval_s=15, cooldown_period_s=300, min_replicas=0, max_replicas=2, queue_length=5,
+                    activation_queue_length=0, scale_on_in_flight=True, scale_on_delayed=False)
+    fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
+    run = _run(Scenario("keda", keda=spec, task_protection=False), [Request(1.0, 200, 10)], cold=fast, tail_s=900)
+    # THEN a pod is asked for at the first poll, one pod only, and none is left 300 s after the job is done
+    assert run.wakes_s == [14.0] and run.max_tasks == 1
+    done = run.jobs[0].finished_s
+    assert run.timeline[-1][1] == 0
+    zero_at = next(t for t, desired, *_ in run.timeline if t > done and desired == 0)
+    assert 300 <= zero_at - done <= 300 + 60
+
+
+def test_a_protected_task_is_not_stopped_until_its_jobs_are_done():
+    # GIVEN two running tasks with task protection that each hold jobs WHEN the desired count drops to one
+    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=4, scale_in_minutes=1))
+    jobs = [Request(0.0, 300, 400) for _ in range(40)]
+    protected = _run(Scenario("p", policy=spec, task_protection=True, initial_tasks=2), jobs, tail_s=600)
+    unprotected = _run(Scenario("u", policy=spec, task_protection=False, initial_tasks=2), jobs, tail_s=600)
+    # THEN no job is released back to the queue with protection; without it, scale-in may drain a task early
+    assert all(job.receives == 1 for job in protected.jobs)
+    assert all(job.finished_s is not None for job in protected.jobs + unprotected.jobs)
+
+
+def test_expired_jobs_are_deleted_without_running():
+    # GIVEN a 60 s queue deadline and a cold start of minutes WHEN one job waits THEN it expires, never starts
+    run = simulate(Scenario("deployed", policy=read_policy(_deployed_like())), [Request(0.0, 100, 10)], ENGINE,
+                   CLUSTER, SLOW, ttl_s=60, tail_s=1200)
+    assert run.jobs[0].expired and run.jobs[0].started_s is None
+
+
+def test_engine_step_time_matches_the_roofline_figures():
+    # GIVEN Qwen2.5-1.5B on an A10G WHEN 16 sequences of 1,260 tokens decode THEN a step is memory bound, ~8.7 ms
+    step = ENGINE.step_s(16, 16 * 1260)
+    assert 0.008 < step < 0.0095
+    # AND a larger batch makes more tokens a second, less than proportionally
+    small, large = ENGINE.decode_tokens_per_s(16, 1260), ENGINE.decode_tokens_per_s(64, 1260)
+    assert small < large < 4 * small
+
+
+def test_a_single_job_takes_its_prefill_plus_one_step_a_token():
+    # GIVEN a warm task and one job WHEN it runs alone THEN it ends after ~ prefill + (tokens - 1) solo steps
+    engine = dataclasses.replace(ENGINE, max_num_seqs=4)
+    run = simulate(Scenario("w", policy=read_policy(_deployed_like()), initial_tasks=1), [Request(0.0, 1000, 101)],
+                   engine, CLUSTER, SLOW, ttl_s=86400, tail_s=60)
+    job = run.jobs[0]
+    prefill = engine.step_s(0, 0, 1000, 500)
+    decode = 100 * engine.step_s(1, 1050)
+    assert job.finished_s - job.started_s == pytest.approx(prefill + decode, rel=0.05)
