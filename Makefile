@@ -22,9 +22,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 test: venv
 	$(PY) -m pytest
 
-# Everything but the tests that load the real model or synthesize the stack.
+# Everything but the tests that load the real model, synthesize the stack or build a fresh venv.
 test-fast: venv
-	$(PY) -m pytest -m "not model and not cdk"
+	$(PY) -m pytest -m "not model and not cdk and not slow"
 
 demo: venv
 	$(PY) -m local_runtime demo
