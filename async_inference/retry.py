@@ -6,8 +6,8 @@ one. Every delay is drawn from a ``random.Random`` the caller passes, so tests c
 Polls per job: on API Gateway every poll is a billed request that counts against the tenant's quota. With
 ``DEFAULT_POLL`` a job that takes ten minutes is polled about 40 times (40 or 41, depending on the jitter; a fixed
 0.5 s interval polls it 1,200 times), and its end is seen at most ``DEFAULT_POLL.cap_s`` (20 s) late.
-``tests/client/test_wait.py`` measures this. Over the WebSocket API the same job costs about a dozen GETs: one after
-subscribing, one per ``PUSH_CHECK_S`` of silence, one for the final view.
+``tests/client/test_wait.py`` measures this. Over the WebSocket API the same job costs 2 GETs (one once subscribed,
+one for the final view) plus one for each ``PUSH_CHECK_S`` (60 s) the socket stays silent: at most about 12.
 """
 
 from __future__ import annotations
