@@ -25,9 +25,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 test: venv
 	$(PY) -m pytest
 
-# Everything but the tests that load the real model or synthesize the stack.
+# Everything but the tests that load the real model, synthesize the stack or build a fresh venv.
 test-fast: venv
-	$(PY) -m pytest -m "not model and not cdk"
+	$(PY) -m pytest -m "not model and not cdk and not slow"
 
 # Both deploy the synthesized template (cdk.out/, see cdk/cdk.mk) into a local moto server.
 demo: venv $(ASSEMBLY)

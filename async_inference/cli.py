@@ -1,8 +1,22 @@
-"""Command line client: ``python -m async_inference.cli submit|status|result|cancel|list|dlq``.
+"""Command line client: ``async-inference submit|wait|status|result|cancel|list|dlq`` (``python -m async_inference.cli``).
 
-The API URL and key come from ``--api-url`` / ``--api-key`` or ``ASYNC_INFERENCE_API_URL`` / ``ASYNC_INFERENCE_API_KEY``.
+The API URL and key come from --api-url / --api-key or ASYNC_INFERENCE_API_URL / ASYNC_INFERENCE_API_KEY (the local
+stack, ``make up``, serves http://127.0.0.1:8000). --ws-url or ASYNC_INFERENCE_WS_URL lets --wait be told over the
+WebSocket API instead of polling. Output is for people; --json prints the API's objects as JSON. A failure is one
+line on stderr and an exit status:
+
+  0    done
+  1    the job ended without a result (failed, cancelled, expired); a redrive left messages in the DLQ
+  2    bad arguments or input
+  3    the API (or AWS) refused the request
+  4    the API (or AWS) could not be reached
+  5    --wait gave up before the job was final (the job goes on)
+  70   a bug in this client
+  130  interrupted
+
 ``dlq list`` and ``dlq redrive`` are operator commands: they use AWS credentials, not an API key, and the queue URLs
-from ``--dlq-url`` / ``--queue-url`` or ``JOBS_DLQ_URL`` / ``JOBS_QUEUE_URL`` (the variables the stack sets).
+from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets). They need boto3:
+``pip install 'async-inference[aws]'``.
 """
 
 from __future__ import annotations
@@ -13,100 +27,222 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TextIO
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from tqdm import tqdm
 
-from async_inference.aws import JobQueue
-from async_inference.client import ApiError, Client
+from async_inference.client import (
+    ENV_API_KEY,
+    ENV_API_URL,
+    ENV_WS_URL,
+    ApiError,
+    ApiUnreachable,
+    Client,
+    JobUpdate,
+    NoResult,
+    UnexpectedResponse,
+    WaitTimeout,
+)
 from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL
-from async_inference.schemas import ClaimCheck
+from async_inference.jobs import JobStatus, is_job_id
+from async_inference.schemas import ChatCompletion, ClaimCheck, JobList, JobView
 
-ENV_API_URL = "ASYNC_INFERENCE_API_URL"
-ENV_API_KEY = "ASYNC_INFERENCE_API_KEY"
+PROG = "async-inference"
+EXIT_OK = 0
+EXIT_NO_RESULT = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 4
+EXIT_WAIT_TIMEOUT = 5
+EXIT_BUG = 70
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A failure to report as one line with an exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- Output ---------------------------------------------------------------------------------------------------------
 
 
 class Progress:
-    """One status line, rewritten in place on a terminal, one line per change elsewhere."""
+    """``wait()``'s ``on_update``: a progress bar on a terminal (tqdm), one line per status change elsewhere."""
 
-    def __init__(self, stream: Any = sys.stderr) -> None:
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
         self._stream = stream
-        self._tty = stream.isatty()
         self._started = time.monotonic()
-        self._last = ""
+        self._last: JobStatus | None = None
+        self._bar = None
+        if stream.isatty():
+            self._bar = tqdm(total=100, file=stream, leave=True, bar_format="{desc} |{bar}| {percentage:3.0f}% {elapsed}")
 
-    def __call__(self, job: dict[str, Any]) -> None:
-        line = f"{job['job_id']}  {job['status']:<15} {time.monotonic() - self._started:6.1f} s"
-        if self._tty:
-            self._stream.write("\r" + line)
-        elif job["status"] != self._last:
-            self._stream.write(line + "\n")
-        self._last = job["status"]
-        self._stream.flush()
+    def __call__(self, update: JobUpdate) -> None:
+        if self._bar is not None:
+            self._bar.set_description_str(f"{update.job_id} {update.status.value:<9}", refresh=False)
+            if update.status is JobStatus.SUCCEEDED:
+                self._bar.n = 100
+            elif update.progress is not None:
+                self._bar.n = round(update.progress * 100)
+            self._bar.refresh()
+        elif update.status != self._last:
+            elapsed = time.monotonic() - self._started
+            self._stream.write(f"{update.job_id}  {update.status.value:<15} {elapsed:6.1f} s\n")
+            self._stream.flush()
+        self._last = update.status
 
     def done(self) -> None:
-        if self._tty:
-            self._stream.write("\n")
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _jsonable(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+def _emit(args: argparse.Namespace, value: Any, lines: Callable[[], list[str]]) -> None:
+    print(json.dumps(_jsonable(value), indent=2) if args.json else "\n".join(lines()))
+
+
+def _when(moment: Any) -> str | None:
+    return moment.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if moment else None
+
+
+def _job_lines(job: JobView) -> list[str]:
+    usage = job.usage
+    webhook = job.webhook
+    rows = [
+        ("job", job.job_id),
+        ("status", job.status.value),
+        ("model", job.model),
+        ("created", _when(job.created_at)),
+        ("started", _when(job.started_at)),
+        ("finished", _when(job.finished_at)),
+        ("attempts", str(job.attempts) if job.attempts else None),
+        ("error", job.error),
+        ("usage", f"{usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens" if usage else None),
+        ("result", f"ready, its URL valid until {_when(job.result.expires_at)}" if job.result else None),
+        ("upload", f"PUT to the presigned URL before {_when(job.upload.expires_at)}" if job.upload else None),
+        ("webhook", f"{webhook.url} ({webhook.status}, {len(webhook.attempts)} attempts)" if webhook else None),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in job.metadata.items()) or None),
+    ]
+    return [f"{name:<9} {value}" for name, value in rows if value]
+
+
+def _list_lines(page: JobList) -> list[str]:
+    if not page.jobs:
+        return ["no jobs"]
+    lines = [f"{'JOB':<36}  {'STATUS':<15}  {'CREATED':<23}  MODEL"]
+    lines += [f"{j.job_id:<36}  {j.status.value:<15}  {_when(j.created_at):<23}  {j.model or ''}" for j in page.jobs]
+    if page.next:
+        lines.append(f"more: {PROG} list --next {page.next}")
+    return lines
+
+
+def _answer_lines(completion: ChatCompletion) -> list[str]:
+    return [choice.message.content for choice in completion.choices]
+
+
+# --- Input ----------------------------------------------------------------------------------------------------------
+
+
+def _job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a job id (job_ and 32 hex digits)")
+    return value
+
+
+def _metadata(pairs: list[str]) -> dict[str, str]:
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--metadata {pair!r} is not KEY=VALUE")
+        metadata[key] = value
+    return metadata
 
 
 def _request_from(args: argparse.Namespace) -> bytes:
-    if args.file:
-        return Path(args.file).read_bytes() if args.file != "-" else sys.stdin.buffer.read()
-    request: dict[str, Any] = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
-    if args.max_tokens is not None:
-        request["max_tokens"] = args.max_tokens
-    if args.temperature is not None:
-        request["temperature"] = args.temperature
-    return json.dumps(request).encode()
+    """The request body: the --file as given (checked to be a JSON object), or one built from --prompt."""
+    if not args.file:
+        request: dict[str, Any] = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
+        if args.max_tokens is not None:
+            request["max_tokens"] = args.max_tokens
+        if args.temperature is not None:
+            request["temperature"] = args.temperature
+        return json.dumps(request).encode()
+    name = "stdin" if args.file == "-" else args.file
+    try:
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read --file {name}: {exc.strerror or exc}") from exc
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        raise CliError(f"--file {name} is not JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise CliError(f"--file {name} holds a JSON {type(parsed).__name__}; it must be an object (a chat.completions body)")
+    return data
 
 
-def _print(value: Any) -> None:
-    print(json.dumps(value, indent=2))
+# --- Commands -------------------------------------------------------------------------------------------------------
+
+
+def _wait_and_show(client: Client, args: argparse.Namespace, job_id: str) -> int:
+    progress = Progress()
+    try:
+        job = client.wait(job_id, timeout_s=args.timeout, on_update=progress)
+    finally:
+        progress.done()
+    if job.status is JobStatus.SUCCEEDED:
+        completion = client.result(job)
+        _emit(args, completion, lambda: _answer_lines(completion))
+        return EXIT_OK
+    _emit(args, job, lambda: _job_lines(job))
+    return EXIT_NO_RESULT
 
 
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    metadata = _metadata(args.metadata)
     body = _request_from(args)
-    metadata = dict(kv.split("=", 1) for kv in args.metadata)
-    webhook = {"url": args.webhook} if args.webhook else None
-    if args.upload:
-        job = client.submit_upload(body, metadata=metadata)
-    else:
-        job = client.submit(json.loads(body), metadata=metadata, webhook=webhook, idempotency_key=args.idempotency_key)
+    options = {"metadata": metadata, "webhook": args.webhook, "idempotency_key": args.idempotency_key}
+    job = client.submit_upload(body, **options) if args.upload else client.submit(json.loads(body), **options)
     if not args.wait:
-        _print(job)
-        return 0
-    progress = Progress()
-    job = client.wait(job["job_id"], timeout_s=args.timeout, on_poll=progress)
-    progress.done()
-    if job["status"] == "succeeded":
-        _print(client.result(job))
-        return 0
-    _print(job)
-    return 1
+        _emit(args, job, lambda: _job_lines(job))
+        return EXIT_OK
+    return _wait_and_show(client, args, job.job_id)
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    return _wait_and_show(client, args, args.job_id)
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    _print(client.get(args.job_id))
-    return 0
+    job = client.get(args.job_id)
+    _emit(args, job, lambda: _job_lines(job))
+    return EXIT_OK
 
 
 def cmd_result(client: Client, args: argparse.Namespace) -> int:
-    job = client.get(args.job_id)
-    if job["status"] != "succeeded":
-        print(f"job {args.job_id} is {job['status']}" + (f": {job['error']}" if job.get("error") else ""), file=sys.stderr)
-        return 1
-    _print(client.result(job))
-    return 0
+    completion = client.result(args.job_id)
+    _emit(args, completion, lambda: _answer_lines(completion))
+    return EXIT_OK
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    _print(client.cancel(args.job_id))
-    return 0
+    job = client.cancel(args.job_id)
+    _emit(args, job, lambda: _job_lines(job))
+    return EXIT_OK
 
 
 def cmd_list(client: Client, args: argparse.Namespace) -> int:
-    _print(client.list(status=args.status, limit=args.limit, next_token=args.next))
-    return 0
+    page = client.list(status=args.status, limit=args.limit, next_token=args.next)
+    _emit(args, page, lambda: _list_lines(page))
+    return EXIT_OK
 
 
 # --- Dead-letter queue (operators) -------------------------------------------------------------------------------
@@ -115,7 +251,18 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
 DLQ_PEEK_VISIBILITY_S = 30
 
 
-def _read_dlq(dlq: JobQueue, limit: int) -> list[Any]:
+def _job_queue(url: str) -> Any:
+    """The AWS adapter for one queue; imported here so that the API commands run without boto3."""
+    try:
+        from async_inference.aws import JobQueue
+    except ModuleNotFoundError as exc:
+        if exc.name in ("boto3", "botocore"):
+            raise CliError("the dlq commands need boto3: pip install 'async-inference[aws]'") from exc
+        raise
+    return JobQueue(url)
+
+
+def _read_dlq(dlq: Any, limit: int) -> list[Any]:
     """Up to ``limit`` DLQ messages, each received once (hidden for DLQ_PEEK_VISIBILITY_S)."""
     messages: list[Any] = []
     while len(messages) < limit:
@@ -136,14 +283,23 @@ def _describe(message: Any) -> dict[str, Any]:
             "tenant": claim.tenant, "model": claim.model, "deadline": claim.deadline.isoformat()}
 
 
+def _message_line(described: dict[str, Any]) -> str:
+    head = f"  {described['message_id']}  received {described['receive_count']}x  "
+    if described.get("job_id"):
+        return head + f"job {described['job_id']}  tenant {described['tenant']}  model {described['model']}"
+    return head + f"not a claim check: {described['body'][:80]!r}"
+
+
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     """Print what is in the DLQ, then make it visible again (listing moves nothing)."""
-    dlq = JobQueue(args.dlq_url)
+    dlq = _job_queue(args.dlq_url)
     messages = _read_dlq(dlq, args.limit)
     if messages:
         dlq.change_visibility_batch([m.receipt_handle for m in messages], 0)
-    _print({"count": len(messages), "messages": [_describe(m) for m in messages]})
-    return 0
+    listing = {"count": len(messages), "messages": [_describe(m) for m in messages]}
+    _emit(args, listing, lambda: [f"{listing['count']} messages in the DLQ (listing moves none of them)"]
+          + [_message_line(m) for m in listing["messages"]])
+    return EXIT_OK
 
 
 def cmd_dlq_redrive(args: argparse.Namespace) -> int:
@@ -151,7 +307,7 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
     A redriven job runs again only if it is not final yet: one whose DLQ handler already failed it stays failed (the
     worker deletes its claim check), so redrive is for messages the DLQ handler itself could not process."""
-    dlq, queue = JobQueue(args.dlq_url), JobQueue(args.queue_url)
+    dlq, queue = _job_queue(args.dlq_url), _job_queue(args.queue_url)
     messages = _read_dlq(dlq, args.limit)
     moved, kept = [], []
     for message in messages:
@@ -165,18 +321,60 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
     failed = dlq.delete_batch([m.receipt_handle for m in moved]) if moved else []
     if kept:
         dlq.change_visibility_batch([m.receipt_handle for m in kept], 0)
-    _print({"redriven": len(moved) - len(failed), "left_in_dlq": [_describe(m) for m in kept],
-            "delete_failed": len(failed)})
-    return 0 if not kept and not failed else 1
+    outcome = {"redriven": len(moved) - len(failed), "left_in_dlq": [_describe(m) for m in kept],
+               "delete_failed": len(failed)}
+    _emit(args, outcome, lambda: [f"redriven to the job queue: {outcome['redriven']}",
+                                  f"left in the DLQ (not claim checks): {len(kept)}",
+                                  *[_message_line(m) for m in outcome["left_in_dlq"]],
+                                  *([f"redriven but not deleted from the DLQ: {len(failed)}"] if failed else [])])
+    return EXIT_OK if not kept and not failed else EXIT_NO_RESULT
+
+
+def _aws_failure(exc: Exception) -> CliError | None:
+    """An AWS error as one line: refused (ClientError) or not reached (no credentials, no endpoint)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ModuleNotFoundError:
+        return None
+    if isinstance(exc, ClientError):
+        return CliError(f"AWS refused the request: {exc}", EXIT_REFUSED)
+    if isinstance(exc, BotoCoreError):
+        return CliError(f"AWS could not be used: {exc}", EXIT_UNREACHABLE)
+    return None
+
+
+# --- Parser and entry point -----------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (argparse's own prints the usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The options every command takes, before or after its name."""
+    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    parser.add_argument("--api-url", default=default(None), help=f"the API's base URL (default: ${ENV_API_URL})")
+    parser.add_argument("--api-key", default=default(None), help=f"the API key (default: ${ENV_API_KEY})")
+    parser.add_argument("--ws-url", default=default(None),
+                        help=f"the WebSocket API's URL, for --wait to be told instead of polling (default: ${ENV_WS_URL})")
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of text")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="async-inference", description=__doc__)
-    parser.add_argument("--api-url", default=os.environ.get(ENV_API_URL, "http://127.0.0.1:8000"))
-    parser.add_argument("--api-key", default=os.environ.get(ENV_API_KEY))
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    submit = sub.add_parser("submit", help="submit a job (inline, or --upload for the presigned-upload path)")
+    def command(name: str, func: Callable[..., int], help_: str, parent: Any = sub) -> argparse.ArgumentParser:
+        found = parent.add_parser(name, help=help_, description=help_)
+        _common(found, top=False)
+        found.set_defaults(func=func)
+        return found
+
+    submit = command("submit", cmd_submit, "submit a job (inline, or --upload for the presigned-upload path)")
     source = submit.add_mutually_exclusive_group(required=True)
     source.add_argument("--file", help="a chat.completions request body as JSON ('-' for stdin)")
     source.add_argument("--prompt", help="a single user message")
@@ -184,52 +382,96 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-tokens", type=int)
     submit.add_argument("--temperature", type=float)
     submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
-    submit.add_argument("--webhook", help="https URL to notify when the job completes")
-    submit.add_argument("--idempotency-key")
+    submit.add_argument("--webhook", metavar="URL", help="https URL to notify when the job completes")
+    submit.add_argument("--idempotency-key", help="the same key again returns the same job instead of a new one")
     submit.add_argument("--upload", action="store_true", help="send the body through a presigned S3 upload")
-    submit.add_argument("--wait", action="store_true", help="wait for the job with a progress display")
-    submit.add_argument("--timeout", type=float, default=600.0)
-    submit.set_defaults(func=cmd_submit)
+    submit.add_argument("--wait", action="store_true", help="wait for the job with a progress bar, print its answer")
+    submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (600)")
 
-    for name, func, help_ in (("status", cmd_status, "a job's status"), ("result", cmd_result, "a job's result"),
+    wait = command("wait", cmd_wait, "wait for a job with a progress bar, print its answer")
+    wait.add_argument("job_id", type=_job_id)
+    wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (600)")
+    for name, func, help_ in (("status", cmd_status, "a job's status"), ("result", cmd_result, "a job's answer"),
                               ("cancel", cmd_cancel, "cancel a job")):
-        command = sub.add_parser(name, help=help_)
-        command.add_argument("job_id")
-        command.set_defaults(func=func)
+        command(name, func, help_).add_argument("job_id", type=_job_id)
 
-    listing = sub.add_parser("list", help="your jobs, newest first")
-    listing.add_argument("--status")
+    listing = command("list", cmd_list, "your jobs, newest first")
+    listing.add_argument("--status", choices=[s.value for s in JobStatus])
     listing.add_argument("--limit", type=int)
-    listing.add_argument("--next")
-    listing.set_defaults(func=cmd_list)
+    listing.add_argument("--next", metavar="TOKEN", help="the token the previous page ended with")
 
     dlq = sub.add_parser("dlq", help="operators: inspect and redrive the dead-letter queue (AWS credentials)")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
     for name, func, help_ in (("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
                               ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue")):
-        command = dlq_sub.add_parser(name, help=help_)
-        command.add_argument("--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL))
+        operator = command(name, func, help_, parent=dlq_sub)
+        operator.add_argument("--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL))
         if name == "redrive":
-            command.add_argument("--queue-url", default=os.environ.get(ENV_QUEUE_URL),
-                                 required=not os.environ.get(ENV_QUEUE_URL))
-        command.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
-        command.set_defaults(func=func, operator=True)
+            operator.add_argument("--queue-url", default=os.environ.get(ENV_QUEUE_URL),
+                                  required=not os.environ.get(ENV_QUEUE_URL))
+        operator.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
+        operator.set_defaults(operator=True)
     return parser
+
+
+def _client(args: argparse.Namespace) -> Client:
+    api_url = args.api_url or os.environ.get(ENV_API_URL)
+    api_key = args.api_key or os.environ.get(ENV_API_KEY)
+    if not api_url:
+        raise CliError(f"no API URL: pass --api-url or set {ENV_API_URL} (the local stack's is http://127.0.0.1:8000)")
+    if not api_key:
+        raise CliError(f"no API key: pass --api-key or set {ENV_API_KEY}")
+    return Client(api_url, api_key, ws_url=args.ws_url or os.environ.get(ENV_WS_URL) or "")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "operator", False):
+        try:
+            return args.func(args)
+        except Exception as exc:
+            failure = _aws_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+    with _client(args) as client:
+        return args.func(client, args)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "operator", False):
-        return args.func(args)
-    if not args.api_key:
-        print(f"no API key: pass --api-key or set {ENV_API_KEY}", file=sys.stderr)
-        return 2
     try:
-        return args.func(Client(args.api_url, args.api_key), args)
+        return _run(args)
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except WaitTimeout as exc:
+        return _fail(f"{exc}; it goes on: {PROG} wait {exc.job.job_id}", EXIT_WAIT_TIMEOUT)
+    except NoResult as exc:
+        return _fail(str(exc), EXIT_NO_RESULT)
     except ApiError as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
+        return _fail(f"the API refused the request: {exc}", EXIT_REFUSED)
+    except UnexpectedResponse as exc:
+        return _fail(str(exc), EXIT_REFUSED)
+    except ApiUnreachable as exc:
+        return _fail(f"{exc} (is the API URL right, and the API up?)", EXIT_UNREACHABLE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # stdout closed early (| head): nothing left to say; silence the flush at exit too
+        sys.stdout = open(os.devnull, "w")
+        return EXIT_OK
+    except Exception as exc:  # a bug: still one line, never a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}", EXIT_BUG)
+
+
+def run() -> None:
+    """The ``async-inference`` command."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -292,3 +292,52 @@ class ResultNotification(_Internal):
     error: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     timings: Timings
+
+
+# --- The WebSocket API: what a client sends to be told, and what it is told -----------------------------------------
+
+
+class Subscription(_Strict):
+    """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``."""
+
+    action: Literal["subscribe"] = "subscribe"
+    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(default=None, min_length=1)
+    batch_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    all: Literal[True] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_scope(self) -> Subscription:
+        if sum(scope is not None for scope in (self.job_ids, self.batch_id, self.all)) != 1:
+            raise ValueError("give exactly one of 'job_ids', 'batch_id' or 'all': true")
+        return self
+
+
+JobEventType = Literal["job.started", "job.progress", "job.completed", "job.failed", "job.cancelled", "job.expired"]
+
+# The state a job is in once an event of each type is sent. "job.completed" is the successful end.
+EVENT_STATUS: dict[str, JobStatus] = {
+    "job.started": JobStatus.RUNNING,
+    "job.progress": JobStatus.RUNNING,
+    "job.completed": JobStatus.SUCCEEDED,
+    "job.failed": JobStatus.FAILED,
+    "job.cancelled": JobStatus.CANCELLED,
+    "job.expired": JobStatus.EXPIRED,
+}
+
+
+class JobEvent(_Internal):
+    """A message the WebSocket API pushes to a subscriber: a job started, made progress, or reached a final state.
+
+    An event says that something happened, not everything about the job: the result URL and the usage come from
+    ``GET /v1/jobs/{id}``. Fields other than these are tolerated, so that a newer server does not break a client.
+    """
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    type: JobEventType
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    progress: float | None = Field(default=None, ge=0.0, le=1.0, description="Fraction of the job done, when known.")
+    error: str | None = None
+
+    @property
+    def status(self) -> JobStatus:
+        return EVENT_STATUS[self.type]

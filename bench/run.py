@@ -133,7 +133,7 @@ def RunningWorker(engine: Engine, receive_wait_s: int = 20, prefetch: int | None
 
 def submit_all(api: Client, bodies: list[dict[str, Any]], threads: int = 8) -> list[str]:
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        return [job["job_id"] for job in pool.map(api.submit, bodies)]
+        return [job.job_id for job in pool.map(api.submit, bodies)]
 
 
 def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.05) -> None:
@@ -256,7 +256,7 @@ def pickup_run(api: Client, samples: int) -> dict[str, Any]:
         time.sleep(1.0)  # the worker is now idle inside a long poll
         for i in range(samples):
             before = time.perf_counter()
-            job_id = api.submit({"model": "echo", "messages": [{"role": "user", "content": f"ping {i}"}]})["job_id"]
+            job_id = api.submit({"model": "echo", "messages": [{"role": "user", "content": f"ping {i}"}]}).job_id
             wait_until(lambda: job_id in engine.started, 30, poll_s=0.005)
             latencies.append(engine.started[job_id] - before)
             wait_until(lambda: worker.jobs_finished >= i + 1, 30, poll_s=0.01)

@@ -97,10 +97,12 @@ async def adapter(max_tokens: int) -> None:
 
 def worker(max_tokens: int) -> None:
     """The real worker process on the local stack (moto server, API, pollers): jobs in through HTTP, results out."""
-    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("standardwebhooks") is None:
-        report("worker", skipped="the local stack needs moto[server] and lambdas/requirements.txt in this Python")
+    if any(importlib.util.find_spec(m) is None for m in ("moto", "standardwebhooks", "httpx2", "websockets", "tqdm")):
+        report("worker", skipped="the local stack needs moto[server], lambdas/requirements.txt and the SDK's"
+                                 " dependencies (pip install -e .) in this Python")
         return
     from async_inference.client import Client
+    from async_inference.retry import Backoff
     from local_runtime.moto_server import free_port
     from local_runtime.stack import LocalStack
 
@@ -118,14 +120,15 @@ def worker(max_tokens: int) -> None:
     try:
         api = Client(stack.api_url, next(iter(stack.api_keys)))
         body = {"model": "m", "messages": messages("Hello"), "max_tokens": 8, "temperature": 0}
-        api.wait(api.submit(body)["job_id"], timeout_s=300)  # the engine has started once this job is done
+        api.wait(api.submit(body).job_id, timeout_s=300)  # the engine has started once this job is done
         t0 = time.perf_counter()
         jobs = [api.submit({"model": "m", "messages": messages(p), "max_tokens": max_tokens, "temperature": 0})
                 for p in prompts()]
-        finals = [api.wait(j["job_id"], timeout_s=300, poll_s=0.2) for j in jobs]
+        every_200_ms = Backoff(initial_s=0.2, multiplier=1.0, cap_s=0.2, jitter=0.0)  # timed: poll tightly
+        finals = [api.wait(j.job_id, timeout_s=300, poll=every_200_ms) for j in jobs]
         seconds = time.perf_counter() - t0
-        done = [f for f in finals if f["status"] == "succeeded"]
-        report("worker", seconds=seconds, tokens=sum(f["usage"]["completion_tokens"] for f in done),
+        done = [f for f in finals if f.status == "succeeded"]
+        report("worker", seconds=seconds, tokens=sum(f.usage.completion_tokens for f in done),
                succeeded=len(done), jobs=len(finals))
     finally:
         stack.stop()

@@ -216,28 +216,28 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
             ]
             stop_job = api.submit({"model": "SmolLM2-135M-Instruct", "temperature": 0, "stop": [" is"],
                                    "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": GREEDY_TOKENS})
-            finals = [api.wait(j["job_id"], timeout_s=600) for j in [*jobs, stop_job]]
+            finals = [api.wait(j.job_id, timeout_s=600) for j in [*jobs, stop_job]]
             print(f"worker: {len(finals)} jobs final {time.monotonic() - started:.1f} s after submit "
                   f"(includes the vLLM engine start)", flush=True)
             for prompt, job, want in zip(PROMPTS, finals, expected):
-                if job["status"] != "succeeded":
-                    check(f"worker job {prompt!r}", False, f"{job['status']}: {job.get('error')}")
+                if job.status != "succeeded":
+                    check(f"worker job {prompt!r}", False, f"{job.status.value}: {job.error}")
                     continue
                 result = api.result(job)
-                choice = result["choices"][0]
+                choice = result.choices[0]
                 check(
                     f"worker job equals transformers greedy: {prompt!r}",
-                    choice["message"]["content"] == want.text and choice["finish_reason"] == want.finish_reason
-                    and result["usage"]["completion_tokens"] == want.completion_tokens,
-                    f"{choice['message']['content']!r} ({choice['finish_reason']}, usage {result['usage']})",
+                    choice.message.content == want.text and choice.finish_reason == want.finish_reason
+                    and result.usage.completion_tokens == want.completion_tokens,
+                    f"{choice.message.content!r} ({choice.finish_reason}, usage {result.usage.model_dump()})",
                 )
             stop_final = finals[-1]
-            if stop_final["status"] == "succeeded":
-                choice = api.result(stop_final)["choices"][0]
-                check("worker job with a stop string", choice["message"]["content"] == "The capital of France"
-                      and choice["finish_reason"] == "stop", repr(choice))
+            if stop_final.status == "succeeded":
+                choice = api.result(stop_final).choices[0]
+                check("worker job with a stop string", choice.message.content == "The capital of France"
+                      and choice.finish_reason == "stop", repr(choice))
             else:
-                check("worker job with a stop string", False, f"{stop_final['status']}: {stop_final.get('error')}")
+                check("worker job with a stop string", False, f"{stop_final.status.value}: {stop_final.error}")
         finally:
             stack.stop()
     if not all(r.ok for r in results if r.name.startswith("worker")):

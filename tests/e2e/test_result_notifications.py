@@ -7,7 +7,7 @@ import pytest
 from async_inference import settings
 from async_inference.aws import client
 from async_inference.client import Client
-from async_inference.schemas import ResultNotification
+from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import JobService
 from local_runtime.stack import LocalStack
 from tests.e2e.conftest import Inbox, chat
@@ -15,7 +15,7 @@ from tests.e2e.conftest import Inbox, chat
 pytestmark = pytest.mark.e2e
 
 
-def run_worker_until(stack: LocalStack, api: Client, job_id: str) -> dict:
+def run_worker_until(stack: LocalStack, api: Client, job_id: str) -> JobView:
     process = stack.start_worker()
     try:
         return api.wait(job_id, timeout_s=30)
@@ -28,15 +28,15 @@ def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscrib
     # GIVEN an SQS subscriber that wants failed and cancelled jobs only
     failures = Inbox(stack, filter_policy={"status": ["failed", "cancelled"]})
     # WHEN one job is cancelled and another succeeds
-    cancelled = api.cancel(api.submit(chat("cancel me"))["job_id"])
+    cancelled = api.cancel(api.submit(chat("cancel me")).job_id)
     succeeded = api.submit(chat("let me finish", max_tokens=2))
-    assert run_worker_until(stack, api, succeeded["job_id"])["status"] == "succeeded"
+    assert run_worker_until(stack, api, succeeded.job_id).status == "succeeded"
 
     # THEN the filtered subscriber got the cancelled job only, while an unfiltered one got both
-    assert [n["status"] for n in failures.for_job(cancelled["job_id"])] == ["cancelled"]
-    assert failures.for_job(succeeded["job_id"], wait_s=1.5) == []
-    assert [n["status"] for n in inbox.for_job(succeeded["job_id"])] == ["succeeded"]
-    assert [n["status"] for n in inbox.for_job(cancelled["job_id"])] == ["cancelled"]
+    assert [n["status"] for n in failures.for_job(cancelled.job_id)] == ["cancelled"]
+    assert failures.for_job(succeeded.job_id, wait_s=1.5) == []
+    assert [n["status"] for n in inbox.for_job(succeeded.job_id)] == ["succeeded"]
+    assert [n["status"] for n in inbox.for_job(cancelled.job_id)] == ["cancelled"]
 
 
 def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that_model(
@@ -45,17 +45,17 @@ def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that
     # GIVEN a subscriber that wants tenant-b's jobs for one model
     tenant_b = Inbox(stack, filter_policy={"tenant": ["tenant-b"], "model": ["model-x"]})
     # WHEN each tenant's job for that model, and tenant-b's job for another model, end
-    wanted = other_api.cancel(other_api.submit(chat("b", model="model-x"))["job_id"])
-    other_model = other_api.cancel(other_api.submit(chat("b", model="model-y"))["job_id"])
-    other_tenant = api.cancel(api.submit(chat("a", model="model-x"))["job_id"])
+    wanted = other_api.cancel(other_api.submit(chat("b", model="model-x")).job_id)
+    other_model = other_api.cancel(other_api.submit(chat("b", model="model-y")).job_id)
+    other_tenant = api.cancel(api.submit(chat("a", model="model-x")).job_id)
 
     # THEN only tenant-b's model-x job reaches it, with its attributes
     tenant_b.drain(wait_s=1.5)
-    assert set(tenant_b.by_job) == {wanted["job_id"]}
-    assert tenant_b.attributes[wanted["job_id"]] == [
+    assert set(tenant_b.by_job) == {wanted.job_id}
+    assert tenant_b.attributes[wanted.job_id] == [
         {"status": "cancelled", "tenant": "tenant-b", "model": "model-x", "webhook": "false"}
     ]
-    assert other_model["job_id"] not in tenant_b.by_job and other_tenant["job_id"] not in tenant_b.by_job
+    assert other_model.job_id not in tenant_b.by_job and other_tenant.job_id not in tenant_b.by_job
 
 
 def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_result(
@@ -64,13 +64,13 @@ def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_r
     # GIVEN a job whose result is well under 128 KB
     submitted = api.submit(chat("inline result please", max_tokens=3))
     # WHEN it succeeds
-    final = run_worker_until(stack, api, submitted["job_id"])
+    final = run_worker_until(stack, api, submitted.job_id)
     # THEN the notification validates against the versioned schema and carries the result itself and its location
-    [raw] = inbox.for_job(submitted["job_id"])
+    [raw] = inbox.for_job(submitted.job_id)
     note = ResultNotification.model_validate(raw)
     assert note.schema_version == "1" and note.status.value == "succeeded"
-    assert note.result is not None and note.result.model_dump(mode="json") == api.result(final)
-    assert note.result_location is not None and note.result_location.key == settings.result_key("tenant-a", final["job_id"])
+    assert note.result is not None and note.result.model_dump(mode="json") == api.result(final).model_dump(mode="json")
+    assert note.result_location is not None and note.result_location.key == settings.result_key("tenant-a", final.job_id)
     assert note.usage is not None and note.usage.completion_tokens == 3
     assert note.timings.run_s is not None and note.timings.queue_s is not None
 
@@ -80,13 +80,13 @@ def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalStack,
     words = ["w" * 34] * settings.MAX_TOKENS_LIMIT
     submitted = api.submit(chat(" ".join(words), max_tokens=settings.MAX_TOKENS_LIMIT))
     # WHEN it succeeds
-    final = run_worker_until(stack, api, submitted["job_id"])
-    assert final["status"] == "succeeded", final
+    final = run_worker_until(stack, api, submitted.job_id)
+    assert final.status == "succeeded", final
     # THEN the notification leaves the result out and points at it in S3
-    [raw] = inbox.for_job(submitted["job_id"])
+    [raw] = inbox.for_job(submitted.job_id)
     assert "result" not in raw
-    assert raw["result_location"]["key"] == settings.result_key("tenant-a", final["job_id"])
-    assert len(api.result(final)["choices"][0]["message"]["content"]) > settings.MAX_INLINE_RESULT_BYTES
+    assert raw["result_location"]["key"] == settings.result_key("tenant-a", final.job_id)
+    assert len(api.result(final).choices[0].message.content) > settings.MAX_INLINE_RESULT_BYTES
 
 
 def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_the_others(
@@ -95,7 +95,7 @@ def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_
     # GIVEN two final jobs whose notifications are not yet recorded, one of them since removed from the table (TTL)
     assert stack.resources is not None
     service = JobService.from_config(stack.resources.config)
-    kept, gone = (api.cancel(api.submit(chat(text))["job_id"])["job_id"] for text in ("kept", "gone"))
+    kept, gone = (api.cancel(api.submit(chat(text)).job_id).job_id for text in ("kept", "gone"))
     for job_id in (kept, gone):
         service.store.update(job_id, notified=False)
     jobs = [service.store.get(kept), service.store.get(gone)]

@@ -6,7 +6,7 @@ The local stack retries a failed delivery every second (``LOCAL_WEBHOOK_BACKOFF`
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
@@ -14,7 +14,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from async_inference import settings
 from async_inference.aws import client
 from async_inference.client import ApiError, Client
-from async_inference.schemas import ResultNotification
+from async_inference.schemas import JobView, ResultNotification
 from async_inference.webhooks import Receiver
 from local_runtime.stack import LocalStack
 from tests.e2e.conftest import chat
@@ -29,13 +29,13 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
         yield local
 
 
-def webhook_settled(api: Client, job_id: str, *, attempts: int, timeout_s: float) -> dict[str, Any]:
+def webhook_settled(api: Client, job_id: str, *, attempts: int, timeout_s: float) -> JobView:
     """The job once its webhook is no longer pending and has ``attempts`` attempts (or at the timeout)."""
     deadline = time.monotonic() + timeout_s
     while True:
         job = api.get(job_id)
-        hook = job["webhook"]
-        if (hook["status"] != "pending" and len(hook["attempts"]) >= attempts) or time.monotonic() > deadline:
+        hook = job.webhook
+        if (hook.status != "pending" and len(hook.attempts) >= attempts) or time.monotonic() > deadline:
             return job
         time.sleep(0.2)
 
@@ -45,25 +45,25 @@ def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_noti
 ):
     # GIVEN a job submitted with a webhook to a local receiver
     submitted = api.submit(chat("sign this please", max_tokens=2), webhook={"url": receiver.url, "events": ["completed"]})
-    assert submitted["webhook"] == {"url": receiver.url, "events": ["completed"], "status": "pending", "attempts": []}
+    assert submitted.webhook.model_dump() == {"url": receiver.url, "events": ["completed"], "status": "pending", "attempts": []}
     # WHEN the job finishes
-    final = api.wait(submitted["job_id"], timeout_s=30)
+    final = api.wait(submitted.job_id, timeout_s=30)
     [delivery] = receiver.wait_for(1, timeout_s=15)
 
     # THEN the delivery verifies with the tenant's secret (standardwebhooks' own verifier)
     payload = Webhook(stack.webhook_secrets["tenant-a"]).verify(delivery.body, delivery.headers)
-    assert delivery.headers["webhook-id"] == f"{submitted['job_id']}_completed"
+    assert delivery.headers["webhook-id"] == f"{submitted.job_id}_completed"
     # AND its body is the versioned result notification, with the small result inline and equal to the stored one
     note = ResultNotification.model_validate(payload)
-    assert (note.schema_version, note.event, note.job_id, note.status.value) == ("1", "job.completed", final["job_id"], "succeeded")
-    assert note.result is not None and note.result.model_dump(mode="json") == api.result(final)
+    assert (note.schema_version, note.event, note.job_id, note.status.value) == ("1", "job.completed", final.job_id, "succeeded")
+    assert note.result is not None and note.result.model_dump(mode="json") == api.result(final).model_dump(mode="json")
     # AND another tenant's secret does not verify it
     with pytest.raises(WebhookVerificationError):
         Webhook(stack.webhook_secrets["tenant-b"]).verify(delivery.body, delivery.headers)
     # AND the job shows the webhook delivered, with one attempt
-    job = webhook_settled(api, submitted["job_id"], attempts=1, timeout_s=10)
-    assert job["webhook"]["status"] == "delivered"
-    assert [a["status_code"] for a in job["webhook"]["attempts"]] == [200]
+    job = webhook_settled(api, submitted.job_id, attempts=1, timeout_s=10)
+    assert job.webhook.status == "delivered"
+    assert [a.status_code for a in job.webhook.attempts] == [200]
 
 
 @pytest.mark.parametrize("receiver", [(500, 500)], indirect=True)
@@ -73,9 +73,9 @@ def test_receiver_answering_500_twice_then_200_gets_three_attempts_and_the_job_s
     # GIVEN a receiver that answers 500, 500, then 200
     submitted = api.submit(chat("retry me", max_tokens=2), webhook={"url": receiver.url})
     # WHEN the job finishes
-    api.wait(submitted["job_id"], timeout_s=30)
+    api.wait(submitted.job_id, timeout_s=30)
     deliveries = receiver.wait_for(3, timeout_s=20)
-    job = webhook_settled(api, submitted["job_id"], attempts=3, timeout_s=10)
+    job = webhook_settled(api, submitted.job_id, attempts=3, timeout_s=10)
 
     # THEN three attempts of the same message arrived, each after a backoff
     assert len(deliveries) == 3
@@ -83,9 +83,9 @@ def test_receiver_answering_500_twice_then_200_gets_three_attempts_and_the_job_s
     gaps = [later.received_at - earlier.received_at for earlier, later in zip(deliveries, deliveries[1:])]
     assert all(gap >= 0.9 for gap in gaps), gaps
     # AND the job records all three and shows the webhook delivered
-    assert [a["status_code"] for a in job["webhook"]["attempts"]] == [500, 500, 200]
-    assert [a["error"] for a in job["webhook"]["attempts"][:2]] == ["HTTP 500", "HTTP 500"]
-    assert job["webhook"]["status"] == "delivered"
+    assert [a.status_code for a in job.webhook.attempts] == [500, 500, 200]
+    assert [a.error for a in job.webhook.attempts[:2]] == ["HTTP 500", "HTTP 500"]
+    assert job.webhook.status == "delivered"
     time.sleep(1.5)
     assert len(receiver.deliveries) == 3, "a delivered webhook is not sent again"
 
@@ -97,20 +97,20 @@ def test_receiver_that_always_fails_ends_in_the_webhook_dlq_and_the_job_keeps_it
     # GIVEN a receiver that redirects once, then answers 503 for ever
     submitted = api.submit(chat("nobody listens", max_tokens=2), webhook={"url": receiver.url})
     # WHEN the job finishes and every delivery fails
-    final = api.wait(submitted["job_id"], timeout_s=30)
-    job = webhook_settled(api, submitted["job_id"], attempts=settings.WEBHOOK_MAX_RECEIVE_COUNT, timeout_s=40)
+    final = api.wait(submitted.job_id, timeout_s=30)
+    job = webhook_settled(api, submitted.job_id, attempts=settings.WEBHOOK_MAX_RECEIVE_COUNT, timeout_s=40)
 
     # THEN the dispatcher tried the maximum number of times (the redirect was not followed), and the job says failed
-    attempts = job["webhook"]["attempts"]
-    assert job["webhook"]["status"] == "failed"
-    assert [a["status_code"] for a in attempts] == [302] + [503] * (settings.WEBHOOK_MAX_RECEIVE_COUNT - 1)
+    attempts = job.webhook.attempts
+    assert job.webhook.status == "failed"
+    assert [a.status_code for a in attempts] == [302] + [503] * (settings.WEBHOOK_MAX_RECEIVE_COUNT - 1)
     assert len(receiver.deliveries) == settings.WEBHOOK_MAX_RECEIVE_COUNT
     # AND the message is in the webhook DLQ
     assert stack.resources is not None
-    assert _wait_in_queue(stack.resources.webhook_dlq_url, submitted["job_id"], timeout_s=10)
+    assert _wait_in_queue(stack.resources.webhook_dlq_url, submitted.job_id, timeout_s=10)
     # AND the job still has its result, in S3 and on the job
-    assert job["status"] == "succeeded"
-    assert api.result(final)["choices"][0]["message"]["content"] == "nobody listens"
+    assert job.status == "succeeded"
+    assert api.result(final).choices[0].message.content == "nobody listens"
 
 
 def _wait_in_queue(url: str, needle: str, timeout_s: float) -> bool:
@@ -158,13 +158,13 @@ def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_
     submitted = api.submit(chat("tell me twice", max_tokens=2),
                            webhook={"url": receiver.url, "events": ["started", "completed"]})
     # WHEN it runs to the end
-    api.wait(submitted["job_id"], timeout_s=30)
+    api.wait(submitted.job_id, timeout_s=30)
     deliveries = receiver.wait_for(2, timeout_s=15)
     # THEN one delivery per event, each verifying with the tenant's secret
     ids = sorted(d.headers["webhook-id"] for d in deliveries)
-    assert ids == [f"{submitted['job_id']}_completed", f"{submitted['job_id']}_started"]
+    assert ids == [f"{submitted.job_id}_completed", f"{submitted.job_id}_started"]
     for delivery in deliveries:
         Webhook(stack.webhook_secrets["tenant-a"]).verify(delivery.body, delivery.headers)
     # AND the job records an attempt for each event
-    job = webhook_settled(api, submitted["job_id"], attempts=2, timeout_s=10)
-    assert sorted(a["event"] for a in job["webhook"]["attempts"]) == ["completed", "started"]
+    job = webhook_settled(api, submitted.job_id, attempts=2, timeout_s=10)
+    assert sorted(a.event for a in job.webhook.attempts) == ["completed", "started"]

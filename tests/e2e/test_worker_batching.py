@@ -83,7 +83,7 @@ def worker_for(engine: Engine, queue: RecordingQueue, **config: Any) -> Worker:
 def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_deletes(stack, api):
     # GIVEN a backlog of 40 jobs and an engine that batches 16 (each generation long enough that the worker's I/O,
     # even on a loaded machine, keeps up with it)
-    ids = [api.submit(chat(f"job {i} words"))["job_id"] for i in range(40)]
+    ids = [api.submit(chat(f"job {i} words")).job_id for i in range(40)]
     engine = Concurrency(capacity=16, delay_s=2.0)
     queue = RecordingQueue(stack.resources.config.queue_url)
     # WHEN one worker runs them
@@ -97,7 +97,7 @@ def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_delete
     assert max(queue.received) == 10
     assert all(asked <= 10 for asked in queue.receives)
     assert sum(queue.deletes) >= 40 and len(queue.deletes) < sum(queue.deletes) / 2
-    assert all(api.get(i)["status"] == "succeeded" for i in ids)
+    assert all(api.get(i).status == "succeeded" for i in ids)
 
 
 def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
@@ -110,19 +110,19 @@ def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
     # WHEN another consumer keeps polling the queue while it runs
     with WorkerThread(worker) as running:
         deadline = time.monotonic() + 30
-        while api.get(job["job_id"])["status"] != "running" and time.monotonic() < deadline:
+        while api.get(job.job_id).status != "running" and time.monotonic() < deadline:
             time.sleep(0.1)  # before the worker holds it, anyone may see it
         while running.jobs_finished < 1 and time.monotonic() < deadline:
             for message in peeker.receive(max_messages=10, wait_s=0, visibility_timeout_s=0):
-                if job["job_id"] in message.body:
+                if job.job_id in message.body:
                     seen_by_another.append(message.message_id)
             time.sleep(0.2)
         finished_at = time.monotonic()
         time.sleep(1.5)  # three more heartbeats with nothing in flight
     # THEN nobody else saw the message, the job ran once, and the heartbeat extended it in batched calls
     assert seen_by_another == []
-    final = api.get(job["job_id"])
-    assert final["status"] == "succeeded" and final["attempts"] == 1
+    final = api.get(job.job_id)
+    assert final.status == "succeeded" and final.attempts == 1
     during = [e for e in queue.extensions if e[2] == 3 and e[0] < finished_at]
     assert len(during) >= 4, queue.extensions
     # AND once the job ended its message was no longer extended
@@ -137,20 +137,20 @@ def test_job_cancelled_while_waiting_for_an_engine_slot_never_reaches_the_engine
     with WorkerThread(worker) as running:
         first = api.submit(chat("first"))
         deadline = time.monotonic() + 30
-        while first["job_id"] not in engine.seen and time.monotonic() < deadline:
+        while first.job_id not in engine.seen and time.monotonic() < deadline:
             time.sleep(0.05)
         waiting = api.submit(chat("second"))
-        while api.get(waiting["job_id"])["status"] != "running" and time.monotonic() < deadline:
+        while api.get(waiting.job_id).status != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
         # WHEN the client cancels the waiting job
-        api.cancel(waiting["job_id"])
+        api.cancel(waiting.job_id)
         while running.jobs_finished < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # the slot is free now: the waiting job would have entered the engine
     # THEN the engine never saw it, and it stays cancelled; the first job was not disturbed
-    assert engine.seen == [first["job_id"]]
-    assert api.get(waiting["job_id"])["status"] == "cancelled"
-    assert api.get(first["job_id"])["status"] == "succeeded"
+    assert engine.seen == [first.job_id]
+    assert api.get(waiting.job_id).status == "cancelled"
+    assert api.get(first.job_id).status == "succeeded"
 
 
 def test_a_second_delivery_of_a_job_this_worker_is_running_does_not_run_it_again(stack, api):
@@ -160,15 +160,15 @@ def test_a_second_delivery_of_a_job_this_worker_is_running_does_not_run_it_again
     with WorkerThread(worker_for(engine, queue)) as running:
         job = api.submit(chat("only once here"))
         deadline = time.monotonic() + 30
-        while job["job_id"] not in engine.seen and time.monotonic() < deadline:
+        while job.job_id not in engine.seen and time.monotonic() < deadline:
             time.sleep(0.05)
         # WHEN SQS delivers its claim check again meanwhile (at-least-once delivery)
-        claim = JobService.from_config(ServiceConfig.from_env()).store.get(job["job_id"]).claim_check()
+        claim = JobService.from_config(ServiceConfig.from_env()).store.get(job.job_id).claim_check()
         queue.send(claim)
         while running.jobs_finished < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)
     # THEN the engine ran the job once, and it succeeded on its first attempt
-    assert engine.seen == [job["job_id"]]
-    final = api.get(job["job_id"])
-    assert final["status"] == "succeeded" and final["attempts"] == 1
+    assert engine.seen == [job.job_id]
+    final = api.get(job.job_id)
+    assert final.status == "succeeded" and final.attempts == 1

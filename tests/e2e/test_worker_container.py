@@ -63,7 +63,7 @@ def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: Loc
         assert stack.fleet.replacements == replaced_before + 1
         replacement = next(p for p in stack.workers if p is not first and p.poll() is None)
         job = api.submit(chat("after the replacement"))
-        assert api.wait(job["job_id"], timeout_s=60)["status"] == "succeeded"
+        assert api.wait(job.job_id, timeout_s=60).status == "succeeded"
     finally:
         for process in stack.workers:
             if process is first or process.poll() is None:

@@ -15,7 +15,7 @@ JOBS = 5
 def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultStack, inbox: Inbox, point: str):
     # GIVEN a batch of queued jobs, and a worker that will be killed with SIGKILL when the first of them reaches `point`
     api = workers.api()
-    job_ids = [api.submit(chat(f"crash {point} job {i}"))["job_id"] for i in range(JOBS)]
+    job_ids = [api.submit(chat(f"crash {point} job {i}")).job_id for i in range(JOBS)]
     doomed = workers.start_worker(f"crash-{point}", WORKER_FAULTS=f"crash={point}")
     # WHEN it dies holding the batch, with a second worker running
     wait_until(lambda: doomed.poll() is not None, 30, "the faulty worker to die")

@@ -10,9 +10,9 @@ from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 def test_expired_and_cancelled_jobs_never_reach_the_engine(workers: FaultStack, inbox: Inbox):
     # GIVEN a job with a 1 s queue deadline and a job cancelled while queued, and no worker for 1.5 s
     api = workers.api()
-    expiring = api.submit(chat("too late"), ttl_seconds=1)["job_id"]
-    cancelled = api.submit(chat("never mind"))["job_id"]
-    assert api.cancel(cancelled)["status"] == "cancelled"
+    expiring = api.submit(chat("too late"), ttl_seconds=1).job_id
+    cancelled = api.submit(chat("never mind")).job_id
+    assert api.cancel(cancelled).status == "cancelled"
     time.sleep(1.5)
     # WHEN a worker receives both
     worker = workers.start_worker("expiry")
@@ -35,12 +35,12 @@ def test_cancel_during_a_run_aborts_the_generation_and_a_timeout_fails_the_job(w
     # GIVEN a worker whose generations take 20 s, a job that may run that long and one with a 1 s execution timeout
     api = workers.api()
     worker = workers.start_worker("slow", ECHO_DELAY_S="20")
-    to_cancel = api.submit(chat("cancel me while I run"))["job_id"]
-    timed = api.submit(chat("I will run too long"), timeout_seconds=1)["job_id"]
+    to_cancel = api.submit(chat("cancel me while I run")).job_id
+    timed = api.submit(chat("I will run too long"), timeout_seconds=1).job_id
     wait_until(lambda: workers.job(to_cancel).status.value == "running", 20, "the job to run")
     # WHEN the client cancels the running job
     started = time.monotonic()
-    assert api.cancel(to_cancel)["status"] == "cancelled"
+    assert api.cancel(to_cancel).status == "cancelled"
     # THEN the engine is aborted within a heartbeat or two: the message is gone long before the 20 s generation ends
     wait_until(lambda: workers.queue_depth() == 0, 8, "both messages to be finished with")
     assert time.monotonic() - started < 8

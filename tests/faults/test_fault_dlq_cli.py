@@ -15,7 +15,7 @@ from local_runtime.moto_server import free_port
 
 
 def cli(stack: FaultStack, *args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "async_inference.cli", *args], env=stack.env, cwd=REPO_ROOT,
+    done = subprocess.run([sys.executable, "-m", "async_inference.cli", "--json", *args], env=stack.env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     return done.returncode, json.loads(done.stdout)
 

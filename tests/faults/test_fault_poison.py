@@ -13,7 +13,7 @@ def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
     # GIVEN one batch of queued jobs: two good ones, and one of each kind that can never succeed. The API refuses
     # most of these at the door, so their stored payloads are spoiled after submission, as a bug or an operator might.
     api, s3 = workers.api(), workers.client("s3")
-    good = [api.submit(chat(f"good job {i}", max_tokens=3))["job_id"] for i in range(2)]
+    good = [api.submit(chat(f"good job {i}", max_tokens=3)).job_id for i in range(2)]
     spoiled = {
         "missing": (None, "payload is missing"),
         "not_json": (b"{this is not json", "not valid JSON"),
@@ -22,7 +22,7 @@ def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
     }
     poison: dict[str, tuple[str, str]] = {}
     for name, (body, reason) in spoiled.items():
-        job_id = api.submit(chat(f"to be spoiled: {name}"))["job_id"]
+        job_id = api.submit(chat(f"to be spoiled: {name}")).job_id
         key = settings.request_key(TENANT, job_id)
         if body is None:
             s3.delete_object(Bucket=workers.config.bucket_name, Key=key)
@@ -30,7 +30,7 @@ def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
             s3.put_object(Bucket=workers.config.bucket_name, Key=key, Body=body)
         poison[job_id] = (name, reason)
     # a prompt longer than the model's context (the worker's echo engine is given a 50-token context below)
-    too_long = api.submit(chat("word " * 60, max_tokens=1))["job_id"]
+    too_long = api.submit(chat("word " * 60, max_tokens=1)).job_id
     poison[too_long] = ("too_long", "maximum context length is 50 tokens")
 
     # WHEN one worker receives them all

@@ -58,7 +58,7 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
     busy = workers.start_worker("busy", ECHO_DELAY_S="20", DRAIN_TIMEOUT_S="1", VISIBILITY_TIMEOUT_S="60",
                                 HEARTBEAT_INTERVAL_S="15", ECS_AGENT_URI=ecs_agent.uri)
     api = workers.api()
-    job_ids = [api.submit(chat(f"scale in {i}", max_tokens=2))["job_id"] for i in range(4)]
+    job_ids = [api.submit(chat(f"scale in {i}", max_tokens=2)).job_id for i in range(4)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
     # THEN while it holds jobs the task is protected from scale-in
     assert ecs_agent.enabled == [True]
@@ -85,7 +85,7 @@ def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: Faul
     # GIVEN a worker whose jobs take 2 s, allowed to drain for 10 s
     busy = workers.start_worker("drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri)
     api = workers.api()
-    job_ids = [api.submit(chat(f"drain {i}"))["job_id"] for i in range(3)]
+    job_ids = [api.submit(chat(f"drain {i}")).job_id for i in range(3)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
     # WHEN it is stopped
     busy.send_signal(signal.SIGTERM)
@@ -100,7 +100,7 @@ def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: Faul
 
 def test_task_protection_is_cleared_when_the_worker_goes_idle(workers: FaultStack, ecs_agent: FakeEcsAgent):
     worker = workers.start_worker("idle", ECS_AGENT_URI=ecs_agent.uri)
-    job_id = workers.api().submit(chat("quick"))["job_id"]
+    job_id = workers.api().submit(chat("quick")).job_id
     workers.wait_final([job_id])
     wait_until(lambda: ecs_agent.enabled == [True, False], 5, "protection to be set then cleared")
     workers.stop_worker(worker)

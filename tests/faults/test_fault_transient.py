@@ -20,7 +20,7 @@ def test_transient_fault_is_retried_by_redelivery_and_the_job_succeeds(workers: 
     # GIVEN a worker whose S3 adapter, DynamoDB adapter or engine fails the first two times for each job
     worker = workers.start_worker(f"transient-{fault}", WORKER_FAULTS=fault, TRANSIENT_RETRY_DELAY_S="1")
     # WHEN a job is submitted
-    job_id = workers.api().submit(chat("try try again", max_tokens=2))["job_id"]
+    job_id = workers.api().submit(chat("try try again", max_tokens=2)).job_id
     job = workers.wait_final([job_id], timeout_s=30)[job_id]
     # THEN it succeeded on the third receive (after 1 s and 2 s of backoff), with one result and one notification
     assert job.status.value == "succeeded", job
@@ -36,7 +36,7 @@ def test_fault_that_never_clears_ends_in_the_dlq_and_the_job_failed(workers: Fau
     # GIVEN a worker whose S3 reads are always throttled, retrying at once
     worker = workers.start_worker("never-clears", WORKER_FAULTS="s3_get_fails=always", TRANSIENT_RETRY_DELAY_S="0")
     # WHEN a job is submitted
-    job_id = workers.api().submit(chat("never going to work"))["job_id"]
+    job_id = workers.api().submit(chat("never going to work")).job_id
     job = workers.wait_final([job_id], timeout_s=30)[job_id]
     # THEN after the max receive count SQS moved it to the DLQ, whose handler failed the job and notified
     assert job.status.value == "failed"
