@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
@@ -24,9 +25,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
 
 
 @pytest.fixture(scope="session")
-def cli_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
-    """The local stack (``python -m local_runtime up``, echo engine, no workers) in its own process."""
-    stack = FaultStack(tmp_path_factory.mktemp("cli-stack")).start()
+def cli_stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[FaultStack]:
+    """A local stack of the template (echo engine, no workers) for the CLI to talk to."""
+    stack = FaultStack(tmp_path_factory.mktemp("cli-stack"), local_assembly).start()
     yield stack
     stack.stop()
 
