@@ -12,12 +12,14 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
-from cdk.nag import acknowledge, rendered_arn_prefix
+from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
 STOP_TIMEOUT = Duration.seconds(120)
 # Only what the worker image needs: the core package and the worker (the build context is the repository root).
 MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
+# The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
+WORKER_SERVICE_NAME = "async-inference-worker"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
 
 
@@ -34,7 +36,10 @@ class GpuWorkerService(Construct):
 
     :param image_context: Docker build context of the worker image. Default: the repository root.
     :param dockerfile: Dockerfile path inside ``image_context``. Default: ``gpu_worker/Dockerfile``.
-    :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS.
+    :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS. The construct adds
+        AWS_REGION and AWS_DEFAULT_REGION (the stack's region) and POWERTOOLS_SERVICE_NAME (``service_name``).
+    :param service_name: Powertools service name, the ``service`` dimension of the worker's metrics. Default:
+        ``WORKER_SERVICE_NAME``.
     :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM).
     :param max_instances: most GPU instances at once. Default: 2.
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
@@ -51,6 +56,7 @@ class GpuWorkerService(Construct):
         image_context: Path,
         dockerfile: str = "gpu_worker/Dockerfile",
         environment: Mapping[str, str],
+        service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
         max_instances: int = 2,
         memory_reservation_mib: int = 12288,
@@ -59,6 +65,7 @@ class GpuWorkerService(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
+        self.service_name = service_name
         self.vpc = self._vpc(nat_gateways, log_retention)
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
@@ -92,7 +99,7 @@ class GpuWorkerService(Construct):
             ),
             gpu_count=1,
             memory_reservation_mib=memory_reservation_mib,
-            environment=dict(environment),
+            environment=self._container_environment(environment),
             stop_timeout=STOP_TIMEOUT,
             # vLLM's workers exchange tensors through /dev/shm; Docker's 64 MiB default is too small.
             linux_parameters=ecs.LinuxParameters(
@@ -136,6 +143,17 @@ class GpuWorkerService(Construct):
             max_healthy_percent=200,
         )
         self._allow_task_protection()
+
+    def _container_environment(self, environment: Mapping[str, str]) -> dict[str, str]:
+        region = Stack.of(self).region  # a literal, or {"Ref": "AWS::Region"} for an environment-agnostic stack
+        return {
+            **environment,
+            # boto3 needs a region and reads no instance metadata for it; the ECS agent sets none for EC2 tasks that
+            # the worker could rely on, so the task definition says it.
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+            "POWERTOOLS_SERVICE_NAME": self.service_name,
+        }
 
     def _vpc(self, nat_gateways: int, log_retention: logs.RetentionDays) -> ec2.Vpc:
         vpc = ec2.Vpc(
@@ -227,7 +245,7 @@ class GpuWorkerService(Construct):
         acknowledge(
             self.task_definition.task_role,
             {
-                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:<AWS::AccountId>:task/"
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{rendered_account(stack)}:task/"
                 f"<{stack.get_logical_id(self.cluster.node.default_child)}>/*]": "Task ids are assigned at launch; "
                 "the statement admits only tasks of this cluster, and only the two task protection actions.",
             },

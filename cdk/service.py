@@ -181,7 +181,7 @@ class AsyncInferenceService(Construct):
             image_context=props.worker_image_context,
             dockerfile=props.worker_dockerfile,
             environment={
-                **runtime,
+                **environment,
                 "ENGINE": "vllm",
                 "MODEL": props.model,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ def cdk_json_context() -> dict[str, Any]:
 class Synthesized:
     stack: Stack
     template: Template
+    outdir: Path
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:
@@ -52,6 +54,35 @@ class Synthesized:
 
     def logical_id(self, construct: Any) -> str:
         return self.stack.get_logical_id(construct.node.default_child)
+
+    def container(self) -> dict[str, Any]:
+        """The worker's container definition."""
+        [task] = self.resources("AWS::ECS::TaskDefinition").values()
+        [container] = task["Properties"]["ContainerDefinitions"]
+        return container
+
+    def worker_environment(self) -> dict[str, Any]:
+        return {variable["Name"]: variable["Value"] for variable in self.container()["Environment"]}
+
+    def docker_images(self) -> list[dict[str, Any]]:
+        """The Docker image assets of the stack, as the asset manifest describes them (platform included)."""
+        manifest = json.loads((self.outdir / f"{self.stack.artifact_id}.assets.json").read_text())
+        return list(manifest.get("dockerImages", {}).values())
+
+
+def _synthesize(context: dict[str, Any], outdir: Path, region: str | None = None) -> Synthesized:
+    """Build the app as app.py does (cdk-nag included), environment-agnostic unless ``region`` is given."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("CDK_DEFAULT_ACCOUNT", raising=False)
+        patch.delenv("CDK_DEFAULT_REGION", raising=False)
+        if region:
+            patch.setenv("CDK_DEFAULT_ACCOUNT", "111122223333")
+            patch.setenv("CDK_DEFAULT_REGION", region)
+        app = App(context=context, outdir=str(outdir))
+        stack = build(app)
+        # Synthesizes with the cdk-nag plugin: an unacknowledged finding raises here.
+        template = Template.from_stack(stack)
+    return Synthesized(stack=stack, template=template, outdir=outdir)
 
 
 @pytest.fixture(scope="session")
@@ -66,12 +97,25 @@ def worker_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def synthesized(worker_context: Path, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    # An unacknowledged cdk-nag finding raises here and fails every test.
     context = {**cdk_json_context(), **TEST_CONTEXT, "worker_image_context": str(worker_context)}
-    app = App(context=context, outdir=str(tmp_path_factory.mktemp("cdk.out")))
-    stack = build(app)
-    # Synthesizes once with the cdk-nag plugin: an unacknowledged finding raises here and fails every test.
-    template = Template.from_stack(stack)
-    return Synthesized(stack=stack, template=template)
+    return _synthesize(context, tmp_path_factory.mktemp("cdk.out"))
+
+
+@pytest.fixture(scope="session")
+def synth_variant(worker_context: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Synthesized]:
+    """``synth_variant(region=None, **options)``: the app with cdk.json's context plus ``options``, each distinct
+    combination synthesized once per session (about 3 s each after the first)."""
+    cache: dict[str, Synthesized] = {}
+
+    def synthesize(region: str | None = None, **options: Any) -> Synthesized:
+        key = json.dumps([region, options], sort_keys=True, default=str)
+        if key not in cache:
+            context = {**cdk_json_context(), "worker_image_context": str(worker_context), **options}
+            cache[key] = _synthesize(context, tmp_path_factory.mktemp("cdk.out.variant"), region)
+        return cache[key]
+
+    return synthesize
 
 
 @pytest.fixture(scope="session")

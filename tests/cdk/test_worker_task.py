@@ -1,0 +1,43 @@
+"""The worker's task definition: what the container is told (region, metrics, engine), how ECS checks it, its image."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_inference import settings
+from cdk.gpu_worker_service import WORKER_SERVICE_NAME
+
+pytestmark = pytest.mark.cdk
+
+
+@pytest.mark.parametrize("name", ["AWS_REGION", "AWS_DEFAULT_REGION"])
+def test_environment_agnostic_stack_gives_the_worker_the_deploy_region(synthesized, name):
+    """GIVEN a stack synthesized without a region WHEN reading the worker's environment THEN the region is the
+    deploy-time AWS::Region, not left to the ECS agent."""
+    assert synthesized.worker_environment()[name] == {"Ref": "AWS::Region"}
+
+
+@pytest.mark.parametrize("name", ["AWS_REGION", "AWS_DEFAULT_REGION"])
+def test_stack_with_a_region_gives_the_worker_that_region(synth_variant, name):
+    """GIVEN a stack synthesized for eu-west-1 WHEN reading the worker's environment THEN the region is eu-west-1."""
+    assert synth_variant(region="eu-west-1").worker_environment()[name] == "eu-west-1"
+
+
+def test_worker_metrics_go_to_the_shared_namespace_under_the_worker_service_name(synthesized):
+    """GIVEN the worker's Powertools Metrics WHEN reading its environment THEN the namespace and the `service`
+    dimension are the ones the dashboard plots."""
+    environment = synthesized.worker_environment()
+    assert environment["POWERTOOLS_METRICS_NAMESPACE"] == settings.METRICS_NAMESPACE
+    assert environment["POWERTOOLS_SERVICE_NAME"] == WORKER_SERVICE_NAME == "async-inference-worker"
+
+
+def test_worker_engine_is_vllm(synthesized):
+    """GIVEN the worker refuses to start without ENGINE WHEN reading its environment THEN ENGINE is vllm."""
+    assert synthesized.worker_environment()["ENGINE"] == "vllm"
+
+
+def test_a_stack_with_account_and_region_passes_cdk_nag(synth_variant):
+    """GIVEN the environment `cdk deploy` sets from the credentials (account and region) WHEN synthesizing with
+    cdk-nag THEN every acknowledgement still matches its finding (ids then carry the literal account and region)."""
+    variant = synth_variant(region="eu-west-1")  # raises on an unacknowledged finding
+    assert (variant.stack.account, variant.stack.region) == ("111122223333", "eu-west-1")
