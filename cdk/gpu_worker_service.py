@@ -34,6 +34,25 @@ class GpuWorkerService(Construct):
     down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
     service's task count is scaled by :class:`cdk.queue_scaling.QueueScaling`.
 
+    Task count: the template sets no ``DesiredCount``. CloudFormation re-applies a template's DesiredCount on every
+    service update, so a fixed 0 would reset a busy fleet to zero tasks whenever new worker code is deployed. Without
+    it, an update keeps the count that scaling set; the consequence is on create, where ECS starts 1 task: the first
+    deploy launches one GPU instance, waits for that task to run (a check that the image and model start), and the
+    scale-in alarm removes it after ``idle_minutes`` without work (then managed scaling removes the instance).
+
+    Deployments, at full load included (every GPU busy, every task protected):
+
+    * ``start_before_stop=False`` (stop-before-start: minimum healthy 0%, maximum 100%): ECS stops an old task before
+      it starts its replacement, in the GPU the old task frees, so a deployment never needs a GPU the fleet does not
+      have. ECS does not stop a task with scale-in protection, which the worker holds while it runs jobs: a busy task
+      is replaced once it goes idle or its protection lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and
+      then drains in its stop timeout. Capacity dips by one task while its replacement loads the model.
+    * ``start_before_stop=True`` (minimum healthy 100%, maximum 200%): a new task starts before an old one stops,
+      which needs a GPU beyond the running tasks; :class:`cdk.service.AsyncInferenceServiceProps` only allows it with
+      spare instances under ``max_instances``. New tasks beyond the spare GPUs wait (PROVISIONING) until an old task
+      stops; old tasks stop, as above, when idle or unprotected. No capacity dip, for the cost of the spare instance
+      while a deployment runs.
+
     :param image_context: Docker build context of the worker image. Default: the repository root.
     :param dockerfile: Dockerfile path inside ``image_context``. Default: ``gpu_worker/Dockerfile``.
     :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS. The construct adds
@@ -42,6 +61,8 @@ class GpuWorkerService(Construct):
         ``WORKER_SERVICE_NAME``.
     :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM).
     :param max_instances: most GPU instances at once. Default: 2.
+    :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
+        Default: False (stop-before-start).
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
     :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
     :param nat_gateways: NAT gateways of the VPC. Default: 1.
@@ -59,6 +80,7 @@ class GpuWorkerService(Construct):
         service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
         max_instances: int = 2,
+        start_before_stop: bool = False,
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
         nat_gateways: int = 1,
@@ -136,11 +158,12 @@ class GpuWorkerService(Construct):
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
             circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
-            # Start idle: QueueScaling raises the count when work arrives. Fixed at 0 so a deploy does not wake a GPU.
-            desired_count=0,
-            # New tasks start before old ones stop (on new instances if needed), so a deploy never drops capacity.
-            min_healthy_percent=100,
-            max_healthy_percent=200,
+            # No desired_count: see the class docstring (a template value would be re-applied on every update).
+            min_healthy_percent=100 if start_before_stop else 0,
+            max_healthy_percent=200 if start_before_stop else 100,
+            # Rebalancing moves tasks between zones by starting new ones and stopping old: a model load each, and a
+            # GPU the fleet may not have. Tasks go where GPU capacity is.
+            availability_zone_rebalancing=ecs.AvailabilityZoneRebalancing.DISABLED,
         )
         self._allow_task_protection()
 

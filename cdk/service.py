@@ -52,6 +52,11 @@ class AsyncInferenceServiceProps:
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
+      deployment_spare_instances: GPU instances, beyond those ``max_worker_tasks`` fill, that a deployment may start
+        new tasks on before it stops old ones (start-before-stop, no capacity dip, the spare instance paid while a
+        deployment runs); ``max_gpu_instances`` must include them. 0: stop-before-start (an old task stops, once idle
+        or unprotected, before its replacement starts in its GPU). Either way a deployment at full load can place its
+        tasks; ``cdk.gpu_worker_service.GpuWorkerService`` explains both. Default: 0.
       worker_memory_reservation_mib: Default: 12288.
       worker_image_context: Docker build context of the worker. Default: the repository root.
       worker_dockerfile: relative to the context. Default: ``"gpu_worker/Dockerfile"``.
@@ -79,6 +84,7 @@ class AsyncInferenceServiceProps:
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
+    deployment_spare_instances: int = 0
     worker_memory_reservation_mib: int = 12288
     worker_image_context: Path = PROJECT_ROOT
     worker_dockerfile: str = "gpu_worker/Dockerfile"
@@ -100,6 +106,17 @@ class AsyncInferenceServiceProps:
             raise ValueError(
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
+            )
+        if self.deployment_spare_instances < 0:
+            raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
+        spare_gpus = self.max_gpu_instances * self.gpus_per_instance - self.max_worker_tasks
+        if self.deployment_spare_instances and spare_gpus < self.deployment_spare_instances * self.gpus_per_instance:
+            raise ValueError(
+                f"deployment_spare_instances ({self.deployment_spare_instances}) needs that many instances beyond "
+                f"max_worker_tasks ({self.max_worker_tasks}) in max_gpu_instances ({self.max_gpu_instances}) x "
+                f"gpus_per_instance ({self.gpus_per_instance}): at full load a start-before-stop deployment would wait "
+                "for a GPU no instance has. Raise max_gpu_instances or set deployment_spare_instances to 0 "
+                "(stop-before-start)"
             )
         if self.retention_days * 86400 < settings.MAX_TTL_S:
             raise ValueError(
@@ -189,6 +206,7 @@ class AsyncInferenceService(Construct):
             },
             instance_type=props.gpu_instance_type,
             max_instances=props.max_gpu_instances,
+            start_before_stop=props.deployment_spare_instances > 0,
             memory_reservation_mib=props.worker_memory_reservation_mib,
             nat_gateways=props.nat_gateways,
             log_retention=props.log_retention,

@@ -35,6 +35,31 @@ def test_more_tasks_than_gpus_is_rejected_naming_the_options(worker_context):
         _props(worker_context, max_worker_tasks=3, max_gpu_instances=1, gpus_per_instance=2).validate()
 
 
+@pytest.mark.parametrize(("instances", "tasks", "gpus"), [(2, 2, 1), (2, 3, 2), (3, 5, 2)])
+def test_spare_deployment_instances_without_a_spare_gpu_are_rejected_naming_the_options(
+    worker_context, instances, tasks, gpus
+):
+    """GIVEN start-before-stop deployments but no instance beyond those the most tasks fill WHEN validating THEN the
+    error names deployment_spare_instances, max_worker_tasks, max_gpu_instances and gpus_per_instance."""
+    with pytest.raises(
+        ValueError,
+        match=rf"deployment_spare_instances \(1\).*max_worker_tasks \({tasks}\).*max_gpu_instances \({instances}\)"
+        rf".*gpus_per_instance \({gpus}\)",
+    ):
+        _props(
+            worker_context,
+            max_gpu_instances=instances,
+            max_worker_tasks=tasks,
+            gpus_per_instance=gpus,
+            deployment_spare_instances=1,
+        ).validate()
+
+
+def test_spare_deployment_instance_beyond_the_tasks_is_accepted(worker_context):
+    """GIVEN a third instance beyond two one-GPU tasks WHEN validating deployment_spare_instances=1 THEN it holds."""
+    _props(worker_context, max_gpu_instances=3, max_worker_tasks=2, deployment_spare_instances=1).validate()
+
+
 def test_retention_shorter_than_a_job_ttl_is_rejected(worker_context):
     """GIVEN payloads that would expire before a queued job does WHEN validating THEN the error says so."""
     with pytest.raises(ValueError, match=r"retention_days \(3\).*MAX_TTL_S"):
