@@ -21,6 +21,19 @@ MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
 WORKER_SERVICE_NAME = "async-inference-worker"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
+# The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
+# loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
+HEALTH_CHECK_COMMAND = ["CMD", "python3", "-m", "gpu_worker.health"]
+# The loops start only after the model is downloaded (or synced from S3) and loaded, which takes minutes. ECS caps the
+# start period at 300 s, so the retries carry the rest: a task is marked unhealthy only after 300 s + 10 x 60 s =
+# 15 minutes without one passing check. Replacing a slow starter would loop forever (and trip the deployment circuit
+# breaker); a hung worker costs less, since its jobs return to the queue when its heartbeat stops, so the check only
+# has to reclaim the GPU, within HEALTH_MAX_AGE_S + 10 minutes.
+HEALTH_CHECK_START_PERIOD = Duration.seconds(300)
+HEALTH_CHECK_INTERVAL = Duration.seconds(60)
+HEALTH_CHECK_RETRIES = 10  # ECS's maximum
+# One Python start and a stat(); generous because vLLM may keep every CPU busy while it loads.
+HEALTH_CHECK_TIMEOUT = Duration.seconds(10)
 
 
 class GpuWorkerService(Construct):
@@ -123,6 +136,13 @@ class GpuWorkerService(Construct):
             memory_reservation_mib=memory_reservation_mib,
             environment=self._container_environment(environment),
             stop_timeout=STOP_TIMEOUT,
+            health_check=ecs.HealthCheck(
+                command=HEALTH_CHECK_COMMAND,
+                start_period=HEALTH_CHECK_START_PERIOD,
+                interval=HEALTH_CHECK_INTERVAL,
+                retries=HEALTH_CHECK_RETRIES,
+                timeout=HEALTH_CHECK_TIMEOUT,
+            ),
             # vLLM's workers exchange tensors through /dev/shm; Docker's 64 MiB default is too small.
             linux_parameters=ecs.LinuxParameters(
                 self, "LinuxParameters", shared_memory_size=2048, init_process_enabled=True

@@ -41,3 +41,19 @@ def test_a_stack_with_account_and_region_passes_cdk_nag(synth_variant):
     cdk-nag THEN every acknowledgement still matches its finding (ids then carry the literal account and region)."""
     variant = synth_variant(region="eu-west-1")  # raises on an unacknowledged finding
     assert (variant.stack.account, variant.stack.region) == ("111122223333", "eu-west-1")
+
+
+def test_container_health_check_runs_the_worker_health_command(synthesized):
+    """GIVEN the health contract (the worker touches its health file while its loops run) WHEN reading the container
+    THEN ECS runs `python3 -m gpu_worker.health` as its health check."""
+    check = synthesized.container()["HealthCheck"]
+    assert check["Command"] == ["CMD", "python3", "-m", "gpu_worker.health"]
+
+
+def test_health_check_leaves_a_model_load_fifteen_minutes(synthesized):
+    """GIVEN a worker whose loops start only after its model loads WHEN ECS checks it THEN the start period is ECS's
+    300 s maximum and a task is unhealthy only after 15 minutes without one passing check."""
+    check = synthesized.container()["HealthCheck"]
+    assert check["StartPeriod"] == 300
+    assert check["StartPeriod"] + check["Retries"] * check["Interval"] == 15 * 60
+    assert 2 <= check["Timeout"] < check["Interval"]
