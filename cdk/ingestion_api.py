@@ -18,6 +18,8 @@ from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_arn_prefix
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
+# The API function's Powertools service name: the ``service`` dimension of JobsSubmitted.
+API_SERVICE_NAME = "async-inference-api"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,12 +120,13 @@ class IngestionApi(Construct):
         super().__init__(scope, id)
         if not tenants:
             raise ValueError("tenants is empty: with API keys required on every method, nobody could call the API")
+        self.service_name = API_SERVICE_NAME
         self.handler = code.new_function(
             self,
             "Handler",
             handler="lambdas.api.handler.lambda_handler",
             description="Ingestion API: submit, get, list and cancel jobs",
-            service_name="async-inference-api",
+            service_name=self.service_name,
             environment=environment,
             timeout=Duration.seconds(29),  # API Gateway's integration timeout
         )

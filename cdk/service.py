@@ -230,6 +230,8 @@ class AsyncInferenceService(Construct):
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
             },
             service=self.workers.service,
+            worker_service_name=self.workers.service_name,
+            api_service_name=self.api.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn

@@ -42,3 +42,24 @@ def denies_insecure_transport(statements: list[dict[str, Any]]) -> bool:
     return any(
         s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
     )
+
+
+def dashboard_widgets(template: Template) -> list[dict[str, Any]]:
+    """The widgets of the stack's one dashboard, its body parsed (deploy-time tokens read as the text TOKEN)."""
+    [dashboard] = template.find_resources("AWS::CloudWatch::Dashboard").values()
+    body = dashboard["Properties"]["DashboardBody"]
+    parts = body["Fn::Join"][1] if isinstance(body, dict) else [body]
+    # Tokens (region, queue names) sit inside JSON strings, so a bare placeholder keeps the text valid JSON.
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))["widgets"]
+
+
+def dashboard_metrics(template: Template, namespace: str) -> list[tuple[str, dict[str, str], str]]:
+    """(metric name, dimensions, statistic) of every metric of ``namespace`` plotted on the dashboard."""
+    found = []
+    for widget in dashboard_widgets(template):
+        for entry in widget.get("properties", {}).get("metrics", []):
+            fields, options = (entry[:-1], entry[-1]) if isinstance(entry[-1], dict) else (entry, {})
+            if len(fields) >= 2 and fields[0] == namespace:
+                dimensions = dict(zip(fields[2::2], fields[3::2]))
+                found.append((fields[1], dimensions, options.get("stat", "Average")))
+    return found
