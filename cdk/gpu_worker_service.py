@@ -8,6 +8,7 @@ from pathlib import Path
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -72,7 +73,12 @@ class GpuWorkerService(Construct):
         AWS_REGION and AWS_DEFAULT_REGION (the stack's region) and POWERTOOLS_SERVICE_NAME (``service_name``).
     :param service_name: Powertools service name, the ``service`` dimension of the worker's metrics. Default:
         ``WORKER_SERVICE_NAME``.
-    :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM).
+    :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM). Its
+        architecture is the worker image's platform: arm64 for Graviton GPU types (g5g), amd64 for the rest, whatever
+        machine builds the image.
+    :param machine_image: AMI of the GPU instances. Default: ECS's GPU-optimized Amazon Linux 2023 AMI, which exists
+        for x86_64 only; required for an arm64 ``instance_type`` (an AMI with the NVIDIA driver, the NVIDIA container
+        toolkit and the ECS agent with GPU support).
     :param max_instances: most GPU instances at once. Default: 2.
     :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
         Default: False (stop-before-start).
@@ -92,6 +98,7 @@ class GpuWorkerService(Construct):
         environment: Mapping[str, str],
         service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
+        machine_image: ec2.IMachineImage | None = None,
         max_instances: int = 2,
         start_before_stop: bool = False,
         memory_reservation_mib: int = 12288,
@@ -101,11 +108,22 @@ class GpuWorkerService(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.service_name = service_name
+        self.image_platform = image_platform(instance_type)
+        if machine_image is None and is_arm64(instance_type):
+            raise ValueError(
+                f"instance_type {instance_type} is arm64 and ECS publishes its GPU-optimized AMI for x86_64 only: "
+                "give machine_image"
+            )
         self.vpc = self._vpc(nat_gateways, log_retention)
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
         )
-        self.auto_scaling_group = self._gpu_instances(instance_type, max_instances, root_volume_gib)
+        self.auto_scaling_group = self._gpu_instances(
+            instance_type,
+            machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
+            max_instances,
+            root_volume_gib,
+        )
         self.capacity_provider = ecs.AsgCapacityProvider(
             self,
             "GpuCapacity",
@@ -130,7 +148,7 @@ class GpuWorkerService(Construct):
         self.container = self.task_definition.add_container(
             "Worker",
             image=ecs.ContainerImage.from_asset(
-                str(image_context), file=dockerfile, exclude=WORKER_IMAGE_EXCLUDE
+                str(image_context), file=dockerfile, exclude=WORKER_IMAGE_EXCLUDE, platform=self.image_platform
             ),
             gpu_count=1,
             memory_reservation_mib=memory_reservation_mib,
@@ -235,7 +253,7 @@ class GpuWorkerService(Construct):
         return vpc
 
     def _gpu_instances(
-        self, instance_type: str, max_instances: int, root_volume_gib: int
+        self, instance_type: str, machine_image: ec2.IMachineImage, max_instances: int, root_volume_gib: int
     ) -> autoscaling.AutoScalingGroup:
         security_group = ec2.SecurityGroup(
             self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only"
@@ -246,7 +264,7 @@ class GpuWorkerService(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
+            machine_image=machine_image,
             # The cluster appends its join commands to this user data (a launch template must expose one).
             user_data=ec2.UserData.for_linux(),
             role=role,
@@ -301,3 +319,14 @@ class GpuWorkerService(Construct):
                 ],
             )
         )
+
+
+def is_arm64(instance_type: str) -> bool:
+    """Whether ``instance_type`` is a Graviton (arm64) type, such as g5g."""
+    return ec2.InstanceType(instance_type).architecture == ec2.InstanceArchitecture.ARM_64
+
+
+def image_platform(instance_type: str) -> ecr_assets.Platform:
+    """The Docker platform that runs on ``instance_type``: without it the image is built for the building machine's
+    architecture, and one built on an arm64 laptop would not start on a g5."""
+    return ecr_assets.Platform.LINUX_ARM64 if is_arm64(instance_type) else ecr_assets.Platform.LINUX_AMD64

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct
@@ -15,7 +16,7 @@ from async_inference import settings
 from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
-from cdk.gpu_worker_service import GpuWorkerService
+from cdk.gpu_worker_service import GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
 from cdk.job_table import JobTable
@@ -48,7 +49,10 @@ class AsyncInferenceServiceProps:
     Workers
       model: Hugging Face model id vLLM serves. Default: ``"Qwen/Qwen2.5-1.5B-Instruct"``.
       max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: 16.
-      gpu_instance_type: Default: ``"g5.xlarge"``.
+      gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
+        Graviton GPU types such as g5g, amd64 otherwise).
+      gpu_ami_parameter_name: SSM parameter holding the AMI of the GPU instances. Default: none, ECS's GPU-optimized
+        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type``.
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
@@ -81,6 +85,7 @@ class AsyncInferenceServiceProps:
     model: str = DEFAULT_MODEL
     max_num_seqs: int = 16
     gpu_instance_type: str = "g5.xlarge"
+    gpu_ami_parameter_name: str | None = None
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
@@ -106,6 +111,12 @@ class AsyncInferenceServiceProps:
             raise ValueError(
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
+            )
+        if is_arm64(self.gpu_instance_type) and not self.gpu_ami_parameter_name:
+            raise ValueError(
+                f"gpu_instance_type ({self.gpu_instance_type}) is arm64, and ECS publishes its GPU-optimized AMI for "
+                "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
+                "driver and the ECS agent, or choose an x86_64 type (g5, g6)"
             )
         if self.deployment_spare_instances < 0:
             raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
@@ -205,6 +216,9 @@ class AsyncInferenceService(Construct):
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
             },
             instance_type=props.gpu_instance_type,
+            machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
+            if props.gpu_ami_parameter_name
+            else None,
             max_instances=props.max_gpu_instances,
             start_before_stop=props.deployment_spare_instances > 0,
             memory_reservation_mib=props.worker_memory_reservation_mib,

@@ -60,6 +60,13 @@ def test_spare_deployment_instance_beyond_the_tasks_is_accepted(worker_context):
     _props(worker_context, max_gpu_instances=3, max_worker_tasks=2, deployment_spare_instances=1).validate()
 
 
+def test_graviton_gpu_type_without_an_ami_is_rejected_naming_both_options(worker_context):
+    """GIVEN g5g.xlarge (arm64) and no AMI WHEN validating THEN the error names gpu_instance_type and
+    gpu_ami_parameter_name (ECS publishes its GPU AMI for x86_64 only)."""
+    with pytest.raises(ValueError, match=r"gpu_instance_type \(g5g.xlarge\) is arm64.*gpu_ami_parameter_name"):
+        _props(worker_context, gpu_instance_type="g5g.xlarge").validate()
+
+
 def test_retention_shorter_than_a_job_ttl_is_rejected(worker_context):
     """GIVEN payloads that would expire before a queued job does WHEN validating THEN the error says so."""
     with pytest.raises(ValueError, match=r"retention_days \(3\).*MAX_TTL_S"):
