@@ -291,11 +291,23 @@ class Blobs:
         except ClientError as exc:
             if is_error(exc, "NoSuchKey", "404", "NoSuchBucket"):
                 raise KeyError(key) from exc
+            if is_error(exc, "AccessDenied", "403") and not self._listed(bucket or self.bucket, key):
+                raise KeyError(key) from exc
             raise
         if response["ContentLength"] > max_bytes:
             response["Body"].close()
             raise PayloadTooLarge(f"{response['ContentLength']} bytes, limit {max_bytes}")
         return response["Body"].read()
+
+    def _listed(self, bucket: str, key: str) -> bool:
+        """Whether a listing shows ``key``: settles a GetObject answered 403, which S3 gives for a missing key to a
+        caller whose s3:ListBucket does not cover it (the stack grants ListBucket only with an s3:prefix condition,
+        which a ListObjectsV2 with ``Prefix=key`` meets). True when the listing is refused too: the 403 stands."""
+        try:
+            listing = self._s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        except ClientError:
+            return True
+        return any(item["Key"] == key for item in listing.get("Contents", []))
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=key)

@@ -254,65 +254,58 @@ class AsyncInferenceService(Construct):
         self._grant()
 
     def _grant(self) -> None:
-        bucket, table, topic, queue = self.bucket.bucket, self.table.table, self.results.topic, self.jobs.queue
+        """Each principal gets exactly the calls its code makes (async_inference.aws, service.py, lambdas/*,
+        gpu_worker/worker.py), on the resources and key prefixes it makes them on."""
+        bucket, table, results, queue = self.bucket, self.table, self.results, self.jobs.queue
         self._acknowledge_grant_wildcards()
-        requests, uploads, results = (
-            f"{prefix}*" for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
-        )
+        requests, uploads, result_objects = settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX
 
+        # The API: submit (get, create, transition on a failed enqueue), get (lazy expiry), list, cancel (notifies).
         api = self.api.handler
-        table.grant_read_write_data(api)
-        bucket.grant_read_write(api, requests)  # inline bodies
-        bucket.grant_read(api, results)  # presigned result GETs are signed with the function's role
-        bucket.grant_put(api, uploads)  # presigned upload PUTs likewise
-        queue.grant_send_messages(api)
-        self.api.grant_read_api_keys(api)  # tenant = name of the caller's API key
+        table.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        table.grant_tenant_listing(api)
+        bucket.grant_put(api, requests)  # inline bodies
+        bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
+        bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
+        queue.grant(api, "sqs:SendMessage")
+        results.grant_publish(api)  # cancels and expiries notify
+        self.api.grant_read_api_keys(api.role)  # tenant = name of the caller's API key
 
+        # The upload handler: check the object, queue its job or fail it, notify.
         upload = self.uploads.handler
-        bucket.grant_read(upload, uploads)
-        bucket.grant_delete(upload, uploads)
-        table.grant_read_write_data(upload)
-        queue.grant_send_messages(upload)
-        topic.grant_publish(upload)
+        table.grant_items(upload, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        bucket.grant_get(upload, uploads)
+        bucket.grant_delete(upload, uploads)  # objects no job asked for, and oversize bodies
+        queue.grant(upload, "sqs:SendMessage")
+        results.grant_publish(upload)
 
+        # The DLQ handler (its event source grants consuming the DLQ): fail the job, notify.
         dead_letters = self.dead_letters.handler
-        table.grant_read_write_data(dead_letters)
-        topic.grant_publish(dead_letters)
+        table.grant_items(dead_letters, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        results.grant_publish(dead_letters)
 
-        table.grant_read_write_data(self.webhooks.handler)
+        # The webhook dispatcher (its event source grants consuming, and hiding, its queue's messages).
+        webhook = self.webhooks.handler
+        table.grant_items(webhook, "dynamodb:GetItem", "dynamodb:UpdateItem")  # record_webhook_attempt
+        self.webhooks.grant_read_signing_secrets(webhook)
 
+        # The worker: receive, extend and delete claim checks; read payloads; write results (reading one back when
+        # an earlier run wrote it first); check cancellations in batches; notify; queue "started" events.
         worker = self.workers.task_definition.task_role
-        queue.grant_consume_messages(worker)  # includes ChangeMessageVisibility for the heartbeat
-        bucket.grant_read(worker, requests)
-        bucket.grant_read(worker, uploads)
-        bucket.grant_put(worker, results)
-        table.grant_read_write_data(worker)
-        topic.grant_publish(worker)
-        self.webhooks.queue.grant_send_messages(worker)  # "started" webhook events
-
+        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        bucket.grant_get(worker, requests, uploads, result_objects)
+        bucket.grant_put(worker, result_objects)
+        table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        results.grant_publish(worker)
+        self.webhooks.queue.grant(worker, "sqs:SendMessage")
 
     def _acknowledge_grant_wildcards(self) -> None:
-        """The wildcards that ``grant_*`` writes, each confined to one resource of this service."""
+        """The wildcards the grants above write: key prefixes of the claim-check bucket."""
         stack = Stack.of(self)
         bucket = stack.get_logical_id(self.bucket.bucket.node.default_child)
-        table = stack.get_logical_id(self.table.table.node.default_child)
         findings = {
-            "AwsSolutions-IAM5[Action::s3:GetObject*]": "bucket.grant_read: GetObject and its version/tagging "
-            "variants, on one key prefix of the claim-check bucket.",
-            "AwsSolutions-IAM5[Action::s3:GetBucket*]": "bucket.grant_read: bucket metadata reads, on the claim-check "
-            "bucket only.",
-            "AwsSolutions-IAM5[Action::s3:List*]": "bucket.grant_read: listing the claim-check bucket only (a missing "
-            "key then reads as 404, not 403).",
-            "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "bucket.grant_delete / grant_read_write: deletes on one key "
-            "prefix of the claim-check bucket.",
-            "AwsSolutions-IAM5[Action::s3:Abort*]": "bucket.grant_put: aborting multipart uploads, on one key prefix.",
-            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "topic.grant_publish: SNS encrypts each message with a "
-            "data key of the result topic's own key, the only key named.",
-            f"AwsSolutions-IAM5[Resource::<{table}.Arn>/index/*]": "table.grant_read_write_data includes the job "
-            "table's indexes; the list endpoint queries the tenant index.",
+            f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
+            "hold tenant and job ids assigned at run time."
+            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
         }
-        for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX):
-            findings[f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]"] = (
-                f"Objects under the {prefix} prefix only: keys hold tenant and job ids assigned at run time."
-            )
         acknowledge(self, findings)

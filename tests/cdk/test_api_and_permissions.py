@@ -6,7 +6,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import config, settings
-from tests.cdk.helpers import function_role, role_actions
+from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
 
@@ -93,52 +93,137 @@ def _prefixes(resources):
     return {r["Fn::Join"][1][-1].lstrip("/") for r in resources if isinstance(r, dict) and "Fn::Join" in r}
 
 
-def test_api_role_writes_requests_presigns_uploads_and_results_and_sends_jobs(synthesized):
-    """GIVEN the API function's role WHEN listing its actions THEN it only has what the API uses."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, API))
-    assert "sqs:SendMessage" in actions and "apigateway:GET" in actions
+XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
+PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
+# What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
+EVENT_SOURCE = {
+    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+}
+
+
+def _function_actions(synthesized, handler):
+    return role_actions(synthesized.template, function_role(synthesized.template, handler))
+
+
+def _worker_actions(synthesized):
+    return role_actions(synthesized.template, synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role))
+
+
+def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
+    """GIVEN the API function's role WHEN listing its actions THEN they are exactly the API's calls: job items and the
+    tenant index, request/upload writes, result reads (presigned), sends, notifications, its own API keys."""
+    actions = _function_actions(synthesized, API)
+    assert set(actions) == {
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
+        "s3:PutObject", "s3:GetObject", "sqs:SendMessage", "apigateway:GET", *PUBLISH, *XRAY,
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.RESULT_PREFIX}*"}
-    assert not {"sns:Publish", "sqs:ReceiveMessage", "secretsmanager:GetSecretValue"} & set(actions)
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*"}
+
+
+def test_api_queries_only_the_tenant_index(synthesized):
+    """GIVEN the list endpoint WHEN reading the API role's Query grant THEN it names the tenant index, no wildcard."""
+    table = synthesized.logical_id(synthesized.stack.service.table.table)
+    [resource] = _function_actions(synthesized, API)["dynamodb:Query"]
+    assert resource == {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]}
+
+
+def test_api_reads_only_this_stacks_api_keys(synthesized):
+    """GIVEN the tenant lookup (key id -> key name) WHEN reading the API role's apigateway:GET THEN it names exactly
+    this stack's tenant keys, not every key of the region (whose values it could read)."""
+    resources = _function_actions(synthesized, API)["apigateway:GET"]
+    keys = {synthesized.stack.resolve(key.key_id)["Ref"] for key in synthesized.stack.service.api.api_keys.values()}
+    named = {part["Ref"] for resource in resources for part in resource["Fn::Join"][1] if isinstance(part, dict)
+             and "Ref" in part and part["Ref"] in synthesized.json["Resources"]}
+    assert len(resources) == len(keys) == 2 and named == keys
+
+
+def test_api_key_policy_is_not_a_dependency_of_the_api_function(synthesized):
+    """GIVEN the key-reading policy names keys that depend (via stage and methods) on the function WHEN reading the
+    function THEN it does not depend on that policy, so the template has no cycle."""
+    policy = synthesized.logical_id(synthesized.stack.service.api.node.find_child("ReadApiKeys"))
+    function = synthesized.json["Resources"][synthesized.logical_id(synthesized.stack.service.api.handler)]
+    assert policy not in function.get("DependsOn", [])
+    assert dependency_cycle(synthesized.json) is None
 
 
 def test_upload_role_reads_and_deletes_uploads_only(synthesized):
-    """GIVEN the upload function's role WHEN listing its actions THEN S3 access is read/delete under uploads/."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, UPLOAD))
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.UPLOAD_PREFIX}*"}
-    assert _prefixes(actions["s3:DeleteObject*"]) == {f"{settings.UPLOAD_PREFIX}*"}
-    assert "s3:PutObject" not in actions
-    assert {"sqs:SendMessage", "sns:Publish", "dynamodb:UpdateItem"} <= set(actions)
+    """GIVEN the upload function's role WHEN listing its actions THEN it reads and deletes under uploads/, lists only
+    that prefix (so a missing key reads as 404), queues, notifies, and touches job items only."""
+    actions = _function_actions(synthesized, UPLOAD)
+    assert set(actions) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
+        "sqs:SendMessage", *PUBLISH, *XRAY,
+    }
+    assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
 
 
 def test_dlq_role_touches_no_payloads(synthesized):
-    """GIVEN the DLQ handler's role WHEN listing its actions THEN it has no S3 and no send to the job queue."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, DLQ))
-    assert not [a for a in actions if a.startswith("s3:")]
-    assert "sqs:SendMessage" not in actions
-    assert {"sqs:ReceiveMessage", "sns:Publish", "dynamodb:UpdateItem"} <= set(actions)
+    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queue, updates jobs and notifies."""
+    assert set(_function_actions(synthesized, DLQ)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+    }
 
 
 def test_webhook_role_reads_its_secret_and_publishes_nothing(synthesized):
-    """GIVEN the webhook function's role WHEN listing its actions THEN it reads the secret, no S3, no publish."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, WEBHOOKS))
-    assert "secretsmanager:GetSecretValue" in actions
-    assert not [a for a in actions if a.startswith("s3:")]
-    assert "sns:Publish" not in actions
+    """GIVEN the webhook function's role WHEN listing its actions THEN it reads the secret's value (only), records
+    attempts on jobs, consumes its queue; no S3, no publish."""
+    assert set(_function_actions(synthesized, WEBHOOKS)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "secretsmanager:GetSecretValue", *EVENT_SOURCE, *XRAY,
+    }
 
 
-def test_worker_role_consumes_jobs_writes_results_and_protects_its_tasks(synthesized):
-    """GIVEN the worker task role WHEN listing its actions THEN it reads requests/uploads and writes results only."""
-    role = synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
-    actions = role_actions(synthesized.template, role)
-    assert {"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sns:Publish"} <= set(actions)
-    assert {"ecs:UpdateTaskProtection", "ecs:GetTaskProtection"} <= set(actions)
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
+def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
+    """GIVEN the worker task role WHEN listing its actions THEN they are the worker's calls, and no Scan, DeleteItem,
+    BatchWriteItem, DeleteObject or queue-wide reads."""
+    assert set(_worker_actions(synthesized)) == {
+        "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage",
+        "s3:GetObject", "s3:PutObject", "s3:ListBucket",
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem",
+        "ecs:UpdateTaskProtection", "ecs:GetTaskProtection", *PUBLISH,
+    }
+
+
+def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
+    """GIVEN the worker WHEN reading its S3 grants THEN it reads requests, uploads and results (a result an earlier
+    run wrote is read back) and writes under results/ only."""
+    actions = _worker_actions(synthesized)
+    assert _prefixes(actions["s3:GetObject"]) == {
+        f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*"}
-    assert "s3:DeleteObject*" not in actions
-    # It sends to one queue only: the webhook queue, for "started" events (never to the job queue).
+
+
+def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
+    """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and sends only
+    "started" events to the webhook queue."""
+    actions = _worker_actions(synthesized)
+    jobs = synthesized.logical_id(synthesized.stack.service.jobs.queue)
     webhook_queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
+        assert actions[action] == [{"Fn::GetAtt": [jobs, "Arn"]}]
     assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [webhook_queue, "Arn"]}]
+
+
+@pytest.mark.parametrize(
+    ("principal", "prefixes"),
+    [
+        ("upload", [f"{settings.UPLOAD_PREFIX}*"]),
+        ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"]),
+    ],
+)
+def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, principal, prefixes):
+    """GIVEN s3:ListBucket (what makes a missing key a 404, not a 403) WHEN reading its statement THEN it is on the
+    claim-check bucket and only for keys under the prefixes the principal reads."""
+    role = (
+        function_role(synthesized.template, UPLOAD)
+        if principal == "upload"
+        else synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+    )
+    bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
+    [statement] = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]
+    assert statement["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}
+    assert statement["Condition"] == {"StringLike": {"s3:prefix": prefixes}}
 
 
 def test_no_role_has_an_aws_managed_full_access_policy(synthesized):
@@ -153,3 +238,10 @@ def test_no_role_has_an_aws_managed_full_access_policy(synthesized):
 def test_stack_outputs_where_the_service_is(synthesized, output):
     """GIVEN the stack WHEN deployed THEN it outputs the API URL and the resources operators need."""
     synthesized.template.has_output(output, {"Value": Match.any_value()})
+
+
+def test_the_cycle_check_finds_a_cycle():
+    """GIVEN two resources that refer to each other WHEN checking the template THEN the cycle is found (the check
+    above is not vacuous)."""
+    template = {"Resources": {"A": {"Properties": {"Role": {"Ref": "B"}}}, "B": {"DependsOn": "A"}, "C": {}}}
+    assert set(dependency_cycle(template) or []) == {"A", "B"}
