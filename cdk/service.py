@@ -242,6 +242,7 @@ class AsyncInferenceService(Construct):
                 "JobDeadLetterQueue": self.jobs.dead_letter_queue,
                 "WebhookDeadLetterQueue": self.webhooks.dead_letter_queue,
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
+                "UploadFailureQueue": self.uploads.failure_queue,
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,

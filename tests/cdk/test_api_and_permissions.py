@@ -100,6 +100,9 @@ EVENT_SOURCE = {
     "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
 }
 
+# What aws-cdk-lib's SqsDestination grants a function on its on-failure queue (Lambda itself needs SendMessage).
+DESTINATION = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+
 
 def _function_actions(synthesized, handler):
     return role_actions(synthesized.template, function_role(synthesized.template, handler))
@@ -153,9 +156,18 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
-        "sqs:SendMessage", *PUBLISH, *XRAY,
+        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+
+
+def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
+    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks) and to its
+    on-failure queue (Lambda delivers failed events with the function's role)."""
+    service = synthesized.stack.service
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue)}
+    sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
+    assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
 
 def test_dlq_role_touches_no_payloads(synthesized):

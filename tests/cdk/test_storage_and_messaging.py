@@ -179,3 +179,27 @@ def test_result_topic_refuses_requests_without_tls(synthesized):
     """GIVEN the result topic WHEN reading its topic policy THEN non-TLS requests are denied."""
     topic = synthesized.logical_id(synthesized.stack.service.results.topic)
     assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SNS::TopicPolicy", topic))
+
+
+def test_failed_upload_events_go_to_a_failure_queue_after_two_retries(synthesized):
+    """GIVEN S3 invokes the upload function asynchronously WHEN an event fails its invocations THEN Lambda retries it
+    twice and then sends it to the upload failure queue instead of dropping it."""
+    uploads = synthesized.stack.service.uploads
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {
+            "FunctionName": {"Ref": synthesized.logical_id(uploads.handler)},
+            "MaximumRetryAttempts": 2,
+            "MaximumEventAgeInSeconds": 3600,
+            "DestinationConfig": {
+                "OnFailure": {"Destination": {"Fn::GetAtt": [synthesized.logical_id(uploads.failure_queue), "Arn"]}}
+            },
+        },
+    )
+
+
+def test_upload_failure_queue_is_encrypted_and_refuses_requests_without_tls(synthesized):
+    """GIVEN the upload failure queue WHEN reading it and its policy THEN it is encrypted and TLS-only."""
+    queue = synthesized.logical_id(synthesized.stack.service.uploads.failure_queue)
+    assert synthesized.json["Resources"][queue]["Properties"]["SqsManagedSseEnabled"] is True
+    assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SQS::QueuePolicy", queue))
