@@ -25,6 +25,7 @@ from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
 from cdk.queue_scaling import QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
+from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
 
@@ -152,7 +153,8 @@ class AsyncInferenceService(Construct):
     """The asynchronous inference service: API, claim-check bucket, queue, table, topics, webhooks, GPU workers.
 
     The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
-    ``webhooks``, ``api``, ``uploads``, ``dead_letters``, ``workers``, ``scaling``, ``monitoring``). Every
+    ``webhooks``, ``api``, ``uploads``, ``upload_deadlines``, ``dead_letters``, ``workers``, ``scaling``,
+    ``monitoring``). Every
     permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
     each function and the worker from ``ServiceConfig``, the same class the code reads it with.
     """
@@ -184,11 +186,12 @@ class AsyncInferenceService(Construct):
         environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
+        self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
         self.api = IngestionApi(
             self,
             "Ingestion",
             code=code,
-            environment=environment,
+            environment={**environment, **self.upload_deadlines.environment},  # the API schedules each deadline
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -243,6 +246,7 @@ class AsyncInferenceService(Construct):
                 "WebhookDeadLetterQueue": self.webhooks.dead_letter_queue,
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
                 "UploadFailureQueue": self.uploads.failure_queue,
+                "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
@@ -269,6 +273,7 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
         bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
         queue.grant(api, "sqs:SendMessage")
+        self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
         results.grant_publish(api)  # cancels and expiries notify
         self.api.grant_read_api_keys(api.role)  # tenant = name of the caller's API key
 
@@ -284,6 +289,11 @@ class AsyncInferenceService(Construct):
         dead_letters = self.dead_letters.handler
         table.grant_items(dead_letters, "dynamodb:GetItem", "dynamodb:UpdateItem")
         results.grant_publish(dead_letters)
+
+        # The upload-deadline handler (its event source grants consuming, and hiding, its queue's messages).
+        deadlines = self.upload_deadlines.handler
+        table.grant_items(deadlines, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        results.grant_publish(deadlines)
 
         # The webhook dispatcher (its event source grants consuming, and hiding, its queue's messages).
         webhook = self.webhooks.handler

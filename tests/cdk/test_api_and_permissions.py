@@ -13,6 +13,7 @@ pytestmark = pytest.mark.cdk
 API = "lambdas.api.handler.lambda_handler"
 UPLOAD = "lambdas.upload.handler.lambda_handler"
 DLQ = "lambdas.dlq.handler.lambda_handler"
+DEADLINES = "lambdas.upload_deadlines.handler.lambda_handler"
 WEBHOOKS = "lambdas.webhooks.handler.lambda_handler"
 
 
@@ -74,7 +75,7 @@ def test_stage_has_access_logging_and_tracing(synthesized):
     )
 
 
-@pytest.mark.parametrize("handler", [API, UPLOAD, DLQ, WEBHOOKS])
+@pytest.mark.parametrize("handler", [API, UPLOAD, DLQ, WEBHOOKS, DEADLINES])
 def test_functions_get_the_shared_runtime_configuration(synthesized, handler):
     """GIVEN each function WHEN reading its environment THEN it has ServiceConfig's names and the metrics namespace."""
     [function] = synthesized.template.find_resources(
@@ -173,6 +174,22 @@ def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesiz
 def test_dlq_role_touches_no_payloads(synthesized):
     """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queue, updates jobs and notifies."""
     assert set(_function_actions(synthesized, DLQ)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+    }
+
+
+def test_api_sends_to_the_job_queue_and_the_deadline_queue_only(synthesized):
+    """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs) and the upload-deadline queue
+    (each upload job's deadline)."""
+    service = synthesized.stack.service
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue)}
+    assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
+
+
+def test_deadline_role_expires_jobs_and_notifies_only(synthesized):
+    """GIVEN the upload-deadline function WHEN listing its actions THEN it consumes (and hides) its queue's messages,
+    reads and updates job items and notifies; no S3."""
+    assert set(_function_actions(synthesized, DEADLINES)) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
     }
 

@@ -146,7 +146,7 @@ def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, s
 @pytest.mark.parametrize(
     "attribute",
     ["jobs.dead_letter_queue", "webhooks.dead_letter_queue", "results.subscription_dead_letter_queue",
-     "uploads.failure_queue"],
+     "uploads.failure_queue", "upload_deadlines.dead_letter_queue"],
 )
 def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
