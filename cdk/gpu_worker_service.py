@@ -19,6 +19,7 @@ from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 STOP_TIMEOUT = Duration.seconds(120)
 # Only what the worker image needs: the core package and the worker (the build context is the repository root).
 MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
+MODELS_CONTAINER_PATH = "/models"  # where the host directory appears in the container (the image's HF_HOME is under it)
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
 WORKER_SERVICE_NAME = "async-inference-worker"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
@@ -71,6 +72,8 @@ class GpuWorkerService(Construct):
     :param dockerfile: Dockerfile path inside ``image_context``. Default: ``gpu_worker/Dockerfile``.
     :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS. The construct adds
         AWS_REGION and AWS_DEFAULT_REGION (the stack's region) and POWERTOOLS_SERVICE_NAME (``service_name``).
+    :param secrets: container secrets by variable name (e.g. HF_TOKEN from Secrets Manager); the execution role
+        gets read access to each. Default: none.
     :param service_name: Powertools service name, the ``service`` dimension of the worker's metrics. Default:
         ``WORKER_SERVICE_NAME``.
     :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM). Its
@@ -96,6 +99,7 @@ class GpuWorkerService(Construct):
         image_context: Path,
         dockerfile: str = "gpu_worker/Dockerfile",
         environment: Mapping[str, str],
+        secrets: Mapping[str, ecs.Secret] | None = None,
         service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
         machine_image: ec2.IMachineImage | None = None,
@@ -153,6 +157,7 @@ class GpuWorkerService(Construct):
             gpu_count=1,
             memory_reservation_mib=memory_reservation_mib,
             environment=self._container_environment(environment),
+            secrets=dict(secrets) if secrets else None,
             stop_timeout=STOP_TIMEOUT,
             health_check=ecs.HealthCheck(
                 command=HEALTH_CHECK_COMMAND,
@@ -176,13 +181,13 @@ class GpuWorkerService(Construct):
         # on the same instance, so a scale-out onto a warm instance skips the download.
         self.task_definition.add_volume(name="models", host=ecs.Host(source_path=MODEL_CACHE_HOST_PATH))
         self.container.add_mount_points(
-            ecs.MountPoint(container_path="/models", source_volume="models", read_only=False)
+            ecs.MountPoint(container_path=MODELS_CONTAINER_PATH, source_volume="models", read_only=False)
         )
         acknowledge(
             self.task_definition,
             {
                 "AwsSolutions-ECS2": "The environment holds resource names, the model id and tuning values; no "
-                "secrets.",
+                "secrets (a Hugging Face token is a container secret from Secrets Manager).",
                 "AwsSolutions-IAM5[Resource::*]": "Execution role: ecr:GetAuthorizationToken supports no "
                 "resource-level permissions (the image pull is granted on the one asset repository).",
             },

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -16,11 +19,12 @@ from async_inference import settings
 from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
-from cdk.gpu_worker_service import GpuWorkerService, is_arm64
+from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
+from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
 from cdk.queue_scaling import QueueScaling
@@ -31,6 +35,9 @@ from cdk.webhook_dispatch import WebhookDispatch
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+MODEL_SOURCES = ("huggingface", "s3")
+# A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
+SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +55,19 @@ class AsyncInferenceServiceProps:
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
     Workers
-      model: Hugging Face model id vLLM serves. Default: ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
+        ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      model_source: where the workers get the weights at task start. ``"huggingface"``: downloaded from the Hub over
+        the NAT gateway (public models, or gated ones with ``hf_token_secret_arn``). ``"s3"``: synced from an S3 prefix
+        through the VPC's S3 endpoint into ``MODEL_DIR`` on the instance's model volume, so a task restarted on the
+        same instance copies only what changed; the prefix is ``model_s3_uri``, or, without it, ``<model>/`` in a
+        private, encrypted, TLS-only bucket the stack creates (stack output ``ModelBucketName``). The task role may
+        read that prefix only. Default: ``"huggingface"``.
+      model_s3_uri: ``s3://bucket/prefix/`` of weights uploaded already (same region; SSE-S3 or ``aws/s3``
+        encryption); only with ``model_source="s3"``. Default: none (the stack creates the bucket).
+      hf_token_secret_arn: complete ARN of a Secrets Manager secret whose value is a Hugging Face token, given to
+        the worker as the container secret HF_TOKEN (gated models); only with ``model_source="huggingface"``.
+        Default: none.
       max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: 16.
       gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
         Graviton GPU types such as g5g, amd64 otherwise).
@@ -84,6 +103,9 @@ class AsyncInferenceServiceProps:
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
     model: str = DEFAULT_MODEL
+    model_source: str = "huggingface"
+    model_s3_uri: str | None = None
+    hf_token_secret_arn: str | None = None
     max_num_seqs: int = 16
     gpu_instance_type: str = "g5.xlarge"
     gpu_ami_parameter_name: str | None = None
@@ -135,6 +157,7 @@ class AsyncInferenceServiceProps:
                 f"retention_days ({self.retention_days}) is shorter than settings.MAX_TTL_S "
                 f"({settings.MAX_TTL_S // 86400} days): a queued job's request would expire before the job does"
             )
+        self._validate_model_source()
         if self.nat_gateways < 1:
             raise ValueError("nat_gateways (0) leaves the GPU workers without a route to SQS, SNS and the model hub")
         if not 60 <= self.oldest_message_alarm_seconds < 14 * 86400:
@@ -146,6 +169,31 @@ class AsyncInferenceServiceProps:
             raise ValueError(
                 f"worker_dockerfile ({self.worker_dockerfile}) not found in worker_image_context "
                 f"({self.worker_image_context})"
+            )
+
+
+    def _validate_model_source(self) -> None:
+        if self.model_source not in MODEL_SOURCES:
+            raise ValueError(f"model_source ({self.model_source!r}) must be one of {', '.join(MODEL_SOURCES)}")
+        if self.model_s3_uri is not None and self.model_source != "s3":
+            raise ValueError(
+                f"model_s3_uri ({self.model_s3_uri}) conflicts with model_source ({self.model_source!r}): the weights "
+                "would come from Hugging Face and the prefix be ignored; set model_source to 's3' or drop model_s3_uri"
+            )
+        if self.model_s3_uri is not None:
+            try:
+                parse_s3_uri(self.model_s3_uri)
+            except ValueError as exc:
+                raise ValueError(f"model_s3_uri: {exc}") from exc
+        if self.hf_token_secret_arn is not None and self.model_source != "huggingface":
+            raise ValueError(
+                f"hf_token_secret_arn conflicts with model_source ({self.model_source!r}): the weights come from S3, "
+                "so no Hugging Face token is used; drop hf_token_secret_arn or set model_source to 'huggingface'"
+            )
+        if self.hf_token_secret_arn is not None and not re.match(SECRET_ARN_PATTERN, self.hf_token_secret_arn):
+            raise ValueError(
+                f"hf_token_secret_arn ({self.hf_token_secret_arn}) is not a complete Secrets Manager secret ARN "
+                "(arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>)"
             )
 
 
@@ -206,6 +254,7 @@ class AsyncInferenceService(Construct):
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
         )
+        model_environment, model_secrets = self._model_source(props, removal)
         self.workers = GpuWorkerService(
             self,
             "Workers",
@@ -215,9 +264,11 @@ class AsyncInferenceService(Construct):
                 **environment,
                 "ENGINE": "vllm",
                 "MODEL": props.model,
+                **model_environment,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
             },
+            secrets=model_secrets,
             instance_type=props.gpu_instance_type,
             machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
             if props.gpu_ami_parameter_name
@@ -257,6 +308,27 @@ class AsyncInferenceService(Construct):
             else None,
         )
         self._grant()
+
+    def _model_source(
+        self, props: AsyncInferenceServiceProps, removal: RemovalPolicy
+    ) -> tuple[dict[str, str], dict[str, ecs.Secret]]:
+        """The worker's model variables and secrets for ``props.model_source``; sets ``self.models`` (S3 only)."""
+        self.models: ModelStore | None = None
+        if props.model_source == "s3":
+            self.models = ModelStore(
+                self,
+                "Models",
+                model=props.model,
+                models_path=MODELS_CONTAINER_PATH,
+                existing_uri=props.model_s3_uri,
+                access_logs=self.bucket.access_logs,
+                removal_policy=removal,
+            )
+            return dict(self.models.environment), {}
+        if props.hf_token_secret_arn:
+            token = secretsmanager.Secret.from_secret_complete_arn(self, "HuggingFaceToken", props.hf_token_secret_arn)
+            return {}, {"HF_TOKEN": ecs.Secret.from_secrets_manager(token)}
+        return {}, {}
 
     def _grant(self) -> None:
         """Each principal gets exactly the calls its code makes (async_inference.aws, service.py, lambdas/*,
@@ -309,6 +381,8 @@ class AsyncInferenceService(Construct):
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if self.models is not None:
+            self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
 
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards the grants above write: key prefixes of the claim-check bucket."""
