@@ -202,6 +202,8 @@ class GpuWorkerService(Construct):
             ],
             circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
             # No desired_count: see the class docstring (a template value would be re-applied on every update).
+            # ecs.Ec2Service then writes no DesiredCount; the flag @aws-cdk/aws-ecs-patterns:removeDefaultDesiredCount
+            # only concerns the ecs_patterns constructs, which would otherwise default it to 1.
             min_healthy_percent=100 if start_before_stop else 0,
             max_healthy_percent=200 if start_before_stop else 100,
             # Rebalancing moves tasks between zones by starting new ones and stopping old: a model load each, and a
