@@ -63,6 +63,9 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
+    "gpu_ami_parameter_name": _optional_str,
+    "model_s3_uri": _optional_str,
+    "hf_token_secret_arn": _optional_str,
     "create_api_gateway_cloudwatch_role": _bool,
     "destroy_data_on_delete": _bool,
 }

@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from async_inference import settings
 from async_inference.jobs import FINAL_STATES, JobStatus, sources_of
-from async_inference.schemas import ClaimCheck, Job, ResultNotification, utcnow
+from async_inference.schemas import ClaimCheck, Job, ResultNotification, UploadDeadline, utcnow
 
 # Retries with backoff for throttling live in botocore ("standard" mode); anything still failing is an infrastructure
 # fault that the caller lets surface (the worker leaves the message for redelivery).
@@ -127,10 +127,12 @@ class JobStore:
         *,
         tenant: str | None = None,
         count_attempt: bool = False,
+        only_from: Iterable[JobStatus] | None = None,
         **fields: Any,
     ) -> Job | None:
         """Move a job to ``target`` if its current state allows it, setting ``fields``; the new job, or None when the
-        move was not allowed (already final, cancelled, unknown id, or another tenant's job)."""
+        move was not allowed (already final, cancelled, unknown id, or another tenant's job). ``only_from`` narrows
+        the states the move may leave (an upload expiry must not expire a job its upload just queued)."""
         now = utcnow()
         values: dict[str, Any] = {"status": target.value, "updated_at": now.isoformat()}
         if target in FINAL_STATES:
@@ -145,7 +147,10 @@ class JobStore:
             update += " ADD #attempts :one"
             names["#attempts"] = "attempts"
             expr_values[":one"] = 1
-        condition = Attr("status").is_in([s.value for s in sources_of(target)])
+        sources = sources_of(target) if only_from is None else sources_of(target) & frozenset(only_from)
+        if not sources:
+            raise ValueError(f"no state in {only_from} may move to {target.value}")
+        condition = Attr("status").is_in([s.value for s in sources])
         if tenant is not None:
             condition = condition & Attr(_TENANT).eq(tenant)
         try:
@@ -291,11 +296,23 @@ class Blobs:
         except ClientError as exc:
             if is_error(exc, "NoSuchKey", "404", "NoSuchBucket"):
                 raise KeyError(key) from exc
+            if is_error(exc, "AccessDenied", "403") and not self._listed(bucket or self.bucket, key):
+                raise KeyError(key) from exc
             raise
         if response["ContentLength"] > max_bytes:
             response["Body"].close()
             raise PayloadTooLarge(f"{response['ContentLength']} bytes, limit {max_bytes}")
         return response["Body"].read()
+
+    def _listed(self, bucket: str, key: str) -> bool:
+        """Whether a listing shows ``key``: settles a GetObject answered 403, which S3 gives for a missing key to a
+        caller whose s3:ListBucket does not cover it (the stack grants ListBucket only with an s3:prefix condition,
+        which a ListObjectsV2 with ``Prefix=key`` meets). True when the listing is refused too: the 403 stands."""
+        try:
+            listing = self._s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        except ClientError:
+            return True
+        return any(item["Key"] == key for item in listing.get("Contents", []))
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=key)
@@ -371,6 +388,27 @@ class JobQueue:
             response = getattr(self._sqs, operation)(QueueUrl=self.url, Entries=chunk)
             failed.extend(chunk[int(f["Id"])]["ReceiptHandle"] for f in response.get("Failed", []))
         return failed
+
+
+SQS_MAX_DELAY_S = 900
+
+
+class UploadDeadlines:
+    """The upload-deadline queue: one message per upload job, delayed to the end of its presign window."""
+
+    def __init__(self, queue_url: str, sqs: Any | None = None) -> None:
+        self.url = queue_url
+        self._sqs = sqs or client("sqs")
+
+    def schedule(self, job_id: str, delay_s: int) -> None:
+        """Deliver the job's deadline after ``delay_s`` (clipped to SQS's 0..900 s; the handler hides a message that
+        arrives before the window and its grace are over)."""
+        body = UploadDeadline(job_id=job_id).model_dump_json()
+        self._sqs.send_message(QueueUrl=self.url, MessageBody=body, DelaySeconds=max(0, min(delay_s, SQS_MAX_DELAY_S)))
+
+    def hide(self, receipt_handle: str, seconds: int) -> None:
+        """Deliver a received deadline again after ``seconds``."""
+        self._sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt_handle, VisibilityTimeout=seconds)
 
 
 class WebhookQueue:

@@ -19,6 +19,8 @@ ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 ENV_WEBHOOK_SECRET_ARN = "WEBHOOK_SECRET_ARN"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
+# The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
+ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # The worker container (set by the task definition; the worker refuses to start without ENGINE).
@@ -44,6 +46,8 @@ class ServiceConfig:
     queue_url: str
     topic_arn: str
     dlq_url: str | None = None
+    # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
+    upload_deadlines_queue_url: str | None = None
 
     @classmethod
     def from_env(cls) -> ServiceConfig:
@@ -54,6 +58,7 @@ class ServiceConfig:
             queue_url=os.environ[ENV_QUEUE_URL],
             topic_arn=os.environ[ENV_TOPIC_ARN],
             dlq_url=os.environ.get(ENV_DLQ_URL),
+            upload_deadlines_queue_url=os.environ.get(ENV_UPLOAD_DEADLINES_QUEUE_URL),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -65,4 +70,6 @@ class ServiceConfig:
         }
         if self.dlq_url:
             env[ENV_DLQ_URL] = self.dlq_url
+        if self.upload_deadlines_queue_url:
+            env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
         return env

@@ -120,6 +120,13 @@ class ClaimCheck(_Internal):
     timeout_s: int  # a running generation is aborted after this
 
 
+class UploadDeadline(_Internal):
+    """The scheduled end of an upload job's presign window: its job expires then if the upload has not arrived."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+
+
 # --- The stored job -------------------------------------------------------------------------------------------------
 
 
@@ -168,6 +175,12 @@ class Job(_Internal):
     idempotency_key: str | None = None
     webhook: WebhookState | None = None
     notified: bool = False
+
+    @property
+    def upload_window_ends_at(self) -> dt.datetime:
+        """When the presigned upload of an upload job stops working: PRESIGNED_UPLOAD_EXPIRY_S after creation, or the
+        job's deadline if that comes first. Every URL for the job (an idempotent retry presigns anew) ends then."""
+        return min(self.created_at + dt.timedelta(seconds=settings.PRESIGNED_UPLOAD_EXPIRY_S), self.deadline)
 
     def claim_check(self) -> ClaimCheck:
         return ClaimCheck(

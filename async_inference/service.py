@@ -6,6 +6,7 @@ Handlers are thin adapters over this module; it talks to AWS only through the ad
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
-from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge
+from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.schemas import (
     ChatCompletion,
@@ -27,6 +28,7 @@ from async_inference.schemas import (
     ResultNotification,
     S3Location,
     Timings,
+    UploadDeadline,
     WebhookState,
     utcnow,
 )
@@ -61,14 +63,34 @@ class Submitted:
     upload: PresignedUpload | None = None
 
 
+@dataclass(frozen=True)
+class DeadlineCheck:
+    """What an upload deadline found: the job as it stands (None: no such job, or not a deadline message), and
+    ``retry_in_s`` > 0 when the window and its grace are not over yet, so the deadline must be looked at again."""
+
+    job: Job | None
+    retry_in_s: int = 0
+
+
 class JobService:
     def __init__(
-        self, *, store: JobStore, blobs: Blobs, queue: JobQueue, notifier: Notifier, allow_local_webhooks: bool = False
+        self,
+        *,
+        store: JobStore,
+        blobs: Blobs,
+        queue: JobQueue,
+        notifier: Notifier,
+        deadlines: UploadDeadlines | None = None,
+        upload_grace_s: int = settings.UPLOAD_GRACE_S,
+        allow_local_webhooks: bool = False,
     ) -> None:
         self.store = store
         self.blobs = blobs
         self.queue = queue
         self.notifier = notifier
+        # None: upload jobs get no scheduled expiry (a GET after the window still expires them).
+        self.deadlines = deadlines
+        self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
 
     @classmethod
@@ -79,6 +101,7 @@ class JobService:
             blobs=Blobs(config.bucket_name),
             queue=JobQueue(config.queue_url),
             notifier=Notifier(config.topic_arn),
+            deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=webhooks.allow_local_from_env(),
         )
 
@@ -117,6 +140,10 @@ class JobService:
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
             self.blobs.put_json(key, request.model_dump_json(exclude_none=True).encode())
+        else:
+            # Scheduled before the job exists, so no upload job is ever without its expiry; a deadline for a job that
+            # was then not created (a failed write, a lost race) finds no job, or the winner's, and is harmless.
+            self._schedule_upload_deadline(job)
         if not self.store.create(job):
             # Lost a race with a concurrent retry carrying the same Idempotency-Key.
             existing = self.store.get(job_id)
@@ -144,10 +171,25 @@ class JobService:
                 self.notify(failed)
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
 
+    def _schedule_upload_deadline(self, job: Job) -> None:
+        if self.deadlines is None:
+            return
+        delay_s = math.ceil((job.upload_window_ends_at - utcnow()).total_seconds())
+        try:
+            self.deadlines.schedule(job.job_id, delay_s)
+        except Exception as exc:
+            # Nothing is stored yet: the client retries (with its Idempotency-Key, onto the same job id).
+            raise ApiError(503, "unavailable", "the upload deadline queue is unavailable; retry the request") from exc
+
     def _upload_for(self, job: Job) -> PresignedUpload | None:
+        """A presigned PUT for an upload job, valid until the job's upload window ends (never beyond, also for an
+        idempotent retry); None when the job takes no upload or its window is over."""
         if job.status is not JobStatus.AWAITING_UPLOAD or job.upload_size_bytes is None:
             return None
-        expires_s = min(settings.PRESIGNED_UPLOAD_EXPIRY_S, max(1, int((job.deadline - utcnow()).total_seconds())))
+        left_s = (job.upload_window_ends_at - utcnow()).total_seconds()
+        if left_s <= 0:
+            return None
+        expires_s = math.ceil(left_s)
         url, headers = self.blobs.presign_put(job.request_key, size_bytes=job.upload_size_bytes, expires_s=expires_s)
         return PresignedUpload(url=url, headers=headers, expires_at=utcnow() + dt.timedelta(seconds=expires_s))
 
@@ -156,8 +198,8 @@ class JobService:
         job = self.store.get(job_id)
         if job is None or job.tenant != tenant:
             raise ApiError(404, "not_found", f"no job {job_id}")
-        if job.status is JobStatus.AWAITING_UPLOAD and utcnow() > job.deadline:
-            job = self.finish(job, JobStatus.EXPIRED, error="the upload did not arrive before the deadline") or job
+        if job.status is JobStatus.AWAITING_UPLOAD and self._upload_grace_left_s(job) <= 0:
+            job = self._expire_unuploaded(job) or self.store.get(job_id) or job
         return job
 
     def view(self, job: Job, *, upload: PresignedUpload | None = None) -> JobView:
@@ -231,6 +273,43 @@ class JobService:
             return None, f"the object could not be read ({type(exc).__name__})"
         return parse_request_body(body)
 
+    # --- Upload deadlines -----------------------------------------------------------------------------------------
+
+    def check_upload_deadline(self, body: str) -> DeadlineCheck:
+        """An upload job's deadline came due: expire the job if it is still awaiting its upload once its window and
+        the grace are over; if they are not (the message came early), say how long until they are."""
+        try:
+            deadline = UploadDeadline.model_validate_json(body)
+        except ValidationError:
+            return DeadlineCheck(None)
+        job = self.store.get(deadline.job_id)
+        if job is None:
+            return DeadlineCheck(None)
+        if job.status is JobStatus.EXPIRED and not job.notified:
+            self.notify(job)  # expired by an earlier delivery (or a GET) whose notification did not go out
+            return DeadlineCheck(job)
+        if job.status is not JobStatus.AWAITING_UPLOAD:
+            return DeadlineCheck(job)  # its upload arrived, or it was cancelled: nothing to do
+        left_s = self._upload_grace_left_s(job)
+        if left_s > 0:
+            return DeadlineCheck(job, retry_in_s=math.ceil(left_s))
+        return DeadlineCheck(self._expire_unuploaded(job) or self.store.get(job.job_id))
+
+    def _upload_grace_left_s(self, job: Job) -> float:
+        """Seconds until the job's upload window and its grace are over (negative once they are)."""
+        ends = job.upload_window_ends_at + dt.timedelta(seconds=self.upload_grace_s)
+        return (ends - utcnow()).total_seconds()
+
+    def _expire_unuploaded(self, job: Job) -> Job | None:
+        """Expire a job still awaiting its upload; None when it left that state meanwhile (its upload was queued)."""
+        window_s = round((job.upload_window_ends_at - job.created_at).total_seconds())
+        return self.finish(
+            job,
+            JobStatus.EXPIRED,
+            only_from={JobStatus.AWAITING_UPLOAD},
+            error=f"the upload did not arrive within its {window_s}-second presign window",
+        )
+
     # --- Dead letters ---------------------------------------------------------------------------------------------
 
     def dead_letter(self, body: str, receive_count: int) -> Job | None:
@@ -250,9 +329,18 @@ class JobService:
 
     # --- Final states and notifications ---------------------------------------------------------------------------
 
-    def finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None, **fields: Any) -> Job | None:
-        """Move a job to a final state and publish its notification; None when the move was not allowed."""
-        finished = self.store.transition(job.job_id, target, notified=False, **fields)
+    def finish(
+        self,
+        job: Job,
+        target: JobStatus,
+        *,
+        result: ChatCompletion | None = None,
+        only_from: frozenset[JobStatus] | set[JobStatus] | None = None,
+        **fields: Any,
+    ) -> Job | None:
+        """Move a job to a final state (from ``only_from`` states, if given) and publish its notification; None when
+        the move was not allowed."""
+        finished = self.store.transition(job.job_id, target, only_from=only_from, notified=False, **fields)
         if finished is not None:
             self.notify(finished, result=result)
         return finished

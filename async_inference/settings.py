@@ -42,6 +42,17 @@ MAX_INLINE_RESULT_BYTES = 128 * 1024  # results up to this size travel inside th
 PRESIGNED_UPLOAD_EXPIRY_S = 15 * 60  # the API contract promises at most 15 minutes
 PRESIGNED_RESULT_EXPIRY_S = 60 * 60
 
+# --- Upload deadlines -----------------------------------------------------------------------------------------------
+# An upload job's presign window is min(PRESIGNED_UPLOAD_EXPIRY_S, its ttl) from creation; the API sends a message
+# delayed to the window's end (SQS delays at most 900 s) and the upload-deadline handler expires the job if it is still
+# awaiting its upload UPLOAD_GRACE_S after the window. The grace covers an upload that began just before the window
+# closed and its S3 event, late or retried by Lambda (twice, 1 and 2 minutes apart), before the job is expired.
+UPLOAD_DEADLINES_QUEUE_NAME = "inference-upload-deadlines"
+UPLOAD_GRACE_S = 5 * 60
+# Receives of a deadline message before it moves to its DLQ: the first receive, at the window's end, is always handed
+# back for the grace, so this leaves three for faults.
+UPLOAD_DEADLINE_MAX_RECEIVE_COUNT = 5
+
 # --- Deadlines ------------------------------------------------------------------------------------------------------
 DEFAULT_TTL_S = 24 * 60 * 60  # a job still queued after this becomes `expired`
 MAX_TTL_S = 7 * 24 * 60 * 60

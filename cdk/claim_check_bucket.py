@@ -90,6 +90,47 @@ class ClaimCheckBucket(Construct):
         )
         self._refuse_stale_presigned_urls()
 
+    def grant_get(self, grantee: iam.IGrantable, *prefixes: str, missing_as_404: bool = True) -> None:
+        """s3:GetObject on the keys under ``prefixes`` and, with ``missing_as_404``, s3:ListBucket limited to them.
+
+        S3 answers a GetObject of a missing key with 404 NoSuchKey only to a caller allowed s3:ListBucket on the
+        bucket, and with 403 AccessDenied otherwise (the GetObject API reference); the code reads 404 as "missing"
+        (a job that can never run fails with a reason) and anything else as an infrastructure fault. ListBucket is
+        granted only with ``s3:prefix`` under these prefixes, so the principal cannot list other payloads. Whether
+        S3 evaluates that condition against the key of a failed GET is not documented, so ``aws.Blobs.get`` also
+        settles a 403 with a ListObjectsV2 on the key itself (which this condition does allow): a key the listing
+        does not show is missing. Without ``missing_as_404``: GetObject only (presigned GETs for clients).
+        """
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:GetObject"],
+            resource_arns=[self.bucket.arn_for_objects(f"{prefix}*") for prefix in prefixes],
+        )
+        if missing_as_404:
+            grantee.grant_principal.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[self.bucket.bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}},
+                )
+            )
+
+    def grant_put(self, grantee: iam.IGrantable, *prefixes: str) -> iam.Grant:
+        """s3:PutObject on the keys under ``prefixes`` (also what a presigned PUT signed by the grantee needs)."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:PutObject"],
+            resource_arns=[self.bucket.arn_for_objects(f"{prefix}*") for prefix in prefixes],
+        )
+
+    def grant_delete(self, grantee: iam.IGrantable, *prefixes: str) -> iam.Grant:
+        """s3:DeleteObject on the keys under ``prefixes`` (a delete marker: the bucket is versioned)."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:DeleteObject"],
+            resource_arns=[self.bucket.arn_for_objects(f"{prefix}*") for prefix in prefixes],
+        )
+
     def _refuse_stale_presigned_urls(self) -> None:
         # The code presigns for at most these expiries; the bucket enforces the same limits, so a URL presigned with a
         # longer expiry (a bug, or a leaked signing key) stops working when the API contract says it does.

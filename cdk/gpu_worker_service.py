@@ -8,6 +8,7 @@ from pathlib import Path
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -18,9 +19,23 @@ from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 STOP_TIMEOUT = Duration.seconds(120)
 # Only what the worker image needs: the core package and the worker (the build context is the repository root).
 MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
+MODELS_CONTAINER_PATH = "/models"  # where the host directory appears in the container (the image's HF_HOME is under it)
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
 WORKER_SERVICE_NAME = "async-inference-worker"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
+# The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
+# loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
+HEALTH_CHECK_COMMAND = ["CMD", "python3", "-m", "gpu_worker.health"]
+# The loops start only after the model is downloaded (or synced from S3) and loaded, which takes minutes. ECS caps the
+# start period at 300 s, so the retries carry the rest: a task is marked unhealthy only after 300 s + 10 x 60 s =
+# 15 minutes without one passing check. Replacing a slow starter would loop forever (and trip the deployment circuit
+# breaker); a hung worker costs less, since its jobs return to the queue when its heartbeat stops, so the check only
+# has to reclaim the GPU, within HEALTH_MAX_AGE_S + 10 minutes.
+HEALTH_CHECK_START_PERIOD = Duration.seconds(300)
+HEALTH_CHECK_INTERVAL = Duration.seconds(60)
+HEALTH_CHECK_RETRIES = 10  # ECS's maximum
+# One Python start and a stat(); generous because vLLM may keep every CPU busy while it loads.
+HEALTH_CHECK_TIMEOUT = Duration.seconds(10)
 
 
 class GpuWorkerService(Construct):
@@ -34,14 +49,42 @@ class GpuWorkerService(Construct):
     down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
     service's task count is scaled by :class:`cdk.queue_scaling.QueueScaling`.
 
+    Task count: the template sets no ``DesiredCount``. CloudFormation re-applies a template's DesiredCount on every
+    service update, so a fixed 0 would reset a busy fleet to zero tasks whenever new worker code is deployed. Without
+    it, an update keeps the count that scaling set; the consequence is on create, where ECS starts 1 task: the first
+    deploy launches one GPU instance, waits for that task to run (a check that the image and model start), and the
+    scale-in alarm removes it after ``idle_minutes`` without work (then managed scaling removes the instance).
+
+    Deployments, at full load included (every GPU busy, every task protected):
+
+    * ``start_before_stop=False`` (stop-before-start: minimum healthy 0%, maximum 100%): ECS stops an old task before
+      it starts its replacement, in the GPU the old task frees, so a deployment never needs a GPU the fleet does not
+      have. ECS does not stop a task with scale-in protection, which the worker holds while it runs jobs: a busy task
+      is replaced once it goes idle or its protection lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and
+      then drains in its stop timeout. Capacity dips by one task while its replacement loads the model.
+    * ``start_before_stop=True`` (minimum healthy 100%, maximum 200%): a new task starts before an old one stops,
+      which needs a GPU beyond the running tasks; :class:`cdk.service.AsyncInferenceServiceProps` only allows it with
+      spare instances under ``max_instances``. New tasks beyond the spare GPUs wait (PROVISIONING) until an old task
+      stops; old tasks stop, as above, when idle or unprotected. No capacity dip, for the cost of the spare instance
+      while a deployment runs.
+
     :param image_context: Docker build context of the worker image. Default: the repository root.
     :param dockerfile: Dockerfile path inside ``image_context``. Default: ``gpu_worker/Dockerfile``.
     :param environment: the service's runtime configuration, plus ENGINE, MODEL and MAX_NUM_SEQS. The construct adds
         AWS_REGION and AWS_DEFAULT_REGION (the stack's region) and POWERTOOLS_SERVICE_NAME (``service_name``).
+    :param secrets: container secrets by variable name (e.g. HF_TOKEN from Secrets Manager); the execution role
+        gets read access to each. Default: none.
     :param service_name: Powertools service name, the ``service`` dimension of the worker's metrics. Default:
         ``WORKER_SERVICE_NAME``.
-    :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM).
+    :param instance_type: GPU instance type. Default: ``g5.xlarge`` (1 A10G, 24 GiB GPU memory, 16 GiB RAM). Its
+        architecture is the worker image's platform: arm64 for Graviton GPU types (g5g), amd64 for the rest, whatever
+        machine builds the image.
+    :param machine_image: AMI of the GPU instances. Default: ECS's GPU-optimized Amazon Linux 2023 AMI, which exists
+        for x86_64 only; required for an arm64 ``instance_type`` (an AMI with the NVIDIA driver, the NVIDIA container
+        toolkit and the ECS agent with GPU support).
     :param max_instances: most GPU instances at once. Default: 2.
+    :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
+        Default: False (stop-before-start).
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
     :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
     :param nat_gateways: NAT gateways of the VPC. Default: 1.
@@ -56,9 +99,12 @@ class GpuWorkerService(Construct):
         image_context: Path,
         dockerfile: str = "gpu_worker/Dockerfile",
         environment: Mapping[str, str],
+        secrets: Mapping[str, ecs.Secret] | None = None,
         service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
+        machine_image: ec2.IMachineImage | None = None,
         max_instances: int = 2,
+        start_before_stop: bool = False,
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
         nat_gateways: int = 1,
@@ -66,11 +112,22 @@ class GpuWorkerService(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.service_name = service_name
+        self.image_platform = image_platform(instance_type)
+        if machine_image is None and is_arm64(instance_type):
+            raise ValueError(
+                f"instance_type {instance_type} is arm64 and ECS publishes its GPU-optimized AMI for x86_64 only: "
+                "give machine_image"
+            )
         self.vpc = self._vpc(nat_gateways, log_retention)
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
         )
-        self.auto_scaling_group = self._gpu_instances(instance_type, max_instances, root_volume_gib)
+        self.auto_scaling_group = self._gpu_instances(
+            instance_type,
+            machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
+            max_instances,
+            root_volume_gib,
+        )
         self.capacity_provider = ecs.AsgCapacityProvider(
             self,
             "GpuCapacity",
@@ -95,12 +152,20 @@ class GpuWorkerService(Construct):
         self.container = self.task_definition.add_container(
             "Worker",
             image=ecs.ContainerImage.from_asset(
-                str(image_context), file=dockerfile, exclude=WORKER_IMAGE_EXCLUDE
+                str(image_context), file=dockerfile, exclude=WORKER_IMAGE_EXCLUDE, platform=self.image_platform
             ),
             gpu_count=1,
             memory_reservation_mib=memory_reservation_mib,
             environment=self._container_environment(environment),
+            secrets=dict(secrets) if secrets else None,
             stop_timeout=STOP_TIMEOUT,
+            health_check=ecs.HealthCheck(
+                command=HEALTH_CHECK_COMMAND,
+                start_period=HEALTH_CHECK_START_PERIOD,
+                interval=HEALTH_CHECK_INTERVAL,
+                retries=HEALTH_CHECK_RETRIES,
+                timeout=HEALTH_CHECK_TIMEOUT,
+            ),
             # vLLM's workers exchange tensors through /dev/shm; Docker's 64 MiB default is too small.
             linux_parameters=ecs.LinuxParameters(
                 self, "LinuxParameters", shared_memory_size=2048, init_process_enabled=True
@@ -116,13 +181,13 @@ class GpuWorkerService(Construct):
         # on the same instance, so a scale-out onto a warm instance skips the download.
         self.task_definition.add_volume(name="models", host=ecs.Host(source_path=MODEL_CACHE_HOST_PATH))
         self.container.add_mount_points(
-            ecs.MountPoint(container_path="/models", source_volume="models", read_only=False)
+            ecs.MountPoint(container_path=MODELS_CONTAINER_PATH, source_volume="models", read_only=False)
         )
         acknowledge(
             self.task_definition,
             {
                 "AwsSolutions-ECS2": "The environment holds resource names, the model id and tuning values; no "
-                "secrets.",
+                "secrets (a Hugging Face token is a container secret from Secrets Manager).",
                 "AwsSolutions-IAM5[Resource::*]": "Execution role: ecr:GetAuthorizationToken supports no "
                 "resource-level permissions (the image pull is granted on the one asset repository).",
             },
@@ -136,11 +201,14 @@ class GpuWorkerService(Construct):
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
             circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
-            # Start idle: QueueScaling raises the count when work arrives. Fixed at 0 so a deploy does not wake a GPU.
-            desired_count=0,
-            # New tasks start before old ones stop (on new instances if needed), so a deploy never drops capacity.
-            min_healthy_percent=100,
-            max_healthy_percent=200,
+            # No desired_count: see the class docstring (a template value would be re-applied on every update).
+            # ecs.Ec2Service then writes no DesiredCount; the flag @aws-cdk/aws-ecs-patterns:removeDefaultDesiredCount
+            # only concerns the ecs_patterns constructs, which would otherwise default it to 1.
+            min_healthy_percent=100 if start_before_stop else 0,
+            max_healthy_percent=200 if start_before_stop else 100,
+            # Rebalancing moves tasks between zones by starting new ones and stopping old: a model load each, and a
+            # GPU the fleet may not have. Tasks go where GPU capacity is.
+            availability_zone_rebalancing=ecs.AvailabilityZoneRebalancing.DISABLED,
         )
         self._allow_task_protection()
 
@@ -192,7 +260,7 @@ class GpuWorkerService(Construct):
         return vpc
 
     def _gpu_instances(
-        self, instance_type: str, max_instances: int, root_volume_gib: int
+        self, instance_type: str, machine_image: ec2.IMachineImage, max_instances: int, root_volume_gib: int
     ) -> autoscaling.AutoScalingGroup:
         security_group = ec2.SecurityGroup(
             self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only"
@@ -203,7 +271,7 @@ class GpuWorkerService(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
+            machine_image=machine_image,
             # The cluster appends its join commands to this user data (a launch template must expose one).
             user_data=ec2.UserData.for_linux(),
             role=role,
@@ -258,3 +326,14 @@ class GpuWorkerService(Construct):
                 ],
             )
         )
+
+
+def is_arm64(instance_type: str) -> bool:
+    """Whether ``instance_type`` is a Graviton (arm64) type, such as g5g."""
+    return ec2.InstanceType(instance_type).architecture == ec2.InstanceArchitecture.ARM_64
+
+
+def image_platform(instance_type: str) -> ecr_assets.Platform:
+    """The Docker platform that runs on ``instance_type``: without it the image is built for the building machine's
+    architecture, and one built on an arm64 laptop would not start on a g5."""
+    return ecr_assets.Platform.LINUX_ARM64 if is_arm64(instance_type) else ecr_assets.Platform.LINUX_AMD64

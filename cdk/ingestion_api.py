@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -15,9 +15,11 @@ from constructs import Construct
 
 from async_inference import settings
 from cdk.lambda_code import LambdaCode
-from cdk.nag import acknowledge, rendered_arn_prefix
+from cdk.nag import acknowledge
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
+# The API function's Powertools service name: the ``service`` dimension of JobsSubmitted.
+API_SERVICE_NAME = "async-inference-api"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,12 +96,13 @@ class IngestionApi(Construct):
         super().__init__(scope, id)
         if not tenants:
             raise ValueError("tenants is empty: with API keys required on every method, nobody could call the API")
+        self.service_name = API_SERVICE_NAME
         self.handler = code.new_function(
             self,
             "Handler",
             handler="lambdas.api.handler.lambda_handler",
             description="Ingestion API: submit, get, list and cancel jobs",
-            service_name="async-inference-api",
+            service_name=self.service_name,
             environment=environment,
             timeout=Duration.seconds(29),  # API Gateway's integration timeout
         )
@@ -165,23 +168,25 @@ class IngestionApi(Construct):
         )
         v1.add_resource("openapi.json").add_method("GET", integration)
 
-    def grant_read_api_keys(self, grantee: iam.IGrantable) -> iam.Grant:
-        """apigateway:GET on this region's API keys, to resolve a caller's key id to its name (the tenant).
+    def grant_read_api_keys(self, role: iam.IRole) -> iam.Policy:
+        """apigateway:GET on this API's tenant keys, to resolve a caller's key id to its name (the tenant).
 
-        Not ``key.grant_read`` per key: the keys depend on the stage, the stage on the methods, the methods on the
-        function, so naming the keys in the function's policy would be a dependency cycle.
+        The keys depend on the stage, the stage on the methods, the methods on the function, and the function on its
+        role's default policy: naming the keys there would be a dependency cycle. So the statement lives in a policy
+        of its own, attached to the role, that the function does not depend on. CloudFormation creates it after the
+        keys, so until then (during the first deployment only) a call is refused.
         """
-        stack = Stack.of(self)
-        keys = stack.format_arn(service="apigateway", account="", resource="/apikeys/*")
-        acknowledge(
-            grantee.grant_principal,
-            {
-                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'apigateway')}::/apikeys/*]": "Read-only "
-                "(apigateway:GET) on API keys: naming each key would be a dependency cycle (keys -> stage -> methods "
-                "-> function -> policy)."
-            },
+        policy = iam.Policy(
+            self,
+            "ReadApiKeys",
+            statements=[
+                iam.PolicyStatement(
+                    actions=["apigateway:GET"], resources=[key.key_arn for key in self.api_keys.values()]
+                )
+            ],
         )
-        return iam.Grant.add_to_principal(grantee=grantee, actions=["apigateway:GET"], resource_arns=[keys])
+        policy.attach_to_role(role)
+        return policy
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         key = self.api.add_api_key(f"ApiKey-{tenant}", api_key_name=tenant, description=f"API key of tenant {tenant}")

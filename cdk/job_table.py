@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from async_inference import settings
@@ -40,3 +41,15 @@ class JobTable(Construct):
             sort_key=dynamodb.Attribute(name=settings.TENANT_INDEX_SORT_KEY, type=string),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+
+    def grant_items(self, grantee: iam.IGrantable, *actions: str) -> iam.Grant:
+        """Item-level ``actions`` (GetItem, PutItem, UpdateItem, BatchGetItem) on the table itself, not its index.
+
+        Not ``grant_read_write_data``: that adds Scan, DeleteItem and BatchWriteItem, which no component calls.
+        """
+        return iam.Grant.add_to_principal(grantee=grantee, actions=list(actions), resource_arns=[self.table.table_arn])
+
+    def grant_tenant_listing(self, grantee: iam.IGrantable) -> iam.Grant:
+        """dynamodb:Query on the tenant index only (the list endpoint)."""
+        index = f"{self.table.table_arn}/index/{settings.TENANT_INDEX_NAME}"
+        return iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"], resource_arns=[index])

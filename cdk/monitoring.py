@@ -16,12 +16,30 @@ from async_inference import settings
 
 FIVE_MINUTES = Duration.minutes(5)
 
+# How the dashboard plots each metric of settings.WORKER_METRICS and settings.API_METRICS: its widget and statistics.
+# Counts are summed per period; times are seconds, shown as the mean and the 90th percentile (the tail a client waits).
+_JOBS = "Jobs per 5 minutes"
+_TIMES = "Queue and processing time (s)"
+_TOKENS = "Completion tokens per 5 minutes"
+METRIC_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    settings.METRIC_JOBS_SUBMITTED: (_JOBS, ("Sum",)),
+    settings.METRIC_JOBS_SUCCEEDED: (_JOBS, ("Sum",)),
+    settings.METRIC_JOBS_FAILED: (_JOBS, ("Sum",)),
+    settings.METRIC_QUEUE_TIME: (_TIMES, ("Average", "p90")),
+    settings.METRIC_PROCESSING_TIME: (_TIMES, ("Average", "p90")),
+    settings.METRIC_COMPLETION_TOKENS: (_TOKENS, ("Sum",)),
+}
 
-def worker_metric(name: str, statistic: str, label: str) -> cloudwatch.MathExpression:
-    """A worker metric summed over whatever dimensions the worker's EMF records carry (SEARCH finds them all)."""
-    search = f"SEARCH('{{{settings.METRICS_NAMESPACE}}} MetricName=\"{name}\"', '{statistic}', 300)"
-    return cloudwatch.MathExpression(
-        expression=f"SUM({search})" if statistic == "Sum" else f"AVG({search})", label=label, period=FIVE_MINUTES
+
+def service_metric(name: str, service_name: str, statistic: str) -> cloudwatch.Metric:
+    """A metric the service emits through Powertools Metrics (EMF): the shared namespace, dimension ``service``."""
+    return cloudwatch.Metric(
+        namespace=settings.METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": service_name},
+        statistic=statistic,
+        period=FIVE_MINUTES,
+        label=f"{name} ({statistic})" if statistic != "Sum" else name,
     )
 
 
@@ -31,6 +49,8 @@ class Monitoring(Construct):
     :param queue: the job queue.
     :param dead_letter_queues: name -> DLQ to alarm on (depth > 0).
     :param service: the worker service (running task count).
+    :param worker_service_name: the worker's Powertools service name (the ``service`` dimension of its metrics).
+    :param api_service_name: the API function's Powertools service name.
     :param oldest_message_alarm_age: alarm when the oldest queued job is older than this. Default: 15 minutes.
     :param alarm_topic: where alarms notify. Default: none (alarms only show in CloudWatch).
     """
@@ -43,6 +63,8 @@ class Monitoring(Construct):
         queue: sqs.IQueue,
         dead_letter_queues: Mapping[str, sqs.IQueue],
         service: ecs.BaseService,
+        worker_service_name: str,
+        api_service_name: str,
         oldest_message_alarm_age: Duration = Duration.minutes(15),
         alarm_topic: sns.ITopic | None = None,
     ) -> None:
@@ -98,21 +120,24 @@ class Monitoring(Construct):
             cloudwatch.GraphWidget(title="Age of oldest job (s)", left=[oldest], width=8),
             cloudwatch.GraphWidget(title="Running worker tasks", left=[running_tasks], width=8),
         )
-        self.dashboard.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Jobs succeeded / failed",
-                left=[
-                    worker_metric(settings.METRIC_JOBS_SUCCEEDED, "Sum", "Succeeded"),
-                    worker_metric(settings.METRIC_JOBS_FAILED, "Sum", "Failed"),
-                ],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Processing time (s)",
-                left=[worker_metric(settings.METRIC_PROCESSING_TIME, "Average", "Average processing time")],
-                width=12,
-            ),
-        )
+        self.dashboard.add_widgets(*self._service_metric_widgets(worker_service_name, api_service_name))
         self.dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
         )
+
+    @staticmethod
+    def _service_metric_widgets(worker_service_name: str, api_service_name: str) -> list[cloudwatch.GraphWidget]:
+        """One graph per METRIC_PLOTS widget, holding every name of the shared metric lists; a name without a plot
+        is refused, so a metric added to settings cannot miss the dashboard."""
+        emitted = {name: worker_service_name for name in settings.WORKER_METRICS}
+        emitted.update({name: api_service_name for name in settings.API_METRICS})
+        unplotted = sorted(set(emitted) - set(METRIC_PLOTS))
+        if unplotted:
+            raise ValueError(f"metrics {unplotted} are in settings but have no plot in cdk.monitoring.METRIC_PLOTS")
+        widgets: dict[str, list[cloudwatch.IMetric]] = {}
+        for name, (title, statistics) in METRIC_PLOTS.items():
+            if name in emitted:
+                widgets.setdefault(title, []).extend(
+                    service_metric(name, emitted[name], statistic) for statistic in statistics
+                )
+        return [cloudwatch.GraphWidget(title=title, left=metrics, width=8) for title, metrics in widgets.items()]

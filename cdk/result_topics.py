@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -83,6 +84,12 @@ class ResultTopics(Construct):
         )
         for index, subscription in enumerate(subscriptions):
             self.topic.add_subscription(self._subscription(index, subscription))
+
+    def grant_publish(self, grantee: iam.IGrantable) -> None:
+        """sns:Publish on the topic (PublishBatch is authorized as Publish), and on its key the two calls SNS makes
+        for an encrypted publish: GenerateDataKey and Decrypt (``topic.grant_publish`` writes GenerateDataKey*)."""
+        iam.Grant.add_to_principal(grantee=grantee, actions=["sns:Publish"], resource_arns=[self.topic.topic_arn])
+        self.key.grant(grantee, "kms:GenerateDataKey", "kms:Decrypt")
 
     def _subscription(self, index: int, spec: TopicSubscription) -> sns.ITopicSubscription:
         filter_policy = (

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -15,20 +19,25 @@ from async_inference import settings
 from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
-from cdk.gpu_worker_service import GpuWorkerService
+from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
+from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
 from cdk.queue_scaling import QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
+from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+MODEL_SOURCES = ("huggingface", "s3")
+# A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
+SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +55,32 @@ class AsyncInferenceServiceProps:
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
     Workers
-      model: Hugging Face model id vLLM serves. Default: ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
+        ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      model_source: where the workers get the weights at task start. ``"huggingface"``: downloaded from the Hub over
+        the NAT gateway (public models, or gated ones with ``hf_token_secret_arn``). ``"s3"``: synced from an S3 prefix
+        through the VPC's S3 endpoint into ``MODEL_DIR`` on the instance's model volume, so a task restarted on the
+        same instance copies only what changed; the prefix is ``model_s3_uri``, or, without it, ``<model>/`` in a
+        private, encrypted, TLS-only bucket the stack creates (stack output ``ModelBucketName``). The task role may
+        read that prefix only. Default: ``"huggingface"``.
+      model_s3_uri: ``s3://bucket/prefix/`` of weights uploaded already (same region; SSE-S3 or ``aws/s3``
+        encryption); only with ``model_source="s3"``. Default: none (the stack creates the bucket).
+      hf_token_secret_arn: complete ARN of a Secrets Manager secret whose value is a Hugging Face token, given to
+        the worker as the container secret HF_TOKEN (gated models); only with ``model_source="huggingface"``.
+        Default: none.
       max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: 16.
-      gpu_instance_type: Default: ``"g5.xlarge"``.
+      gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
+        Graviton GPU types such as g5g, amd64 otherwise).
+      gpu_ami_parameter_name: SSM parameter holding the AMI of the GPU instances. Default: none, ECS's GPU-optimized
+        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type``.
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
+      deployment_spare_instances: GPU instances, beyond those ``max_worker_tasks`` fill, that a deployment may start
+        new tasks on before it stops old ones (start-before-stop, no capacity dip, the spare instance paid while a
+        deployment runs); ``max_gpu_instances`` must include them. 0: stop-before-start (an old task stops, once idle
+        or unprotected, before its replacement starts in its GPU). Either way a deployment at full load can place its
+        tasks; ``cdk.gpu_worker_service.GpuWorkerService`` explains both. Default: 0.
       worker_memory_reservation_mib: Default: 12288.
       worker_image_context: Docker build context of the worker. Default: the repository root.
       worker_dockerfile: relative to the context. Default: ``"gpu_worker/Dockerfile"``.
@@ -74,11 +103,16 @@ class AsyncInferenceServiceProps:
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
     model: str = DEFAULT_MODEL
+    model_source: str = "huggingface"
+    model_s3_uri: str | None = None
+    hf_token_secret_arn: str | None = None
     max_num_seqs: int = 16
     gpu_instance_type: str = "g5.xlarge"
+    gpu_ami_parameter_name: str | None = None
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
+    deployment_spare_instances: int = 0
     worker_memory_reservation_mib: int = 12288
     worker_image_context: Path = PROJECT_ROOT
     worker_dockerfile: str = "gpu_worker/Dockerfile"
@@ -101,11 +135,29 @@ class AsyncInferenceServiceProps:
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
             )
+        if is_arm64(self.gpu_instance_type) and not self.gpu_ami_parameter_name:
+            raise ValueError(
+                f"gpu_instance_type ({self.gpu_instance_type}) is arm64, and ECS publishes its GPU-optimized AMI for "
+                "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
+                "driver and the ECS agent, or choose an x86_64 type (g5, g6)"
+            )
+        if self.deployment_spare_instances < 0:
+            raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
+        spare_gpus = self.max_gpu_instances * self.gpus_per_instance - self.max_worker_tasks
+        if self.deployment_spare_instances and spare_gpus < self.deployment_spare_instances * self.gpus_per_instance:
+            raise ValueError(
+                f"deployment_spare_instances ({self.deployment_spare_instances}) needs that many instances beyond "
+                f"max_worker_tasks ({self.max_worker_tasks}) in max_gpu_instances ({self.max_gpu_instances}) x "
+                f"gpus_per_instance ({self.gpus_per_instance}): at full load a start-before-stop deployment would wait "
+                "for a GPU no instance has. Raise max_gpu_instances or set deployment_spare_instances to 0 "
+                "(stop-before-start)"
+            )
         if self.retention_days * 86400 < settings.MAX_TTL_S:
             raise ValueError(
                 f"retention_days ({self.retention_days}) is shorter than settings.MAX_TTL_S "
                 f"({settings.MAX_TTL_S // 86400} days): a queued job's request would expire before the job does"
             )
+        self._validate_model_source()
         if self.nat_gateways < 1:
             raise ValueError("nat_gateways (0) leaves the GPU workers without a route to SQS, SNS and the model hub")
         if not 60 <= self.oldest_message_alarm_seconds < 14 * 86400:
@@ -120,11 +172,37 @@ class AsyncInferenceServiceProps:
             )
 
 
+    def _validate_model_source(self) -> None:
+        if self.model_source not in MODEL_SOURCES:
+            raise ValueError(f"model_source ({self.model_source!r}) must be one of {', '.join(MODEL_SOURCES)}")
+        if self.model_s3_uri is not None and self.model_source != "s3":
+            raise ValueError(
+                f"model_s3_uri ({self.model_s3_uri}) conflicts with model_source ({self.model_source!r}): the weights "
+                "would come from Hugging Face and the prefix be ignored; set model_source to 's3' or drop model_s3_uri"
+            )
+        if self.model_s3_uri is not None:
+            try:
+                parse_s3_uri(self.model_s3_uri)
+            except ValueError as exc:
+                raise ValueError(f"model_s3_uri: {exc}") from exc
+        if self.hf_token_secret_arn is not None and self.model_source != "huggingface":
+            raise ValueError(
+                f"hf_token_secret_arn conflicts with model_source ({self.model_source!r}): the weights come from S3, "
+                "so no Hugging Face token is used; drop hf_token_secret_arn or set model_source to 'huggingface'"
+            )
+        if self.hf_token_secret_arn is not None and not re.match(SECRET_ARN_PATTERN, self.hf_token_secret_arn):
+            raise ValueError(
+                f"hf_token_secret_arn ({self.hf_token_secret_arn}) is not a complete Secrets Manager secret ARN "
+                "(arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>)"
+            )
+
+
 class AsyncInferenceService(Construct):
     """The asynchronous inference service: API, claim-check bucket, queue, table, topics, webhooks, GPU workers.
 
     The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
-    ``webhooks``, ``api``, ``uploads``, ``dead_letters``, ``workers``, ``scaling``, ``monitoring``). Every
+    ``webhooks``, ``api``, ``uploads``, ``upload_deadlines``, ``dead_letters``, ``workers``, ``scaling``,
+    ``monitoring``). Every
     permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
     each function and the worker from ``ServiceConfig``, the same class the code reads it with.
     """
@@ -156,11 +234,12 @@ class AsyncInferenceService(Construct):
         environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
+        self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
         self.api = IngestionApi(
             self,
             "Ingestion",
             code=code,
-            environment=environment,
+            environment={**environment, **self.upload_deadlines.environment},  # the API schedules each deadline
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -175,6 +254,7 @@ class AsyncInferenceService(Construct):
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
         )
+        model_environment, model_secrets = self._model_source(props, removal)
         self.workers = GpuWorkerService(
             self,
             "Workers",
@@ -184,11 +264,17 @@ class AsyncInferenceService(Construct):
                 **environment,
                 "ENGINE": "vllm",
                 "MODEL": props.model,
+                **model_environment,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
             },
+            secrets=model_secrets,
             instance_type=props.gpu_instance_type,
+            machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
+            if props.gpu_ami_parameter_name
+            else None,
             max_instances=props.max_gpu_instances,
+            start_before_stop=props.deployment_spare_instances > 0,
             memory_reservation_mib=props.worker_memory_reservation_mib,
             nat_gateways=props.nat_gateways,
             log_retention=props.log_retention,
@@ -210,8 +296,12 @@ class AsyncInferenceService(Construct):
                 "JobDeadLetterQueue": self.jobs.dead_letter_queue,
                 "WebhookDeadLetterQueue": self.webhooks.dead_letter_queue,
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
+                "UploadFailureQueue": self.uploads.failure_queue,
+                "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
             },
             service=self.workers.service,
+            worker_service_name=self.workers.service_name,
+            api_service_name=self.api.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn
@@ -219,66 +309,88 @@ class AsyncInferenceService(Construct):
         )
         self._grant()
 
+    def _model_source(
+        self, props: AsyncInferenceServiceProps, removal: RemovalPolicy
+    ) -> tuple[dict[str, str], dict[str, ecs.Secret]]:
+        """The worker's model variables and secrets for ``props.model_source``; sets ``self.models`` (S3 only)."""
+        self.models: ModelStore | None = None
+        if props.model_source == "s3":
+            self.models = ModelStore(
+                self,
+                "Models",
+                model=props.model,
+                models_path=MODELS_CONTAINER_PATH,
+                existing_uri=props.model_s3_uri,
+                access_logs=self.bucket.access_logs,
+                removal_policy=removal,
+            )
+            return dict(self.models.environment), {}
+        if props.hf_token_secret_arn:
+            token = secretsmanager.Secret.from_secret_complete_arn(self, "HuggingFaceToken", props.hf_token_secret_arn)
+            return {}, {"HF_TOKEN": ecs.Secret.from_secrets_manager(token)}
+        return {}, {}
+
     def _grant(self) -> None:
-        bucket, table, topic, queue = self.bucket.bucket, self.table.table, self.results.topic, self.jobs.queue
+        """Each principal gets exactly the calls its code makes (async_inference.aws, service.py, lambdas/*,
+        gpu_worker/worker.py), on the resources and key prefixes it makes them on."""
+        bucket, table, results, queue = self.bucket, self.table, self.results, self.jobs.queue
         self._acknowledge_grant_wildcards()
-        requests, uploads, results = (
-            f"{prefix}*" for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
-        )
+        requests, uploads, result_objects = settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX
 
+        # The API: submit (get, create, transition on a failed enqueue), get (lazy expiry), list, cancel (notifies).
         api = self.api.handler
-        table.grant_read_write_data(api)
-        bucket.grant_read_write(api, requests)  # inline bodies
-        bucket.grant_read(api, results)  # presigned result GETs are signed with the function's role
-        bucket.grant_put(api, uploads)  # presigned upload PUTs likewise
-        queue.grant_send_messages(api)
-        self.api.grant_read_api_keys(api)  # tenant = name of the caller's API key
+        table.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        table.grant_tenant_listing(api)
+        bucket.grant_put(api, requests)  # inline bodies
+        bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
+        bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
+        queue.grant(api, "sqs:SendMessage")
+        self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
+        results.grant_publish(api)  # cancels and expiries notify
+        self.api.grant_read_api_keys(api.role)  # tenant = name of the caller's API key
 
+        # The upload handler: check the object, queue its job or fail it, notify.
         upload = self.uploads.handler
-        bucket.grant_read(upload, uploads)
-        bucket.grant_delete(upload, uploads)
-        table.grant_read_write_data(upload)
-        queue.grant_send_messages(upload)
-        topic.grant_publish(upload)
+        table.grant_items(upload, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        bucket.grant_get(upload, uploads)
+        bucket.grant_delete(upload, uploads)  # objects no job asked for, and oversize bodies
+        queue.grant(upload, "sqs:SendMessage")
+        results.grant_publish(upload)
 
+        # The DLQ handler (its event source grants consuming the DLQ): fail the job, notify.
         dead_letters = self.dead_letters.handler
-        table.grant_read_write_data(dead_letters)
-        topic.grant_publish(dead_letters)
+        table.grant_items(dead_letters, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        results.grant_publish(dead_letters)
 
-        table.grant_read_write_data(self.webhooks.handler)
+        # The upload-deadline handler (its event source grants consuming, and hiding, its queue's messages).
+        deadlines = self.upload_deadlines.handler
+        table.grant_items(deadlines, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        results.grant_publish(deadlines)
 
+        # The webhook dispatcher (its event source grants consuming, and hiding, its queue's messages).
+        webhook = self.webhooks.handler
+        table.grant_items(webhook, "dynamodb:GetItem", "dynamodb:UpdateItem")  # record_webhook_attempt
+        self.webhooks.grant_read_signing_secrets(webhook)
+
+        # The worker: receive, extend and delete claim checks; read payloads; write results (reading one back when
+        # an earlier run wrote it first); check cancellations in batches; notify; queue "started" events.
         worker = self.workers.task_definition.task_role
-        queue.grant_consume_messages(worker)  # includes ChangeMessageVisibility for the heartbeat
-        bucket.grant_read(worker, requests)
-        bucket.grant_read(worker, uploads)
-        bucket.grant_put(worker, results)
-        table.grant_read_write_data(worker)
-        topic.grant_publish(worker)
-        self.webhooks.queue.grant_send_messages(worker)  # "started" webhook events
-
+        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        bucket.grant_get(worker, requests, uploads, result_objects)
+        bucket.grant_put(worker, result_objects)
+        table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        results.grant_publish(worker)
+        self.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if self.models is not None:
+            self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
 
     def _acknowledge_grant_wildcards(self) -> None:
-        """The wildcards that ``grant_*`` writes, each confined to one resource of this service."""
+        """The wildcards the grants above write: key prefixes of the claim-check bucket."""
         stack = Stack.of(self)
         bucket = stack.get_logical_id(self.bucket.bucket.node.default_child)
-        table = stack.get_logical_id(self.table.table.node.default_child)
         findings = {
-            "AwsSolutions-IAM5[Action::s3:GetObject*]": "bucket.grant_read: GetObject and its version/tagging "
-            "variants, on one key prefix of the claim-check bucket.",
-            "AwsSolutions-IAM5[Action::s3:GetBucket*]": "bucket.grant_read: bucket metadata reads, on the claim-check "
-            "bucket only.",
-            "AwsSolutions-IAM5[Action::s3:List*]": "bucket.grant_read: listing the claim-check bucket only (a missing "
-            "key then reads as 404, not 403).",
-            "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "bucket.grant_delete / grant_read_write: deletes on one key "
-            "prefix of the claim-check bucket.",
-            "AwsSolutions-IAM5[Action::s3:Abort*]": "bucket.grant_put: aborting multipart uploads, on one key prefix.",
-            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "topic.grant_publish: SNS encrypts each message with a "
-            "data key of the result topic's own key, the only key named.",
-            f"AwsSolutions-IAM5[Resource::<{table}.Arn>/index/*]": "table.grant_read_write_data includes the job "
-            "table's indexes; the list endpoint queries the tenant index.",
+            f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
+            "hold tenant and job ids assigned at run time."
+            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
         }
-        for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX):
-            findings[f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]"] = (
-                f"Objects under the {prefix} prefix only: keys hold tenant and job ids assigned at run time."
-            )
         acknowledge(self, findings)

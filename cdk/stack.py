@@ -30,6 +30,11 @@ class AsyncInferenceStack(Stack):
             "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
             "DashboardName": s.monitoring.dashboard.dashboard_name,
         }
+        if s.models is not None:
+            # Where the workers read the weights: `aws s3 sync <local model directory> <ModelS3Uri>` uploads them.
+            outputs["ModelS3Uri"] = s.models.s3_uri
+            if s.models.created:
+                outputs["ModelBucketName"] = s.models.bucket.bucket_name
         for name, value in outputs.items():
             CfnOutput(self, name, value=value)
         for tenant, key in s.api.api_keys.items():

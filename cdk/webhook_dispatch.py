@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
@@ -97,4 +98,10 @@ class WebhookDispatch(Construct):
         self.handler.add_event_source(
             event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True)
         )
-        self.signing_secrets.grant_read(self.handler)
+
+    def grant_read_signing_secrets(self, grantee: iam.IGrantable) -> iam.Grant:
+        """secretsmanager:GetSecretValue on the signing secret: what Powertools' get_secret calls (``grant_read``
+        adds DescribeSecret, which nothing calls)."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee, actions=["secretsmanager:GetSecretValue"], resource_arns=[self.signing_secrets.secret_arn]
+        )

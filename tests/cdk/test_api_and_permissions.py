@@ -6,13 +6,14 @@ import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import config, settings
-from tests.cdk.helpers import function_role, role_actions
+from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
 
 API = "lambdas.api.handler.lambda_handler"
 UPLOAD = "lambdas.upload.handler.lambda_handler"
 DLQ = "lambdas.dlq.handler.lambda_handler"
+DEADLINES = "lambdas.upload_deadlines.handler.lambda_handler"
 WEBHOOKS = "lambdas.webhooks.handler.lambda_handler"
 
 
@@ -69,7 +70,7 @@ def test_stage_has_access_logging_and_tracing(synthesized):
     )
 
 
-@pytest.mark.parametrize("handler", [API, UPLOAD, DLQ, WEBHOOKS])
+@pytest.mark.parametrize("handler", [API, UPLOAD, DLQ, WEBHOOKS, DEADLINES])
 def test_functions_get_the_shared_runtime_configuration(synthesized, handler):
     """GIVEN each function WHEN reading its environment THEN it has ServiceConfig's names and the metrics namespace."""
     [function] = synthesized.template.find_resources(
@@ -88,52 +89,165 @@ def _prefixes(resources):
     return {r["Fn::Join"][1][-1].lstrip("/") for r in resources if isinstance(r, dict) and "Fn::Join" in r}
 
 
-def test_api_role_writes_requests_presigns_uploads_and_results_and_sends_jobs(synthesized):
-    """GIVEN the API function's role WHEN listing its actions THEN it only has what the API uses."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, API))
-    assert "sqs:SendMessage" in actions and "apigateway:GET" in actions
+XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
+PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
+# What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
+EVENT_SOURCE = {
+    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+}
+
+# What aws-cdk-lib's SqsDestination grants a function on its on-failure queue (Lambda itself needs SendMessage).
+DESTINATION = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+
+
+def _function_actions(synthesized, handler):
+    return role_actions(synthesized.template, function_role(synthesized.template, handler))
+
+
+def _worker_actions(synthesized):
+    return role_actions(synthesized.template, synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role))
+
+
+def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
+    """GIVEN the API function's role WHEN listing its actions THEN they are exactly the API's calls: job items and the
+    tenant index, request/upload writes, result reads (presigned), sends, notifications, its own API keys."""
+    actions = _function_actions(synthesized, API)
+    assert set(actions) == {
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
+        "s3:PutObject", "s3:GetObject", "sqs:SendMessage", "apigateway:GET", *PUBLISH, *XRAY,
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.RESULT_PREFIX}*"}
-    assert not {"sns:Publish", "sqs:ReceiveMessage", "secretsmanager:GetSecretValue"} & set(actions)
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*"}
+
+
+def test_api_queries_only_the_tenant_index(synthesized):
+    """GIVEN the list endpoint WHEN reading the API role's Query grant THEN it names the tenant index, no wildcard."""
+    table = synthesized.logical_id(synthesized.stack.service.table.table)
+    [resource] = _function_actions(synthesized, API)["dynamodb:Query"]
+    assert resource == {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]}
+
+
+def test_api_reads_only_this_stacks_api_keys(synthesized):
+    """GIVEN the tenant lookup (key id -> key name) WHEN reading the API role's apigateway:GET THEN it names exactly
+    this stack's tenant keys, not every key of the region (whose values it could read)."""
+    resources = _function_actions(synthesized, API)["apigateway:GET"]
+    keys = {synthesized.stack.resolve(key.key_id)["Ref"] for key in synthesized.stack.service.api.api_keys.values()}
+    named = {part["Ref"] for resource in resources for part in resource["Fn::Join"][1] if isinstance(part, dict)
+             and "Ref" in part and part["Ref"] in synthesized.json["Resources"]}
+    assert len(resources) == len(keys) == 2 and named == keys
+
+
+def test_api_key_policy_is_not_a_dependency_of_the_api_function(synthesized):
+    """GIVEN the key-reading policy names keys that depend (via stage and methods) on the function WHEN reading the
+    function THEN it does not depend on that policy, so the template has no cycle."""
+    policy = synthesized.logical_id(synthesized.stack.service.api.node.find_child("ReadApiKeys"))
+    function = synthesized.json["Resources"][synthesized.logical_id(synthesized.stack.service.api.handler)]
+    assert policy not in function.get("DependsOn", [])
+    assert dependency_cycle(synthesized.json) is None
 
 
 def test_upload_role_reads_and_deletes_uploads_only(synthesized):
-    """GIVEN the upload function's role WHEN listing its actions THEN S3 access is read/delete under uploads/."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, UPLOAD))
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.UPLOAD_PREFIX}*"}
-    assert _prefixes(actions["s3:DeleteObject*"]) == {f"{settings.UPLOAD_PREFIX}*"}
-    assert "s3:PutObject" not in actions
-    assert {"sqs:SendMessage", "sns:Publish", "dynamodb:UpdateItem"} <= set(actions)
+    """GIVEN the upload function's role WHEN listing its actions THEN it reads and deletes under uploads/, lists only
+    that prefix (so a missing key reads as 404), queues, notifies, and touches job items only."""
+    actions = _function_actions(synthesized, UPLOAD)
+    assert set(actions) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
+        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY,
+    }
+    assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+
+
+def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
+    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks) and to its
+    on-failure queue (Lambda delivers failed events with the function's role)."""
+    service = synthesized.stack.service
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue)}
+    sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
+    assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
 
 def test_dlq_role_touches_no_payloads(synthesized):
-    """GIVEN the DLQ handler's role WHEN listing its actions THEN it has no S3 and no send to the job queue."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, DLQ))
-    assert not [a for a in actions if a.startswith("s3:")]
-    assert "sqs:SendMessage" not in actions
-    assert {"sqs:ReceiveMessage", "sns:Publish", "dynamodb:UpdateItem"} <= set(actions)
+    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queue, updates jobs and notifies."""
+    assert set(_function_actions(synthesized, DLQ)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+    }
+
+
+def test_api_sends_to_the_job_queue_and_the_deadline_queue_only(synthesized):
+    """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs) and the upload-deadline queue
+    (each upload job's deadline)."""
+    service = synthesized.stack.service
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue)}
+    assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
+
+
+def test_deadline_role_expires_jobs_and_notifies_only(synthesized):
+    """GIVEN the upload-deadline function WHEN listing its actions THEN it consumes (and hides) its queue's messages,
+    reads and updates job items and notifies; no S3."""
+    assert set(_function_actions(synthesized, DEADLINES)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+    }
 
 
 def test_webhook_role_reads_its_secret_and_publishes_nothing(synthesized):
-    """GIVEN the webhook function's role WHEN listing its actions THEN it reads the secret, no S3, no publish."""
-    actions = role_actions(synthesized.template, function_role(synthesized.template, WEBHOOKS))
-    assert "secretsmanager:GetSecretValue" in actions
-    assert not [a for a in actions if a.startswith("s3:")]
-    assert "sns:Publish" not in actions
+    """GIVEN the webhook function's role WHEN listing its actions THEN it reads the secret's value (only), records
+    attempts on jobs, consumes its queue; no S3, no publish."""
+    assert set(_function_actions(synthesized, WEBHOOKS)) == {
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "secretsmanager:GetSecretValue", *EVENT_SOURCE, *XRAY,
+    }
 
 
-def test_worker_role_consumes_jobs_writes_results_and_protects_its_tasks(synthesized):
-    """GIVEN the worker task role WHEN listing its actions THEN it reads requests/uploads and writes results only."""
-    role = synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
-    actions = role_actions(synthesized.template, role)
-    assert {"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sns:Publish"} <= set(actions)
-    assert {"ecs:UpdateTaskProtection", "ecs:GetTaskProtection"} <= set(actions)
-    assert _prefixes(actions["s3:GetObject*"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
+def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
+    """GIVEN the worker task role WHEN listing its actions THEN they are the worker's calls, and no Scan, DeleteItem,
+    BatchWriteItem, DeleteObject or queue-wide reads."""
+    assert set(_worker_actions(synthesized)) == {
+        "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage",
+        "s3:GetObject", "s3:PutObject", "s3:ListBucket",
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem",
+        "ecs:UpdateTaskProtection", "ecs:GetTaskProtection", *PUBLISH,
+    }
+
+
+def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
+    """GIVEN the worker WHEN reading its S3 grants THEN it reads requests, uploads and results (a result an earlier
+    run wrote is read back) and writes under results/ only."""
+    actions = _worker_actions(synthesized)
+    assert _prefixes(actions["s3:GetObject"]) == {
+        f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*"}
-    assert "s3:DeleteObject*" not in actions
-    # It sends to one queue only: the webhook queue, for "started" events (never to the job queue).
+
+
+def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
+    """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and sends only
+    "started" events to the webhook queue."""
+    actions = _worker_actions(synthesized)
+    jobs = synthesized.logical_id(synthesized.stack.service.jobs.queue)
     webhook_queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
+        assert actions[action] == [{"Fn::GetAtt": [jobs, "Arn"]}]
     assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [webhook_queue, "Arn"]}]
+
+
+@pytest.mark.parametrize(
+    ("principal", "prefixes"),
+    [
+        ("upload", [f"{settings.UPLOAD_PREFIX}*"]),
+        ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"]),
+    ],
+)
+def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, principal, prefixes):
+    """GIVEN s3:ListBucket (what makes a missing key a 404, not a 403) WHEN reading its statement THEN it is on the
+    claim-check bucket and only for keys under the prefixes the principal reads."""
+    role = (
+        function_role(synthesized.template, UPLOAD)
+        if principal == "upload"
+        else synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+    )
+    bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
+    [statement] = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]
+    assert statement["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}
+    assert statement["Condition"] == {"StringLike": {"s3:prefix": prefixes}}
 
 
 def test_no_role_has_an_aws_managed_full_access_policy(synthesized):
@@ -158,3 +272,10 @@ def test_a_path_no_method_serves_is_a_404_not_found(synthesized):
         {"ResponseType": "MISSING_AUTHENTICATION_TOKEN", "StatusCode": "404",
          "ResponseTemplates": {"application/json": Match.string_like_regexp('"code": "not_found"')}},
     )
+
+
+def test_the_cycle_check_finds_a_cycle():
+    """GIVEN two resources that refer to each other WHEN checking the template THEN the cycle is found (the check
+    above is not vacuous)."""
+    template = {"Resources": {"A": {"Properties": {"Role": {"Ref": "B"}}}, "B": {"DependsOn": "A"}, "C": {}}}
+    assert set(dependency_cycle(template) or []) == {"A", "B"}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from async_inference import settings
+from tests.cdk.helpers import dashboard_metrics
 
 pytestmark = pytest.mark.cdk
 
@@ -94,15 +93,61 @@ def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
     )
 
 
-def test_dashboard_plots_the_worker_metrics_by_their_shared_names(synthesized):
-    """GIVEN the dashboard WHEN reading its body THEN it plots the worker's metrics from the shared namespace."""
-    [dashboard] = synthesized.resources("AWS::CloudWatch::Dashboard").values()
-    body = json.dumps(dashboard["Properties"]["DashboardBody"])
-    for name in (settings.METRIC_JOBS_SUCCEEDED, settings.METRIC_JOBS_FAILED, settings.METRIC_PROCESSING_TIME):
-        assert f"{settings.METRICS_NAMESPACE}}} MetricName=\\\\\\\"{name}" in body
+def test_dashboard_plots_exactly_the_metrics_the_api_and_the_worker_emit(synthesized):
+    """GIVEN the metric names in settings (WORKER_METRICS, API_METRICS) WHEN reading the dashboard body THEN it plots
+    exactly those names from the shared namespace, and nothing that no process emits."""
+    plotted = {name for name, _, _ in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)}
+    assert plotted == set(settings.WORKER_METRICS) | set(settings.API_METRICS)
 
 
-@pytest.mark.parametrize("attribute", ["jobs.dead_letter_queue", "webhooks.dead_letter_queue"])
+@pytest.mark.parametrize(
+    ("names", "service"),
+    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api")],
+)
+def test_dashboard_reads_each_metric_under_its_emitters_service_dimension(synthesized, names, service):
+    """GIVEN Powertools adds the dimension service=POWERTOOLS_SERVICE_NAME WHEN reading the dashboard THEN each
+    metric is read under the service name of the process that emits it."""
+    dimensions = {
+        (name, tuple(sorted(dims.items())))
+        for name, dims, _ in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)
+        if name in names
+    }
+    assert dimensions == {(name, (("service", service),)) for name in names}
+
+
+def test_a_metric_named_in_settings_without_a_plot_is_refused(monkeypatch):
+    """GIVEN a metric added to settings.WORKER_METRICS without a dashboard plot WHEN building the dashboard THEN the
+    synth fails naming it, so no emitted metric goes unplotted."""
+    from cdk.monitoring import Monitoring
+
+    monkeypatch.setattr(settings, "WORKER_METRICS", (*settings.WORKER_METRICS, "TokensPerSecond"))
+    with pytest.raises(ValueError, match=r"\['TokensPerSecond'\].*METRIC_PLOTS"):
+        Monitoring._service_metric_widgets("async-inference-worker", "async-inference-api")
+
+
+@pytest.mark.parametrize(
+    ("name", "statistics"),
+    [
+        (settings.METRIC_JOBS_SUBMITTED, {"Sum"}),
+        (settings.METRIC_JOBS_SUCCEEDED, {"Sum"}),
+        (settings.METRIC_JOBS_FAILED, {"Sum"}),
+        (settings.METRIC_COMPLETION_TOKENS, {"Sum"}),
+        (settings.METRIC_QUEUE_TIME, {"Average", "p90"}),
+        (settings.METRIC_PROCESSING_TIME, {"Average", "p90"}),
+    ],
+)
+def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, statistics):
+    """GIVEN a count or a duration WHEN reading its plots THEN counts are summed and durations show mean and p90."""
+    found = {stat for plotted, _, stat in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)
+             if plotted == name}
+    assert found == statistics
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    ["jobs.dead_letter_queue", "webhooks.dead_letter_queue", "results.subscription_dead_letter_queue",
+     "uploads.failure_queue", "upload_deadlines.dead_letter_queue"],
+)
 def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
     owner, name = attribute.split(".")

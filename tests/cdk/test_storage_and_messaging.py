@@ -179,3 +179,79 @@ def test_result_topic_refuses_requests_without_tls(synthesized):
     """GIVEN the result topic WHEN reading its topic policy THEN non-TLS requests are denied."""
     topic = synthesized.logical_id(synthesized.stack.service.results.topic)
     assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SNS::TopicPolicy", topic))
+
+
+def test_failed_upload_events_go_to_a_failure_queue_after_two_retries(synthesized):
+    """GIVEN S3 invokes the upload function asynchronously WHEN an event fails its invocations THEN Lambda retries it
+    twice and then sends it to the upload failure queue instead of dropping it."""
+    uploads = synthesized.stack.service.uploads
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {
+            "FunctionName": {"Ref": synthesized.logical_id(uploads.handler)},
+            "MaximumRetryAttempts": 2,
+            "MaximumEventAgeInSeconds": 3600,
+            "DestinationConfig": {
+                "OnFailure": {"Destination": {"Fn::GetAtt": [synthesized.logical_id(uploads.failure_queue), "Arn"]}}
+            },
+        },
+    )
+
+
+def test_upload_failure_queue_is_encrypted_and_refuses_requests_without_tls(synthesized):
+    """GIVEN the upload failure queue WHEN reading it and its policy THEN it is encrypted and TLS-only."""
+    queue = synthesized.logical_id(synthesized.stack.service.uploads.failure_queue)
+    assert synthesized.json["Resources"][queue]["Properties"]["SqsManagedSseEnabled"] is True
+    assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SQS::QueuePolicy", queue))
+
+
+def test_upload_deadline_queue_is_encrypted_tls_only_and_redrives_to_its_dlq(synthesized):
+    """GIVEN the upload-deadline queue WHEN reading it THEN it is encrypted, refuses non-TLS requests and moves a
+    deadline that keeps failing to its DLQ after the shared receive count."""
+    deadlines = synthesized.stack.service.upload_deadlines
+    queue = synthesized.logical_id(deadlines.queue)
+    properties = synthesized.json["Resources"][queue]["Properties"]
+    assert properties["SqsManagedSseEnabled"] is True
+    assert properties["RedrivePolicy"] == {
+        "deadLetterTargetArn": {"Fn::GetAtt": [synthesized.logical_id(deadlines.dead_letter_queue), "Arn"]},
+        "maxReceiveCount": settings.UPLOAD_DEADLINE_MAX_RECEIVE_COUNT,
+    }
+    assert denies_insecure_transport(policy_of(synthesized.template, "AWS::SQS::QueuePolicy", queue))
+
+
+def test_a_presign_window_fits_in_one_sqs_delay(synthesized):
+    """GIVEN SQS delays a message at most 900 s WHEN the API schedules a deadline THEN the longest presign window fits
+    in one delay, and the grace leaves the upload function its two retries (1 + 2 minutes)."""
+    assert settings.PRESIGNED_UPLOAD_EXPIRY_S <= 900
+    assert settings.UPLOAD_GRACE_S >= 3 * 60
+
+
+def test_upload_deadline_function_consumes_its_queue_reporting_item_failures(synthesized):
+    """GIVEN the upload-deadline function WHEN a deadline comes before its grace is over THEN only that message is
+    handed back (ReportBatchItemFailures), and the queue's visibility outlasts the function."""
+    deadlines = synthesized.stack.service.upload_deadlines
+    queue = synthesized.logical_id(deadlines.queue)
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {
+            "EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]},
+            "FunctionName": {"Ref": synthesized.logical_id(deadlines.handler)},
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+        },
+    )
+    function = synthesized.json["Resources"][synthesized.logical_id(deadlines.handler)]["Properties"]
+    assert synthesized.json["Resources"][queue]["Properties"]["VisibilityTimeout"] >= function["Timeout"]
+    assert function["Handler"] == "lambdas.upload_deadlines.handler.lambda_handler"
+
+
+@pytest.mark.parametrize("handler", ["lambdas.api.handler.lambda_handler", "lambdas.upload_deadlines.handler.lambda_handler"])
+def test_the_api_and_the_deadline_function_know_the_deadline_queue(synthesized, handler):
+    """GIVEN the API schedules deadlines and the function hides early ones WHEN reading their environment THEN both
+    have the upload-deadline queue's URL."""
+    from async_inference.config import ENV_UPLOAD_DEADLINES_QUEUE_URL
+
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
+    queue = synthesized.logical_id(synthesized.stack.service.upload_deadlines.queue)
+    assert function["Properties"]["Environment"]["Variables"][ENV_UPLOAD_DEADLINES_QUEUE_URL] == {"Ref": queue}

@@ -41,3 +41,39 @@ def test_a_stack_with_account_and_region_passes_cdk_nag(synth_variant):
     cdk-nag THEN every acknowledgement still matches its finding (ids then carry the literal account and region)."""
     variant = synth_variant(region="eu-west-1")  # raises on an unacknowledged finding
     assert (variant.stack.account, variant.stack.region) == ("111122223333", "eu-west-1")
+
+
+def test_container_health_check_runs_the_worker_health_command(synthesized):
+    """GIVEN the health contract (the worker touches its health file while its loops run) WHEN reading the container
+    THEN ECS runs `python3 -m gpu_worker.health` as its health check."""
+    check = synthesized.container()["HealthCheck"]
+    assert check["Command"] == ["CMD", "python3", "-m", "gpu_worker.health"]
+
+
+def test_health_check_leaves_a_model_load_fifteen_minutes(synthesized):
+    """GIVEN a worker whose loops start only after its model loads WHEN ECS checks it THEN the start period is ECS's
+    300 s maximum and a task is unhealthy only after 15 minutes without one passing check."""
+    check = synthesized.container()["HealthCheck"]
+    assert check["StartPeriod"] == 300
+    assert check["StartPeriod"] + check["Retries"] * check["Interval"] == 15 * 60
+    assert 2 <= check["Timeout"] < check["Interval"]
+
+
+def test_worker_image_is_built_for_amd64_for_an_x86_gpu_type(synthesized):
+    """GIVEN g5.xlarge (x86_64) WHEN reading the image asset THEN it is built for linux/amd64, whatever machine runs
+    the build (an arm64 laptop would otherwise build an image a g5 cannot start)."""
+    [image] = synthesized.docker_images()
+    assert image["source"]["platform"] == "linux/amd64"
+
+
+def test_graviton_gpu_type_gets_an_arm64_image_on_the_given_ami(synth_variant):
+    """GIVEN g5g.xlarge (Graviton) and an AMI parameter WHEN synthesized THEN the image is built for linux/arm64 and
+    the instances launch from the AMI the parameter holds."""
+    variant = synth_variant(gpu_instance_type="g5g.xlarge", gpu_ami_parameter_name="/platform/arm64-gpu-ecs-ami")
+    [image] = variant.docker_images()
+    assert image["source"]["platform"] == "linux/arm64"
+    [template] = variant.resources("AWS::EC2::LaunchTemplate").values()
+    data = template["Properties"]["LaunchTemplateData"]
+    assert data["InstanceType"] == "g5g.xlarge"
+    parameter = data["ImageId"]["Ref"]
+    assert variant.json["Parameters"][parameter]["Default"] == "/platform/arm64-gpu-ecs-ami"

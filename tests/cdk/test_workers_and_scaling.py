@@ -78,9 +78,54 @@ def test_service_runs_on_the_capacity_provider_with_the_circuit_breaker(synthesi
             "DeploymentConfiguration": Match.object_like(
                 {"DeploymentCircuitBreaker": {"Enable": True, "Rollback": True}}
             ),
-            "DesiredCount": 0,
         },
     )
+
+
+def test_service_template_sets_no_desired_count(synthesized):
+    """GIVEN CloudFormation re-applies a template's DesiredCount on every service update WHEN reading the worker
+    service THEN it has none, so a deploy of new worker code keeps the running fleet that scaling set."""
+    [service] = synthesized.resources("AWS::ECS::Service").values()
+    assert "DesiredCount" not in service["Properties"]
+
+
+def _deployment_can_place_at_full_load(variant, gpus_per_instance=1):
+    """Whether a deployment while every task runs can place its new tasks: either old tasks may stop first
+    (minimum healthy below 100% of the task maximum) or the group has a GPU beyond the most tasks."""
+    [service] = variant.resources("AWS::ECS::Service").values()
+    [target] = variant.resources("AWS::ApplicationAutoScaling::ScalableTarget").values()
+    [group] = variant.resources("AWS::AutoScaling::AutoScalingGroup").values()
+    tasks = target["Properties"]["MaxCapacity"]
+    deployment = service["Properties"]["DeploymentConfiguration"]
+    # ECS rounds the minimum up: the running tasks it must keep while it deploys at full load.
+    kept = -(-tasks * deployment["MinimumHealthyPercent"] // 100)
+    gpus = int(group["Properties"]["MaxSize"]) * gpus_per_instance
+    return kept < tasks or gpus > tasks
+
+
+def test_default_deployment_stops_an_old_task_before_it_starts_the_new_one(synthesized):
+    """GIVEN as many GPU instances as worker tasks (cdk.json) WHEN a deployment runs at full load THEN it stops an
+    old task first (0% minimum healthy, 100% maximum), so each new task gets the GPU its predecessor frees."""
+    synthesized.template.has_resource_properties(
+        "AWS::ECS::Service",
+        {
+            "DeploymentConfiguration": Match.object_like({"MinimumHealthyPercent": 0, "MaximumPercent": 100}),
+            "AvailabilityZoneRebalancing": "DISABLED",
+        },
+    )
+    assert _deployment_can_place_at_full_load(synthesized)
+
+
+def test_a_spare_instance_lets_deployments_start_new_tasks_first(synth_variant):
+    """GIVEN deployment_spare_instances=1 and a third instance beyond two tasks WHEN synthesized THEN deployments
+    start before they stop (100% / 200%) and the group may grow to the spare instance."""
+    variant = synth_variant(max_gpu_instances=3, max_worker_tasks=2, deployment_spare_instances=1)
+    variant.template.has_resource_properties(
+        "AWS::ECS::Service",
+        {"DeploymentConfiguration": Match.object_like({"MinimumHealthyPercent": 100, "MaximumPercent": 200})},
+    )
+    variant.template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {"MaxSize": "3"})
+    assert _deployment_can_place_at_full_load(variant)
 
 
 def test_task_count_scales_between_zero_and_the_maximum(synthesized):
