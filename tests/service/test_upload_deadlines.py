@@ -24,7 +24,8 @@ from async_inference.config import ServiceConfig
 from async_inference.jobs import JobStatus
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec, utcnow
 from async_inference.service import JobService
-from local_runtime.lambda_env import LocalLambdaContext, sqs_event
+from local_runtime.lambda_host import Context
+from local_runtime.pollers import sqs_event
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -242,12 +243,12 @@ def test_the_handler_hides_an_early_deadline_and_reports_it_failed(isolated, mon
     message = _receive_for(deadline_queue, job.job_id, wait_s=5)
     assert message is not None
     arn = client("sqs").get_queue_attributes(QueueUrl=deadline_queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    response = handler.lambda_handler(sqs_event([message], arn), LocalLambdaContext("upload-deadlines"))
+    response = handler.lambda_handler(sqs_event([message], arn), Context(timeout_s=30))
     assert response == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
     assert _receive(deadline_queue) == []  # hidden for the rest of the grace
     again = _receive_for(deadline_queue, job.job_id, wait_s=6)
     assert again is not None
-    response = handler.lambda_handler(sqs_event([again], arn), LocalLambdaContext("upload-deadlines"))
+    response = handler.lambda_handler(sqs_event([again], arn), Context(timeout_s=30))
     assert response == {"batchItemFailures": []}
     assert JobStore(config.table_name).get(job.job_id).status is JobStatus.EXPIRED
     assert utcnow() >= job.upload_window_ends_at
