@@ -72,14 +72,14 @@ class JobService:
         self.allow_local_webhooks = allow_local_webhooks
 
     @classmethod
-    def from_config(cls, config: ServiceConfig) -> JobService:
+    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
         """The service over the resources ``config`` names, with one set of clients for the process."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
             queue=JobQueue(config.queue_url),
             notifier=Notifier(config.topic_arn),
-            allow_local_webhooks=webhooks.allow_local_from_env(),
+            allow_local_webhooks=allow_local_webhooks,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------

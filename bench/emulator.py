@@ -12,7 +12,7 @@ import statistics
 import time
 
 from async_inference.aws import JobQueue, client
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalStack
 
@@ -24,7 +24,7 @@ def main() -> None:
     stack = LocalStack(api_port=free_port(), moto_port=free_port(), api_keys={"emulator-probe-key-0123": "probe"},
                        workers=0)
     with stack:
-        config = ServiceConfig.from_env()
+        config = ServiceSettings.load().service
         sqs = client("sqs")
         for _ in range(0, args.backlog, 10):
             sqs.send_message_batch(QueueUrl=config.queue_url,

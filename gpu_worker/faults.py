@@ -2,8 +2,8 @@
 
 The worker consults ``Faults.at(point, job_id)`` at four named points of a job's life, and ``Faults.install`` wraps
 the S3, DynamoDB and engine calls it makes, so the tests can kill a worker or make a dependency fail at a precise
-moment without any test-only branch in the worker itself. With ``WORKER_FAULTS`` unset, ``from_env`` returns a
-``Faults`` whose ``at`` does nothing and ``install`` wraps nothing.
+moment without any test-only branch in the worker itself. With ``WORKER_FAULTS`` unset (``Faults.parse("")``), ``at``
+does nothing and ``install`` wraps nothing.
 
 ``WORKER_FAULTS`` is a comma-separated list of ``name=value``:
 
@@ -34,7 +34,6 @@ from botocore.exceptions import ClientError
 
 from gpu_worker.engines.base import TransientEngineError
 
-ENV_WORKER_FAULTS = "WORKER_FAULTS"
 POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete")
 ALWAYS = sys.maxsize
 logger = logging.getLogger("gpu_worker.faults")
@@ -49,22 +48,21 @@ class Faults:
     _seen: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
 
     @classmethod
-    def from_env(cls) -> Faults:
-        return cls.parse(os.environ.get(ENV_WORKER_FAULTS, ""))
-
-    @classmethod
     def parse(cls, spec: str) -> Faults:
+        """The faults a ``WORKER_FAULTS`` value names; ValueError saying which item is wrong."""
         faults = cls()
         for item in filter(None, (part.strip() for part in spec.split(","))):
             name, _, value = item.partition("=")
             if name == "crash":
                 if value not in POINTS:
-                    raise ValueError(f"{ENV_WORKER_FAULTS}: crash point {value!r} is not one of {', '.join(POINTS)}")
+                    raise ValueError(f"crash point {value!r} is not one of {', '.join(POINTS)}")
                 faults.crash_at = value
             elif name in ("s3_get_fails", "ddb_write_fails", "engine_oom"):
+                if value != "always" and not value.isdigit():
+                    raise ValueError(f"{name}={value!r}: give a count or 'always'")
                 setattr(faults, name, ALWAYS if value == "always" else int(value))
             else:
-                raise ValueError(f"{ENV_WORKER_FAULTS}: unknown fault {name!r}")
+                raise ValueError(f"unknown fault {name!r}")
         return faults
 
     @property

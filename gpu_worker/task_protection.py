@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import urllib.request
 
 logger = logging.getLogger("gpu_worker.task_protection")
@@ -21,12 +20,9 @@ EXPIRES_IN_MINUTES = 60
 
 class TaskProtection:
     def __init__(self, agent_uri: str | None) -> None:
+        """``agent_uri``: ``ECS_AGENT_URI``; None outside ECS, where ``set`` does nothing."""
         self._url = f"{agent_uri}/task-protection/v1/state" if agent_uri else None
         self._enabled: bool | None = None
-
-    @classmethod
-    def from_env(cls) -> TaskProtection:
-        return cls(os.environ.get("ECS_AGENT_URI"))
 
     async def set(self, enabled: bool) -> None:
         if self._url is None or self._enabled == enabled:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
@@ -36,7 +35,15 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import ValidationError
 
 from async_inference import settings, webhooks
-from async_inference.aws import MAX_CONCURRENT_REQUESTS, Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
+from async_inference.aws import (
+    MAX_CONCURRENT_REQUESTS,
+    Blobs,
+    JobQueue,
+    JobStore,
+    PayloadTooLarge,
+    QueueMessage,
+    WebhookQueue,
+)
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
@@ -75,8 +82,9 @@ NOTIFY_BATCH_DELAY_S = 0.1
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """How a ``Worker`` runs; ``gpu_worker.config.WorkerSettings`` builds it from the environment."""
+
     service: ServiceConfig
-    engine: str = "echo"
     heartbeat_interval_s: float = settings.HEARTBEAT_INTERVAL_S
     visibility_timeout_s: int = settings.VISIBILITY_TIMEOUT_S
     receive_wait_s: int = settings.RECEIVE_WAIT_TIME_S
@@ -89,19 +97,8 @@ class WorkerConfig:
     # engine slots, the engine would idle while they ran. None: max(10, capacity // 2). At a quarter the held budget was
     # always full in `make bench` and the batch ran 85% full; the bench records what this default gives.
     prefetch: int | None = None
-
-    @classmethod
-    def from_env(cls) -> WorkerConfig:
-        return cls(
-            service=ServiceConfig.from_env(),
-            engine=os.environ.get("ENGINE", "echo"),
-            heartbeat_interval_s=float(os.environ.get("HEARTBEAT_INTERVAL_S", settings.HEARTBEAT_INTERVAL_S)),
-            visibility_timeout_s=int(os.environ.get("VISIBILITY_TIMEOUT_S", settings.VISIBILITY_TIMEOUT_S)),
-            receive_wait_s=int(os.environ.get("RECEIVE_WAIT_S", settings.RECEIVE_WAIT_TIME_S)),
-            drain_timeout_s=float(os.environ.get("DRAIN_TIMEOUT_S", 90.0)),
-            transient_retry_delay_s=int(os.environ.get("TRANSIENT_RETRY_DELAY_S", 5)),
-            prefetch=int(os.environ["PREFETCH"]) if os.environ.get("PREFETCH") else None,
-        )
+    # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
+    webhook_queue_url: str | None = None
 
     def held_messages(self, capacity: int) -> int:
         """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
@@ -223,8 +220,9 @@ class Worker:
         self.store: JobStore = self.service.store
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
-        self.protection = protection or TaskProtection.from_env()
-        self.faults = faults or Faults.from_env()
+        self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
+        self.protection = protection or TaskProtection(None)
+        self.faults = faults or Faults()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
         self._protection_lock: asyncio.Lock | None = None  # made in run(), on the loop
         self._inflight: dict[str, InFlight] = {}  # by message id
@@ -298,7 +296,10 @@ class Worker:
         if job is None:
             return await self._not_runnable(claim.job_id)
         if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
-            await self._io(webhooks.started_event, job)  # never raises: a lost "started" must not cost the run
+            if self._started_queue is None:
+                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
+            else:  # never raises: a lost "started" must not cost the run
+                await self._io(webhooks.started_event, job, self._started_queue)
 
         raw = await self._read_payload(claim)
         if raw is None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.engines.base import (
     GenerationAborted,
@@ -310,15 +311,17 @@ def test_close_shuts_the_engine_down(run):
     assert fake.shut_down
 
 
-def test_make_engine_reads_the_worker_environment(monkeypatch):
+def test_the_worker_environment_reaches_the_engine_arguments(monkeypatch):
     # GIVEN the container's environment
-    monkeypatch.setenv("MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
-    monkeypatch.setenv("MAX_NUM_SEQS", "128")
-    monkeypatch.setenv("MAX_MODEL_LEN", "8192")
-    monkeypatch.setenv("ENFORCE_EAGER", "1")
+    env = {"ENGINE": "vllm", "MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "MAX_NUM_SEQS": "128", "MAX_MODEL_LEN": "8192",
+           "ENFORCE_EAGER": "1", "JOBS_TABLE_NAME": "t", "JOBS_BUCKET_NAME": "b", "JOBS_QUEUE_URL": "q",
+           "RESULT_TOPIC_ARN": "a"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
 
-    # WHEN the worker makes its engine by name
-    engine = make_engine("vllm", vllm_module=fake_vllm())
+    # WHEN the worker reads its settings and makes its engine by name
+    config = WorkerSettings.load()
+    engine = make_engine(config.engine, **config.engine_options(), vllm_module=fake_vllm())
 
     # THEN the options reached the engine arguments, and nothing imported vLLM
     assert engine.capacity == 128
