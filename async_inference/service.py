@@ -252,10 +252,24 @@ class JobService:
 
     def finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None, **fields: Any) -> Job | None:
         """Move a job to a final state and publish its notification; None when the move was not allowed."""
-        finished = self.store.transition(job.job_id, target, notified=False, **fields)
+        finished = self.end(job, target, **fields)
         if finished is not None:
             self.notify(finished, result=result)
         return finished
+
+    def end(self, job: Job, target: JobStatus, **fields: Any) -> Job | None:
+        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``)."""
+        return self.store.transition(job.job_id, target, notified=False, **fields)
+
+    def store_result(self, job: Job, result: ChatCompletion) -> tuple[ChatCompletion, dict[str, Any]]:
+        """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and
+        the fields its ``succeeded`` state records."""
+        key = settings.result_key(job.tenant, job.job_id)
+        stored = self.blobs.put_json_once(key, result.model_dump_json().encode())
+        if stored is not None:
+            # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
+            result = ChatCompletion.model_validate_json(stored)
+        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason}
 
     def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""

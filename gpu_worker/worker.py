@@ -233,13 +233,13 @@ class Worker:
         # cancelled while it waits for an engine slot is stopped here instead.
         self._cancelled: set[str] = set()
         self._deletes: Batcher
-        self._notices: Batcher  # (job, completion) -> published?
+        self._notices: Batcher  # (job, result or None) -> published?
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
         )
-        self.jobs_finished = 0
+        self.jobs_finished = 0  # jobs this worker brought to succeeded
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -288,8 +288,7 @@ class Worker:
         if utcnow() > claim.deadline:
             job = await self._io(self.store.get, claim.job_id)
             if job is not None and job.status is JobStatus.QUEUED:
-                await self._io(self.service.finish, job, JobStatus.EXPIRED, error="still queued at its deadline")
-                return True
+                return await self._finish(job, JobStatus.EXPIRED, error="still queued at its deadline")
         job = await self._io(
             self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=utcnow()
         )
@@ -303,13 +302,11 @@ class Worker:
 
         raw = await self._read_payload(claim)
         if raw is None:
-            error = "the request payload is missing from S3 or over the size limit"
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
-            return True
+            return await self._finish(job, JobStatus.FAILED,
+                                      error="the request payload is missing from S3 or over the size limit")
         request, reason = parse_request_body(raw)
         if request is None:
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=reason)
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=reason)
 
         started = time.monotonic()
         self.faults.at("before_engine", job.job_id)
@@ -317,14 +314,11 @@ class Worker:
             generation = await self._generate(job.job_id, request, claim.timeout_s)
         except asyncio.TimeoutError:
             await self.engine.abort(job.job_id)
-            error = f"execution timed out after {claim.timeout_s} s"
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=f"execution timed out after {claim.timeout_s} s")
         except GenerationAborted:
             return True  # cancelled while running: the cancel already stored the final state and notified
         except PermanentEngineError as exc:
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=str(exc))
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=str(exc))
         except TransientEngineError as exc:
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
             return False
@@ -336,34 +330,28 @@ class Worker:
             total_tokens=generation.prompt_tokens + generation.completion_tokens,
         )
         completion = completion_for(job, generation.text, generation.finish_reason, usage)
-        key = settings.result_key(job.tenant, job.job_id)
-        stored = await self._io(self.blobs.put_json_once, key, completion.model_dump_json().encode())
-        if stored is not None:
-            # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
-            completion = ChatCompletion.model_validate_json(stored)
-        self.faults.at("after_result_write", job.job_id)
-        # JobService.finish, with the state write and the notification apart so a crash can be injected between.
-        finished = await self._io(
-            self.store.transition,
-            job.job_id,
-            JobStatus.SUCCEEDED,
-            notified=False,
-            result_key=key,
-            usage=completion.usage,
-            finish_reason=completion.choices[0].finish_reason,
-        )
+        return await self._finish(job, JobStatus.SUCCEEDED, result=completion)
+
+    async def _finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None,
+                      **fields: Any) -> bool:
+        """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
+        final state, notification (batched). True when the message is done with, False to leave it for redelivery."""
+        if result is not None:
+            result, result_fields = await self._io(self.service.store_result, job, result)
+            fields.update(result_fields)
+            self.faults.at("after_result_write", job.job_id)
+        finished = await self._io(self.service.end, job, target, **fields)
         self.faults.at("after_state_write", job.job_id)
-        if finished is not None:
-            published = await (await self._notices.add((finished, completion)))
-            if not published:
-                # The job is final but its notification did not go out: leave the message, and its redelivery
-                # finds the job final and not notified, and sends it.
-                return False
-        else:
+        if finished is None:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
             # end was notified: if the other run died before publishing, this message is the one left to do it.
             return await self._not_runnable(job.job_id)
-        self.jobs_finished += 1
+        if not await (await self._notices.add((finished, result))):
+            # The job is final but its notification did not go out: leave the message, and its redelivery finds the
+            # job final and not notified, and sends it.
+            return False
+        if target is JobStatus.SUCCEEDED:
+            self.jobs_finished += 1
         return True
 
     async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
@@ -476,7 +464,7 @@ class Worker:
         if not self._inflight and not self._stopping.is_set():
             await self._protect(False)
 
-    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion]]) -> list[bool]:
+    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)
 
     async def _delete_batch(self, handles: list[str]) -> None:
