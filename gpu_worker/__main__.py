@@ -1,7 +1,8 @@
 """``python -m gpu_worker``: run a worker until SIGTERM or SIGINT.
 
 Exit status: 0 after a stop (SIGTERM/SIGINT) and its drain; 2 when the settings are missing or malformed (the message
-names the variables).
+names the variables); 3 (``EXIT_ENGINE_DEAD``) when the engine died: the worker handed every message it held back,
+unfailed, and its supervisor (ECS, replacing the task) must start a fresh process.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.faults import Faults
 from gpu_worker.task_protection import TaskProtection
-from gpu_worker.worker import Worker
+from gpu_worker.worker import EXIT_ENGINE_DEAD, Worker
 
 EXIT_BAD_SETTINGS = 2
 
@@ -32,7 +33,7 @@ async def main(config: WorkerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     await worker.run()
-    return 0
+    return EXIT_ENGINE_DEAD if worker.engine_dead is not None else 0
 
 
 def run() -> int:

@@ -14,6 +14,10 @@ does nothing and ``install`` wraps nothing.
 ``s3_get_fails=<n>``     the first ``n`` payload reads of each job raise S3 ``SlowDown`` (``always``: every read)
 ``ddb_write_fails=<n>``  the first ``n`` state transitions of each job raise ``ProvisionedThroughputExceeded``
 ``engine_oom=<n>``       the first ``n`` generations of each job raise ``TransientEngineError`` (CUDA out of memory)
+``engine_dead=<path>``   the engine dies at the first generation, as vLLM's does on a CUDA fault: that generation and
+                         every later one in this process raise ``FatalEngineError``. Only while ``<path>`` does not
+                         exist: the dying process creates it, so a worker started after it (ECS replacing the task)
+                         with the same setting runs normally
 ======================== ==========================================================================================
 
 The adapter faults are raised where botocore's own retries have already been spent (they replace the call), so they
@@ -28,11 +32,12 @@ import signal
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from botocore.exceptions import ClientError
 
-from gpu_worker.engines.base import TransientEngineError
+from gpu_worker.engines.base import FatalEngineError, TransientEngineError
 
 POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete")
 ALWAYS = sys.maxsize
@@ -45,6 +50,7 @@ class Faults:
     s3_get_fails: int = 0
     ddb_write_fails: int = 0
     engine_oom: int = 0
+    engine_dead: Path | None = None
     _seen: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
 
     @classmethod
@@ -57,6 +63,10 @@ class Faults:
                 if value not in POINTS:
                     raise ValueError(f"crash point {value!r} is not one of {', '.join(POINTS)}")
                 faults.crash_at = value
+            elif name == "engine_dead":
+                if not value:
+                    raise ValueError("engine_dead needs the path of its marker file: engine_dead=<path>")
+                faults.engine_dead = Path(value)
             elif name in ("s3_get_fails", "ddb_write_fails", "engine_oom"):
                 if value != "always" and not value.isdigit():
                     raise ValueError(f"{name}={value!r}: give a count or 'always'")
@@ -67,7 +77,7 @@ class Faults:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom)
+        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom or self.engine_dead)
 
     def at(self, point: str, job_id: str) -> None:
         """Called by the worker at each named point of a job; dies here if told to."""
@@ -91,6 +101,24 @@ class Faults:
         if self.engine_oom:
             error = lambda: TransientEngineError("CUDA out of memory (injected)")  # noqa: E731
             engine.generate = self._failing(engine.generate, "engine", self.engine_oom, error, is_async=True)
+        if self.engine_dead:
+            engine.generate = self._dying(engine.generate, self.engine_dead)
+
+    def _dying(self, generate: Callable[..., Any], marker: Path) -> Callable[..., Any]:
+        """``generate``, unless ``marker`` is missing at the first call: then this one and every later call die."""
+        dead = False
+
+        async def dying(*args: Any, **kwargs: Any) -> Any:
+            nonlocal dead
+            if not dead and not marker.exists():
+                marker.touch()
+                dead = True
+                logger.error("fault injection: the engine dies at the generation of %s", args[0] if args else "?")
+            if dead:
+                raise FatalEngineError("EngineCore encountered an issue (injected)")
+            return await generate(*args, **kwargs)
+
+        return dying
 
     def _failing(self, call: Callable[..., Any], name: str, times: int, error: Callable[[], Exception], *,
                  is_async: bool = False) -> Callable[..., Any]:

@@ -21,6 +21,11 @@ What each fault leads to (docs/guarantees.md has the client's view):
 * a transient fault (throttling that outlasted botocore's retries, engine out of memory): the message is kept and
   made visible again after a short backoff (``transient_retry_delay_s`` doubled per receive); after the queue's max
   receive count SQS moves it to the DLQ, whose handler fails the job.
+* a dead engine (``FatalEngineError``: vLLM's EngineDeadError, a CUDA fault): nothing more can run in this process,
+  and retrying here would burn every queued job's receives into the DLQ. The worker stops receiving, cancels what is
+  in the engine, lets jobs past it store their results (``drain_timeout_s``), makes every message it still holds
+  visible at once (their jobs keep the one receive and attempt they had), and ``run`` returns with ``engine_dead``
+  set: ``python -m gpu_worker`` exits with ``EXIT_ENGINE_DEAD`` so that ECS replaces the task.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from gpu_worker.engines.base import (
     Engine,
     Generation,
     GenerationAborted,
+    FatalEngineError,
     PermanentEngineError,
     TransientEngineError,
 )
@@ -69,6 +75,9 @@ from gpu_worker.task_protection import TaskProtection
 
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
+# The exit status of a worker whose engine died (``python -m gpu_worker``): its messages were handed back, and its
+# supervisor must start a fresh process. 2 is taken by bad settings (gpu_worker.__main__).
+EXIT_ENGINE_DEAD = 3
 # How long a finished job's delete may wait for nine others. Its message is no longer extended by the heartbeat but
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
@@ -188,6 +197,7 @@ class InFlight:
     message: QueueMessage
     job_id: str | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    in_engine: bool = False  # waiting for an engine slot or generating
 
 
 def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
@@ -240,6 +250,8 @@ class Worker:
             max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
         )
         self.jobs_finished = 0  # jobs this worker brought to succeeded
+        self.engine_dead: FatalEngineError | None = None  # set when the engine died; run() then returns early
+        self._handback: dict[str, QueueMessage] = {}  # messages of jobs the dead engine could not run, by id
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -262,7 +274,10 @@ class Worker:
             return
         flight.job_id = claim.job_id
         try:
-            done = await self._run_claim(claim, message)
+            done = await self._run_claim(claim, flight)
+        except FatalEngineError as exc:
+            self._engine_died(exc, message)
+            return
         except Exception:
             # S3/DynamoDB/SNS faults that survived botocore's retries: SQS redelivers after the backoff, and the DLQ
             # takes the message after the max receive count.
@@ -283,7 +298,15 @@ class Worker:
         except Exception:
             logger.exception("could not shorten the visibility of %s; it returns after the timeout", message.message_id)
 
-    async def _run_claim(self, claim: ClaimCheck, message: QueueMessage) -> bool:
+    def _engine_died(self, exc: FatalEngineError, message: QueueMessage) -> None:
+        """Keep ``message`` for the hand-back, and stop the worker at the first death."""
+        self._handback[message.message_id] = message
+        if self.engine_dead is None:
+            logger.error("the engine is dead (%s): stopping, and handing every held message back", exc)
+            self.engine_dead = exc
+            self.stop()
+
+    async def _run_claim(self, claim: ClaimCheck, flight: InFlight) -> bool:
         """True when the message is finished with (delete it), False to leave it for redelivery."""
         if utcnow() > claim.deadline:
             job = await self._io(self.store.get, claim.job_id)
@@ -311,6 +334,7 @@ class Worker:
         started = time.monotonic()
         self.faults.at("before_engine", job.job_id)
         try:
+            flight.in_engine = True
             generation = await self._generate(job.job_id, request, claim.timeout_s)
         except asyncio.TimeoutError:
             await self.engine.abort(job.job_id)
@@ -322,6 +346,8 @@ class Worker:
         except TransientEngineError as exc:
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
             return False
+        finally:
+            flight.in_engine = False
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
 
         usage = Usage(
@@ -357,6 +383,8 @@ class Worker:
     async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
         """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken."""
         async with self._engine_slots:
+            if self.engine_dead is not None:
+                raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
             if job_id in self._cancelled:
                 raise GenerationAborted(job_id)
             return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
@@ -409,7 +437,10 @@ class Worker:
             await self._notices.close()
             await self._deletes.close()
             await self._protect(False)
-            await self.engine.close()
+            try:
+                await self.engine.close()
+            except Exception:  # a dead engine may not shut down cleanly; the exit status must still say it died
+                logger.exception("the engine did not close cleanly")
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _protect(self, enabled: bool) -> None:
@@ -499,18 +530,25 @@ class Worker:
 
     async def _drain(self) -> None:
         """After a stop: let running jobs finish within the drain timeout, then abort the rest and make their
-        messages visible at once, so another worker picks them up now rather than after the visibility timeout."""
-        pending = [f.task for f in self._inflight.values() if f.task]
+        messages visible at once, so another worker picks them up now rather than after the visibility timeout.
+        After the engine died, what is in the engine is handed back at once: it will never finish."""
+        if self.engine_dead is not None:
+            for flight in list(self._inflight.values()):
+                if flight.in_engine and flight.task:
+                    flight.task.cancel()
+                    self._handback[flight.message.message_id] = flight.message
+        pending = [f.task for f in self._inflight.values() if f.task and f.message.message_id not in self._handback]
         if pending:
             logger.info("draining %d jobs for up to %.0f s", len(pending), self.config.drain_timeout_s)
             await asyncio.wait(pending, timeout=self.config.drain_timeout_s)
-        left = list(self._inflight.values())
-        if not left:
-            return
-        logger.info("handing back %d unfinished jobs", len(left))
+        left = [f for f in self._inflight.values() if f.message.message_id not in self._handback]
         for flight in left:
             if flight.task:
                 flight.task.cancel()
-            if flight.job_id:
+            if flight.job_id and self.engine_dead is None:
                 await self.engine.abort(flight.job_id)
-        await self._io(self.queue.change_visibility_batch, [f.message.receipt_handle for f in left], 0)
+            self._handback[flight.message.message_id] = flight.message
+        if not self._handback:
+            return
+        logger.info("handing back %d unfinished jobs", len(self._handback))
+        await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in self._handback.values()], 0)
