@@ -15,6 +15,7 @@ from async_inference import config as env
 from async_inference import settings
 from async_inference.config import ServiceSettings
 from gpu_worker.faults import Faults
+from gpu_worker.health import HealthSettings
 from gpu_worker.worker import WorkerConfig
 
 EngineName = Literal["echo", "simulated", "cpu", "vllm"]  # gpu_worker.engines.ENGINE_NAMES
@@ -37,8 +38,9 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
 }
 
 
-class WorkerSettings(ServiceSettings):
-    """The worker container's environment: the service's resources (``ServiceSettings``) and the worker's own."""
+class WorkerSettings(ServiceSettings, HealthSettings):
+    """The worker container's environment: the service's resources (``ServiceSettings``), the health file the health
+    check reads too (``HealthSettings``), and the worker's own."""
 
     engine: EngineName = Field(
         alias=env.ENV_ENGINE, description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it"
@@ -109,6 +111,10 @@ class WorkerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        if self.heartbeat_interval_s >= self.health_max_age_s:
+            raise ValueError(f"{env.ENV_HEARTBEAT_INTERVAL_S}={self.heartbeat_interval_s:g} must be below "
+                             f"{env.ENV_HEALTH_MAX_AGE_S}={self.health_max_age_s:g}: each heartbeat keeps the health "
+                             "file fresh")
         if self.engine == "vllm" and not self.model:
             raise ValueError(f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id "
                              "or a model directory)")
@@ -124,6 +130,7 @@ class WorkerSettings(ServiceSettings):
             transient_retry_delay_s=self.transient_retry_delay_s,
             prefetch=self.prefetch,
             webhook_queue_url=self.webhook_queue_url,
+            health_file=self.health_file,
         )
 
     def engine_options(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ does nothing and ``install`` wraps nothing.
 ``s3_get_fails=<n>``     the first ``n`` payload reads of each job raise S3 ``SlowDown`` (``always``: every read)
 ``ddb_write_fails=<n>``  the first ``n`` state transitions of each job raise ``ProvisionedThroughputExceeded``
 ``engine_oom=<n>``       the first ``n`` generations of each job raise ``TransientEngineError`` (CUDA out of memory)
+``slow_start=<s>``       the engine's start blocks the event loop for ``s`` seconds first, as vLLM's engine build does
 ``engine_dead=<path>``   the engine dies at the first generation, as vLLM's does on a CUDA fault: that generation and
                          every later one in this process raise ``FatalEngineError``. Only while ``<path>`` does not
                          exist: the dying process creates it, so a worker started after it (ECS replacing the task)
@@ -30,6 +31,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +53,7 @@ class Faults:
     ddb_write_fails: int = 0
     engine_oom: int = 0
     engine_dead: Path | None = None
+    slow_start: float = 0.0
     _seen: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
 
     @classmethod
@@ -63,6 +66,11 @@ class Faults:
                 if value not in POINTS:
                     raise ValueError(f"crash point {value!r} is not one of {', '.join(POINTS)}")
                 faults.crash_at = value
+            elif name == "slow_start":
+                try:
+                    faults.slow_start = float(value)
+                except ValueError:
+                    raise ValueError(f"slow_start={value!r}: give seconds") from None
             elif name == "engine_dead":
                 if not value:
                     raise ValueError("engine_dead needs the path of its marker file: engine_dead=<path>")
@@ -77,7 +85,8 @@ class Faults:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom or self.engine_dead)
+        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom or self.engine_dead
+                    or self.slow_start)
 
     def at(self, point: str, job_id: str) -> None:
         """Called by the worker at each named point of a job; dies here if told to."""
@@ -103,6 +112,17 @@ class Faults:
             engine.generate = self._failing(engine.generate, "engine", self.engine_oom, error, is_async=True)
         if self.engine_dead:
             engine.generate = self._dying(engine.generate, self.engine_dead)
+        if self.slow_start:
+            engine.start = self._slow(engine.start, self.slow_start)
+
+    @staticmethod
+    def _slow(start: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+        async def slow_start() -> Any:
+            logger.warning("fault injection: the engine start blocks the event loop for %g s", seconds)
+            time.sleep(seconds)  # blocking on purpose: vLLM builds its engine in the event loop's thread
+            return await start()
+
+        return slow_start
 
     def _dying(self, generate: Callable[..., Any], marker: Path) -> Callable[..., Any]:
         """``generate``, unless ``marker`` is missing at the first call: then this one and every later call die."""

@@ -35,6 +35,7 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
@@ -71,6 +72,7 @@ from gpu_worker.engines.base import (
     TransientEngineError,
 )
 from gpu_worker.faults import Faults
+from gpu_worker.health import HealthFile
 from gpu_worker.task_protection import TaskProtection
 
 logger = logging.getLogger("gpu_worker")
@@ -108,6 +110,8 @@ class WorkerConfig:
     prefetch: int | None = None
     # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
     webhook_queue_url: str | None = None
+    # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
+    health_file: Path | None = None
 
     def held_messages(self, capacity: int) -> int:
         """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
@@ -231,6 +235,7 @@ class Worker:
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
         self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
+        self.health = HealthFile(config.health_file)
         self.protection = protection or TaskProtection(None)
         self.faults = faults or Faults()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
@@ -420,7 +425,10 @@ class Worker:
     async def run(self) -> None:
         """Receive and run jobs until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
-        await self.engine.start()
+        # Loading a model takes minutes, and vLLM builds its engine in the loop's thread: a thread keeps the health
+        # file fresh meanwhile, the heartbeat afterwards.
+        with self.health.kept_fresh(self.config.heartbeat_interval_s):
+            await self.engine.start()
         self._slots = Slots(self.config.held_messages(self.engine.capacity))
         self._engine_slots = asyncio.Semaphore(self.engine.capacity)
         self._protection_lock = asyncio.Lock()
@@ -504,9 +512,11 @@ class Worker:
             logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
 
     async def _heartbeat(self) -> None:
-        """Keep held messages invisible while their jobs run, and abort jobs cancelled while running."""
+        """Keep held messages invisible while their jobs run, abort jobs cancelled while running, and keep the health
+        file fresh: a beat that stops coming is what the container health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
+            self.health.touch()
             flights = list(self._inflight.values())
             if not flights:
                 continue

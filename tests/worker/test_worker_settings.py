@@ -86,3 +86,12 @@ def test_the_worker_process_refuses_to_start_without_engine():
                              text=True, timeout=30)
     assert process.returncode == 2
     assert "ENGINE is not set" in process.stderr
+
+
+def test_a_heartbeat_slower_than_the_health_limit_is_refused(worker_env: pytest.MonkeyPatch):
+    # The heartbeat is what keeps the health file fresh: slower than the limit, a healthy worker would be restarted.
+    worker_env.setenv("ENGINE", "echo")
+    worker_env.setenv("HEARTBEAT_INTERVAL_S", "30")
+    worker_env.setenv("HEALTH_MAX_AGE_S", "20")
+    with pytest.raises(SettingsError, match="HEARTBEAT_INTERVAL_S=30 must be below HEALTH_MAX_AGE_S=20"):
+        WorkerSettings.load()
