@@ -16,6 +16,7 @@ from async_inference import settings
 from async_inference.config import ServiceSettings
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
+from gpu_worker.task_protection import EXPIRES_IN_MINUTES
 from gpu_worker.worker import WorkerConfig
 
 EngineName = Literal["echo", "simulated", "cpu", "vllm"]  # gpu_worker.engines.ENGINE_NAMES
@@ -71,6 +72,10 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     )
     prefetch: int | None = Field(
         None, ge=0, alias=env.ENV_PREFETCH, description="messages held beyond the engine's capacity"
+    )
+    task_protection_renew_s: float = Field(
+        WorkerConfig.task_protection_renew_s, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
+        description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
     )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
@@ -131,6 +136,7 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             prefetch=self.prefetch,
             webhook_queue_url=self.webhook_queue_url,
             health_file=self.health_file,
+            task_protection_renew_s=self.task_protection_renew_s,
         )
 
     def engine_options(self) -> dict[str, Any]:

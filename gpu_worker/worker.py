@@ -73,7 +73,7 @@ from gpu_worker.engines.base import (
 )
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile
-from gpu_worker.task_protection import TaskProtection
+from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
 
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
@@ -110,6 +110,8 @@ class WorkerConfig:
     prefetch: int | None = None
     # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
     webhook_queue_url: str | None = None
+    # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
+    task_protection_renew_s: float = DEFAULT_RENEW_S
     # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
     health_file: Path | None = None
 
@@ -457,6 +459,14 @@ class Worker:
         async with self._protection_lock:
             await self.protection.set(enabled)
 
+    async def _renew_protection(self) -> None:
+        """Keep a busy worker's protection from expiring (and retry an enable that failed). Checked under the lock, so
+        a worker that went idle meanwhile is not protected again after its clear."""
+        assert self._protection_lock is not None
+        async with self._protection_lock:
+            if self._inflight:
+                await self.protection.set(True, renew_after_s=self.config.task_protection_renew_s)
+
     def stop(self) -> None:
         self._stopping.set()
 
@@ -512,14 +522,16 @@ class Worker:
             logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
 
     async def _heartbeat(self) -> None:
-        """Keep held messages invisible while their jobs run, abort jobs cancelled while running, and keep the health
-        file fresh: a beat that stops coming is what the container health check sees."""
+        """Keep held messages invisible while their jobs run, abort jobs cancelled while running, renew the task
+        protection of a busy worker, and keep the health file fresh: a beat that stops coming is what the container
+        health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
             self.health.touch()
             flights = list(self._inflight.values())
             if not flights:
                 continue
+            await self._renew_protection()
             try:
                 await self._io(
                     self.queue.change_visibility_batch,
