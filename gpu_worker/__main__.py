@@ -16,6 +16,7 @@ from async_inference.config import SettingsError
 from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.faults import Faults
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.task_protection import TaskProtection
 from gpu_worker.worker import EXIT_ENGINE_DEAD, Worker
 
@@ -28,6 +29,7 @@ async def main(config: WorkerSettings) -> int:
         make_engine(config.engine, **config.engine_options()),
         protection=TaskProtection(config.ecs_agent_uri),
         faults=Faults.parse(config.worker_faults),
+        metrics=WorkerMetrics(config.metrics_namespace),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -81,6 +81,10 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
     )
     worker_faults: str = Field("", alias=env.ENV_WORKER_FAULTS, description="fault injection, tests only")
+    metrics_namespace: str = Field(
+        settings.METRICS_NAMESPACE, min_length=1, alias=env.ENV_METRICS_NAMESPACE,
+        description="the CloudWatch namespace of the worker's EMF records",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias=env.ENV_LOG_LEVEL)
     # --- the model
     model: str | None = Field(

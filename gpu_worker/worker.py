@@ -73,6 +73,7 @@ from gpu_worker.engines.base import (
 )
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
 
 logger = logging.getLogger("gpu_worker")
@@ -229,6 +230,7 @@ class Worker:
         service: JobService | None = None,
         protection: TaskProtection | None = None,
         faults: Faults | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -238,6 +240,7 @@ class Worker:
         self.queue: JobQueue = self.service.queue
         self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
         self.health = HealthFile(config.health_file)
+        self.metrics = metrics or WorkerMetrics(enabled=False)
         self.protection = protection or TaskProtection(None)
         self.faults = faults or Faults()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
@@ -339,6 +342,7 @@ class Worker:
             return await self._finish(job, JobStatus.FAILED, error=reason)
 
         started = time.monotonic()
+        self.metrics.started((utcnow() - job.created_at).total_seconds())
         self.faults.at("before_engine", job.job_id)
         try:
             flight.in_engine = True
@@ -363,14 +367,19 @@ class Worker:
             total_tokens=generation.prompt_tokens + generation.completion_tokens,
         )
         completion = completion_for(job, generation.text, generation.finish_reason, usage)
-        return await self._finish(job, JobStatus.SUCCEEDED, result=completion)
+        return await self._finish(job, JobStatus.SUCCEEDED, result=completion, generation_started=started)
 
     async def _finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None,
-                      **fields: Any) -> bool:
+                      generation_started: float | None = None, **fields: Any) -> bool:
         """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
-        final state, notification (batched). True when the message is done with, False to leave it for redelivery."""
+        final state, notification (batched). True when the message is done with, False to leave it for redelivery.
+        ``generation_started`` (time.monotonic()) times the processing of a result."""
+        processing_s = None
         if result is not None:
+            generated_tokens = result.usage.completion_tokens
             result, result_fields = await self._io(self.service.store_result, job, result)
+            if generation_started is not None:
+                processing_s = time.monotonic() - generation_started
             fields.update(result_fields)
             self.faults.at("after_result_write", job.job_id)
         finished = await self._io(self.service.end, job, target, **fields)
@@ -379,6 +388,10 @@ class Worker:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
             # end was notified: if the other run died before publishing, this message is the one left to do it.
             return await self._not_runnable(job.job_id)
+        if target is JobStatus.SUCCEEDED and processing_s is not None:
+            self.metrics.succeeded(processing_s=processing_s, completion_tokens=generated_tokens)
+        elif target is JobStatus.FAILED:
+            self.metrics.failed()
         if not await (await self._notices.add((finished, result))):
             # The job is final but its notification did not go out: leave the message, and its redelivery finds the
             # job final and not notified, and sends it.
@@ -446,6 +459,7 @@ class Worker:
             heartbeat.cancel()
             await self._notices.close()
             await self._deletes.close()
+            self.metrics.flush()
             await self._protect(False)
             try:
                 await self.engine.close()
@@ -523,11 +537,12 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         """Keep held messages invisible while their jobs run, abort jobs cancelled while running, renew the task
-        protection of a busy worker, and keep the health file fresh: a beat that stops coming is what the container
-        health check sees."""
+        protection of a busy worker, flush the metrics, and keep the health file fresh: a beat that stops coming is
+        what the container health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
             self.health.touch()
+            await self._flush_metrics()
             flights = list(self._inflight.values())
             if not flights:
                 continue
@@ -541,6 +556,11 @@ class Worker:
                 await self._abort_cancelled([f.job_id for f in flights if f.job_id])
             except Exception:
                 logger.exception("heartbeat failed; retrying at the next beat")
+
+    async def _flush_metrics(self) -> None:
+        record = self.metrics.take_record()
+        if record is not None:
+            await self._io(self.metrics.write, record)
 
     async def _abort_cancelled(self, job_ids: list[str]) -> None:
         for start in range(0, len(job_ids), 100):
