@@ -17,6 +17,7 @@ from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.faults import Faults
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.model_source import ModelSource
 from gpu_worker.task_protection import TaskProtection
 from gpu_worker.worker import EXIT_ENGINE_DEAD, Worker
 
@@ -30,6 +31,8 @@ async def main(config: WorkerSettings) -> int:
         protection=TaskProtection(config.ecs_agent_uri),
         faults=Faults.parse(config.worker_faults),
         metrics=WorkerMetrics(config.metrics_namespace),
+        model_source=ModelSource(config.model_s3_uri, config.model_dir) if config.model_s3_uri and config.model_dir
+        else None,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ the arguments of ``Worker`` and ``make_engine``, which read no environment thems
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +17,7 @@ from async_inference import settings
 from async_inference.config import ServiceSettings
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
+from gpu_worker.model_source import parse_s3_uri
 from gpu_worker.task_protection import EXPIRES_IN_MINUTES
 from gpu_worker.worker import WorkerConfig
 
@@ -90,6 +92,12 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     model: str | None = Field(
         None, alias=env.ENV_MODEL, description="the model: a Hugging Face id or directory (vllm: required)"
     )
+    model_s3_uri: str | None = Field(
+        None, alias=env.ENV_MODEL_S3_URI, description="s3://bucket/prefix/ holding the model files, synced to MODEL_DIR"
+    )
+    model_dir: Path | None = Field(
+        None, alias=env.ENV_MODEL_DIR, description="where the model files from MODEL_S3_URI are kept"
+    )
     # --- engine options (None: the engine's default)
     max_num_seqs: int | None = Field(None, ge=1, alias=env.ENV_MAX_NUM_SEQS, description="jobs in the engine at once")
     max_model_len: int | None = Field(None, ge=1, alias=env.ENV_MAX_MODEL_LEN, description="context length in tokens")
@@ -118,15 +126,25 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         Faults.parse(value)  # its ValueError names the fault that is wrong
         return value
 
+    @field_validator("model_s3_uri")
+    @classmethod
+    def _s3_uri_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_s3_uri(value)
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        if self.model_s3_uri and self.model_dir is None:
+            raise ValueError(f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
+                             "model's files are synced to")
         if self.heartbeat_interval_s >= self.health_max_age_s:
             raise ValueError(f"{env.ENV_HEARTBEAT_INTERVAL_S}={self.heartbeat_interval_s:g} must be below "
                              f"{env.ENV_HEALTH_MAX_AGE_S}={self.health_max_age_s:g}: each heartbeat keeps the health "
                              "file fresh")
-        if self.engine == "vllm" and not self.model:
-            raise ValueError(f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id "
-                             "or a model directory)")
+        if self.engine == "vllm" and not (self.model or self.model_s3_uri):
+            raise ValueError(f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id, "
+                             "a model directory, or MODEL_S3_URI)")
         return self
 
     def worker_config(self) -> WorkerConfig:
@@ -145,8 +163,14 @@ class WorkerSettings(ServiceSettings, HealthSettings):
 
     def engine_options(self) -> dict[str, Any]:
         """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""
-        return {
+        options = {
             option: getattr(self, field)
             for field, option in ENGINE_OPTIONS[self.engine].items()
             if getattr(self, field) is not None
         }
+        if self.model_s3_uri and "model" in ENGINE_OPTIONS[self.engine]:
+            # The engine loads the synced files from disk, and the model keeps answering to its name.
+            options["model"] = str(self.model_dir)
+            if self.engine == "vllm" and self.model:
+                options.setdefault("served_model_name", self.model)
+        return options

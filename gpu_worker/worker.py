@@ -74,6 +74,7 @@ from gpu_worker.engines.base import (
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.model_source import ModelSource
 from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
 
 logger = logging.getLogger("gpu_worker")
@@ -231,7 +232,9 @@ class Worker:
         protection: TaskProtection | None = None,
         faults: Faults | None = None,
         metrics: WorkerMetrics | None = None,
+        model_source: ModelSource | None = None,
     ) -> None:
+        """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``)."""
         self.config = config
         self.engine = engine
         self.service = service or JobService.from_config(config.service)
@@ -241,6 +244,7 @@ class Worker:
         self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
         self.health = HealthFile(config.health_file)
         self.metrics = metrics or WorkerMetrics(enabled=False)
+        self.model_source = model_source
         self.protection = protection or TaskProtection(None)
         self.faults = faults or Faults()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
@@ -440,9 +444,11 @@ class Worker:
     async def run(self) -> None:
         """Receive and run jobs until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
-        # Loading a model takes minutes, and vLLM builds its engine in the loop's thread: a thread keeps the health
-        # file fresh meanwhile, the heartbeat afterwards.
+        # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread keeps
+        # the health file fresh meanwhile, the heartbeat afterwards.
         with self.health.kept_fresh(self.config.heartbeat_interval_s):
+            if self.model_source is not None:
+                await self._io(self.model_source.sync)
             await self.engine.start()
         self._slots = Slots(self.config.held_messages(self.engine.capacity))
         self._engine_slots = asyncio.Semaphore(self.engine.capacity)
