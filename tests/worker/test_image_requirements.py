@@ -9,7 +9,6 @@ so repeated runs take seconds; a clean checkout (CI) builds it from scratch.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -21,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
-from tests.e2e.conftest import chat
+from tests.faults.fault_stack import FaultStack, chat
 
 pytestmark = pytest.mark.e2e
 
@@ -80,13 +78,14 @@ def test_the_dockerfile_copies_the_worker_packages():
     assert {destination for _, destination in image_copies()} >= {"async_inference/", "gpu_worker/"}
 
 
-def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: LocalStack, api: Client, tmp_path: Path):
+def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):
     # GIVEN a venv with gpu_worker/requirements.txt only, and a copy of exactly what the image gets
     venv = image_venv()
     app = tmp_path / "app"
     copy_image_files(app)
     # WHEN a worker starts from them (as the image's entrypoint does, PYTHONPATH=/app) against the local stack
-    env = {"PATH": os.environ["PATH"], **stack.env, "ENGINE": "echo", "PYTHONPATH": str(app), "RECEIVE_WAIT_S": "1"}
+    env = {**{k: v for k, v in stack.env.items() if not k.startswith("PYTHON")}, "ENGINE": "echo",
+           "PYTHONPATH": str(app), "RECEIVE_WAIT_S": "1"}
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen([str(venv / "bin" / "python"), "-m", "gpu_worker"], env=env, cwd=app, stdout=out,

@@ -10,16 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from async_inference.client import Client
 from async_inference.config import ServiceConfig, SettingsError
 from gpu_worker.config import WorkerSettings
 from gpu_worker.model_source import MANIFEST_NAME, ModelSource, parse_s3_uri
-from local_runtime.stack import LocalStack
-from tests.e2e.conftest import chat
+from tests.faults.fault_stack import FaultStack, chat
 
 pytestmark = pytest.mark.e2e
 
@@ -33,11 +30,8 @@ FILES = {
 
 
 @pytest.fixture
-def s3(stack: LocalStack) -> Any:
-    return boto3.client("s3", endpoint_url=stack.env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id=stack.env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=stack.env["AWS_SECRET_ACCESS_KEY"],
-                        config=Config(s3={"addressing_style": "path"}))
+def s3(stack: FaultStack) -> Any:
+    return stack.client("s3")
 
 
 @pytest.fixture
@@ -124,7 +118,7 @@ def test_a_model_uri_without_a_directory_is_refused(monkeypatch: pytest.MonkeyPa
         WorkerSettings.load()
 
 
-def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: LocalStack, api: Client, model_uri: str,
+def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: FaultStack, api: Client, model_uri: str,
                                                        tmp_path: Path):
     # GIVEN a worker told to take its model from S3
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **stack.env, "ENGINE": "echo",

@@ -21,9 +21,8 @@ import pytest
 
 from async_inference import settings
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
 from tests.cdk.conftest import Synthesized, synthesized, worker_context  # noqa: F401 (fixtures)
-from tests.e2e.conftest import chat
+from tests.faults.fault_stack import FaultStack, chat
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_NAME = "gpu-worker"
@@ -67,7 +66,7 @@ def emitted(records: list[dict[str, Any]]) -> dict[str, list[float]]:
     return values
 
 
-def start_worker(stack: LocalStack, stdout: Path, **env: str) -> subprocess.Popen[bytes]:
+def start_worker(stack: FaultStack, stdout: Path, **env: str) -> subprocess.Popen[bytes]:
     """A worker with its own stdout, where its EMF records go (its log lines go to stderr)."""
     environment = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **stack.env, "ENGINE": "echo",
                    "RECEIVE_WAIT_S": "1", "POWERTOOLS_METRICS_DISABLED": "false",
@@ -88,7 +87,7 @@ def wait_final(api: Client, job_ids: list[str], timeout_s: float = 30) -> dict[s
 
 @pytest.mark.cdk
 @pytest.mark.e2e
-def test_every_worker_metric_on_the_dashboard_is_emitted(stack: LocalStack, api: Client, synthesized: Synthesized,
+def test_every_worker_metric_on_the_dashboard_is_emitted(stack: FaultStack, api: Client, synthesized: Synthesized,
                                                          tmp_path: Path):
     # GIVEN the worker metrics the synthesized dashboard plots (its metrics in the service's namespace, less the API's)
     on_dashboard = dashboard_metric_names(synthesized.json, settings.METRICS_NAMESPACE) - set(settings.API_METRICS)
@@ -125,7 +124,7 @@ def test_every_worker_metric_on_the_dashboard_is_emitted(stack: LocalStack, api:
 
 
 @pytest.mark.e2e
-def test_what_was_measured_since_the_last_heartbeat_is_flushed_at_exit(stack: LocalStack, api: Client,
+def test_what_was_measured_since_the_last_heartbeat_is_flushed_at_exit(stack: FaultStack, api: Client,
                                                                        tmp_path: Path):
     # GIVEN a worker whose first heartbeat would come only after 30 s
     stdout = tmp_path / "worker.out"
