@@ -1,13 +1,20 @@
-"""Runtime configuration, read once from the environment at start-up.
+"""Runtime configuration: the names of the environment variables, and the settings classes that read them.
 
-The names of the environment variables are constants here because the CDK stack sets them and the code reads them:
-one definition for both sides.
+The names are constants here because the CDK stack sets them and the code reads them: one definition for both sides.
+Each process reads one settings class once, at start (``ServiceSettings.load()`` in the API, upload and DLQ
+Lambdas, ``DispatcherSettings.load()`` in the webhook dispatcher, ``gpu_worker.config.WorkerSettings.load()`` in the
+worker); a variable that is missing or malformed stops the process there, with an error that names it.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import Any, Self
+
+from pydantic import Field, Json, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from async_inference import settings
 
 ENV_TABLE = "JOBS_TABLE_NAME"
 ENV_BUCKET = "JOBS_BUCKET_NAME"
@@ -23,6 +30,9 @@ ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
 ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
+# Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
+ENV_BACKOFF_BASE_S = "WEBHOOK_BACKOFF_BASE_S"
+ENV_BACKOFF_MAX_S = "WEBHOOK_BACKOFF_MAX_S"
 # The worker container (set by the task definition; the worker refuses to start without ENGINE).
 ENV_ENGINE = "ENGINE"
 ENV_MODEL = "MODEL"
@@ -35,11 +45,87 @@ ENV_MODEL_DIR = "MODEL_DIR"
 ENV_HEALTH_FILE = "WORKER_HEALTH_FILE"
 DEFAULT_HEALTH_FILE = "/tmp/gpu-worker-health"
 ENV_HEALTH_MAX_AGE_S = "HEALTH_MAX_AGE_S"
+# Four heartbeats (settings.HEARTBEAT_INTERVAL_S): one slow SQS call does not make the task unhealthy, a hung loop
+# does within a minute (plus the health check's own interval and retries).
+DEFAULT_HEALTH_MAX_AGE_S = 60
+# Engine options (gpu_worker/engines/__init__.py documents which engine reads which).
+ENV_MAX_NUM_SEQS = "MAX_NUM_SEQS"
+ENV_MAX_MODEL_LEN = "MAX_MODEL_LEN"
+ENV_GPU_MEMORY_UTILIZATION = "GPU_MEMORY_UTILIZATION"
+ENV_TENSOR_PARALLEL_SIZE = "TENSOR_PARALLEL_SIZE"
+ENV_DTYPE = "DTYPE"
+ENV_ENFORCE_EAGER = "ENFORCE_EAGER"
+ENV_SERVED_MODEL_NAME = "SERVED_MODEL_NAME"
+# The worker's loop timings (defaults in async_inference.settings; the tests shorten them).
+ENV_HEARTBEAT_INTERVAL_S = "HEARTBEAT_INTERVAL_S"
+ENV_VISIBILITY_TIMEOUT_S = "VISIBILITY_TIMEOUT_S"
+ENV_RECEIVE_WAIT_S = "RECEIVE_WAIT_S"
+ENV_DRAIN_TIMEOUT_S = "DRAIN_TIMEOUT_S"
+ENV_TRANSIENT_RETRY_DELAY_S = "TRANSIENT_RETRY_DELAY_S"
+ENV_PREFETCH = "PREFETCH"
+# Set by the ECS agent in every task: the base URL of its task-protection endpoint.
+ENV_ECS_AGENT_URI = "ECS_AGENT_URI"
+ENV_TASK_PROTECTION_RENEW_S = "TASK_PROTECTION_RENEW_S"
+ENV_WORKER_FAULTS = "WORKER_FAULTS"
+# Powertools' own names: the worker's EMF records use them as the Lambdas' do.
+ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
+ENV_LOG_LEVEL = "LOG_LEVEL"
+
+
+# --- Reading settings -----------------------------------------------------------------------------------------------
+
+
+class SettingsError(ValueError):
+    """Environment variables that are missing or malformed; the message names each one and says what it holds."""
+
+
+class EnvSettings(BaseSettings):
+    """Base of the settings classes: each field is read from the environment variable its alias names.
+
+    Fields may also be given by name (``ServiceSettings(table_name=...)``, for tests); an empty variable counts as
+    unset. A field declared with ``repr=False`` holds a secret: an error about it never shows its value.
+    """
+
+    model_config = SettingsConfigDict(
+        frozen=True, case_sensitive=True, env_ignore_empty=True, validate_by_name=True, extra="ignore"
+    )
+
+    @classmethod
+    def load(cls, **values: Any) -> Self:
+        """The settings from the environment (``values`` win); SettingsError naming every bad variable."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise SettingsError(describe_errors(cls, exc)) from None
+
+
+def describe_errors(cls: type[BaseSettings], exc: ValidationError) -> str:
+    """One clause per error: the variable, its value (unless secret), what is wrong and what the variable is for.
+
+    pydantic's own message would print every variable read so far for a missing one, secrets included."""
+    fields = {(f.alias or name): f for name, f in cls.model_fields.items()}
+    clauses = []
+    for error in exc.errors(include_url=False):
+        name = ".".join(str(p) for p in error["loc"])
+        field = fields.get(name)
+        purpose = f" ({field.description})" if field is not None and field.description else ""
+        if not name:  # a check across several variables: its message names them
+            clauses.append(str(error["msg"]).removeprefix("Value error, "))
+        elif error["type"] == "missing":
+            clauses.append(f"{name} is not set{purpose}")
+        else:
+            shown = "" if field is not None and not field.repr else f"={error['input']!r}"
+            clauses.append(f"{name}{shown}: {str(error['msg']).removeprefix('Value error, ')}{purpose}")
+    return f"{cls.__name__}: " + "; ".join(clauses)
+
+
+# --- The service's resources ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """Where the service's resources are. Every deployed component reads the same variables."""
+    """Where the service's resources are. The CDK stack builds one from its resources' tokens and sets ``to_env()``
+    on every function and container; the processes read it back through their settings class."""
 
     table_name: str
     bucket_name: str
@@ -48,18 +134,6 @@ class ServiceConfig:
     dlq_url: str | None = None
     # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
     upload_deadlines_queue_url: str | None = None
-
-    @classmethod
-    def from_env(cls) -> ServiceConfig:
-        # os.environ[...] on purpose: a missing setting fails at start-up, not on the first request.
-        return cls(
-            table_name=os.environ[ENV_TABLE],
-            bucket_name=os.environ[ENV_BUCKET],
-            queue_url=os.environ[ENV_QUEUE_URL],
-            topic_arn=os.environ[ENV_TOPIC_ARN],
-            dlq_url=os.environ.get(ENV_DLQ_URL),
-            upload_deadlines_queue_url=os.environ.get(ENV_UPLOAD_DEADLINES_QUEUE_URL),
-        )
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -73,3 +147,59 @@ class ServiceConfig:
         if self.upload_deadlines_queue_url:
             env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
         return env
+
+
+class ServiceSettings(EnvSettings):
+    """The API, upload and dead-letter Lambdas' settings: the ``ServiceConfig`` variables."""
+
+    table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
+    bucket_name: str = Field(alias=ENV_BUCKET, description="the claim-check bucket's name")
+    queue_url: str = Field(alias=ENV_QUEUE_URL, description="the job queue's URL")
+    topic_arn: str = Field(alias=ENV_TOPIC_ARN, description="the result topic's ARN")
+    dlq_url: str | None = Field(None, alias=ENV_DLQ_URL, description="the job queue's dead-letter queue URL")
+    upload_deadlines_queue_url: str | None = Field(
+        None, alias=ENV_UPLOAD_DEADLINES_QUEUE_URL, description="the upload-deadline queue's URL (the API schedules there)"
+    )
+    allow_local_webhooks: bool = Field(
+        False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
+    )
+
+    @property
+    def service(self) -> ServiceConfig:
+        return ServiceConfig(
+            table_name=self.table_name,
+            bucket_name=self.bucket_name,
+            queue_url=self.queue_url,
+            topic_arn=self.topic_arn,
+            dlq_url=self.dlq_url,
+            upload_deadlines_queue_url=self.upload_deadlines_queue_url,
+        )
+
+
+class DispatcherSettings(EnvSettings):
+    """The webhook dispatcher Lambda's settings."""
+
+    table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
+    webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
+    webhook_secret_arn: str | None = Field(
+        None, alias=ENV_WEBHOOK_SECRET_ARN, description='Secrets Manager secret holding {"tenant": "whsec_..."}'
+    )
+    webhook_secrets_json: Json[dict[str, str | list[str]]] | None = Field(
+        None, alias=ENV_WEBHOOK_SECRETS_JSON, repr=False, description='{"tenant": "whsec_..."} inline, local runs only'
+    )
+    allow_local_webhooks: bool = Field(
+        False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
+    )
+    webhook_backoff_base_s: int = Field(
+        settings.WEBHOOK_BACKOFF_BASE_S, ge=0, alias=ENV_BACKOFF_BASE_S, description="first retry delay in seconds"
+    )
+    webhook_backoff_max_s: int = Field(
+        settings.WEBHOOK_BACKOFF_MAX_S, ge=0, alias=ENV_BACKOFF_MAX_S, description="longest retry delay in seconds"
+    )
+
+    @model_validator(mode="after")
+    def _has_secrets(self) -> DispatcherSettings:
+        if self.webhook_secrets_json is None and not self.webhook_secret_arn:
+            raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARN} (or {ENV_WEBHOOK_SECRETS_JSON} locally): the tenants' "
+                             "webhook signing secrets")
+        return self

@@ -94,7 +94,7 @@ class JobService:
         self.allow_local_webhooks = allow_local_webhooks
 
     @classmethod
-    def from_config(cls, config: ServiceConfig) -> JobService:
+    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
         """The service over the resources ``config`` names, with one set of clients for the process."""
         return cls(
             store=JobStore(config.table_name),
@@ -102,7 +102,7 @@ class JobService:
             queue=JobQueue(config.queue_url),
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
-            allow_local_webhooks=webhooks.allow_local_from_env(),
+            allow_local_webhooks=allow_local_webhooks,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -340,10 +340,25 @@ class JobService:
     ) -> Job | None:
         """Move a job to a final state (from ``only_from`` states, if given) and publish its notification; None when
         the move was not allowed."""
-        finished = self.store.transition(job.job_id, target, only_from=only_from, notified=False, **fields)
+        finished = self.end(job, target, only_from=only_from, **fields)
         if finished is not None:
             self.notify(finished, result=result)
         return finished
+
+    def end(self, job: Job, target: JobStatus, *, only_from: frozenset[JobStatus] | set[JobStatus] | None = None,
+            **fields: Any) -> Job | None:
+        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``)."""
+        return self.store.transition(job.job_id, target, only_from=only_from, notified=False, **fields)
+
+    def store_result(self, job: Job, result: ChatCompletion) -> tuple[ChatCompletion, dict[str, Any]]:
+        """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and
+        the fields its ``succeeded`` state records."""
+        key = settings.result_key(job.tenant, job.job_id)
+        stored = self.blobs.put_json_once(key, result.model_dump_json().encode())
+        if stored is not None:
+            # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
+            result = ChatCompletion.model_validate_json(stored)
+        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason}
 
     def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""

@@ -19,7 +19,6 @@ import datetime as dt
 import ipaddress
 import json
 import logging
-import os
 import random
 import secrets as _secrets
 import socket
@@ -36,8 +35,7 @@ from pydantic import BaseModel, Field, ValidationError
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings
-from async_inference.config import ENV_ALLOW_LOCAL_WEBHOOKS, ENV_WEBHOOK_QUEUE_URL, ENV_WEBHOOK_SECRET_ARN
-from async_inference.config import ENV_WEBHOOK_SECRETS_JSON
+from async_inference.config import ENV_BACKOFF_BASE_S, ENV_BACKOFF_MAX_S, DispatcherSettings  # noqa: F401 (re-exported)
 from async_inference.jobs import JobStatus
 from async_inference.schemas import SCHEMA_VERSION, Job, ResultNotification, utcnow
 
@@ -60,9 +58,6 @@ SQS_MAX_VISIBILITY_S = 12 * 60 * 60  # ChangeMessageVisibility's upper limit
 JITTER_FRACTION = 0.1
 SECRET_CACHE_S = 300  # a rotated secret is picked up within this long
 MAX_ERROR_CHARS = 200
-# Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
-ENV_BACKOFF_BASE_S = "WEBHOOK_BACKOFF_BASE_S"
-ENV_BACKOFF_MAX_S = "WEBHOOK_BACKOFF_MAX_S"
 
 # Where cloud providers serve instance metadata and credentials: named in refusals so the reason is plain.
 _METADATA = {
@@ -182,10 +177,6 @@ def check_url(url: str, *, allow_local: bool = False, resolver: Resolver = resol
     return Target(url=url, scheme=scheme, host=host, port=port, path=path, addresses=tuple(addresses))  # type: ignore[arg-type]
 
 
-def allow_local_from_env() -> bool:
-    return os.environ.get(ENV_ALLOW_LOCAL_WEBHOOKS) == "1"
-
-
 # --- Signing (Standard Webhooks) ------------------------------------------------------------------------------------
 
 
@@ -226,16 +217,13 @@ class TenantSecrets:
         return [value] if isinstance(value, str) else list(value)
 
     @classmethod
-    def from_env(cls) -> TenantSecrets:
+    def from_settings(cls, config: DispatcherSettings) -> TenantSecrets:
         """Inline JSON locally (``WEBHOOK_SECRETS_JSON``); in AWS the Secrets Manager secret ``WEBHOOK_SECRET_ARN``,
         fetched through Powertools so a warm Lambda reads it once per ``SECRET_CACHE_S``."""
-        inline = os.environ.get(ENV_WEBHOOK_SECRETS_JSON)
-        if inline is not None:
-            table = json.loads(inline)
+        if config.webhook_secrets_json is not None:
+            table = config.webhook_secrets_json
             return cls(lambda: table)
-        arn = os.environ.get(ENV_WEBHOOK_SECRET_ARN)
-        if not arn:
-            raise KeyError(f"set {ENV_WEBHOOK_SECRET_ARN} (or {ENV_WEBHOOK_SECRETS_JSON} locally)")
+        arn = config.webhook_secret_arn
         from aws_lambda_powertools.utilities import parameters
 
         return cls(lambda: parameters.get_secret(arn, transform="json", max_age=SECRET_CACHE_S))  # type: ignore[return-value]
@@ -258,11 +246,8 @@ class Backoff:
         return min(int(round(ceiling * (1 + JITTER_FRACTION * rand()))), SQS_MAX_VISIBILITY_S)
 
     @classmethod
-    def from_env(cls) -> Backoff:
-        return cls(
-            base_s=int(os.environ.get(ENV_BACKOFF_BASE_S, settings.WEBHOOK_BACKOFF_BASE_S)),
-            max_s=int(os.environ.get(ENV_BACKOFF_MAX_S, settings.WEBHOOK_BACKOFF_MAX_S)),
-        )
+    def from_settings(cls, config: DispatcherSettings) -> Backoff:
+        return cls(base_s=config.webhook_backoff_base_s, max_s=config.webhook_backoff_max_s)
 
 
 # --- Messages on the webhook queue ----------------------------------------------------------------------------------
@@ -456,27 +441,15 @@ class Dispatcher:
 
 # --- The "started" event (called by the worker) ---------------------------------------------------------------------
 
-_started_queue: Any = None
-_started_lock = threading.Lock()
+def started_event(job: Job, queue: Any) -> bool:
+    """Queue the job's ``started`` webhook on ``queue`` (an ``aws.WebhookQueue``) if it asked for one; True when
+    queued. Call it after the RUNNING transition.
 
-
-def started_event(job: Job, queue: Any | None = None) -> bool:
-    """Queue the job's ``started`` webhook if it asked for one; True when queued. Call it after the RUNNING transition.
-
-    Never raises: a started notice is informational and must not cost the job its run. The queue comes from
-    ``WEBHOOK_QUEUE_URL`` on first use.
+    Never raises: a started notice is informational and must not cost the job its run.
     """
-    global _started_queue
     if job.webhook is None or EVENT_STARTED not in job.webhook.events:
         return False
     try:
-        if queue is None:
-            with _started_lock:
-                if _started_queue is None:
-                    from async_inference.aws import WebhookQueue
-
-                    _started_queue = WebhookQueue(os.environ[ENV_WEBHOOK_QUEUE_URL])
-            queue = _started_queue
         queue.send(JobStartedEvent.of(job).model_dump_json(exclude_none=True))
     except Exception:
         logger.exception("job %s: could not queue its started webhook", job.job_id)

@@ -12,7 +12,7 @@ import statistics
 import time
 
 from async_inference.aws import JobQueue, client
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalStack
 
@@ -25,7 +25,7 @@ def main() -> None:
                                     workers=0)
     with stack:
         stack.export_env()
-        config = ServiceConfig.from_env()
+        config = ServiceSettings.load().service
         sqs = client("sqs")
         for _ in range(0, args.backlog, 10):
             sqs.send_message_batch(QueueUrl=config.queue_url,

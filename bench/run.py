@@ -31,7 +31,7 @@ import botocore.client
 
 from async_inference.aws import client
 from async_inference.client import Client
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.worker import WorkerConfig
@@ -127,7 +127,7 @@ class Timed(Engine):
 
 def RunningWorker(engine: Engine, receive_wait_s: int = 20, prefetch: int | None = None) -> WorkerThread:
     """A worker in this process (so that its requests can be counted and its engine inspected)."""
-    config = WorkerConfig(service=ServiceConfig.from_env(), receive_wait_s=receive_wait_s, prefetch=prefetch)
+    config = WorkerConfig(service=ServiceSettings.load().service, receive_wait_s=receive_wait_s, prefetch=prefetch)
     return WorkerThread.for_engine(engine, config)
 
 

@@ -2,8 +2,8 @@
 
 The worker consults ``Faults.at(point, job_id)`` at four named points of a job's life, and ``Faults.install`` wraps
 the S3, DynamoDB and engine calls it makes, so the tests can kill a worker or make a dependency fail at a precise
-moment without any test-only branch in the worker itself. With ``WORKER_FAULTS`` unset, ``from_env`` returns a
-``Faults`` whose ``at`` does nothing and ``install`` wraps nothing.
+moment without any test-only branch in the worker itself. With ``WORKER_FAULTS`` unset (``Faults.parse("")``), ``at``
+does nothing and ``install`` wraps nothing.
 
 ``WORKER_FAULTS`` is a comma-separated list of ``name=value``:
 
@@ -14,6 +14,11 @@ moment without any test-only branch in the worker itself. With ``WORKER_FAULTS``
 ``s3_get_fails=<n>``     the first ``n`` payload reads of each job raise S3 ``SlowDown`` (``always``: every read)
 ``ddb_write_fails=<n>``  the first ``n`` state transitions of each job raise ``ProvisionedThroughputExceeded``
 ``engine_oom=<n>``       the first ``n`` generations of each job raise ``TransientEngineError`` (CUDA out of memory)
+``slow_start=<s>``       the engine's start blocks the event loop for ``s`` seconds first, as vLLM's engine build does
+``engine_dead=<path>``   the engine dies at the first generation, as vLLM's does on a CUDA fault: that generation and
+                         every later one in this process raise ``FatalEngineError``. Only while ``<path>`` does not
+                         exist: the dying process creates it, so a worker started after it (ECS replacing the task)
+                         with the same setting runs normally
 ======================== ==========================================================================================
 
 The adapter faults are raised where botocore's own retries have already been spent (they replace the call), so they
@@ -26,15 +31,16 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from botocore.exceptions import ClientError
 
-from gpu_worker.engines.base import TransientEngineError
+from gpu_worker.engines.base import FatalEngineError, TransientEngineError
 
-ENV_WORKER_FAULTS = "WORKER_FAULTS"
 POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete")
 ALWAYS = sys.maxsize
 logger = logging.getLogger("gpu_worker.faults")
@@ -46,30 +52,41 @@ class Faults:
     s3_get_fails: int = 0
     ddb_write_fails: int = 0
     engine_oom: int = 0
+    engine_dead: Path | None = None
+    slow_start: float = 0.0
     _seen: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
 
     @classmethod
-    def from_env(cls) -> Faults:
-        return cls.parse(os.environ.get(ENV_WORKER_FAULTS, ""))
-
-    @classmethod
     def parse(cls, spec: str) -> Faults:
+        """The faults a ``WORKER_FAULTS`` value names; ValueError saying which item is wrong."""
         faults = cls()
         for item in filter(None, (part.strip() for part in spec.split(","))):
             name, _, value = item.partition("=")
             if name == "crash":
                 if value not in POINTS:
-                    raise ValueError(f"{ENV_WORKER_FAULTS}: crash point {value!r} is not one of {', '.join(POINTS)}")
+                    raise ValueError(f"crash point {value!r} is not one of {', '.join(POINTS)}")
                 faults.crash_at = value
+            elif name == "slow_start":
+                try:
+                    faults.slow_start = float(value)
+                except ValueError:
+                    raise ValueError(f"slow_start={value!r}: give seconds") from None
+            elif name == "engine_dead":
+                if not value:
+                    raise ValueError("engine_dead needs the path of its marker file: engine_dead=<path>")
+                faults.engine_dead = Path(value)
             elif name in ("s3_get_fails", "ddb_write_fails", "engine_oom"):
+                if value != "always" and not value.isdigit():
+                    raise ValueError(f"{name}={value!r}: give a count or 'always'")
                 setattr(faults, name, ALWAYS if value == "always" else int(value))
             else:
-                raise ValueError(f"{ENV_WORKER_FAULTS}: unknown fault {name!r}")
+                raise ValueError(f"unknown fault {name!r}")
         return faults
 
     @property
     def enabled(self) -> bool:
-        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom)
+        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom or self.engine_dead
+                    or self.slow_start)
 
     def at(self, point: str, job_id: str) -> None:
         """Called by the worker at each named point of a job; dies here if told to."""
@@ -93,6 +110,35 @@ class Faults:
         if self.engine_oom:
             error = lambda: TransientEngineError("CUDA out of memory (injected)")  # noqa: E731
             engine.generate = self._failing(engine.generate, "engine", self.engine_oom, error, is_async=True)
+        if self.engine_dead:
+            engine.generate = self._dying(engine.generate, self.engine_dead)
+        if self.slow_start:
+            engine.start = self._slow(engine.start, self.slow_start)
+
+    @staticmethod
+    def _slow(start: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+        async def slow_start() -> Any:
+            logger.warning("fault injection: the engine start blocks the event loop for %g s", seconds)
+            time.sleep(seconds)  # blocking on purpose: vLLM builds its engine in the event loop's thread
+            return await start()
+
+        return slow_start
+
+    def _dying(self, generate: Callable[..., Any], marker: Path) -> Callable[..., Any]:
+        """``generate``, unless ``marker`` is missing at the first call: then this one and every later call die."""
+        dead = False
+
+        async def dying(*args: Any, **kwargs: Any) -> Any:
+            nonlocal dead
+            if not dead and not marker.exists():
+                marker.touch()
+                dead = True
+                logger.error("fault injection: the engine dies at the generation of %s", args[0] if args else "?")
+            if dead:
+                raise FatalEngineError("EngineCore encountered an issue (injected)")
+            return await generate(*args, **kwargs)
+
+        return dying
 
     def _failing(self, call: Callable[..., Any], name: str, times: int, error: Callable[[], Exception], *,
                  is_async: bool = False) -> Callable[..., Any]:

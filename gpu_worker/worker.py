@@ -21,6 +21,11 @@ What each fault leads to (docs/guarantees.md has the client's view):
 * a transient fault (throttling that outlasted botocore's retries, engine out of memory): the message is kept and
   made visible again after a short backoff (``transient_retry_delay_s`` doubled per receive); after the queue's max
   receive count SQS moves it to the DLQ, whose handler fails the job.
+* a dead engine (``FatalEngineError``: vLLM's EngineDeadError, a CUDA fault): nothing more can run in this process,
+  and retrying here would burn every queued job's receives into the DLQ. The worker stops receiving, cancels what is
+  in the engine, lets jobs past it store their results (``drain_timeout_s``), makes every message it still holds
+  visible at once (their jobs keep the one receive and attempt they had), and ``run`` returns with ``engine_dead``
+  set: ``python -m gpu_worker`` exits with ``EXIT_ENGINE_DEAD`` so that ECS replaces the task.
 """
 
 from __future__ import annotations
@@ -28,15 +33,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
 
 from async_inference import settings, webhooks
-from async_inference.aws import MAX_CONCURRENT_REQUESTS, Blobs, JobQueue, JobStore, PayloadTooLarge, QueueMessage
+from async_inference.aws import (
+    MAX_CONCURRENT_REQUESTS,
+    Blobs,
+    JobQueue,
+    JobStore,
+    PayloadTooLarge,
+    QueueMessage,
+    WebhookQueue,
+)
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
@@ -54,14 +67,21 @@ from gpu_worker.engines.base import (
     Engine,
     Generation,
     GenerationAborted,
+    FatalEngineError,
     PermanentEngineError,
     TransientEngineError,
 )
 from gpu_worker.faults import Faults
-from gpu_worker.task_protection import TaskProtection
+from gpu_worker.health import HealthFile
+from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.model_source import ModelSource
+from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
 
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
+# The exit status of a worker whose engine died (``python -m gpu_worker``): its messages were handed back, and its
+# supervisor must start a fresh process. 2 is taken by bad settings (gpu_worker.__main__).
+EXIT_ENGINE_DEAD = 3
 # How long a finished job's delete may wait for nine others. Its message is no longer extended by the heartbeat but
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
@@ -75,8 +95,9 @@ NOTIFY_BATCH_DELAY_S = 0.1
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """How a ``Worker`` runs; ``gpu_worker.config.WorkerSettings`` builds it from the environment."""
+
     service: ServiceConfig
-    engine: str = "echo"
     heartbeat_interval_s: float = settings.HEARTBEAT_INTERVAL_S
     visibility_timeout_s: int = settings.VISIBILITY_TIMEOUT_S
     receive_wait_s: int = settings.RECEIVE_WAIT_TIME_S
@@ -89,19 +110,12 @@ class WorkerConfig:
     # engine slots, the engine would idle while they ran. None: max(10, capacity // 2). At a quarter the held budget was
     # always full in `make bench` and the batch ran 85% full; the bench records what this default gives.
     prefetch: int | None = None
-
-    @classmethod
-    def from_env(cls) -> WorkerConfig:
-        return cls(
-            service=ServiceConfig.from_env(),
-            engine=os.environ.get("ENGINE", "echo"),
-            heartbeat_interval_s=float(os.environ.get("HEARTBEAT_INTERVAL_S", settings.HEARTBEAT_INTERVAL_S)),
-            visibility_timeout_s=int(os.environ.get("VISIBILITY_TIMEOUT_S", settings.VISIBILITY_TIMEOUT_S)),
-            receive_wait_s=int(os.environ.get("RECEIVE_WAIT_S", settings.RECEIVE_WAIT_TIME_S)),
-            drain_timeout_s=float(os.environ.get("DRAIN_TIMEOUT_S", 90.0)),
-            transient_retry_delay_s=int(os.environ.get("TRANSIENT_RETRY_DELAY_S", 5)),
-            prefetch=int(os.environ["PREFETCH"]) if os.environ.get("PREFETCH") else None,
-        )
+    # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
+    webhook_queue_url: str | None = None
+    # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
+    task_protection_renew_s: float = DEFAULT_RENEW_S
+    # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
+    health_file: Path | None = None
 
     def held_messages(self, capacity: int) -> int:
         """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
@@ -191,6 +205,7 @@ class InFlight:
     message: QueueMessage
     job_id: str | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    in_engine: bool = False  # waiting for an engine slot or generating
 
 
 def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
@@ -216,15 +231,22 @@ class Worker:
         service: JobService | None = None,
         protection: TaskProtection | None = None,
         faults: Faults | None = None,
+        metrics: WorkerMetrics | None = None,
+        model_source: ModelSource | None = None,
     ) -> None:
+        """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``)."""
         self.config = config
         self.engine = engine
         self.service = service or JobService.from_config(config.service)
         self.store: JobStore = self.service.store
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
-        self.protection = protection or TaskProtection.from_env()
-        self.faults = faults or Faults.from_env()
+        self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
+        self.health = HealthFile(config.health_file)
+        self.metrics = metrics or WorkerMetrics(enabled=False)
+        self.model_source = model_source
+        self.protection = protection or TaskProtection(None)
+        self.faults = faults or Faults()
         self.faults.install(blobs=self.blobs, store=self.store, engine=self.engine)
         self._protection_lock: asyncio.Lock | None = None  # made in run(), on the loop
         self._inflight: dict[str, InFlight] = {}  # by message id
@@ -235,13 +257,15 @@ class Worker:
         # cancelled while it waits for an engine slot is stopped here instead.
         self._cancelled: set[str] = set()
         self._deletes: Batcher
-        self._notices: Batcher  # (job, completion) -> published?
+        self._notices: Batcher  # (job, result or None) -> published?
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
         )
-        self.jobs_finished = 0
+        self.jobs_finished = 0  # jobs this worker brought to succeeded
+        self.engine_dead: FatalEngineError | None = None  # set when the engine died; run() then returns early
+        self._handback: dict[str, QueueMessage] = {}  # messages of jobs the dead engine could not run, by id
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -264,7 +288,10 @@ class Worker:
             return
         flight.job_id = claim.job_id
         try:
-            done = await self._run_claim(claim, message)
+            done = await self._run_claim(claim, flight)
+        except FatalEngineError as exc:
+            self._engine_died(exc, message)
+            return
         except Exception:
             # S3/DynamoDB/SNS faults that survived botocore's retries: SQS redelivers after the backoff, and the DLQ
             # takes the message after the max receive count.
@@ -285,48 +312,57 @@ class Worker:
         except Exception:
             logger.exception("could not shorten the visibility of %s; it returns after the timeout", message.message_id)
 
-    async def _run_claim(self, claim: ClaimCheck, message: QueueMessage) -> bool:
+    def _engine_died(self, exc: FatalEngineError, message: QueueMessage) -> None:
+        """Keep ``message`` for the hand-back, and stop the worker at the first death."""
+        self._handback[message.message_id] = message
+        if self.engine_dead is None:
+            logger.error("the engine is dead (%s): stopping, and handing every held message back", exc)
+            self.engine_dead = exc
+            self.stop()
+
+    async def _run_claim(self, claim: ClaimCheck, flight: InFlight) -> bool:
         """True when the message is finished with (delete it), False to leave it for redelivery."""
         if utcnow() > claim.deadline:
             job = await self._io(self.store.get, claim.job_id)
             if job is not None and job.status is JobStatus.QUEUED:
-                await self._io(self.service.finish, job, JobStatus.EXPIRED, error="still queued at its deadline")
-                return True
+                return await self._finish(job, JobStatus.EXPIRED, error="still queued at its deadline")
         job = await self._io(
             self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=utcnow()
         )
         if job is None:
             return await self._not_runnable(claim.job_id)
         if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
-            await self._io(webhooks.started_event, job)  # never raises: a lost "started" must not cost the run
+            if self._started_queue is None:
+                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
+            else:  # never raises: a lost "started" must not cost the run
+                await self._io(webhooks.started_event, job, self._started_queue)
 
         raw = await self._read_payload(claim)
         if raw is None:
-            error = "the request payload is missing from S3 or over the size limit"
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
-            return True
+            return await self._finish(job, JobStatus.FAILED,
+                                      error="the request payload is missing from S3 or over the size limit")
         request, reason = parse_request_body(raw)
         if request is None:
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=reason)
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=reason)
 
         started = time.monotonic()
+        self.metrics.started((utcnow() - job.created_at).total_seconds())
         self.faults.at("before_engine", job.job_id)
         try:
+            flight.in_engine = True
             generation = await self._generate(job.job_id, request, claim.timeout_s)
         except asyncio.TimeoutError:
             await self.engine.abort(job.job_id)
-            error = f"execution timed out after {claim.timeout_s} s"
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=error)
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=f"execution timed out after {claim.timeout_s} s")
         except GenerationAborted:
             return True  # cancelled while running: the cancel already stored the final state and notified
         except PermanentEngineError as exc:
-            await self._io(self.service.finish, job, JobStatus.FAILED, error=str(exc))
-            return True
+            return await self._finish(job, JobStatus.FAILED, error=str(exc))
         except TransientEngineError as exc:
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
             return False
+        finally:
+            flight.in_engine = False
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
 
         usage = Usage(
@@ -335,39 +371,44 @@ class Worker:
             total_tokens=generation.prompt_tokens + generation.completion_tokens,
         )
         completion = completion_for(job, generation.text, generation.finish_reason, usage)
-        key = settings.result_key(job.tenant, job.job_id)
-        stored = await self._io(self.blobs.put_json_once, key, completion.model_dump_json().encode())
-        if stored is not None:
-            # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
-            completion = ChatCompletion.model_validate_json(stored)
-        self.faults.at("after_result_write", job.job_id)
-        # JobService.finish, with the state write and the notification apart so a crash can be injected between.
-        finished = await self._io(
-            self.store.transition,
-            job.job_id,
-            JobStatus.SUCCEEDED,
-            notified=False,
-            result_key=key,
-            usage=completion.usage,
-            finish_reason=completion.choices[0].finish_reason,
-        )
+        return await self._finish(job, JobStatus.SUCCEEDED, result=completion, generation_started=started)
+
+    async def _finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None,
+                      generation_started: float | None = None, **fields: Any) -> bool:
+        """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
+        final state, notification (batched). True when the message is done with, False to leave it for redelivery.
+        ``generation_started`` (time.monotonic()) times the processing of a result."""
+        processing_s = None
+        if result is not None:
+            generated_tokens = result.usage.completion_tokens
+            result, result_fields = await self._io(self.service.store_result, job, result)
+            if generation_started is not None:
+                processing_s = time.monotonic() - generation_started
+            fields.update(result_fields)
+            self.faults.at("after_result_write", job.job_id)
+        finished = await self._io(self.service.end, job, target, **fields)
         self.faults.at("after_state_write", job.job_id)
-        if finished is not None:
-            published = await (await self._notices.add((finished, completion)))
-            if not published:
-                # The job is final but its notification did not go out: leave the message, and its redelivery
-                # finds the job final and not notified, and sends it.
-                return False
-        else:
+        if finished is None:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
             # end was notified: if the other run died before publishing, this message is the one left to do it.
             return await self._not_runnable(job.job_id)
-        self.jobs_finished += 1
+        if target is JobStatus.SUCCEEDED and processing_s is not None:
+            self.metrics.succeeded(processing_s=processing_s, completion_tokens=generated_tokens)
+        elif target is JobStatus.FAILED:
+            self.metrics.failed()
+        if not await (await self._notices.add((finished, result))):
+            # The job is final but its notification did not go out: leave the message, and its redelivery finds the
+            # job final and not notified, and sends it.
+            return False
+        if target is JobStatus.SUCCEEDED:
+            self.jobs_finished += 1
         return True
 
     async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
         """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken."""
         async with self._engine_slots:
+            if self.engine_dead is not None:
+                raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
             if job_id in self._cancelled:
                 raise GenerationAborted(job_id)
             return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
@@ -403,7 +444,12 @@ class Worker:
     async def run(self) -> None:
         """Receive and run jobs until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
-        await self.engine.start()
+        # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread keeps
+        # the health file fresh meanwhile, the heartbeat afterwards.
+        with self.health.kept_fresh(self.config.heartbeat_interval_s):
+            if self.model_source is not None:
+                await self._io(self.model_source.sync)
+            await self.engine.start()
         self._slots = Slots(self.config.held_messages(self.engine.capacity))
         self._engine_slots = asyncio.Semaphore(self.engine.capacity)
         self._protection_lock = asyncio.Lock()
@@ -419,8 +465,12 @@ class Worker:
             heartbeat.cancel()
             await self._notices.close()
             await self._deletes.close()
+            self.metrics.flush()
             await self._protect(False)
-            await self.engine.close()
+            try:
+                await self.engine.close()
+            except Exception:  # a dead engine may not shut down cleanly; the exit status must still say it died
+                logger.exception("the engine did not close cleanly")
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _protect(self, enabled: bool) -> None:
@@ -428,6 +478,14 @@ class Worker:
         assert self._protection_lock is not None
         async with self._protection_lock:
             await self.protection.set(enabled)
+
+    async def _renew_protection(self) -> None:
+        """Keep a busy worker's protection from expiring (and retry an enable that failed). Checked under the lock, so
+        a worker that went idle meanwhile is not protected again after its clear."""
+        assert self._protection_lock is not None
+        async with self._protection_lock:
+            if self._inflight:
+                await self.protection.set(True, renew_after_s=self.config.task_protection_renew_s)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -475,7 +533,7 @@ class Worker:
         if not self._inflight and not self._stopping.is_set():
             await self._protect(False)
 
-    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion]]) -> list[bool]:
+    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)
 
     async def _delete_batch(self, handles: list[str]) -> None:
@@ -484,12 +542,17 @@ class Worker:
             logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
 
     async def _heartbeat(self) -> None:
-        """Keep held messages invisible while their jobs run, and abort jobs cancelled while running."""
+        """Keep held messages invisible while their jobs run, abort jobs cancelled while running, renew the task
+        protection of a busy worker, flush the metrics, and keep the health file fresh: a beat that stops coming is
+        what the container health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
+            self.health.touch()
+            await self._flush_metrics()
             flights = list(self._inflight.values())
             if not flights:
                 continue
+            await self._renew_protection()
             try:
                 await self._io(
                     self.queue.change_visibility_batch,
@@ -499,6 +562,11 @@ class Worker:
                 await self._abort_cancelled([f.job_id for f in flights if f.job_id])
             except Exception:
                 logger.exception("heartbeat failed; retrying at the next beat")
+
+    async def _flush_metrics(self) -> None:
+        record = self.metrics.take_record()
+        if record is not None:
+            await self._io(self.metrics.write, record)
 
     async def _abort_cancelled(self, job_ids: list[str]) -> None:
         for start in range(0, len(job_ids), 100):
@@ -510,18 +578,25 @@ class Worker:
 
     async def _drain(self) -> None:
         """After a stop: let running jobs finish within the drain timeout, then abort the rest and make their
-        messages visible at once, so another worker picks them up now rather than after the visibility timeout."""
-        pending = [f.task for f in self._inflight.values() if f.task]
+        messages visible at once, so another worker picks them up now rather than after the visibility timeout.
+        After the engine died, what is in the engine is handed back at once: it will never finish."""
+        if self.engine_dead is not None:
+            for flight in list(self._inflight.values()):
+                if flight.in_engine and flight.task:
+                    flight.task.cancel()
+                    self._handback[flight.message.message_id] = flight.message
+        pending = [f.task for f in self._inflight.values() if f.task and f.message.message_id not in self._handback]
         if pending:
             logger.info("draining %d jobs for up to %.0f s", len(pending), self.config.drain_timeout_s)
             await asyncio.wait(pending, timeout=self.config.drain_timeout_s)
-        left = list(self._inflight.values())
-        if not left:
-            return
-        logger.info("handing back %d unfinished jobs", len(left))
+        left = [f for f in self._inflight.values() if f.message.message_id not in self._handback]
         for flight in left:
             if flight.task:
                 flight.task.cancel()
-            if flight.job_id:
+            if flight.job_id and self.engine_dead is None:
                 await self.engine.abort(flight.job_id)
-        await self._io(self.queue.change_visibility_batch, [f.message.receipt_handle for f in left], 0)
+            self._handback[flight.message.message_id] = flight.message
+        if not self._handback:
+            return
+        logger.info("handing back %d unfinished jobs", len(self._handback))
+        await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in self._handback.values()], 0)

@@ -40,6 +40,12 @@ class TransientEngineError(EngineError):
     """A fault that may clear (out of memory, engine restarting). The worker leaves the message for redelivery."""
 
 
+class FatalEngineError(EngineError):
+    """The engine is dead (vLLM's EngineDeadError, a CUDA fault): no request can run in this process any more.
+    The worker stops receiving, hands back every message it holds without failing their jobs, and exits with
+    ``gpu_worker.worker.EXIT_ENGINE_DEAD`` so that its supervisor (ECS) replaces it with a fresh process."""
+
+
 class GenerationAborted(EngineError):
     """Raised by ``generate`` when ``abort`` was called for its request."""
 
@@ -64,8 +70,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
-        """Run one chat request to completion. Raises ``PermanentEngineError``, ``TransientEngineError`` or
-        ``GenerationAborted``."""
+        """Run one chat request to completion. Raises ``PermanentEngineError``, ``TransientEngineError``,
+        ``FatalEngineError`` or ``GenerationAborted``."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a running request; its ``generate`` raises ``GenerationAborted``. Unknown ids are ignored."""

@@ -8,13 +8,11 @@ makes each generation take that long, and ``abort`` ends a delayed generation at
 from __future__ import annotations
 
 import asyncio
-import os
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, GenerationAborted, Generation
 from gpu_worker.engines.common import check_context
 
-ENV_MAX_MODEL_LEN = "ECHO_MAX_MODEL_LEN"
 DEFAULT_MAX_MODEL_LEN = 1_000_000
 
 
@@ -24,8 +22,7 @@ class EchoEngine(Engine):
     def __init__(self, *, capacity: int = 64, delay_s: float = 0.0, max_model_len: int | None = None) -> None:
         self._capacity = capacity
         self._delay_s = delay_s
-        # Read here rather than through make_engine's table so that tests can set it per worker process.
-        self._max_model_len = max_model_len or int(os.environ.get(ENV_MAX_MODEL_LEN) or DEFAULT_MAX_MODEL_LEN)
+        self._max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
         self._aborts: dict[str, asyncio.Event] = {}
 
     @property

@@ -9,8 +9,12 @@ submitted (``TokensPrompt``), which lets the adapter refuse a prompt that cannot
 report ``prompt_tokens`` exactly. vLLM is imported only in ``start`` (or by the caller who passes ``vllm_module``), so
 this module imports on machines without it.
 
-Errors: a request that vLLM rejects (validation) is permanent; a dead engine, a failed generate step or an
-out-of-memory error is transient, so the job is retried, on another worker if this one goes down.
+Errors: a request that vLLM rejects (validation) is permanent; a failed generate step (vLLM's EngineGenerateError,
+"possibly recoverable") or an out-of-memory error is transient, so the job is retried. A dead engine is fatal: vLLM's
+EngineDeadError (v1, "Unrecoverable": the EngineCore process died, e.g. on a CUDA fault, and every request after it
+fails at once), AsyncEngineDeadError / MQEngineDeadError (the v0 engines), a CUDA error seen in this process (the
+CUDA context is unusable after one), or any error while the engine reports itself ``errored`` (vLLM's own API server
+shuts down on exactly these). The worker then stops and hands its jobs back for a fresh process.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from gpu_worker.engines.base import (
     Engine,
     Generation,
     GenerationAborted,
+    FatalEngineError,
     PermanentEngineError,
     TransientEngineError,
 )
@@ -36,16 +41,22 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_NUM_SEQS = 64
 
 # vLLM exception classes by name, so that the mapping holds across vLLM versions that moved them between modules.
+# The most specific class decides: AsyncEngineDeadError is a RuntimeError, and fatal.
+_FATAL_ERRORS = {"EngineDeadError", "AsyncEngineDeadError", "MQEngineDeadError", "AcceleratorError"}
 _PERMANENT_ERRORS = {"VLLMValidationError", "VLLMClientError", "ValueError", "TypeError"}
-_TRANSIENT_ERRORS = {"EngineDeadError", "EngineGenerateError", "OutOfMemoryError", "VLLMServerError", "RuntimeError"}
+_TRANSIENT_ERRORS = {"EngineGenerateError", "OutOfMemoryError", "VLLMServerError", "RuntimeError"}
+# torch before AcceleratorError raised CUDA faults as RuntimeError("CUDA error: ..."); they are sticky.
+_CUDA_ERROR_PREFIX = "CUDA error"
 
 
 def _error_kind(exc: BaseException) -> str | None:
     for cls in type(exc).__mro__:
+        if cls.__name__ in _FATAL_ERRORS:
+            return "fatal"
         if cls.__name__ in _PERMANENT_ERRORS:
             return "permanent"
         if cls.__name__ in _TRANSIENT_ERRORS:
-            return "transient"
+            return "fatal" if str(exc).startswith(_CUDA_ERROR_PREFIX) else "transient"
     return None
 
 
@@ -190,6 +201,8 @@ class VllmEngine(Engine):
             if request_id in self._aborted:
                 raise GenerationAborted(request_id) from exc
             kind = _error_kind(exc)
+            if kind == "fatal" or getattr(self._engine, "errored", False) is True:
+                raise FatalEngineError(f"the vLLM engine is dead: {type(exc).__name__}: {exc}") from exc
             if kind == "permanent":
                 raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
             raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc

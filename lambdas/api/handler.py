@@ -24,7 +24,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
 from async_inference.aws import TenantDirectory
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import ErrorResponse, JobList, JobSubmission, JobView
 from async_inference.service import ApiError, JobService
@@ -35,7 +35,8 @@ metrics = Metrics()
 app = APIGatewayRestResolver(enable_validation=True)
 app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
-service = JobService.from_config(ServiceConfig.from_env())
+config = ServiceSettings.load()
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
 tenants = TenantDirectory()
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]

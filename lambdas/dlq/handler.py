@@ -14,13 +14,14 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from async_inference.service import JobService
 
 logger = Logger()
 tracer = Tracer()
 processor = BatchProcessor(event_type=EventType.SQS)
-service = JobService.from_config(ServiceConfig.from_env())
+config = ServiceSettings.load()
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
 
 
 @tracer.capture_method

@@ -9,12 +9,13 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.data_classes import S3Event, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from async_inference.service import JobService
 
 logger = Logger()
 tracer = Tracer()
-service = JobService.from_config(ServiceConfig.from_env())
+config = ServiceSettings.load()
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
 
 
 @tracer.capture_method

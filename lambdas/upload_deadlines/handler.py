@@ -9,7 +9,6 @@ on, or one early deadline would redeliver the whole batch.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -18,7 +17,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference.aws import UploadDeadlines
-from async_inference.config import ENV_UPLOAD_DEADLINES_QUEUE_URL, ServiceConfig
+from async_inference.config import ENV_UPLOAD_DEADLINES_QUEUE_URL, ServiceSettings
 from async_inference.service import JobService
 
 logger = Logger()
@@ -26,8 +25,11 @@ tracer = Tracer()
 # The first delivery of every deadline comes at the window's end, before the grace is over: a batch whose records are
 # all handed back is the ordinary case, not a failed invocation.
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-service = JobService.from_config(ServiceConfig.from_env())
-deadlines = UploadDeadlines(os.environ[ENV_UPLOAD_DEADLINES_QUEUE_URL])
+config = ServiceSettings.load()
+if not config.upload_deadlines_queue_url:
+    raise RuntimeError(f"{ENV_UPLOAD_DEADLINES_QUEUE_URL} is not set: this function consumes that queue")
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
+deadlines = UploadDeadlines(config.upload_deadlines_queue_url)
 
 
 class NotYet(Exception):

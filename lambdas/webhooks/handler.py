@@ -7,7 +7,6 @@ mapping must have ``ReportBatchItemFailures`` on, or a failure would redeliver t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -17,18 +16,19 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import webhooks
 from async_inference.aws import JobStore, WebhookQueue
-from async_inference.config import ENV_TABLE, ENV_WEBHOOK_QUEUE_URL
+from async_inference.config import DispatcherSettings
 
 logger = Logger()
 tracer = Tracer()
 # Every record failing is an ordinary outcome here (one receiver down), not a reason to fail the invocation.
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
-queue = WebhookQueue(os.environ[ENV_WEBHOOK_QUEUE_URL])
+config = DispatcherSettings.load()
+queue = WebhookQueue(config.webhook_queue_url)
 dispatcher = webhooks.Dispatcher(
-    store=JobStore(os.environ[ENV_TABLE]),
-    secrets=webhooks.TenantSecrets.from_env(),
-    allow_local=webhooks.allow_local_from_env(),
-    backoff=webhooks.Backoff.from_env(),
+    store=JobStore(config.table_name),
+    secrets=webhooks.TenantSecrets.from_settings(config),
+    allow_local=config.allow_local_webhooks,
+    backoff=webhooks.Backoff.from_settings(config),
 )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from async_inference.aws import JobQueue
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
 from async_inference.service import JobService
 from gpu_worker.engines.base import Engine, Generation
@@ -74,7 +74,7 @@ class Concurrency(Engine):
 
 
 def worker_for(engine: Engine, queue: RecordingQueue, **config: Any) -> Worker:
-    service_config = ServiceConfig.from_env()
+    service_config = ServiceSettings.load().service
     base = JobService.from_config(service_config)
     service = JobService(store=base.store, blobs=base.blobs, queue=queue, notifier=base.notifier)
     return Worker(WorkerConfig(service=service_config, receive_wait_s=1, **config), engine, service=service)
@@ -163,7 +163,7 @@ def test_a_second_delivery_of_a_job_this_worker_is_running_does_not_run_it_again
         while job.job_id not in engine.seen and time.monotonic() < deadline:
             time.sleep(0.05)
         # WHEN SQS delivers its claim check again meanwhile (at-least-once delivery)
-        claim = JobService.from_config(ServiceConfig.from_env()).store.get(job.job_id).claim_check()
+        claim = JobService.from_config(ServiceSettings.load().service).store.get(job.job_id).claim_check()
         queue.send(claim)
         while running.jobs_finished < 1 and time.monotonic() < deadline:
             time.sleep(0.1)

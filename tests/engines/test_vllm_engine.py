@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.engines.base import (
+    FatalEngineError,
     GenerationAborted,
     PermanentEngineError,
     PromptTooLongError,
@@ -85,6 +87,14 @@ class EngineDeadError(Exception):
     pass
 
 
+class AsyncEngineDeadError(RuntimeError):  # vLLM v0
+    pass
+
+
+class EngineGenerateError(Exception):
+    pass
+
+
 class VLLMValidationError(ValueError):
     pass
 
@@ -101,6 +111,7 @@ class FakeEngine:
     submitted: list[tuple[Any, SamplingParams, str]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     shut_down: bool = False
+    errored: bool = False
 
     def __post_init__(self):
         max_model_len = self.args.kwargs.get("max_model_len", self.max_model_len)
@@ -292,9 +303,34 @@ def test_abort_of_an_unknown_request_does_not_reach_vllm(run):
     assert fake.aborted == []
 
 
-def test_dead_engine_is_a_transient_error(run):
+def test_dead_engine_is_a_fatal_error(run):
     engine, _ = started(run, vllm=fake_vllm(fail_with=EngineDeadError("EngineCore died")))
-    with pytest.raises(TransientEngineError, match="EngineDeadError"):
+    with pytest.raises(FatalEngineError, match="EngineDeadError"):
+        run(engine.generate("job-9", chat()))
+
+
+def test_v0_dead_engine_is_fatal_although_it_is_a_runtime_error(run):
+    engine, _ = started(run, vllm=fake_vllm(fail_with=AsyncEngineDeadError("Background loop has errored already")))
+    with pytest.raises(FatalEngineError, match="AsyncEngineDeadError"):
+        run(engine.generate("job-9", chat()))
+
+
+def test_a_cuda_error_is_fatal(run):
+    engine, _ = started(run, vllm=fake_vllm(fail_with=RuntimeError("CUDA error: an illegal memory access")))
+    with pytest.raises(FatalEngineError, match="illegal memory access"):
+        run(engine.generate("job-9", chat()))
+
+
+def test_any_error_while_the_engine_reports_itself_errored_is_fatal(run):
+    engine, fake = started(run, vllm=fake_vllm(fail_with=EngineGenerateError()))
+    fake.errored = True
+    with pytest.raises(FatalEngineError):
+        run(engine.generate("job-9", chat()))
+
+
+def test_a_failed_generate_step_on_a_live_engine_is_transient(run):
+    engine, _ = started(run, vllm=fake_vllm(fail_with=EngineGenerateError()))
+    with pytest.raises(TransientEngineError, match="EngineGenerateError"):
         run(engine.generate("job-9", chat()))
 
 
@@ -310,15 +346,17 @@ def test_close_shuts_the_engine_down(run):
     assert fake.shut_down
 
 
-def test_make_engine_reads_the_worker_environment(monkeypatch):
+def test_the_worker_environment_reaches_the_engine_arguments(monkeypatch):
     # GIVEN the container's environment
-    monkeypatch.setenv("MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
-    monkeypatch.setenv("MAX_NUM_SEQS", "128")
-    monkeypatch.setenv("MAX_MODEL_LEN", "8192")
-    monkeypatch.setenv("ENFORCE_EAGER", "1")
+    env = {"ENGINE": "vllm", "MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "MAX_NUM_SEQS": "128", "MAX_MODEL_LEN": "8192",
+           "ENFORCE_EAGER": "1", "JOBS_TABLE_NAME": "t", "JOBS_BUCKET_NAME": "b", "JOBS_QUEUE_URL": "q",
+           "RESULT_TOPIC_ARN": "a"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
 
-    # WHEN the worker makes its engine by name
-    engine = make_engine("vllm", vllm_module=fake_vllm())
+    # WHEN the worker reads its settings and makes its engine by name
+    config = WorkerSettings.load()
+    engine = make_engine(config.engine, **config.engine_options(), vllm_module=fake_vllm())
 
     # THEN the options reached the engine arguments, and nothing imported vLLM
     assert engine.capacity == 128

@@ -97,10 +97,15 @@ class FaultStack:
                                                 ConsistentRead=True)["Item"]
         return Job.model_validate({k: TypeDeserializer().deserialize(v) for k, v in item.items()})
 
-    def result_objects(self, job_id: str) -> list[dict[str, Any]]:
-        s3, key = self.client("s3"), settings.result_key(TENANT, job_id)
-        listing = s3.list_objects_v2(Bucket=self.config.bucket_name, Prefix=key).get("Contents", [])
-        return [json.loads(s3.get_object(Bucket=self.config.bucket_name, Key=o["Key"])["Body"].read()) for o in listing]
+    def result_objects(self, job_id: str, *, bucket: str | None = None) -> list[dict[str, Any]]:
+        """Every write of the job's result object, oldest first: one per object version. The deployed bucket is
+        versioned, so a second write is a second version, where listing the key would show one object either way."""
+        s3, key, bucket = self.client("s3"), settings.result_key(TENANT, job_id), bucket or self.config.bucket_name
+        versions = [v for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+                    for v in page.get("Versions", []) if v["Key"] == key]
+        versions.reverse()  # S3 lists a key's versions newest first
+        return [json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read())
+                for v in versions]
 
     def queue_depth(self, url: str | None = None) -> int:
         attributes = self.client("sqs").get_queue_attributes(

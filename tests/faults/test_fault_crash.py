@@ -48,3 +48,25 @@ def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultSt
     duplicated = sum(len(notes[job_id]) - 1 for job_id in job_ids)
     assert duplicated <= JOBS - 1
     workers.stop_worker(survivor)
+
+
+@pytest.mark.parametrize("point", ["after_state_write", "before_delete"])
+def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(workers: FaultStack, inbox: Inbox,
+                                                                               point: str):
+    # GIVEN a job that can never succeed (its prompt is longer than the engine's context), and a worker that will be
+    # killed when the job reaches `point` of the finish path that succeeded jobs take
+    job_id = workers.api().submit(chat("word " * 60, max_tokens=1))["job_id"]
+    doomed = workers.start_worker(f"crash-failing-{point}", WORKER_FAULTS=f"crash={point}", ECHO_MAX_MODEL_LEN="50")
+    # WHEN it dies there, and another worker takes the message over
+    wait_until(lambda: doomed.poll() is not None, 30, "the faulty worker to die")
+    survivor = workers.start_worker(f"survivor-failing-{point}", ECHO_MAX_MODEL_LEN="50")
+    wait_until(lambda: workers.queue_depth() == 0, 20, "the killed worker's message to be consumed")
+    # THEN the kill happened on the failure's way out
+    assert doomed.returncode == -signal.SIGKILL
+    assert f"SIGKILL at {point} of {job_id}" in doomed.log_path.read_text()
+    # AND the job failed once, with its reason, and was notified exactly once
+    job = workers.job(job_id)
+    assert job.status.value == "failed" and "maximum context length is 50 tokens" in (job.error or "")
+    assert job.notified
+    assert [n["status"] for n in inbox.drain()[job_id]] == ["failed"]
+    workers.stop_worker(survivor)

@@ -98,6 +98,24 @@ def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: Faul
     assert ecs_agent.enabled == [True, False]
 
 
+def test_a_busy_worker_renews_its_task_protection_before_it_expires(workers: FaultStack, ecs_agent: FakeEcsAgent):
+    # GIVEN a worker in ECS that renews its protection every second (in production: every 15 of its 60 minutes)
+    worker = workers.start_worker("renew", ECHO_DELAY_S="5", TASK_PROTECTION_RENEW_S="1", HEARTBEAT_INTERVAL_S="0.5",
+                                  ECS_AGENT_URI=ecs_agent.uri)
+    # WHEN it is busy with one job for 5 s
+    job_id = workers.api().submit(chat("a long one", max_tokens=2))["job_id"]
+    assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
+    wait_until(lambda: ecs_agent.enabled[-1:] == [False], 5, "protection to be cleared")
+    # THEN it set the protection again, with a fresh expiry, several times while busy, and cleared it once idle
+    enables = ecs_agent.enabled[:-1]
+    assert len(enables) >= 3 and all(enables), ecs_agent.states
+    assert all(s["ExpiresInMinutes"] > 0 for s in ecs_agent.states[:-1])
+    # AND an idle worker renews nothing
+    time.sleep(2)
+    assert ecs_agent.enabled[-1] is False and ecs_agent.enabled.count(False) == 1
+    workers.stop_worker(worker)
+
+
 def test_task_protection_is_cleared_when_the_worker_goes_idle(workers: FaultStack, ecs_agent: FakeEcsAgent):
     worker = workers.start_worker("idle", ECS_AGENT_URI=ecs_agent.uri)
     job_id = workers.api().submit(chat("quick")).job_id

@@ -15,6 +15,7 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings, webhooks
+from async_inference.config import DispatcherSettings, SettingsError
 from async_inference.jobs import JobStatus
 from async_inference.schemas import Job, ResultNotification, Timings, WebhookState, utcnow
 from async_inference.webhooks import Backoff, Dispatcher, PostResult, TenantSecrets, UnsafeUrl, check_url
@@ -128,16 +129,29 @@ def test_new_secret_has_the_whsec_prefix_and_32_random_bytes():
     Webhook(a)  # parses as a Standard Webhooks secret
 
 
-def test_secrets_come_from_inline_json_locally(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("WEBHOOK_SECRETS_JSON", json.dumps({"t1": SECRET, "t2": ["whsec_bmV3", "whsec_b2xk"]}))
-    secrets = TenantSecrets.from_env()
+DISPATCHER_ENV = {"JOBS_TABLE_NAME": "jobs", "WEBHOOK_QUEUE_URL": "http://sqs/webhooks"}
+
+
+@pytest.fixture
+def dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name, value in DISPATCHER_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in ("WEBHOOK_SECRETS_JSON", "WEBHOOK_SECRET_ARN", "WEBHOOK_BACKOFF_BASE_S", "WEBHOOK_BACKOFF_MAX_S"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_secrets_come_from_inline_json_locally(dispatcher_env: pytest.MonkeyPatch):
+    dispatcher_env.setenv("WEBHOOK_SECRETS_JSON", json.dumps({"t1": SECRET, "t2": ["whsec_bmV3", "whsec_b2xk"]}))
+    secrets = TenantSecrets.from_settings(DispatcherSettings.load())
     assert secrets.for_tenant("t1") == [SECRET]
     assert secrets.for_tenant("t2") == ["whsec_bmV3", "whsec_b2xk"]
     with pytest.raises(KeyError):
         secrets.for_tenant("t3")
 
 
-def test_secrets_come_from_secrets_manager_through_powertools_with_caching(monkeypatch: pytest.MonkeyPatch):
+def test_secrets_come_from_secrets_manager_through_powertools_with_caching(dispatcher_env: pytest.MonkeyPatch):
+    monkeypatch = dispatcher_env
     calls = []
 
     def get_secret(name: str, **kwargs: Any) -> dict[str, str]:
@@ -146,18 +160,24 @@ def test_secrets_come_from_secrets_manager_through_powertools_with_caching(monke
 
     from aws_lambda_powertools.utilities import parameters
 
-    monkeypatch.delenv("WEBHOOK_SECRETS_JSON", raising=False)
     monkeypatch.setenv("WEBHOOK_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:webhooks")
     monkeypatch.setattr(parameters, "get_secret", get_secret)
-    assert TenantSecrets.from_env().for_tenant("t1") == [SECRET]
+    assert TenantSecrets.from_settings(DispatcherSettings.load()).for_tenant("t1") == [SECRET]
     assert calls == [("arn:aws:secretsmanager:us-east-1:1:secret:webhooks", {"transform": "json", "max_age": 300})]
 
 
-def test_missing_secret_configuration_fails_at_start_naming_the_variables(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("WEBHOOK_SECRETS_JSON", raising=False)
-    monkeypatch.delenv("WEBHOOK_SECRET_ARN", raising=False)
-    with pytest.raises(KeyError, match="WEBHOOK_SECRET_ARN"):
-        TenantSecrets.from_env()
+def test_missing_secret_configuration_fails_at_start_naming_the_variables(dispatcher_env: pytest.MonkeyPatch):
+    with pytest.raises(SettingsError, match="set WEBHOOK_SECRET_ARN \\(or WEBHOOK_SECRETS_JSON locally\\)"):
+        DispatcherSettings.load()
+
+
+def test_malformed_inline_secrets_fail_at_start_without_showing_them(dispatcher_env: pytest.MonkeyPatch):
+    # GIVEN inline secrets that are not JSON
+    dispatcher_env.setenv("WEBHOOK_SECRETS_JSON", f'{{"t1": "{SECRET}"')
+    # WHEN the dispatcher reads its settings THEN the error names the variable and leaves the secret out
+    with pytest.raises(SettingsError, match="WEBHOOK_SECRETS_JSON: Invalid JSON") as raised:
+        DispatcherSettings.load()
+    assert SECRET not in str(raised.value)
 
 
 # --- Backoff --------------------------------------------------------------------------------------------------------
@@ -180,10 +200,18 @@ def test_retries_with_the_shared_settings_span_more_than_an_hour_before_the_dlq(
     assert span == settings.webhook_retry_span_s() >= 3600
 
 
-def test_backoff_is_overridable_by_env_for_local_runs(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("WEBHOOK_BACKOFF_BASE_S", "0")
-    monkeypatch.setenv("WEBHOOK_BACKOFF_MAX_S", "1")
-    assert Backoff.from_env() == Backoff(base_s=0, max_s=1)
+def test_backoff_is_overridable_by_env_for_local_runs(dispatcher_env: pytest.MonkeyPatch):
+    dispatcher_env.setenv("WEBHOOK_SECRETS_JSON", "{}")
+    dispatcher_env.setenv("WEBHOOK_BACKOFF_BASE_S", "0")
+    dispatcher_env.setenv("WEBHOOK_BACKOFF_MAX_S", "1")
+    assert Backoff.from_settings(DispatcherSettings.load()) == Backoff(base_s=0, max_s=1)
+
+
+def test_a_malformed_backoff_fails_at_start_naming_the_variable(dispatcher_env: pytest.MonkeyPatch):
+    dispatcher_env.setenv("WEBHOOK_SECRETS_JSON", "{}")
+    dispatcher_env.setenv("WEBHOOK_BACKOFF_BASE_S", "soon")
+    with pytest.raises(SettingsError, match="WEBHOOK_BACKOFF_BASE_S='soon'"):
+        DispatcherSettings.load()
 
 
 # --- Queue messages -------------------------------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""The worker process's settings: every environment variable ``python -m gpu_worker`` reads, read once at start.
+
+The task definition sets them (names in ``async_inference.config``); ``WorkerSettings.load()`` fails at start with an
+error naming each variable that is missing or malformed. ``worker_config()`` and ``engine_options()`` turn them into
+the arguments of ``Worker`` and ``make_engine``, which read no environment themselves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from async_inference import config as env
+from async_inference import settings
+from async_inference.config import ServiceSettings
+from gpu_worker.faults import Faults
+from gpu_worker.health import HealthSettings
+from gpu_worker.model_source import parse_s3_uri
+from gpu_worker.task_protection import EXPIRES_IN_MINUTES
+from gpu_worker.worker import WorkerConfig
+
+EngineName = Literal["echo", "simulated", "cpu", "vllm"]  # gpu_worker.engines.ENGINE_NAMES
+
+# Engine -> {settings field: constructor option}: which variables each engine takes (see gpu_worker/engines).
+ENGINE_OPTIONS: dict[str, dict[str, str]] = {
+    "echo": {"max_num_seqs": "capacity", "echo_delay_s": "delay_s", "echo_max_model_len": "max_model_len"},
+    "simulated": {"max_num_seqs": "capacity", "sim_step_s": "step_s", "sim_output_tokens": "output_tokens"},
+    "cpu": {"model": "model", "max_num_seqs": "capacity", "max_model_len": "max_model_len"},
+    "vllm": {
+        "model": "model",
+        "max_num_seqs": "max_num_seqs",
+        "max_model_len": "max_model_len",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+        "tensor_parallel_size": "tensor_parallel_size",
+        "dtype": "dtype",
+        "enforce_eager": "enforce_eager",
+        "served_model_name": "served_model_name",
+    },
+}
+
+
+class WorkerSettings(ServiceSettings, HealthSettings):
+    """The worker container's environment: the service's resources (``ServiceSettings``), the health file the health
+    check reads too (``HealthSettings``), and the worker's own."""
+
+    engine: EngineName = Field(
+        alias=env.ENV_ENGINE, description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it"
+    )
+    webhook_queue_url: str | None = Field(
+        None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
+    )
+    # --- the loops
+    heartbeat_interval_s: float = Field(
+        settings.HEARTBEAT_INTERVAL_S, gt=0, alias=env.ENV_HEARTBEAT_INTERVAL_S,
+        description="seconds between visibility extensions of held messages",
+    )
+    visibility_timeout_s: int = Field(
+        settings.VISIBILITY_TIMEOUT_S, ge=0, le=12 * 60 * 60, alias=env.ENV_VISIBILITY_TIMEOUT_S,
+        description="seconds a received message stays hidden without a heartbeat",
+    )
+    receive_wait_s: int = Field(
+        settings.RECEIVE_WAIT_TIME_S, ge=0, le=20, alias=env.ENV_RECEIVE_WAIT_S,
+        description="SQS long-poll seconds, 0 to 20",
+    )
+    drain_timeout_s: float = Field(
+        WorkerConfig.drain_timeout_s, ge=0, alias=env.ENV_DRAIN_TIMEOUT_S,
+        description="seconds running jobs may finish after SIGTERM",
+    )
+    transient_retry_delay_s: int = Field(
+        WorkerConfig.transient_retry_delay_s, ge=0, alias=env.ENV_TRANSIENT_RETRY_DELAY_S,
+        description="seconds before a transient fault's retry, doubled per receive",
+    )
+    prefetch: int | None = Field(
+        None, ge=0, alias=env.ENV_PREFETCH, description="messages held beyond the engine's capacity"
+    )
+    task_protection_renew_s: float = Field(
+        WorkerConfig.task_protection_renew_s, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
+        description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
+    )
+    ecs_agent_uri: str | None = Field(
+        None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
+    )
+    worker_faults: str = Field("", alias=env.ENV_WORKER_FAULTS, description="fault injection, tests only")
+    metrics_namespace: str = Field(
+        settings.METRICS_NAMESPACE, min_length=1, alias=env.ENV_METRICS_NAMESPACE,
+        description="the CloudWatch namespace of the worker's EMF records",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias=env.ENV_LOG_LEVEL)
+    # --- the model
+    model: str | None = Field(
+        None, alias=env.ENV_MODEL, description="the model: a Hugging Face id or directory (vllm: required)"
+    )
+    model_s3_uri: str | None = Field(
+        None, alias=env.ENV_MODEL_S3_URI, description="s3://bucket/prefix/ holding the model files, synced to MODEL_DIR"
+    )
+    model_dir: Path | None = Field(
+        None, alias=env.ENV_MODEL_DIR, description="where the model files from MODEL_S3_URI are kept"
+    )
+    # --- engine options (None: the engine's default)
+    max_num_seqs: int | None = Field(None, ge=1, alias=env.ENV_MAX_NUM_SEQS, description="jobs in the engine at once")
+    max_model_len: int | None = Field(None, ge=1, alias=env.ENV_MAX_MODEL_LEN, description="context length in tokens")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, alias=env.ENV_GPU_MEMORY_UTILIZATION, description="fraction of GPU memory vLLM may take"
+    )
+    tensor_parallel_size: int | None = Field(None, ge=1, alias=env.ENV_TENSOR_PARALLEL_SIZE, description="GPUs per engine")
+    dtype: str | None = Field(None, alias=env.ENV_DTYPE, description="auto | float16 | bfloat16 | float32")
+    enforce_eager: bool | None = Field(None, alias=env.ENV_ENFORCE_EAGER, description="1: no CUDA graphs")
+    served_model_name: str | None = Field(
+        None, alias=env.ENV_SERVED_MODEL_NAME, description="the name the model answers to"
+    )
+    sim_step_s: float | None = Field(None, gt=0, alias="SIM_STEP_S", description="simulated seconds per step")
+    sim_output_tokens: int | None = Field(None, ge=1, alias="SIM_OUTPUT_TOKENS", description="simulated output length")
+    echo_delay_s: float | None = Field(None, ge=0, alias="ECHO_DELAY_S", description="echo seconds per request")
+    echo_max_model_len: int | None = Field(None, ge=1, alias="ECHO_MAX_MODEL_LEN", description="echo context in words")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("worker_faults")
+    @classmethod
+    def _faults_parse(cls, value: str) -> str:
+        Faults.parse(value)  # its ValueError names the fault that is wrong
+        return value
+
+    @field_validator("model_s3_uri")
+    @classmethod
+    def _s3_uri_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_s3_uri(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        if self.model_s3_uri and self.model_dir is None:
+            raise ValueError(f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
+                             "model's files are synced to")
+        if self.heartbeat_interval_s >= self.health_max_age_s:
+            raise ValueError(f"{env.ENV_HEARTBEAT_INTERVAL_S}={self.heartbeat_interval_s:g} must be below "
+                             f"{env.ENV_HEALTH_MAX_AGE_S}={self.health_max_age_s:g}: each heartbeat keeps the health "
+                             "file fresh")
+        if self.engine == "vllm" and not (self.model or self.model_s3_uri):
+            raise ValueError(f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id, "
+                             "a model directory, or MODEL_S3_URI)")
+        return self
+
+    def worker_config(self) -> WorkerConfig:
+        return WorkerConfig(
+            service=self.service,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            visibility_timeout_s=self.visibility_timeout_s,
+            receive_wait_s=self.receive_wait_s,
+            drain_timeout_s=self.drain_timeout_s,
+            transient_retry_delay_s=self.transient_retry_delay_s,
+            prefetch=self.prefetch,
+            webhook_queue_url=self.webhook_queue_url,
+            health_file=self.health_file,
+            task_protection_renew_s=self.task_protection_renew_s,
+        )
+
+    def engine_options(self) -> dict[str, Any]:
+        """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""
+        options = {
+            option: getattr(self, field)
+            for field, option in ENGINE_OPTIONS[self.engine].items()
+            if getattr(self, field) is not None
+        }
+        if self.model_s3_uri and "model" in ENGINE_OPTIONS[self.engine]:
+            # The engine loads the synced files from disk, and the model keeps answering to its name.
+            options["model"] = str(self.model_dir)
+            if self.engine == "vllm" and self.model:
+                options.setdefault("served_model_name", self.model)
+        return options

@@ -1,0 +1,54 @@
+"""The container health check against a real worker: healthy while the model loads with the event loop blocked, and
+while the worker runs; unhealthy once its loop stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.faults.fault_stack import REPO_ROOT, FaultStack, chat, wait_until
+
+MAX_AGE_S = "3"
+
+
+def healthy(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_worker.health"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), "WORKER_HEALTH_FILE": str(path),
+                               "HEALTH_MAX_AGE_S": MAX_AGE_S})
+
+
+def test_the_worker_is_healthy_while_its_engine_loads_and_runs_and_unhealthy_when_its_loop_stops(
+    workers: FaultStack, tmp_path: Path
+):
+    # GIVEN a worker whose engine start blocks its event loop for 8 s (as vLLM's engine build does), with a health
+    # file that must be at most 3 s old
+    path = tmp_path / "health"
+    worker = workers.start_worker("health", WORKER_FAULTS="slow_start=8", WORKER_HEALTH_FILE=str(path),
+                                  HEALTH_MAX_AGE_S=MAX_AGE_S, HEARTBEAT_INTERVAL_S="0.5")
+    wait_until(path.exists, 20, "the health file to appear")
+    # THEN the health check passes throughout the load
+    loading_until = time.monotonic() + 6  # of the 8
+    while time.monotonic() < loading_until:
+        result = healthy(path)
+        assert result.returncode == 0, result.stderr
+        time.sleep(0.5)
+    assert "worker started" not in worker.log_path.read_text()  # that really was during the load
+    # AND while the worker runs jobs
+    job_id = workers.api().submit(chat("healthy", max_tokens=1))["job_id"]
+    assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
+    assert healthy(path).returncode == 0
+    # WHEN the worker's loop stops (the process is frozen)
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(float(MAX_AGE_S) + 1.5)
+        # THEN the health check fails, saying why
+        result = healthy(path)
+        assert result.returncode == 1
+        assert "the worker's loop is stuck" in result.stderr
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    workers.stop_worker(worker)
