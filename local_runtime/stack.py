@@ -258,11 +258,12 @@ class LocalStack:
         return self.fleet.processes if self.fleet else []
 
     def start_worker(self, *, supervised: bool = False, log: IO[bytes] | int | None = None,
-                     unset: tuple[str, ...] = (), **extra_env: str) -> subprocess.Popen[bytes]:
+                     unset: tuple[str, ...] = (), python: str | None = None,
+                     **extra_env: str) -> subprocess.Popen[bytes]:
         """One more worker from the task definition (plus ``extra_env``); tests stop it themselves unless it is
         ``supervised`` (then it is replaced whenever it exits, as ECS replaces a task)."""
         assert self.fleet is not None, "start() first"
-        return self.fleet.add(supervised=supervised, log=log, unset=unset, **extra_env)
+        return self.fleet.add(supervised=supervised, log=log, unset=unset, python=python, **extra_env)
 
     def stop_worker(self, process: subprocess.Popen[bytes]) -> None:
         assert self.fleet is not None

@@ -192,9 +192,9 @@ class WorkerFleet:
     def _map_paths(self, value: str) -> str:
         return ":".join(self.container_path(part) if part.startswith("/") else part for part in value.split(":"))
 
-    def command(self) -> list[str]:
+    def command(self, python: str | None = None) -> list[str]:
         command = self.task.command or self.task.image.entrypoint
-        return [self.python if word in ("python", "python3") else word for word in command]
+        return [(python or self.python) if word in ("python", "python3") else word for word in command]
 
     # --- the fleet --------------------------------------------------------------------------------------------------
 
@@ -205,11 +205,12 @@ class WorkerFleet:
         return self
 
     def add(self, *, supervised: bool = True, log: IO[bytes] | int | None = None, unset: tuple[str, ...] = (),
-            **extra_env: str) -> subprocess.Popen[bytes]:
+            python: str | None = None, **extra_env: str) -> subprocess.Popen[bytes]:
         """Start one more worker; a supervised one is replaced when it exits, an unsupervised one (for tests that
         decide when a worker runs) is not. ``log``: where its output goes (default: the fleet's); ``unset``:
-        variables to leave out of its environment."""
-        slot = _Slot(self, supervised=supervised, extra_env=extra_env, log=log, unset=unset)
+        variables to leave out of its environment; ``python``: the interpreter standing in for the image's (default:
+        this one)."""
+        slot = _Slot(self, supervised=supervised, extra_env=extra_env, log=log, unset=unset, python=python)
         with self._lock:
             self._slots.append(slot)
         return slot.process
@@ -251,9 +252,10 @@ class _Slot:
     """One task of the service: its current process, replaced when it exits or fails its health check."""
 
     def __init__(self, fleet: WorkerFleet, *, supervised: bool, extra_env: dict[str, str],
-                 log: IO[bytes] | int | None, unset: tuple[str, ...] = ()) -> None:
+                 log: IO[bytes] | int | None, unset: tuple[str, ...] = (), python: str | None = None) -> None:
         self._fleet = fleet
         self._unset = unset
+        self._python = python or fleet.python
         self.supervised = supervised
         self._extra_env = extra_env
         self._log = log if log is not None else fleet._log
@@ -264,14 +266,19 @@ class _Slot:
         env = fleet.environment(self._extra_env, self._unset)
         self._started = time.monotonic()
         self._health_failures = 0
+        self._kill_at: float | None = None
         self._next_check = self._started + float((fleet.task.health_check or {}).get("StartPeriod", 0))
-        return subprocess.Popen(fleet.command(), env=env, cwd=fleet.container_path(fleet.task.image.workdir),
+        return subprocess.Popen(fleet.command(self._python), env=env, cwd=fleet.container_path(fleet.task.image.workdir),
                                 stdout=self._log, stderr=subprocess.STDOUT)
 
     def check(self) -> None:
         if not self.supervised:
             return
         code = self.process.poll()
+        if code is None and self._kill_at is not None:
+            if time.monotonic() >= self._kill_at:  # it did not stop within the container's stop timeout
+                self.process.kill()
+            return
         if code is not None:
             logger.warning("worker %d exited with code %s; replacing it, as ECS replaces a stopped task",
                            self.process.pid, code)
@@ -290,7 +297,7 @@ class _Slot:
                 logger.warning("worker %d failed its health check %d times; stopping and replacing it",
                                self.process.pid, self._health_failures)
                 self.terminate()
-                self.wait_stopped()
+                self._kill_at = time.monotonic() + self._fleet.task.stop_timeout_s
 
     def _healthy(self, spec: dict[str, Any]) -> bool:
         command = list(spec["Command"])
@@ -298,7 +305,7 @@ class _Slot:
         if kind == "CMD-SHELL":
             words = ["/bin/sh", "-c", " ".join(words)]
         fleet = self._fleet
-        words = [fleet.python if word in ("python", "python3") else word for word in words]
+        words = [self._python if word in ("python", "python3") else word for word in words]
         try:
             done = subprocess.run(words, env=fleet.environment(self._extra_env, self._unset), capture_output=True,
                                   cwd=fleet.container_path(fleet.task.image.workdir),

@@ -3,6 +3,7 @@ and the local overrides, nothing inherited; and a supervisor replaces it when it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from async_inference.client import Client
 from local_runtime.stack import LocalStack
-from local_runtime.workers import ECS_PROVIDED
+from local_runtime.workers import ECS_PROVIDED, WorkerFleet
 from tests.e2e.conftest import chat
 
 pytestmark = pytest.mark.e2e
@@ -69,3 +70,48 @@ def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: Loc
             if process is first or process.poll() is None:
                 stack.stop_worker(process)
     assert replacement.poll() is not None
+
+
+def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(stack: LocalStack, api: Client, tmp_path):
+    # GIVEN a supervised worker whose engine dies at its first generation (a CUDA fault; the replacement is healthy)
+    assert stack.fleet is not None
+    replaced_before = stack.fleet.replacements
+    marker = tmp_path / "engine-died-once"
+    first = stack.start_worker(supervised=True, WORKER_FAULTS=f"engine_dead={marker}")
+    try:
+        # WHEN jobs arrive
+        jobs = [api.submit(chat(f"engine dies {i}")).job_id for i in range(3)]
+        finals = [api.wait(job_id, timeout_s=90) for job_id in jobs]
+        # THEN the worker exited non-zero, the supervisor replaced it, and every job succeeded, none dead-lettered
+        assert marker.exists() and first.poll() == 3
+        assert stack.fleet.replacements == replaced_before + 1
+        assert [f.status for f in finals] == ["succeeded"] * 3, [(f.status, f.error) for f in finals]
+        assert all(f.attempts <= 2 for f in finals)
+    finally:
+        for process in stack.workers:
+            if process.poll() is None:
+                stack.stop_worker(process)
+
+
+def test_a_worker_failing_its_health_check_is_stopped_and_replaced(stack: LocalStack, tmp_path):
+    # GIVEN the task definition's health check command, run every second, and a worker that stops responding (SIGSTOP
+    # freezes its loops, so its health file goes stale)
+    assert stack.fleet is not None and stack.fleet.task.health_check is not None
+    check = {**stack.fleet.task.health_check, "Interval": 1, "Retries": 2, "StartPeriod": 0}
+    fleet = WorkerFleet(dataclasses.replace(stack.fleet.task, health_check=check, stop_timeout_s=3),
+                        environment=stack._worker_overrides(), volumes_dir=tmp_path, unset=("MODEL",),
+                        log=open(tmp_path / "workers.log", "wb")).start(0)
+    try:
+        frozen = fleet.add(HEALTH_MAX_AGE_S="3", HEARTBEAT_INTERVAL_S="0.5", RECEIVE_WAIT_S="1")
+        time.sleep(3)
+        assert fleet.replacements == 0  # healthy while it runs
+        os.kill(frozen.pid, signal.SIGSTOP)
+        # WHEN its checks keep failing THEN the supervisor stops it and starts a replacement
+        deadline = time.monotonic() + 60
+        while fleet.replacements == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fleet.replacements == 1
+        assert frozen.poll() is not None
+        assert any(p is not frozen and p.poll() is None for p in fleet.processes)
+    finally:
+        fleet.stop()

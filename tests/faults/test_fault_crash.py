@@ -55,7 +55,7 @@ def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(wo
                                                                                point: str):
     # GIVEN a job that can never succeed (its prompt is longer than the engine's context), and a worker that will be
     # killed when the job reaches `point` of the finish path that succeeded jobs take
-    job_id = workers.api().submit(chat("word " * 60, max_tokens=1))["job_id"]
+    job_id = workers.api().submit(chat("word " * 60, max_tokens=1)).job_id
     doomed = workers.start_worker(f"crash-failing-{point}", WORKER_FAULTS=f"crash={point}", ECHO_MAX_MODEL_LEN="50")
     # WHEN it dies there, and another worker takes the message over
     wait_until(lambda: doomed.poll() is not None, 30, "the faulty worker to die")

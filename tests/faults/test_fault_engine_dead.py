@@ -24,7 +24,7 @@ def test_a_dead_engine_stops_the_worker_and_its_jobs_go_to_the_next_one_unfailed
     # its messages for a minute (the production visibility timeout) unless it hands them back
     marker = tmp_path / "engine-died"
     api = workers.api()
-    job_ids = [api.submit(chat(f"dead engine {i}", max_tokens=2))["job_id"] for i in range(JOBS)]
+    job_ids = [api.submit(chat(f"dead engine {i}", max_tokens=2)).job_id for i in range(JOBS)]
     started = time.monotonic()
     doomed = workers.start_worker("engine-dead", WORKER_FAULTS=f"engine_dead={marker}", VISIBILITY_TIMEOUT_S="60",
                                   HEARTBEAT_INTERVAL_S="5")

@@ -38,7 +38,7 @@ def test_the_worker_is_healthy_while_its_engine_loads_and_runs_and_unhealthy_whe
         time.sleep(0.5)
     assert "worker started" not in worker.log_path.read_text()  # that really was during the load
     # AND while the worker runs jobs
-    job_id = workers.api().submit(chat("healthy", max_tokens=1))["job_id"]
+    job_id = workers.api().submit(chat("healthy", max_tokens=1)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
     assert healthy(path).returncode == 0
     # WHEN the worker's loop stops (the process is frozen)

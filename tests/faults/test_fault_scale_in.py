@@ -103,7 +103,7 @@ def test_a_busy_worker_renews_its_task_protection_before_it_expires(workers: Fau
     worker = workers.start_worker("renew", ECHO_DELAY_S="5", TASK_PROTECTION_RENEW_S="1", HEARTBEAT_INTERVAL_S="0.5",
                                   ECS_AGENT_URI=ecs_agent.uri)
     # WHEN it is busy with one job for 5 s
-    job_id = workers.api().submit(chat("a long one", max_tokens=2))["job_id"]
+    job_id = workers.api().submit(chat("a long one", max_tokens=2)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
     wait_until(lambda: ecs_agent.enabled[-1:] == [False], 5, "protection to be cleared")
     # THEN it set the protection again, with a fresh expiry, several times while busy, and cleared it once idle

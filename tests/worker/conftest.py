@@ -1,12 +1,9 @@
-"""Fixtures of the worker tests: a local stack of their own, out of process (``tests.faults.fault_stack``).
-
-The end-to-end suite's stack lives in the test process (its Lambda handlers are imported there, bound to its moto
-server), so a second one in the same session would answer with the first one's handlers: these tests start the same
-stack as a subprocess instead, and run their workers against it.
-"""
+"""Fixtures of the worker tests: a local stack of the template of their own (``tests.faults.fault_stack``), with no
+workers: each test starts the workers it needs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -16,8 +13,8 @@ from tests.faults.fault_stack import FaultStack
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
-    local = FaultStack(tmp_path_factory.mktemp("worker-stack-logs")).start()
+def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[FaultStack]:
+    local = FaultStack(tmp_path_factory.mktemp("worker-stack-logs"), local_assembly).start()
     yield local
     local.stop()
 

@@ -28,8 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "gpu_worker" / "Dockerfile"
 REQUIREMENTS = REPO_ROOT / "gpu_worker" / "requirements.txt"
 IMAGE_WORKDIR = "/app"
-# The patterns gpu_worker/Dockerfile.dockerignore keeps out of the build context.
-NOT_IN_CONTEXT = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 def image_venv() -> Path:
@@ -63,45 +61,40 @@ def image_copies() -> list[tuple[str, str]]:
     return copies
 
 
-def copy_image_files(target: Path) -> None:
-    for source, destination in image_copies():
-        path = REPO_ROOT / source
-        if path.is_dir():
-            shutil.copytree(path, target / destination, ignore=NOT_IN_CONTEXT, dirs_exist_ok=True)
-        else:
-            (target / destination).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target / destination)
-
-
 def test_the_dockerfile_copies_the_worker_packages():
     # The test below runs what these lines copy; if the image stopped copying them it would test nothing.
     assert {destination for _, destination in image_copies()} >= {"async_inference/", "gpu_worker/"}
 
 
 def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):
-    # GIVEN a venv with gpu_worker/requirements.txt only, and a copy of exactly what the image gets
+    # GIVEN a venv with gpu_worker/requirements.txt only, standing in for the image's Python
     venv = image_venv()
-    app = tmp_path / "app"
-    copy_image_files(app)
-    # WHEN a worker starts from them (as the image's entrypoint does, PYTHONPATH=/app) against the local stack
-    env = {**{k: v for k, v in stack.env.items() if not k.startswith("PYTHON")}, "ENGINE": "echo",
-           "PYTHONPATH": str(app), "RECEIVE_WAIT_S": "1"}
     log = tmp_path / "worker.log"
+    # WHEN a worker starts as the task definition says (its environment, the image's ENV and ENTRYPOINT, the image's
+    # staged build context as /app) with that Python, against the local stack
     with open(log, "wb") as out:
-        worker = subprocess.Popen([str(venv / "bin" / "python"), "-m", "gpu_worker"], env=env, cwd=app, stdout=out,
-                                  stderr=subprocess.STDOUT)
+        worker = stack.local.start_worker(python=str(venv / "bin" / "python"), log=out, ENGINE="echo",
+                                          RECEIVE_WAIT_S="1")
     try:
-        job_id = api.submit(chat("from the image requirements", max_tokens=4))["job_id"]
+        job_id = api.submit(chat("from the image requirements", max_tokens=4)).job_id
         deadline = time.monotonic() + 60
         job = api.get(job_id)
-        while job["status"] not in ("succeeded", "failed") and time.monotonic() < deadline:
+        while job.status not in ("succeeded", "failed") and time.monotonic() < deadline:
             assert worker.poll() is None, f"the worker exited with {worker.returncode}:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
             job = api.get(job_id)
-        # THEN it ran the job, with nothing but that venv and that copy to import from
-        assert job["status"] == "succeeded", (job, log.read_text()[-3000:])
-        assert api.result(job)["choices"][0]["message"]["content"] == "from the image requirements"
+        # THEN it ran the job, with nothing but that venv and the image's files to import from
+        assert job.status == "succeeded", (job, log.read_text()[-3000:])
+        assert api.result(job).choices[0].message.content == "from the image requirements"
     finally:
         worker.terminate()
         worker.wait(timeout=30)
     assert worker.returncode == 0, log.read_text()[-3000:]
+
+
+def test_the_staged_build_context_holds_what_the_dockerfile_copies(stack: FaultStack):
+    # The worker above runs from the image's build context as the synth staged it; the image gets what COPY takes.
+    assert stack.local.fleet is not None
+    context = stack.local.fleet.task.image.directory
+    for source, _ in image_copies():
+        assert (context / source).exists(), f"{source} is copied by the Dockerfile but not in the build context"

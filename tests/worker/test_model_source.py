@@ -129,9 +129,9 @@ def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: FaultStack, api: C
                                   stderr=subprocess.STDOUT)
     try:
         # WHEN it has run a job
-        job_id = api.submit(chat("after the sync", max_tokens=3))["job_id"]
+        job_id = api.submit(chat("after the sync", max_tokens=3)).job_id
         deadline = time.monotonic() + 30
-        while api.get(job_id)["status"] != "succeeded":
+        while api.get(job_id).status != "succeeded":
             assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
     finally:

@@ -76,11 +76,11 @@ def start_worker(stack: FaultStack, stdout: Path, **env: str) -> subprocess.Pope
                                 stderr=log)
 
 
-def wait_final(api: Client, job_ids: list[str], timeout_s: float = 30) -> dict[str, dict[str, Any]]:
+def wait_final(api: Client, job_ids: list[str], timeout_s: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         jobs = {job_id: api.get(job_id) for job_id in job_ids}
-        if all(j["status"] in ("succeeded", "failed") for j in jobs.values()) or time.monotonic() > deadline:
+        if all(j.status in ("succeeded", "failed") for j in jobs.values()) or time.monotonic() > deadline:
             return jobs
         time.sleep(0.2)
 
@@ -97,10 +97,10 @@ def test_every_worker_metric_on_the_dashboard_is_emitted(stack: FaultStack, api:
     worker = start_worker(stack, stdout, HEARTBEAT_INTERVAL_S="0.5", ECHO_MAX_MODEL_LEN="5")
     try:
         # WHEN it runs three jobs that succeed and one that fails
-        good = [api.submit(chat(f"metric job {i}", max_tokens=2))["job_id"] for i in range(3)]
-        bad = api.submit(chat("far too many words for this context", max_tokens=2))["job_id"]
+        good = [api.submit(chat(f"metric job {i}", max_tokens=2)).job_id for i in range(3)]
+        bad = api.submit(chat("far too many words for this context", max_tokens=2)).job_id
         jobs = wait_final(api, [*good, bad])
-        assert [jobs[j]["status"] for j in good] == ["succeeded"] * 3 and jobs[bad]["status"] == "failed", jobs
+        assert [jobs[j].status for j in good] == ["succeeded"] * 3 and jobs[bad].status == "failed", jobs
         # THEN its records reach stdout while it runs, not only at exit
         deadline = time.monotonic() + 10
         while len(emitted(emf_records(stdout.read_text())).get(settings.METRIC_JOBS_FAILED, [])) < 1:
@@ -131,8 +131,8 @@ def test_what_was_measured_since_the_last_heartbeat_is_flushed_at_exit(stack: Fa
     worker = start_worker(stack, stdout, HEARTBEAT_INTERVAL_S="30")
     try:
         # WHEN it runs a job and is stopped at once
-        job_id = api.submit(chat("flushed at exit", max_tokens=3))["job_id"]
-        assert wait_final(api, [job_id])[job_id]["status"] == "succeeded"
+        job_id = api.submit(chat("flushed at exit", max_tokens=3)).job_id
+        assert wait_final(api, [job_id])[job_id].status == "succeeded"
         assert emf_records(stdout.read_text()) == []
     finally:
         worker.send_signal(signal.SIGTERM)
