@@ -91,6 +91,28 @@ def result_key(tenant: str, job_id: str) -> str:
     return f"{RESULT_PREFIX}{tenant}/{job_id}/result.json"
 
 
+# --- Batches (docs/design/batches.md) ---------------------------------------------------------------------------------
+FILE_PREFIX = "files/"  # Files API objects: batch input files, and the output and error files of batches
+BATCH_PREFIX = "batches/"  # per-chunk result parts, until a batch is finalized
+BATCH_MAX_LINES = 50_000  # OpenAI's limit per batch input file
+BATCH_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit per batch input file
+BATCH_CHUNK_LINES = 100  # lines per chunk claim check: one queue message, one ranged read, two part writes
+BATCH_COMPLETION_WINDOWS = {"24h": 24 * 60 * 60}  # what OpenAI accepts for completion_window
+BATCH_ENDPOINT = "/v1/chat/completions"
+
+
+def file_key(tenant: str, file_id: str) -> str:
+    """Where a file's bytes live (input files uploaded by clients, output and error files of batches)."""
+    return f"{FILE_PREFIX}{tenant}/{file_id}/content"
+
+
+def batch_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
+    """Where one chunk's output or error lines live until the batch is finalized (``kind``: output or error)."""
+    if kind not in ("output", "error"):
+        raise ValueError(f"part kind {kind!r} is not output or error")
+    return f"{BATCH_PREFIX}{tenant}/{batch_id}/parts/{chunk:06d}.{kind}.jsonl"
+
+
 def parse_upload_key(key: str) -> tuple[str, str] | None:
     """(tenant, job_id) from an upload key, or None when the key is not one of ours."""
     parts = key.split("/")
