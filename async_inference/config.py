@@ -34,6 +34,11 @@ ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 ENV_BATCH_QUEUE_URL = "BATCH_QUEUE_URL"
 ENV_BATCH_CONTROL_QUEUE_URL = "BATCH_CONTROL_QUEUE_URL"
 ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
+# The model names the deployed workers serve, as a JSON list (the CDK sets the configured model). A request for any
+# other model is a 404 model_not_found. "*" in the list accepts every name (local engines that serve any name only).
+ENV_SERVED_MODELS = "SERVED_MODELS"
+# The authorizer's tenants: {"<tenant>": "<API key id>"} (the CDK sets this stack's keys).
+ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
@@ -170,6 +175,15 @@ class ServiceSettings(EnvSettings):
     )
     allow_local_webhooks: bool = Field(
         False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
+    )
+    # Unset: any model name is accepted (processes built without the stack's configuration, such as unit tests).
+    served_models: Json[list[str]] | None = Field(
+        None, alias=ENV_SERVED_MODELS, description='the model names the workers serve, as a JSON list: ["name", ...]'
+    )
+    batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name")
+    batch_queue_url: str | None = Field(None, alias=ENV_BATCH_QUEUE_URL, description="the batch-lane queue's URL")
+    batch_control_queue_url: str | None = Field(
+        None, alias=ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue's URL"
     )
 
     @property
