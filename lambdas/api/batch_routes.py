@@ -114,7 +114,7 @@ def get_file(file_id: FileId) -> Response[FileObject]:
 
 
 @router.get("/v1/files/<file_id>/content", summary="A file's bytes: a redirect to a presigned GET")
-def get_file_content(file_id: FileId) -> Response:
+def get_file_content(file_id: FileId):  # no return annotation: the answer is a redirect, not a model
     # A redirect, not the bytes: a Lambda answer holds at most 6 MB; the SDK follows redirects (and drops its
     # Authorization header when the redirect leaves this origin).
     url = _service().content_url(_tenant(), file_id)
