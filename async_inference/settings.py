@@ -104,7 +104,7 @@ BATCH_ENDPOINT = "/v1/chat/completions"
 BATCH_TABLE_PARTITION_KEY = "id"
 BATCH_OWNER_INDEX_NAME = "owner-created-index"
 BATCH_OWNER_ATTRIBUTE = "owner"
-BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, 10 digits>#<id>"
+BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
 BATCH_TTL_ATTRIBUTE = "ttl_epoch"
 # POST /v1/files carries the file through API Gateway (10 MB) and a synchronous Lambda invocation (6 MB of event,
 # the multipart body base64-encoded in it: 4/3 of its size, plus the headers): 4 MiB of file fits both with room. Larger

@@ -69,7 +69,8 @@ def _item(record: FileRecord | BatchRecord) -> dict[str, Any]:
     item = {k: v for k, v in record.model_dump(mode="json", exclude={"counted_chunks"}).items()
             if v is not None and v != [] and v != {}}
     item[_OWNER] = owner_of(record.tenant, record.kind)
-    item[_SORT] = f"{epoch(record.created_at):010d}#{record.id}"
+    # Newest first down to the microsecond (objects created in the same second keep their order); the id breaks ties.
+    item[_SORT] = f"{record.created_at.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%S.%f}#{record.id}"
     item[_TTL] = epoch(record.created_at) + settings.FILE_RETENTION_DAYS * 86400
     return item
 
