@@ -285,6 +285,8 @@ class BatchStore:
     # --- helpers --------------------------------------------------------------------------------------------------
 
     def _get(self, object_id: str) -> dict[str, Any] | None:
+        if not object_id:
+            return None  # DynamoDB refuses an empty key outright; no object has one
         return self._table.get_item(Key={_PK: object_id}, ConsistentRead=True).get("Item")
 
     def _record(self, item: dict[str, Any]) -> FileRecord | BatchRecord:

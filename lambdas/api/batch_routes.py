@@ -40,7 +40,7 @@ batches = BatchService.from_settings(config)
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="A file id as returned by POST /v1/files.")]
 BatchId = Annotated[str, Path(pattern=BATCH_ID_PATTERN, description="A batch id as returned by POST /v1/batches.")]
-After = Annotated[Optional[str], Query(max_length=64, description="The last id of the previous page.")]
+After = Annotated[Optional[str], Query(min_length=1, max_length=64, description="The last id of the previous page.")]
 FILES_ROUTE = "/v1/files"  # the one route whose body is multipart (binary): handler.body_checks lets it through
 
 

@@ -51,7 +51,7 @@ FORM_OVERHEAD_BYTES = 16 * 1024  # a multipart body's boundaries and part header
 # OpenAPI document says exactly what a client will see.
 _ERRORS = {
     400: "Invalid request: `error.message` starts with the field to fix",
-    404: "No such job for this tenant",
+    404: "No such job for this tenant; on submit, a model this deployment does not serve (`model_not_found`)",
     409: "The job is already final",
     413: "Body over the inline limit: use an upload job",
     503: "The queue is unavailable: retry",
@@ -85,7 +85,7 @@ def _tenant() -> str:
     "/v1/jobs",
     summary="Submit a job",
     responses=_documented(
-        400, 413, 503,
+        400, 404, 413, 503,
         s202={"description": "Queued", "content": {"application/json": {"model": JobView}}},
         s201={"description": "Awaiting its upload", "content": {"application/json": {"model": JobView}}},
     ),
