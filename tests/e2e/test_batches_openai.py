@@ -340,3 +340,80 @@ def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk
     assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in rows)
     events = inbox.for_job(batch.id, wait_s=5)
     assert [e["type"] for e in events] == ["batch.completed"]
+
+
+def _write_parts(stack: LocalStack, batch_id: str, outputs: dict[int, list[dict]], errors: dict[int, list[dict]]) -> None:
+    """Each chunk's parts, written as the worker writes them (docs/design/batches.md: JSONL in OpenAI's line format,
+    once, an empty part still written)."""
+    from async_inference import settings
+    from async_inference.aws import client
+
+    s3 = client("s3")
+    for chunk in sorted(set(outputs) | set(errors)):
+        for kind, rows in (("output", outputs.get(chunk, [])), ("error", errors.get(chunk, []))):
+            s3.put_object(Bucket=stack.resources.config.bucket_name, Body=jsonl(rows) if rows else b"",
+                          Key=settings.batch_part_key("tenant-a", batch_id, chunk, kind), IfNoneMatch="*")
+
+
+def _answer(custom_id: str) -> dict:
+    return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "error": None,
+            "response": {"status_code": 200, "request_id": custom_id, "body": {"object": "chat.completion"}}}
+
+
+def _refused(custom_id: str, code: str | None = None) -> dict:
+    if code:
+        return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "response": None,
+                "error": {"code": code, "message": "not finished within the completion window"}}
+    return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "error": None,
+            "response": {"status_code": 400, "request_id": custom_id, "body": {"error": {"message": "max_tokens"}}}}
+
+
+@pytest.mark.parametrize(("last_error_code", "final"), [(None, "completed"), ("batch_expired", "expired")])
+def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, sdk, last_error_code, final):
+    # GIVEN a planned batch of 150 lines whose two chunks' parts are written and counted, as the worker does
+    from async_inference.batches.aws import ControlQueue
+    from async_inference.schemas import BatchControl
+
+    ids = [f"f-{i}" for i in range(150)]
+    source = upload(sdk, jsonl([line(i) for i in ids]))
+    batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    settled(sdk, batch.id, "in_progress")
+    inbox = Inbox(stack)
+    _write_parts(stack, batch.id, outputs={0: [_answer(i) for i in ids[:100]], 1: [_answer(i) for i in ids[100:149]]},
+                 errors={0: [], 1: [_refused(ids[149], last_error_code)]})
+    store = BatchStore(stack.resources.batch_table_name)
+    store.record_chunk(batch.id, 0, completed=100, failed=0)
+    assert store.record_chunk(batch.id, 1, completed=49, failed=1).all_counted
+    # WHEN the worker that counted the last chunk sends the finalize step (to the template's control queue)
+    ControlQueue(stack.resources.batch_control_queue_url).send(
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+    # THEN the controller writes one output and one error file, every custom_id in exactly one, and ends the batch
+    done = settled(sdk, batch.id, final)
+    output = [json.loads(r)["custom_id"] for r in sdk.files.content(done.output_file_id).read().splitlines()]
+    errors = [json.loads(r)["custom_id"] for r in sdk.files.content(done.error_file_id).read().splitlines()]
+    assert output == ids[:149] and errors == ids[149:]
+    assert sdk.files.retrieve(done.output_file_id).purpose == "batch_output"
+    assert done.finalizing_at and (done.completed_at if final == "completed" else done.expired_at)
+    assert [e["type"] for e in inbox.for_job(batch.id, wait_s=3)] == [f"batch.{final}"]
+    # and a second finalize (a redelivery) changes nothing and notifies nothing more
+    ControlQueue(stack.resources.batch_control_queue_url).send(
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+    time.sleep(3)
+    again = sdk.batches.retrieve(batch.id)
+    assert (again.status, again.output_file_id, again.error_file_id) == (final, done.output_file_id, done.error_file_id)
+    assert inbox.for_job(batch.id, wait_s=1) == inbox.by_job[batch.id] and len(inbox.by_job[batch.id]) == 1
+
+
+def test_a_batch_with_no_errors_has_no_error_file(stack, sdk):
+    from async_inference.batches.aws import ControlQueue
+    from async_inference.schemas import BatchControl
+
+    source = upload(sdk, jsonl([line("only")]))
+    batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    settled(sdk, batch.id, "in_progress")
+    _write_parts(stack, batch.id, outputs={0: [_answer("only")]}, errors={0: []})
+    assert BatchStore(stack.resources.batch_table_name).record_chunk(batch.id, 0, completed=1, failed=0).all_counted
+    ControlQueue(stack.resources.batch_control_queue_url).send(
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+    done = settled(sdk, batch.id, "completed")
+    assert done.error_file_id is None and done.output_file_id
