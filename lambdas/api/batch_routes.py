@@ -35,8 +35,13 @@ from async_inference.service import ApiError
 from lambdas.api.tenancy import tenant_of
 
 router = Router()
-config = ServiceSettings.load()
-batches = BatchService.from_settings(config)
+batches: BatchService | None = None  # set once by configure(), with the handler's settings
+
+
+def configure(config: ServiceSettings) -> None:
+    """Build the service over the resources the API function's settings name (read once, by the handler)."""
+    global batches
+    batches = BatchService.from_settings(config)
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="A file id as returned by POST /v1/files.")]
 BatchId = Annotated[str, Path(pattern=BATCH_ID_PATTERN, description="A batch id as returned by POST /v1/batches.")]
@@ -45,7 +50,7 @@ FILES_ROUTE = "/v1/files"  # the one route whose body is multipart (binary): han
 
 
 def _service() -> BatchService:
-    if batches is None:
+    if batches is None:  # no batch table in this deployment's settings
         raise ApiError(404, "not_found", "this deployment has no batch table: the Files and Batches APIs are off")
     return batches
 

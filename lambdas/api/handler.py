@@ -39,6 +39,7 @@ app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 config = ServiceSettings.load()
 service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
                                  served_models=config.served_models)
+batch_routes.configure(config)
 app.include_router(batch_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
