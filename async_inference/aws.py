@@ -513,3 +513,19 @@ class TenantDirectory:
                     raise
                 self._cache[api_key_id] = None
         return self._cache[api_key_id]
+
+
+class ApiKeyValues:
+    """An API key's value and whether it is enabled, by id (``apigateway:GET`` on that key only)."""
+
+    def __init__(self, apigateway: Any | None = None) -> None:
+        self._apigateway = apigateway or client("apigateway")
+
+    def __call__(self, key_id: str) -> tuple[str, bool] | None:
+        try:
+            key = self._apigateway.get_api_key(apiKey=key_id, includeValue=True)
+        except ClientError as exc:
+            if is_error(exc, "NotFoundException"):
+                return None
+            raise
+        return key["value"], bool(key.get("enabled", True))

@@ -16,6 +16,7 @@ from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -83,6 +84,7 @@ class JobService:
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
+        served: ServedModels | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -92,10 +94,13 @@ class JobService:
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
+        self.served = served or ServedModels.of(None)
 
     @classmethod
-    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
-        """The service over the resources ``config`` names, with one set of clients for the process."""
+    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
+                    served_models: list[str] | None = None) -> JobService:
+        """The service over the resources ``config`` names, with one set of clients for the process;
+        ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any)."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
@@ -103,6 +108,7 @@ class JobService:
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
+            served=ServedModels.of(served_models),
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -115,8 +121,10 @@ class JobService:
                 return Submitted(existing, created=False, upload=self._upload_for(existing))
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
-        now = utcnow()
         request = submission.request
+        if request is not None:
+            self._check_model(request.model)
+        now = utcnow()
         inline = request is not None
         key = settings.request_key(tenant, job_id) if inline else settings.upload_key(tenant, job_id)
         job = Job(
@@ -152,6 +160,12 @@ class JobService:
         if inline:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
+
+    def _check_model(self, model: str) -> None:
+        """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer."""
+        if not self.served.serves(model):
+            message = self.served.not_found_message(model)
+            raise ApiError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
 
     def _check_webhook_url(self, url: str) -> None:
         """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""
@@ -248,6 +262,9 @@ class JobService:
             request, reason = self._check_upload(job, key, size_bytes)
             if request is None:
                 return self.finish(job, JobStatus.FAILED, error=f"upload rejected: {reason}")
+            if not self.served.serves(request.model):
+                return self.finish(job, JobStatus.FAILED, model=request.model,
+                                   error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}")
             if utcnow() > job.deadline:
                 return self.finish(job, JobStatus.EXPIRED, error="the upload arrived after the job's deadline")
             queued = self.store.transition(job.job_id, JobStatus.QUEUED, model=request.model)

@@ -99,6 +99,23 @@ BATCH_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit per batch input file
 BATCH_CHUNK_LINES = 100  # lines per chunk claim check: one queue message, one ranged read, two part writes
 BATCH_COMPLETION_WINDOWS = {"24h": 24 * 60 * 60}  # what OpenAI accepts for completion_window
 BATCH_ENDPOINT = "/v1/chat/completions"
+# The batch table (cdk/batches.py declares it; async_inference/batches/store.py writes it): files and batches, one item
+# each, listed per tenant and kind ("<tenant>#file", "<tenant>#batch") newest first through the owner index.
+BATCH_TABLE_PARTITION_KEY = "id"
+BATCH_OWNER_INDEX_NAME = "owner-created-index"
+BATCH_OWNER_ATTRIBUTE = "owner"
+BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
+BATCH_TTL_ATTRIBUTE = "ttl_epoch"
+# POST /v1/files carries the file through API Gateway (10 MB) and a synchronous Lambda invocation (6 MB of event,
+# the multipart body base64-encoded in it: 4/3 of its size, plus the headers): 4 MiB of file fits both with room. Larger
+# files, up to BATCH_MAX_FILE_BYTES, take the presigned-upload path (POST /v1/files/uploads, an extension).
+MAX_FILE_INLINE_BYTES = 4 * 1024 * 1024
+FILE_PURPOSES = ("batch",)  # what POST /v1/files accepts; batch_output files are written by the controller
+FILE_RETENTION_DAYS = 30  # files and batches (records and objects) are kept this long after creation
+DEFAULT_FILE_PAGE_SIZE = 10_000  # OpenAI's default and maximum for GET /v1/files
+DEFAULT_BATCH_PAGE_SIZE = 20  # OpenAI's default for GET /v1/batches
+MAX_BATCH_PAGE_SIZE = 100
+BATCH_MAX_ERRORS = 100  # structural errors a failed batch lists in errors.data (one per line, the first ones)
 
 
 def file_key(tenant: str, file_id: str) -> str:

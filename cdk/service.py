@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -10,13 +11,15 @@ from pathlib import Path
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
+from async_inference.config import ENV_SERVED_MODELS, ENV_WEBHOOK_QUEUE_URL, ServiceConfig
+from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
@@ -231,15 +234,20 @@ class AsyncInferenceService(Construct):
             topic_arn=self.results.topic.topic_arn,
             dlq_url=self.jobs.dead_letter_queue.queue_url,
         ).to_env()
-        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
+        # The workers serve props.model under that name (vLLM's served_model_name defaults to it): every function
+        # checks requests against it, so a job or batch line for another model is a 404, not served by this one.
+        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
+                       ENV_SERVED_MODELS: json.dumps([props.model])}
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
+        self.batches = Batches(self, "Batches", code=code, environment=environment, removal_policy=removal)
         self.api = IngestionApi(
             self,
             "Ingestion",
             code=code,
-            environment={**environment, **self.upload_deadlines.environment},  # the API schedules each deadline
+            # The API schedules each upload's deadline, stores files and batches and sends plan steps.
+            environment={**environment, **self.upload_deadlines.environment, **self.batches.environment},
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -267,6 +275,7 @@ class AsyncInferenceService(Construct):
                 **model_environment,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
+                **self.batches.environment,  # the batch lane, its counters and finalize steps
             },
             secrets=model_secrets,
             instance_type=props.gpu_instance_type,
@@ -298,6 +307,8 @@ class AsyncInferenceService(Construct):
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
                 "UploadFailureQueue": self.uploads.failure_queue,
                 "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
+                "BatchLaneDeadLetterQueue": self.batches.lane_dead_letter_queue,
+                "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
@@ -347,7 +358,6 @@ class AsyncInferenceService(Construct):
         queue.grant(api, "sqs:SendMessage")
         self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
         results.grant_publish(api)  # cancels and expiries notify
-        self.api.grant_read_api_keys(api.role)  # tenant = name of the caller's API key
 
         # The upload handler: check the object, queue its job or fail it, notify.
         upload = self.uploads.handler
@@ -383,6 +393,44 @@ class AsyncInferenceService(Construct):
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
         if self.models is not None:
             self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
+        self._grant_batches()
+
+    def _grant_batches(self) -> None:
+        """The Files and Batches APIs' principals (async_inference/batches/*, lambdas/batch_controller, and the
+        worker's side of docs/design/batches.md)."""
+        bucket, batches, files, parts = self.bucket, self.batches, settings.FILE_PREFIX, settings.BATCH_PREFIX
+
+        # The API: file and batch records (create, read, confirm an upload, delete a file, cancel), the listings,
+        # file bytes (inline uploads, presigned PUTs and GETs signed with its role, the HEAD that confirms an upload,
+        # DeleteObject), plan steps.
+        api = self.api.handler
+        batches.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+        batches.grant_listing(api)
+        bucket.grant_put(api, files)
+        bucket.grant_get(api, files, missing_as_404=False)
+        bucket.grant_delete(api, files)
+        batches.control_queue.grant(api, "sqs:SendMessage")
+
+        # The controller (its event source grants consuming the control queue): read inputs and parts, write output
+        # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.
+        controller = batches.controller
+        batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_get(controller, files, parts)
+        bucket.grant_put(controller, files)
+        bucket.grant_delete(controller, files)  # an output file that came out empty
+        iam.Grant.add_to_principal(grantee=controller, actions=["s3:AbortMultipartUpload"],
+                                   resource_arns=[bucket.bucket.arn_for_objects(f"{files}*")])
+        batches.lane_queue.grant(controller, "sqs:SendMessage")
+        self.results.grant_publish(controller)
+
+        # The worker: receive, extend and delete chunk claim checks; ranged reads of input files; write parts; the
+        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        worker = self.workers.task_definition.task_role
+        batches.lane_queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        bucket.grant_get(worker, files)
+        bucket.grant_put(worker, parts)
+        batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        batches.control_queue.grant(worker, "sqs:SendMessage")
 
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards the grants above write: key prefixes of the claim-check bucket."""
@@ -391,6 +439,7 @@ class AsyncInferenceService(Construct):
         findings = {
             f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
             "hold tenant and job ids assigned at run time."
-            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
+            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX,
+                           settings.FILE_PREFIX, settings.BATCH_PREFIX)
         }
         acknowledge(self, findings)

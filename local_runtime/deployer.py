@@ -586,6 +586,7 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::ApiGateway::GatewayResponse": ("emulate", _recorded("AWS::ApiGateway::GatewayResponse")),
     "AWS::ApiGateway::Deployment": ("emulate", _recorded("AWS::ApiGateway::Deployment")),
     "AWS::ApiGateway::Stage": ("emulate", _stage),
+    "AWS::ApiGateway::Authorizer": ("emulate", _recorded("AWS::ApiGateway::Authorizer")),
     # cannot run here: what checks each instead
     "AWS::CDK::Metadata": _skip("CDK's own usage metadata; nothing to run", "tests/local/test_deployer_coverage.py"),
     "AWS::Lambda::Permission": _skip(
@@ -639,6 +640,7 @@ SKIPPED_PROPERTIES: dict[tuple[str, str], str] = {
     ("AWS::Logs::LogGroup", "Tags"): "tags change nothing locally",
     ("AWS::ApiGateway::RestApi", "EndpointConfiguration"): "the local gateway serves 127.0.0.1",
     ("AWS::ApiGateway::RestApi", "ApiKeySourceType"): "read by the local gateway from the template",
+    ("AWS::ApiGateway::RestApi", "BinaryMediaTypes"): "read by the local gateway from the template",
     ("AWS::ApiGateway::RestApi", "Policy"): "moto enforces no resource policies",
     ("AWS::ApiGateway::ApiKey", "StageKeys"): "the local gateway checks keys against usage plans",
 }
