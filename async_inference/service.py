@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
+from async_inference.wake import ServiceWaker
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.schemas import (
     ChatCompletion,
@@ -83,6 +84,7 @@ class JobService:
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
+        waker: ServiceWaker | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -92,6 +94,8 @@ class JobService:
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
+        # None: queueing a job wakes nothing (the scaling alarms still start a task).
+        self.waker = waker
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
@@ -103,6 +107,7 @@ class JobService:
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
+            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -170,6 +175,8 @@ class JobService:
             if failed is not None:
                 self.notify(failed)
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+        if self.waker is not None:
+            self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
     def _schedule_upload_deadline(self, job: Job) -> None:
         if self.deadlines is None:
