@@ -73,7 +73,8 @@ class GpuWorkerService(Construct):
       it starts its replacement, in the GPU the old task frees, so a deployment never needs a GPU the fleet does not
       have. ECS does not stop a task with scale-in protection, which the worker holds as ``task_protection`` says
       (by default while it runs a job longer than its drain): a protected task is replaced once its protection
-      clears or lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and then drains in its stop timeout. Capacity dips by one task while its replacement loads the model.
+      clears or lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and then drains in its stop timeout.
+      Capacity dips by one task while its replacement loads the model.
     * ``start_before_stop=True`` (minimum healthy 100%, maximum 200%): a new task starts before an old one stops,
       which needs a GPU beyond the running tasks; :class:`cdk.service.AsyncInferenceServiceProps` only allows it with
       spare instances under ``max_instances``. New tasks beyond the spare GPUs wait (PROVISIONING) until an old task

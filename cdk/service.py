@@ -222,8 +222,7 @@ class AsyncInferenceServiceProps:
             )
         self._validate_scaling()
 
-
-    def batch_size(self) -> int:
+    def effective_max_num_seqs(self) -> int:
         """``max_num_seqs``, or the sizing rule's value for ``model`` on ``gpu_instance_type``."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
@@ -235,9 +234,11 @@ class AsyncInferenceServiceProps:
         except ValueError as exc:
             raise ValueError(f"planned_sequence_tokens ({tokens}): {exc}") from exc
 
-    def tasks_jobs(self) -> float:
+    def effective_jobs_per_task(self) -> float:
         """``jobs_per_task``, or 1.5 x the batch."""
-        return self.jobs_per_task if self.jobs_per_task is not None else JOBS_PER_TASK_IN_BATCHES * self.batch_size()
+        if self.jobs_per_task is not None:
+            return self.jobs_per_task
+        return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()
 
     def _validate_scaling(self) -> None:
         if self.max_num_seqs is not None and self.planned_sequence_tokens is not None:
@@ -245,10 +246,10 @@ class AsyncInferenceServiceProps:
                 f"planned_sequence_tokens ({self.planned_sequence_tokens}) conflicts with max_num_seqs "
                 f"({self.max_num_seqs}): the tokens only size max_num_seqs when it is not given; drop one"
             )
-        if self.batch_size() < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.batch_size()}")
-        if self.tasks_jobs() < 1:
-            raise ValueError(f"jobs_per_task must be at least 1, got {self.tasks_jobs():g}")
+        if self.effective_max_num_seqs() < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.effective_max_num_seqs()}")
+        if self.effective_jobs_per_task() < 1:
+            raise ValueError(f"jobs_per_task must be at least 1, got {self.effective_jobs_per_task():g}")
         if not 0 < self.scale_in_fill <= 1:
             raise ValueError(f"scale_in_fill ({self.scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down "
                              "would remove a task that the scale-out, at jobs_per_task, adds back")
@@ -355,7 +356,7 @@ class AsyncInferenceService(Construct):
                 "ENGINE": "vllm",
                 "MODEL": props.model,
                 **model_environment,
-                "MAX_NUM_SEQS": str(props.batch_size()),
+                "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
             },
             secrets=model_secrets,
@@ -378,7 +379,7 @@ class AsyncInferenceService(Construct):
             service=self.workers.service,
             # The batch lane's queue joins this list when it exists (CountedQueue says how its messages count).
             queues=[CountedQueue(self.jobs.queue)],
-            jobs_per_task=props.tasks_jobs(),
+            jobs_per_task=props.effective_jobs_per_task(),
             max_tasks=props.max_worker_tasks,
             scale_out_cooldown=Duration.seconds(props.scale_out_cooldown_seconds),
             scale_in_fill=props.scale_in_fill,

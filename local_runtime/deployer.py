@@ -546,7 +546,7 @@ _TASK_DEFINITION_REQUEST = ("ContainerDefinitions", "Volumes", "NetworkMode", "T
 
 
 def _task_definition(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
-    """Registered in moto as ECS would hold it; the local runtime also runs its container (``local_runtime.workers``)."""
+    """Registered in moto as ECS would hold it; the local runtime also runs its container (local_runtime.workers)."""
     family = props.get("Family") or d.name_for(logical_id, limit=255)
     request = {_lower_first(k): _ecs_request(props[k]) for k in _TASK_DEFINITION_REQUEST if k in props}
     arn = d.client("ecs").register_task_definition(family=family, **request)["taskDefinition"]["taskDefinitionArn"]

@@ -241,7 +241,8 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            if statement.get("Effect") == "Allow" and action in actions and resource_ref in (_ref(r) for r in resources):
+            allowed = statement.get("Effect") == "Allow" and action in actions
+            if allowed and resource_ref in (_ref(r) for r in resources):
                 return True
     return False
 

@@ -132,15 +132,15 @@ def test_default_batch_is_the_sizing_rule_for_the_default_model_and_gpu(worker_c
     Qwen2.5-1.5B on an A10G), and jobs_per_task follows it at 1.5 batches."""
     props = _props(worker_context)
     expected = capacity.max_num_seqs(capacity.QWEN2_5_1_5B, capacity.A10G, sequence_tokens=4259)
-    assert props.batch_size() == expected == 135
-    assert props.tasks_jobs() == 1.5 * expected
-    assert _props(worker_context, planned_sequence_tokens=32768).batch_size() == 17
+    assert props.effective_max_num_seqs() == expected == 135
+    assert props.effective_jobs_per_task() == 1.5 * expected
+    assert _props(worker_context, planned_sequence_tokens=32768).effective_max_num_seqs() == 17
 
 
 def test_a_given_max_num_seqs_wins_and_sets_jobs_per_task(worker_context):
     props = _props(worker_context, max_num_seqs=16)
-    assert (props.batch_size(), props.tasks_jobs()) == (16, 24)
-    assert _props(worker_context, max_num_seqs=16, jobs_per_task=40).tasks_jobs() == 40
+    assert (props.effective_max_num_seqs(), props.effective_jobs_per_task()) == (16, 24)
+    assert _props(worker_context, max_num_seqs=16, jobs_per_task=40).effective_jobs_per_task() == 40
 
 
 def test_planned_tokens_with_a_given_batch_are_rejected_naming_both(worker_context):

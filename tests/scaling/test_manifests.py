@@ -93,4 +93,4 @@ def test_worker_model_and_batch_match_the_stack():
     context = cdk_json_context()
     props = AsyncInferenceServiceProps(model=context["model"], gpu_instance_type=context["gpu_instance_type"],
                                        max_num_seqs=context.get("max_num_seqs"))
-    assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], props.batch_size())
+    assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], props.effective_max_num_seqs())

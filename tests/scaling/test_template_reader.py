@@ -18,7 +18,7 @@ from tests.scaling.conftest import cdk_json_context
 pytestmark = pytest.mark.cdk
 CONTEXT = cdk_json_context()
 PROPS = AsyncInferenceServiceProps()  # cdk.json sets none of the scaling options: their defaults are deployed
-J = PROPS.tasks_jobs()
+J = PROPS.effective_jobs_per_task()
 
 
 def _alarm(spec, name: str):
@@ -84,7 +84,7 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
     assert deployed.cluster.max_instances == CONTEXT["max_gpu_instances"]
     assert (deployed.cluster.target_capacity, deployed.cluster.instance_warmup_s) == (100, 120)
     assert deployed.cluster.weights_on_host and deployed.cluster.uses_task_protection
-    assert deployed.worker.max_num_seqs == PROPS.batch_size() == 135
+    assert deployed.worker.max_num_seqs == PROPS.effective_max_num_seqs() == 135
     assert deployed.worker.model == CONTEXT["model"]
     assert deployed.worker.instance_type == CONTEXT["gpu_instance_type"]
     assert deployed.worker.stop_timeout_s == 120
