@@ -494,6 +494,31 @@ def notification_attributes(notification: ResultNotification, *, has_webhook: bo
     return attributes
 
 
+# --- ECS ------------------------------------------------------------------------------------------------------------
+
+# The wake from zero runs inside a submit: one attempt with short timeouts, so an ECS endpoint that does not answer
+# holds a submit up by 3 s at most (and once a minute per process); the scaling alarms wake the service regardless.
+_WAKE_CONFIG = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1, read_timeout=2)
+
+
+class WorkerService:
+    """The GPU workers' ECS service, as the wake from zero sees it: its desired task count, read and set."""
+
+    def __init__(self, cluster: str, service: str, ecs: Any | None = None) -> None:
+        self.cluster = cluster
+        self.service = service
+        self._ecs = ecs or boto3.client("ecs", config=_WAKE_CONFIG)
+
+    def desired_count(self) -> int:
+        response = self._ecs.describe_services(cluster=self.cluster, services=[self.service])
+        if not response.get("services"):
+            raise LookupError(f"no ECS service {self.service} in cluster {self.cluster}: {response.get('failures')}")
+        return int(response["services"][0]["desiredCount"])
+
+    def set_desired_count(self, count: int) -> None:
+        self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
+
+
 # --- API Gateway ----------------------------------------------------------------------------------------------------
 
 

@@ -79,7 +79,24 @@ ENV_INTERACTIVE_RESERVE = "INTERACTIVE_RESERVE"
 # Set by the ECS agent in every task: the base URL of its task-protection endpoint.
 ENV_ECS_AGENT_URI = "ECS_AGENT_URI"
 ENV_TASK_PROTECTION_RENEW_S = "TASK_PROTECTION_RENEW_S"
+# When the worker holds ECS task protection (gpu_worker.task_protection): "long_jobs" while it runs a job expected to
+# outlast its drain (max_tokens at TASK_PROTECTION_TOKENS_PER_S), so a step-down may stop a task whose jobs finish or
+# hand back within the drain; "busy" whenever it holds a job; "off" never. The task definition sets it.
+ENV_TASK_PROTECTION = "TASK_PROTECTION"
+TASK_PROTECTION_MODES = ("long_jobs", "busy", "off")
+DEFAULT_TASK_PROTECTION = "long_jobs"
+ENV_TASK_PROTECTION_TOKENS_PER_S = "TASK_PROTECTION_TOKENS_PER_S"
+# The decode rate one sequence is expected to keep: a full A10G batch of 135 sequences of 4,259 tokens decodes about
+# 21 tokens/s each (bench/scaling/engine.py's roofline for Qwen2.5-1.5B). Slower than most batches run, so a job is
+# protected rather than not when in doubt.
+DEFAULT_TASK_PROTECTION_TOKENS_PER_S = 20.0
 ENV_WORKER_FAULTS = "WORKER_FAULTS"
+# Wake from zero (async_inference.wake): the worker's ECS service, which the API and upload functions set to one task
+# when they queue a job and it has none, checking at most once per WAKE_CHECK_INTERVAL_S per execution environment.
+ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
+ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
+ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
+DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # Powertools' own names: the worker's EMF records use them as the Lambdas' do.
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 ENV_LOG_LEVEL = "LOG_LEVEL"
@@ -136,6 +153,22 @@ def describe_errors(cls: type[BaseSettings], exc: ValidationError) -> str:
 
 
 @dataclass(frozen=True)
+class WakeTarget:
+    """The ECS service a job's submitter wakes from zero, and how often one process may check it."""
+
+    cluster: str
+    service: str  # the service's ARN (or name)
+    check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_WORKER_CLUSTER: self.cluster,
+            ENV_WORKER_SERVICE: self.service,
+            ENV_WAKE_CHECK_INTERVAL_S: f"{self.check_interval_s:g}",
+        }
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     """Where the service's resources are. The CDK stack builds one from its resources' tokens and sets ``to_env()``
     on every function and container; the processes read it back through their settings class."""
@@ -147,6 +180,8 @@ class ServiceConfig:
     dlq_url: str | None = None
     # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
     upload_deadlines_queue_url: str | None = None
+    # Unset: queueing a job wakes nothing; the scaling alarms start a task within minutes.
+    wake: WakeTarget | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -159,6 +194,8 @@ class ServiceConfig:
             env[ENV_DLQ_URL] = self.dlq_url
         if self.upload_deadlines_queue_url:
             env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
+        if self.wake:
+            env.update(self.wake.to_env())
         return env
 
 
@@ -185,6 +222,29 @@ class ServiceSettings(EnvSettings):
     batch_control_queue_url: str | None = Field(
         None, alias=ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue's URL"
     )
+    worker_cluster: str | None = Field(
+        None, alias=ENV_WORKER_CLUSTER, description="the worker service's ECS cluster (wake from zero)"
+    )
+    worker_service: str | None = Field(
+        None, alias=ENV_WORKER_SERVICE, description="the worker service's ARN, woken when a job is queued"
+    )
+    wake_check_interval_s: float = Field(
+        DEFAULT_WAKE_CHECK_INTERVAL_S, gt=0, alias=ENV_WAKE_CHECK_INTERVAL_S,
+        description="seconds between two wake checks of one process",
+    )
+
+    @model_validator(mode="after")
+    def _wake_complete(self) -> ServiceSettings:
+        if (self.worker_cluster is None) != (self.worker_service is None):
+            raise ValueError(f"set both {ENV_WORKER_CLUSTER} and {ENV_WORKER_SERVICE} (the service to wake from zero), "
+                             "or neither")
+        return self
+
+    @property
+    def wake(self) -> WakeTarget | None:
+        if self.worker_cluster is None or self.worker_service is None:
+            return None
+        return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s)
 
     @property
     def service(self) -> ServiceConfig:
@@ -195,6 +255,7 @@ class ServiceSettings(EnvSettings):
             topic_arn=self.topic_arn,
             dlq_url=self.dlq_url,
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
+            wake=self.wake,
         )
 
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
+from async_inference.wake import ServiceWaker
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.served_models import ServedModels
 from async_inference.schemas import (
@@ -85,6 +86,7 @@ class JobService:
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
         served: ServedModels | None = None,
+        waker: ServiceWaker | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -95,6 +97,8 @@ class JobService:
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
         self.served = served or ServedModels.of(None)
+        # None: queueing a job wakes nothing (the scaling alarms still start a task).
+        self.waker = waker
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
@@ -109,6 +113,7 @@ class JobService:
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
             served=ServedModels.of(served_models),
+            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -184,6 +189,8 @@ class JobService:
             if failed is not None:
                 self.notify(failed)
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+        if self.waker is not None:
+            self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
     def _schedule_upload_deadline(self, job: Job) -> None:
         if self.deadlines is None:

@@ -154,6 +154,7 @@ METRIC_JOBS_FAILED = "JobsFailed"  # worker: jobs that ended failed (count)
 METRIC_PROCESSING_TIME = "ProcessingTime"  # worker: seconds from generation start to result stored
 METRIC_QUEUE_TIME = "QueueTime"  # worker: seconds from submission to generation start
 METRIC_COMPLETION_TOKENS = "CompletionTokens"  # worker: tokens generated (count)
+METRIC_WAKE_FAILURES = "WakeFailures"  # API: wake-from-zero calls to ECS that failed (count; async_inference.wake)
 WORKER_METRICS = (
     METRIC_JOBS_SUCCEEDED,
     METRIC_JOBS_FAILED,
@@ -161,7 +162,7 @@ WORKER_METRICS = (
     METRIC_QUEUE_TIME,
     METRIC_COMPLETION_TOKENS,
 )
-API_METRICS = (METRIC_JOBS_SUBMITTED,)
+API_METRICS = (METRIC_JOBS_SUBMITTED, METRIC_WAKE_FAILURES)
 
 # Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
 # receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.

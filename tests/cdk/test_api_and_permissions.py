@@ -96,6 +96,7 @@ def _prefixes(resources):
 
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
 PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
+WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on the worker service only
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
@@ -120,7 +121,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     actions = _function_actions(synthesized, API)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query",
-        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY,
+        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE,
     }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*",
                                                   f"{settings.FILE_PREFIX}*"}
@@ -169,9 +170,46 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
-        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY,
+        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+
+
+@pytest.mark.parametrize("handler", [API, UPLOAD])
+def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_else_in_ecs(synthesized, handler):
+    """GIVEN the API and upload functions (both queue jobs) WHEN reading their ECS statements THEN they may describe
+    and update exactly the worker service, by its ARN, and make no other ECS call."""
+    service = synthesized.logical_id(synthesized.stack.service.workers.service)
+    statements = [s for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
+                  if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))]
+    assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": {"Ref": service}}]
+
+
+@pytest.mark.parametrize("handler", [API, UPLOAD])
+def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, handler):
+    """GIVEN the API and upload functions WHEN reading their environment THEN the wake's cluster, service ARN and
+    interval are set, by the names async_inference.config reads."""
+    workers = synthesized.stack.service.workers
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+    env = function["Properties"]["Environment"]["Variables"]
+    assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
+    assert env[config.ENV_WORKER_SERVICE] == {"Ref": synthesized.logical_id(workers.service)}
+    assert env[config.ENV_WAKE_CHECK_INTERVAL_S] == "60"
+
+
+def test_without_wake_from_zero_no_function_gets_ecs_permissions_or_the_service(synth_variant):
+    """GIVEN wake_from_zero=False WHEN synthesized THEN no function may call ECS nor names the worker service."""
+    variant = synth_variant(wake_from_zero=False)
+    for handler in (API, UPLOAD):
+        role = function_role(variant.template, handler)
+        assert not [a for a in role_actions(variant.template, role) if a.startswith("ecs:")]
+    for function in variant.resources("AWS::Lambda::Function").values():
+        assert config.ENV_WORKER_SERVICE not in function["Properties"].get("Environment", {}).get("Variables", {})
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
 
 
 def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
