@@ -170,7 +170,10 @@ class QueueScaling(Construct):
             f"sent{suffix}": q.queue.metric_number_of_messages_sent(statistic="Sum", period=ONE_MINUTE)
             for suffix, q in self._suffixed()
         }
-        activity = " + ".join(f"visible{s} + inFlight{s} + sent{s}" for s, _ in self._suffixed())
+        activity = " + ".join(
+            f"{self._filled(f'visible{s}')} + {self._filled(f'inFlight{s}')} + {self._filled(f'sent{s}')}"
+            for s, _ in self._suffixed()
+        )
         self.idle_alarm = self._alarm(
             "Idle",
             activity,
@@ -215,6 +218,12 @@ class QueueScaling(Construct):
             return [("", self.queues[0])]
         return [(str(i), q) for i, q in enumerate(self.queues, start=1)]
 
+    def _filled(self, metric_id: str) -> str:
+        """A queue metric as a term of the sum. SQS stops publishing the metrics of a queue idle for hours: with
+        several queues, one idle lane's missing datapoints would blank the whole sum (and with it every alarm on
+        it), so each counts as 0 when missing. A single queue's missing data is the alarms' treat-missing rule."""
+        return f"FILL({metric_id}, 0)" if len(self.queues) > 1 else metric_id
+
     def _backlog(self) -> tuple[str, dict[str, cloudwatch.IMetric]]:
         """The weighted backlog as a metric math term, and the metrics it reads."""
         metrics: dict[str, cloudwatch.IMetric] = {}
@@ -224,7 +233,7 @@ class QueueScaling(Construct):
                 statistic="Maximum", period=ONE_MINUTE)
             metrics[f"inFlight{suffix}"] = counted.queue.metric_approximate_number_of_messages_not_visible(
                 statistic="Maximum", period=ONE_MINUTE)
-            term = f"visible{suffix} + inFlight{suffix}"
+            term = f"{self._filled(f'visible{suffix}')} + {self._filled(f'inFlight{suffix}')}"
             terms.append(term if counted.weight == 1 else f"{counted.weight:g} * ({term})")
         return f"({' + '.join(terms)})", metrics
 

@@ -387,8 +387,12 @@ class AsyncInferenceService(Construct):
             self,
             "Scaling",
             service=self.workers.service,
-            # The batch lane's queue joins this list when it exists (CountedQueue says how its messages count).
-            queues=[CountedQueue(self.jobs.queue)],
+            # A batch-lane message is a chunk of BATCH_CHUNK_LINES lines (or one job submitted with priority batch:
+            # counting it as a full chunk over-provisions by at most one task's share while such jobs wait).
+            queues=[
+                CountedQueue(self.jobs.queue),
+                CountedQueue(self.batches.lane_queue, weight=settings.BATCH_CHUNK_LINES),
+            ],
             jobs_per_task=props.effective_jobs_per_task(),
             max_tasks=props.max_worker_tasks,
             scale_out_cooldown=Duration.seconds(props.scale_out_cooldown_seconds),
@@ -402,6 +406,7 @@ class AsyncInferenceService(Construct):
             # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).
             self.scaling.grant_wake(self.api.handler)
             self.scaling.grant_wake(self.uploads.handler)
+            self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
         self.monitoring = Monitoring(
             self,
             "Monitoring",

@@ -35,6 +35,7 @@ from async_inference.batches.store import BatchStore
 from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError
 from async_inference.schemas import BatchControl, ChunkClaimCheck, utcnow
 from async_inference.served_models import ServedModels
+from async_inference.wake import ServiceWaker
 
 logger = logging.getLogger(__name__)
 EXPIRED_LINE_CODE = "batch_expired"
@@ -51,8 +52,10 @@ class _Counted:
 
 class BatchController:
     def __init__(self, *, store: BatchStore, files: FileObjects, chunks: ChunkQueue, notifier: BatchNotifier,
-                 served: ServedModels) -> None:
+                 served: ServedModels, waker: ServiceWaker | None = None) -> None:
         self.store = store
+        # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
+        self.waker = waker
         self.files = files
         self.chunks = chunks
         self.notifier = notifier
@@ -65,7 +68,8 @@ class BatchController:
             raise SettingsError(f"the batch controller needs {ENV_BATCH_TABLE} and {ENV_BATCH_QUEUE_URL}")
         return cls(store=BatchStore(config.batch_table_name), files=FileObjects(config.bucket_name),
                    chunks=ChunkQueue(config.batch_queue_url), notifier=BatchNotifier(config.topic_arn),
-                   served=ServedModels.of(config.served_models))
+                   served=ServedModels.of(config.served_models),
+                   waker=ServiceWaker.for_target(config.wake) if config.wake else None)
 
     def handle(self, control: BatchControl) -> BatchRecord | None:
         return self.plan(control.batch_id) if control.kind == "plan" else self.finalize(control.batch_id)
@@ -92,6 +96,8 @@ class BatchController:
                 return self.plan(batch_id)
             record = planned
         self.chunks.send_all(self._claims(record))
+        if self.waker is not None:
+            self.waker.job_queued()  # never raises
         return self.store.transition(batch_id, BatchStatus.IN_PROGRESS) or self.store.get_batch(batch_id)
 
     def _validate(self, record: BatchRecord) -> planning.Plan:

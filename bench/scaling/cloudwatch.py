@@ -31,6 +31,9 @@ SAMPLE_INTERVAL_S = 60
 class MetricId:
     namespace: str
     name: str
+    # Which resource, when it is not the one the simulator models (the job queue, the worker service): another
+    # queue's logical id, say. The simulated trace puts no work there.
+    resource: str = ""
 
 
 @dataclass(frozen=True)

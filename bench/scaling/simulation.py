@@ -177,8 +177,17 @@ def simulate(
         },
         counters={SENT: sent},
     )
-    store = MetricStore(sources)
     policy = scenario.policy
+    # Queues other than the job queue (the batch lane): the trace sends them nothing, so, as SQS does for a queue
+    # idle for hours, they publish no datapoints at all.
+    for alarm in policy.alarms if policy is not None else []:
+        for metric in alarm.query.metrics():
+            if metric.namespace == "AWS/SQS" and metric.resource:
+                if metric == MetricId(SENT.namespace, SENT.name, metric.resource):
+                    sources.counters[metric] = lambda start, end: None
+                else:
+                    sources.gauges[metric] = lambda: None
+    store = MetricStore(sources)
     target = None
     if policy is not None:
         for alarm in policy.alarms:

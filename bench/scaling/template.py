@@ -92,11 +92,30 @@ def _ref(value: Any) -> str | None:
     return None
 
 
-def _stat(metric: Mapping[str, Any], stat: str, period: int) -> MetricStat:
-    return MetricStat(MetricId(metric["Namespace"], metric["MetricName"]), stat, int(period))
+def _stat(metric: Mapping[str, Any], stat: str, period: int, others: frozenset[str] = frozenset()) -> MetricStat:
+    """A metric of the template; an SQS metric of a queue in ``others`` (not the job queue the trace fills) keeps
+    its queue's logical id, so that the simulator tells the lanes apart."""
+    queue = next((_ref(d.get("Value")) for d in metric.get("Dimensions", []) if d.get("Name") == "QueueName"), None)
+    resource = queue if metric["Namespace"] == "AWS/SQS" and queue in others else ""
+    return MetricStat(MetricId(metric["Namespace"], metric["MetricName"], resource), stat, int(period))
 
 
-def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> MetricQuery:
+def _other_queues(template: Mapping[str, Any]) -> frozenset[str]:
+    """Queues the alarms read besides the job queue (the worker's JOBS_QUEUE_URL): the batch lane, say. Without a
+    worker task definition (an anchor's template) every queue is the job queue."""
+    job_queue = None
+    for definition in _resources(template, "AWS::ECS::TaskDefinition").values():
+        for container in definition["Properties"].get("ContainerDefinitions", []):
+            for entry in container.get("Environment", []):
+                if entry.get("Name") == _env.ENV_QUEUE_URL:
+                    job_queue = _ref(entry.get("Value"))
+    if job_queue is None:
+        return frozenset()
+    return frozenset(_resources(template, "AWS::SQS::Queue")) - {job_queue}
+
+
+def _query(where: str, props: Mapping[str, Any], default_period: int = 60,
+           others: frozenset[str] = frozenset()) -> MetricQuery:
     """A single metric (Namespace/MetricName/Statistic/Period) or a ``Metrics`` list with one returned expression."""
     if "Metrics" in props:
         stats: dict[str, MetricStat] = {}
@@ -104,7 +123,7 @@ def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> Me
         for entry in props["Metrics"]:
             if "MetricStat" in entry:
                 ms = entry["MetricStat"]
-                stats[entry["Id"]] = _stat(ms["Metric"], ms["Stat"], ms.get("Period", default_period))
+                stats[entry["Id"]] = _stat(ms["Metric"], ms["Stat"], ms.get("Period", default_period), others)
             if entry.get("ReturnData", True) and "Expression" in entry:
                 if expression is not None:
                     raise TemplateError(f"{where}: more than one expression returns data")
@@ -118,7 +137,7 @@ def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> Me
         raise TemplateError(f"{where}: ExtendedStatistic (percentiles) is not modelled")
     stat = props.get("Statistic", "Average")
     period = props.get("Period", default_period)
-    return MetricQuery({"m1": _stat(props, stat, period)})
+    return MetricQuery({"m1": _stat(props, stat, period, others)})
 
 
 def _steps(policy_id: str, config: Mapping[str, Any]) -> StepPolicy:
@@ -180,6 +199,7 @@ def read_policy(template: Mapping[str, Any]) -> PolicySpec:
         raise TemplateError(f"expected one ECS ScalableTarget (ecs:service:DesiredCount), found {len(targets)}")
     target_id, target = next(iter(targets.items()))
     spec = PolicySpec(minimum=int(target["Properties"]["MinCapacity"]), maximum=int(target["Properties"]["MaxCapacity"]))
+    others = _other_queues(template)
     for policy_id, policy in _resources(template, "AWS::ApplicationAutoScaling::ScalingPolicy").items():
         props = policy["Properties"]
         if _ref(props.get("ScalingTargetId")) not in (target_id, None):
@@ -202,7 +222,7 @@ def read_policy(template: Mapping[str, Any]) -> PolicySpec:
         spec.alarms.append(
             Alarm(
                 name=alarm_id,
-                query=_query(alarm_id, props),
+                query=_query(alarm_id, props, others=others),
                 threshold=float(props["Threshold"]),
                 comparison=props["ComparisonOperator"],
                 evaluation_periods=periods,

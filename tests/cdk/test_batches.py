@@ -103,12 +103,13 @@ def test_the_worker_gets_the_batch_lane_and_the_control_queue(synthesized):
 
 def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesized):
     """GIVEN the controller's role WHEN listing its actions THEN it reads and writes batch items, reads inputs and
-    parts, writes (and may abort or delete) output files, sends chunks, notifies; no DeleteItem, no Scan."""
+    parts, writes (and may abort or delete) output files, sends chunks and wakes the workers, notifies; no DeleteItem,
+    no Scan."""
     actions = role_actions(synthesized.template, function_role(synthesized.template, CONTROLLER))
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
         "s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-        "sqs:SendMessage", *PUBLISH, *EVENT_SOURCE, *XRAY,
+        "sqs:SendMessage", *PUBLISH, *EVENT_SOURCE, *XRAY, "ecs:DescribeServices", "ecs:UpdateService",
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
@@ -166,3 +167,13 @@ def test_files_and_parts_expire_with_their_records(synthesized, prefix):
 def test_the_stack_outputs_the_batch_resources(synthesized):
     for output in ("BatchTableName", "BatchQueueUrl", "BatchControlQueueUrl"):
         synthesized.template.has_output(output, {"Value": Match.any_value()})
+
+
+def test_scaling_counts_the_batch_lane_by_its_lines(synthesized):
+    """GIVEN the batch lane WHEN reading the scale-out alarm THEN its backlog sums the job queue and the batch-lane
+    queue, a chunk weighing its BATCH_CHUNK_LINES lines."""
+    lane = synthesized.logical_id(synthesized.stack.service.batches.lane_queue)
+    alarms = [a for a in synthesized.resources("AWS::CloudWatch::Alarm").values() if lane in json.dumps(a)]
+    assert alarms, "no alarm reads the batch lane"
+    expressions = " ".join(m.get("Expression", "") for a in alarms for m in a["Properties"].get("Metrics", []))
+    assert str(settings.BATCH_CHUNK_LINES) in expressions

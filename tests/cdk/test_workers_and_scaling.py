@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
+from async_inference import settings
 from tests.cdk.helpers import role_actions
 
 pytestmark = pytest.mark.cdk
@@ -161,10 +162,16 @@ def _stats(properties):
     }
 
 
+# Two queues count: the job queue (1) and the batch lane (2), whose messages are chunks of BATCH_CHUNK_LINES lines.
 SQS_BACKLOG = {
-    "visible": ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "Maximum", 60),
-    "inFlight": ("AWS/SQS", "ApproximateNumberOfMessagesNotVisible", "Maximum", 60),
+    f"{name}{index}": ("AWS/SQS", metric, "Maximum", 60)
+    for index in (1, 2)
+    for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
+                         ("inFlight", "ApproximateNumberOfMessagesNotVisible"))
 }
+# Each term FILLed: an idle lane's metrics pause (SQS stops publishing them), which must not blank the sum.
+BACKLOG = (f"FILL(visible1, 0) + FILL(inFlight1, 0) + "
+           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0))")
 DESIRED = {"desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60)}
 # 1.5 x the sized batch (135 for Qwen2.5-1.5B on a g5.xlarge): cdk.service's default jobs_per_task.
 JOBS_PER_TASK = 202.5
@@ -174,7 +181,7 @@ def test_scale_out_alarm_wants_the_backlog_in_tasks_minus_the_tasks_already_want
     """GIVEN the scale-out alarm WHEN reading it THEN it breaches when CEIL(backlog / J) exceeds the desired count
     (tasks still starting included) by one or more, on one minute of data, missing data not breaching."""
     properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
-    assert _expression(properties) == f"CEIL((visible + inFlight) / {JOBS_PER_TASK:g}) - FILL(desired, 0)"
+    assert _expression(properties) == f"CEIL(({BACKLOG}) / {JOBS_PER_TASK:g}) - FILL(desired, 0)"
     assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"]) == (1, 1)
@@ -215,7 +222,7 @@ def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_hal
     properties = _alarm(synthesized, alarm)
     half = JOBS_PER_TASK / 2
     assert _expression(properties) == (
-        f"FILL(desired, 0) - IF((visible + inFlight) > 0, CEIL((visible + inFlight) / {half:g}), 1)")
+        f"FILL(desired, 0) - IF(({BACKLOG}) > 0, CEIL(({BACKLOG}) / {half:g}), 1)")
     assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
@@ -230,8 +237,9 @@ def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_
     not breach; 3 idle minutes (missing data counting as idle) set the count to exactly 0."""
     alarm = synthesized.stack.service.scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
-    assert _expression(properties) == "visible + inFlight + sent"
-    assert _stats(properties) == {**SQS_BACKLOG, "sent": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60)}
+    assert _expression(properties) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _stats(properties) == {**SQS_BACKLOG, **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60)
+                                                    for i in (1, 2)}}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
         3, 3, "breaching")
@@ -326,11 +334,11 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
     def props(alarm):
         return resources[stack.get_logical_id(alarm.node.default_child)]["Properties"]
 
-    backlog = "(visible1 + inFlight1 + 0.5 * (visible2 + inFlight2))"
+    backlog = "(FILL(visible1, 0) + FILL(inFlight1, 0) + 0.5 * (FILL(visible2, 0) + FILL(inFlight2, 0)))"
     assert _expression(props(scaling.scale_out_alarm)) == f"CEIL({backlog} / 24) - FILL(desired, 0)"
     assert backlog in _expression(props(scaling.scale_in_alarm))
     idle = props(scaling.idle_alarm)
-    assert _expression(idle) == "visible1 + inFlight1 + sent1 + visible2 + inFlight2 + sent2"
+    assert _expression(idle) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
     queues = {m["Id"]: m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
               for m in idle["Metrics"] if "MetricStat" in m}
     jobs_id, lane_id = (stack.get_logical_id(q.node.default_child) for q in (jobs, lane))

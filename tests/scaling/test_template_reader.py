@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from async_inference import config as env
+from async_inference import config as env, settings
+from bench.scaling.cloudwatch import evaluate_expression
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.template import TemplateError, WakeSpec, read, read_policy
@@ -19,6 +20,10 @@ pytestmark = pytest.mark.cdk
 CONTEXT = cdk_json_context()
 PROPS = AsyncInferenceServiceProps()  # cdk.json sets none of the scaling options: their defaults are deployed
 J = PROPS.effective_jobs_per_task()
+# The job queue (1) and the batch lane (2, a chunk of BATCH_CHUNK_LINES lines), each FILLed: an idle lane publishes
+# no datapoints.
+BACKLOG = (f"(FILL(visible1, 0) + FILL(inFlight1, 0) + "
+           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0)))")
 
 
 def _alarm(spec, name: str):
@@ -37,11 +42,13 @@ def test_scale_out_reads_back_as_the_backlog_in_tasks_minus_desired_adding_the_s
     spec = read(stack_template).policy
     alarm = _alarm(spec, "TasksShort")
     # THEN the simulator evaluates CEIL(backlog / J) - FILL(desired, 0) on one minute of Maximum datapoints
-    assert alarm.query.expression == f"CEIL((visible + inFlight) / {J:g}) - FILL(desired, 0)"
-    assert {k: (s.metric.namespace, s.metric.name, s.stat, s.period_s) for k, s in alarm.query.stats.items()} == {
-        "visible": ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "Maximum", 60),
-        "inFlight": ("AWS/SQS", "ApproximateNumberOfMessagesNotVisible", "Maximum", 60),
-        "desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60),
+    assert alarm.query.expression == f"CEIL({BACKLOG} / {J:g}) - FILL(desired, 0)"
+    assert {k: (s.metric.namespace, s.metric.name, s.stat, s.period_s, bool(s.metric.resource))
+            for k, s in alarm.query.stats.items()} == {
+        **{f"{name}{i}": ("AWS/SQS", metric, "Maximum", 60, i == 2)  # 2: the batch lane, which the trace leaves idle
+           for i in (1, 2) for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
+                                                ("inFlight", "ApproximateNumberOfMessagesNotVisible"))},
+        "desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60, False),
     }
     assert (alarm.threshold, alarm.comparison, alarm.evaluation_periods, alarm.treat_missing) == (
         1, "GreaterThanOrEqualToThreshold", 1, "notBreaching")
@@ -56,7 +63,7 @@ def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(
     alarm = _alarm(spec, "TasksSpare")
     spare = J * PROPS.scale_in_fill
     assert alarm.query.expression == (
-        f"FILL(desired, 0) - IF((visible + inFlight) > 0, CEIL((visible + inFlight) / {spare:g}), 1)")
+        f"FILL(desired, 0) - IF({BACKLOG} > 0, CEIL({BACKLOG} / {spare:g}), 1)")
     minutes = PROPS.scale_in_minutes
     assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "missing")
     policy = spec.steps[alarm.actions[0]]
@@ -67,8 +74,9 @@ def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(
 def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(stack_template):
     spec = read(stack_template).policy
     alarm = _alarm(spec, "Idle")
-    assert alarm.query.expression == "visible + inFlight + sent"
-    assert alarm.query.stats["sent"].stat == "Sum"
+    assert alarm.query.expression == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert alarm.query.stats["sent1"].stat == "Sum"
+    assert alarm.query.stats["sent1"].metric.resource == "" and alarm.query.stats["sent2"].metric.resource  # the lane
     minutes = PROPS.idle_minutes_before_scale_in
     assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "breaching")
     policy = spec.steps[alarm.actions[0]]
@@ -93,12 +101,15 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
-    # API and upload functions (WORKER_SERVICE_ARN naming the service, ecs:UpdateService on it), at 60 s
+    # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
+    # the service, ecs:UpdateService on it), at 60 s
     wake = read(stack_template).wake
     handlers = {lid: f["Properties"]["Handler"] for lid, f in stack_template["Resources"].items()
                 if lid in (wake.functions if wake else ())}
     assert wake == WakeSpec(functions=tuple(sorted(handlers)), check_interval_s=PROPS.wake_check_interval_seconds)
-    assert sorted(handlers.values()) == ["lambdas.api.handler.lambda_handler", "lambdas.upload.handler.lambda_handler"]
+    assert sorted(handlers.values()) == ["lambdas.api.handler.lambda_handler",
+                                         "lambdas.batch_controller.handler.lambda_handler",
+                                         "lambdas.upload.handler.lambda_handler"]
 
 
 def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_template):
@@ -124,7 +135,7 @@ def test_a_function_that_names_the_service_without_permission_to_update_it_is_re
             document = resource["Properties"]["PolicyDocument"]
             document["Statement"] = [s for s in document["Statement"] if "ecs:UpdateService" not in json.dumps(s)]
     # WHEN read THEN the reader refuses, naming the function: such a wake would fail at every check
-    with pytest.raises(TemplateError, match=r"ServiceIngestionHandler.*may not ecs:UpdateService"):
+    with pytest.raises(TemplateError, match=r"Service\w+: WORKER_SERVICE_ARN names .* may not ecs:UpdateService"):
         read(template)
 
 
@@ -145,3 +156,15 @@ def test_reader_refuses_a_template_without_an_ecs_scalable_target():
     # GIVEN resources without a ScalableTarget WHEN read THEN the error names what is missing
     with pytest.raises(TemplateError, match="ScalableTarget"):
         read_policy({"Resources": {}})
+
+
+def test_an_idle_lane_publishing_nothing_does_not_blank_the_scale_out_alarm(stack_template):
+    # GIVEN the deployed scale-out alarm, jobs waiting in the job queue, and a batch lane idle for hours (SQS publishes
+    # no datapoints for it at all)
+    alarm = _alarm(read(stack_template).policy, "TasksShort")
+    values = {"visible1": 30.0, "inFlight1": 0.0, "visible2": None, "inFlight2": None, "desired": None}
+    # WHEN CloudWatch evaluates it THEN it still asks for a task: each queue's terms are FILLed
+    assert evaluate_expression(alarm.query.expression, values) == 1
+    # (without FILL, the lane's missing datapoints would blank the sum, and the fleet would never wake on the alarm)
+    unfilled = alarm.query.expression.replace("FILL(visible2, 0)", "visible2").replace("FILL(inFlight2, 0)", "inFlight2")
+    assert evaluate_expression(unfilled, values) is None
