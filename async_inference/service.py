@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from async_inference import settings, webhooks
+from async_inference import settings
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
@@ -32,6 +32,7 @@ from async_inference.schemas import (
     WebhookState,
     utcnow,
 )
+from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 
 class ApiError(Exception):
@@ -156,8 +157,8 @@ class JobService:
     def _check_webhook_url(self, url: str) -> None:
         """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""
         try:
-            webhooks.check_url(url, allow_local=self.allow_local_webhooks)
-        except webhooks.UnsafeUrl as exc:
+            check_url(url, allow_local=self.allow_local_webhooks)
+        except UnsafeUrl as exc:
             raise ApiError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
 
     def _enqueue(self, job: Job) -> None:

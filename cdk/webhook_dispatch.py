@@ -13,14 +13,15 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from async_inference import config, settings, webhooks
+from async_inference import config, settings
+from async_inference.webhooks.dispatch import DISPATCHER_TIMEOUT_S, QUEUE_VISIBILITY_TIMEOUT_S
 from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
 # A batch of 10 deliveries to slow receivers (5 s each at most) must fit in one invocation: the dispatcher's own
 # figure, shared with the local runtime's queue.
-FUNCTION_TIMEOUT = Duration.seconds(webhooks.DISPATCHER_TIMEOUT_S)
+FUNCTION_TIMEOUT = Duration.seconds(DISPATCHER_TIMEOUT_S)
 
 
 class WebhookDispatch(Construct):
@@ -56,7 +57,7 @@ class WebhookDispatch(Construct):
             enforce_ssl=True,
             # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
             # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
-            visibility_timeout=Duration.seconds(webhooks.QUEUE_VISIBILITY_TIMEOUT_S),
+            visibility_timeout=Duration.seconds(QUEUE_VISIBILITY_TIMEOUT_S),
             dead_letter_queue=sqs.DeadLetterQueue(
                 queue=self.dead_letter_queue, max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT
             ),

@@ -14,9 +14,11 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from async_inference import webhooks
 from async_inference.aws import JobStore, WebhookQueue
 from async_inference.config import DispatcherSettings
+from async_inference.webhooks.backoff import Backoff
+from async_inference.webhooks.dispatch import Dispatcher
+from async_inference.webhooks.secrets import TenantSecrets
 
 logger = Logger()
 tracer = Tracer()
@@ -24,11 +26,11 @@ tracer = Tracer()
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 config = DispatcherSettings.load()
 queue = WebhookQueue(config.webhook_queue_url)
-dispatcher = webhooks.Dispatcher(
+dispatcher = Dispatcher(
     store=JobStore(config.table_name),
-    secrets=webhooks.TenantSecrets.from_settings(config),
+    secrets=TenantSecrets.from_settings(config),
     allow_local=config.allow_local_webhooks,
-    backoff=webhooks.Backoff.from_settings(config),
+    backoff=Backoff.from_settings(config),
 )
 
 

@@ -15,7 +15,7 @@ from async_inference import settings
 from async_inference.aws import client
 from async_inference.client import ApiError, Client
 from async_inference.schemas import JobView, ResultNotification
-from async_inference.webhooks import Receiver
+from async_inference.webhooks.receiver import Receiver
 from local_runtime.stack import LocalStack
 from tests.e2e.conftest import chat
 
