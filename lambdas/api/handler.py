@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Optional
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestUnsupportedContentType, RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.middleware_factory import lambda_handler_decorator
@@ -28,6 +28,7 @@ from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import ErrorResponse, JobList, JobSubmission, JobView
 from async_inference.service import ApiError, JobService
+from lambdas.api import media_type
 
 logger = Logger()
 tracer = Tracer()
@@ -161,6 +162,13 @@ def _validation_error(exc: RequestValidationError) -> Response:
     return _error(400, "invalid_request", f"{first['field']}: {first['message']}", details)
 
 
+@app.exception_handler(RequestUnsupportedContentType)
+def _unsupported_media_type(exc: RequestUnsupportedContentType) -> Response:
+    # Reached for a non-JSON type on an empty body (a body is refused before routing, in body_checks).
+    content_type = app.current_event.headers.get("content-type")
+    return _error(415, "unsupported_media_type", media_type.refusal(content_type, has_body=True) or str(exc))
+
+
 @app.exception_handler(NotFoundError)
 def _no_route(exc: NotFoundError) -> Response:
     return _error(404, "not_found", f"no route {app.current_event.http_method} {app.current_event.path}")
@@ -180,7 +188,8 @@ def _raw_error(status: int, code: str, message: str) -> dict[str, Any]:
 
 @lambda_handler_decorator
 def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: LambdaContext) -> Any:
-    """Refuse oversize bodies and bodies that are not UTF-8 text before anything parses them."""
+    """Refuse oversize bodies, bodies that are not JSON, and bodies that are not UTF-8 text before anything parses
+    them."""
     body = event.get("body") or ""
     try:
         raw = base64.b64decode(body, validate=True) if event.get("isBase64Encoded") else body.encode()
@@ -189,6 +198,9 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     if len(raw) > settings.MAX_INLINE_REQUEST_BYTES:
         message = f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
         return _raw_error(413, "payload_too_large", message)
+    unsupported = media_type.normalize(event)
+    if unsupported is not None:
+        return _raw_error(415, "unsupported_media_type", unsupported)
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:

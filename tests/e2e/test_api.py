@@ -128,3 +128,49 @@ def test_openapi_document_describes_the_routes_and_the_request_schema(stack):
     document = requests.get(f"{stack.api_url}/v1/openapi.json", headers=KEY_A).json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel"} <= set(document["paths"])
     assert "ChatCompletionRequest" in document["components"]["schemas"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "application/xml", "multipart/form-data; boundary=x"],
+)
+def test_a_body_that_is_not_json_is_415_naming_the_type_to_send(stack, content_type):
+    # GIVEN a valid submission sent with a content type that is not JSON (curl -d sends form encoding by default)
+    body = json.dumps({"request": chat()})
+    # WHEN it is posted
+    response = requests.post(f"{stack.api_url}/v1/jobs", data=body,
+                             headers={**KEY_A, "Content-Type": content_type}, timeout=10)
+    # THEN it is a 415 in the error envelope that names the type it got and the one to send, never a 500
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert "application/json" in error["message"] and content_type.split(";")[0] in error["message"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "APPLICATION/JSON", "Application/Json; Charset=UTF-8", "application/json;charset=utf-8",
+     "application/vnd.example+json", None],
+)
+def test_json_is_accepted_in_any_case_with_a_charset_or_as_a_json_suffix(stack, api, content_type):
+    # GIVEN a valid submission with a JSON content type in any spelling (or none: JSON is assumed)
+    headers = {**KEY_A} if content_type is None else {**KEY_A, "Content-Type": content_type}
+    # WHEN it is posted
+    response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps({"request": chat()}), headers=headers,
+                             timeout=10)
+    # THEN the job is accepted
+    assert response.status_code == 202, response.text
+    api.cancel(response.json()["job_id"])
+
+
+def test_an_empty_body_declared_as_another_type_is_415_too(stack):
+    response = requests.post(f"{stack.api_url}/v1/jobs", headers={**KEY_A, "Content-Type": "text/plain"}, timeout=10)
+    assert response.status_code == 415, response.text
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_json_in_a_charset_other_than_utf8_is_415(stack):
+    response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps({"request": chat()}).encode("utf-16"),
+                             headers={**KEY_A, "Content-Type": "application/json; charset=utf-16"}, timeout=10)
+    assert response.status_code == 415, response.text
+    assert "UTF-8" in response.json()["error"]["message"]
