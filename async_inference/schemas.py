@@ -7,6 +7,8 @@ Every producer and consumer validates with these models. Each message that leave
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -103,6 +105,12 @@ class JobSubmission(_Strict):
             raise ValueError("give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})")
         return self
 
+    def fingerprint(self) -> str:
+        """A digest of what the submission asks for, defaults filled in: two submissions that would make the same
+        job have the same fingerprint, whatever their key order, spacing or omitted defaults."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
 
 # --- The claim check: the only thing on the queue -------------------------------------------------------------------
 
@@ -173,6 +181,8 @@ class Job(_Internal):
     deadline: dt.datetime
     timeout_s: int
     idempotency_key: str | None = None
+    # JobSubmission.fingerprint() of the request that created the job: a retry with its Idempotency-Key must match.
+    request_fingerprint: str | None = None
     webhook: WebhookState | None = None
     notified: bool = False
 

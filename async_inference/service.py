@@ -84,6 +84,7 @@ class JobService:
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
+        idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -93,6 +94,7 @@ class JobService:
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
+        self.idempotency_in_progress_s = idempotency_in_progress_s
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
@@ -109,11 +111,19 @@ class JobService:
     # --- API side -------------------------------------------------------------------------------------------------
 
     def submit(self, tenant: str, submission: JobSubmission, idempotency_key: str | None) -> Submitted:
+        """Create and queue the job (or, for an upload, create it awaiting its upload).
+
+        With an Idempotency-Key, the key is bound to the first request's fingerprint: a retry of the same request
+        gets the same job (``created`` False), a different request a 422. A different request that arrives while the
+        first one is in progress (its body stored, its job not created yet: at most ``IDEMPOTENCY_IN_PROGRESS_S``)
+        gets a 409 and may retry; the job record, created with a conditional write, is the one commit point.
+        """
         job_id = new_job_id(tenant, idempotency_key)
+        fingerprint = submission.fingerprint()
         if idempotency_key is not None:
             existing = self.store.get(job_id)
             if existing is not None:
-                return Submitted(existing, created=False, upload=self._upload_for(existing))
+                return self._replay(existing, fingerprint, idempotency_key)
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
         now = utcnow()
@@ -134,13 +144,16 @@ class JobService:
             deadline=now + dt.timedelta(seconds=submission.ttl_seconds or settings.DEFAULT_TTL_S),
             timeout_s=submission.timeout_seconds or settings.DEFAULT_EXECUTION_TIMEOUT_S,
             idempotency_key=idempotency_key,
+            request_fingerprint=fingerprint,
             webhook=WebhookState(url=submission.webhook.url, events=list(submission.webhook.events))
             if submission.webhook
             else None,
         )
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
-            self.blobs.put_json(key, request.model_dump_json(exclude_none=True).encode())
+            owner = self._store_request(job, request.model_dump_json(exclude_none=True).encode())
+            if owner is not None:
+                return self._replay(owner, fingerprint, idempotency_key)
         else:
             # Scheduled before the job exists, so no upload job is ever without its expiry; a deadline for a job that
             # was then not created (a failed write, a lost race) finds no job, or the winner's, and is harmless.
@@ -149,10 +162,53 @@ class JobService:
             # Lost a race with a concurrent retry carrying the same Idempotency-Key.
             existing = self.store.get(job_id)
             assert existing is not None
-            return Submitted(existing, created=False, upload=self._upload_for(existing))
+            return self._replay(existing, fingerprint, idempotency_key)
         if inline:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
+
+    def _replay(self, existing: Job, fingerprint: str, idempotency_key: str | None) -> Submitted:
+        """The answer to a request whose Idempotency-Key already has a job: that job, if the request is the same."""
+        # Jobs stored before fingerprints were recorded have none: they match any retry, as they did then.
+        if existing.request_fingerprint not in (None, fingerprint):
+            raise ApiError(
+                422,
+                "idempotency_key_reused",
+                f"Idempotency-Key {idempotency_key!r} was used for a different request (job {existing.job_id}); "
+                "send a new key for a new request",
+            )
+        return Submitted(existing, created=False, upload=self._upload_for(existing))
+
+    def _store_request(self, job: Job, body: bytes) -> Job | None:
+        """Write an inline job's request body; with an Idempotency-Key, never over another request's body.
+
+        The key maps to one job id, hence one request key. The body is written only if no object is there (S3
+        conditional write), or the one there is the same. Another body there means another request with this key:
+        if it created its job meanwhile, that job is returned (the caller compares fingerprints); if it is still in
+        progress, 409; if it was written longer ago than a request can run, its request ended without a job, and it
+        is replaced.
+        """
+        if job.idempotency_key is None:
+            self.blobs.put_json(job.request_key, body)
+            return None
+        for _ in range(2):
+            stored = self.blobs.put_json_once(job.request_key, body)
+            if stored is None or stored == body:
+                return None
+            owner = self.store.get(job.job_id)
+            if owner is not None:
+                return owner
+            written = self.blobs.written_at(job.request_key)
+            if written is not None and (utcnow() - written).total_seconds() < self.idempotency_in_progress_s:
+                break
+            # Deleted, then written once: of two requests replacing a stale body at once, one writes, one gets a 409.
+            self.blobs.delete(job.request_key)
+        raise ApiError(
+            409,
+            "idempotency_key_in_progress",
+            f"a request with Idempotency-Key {job.idempotency_key!r} and a different body is in progress; retry in a "
+            "few seconds",
+        )
 
     def _check_webhook_url(self, url: str) -> None:
         """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""

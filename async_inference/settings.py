@@ -38,6 +38,14 @@ MAX_METADATA_VALUE_CHARS = 512
 MAX_STOP_SEQUENCES = 4
 MAX_INLINE_RESULT_BYTES = 128 * 1024  # results up to this size travel inside the SNS notification too
 
+# --- The API function ----------------------------------------------------------------------------------------------
+API_FUNCTION_TIMEOUT_S = 29  # API Gateway's integration timeout: no request runs longer
+# An Idempotency-Key request is "in progress" from when it stores its request body until it creates its job; a
+# second request with the same key and a different body in that window gets a 409 to retry. No request lives past
+# the function timeout, so a body older than that (plus slack for clock skew and S3's whole-second LastModified) was
+# left by a request that ended without creating its job, and binds the key to nothing.
+IDEMPOTENCY_IN_PROGRESS_S = API_FUNCTION_TIMEOUT_S + 5
+
 # --- Presigned URLs -------------------------------------------------------------------------------------------------
 PRESIGNED_UPLOAD_EXPIRY_S = 15 * 60  # the API contract promises at most 15 minutes
 PRESIGNED_RESULT_EXPIRY_S = 60 * 60

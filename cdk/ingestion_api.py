@@ -104,7 +104,7 @@ class IngestionApi(Construct):
             description="Ingestion API: submit, get, list and cancel jobs",
             service_name=self.service_name,
             environment=environment,
-            timeout=Duration.seconds(29),  # API Gateway's integration timeout
+            timeout=Duration.seconds(settings.API_FUNCTION_TIMEOUT_S),  # API Gateway's integration timeout
         )
         access_logs = logs.LogGroup(
             self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY

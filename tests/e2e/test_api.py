@@ -101,6 +101,49 @@ def test_idempotency_key_returns_the_same_job_for_a_retried_post(api):
     api.cancel(first.job_id)
 
 
+@pytest.mark.parametrize(
+    "second",
+    [{"request": chat("a different prompt")}, {"upload": {"size_bytes": 100}},
+     {"request": chat("only once"), "metadata": {"run": "2"}}],
+    ids=["other-prompt", "upload-instead", "other-metadata"],
+)
+def test_an_idempotency_key_reused_for_a_different_request_is_422_naming_the_key(stack, api, second):
+    # GIVEN a job submitted with an Idempotency-Key
+    key = f"reused-{uuid.uuid4()}"
+    first = post(stack, {"request": chat("only once")}, headers={**KEY_A, "Idempotency-Key": key})
+    assert first.status_code == 202, first.text
+    # WHEN the same key comes with a different request (another prompt, an upload, other metadata)
+    response = post(stack, second, headers={**KEY_A, "Idempotency-Key": key})
+    # THEN it is a 422 that names the key, and the first job is untouched
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "idempotency_key_reused" and key in error["message"]
+    job = api.get(first.json()["job_id"])
+    assert job.upload is None and job.metadata == {}
+    api.cancel(job.job_id)
+
+
+def test_an_idempotency_key_whose_first_request_is_still_in_progress_is_409(stack):
+    # GIVEN a request with this key that has stored its body but not yet created its job (what a concurrent first
+    # request looks like from a second one, between its two writes)
+    from async_inference.aws import client
+    from async_inference.jobs import new_job_id
+
+    key = f"in-progress-{uuid.uuid4()}"
+    first_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "the first one"}]}).encode()
+    client("s3").put_object(Bucket=stack.resources.config.bucket_name, Body=first_body,
+                            Key=settings.request_key("tenant-a", new_job_id("tenant-a", key)))
+    # WHEN a different request comes with the same key
+    response = post(stack, {"request": chat("a second, different one")}, headers={**KEY_A, "Idempotency-Key": key})
+    # THEN it is a 409 to retry later, and the first request's body is not overwritten
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["code"] == "idempotency_key_in_progress"
+    assert key in response.json()["error"]["message"]
+    stored = client("s3").get_object(Bucket=stack.resources.config.bucket_name,
+                                     Key=settings.request_key("tenant-a", new_job_id("tenant-a", key)))["Body"].read()
+    assert stored == first_body
+
+
 def test_list_is_newest_first_paginated_and_filters_by_status(other_api):
     # GIVEN three jobs of tenant B, one of them cancelled
     ids = [other_api.submit(chat(f"list {i}")).job_id for i in range(3)]
