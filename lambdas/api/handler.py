@@ -208,7 +208,8 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     return handler(event, context)
 
 
-@logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
+# clear_state: keys appended for one request (the tenant) must not stay on the warm function's logger for the next.
+@logger.inject_lambda_context(correlation_id_path="requestContext.requestId", clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 @body_checks

@@ -42,20 +42,22 @@ class DeliveryFailed(Exception):
 def record_handler(record: SQSRecord) -> None:
     receive_count = int(record.attributes.approximate_receive_count or 1)
     outcome = dispatcher.dispatch(record.body, receive_count)
-    logger.append_keys(job_id=outcome.job_id)
+    # The job id goes on this record's lines only (extra), not on the logger: the next record is another job's.
     if outcome.done:
         # Most events are for jobs without a webhook, and every attempt is recorded on its job: debug is enough.
-        logger.debug("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
+        logger.debug("webhook event done",
+                     extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count})
         return
     queue.hide(record.receipt_handle, outcome.retry_in_s)
     logger.warning(
         "webhook delivery failed",
-        extra={"reason": outcome.reason, "receive_count": receive_count, "retry_in_s": outcome.retry_in_s},
+        extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count,
+               "retry_in_s": outcome.retry_in_s},
     )
     raise DeliveryFailed(outcome.reason)
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
