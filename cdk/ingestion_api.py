@@ -48,7 +48,7 @@ def validate_tenant_id(tenant: str) -> str:
     return tenant
 
 
-# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message"}}.
+# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message", "details"}}.
 _GATEWAY_ERRORS = {
     apigw.ResponseType.INVALID_API_KEY: "invalid_api_key",
     apigw.ResponseType.ACCESS_DENIED: "forbidden",
@@ -203,7 +203,7 @@ class IngestionApi(Construct):
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
-            body = {"error": {"code": code, "message": "__MESSAGE__"}}
+            body = {"error": {"code": code, "message": "__MESSAGE__", "details": []}}
             template = json.dumps(body).replace('"__MESSAGE__"', "$context.error.messageString")
             self.api.add_gateway_response(
                 f"{code}-{response_type.response_type}",

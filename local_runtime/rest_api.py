@@ -45,6 +45,9 @@ _DEFAULTS = {
     "BAD_REQUEST_PARAMETERS": (400, "Missing required request parameters"),
     "REQUEST_TOO_LARGE": (413, "Request Too Long"),
     "INTEGRATION_FAILURE": (502, "Internal server error"),
+    # Not raised here (usage plans are not enforced locally); rendered from the template like the others.
+    "THROTTLED": (429, "Too Many Requests"),
+    "QUOTA_EXCEEDED": (429, "Limit Exceeded"),
 }
 _FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/invocations$")
 
@@ -279,6 +282,8 @@ _ERROR_TYPES = {
     "BAD_REQUEST_PARAMETERS": "BadRequestException",
     "REQUEST_TOO_LARGE": "RequestTooLargeException",
     "INTEGRATION_FAILURE": "InternalServerErrorException",
+    "THROTTLED": "TooManyRequestsException",
+    "QUOTA_EXCEEDED": "LimitExceededException",
 }
 
 

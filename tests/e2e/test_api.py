@@ -21,12 +21,49 @@ def post(stack, body, headers=KEY_A, **kwargs):
     return requests.post(f"{stack.api_url}/v1/jobs", data=data, headers={"Content-Type": "application/json", **headers}, **kwargs)
 
 
+def assert_error_envelope(status, headers, body, *, expected_status, code):
+    """The one error shape of the API, exactly: {"error": {"code", "message", "details": [...]}} as JSON."""
+    assert status == expected_status, body
+    assert headers["Content-Type"].startswith("application/json")
+    document = json.loads(body)
+    assert list(document) == ["error"] and sorted(document["error"]) == ["code", "details", "message"], document
+    assert document["error"]["code"] == code and document["error"]["message"]
+    assert isinstance(document["error"]["details"], list)
+
+
 def test_missing_or_unknown_api_key_is_403_in_the_error_envelope(stack):
     # API Gateway answers both with its INVALID_API_KEY response, which the template renders as {"error": {...}}.
     for headers in ({}, {"x-api-key": "not-a-key-of-ours-000000"}):
         response = requests.get(f"{stack.api_url}/v1/jobs", headers=headers)
-        assert response.status_code == 403
-        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert_error_envelope(response.status_code, response.headers, response.content, expected_status=403,
+                              code="invalid_api_key")
+
+
+@pytest.mark.parametrize("headers", [KEY_A, {}], ids=["with-key", "without-key"])
+def test_a_path_no_route_serves_is_404_in_the_error_envelope(stack, headers):
+    response = requests.get(f"{stack.api_url}/v1/no-such-route", headers=headers)
+    assert_error_envelope(response.status_code, response.headers, response.content, expected_status=404,
+                          code="not_found")
+
+
+def test_a_body_over_the_gateway_limit_is_413_in_the_error_envelope(stack):
+    # API Gateway refuses a payload over 10 MB before any function runs (REQUEST_TOO_LARGE)
+    response = requests.post(f"{stack.api_url}/v1/jobs", data=b"x" * (10 * 1024 * 1024 + 1),
+                             headers={**KEY_A, "Content-Type": "application/json"})
+    assert_error_envelope(response.status_code, response.headers, response.content, expected_status=413,
+                          code="payload_too_large")
+
+
+@pytest.mark.parametrize(("response_type", "code"), [("THROTTLED", "throttled"), ("QUOTA_EXCEEDED", "quota_exceeded")])
+def test_throttling_and_quota_answers_are_429_in_the_error_envelope(stack, response_type, code):
+    # Usage plans are not enforced locally (README), so this asks the local gateway for the answer it gives when
+    # they are: the template's gateway response for the type, as API Gateway renders it.
+    from local_runtime.rest_api import GatewayError, RestApi
+
+    [api_id] = stack.deployment.of_type("AWS::ApiGateway::RestApi")
+    gateway = RestApi(stack.deployment, api_id, stack.functions)
+    status, headers, body = gateway._gateway_response(GatewayError(response_type), "request-1")
+    assert_error_envelope(status, headers, body, expected_status=429, code=code)
 
 
 @pytest.mark.parametrize(
