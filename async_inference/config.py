@@ -26,6 +26,8 @@ ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 ENV_WEBHOOK_SECRET_ARN = "WEBHOOK_SECRET_ARN"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
+# Days the claim-check bucket keeps requests and results (its lifecycle rules): a job records when its result expires.
+ENV_PAYLOAD_RETENTION_DAYS = "PAYLOAD_RETENTION_DAYS"
 # The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
 ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
@@ -134,6 +136,7 @@ class ServiceConfig:
     dlq_url: str | None = None
     # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
     upload_deadlines_queue_url: str | None = None
+    payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -141,6 +144,7 @@ class ServiceConfig:
             ENV_BUCKET: self.bucket_name,
             ENV_QUEUE_URL: self.queue_url,
             ENV_TOPIC_ARN: self.topic_arn,
+            ENV_PAYLOAD_RETENTION_DAYS: str(self.payload_retention_days),
         }
         if self.dlq_url:
             env[ENV_DLQ_URL] = self.dlq_url
@@ -163,6 +167,10 @@ class ServiceSettings(EnvSettings):
     allow_local_webhooks: bool = Field(
         False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
     )
+    payload_retention_days: int = Field(
+        settings.PAYLOAD_RETENTION_DAYS, ge=1, alias=ENV_PAYLOAD_RETENTION_DAYS,
+        description="days the bucket keeps requests and results",
+    )
 
     @property
     def service(self) -> ServiceConfig:
@@ -173,6 +181,7 @@ class ServiceSettings(EnvSettings):
             topic_arn=self.topic_arn,
             dlq_url=self.dlq_url,
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
+            payload_retention_days=self.payload_retention_days,
         )
 
 

@@ -177,6 +177,8 @@ class Job(_Internal):
     request_bucket: str
     request_key: str
     result_key: str | None = None
+    # When the bucket's lifecycle may delete the result (settings.lifecycle_expiry of its write); set with the result.
+    result_expires_at: dt.datetime | None = None
     upload_size_bytes: int | None = None
     deadline: dt.datetime
     timeout_s: int
@@ -231,6 +233,9 @@ class JobView(BaseModel):
     error: str | None = None
     usage: Usage | None = None
     result: PresignedUrl | None = None
+    result_expires_at: dt.datetime | None = Field(
+        default=None, description="When the result is deleted; a GET after that is 410 Gone."
+    )
     upload: PresignedUpload | None = None
     webhook: WebhookState | None = None
 

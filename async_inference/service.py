@@ -85,6 +85,7 @@ class JobService:
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
         idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
+        payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -95,6 +96,7 @@ class JobService:
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
         self.idempotency_in_progress_s = idempotency_in_progress_s
+        self.payload_retention_days = payload_retention_days
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
@@ -106,6 +108,7 @@ class JobService:
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
+            payload_retention_days=config.payload_retention_days,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -259,19 +262,57 @@ class JobService:
             job = self._expire_unuploaded(job) or self.store.get(job_id) or job
         return job
 
+    def read(self, tenant: str, job_id: str) -> tuple[JobView, int | None]:
+        """What GET /v1/jobs/{id} answers: the job's view and, while it is unfinished, the seconds to wait before the
+        next poll (``poll_after_s``); 410 once its result has expired (no URL to a deleted object)."""
+        job = self.get(tenant, job_id)
+        expires_at = self._result_expires_at(job)
+        if expires_at is not None and utcnow() >= expires_at:
+            raise ApiError(
+                410,
+                "result_expired",
+                f"the result of job {job_id} expired at {expires_at.isoformat()}: results are kept "
+                f"{self.payload_retention_days} days after they are written",
+            )
+        return self.view(job), self.poll_after_s(job)
+
     def view(self, job: Job, *, upload: PresignedUpload | None = None) -> JobView:
+        """The job as the API shows it, with a presigned GET of its result while the result is kept."""
         result = None
-        if job.status is JobStatus.SUCCEEDED and job.result_key:
-            url = self.blobs.presign_get(job.result_key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S)
-            result = PresignedUrl(url=url, expires_at=utcnow() + dt.timedelta(seconds=settings.PRESIGNED_RESULT_EXPIRY_S))
+        expires_at = self._result_expires_at(job)
+        left_s = (expires_at - utcnow()).total_seconds() if expires_at else 0
+        if job.status is JobStatus.SUCCEEDED and job.result_key and left_s > 0:
+            # Never valid beyond the object's own expiry.
+            expires_s = min(settings.PRESIGNED_RESULT_EXPIRY_S, math.ceil(left_s))
+            url = self.blobs.presign_get(job.result_key, expires_s=expires_s)
+            result = PresignedUrl(url=url, expires_at=min(utcnow() + dt.timedelta(seconds=expires_s), expires_at))  # type: ignore[type-var]
         return JobView(
             **job.model_dump(
                 include={"job_id", "status", "created_at", "started_at", "finished_at", "attempts", "model"}
                 | {"metadata", "error", "usage", "webhook"}
             ),
             result=result,
+            result_expires_at=expires_at,
             upload=upload,
         )
+
+    def _result_expires_at(self, job: Job) -> dt.datetime | None:
+        """When the job's result expires; for a result stored before jobs recorded it, as its finish time gives."""
+        if job.status is not JobStatus.SUCCEEDED or not job.result_key:
+            return None
+        if job.result_expires_at is not None:
+            return job.result_expires_at
+        return settings.lifecycle_expiry(job.finished_at or job.updated_at, self.payload_retention_days)
+
+    @staticmethod
+    def poll_after_s(job: Job) -> int | None:
+        """Seconds a poller should wait before reading an unfinished job again (settings.POLL_AFTER_FRACTION of its
+        time in its state, 1 to settings.MAX_POLL_AFTER_S); None for a final job."""
+        if job.status in FINAL_STATES:
+            return None
+        since = job.started_at if job.status is JobStatus.RUNNING and job.started_at else job.updated_at
+        age_s = max((utcnow() - since).total_seconds(), 0.0)
+        return min(max(1, math.ceil(age_s / settings.POLL_AFTER_FRACTION)), settings.MAX_POLL_AFTER_S)
 
     def list(self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None) -> tuple[list[Job], str | None]:
         try:
@@ -411,11 +452,15 @@ class JobService:
         """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and
         the fields its ``succeeded`` state records."""
         key = settings.result_key(job.tenant, job.job_id)
+        written_at = utcnow()  # taken before the write: the expiry computed from it is never later than S3's
         stored = self.blobs.put_json_once(key, result.model_dump_json().encode())
         if stored is not None:
             # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
             result = ChatCompletion.model_validate_json(stored)
-        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason}
+            written_at = self.blobs.written_at(key) or written_at
+        expires_at = settings.lifecycle_expiry(written_at, self.payload_retention_days)
+        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason,
+                        "result_expires_at": expires_at}
 
     def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""

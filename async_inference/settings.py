@@ -6,6 +6,8 @@ limits. Change a value here and both sides follow.
 
 from __future__ import annotations
 
+import datetime as dt
+
 # --- Names (the stack lets CloudFormation pick physical names; the local runtime uses these) -----------------------
 QUEUE_NAME = "inference-jobs"
 DLQ_NAME = "inference-jobs-dlq"
@@ -68,8 +70,27 @@ DEFAULT_EXECUTION_TIMEOUT_S = 10 * 60  # a running generation is aborted after t
 MAX_EXECUTION_TIMEOUT_S = 60 * 60
 
 # --- Retention ------------------------------------------------------------------------------------------------------
-PAYLOAD_RETENTION_DAYS = 7  # S3 lifecycle for requests and results
+# S3 lifecycle for requests and results: the default of the stack's retention_days, whose deployed value its functions
+# and workers read (config.ENV_PAYLOAD_RETENTION_DAYS).
+PAYLOAD_RETENTION_DAYS = 7
 JOB_RECORD_RETENTION_DAYS = 30  # DynamoDB TTL on finished jobs
+
+
+def lifecycle_expiry(written_at: dt.datetime, retention_days: int) -> dt.datetime:
+    """When an S3 lifecycle expiration of ``retention_days`` may delete an object written at ``written_at``: S3 adds
+    the days to the object's creation time and rounds up to the next midnight UTC. The deletion itself is
+    asynchronous and may come later; from this moment on the object cannot be relied on."""
+    due = (written_at + dt.timedelta(days=retention_days)).astimezone(dt.timezone.utc)
+    return dt.datetime.combine(due.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+
+
+# --- Polling --------------------------------------------------------------------------------------------------------
+# GET of an unfinished job answers Retry-After: a fifth of the time the job has spent in its state (queued since it was
+# queued, running since it started), between 1 s and MAX_POLL_AFTER_S. A poller that follows it sees the job's end at
+# most 20% of its age late (and at most MAX_POLL_AFTER_S), and polls a ten-minute job about 45 times: young jobs, which
+# often finish soon, are polled each second; old ones, which will not finish in the next second, rarely.
+POLL_AFTER_FRACTION = 5
+MAX_POLL_AFTER_S = 20
 
 # --- Listing --------------------------------------------------------------------------------------------------------
 TENANT_INDEX_NAME = "tenant-created-index"

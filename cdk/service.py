@@ -230,6 +230,7 @@ class AsyncInferenceService(Construct):
             queue_url=self.jobs.queue.queue_url,
             topic_arn=self.results.topic.topic_arn,
             dlq_url=self.jobs.dead_letter_queue.queue_url,
+            payload_retention_days=props.retention_days,
         ).to_env()
         environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
 

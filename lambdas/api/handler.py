@@ -51,6 +51,7 @@ _ERRORS = {
     400: "Invalid request: `error.message` starts with the field to fix",
     404: "No such job for this tenant",
     409: "The job is already final",
+    410: "The job's result has expired (results are kept for the stack's retention_days)",
     413: "Body over the inline limit: use an upload job",
     503: "The queue is unavailable: retry",
 }
@@ -104,10 +105,13 @@ def create_job(submission: Annotated[JobSubmission, Body()]) -> Response[JobView
     return _json(status, service.view(submitted.job, upload=submitted.upload))
 
 
-@app.get("/v1/jobs/<job_id>", summary="Get a job's status and result", responses=_documented(400, 404))
+@app.get("/v1/jobs/<job_id>", summary="Get a job's status and result", responses=_documented(400, 404, 410))
 @tracer.capture_method
 def get_job(job_id: JobId) -> Response[JobView]:
-    return _json(HTTPStatus.OK, service.view(service.get(_tenant(), job_id)))
+    view, poll_after_s = service.read(_tenant(), job_id)
+    # Retry-After on a 200: how long a poller should wait before the next GET (the SDK follows it).
+    headers = {"Retry-After": str(poll_after_s)} if poll_after_s is not None else None
+    return Response(status_code=HTTPStatus.OK, content_type=content_types.APPLICATION_JSON, body=view, headers=headers)
 
 
 @app.get("/v1/jobs", summary="List your jobs, newest first", responses=_documented(400))
