@@ -92,6 +92,9 @@ class WebhookSpec(_Strict):
 class JobSubmission(_Strict):
     """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
 
+    # The JSON Schema (and so the OpenAPI document) says "exactly one" as the validator below enforces it.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["upload"]}]})
+
     request: ChatCompletionRequest | None = None
     upload: UploadSpec | None = None
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=settings.MAX_METADATA_KEYS)
