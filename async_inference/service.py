@@ -35,6 +35,10 @@ from async_inference.schemas import (
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 
+class NotAClaimCheck(ValueError):
+    """A dead-lettered message that is not a claim check: there is no job to fail; it is left for an operator."""
+
+
 class ApiError(Exception):
     """An error the client can fix or must know about; the API turns it into a JSON 4xx/5xx."""
 
@@ -411,11 +415,13 @@ class JobService:
     # --- Dead letters ---------------------------------------------------------------------------------------------
 
     def dead_letter(self, body: str, receive_count: int) -> Job | None:
-        """A claim check reached the DLQ: fail its job (if it is not final yet) and notify."""
+        """A claim check reached the DLQ: fail its job (if it is not final yet) and notify. None when its job is gone;
+        NotAClaimCheck when the message is not a claim check."""
         try:
             claim = ClaimCheck.model_validate_json(body)
-        except ValidationError:
-            return None
+        except ValidationError as exc:
+            message, _ = describe_validation_error(exc)
+            raise NotAClaimCheck(message) from exc
         job = self.store.get(claim.job_id)
         if job is None:
             return None

@@ -144,6 +144,9 @@ METRIC_JOBS_FAILED = "JobsFailed"  # worker: jobs that ended failed (count)
 METRIC_PROCESSING_TIME = "ProcessingTime"  # worker: seconds from generation start to result stored
 METRIC_QUEUE_TIME = "QueueTime"  # worker: seconds from submission to generation start
 METRIC_COMPLETION_TOKENS = "CompletionTokens"  # worker: tokens generated (count)
+# DLQ handler: receives of job-DLQ messages it could not process (not a claim check); each stays in the DLQ for an
+# operator and is counted again each time it comes back (after the DLQ's visibility timeout).
+METRIC_DEAD_LETTERS_UNPROCESSABLE = "DeadLettersUnprocessable"
 WORKER_METRICS = (
     METRIC_JOBS_SUCCEEDED,
     METRIC_JOBS_FAILED,
@@ -152,6 +155,7 @@ WORKER_METRICS = (
     METRIC_COMPLETION_TOKENS,
 )
 API_METRICS = (METRIC_JOBS_SUBMITTED,)
+DEAD_LETTER_METRICS = (METRIC_DEAD_LETTERS_UNPROCESSABLE,)
 
 # Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
 # receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.

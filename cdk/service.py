@@ -303,6 +303,7 @@ class AsyncInferenceService(Construct):
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
             api_service_name=self.api.service_name,
+            dead_letter_service_name=self.dead_letters.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn

@@ -93,16 +93,17 @@ def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
     )
 
 
-def test_dashboard_plots_exactly_the_metrics_the_api_and_the_worker_emit(synthesized):
-    """GIVEN the metric names in settings (WORKER_METRICS, API_METRICS) WHEN reading the dashboard body THEN it plots
-    exactly those names from the shared namespace, and nothing that no process emits."""
+def test_dashboard_plots_exactly_the_metrics_the_api_the_dlq_handler_and_the_worker_emit(synthesized):
+    """GIVEN the metric names in settings (WORKER_METRICS, API_METRICS, DEAD_LETTER_METRICS) WHEN reading the
+    dashboard body THEN it plots exactly those names from the shared namespace, and nothing that no process emits."""
     plotted = {name for name, _, _ in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)}
-    assert plotted == set(settings.WORKER_METRICS) | set(settings.API_METRICS)
+    assert plotted == set(settings.WORKER_METRICS) | set(settings.API_METRICS) | set(settings.DEAD_LETTER_METRICS)
 
 
 @pytest.mark.parametrize(
     ("names", "service"),
-    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api")],
+    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api"),
+     (settings.DEAD_LETTER_METRICS, "async-inference-dlq")],
 )
 def test_dashboard_reads_each_metric_under_its_emitters_service_dimension(synthesized, names, service):
     """GIVEN Powertools adds the dimension service=POWERTOOLS_SERVICE_NAME WHEN reading the dashboard THEN each
@@ -134,6 +135,7 @@ def test_a_metric_named_in_settings_without_a_plot_is_refused(monkeypatch):
         (settings.METRIC_COMPLETION_TOKENS, {"Sum"}),
         (settings.METRIC_QUEUE_TIME, {"Average", "p90"}),
         (settings.METRIC_PROCESSING_TIME, {"Average", "p90"}),
+        (settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, {"Sum"}),
     ],
 )
 def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, statistics):
