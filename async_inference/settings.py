@@ -162,6 +162,18 @@ DEAD_LETTER_METRICS = (METRIC_DEAD_LETTERS_UNPROCESSABLE,)
 WEBHOOK_BACKOFF_BASE_S = 30
 WEBHOOK_BACKOFF_MAX_S = 15 * 60
 WEBHOOK_MAX_RECEIVE_COUNT = 10
+# One delivery: a receiver has this long to accept the connection, and to answer (it should queue the work and answer
+# 2xx at once).
+WEBHOOK_CONNECT_TIMEOUT_S = 3
+WEBHOOK_DELIVERY_TIMEOUT_S = 5
+# The dispatcher gets batches of WEBHOOK_BATCH_SIZE and delivers them all at once, each with its own timeout, so a
+# slow receiver holds back no other delivery and a batch takes about one delivery timeout, whatever its receivers do:
+# the URL check's DNS lookup, the POST (at most WEBHOOK_DELIVERY_TIMEOUT_S) and two DynamoDB calls. The function
+# timeout leaves that several times over; the queue's visibility timeout outlives it six times (AWS's guidance for SQS
+# event sources). A failed delivery is hidden for its backoff by the dispatcher, not by this visibility timeout.
+WEBHOOK_BATCH_SIZE = 10
+WEBHOOK_DISPATCHER_TIMEOUT_S = 30
+WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S = 6 * WEBHOOK_DISPATCHER_TIMEOUT_S
 # Result notifications carry the message attribute webhook="true" when their job has a webhook; the dispatcher's
 # subscription filters on it, so jobs without webhooks cost the dispatcher nothing.
 WEBHOOK_ATTRIBUTE = "webhook"

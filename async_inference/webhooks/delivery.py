@@ -7,11 +7,9 @@ from typing import Any, Callable
 
 import urllib3
 
+from async_inference import settings
 from async_inference.webhooks.url_safety import Target
 
-# A receiver has this long to connect and answer; it should queue the work and answer 2xx at once.
-CONNECT_TIMEOUT_S = 3.0
-DELIVERY_TIMEOUT_S = 5.0
 MAX_ERROR_CHARS = 200
 
 
@@ -36,7 +34,7 @@ def post(target: Target, headers: dict[str, str], body: bytes, *, ca_certs: str 
     check and the connection; SNI and certificate checks still use the host name.
     """
     address = target.addresses[0]
-    timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT_S, total=DELIVERY_TIMEOUT_S)
+    timeout = urllib3.Timeout(connect=settings.WEBHOOK_CONNECT_TIMEOUT_S, total=settings.WEBHOOK_DELIVERY_TIMEOUT_S)
     common: dict[str, Any] = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1)
     if target.scheme == "https":
         pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(

@@ -1,4 +1,8 @@
-"""The dispatcher: one message on the webhook queue becomes one signed delivery, recorded on its job."""
+"""The dispatcher: one message on the webhook queue becomes one signed delivery, recorded on its job.
+
+``dispatch`` is safe to call from several threads at once (the dispatcher Lambda delivers a whole batch at once):
+it keeps no state between calls, and its store and secrets are shared read-mostly.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +20,6 @@ from async_inference.webhooks.signing import signed_headers
 from async_inference.webhooks.url_safety import Resolver, UnsafeUrl, check_url, resolve
 
 logger = logging.getLogger(__name__)
-
-# The dispatcher delivers a batch one message at a time: its Lambda timeout must cover a full batch of slow receivers,
-# and the queue's visibility timeout must outlive the Lambda (AWS recommends six times the function timeout).
-DISPATCH_BATCH_SIZE = 10
-DISPATCHER_TIMEOUT_S = 90
-QUEUE_VISIBILITY_TIMEOUT_S = 6 * DISPATCHER_TIMEOUT_S
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,22 @@ class Delivery:
     headers: dict[str, str]
     body: bytes
     received_at: float = field(default_factory=time.monotonic)
+    received_on: float = field(default_factory=time.time)  # wall clock, to compare with the job's timestamps
 
 
 class Receiver:
     """A small webhook endpoint on 127.0.0.1: records each delivery and answers with ``statuses`` in turn, then 200.
 
-    With ``secret`` it answers 401 to deliveries whose signature does not verify. For local runs, demos and tests.
+    With ``secret`` it answers 401 to deliveries whose signature does not verify. With ``hang_s`` it records each
+    delivery at once and answers only that many seconds later (a slow endpoint). For local runs, demos and tests.
     """
 
-    def __init__(self, *, port: int = 0, statuses: Iterable[int] = (), secret: str | None = None) -> None:
+    def __init__(self, *, port: int = 0, statuses: Iterable[int] = (), secret: str | None = None,
+                 hang_s: float = 0) -> None:
         self.deliveries: list[Delivery] = []
         self._statuses = list(statuses)
         self._secret = secret
+        self._hang_s = hang_s
         self._lock = threading.Condition()
         receiver = self
 
@@ -38,9 +42,13 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 status = receiver._record(dict(self.headers.items()), body)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                time.sleep(receiver._hang_s)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the sender gave up waiting (a hanging receiver's usual end)
 
             def log_message(self, *args: Any) -> None:
                 pass
