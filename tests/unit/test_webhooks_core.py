@@ -522,6 +522,38 @@ def test_cli_verify_accepts_a_genuine_delivery_and_rejects_a_tampered_one(tmp_pa
     assert webhooks_main(["verify", *args, str(tmp_path / "bad.json")]) == 1
 
 
+def test_cli_receive_saves_each_delivery_and_prints_the_verify_command_that_checks_it(tmp_path: Path):
+    # GIVEN the documented local receiver, listening with a tenant's secret and saving what it gets
+    import shlex
+    import subprocess
+    import sys
+    import urllib.request
+
+    from local_runtime.moto_server import free_port
+
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "async_inference.webhooks", "receive", "--secret", SECRET, "--port", str(port),
+         "--save-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert "listening on" in receiver.stdout.readline()
+        # WHEN a signed delivery arrives
+        body = json.dumps({"job_id": "job_1", "status": "succeeded"})
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/hook", data=body.encode(), method="POST",
+                                         headers=signing.signed_headers([SECRET], "job_1_completed", body))
+        assert urllib.request.urlopen(request, timeout=10).status == 200
+        assert receiver.stdout.readline().startswith("verified job_1_completed")
+        command = receiver.stdout.readline().split(": ", 1)[1]
+    finally:
+        receiver.terminate()
+        receiver.wait(timeout=10)
+    # THEN the printed command, run as printed, verifies the saved body
+    checked = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout) == {"job_id": "job_1", "status": "succeeded"}
+
+
 def test_refusal_reasons_cover_every_non_global_ipv4_special_range():
     # Every IPv4 special-purpose range the standard library knows as non-global is refused.
     for network in ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
