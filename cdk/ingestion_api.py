@@ -64,6 +64,15 @@ _GATEWAY_ERRORS = {
 # API Gateway answers a path no method serves with MISSING_AUTHENTICATION_TOKEN, 403 (this API has no IAM-authorized
 # methods, the other case of that response): a client that mistyped a path gets the 404 it expects instead.
 _GATEWAY_STATUS = {"MISSING_AUTHENTICATION_TOKEN": "404"}  # by response type name: jsii objects do not hash alike
+# Messages that say what to do, where API Gateway's own ("Missing Authentication Token" for an unknown path,
+# "Forbidden" for a missing key) would puzzle a client. The other types keep API Gateway's message.
+_GATEWAY_MESSAGES = {
+    "INVALID_API_KEY": "send your API key in the x-api-key header: it is missing or not a key of this API",
+    "MISSING_AUTHENTICATION_TOKEN": "no route serves this method and path; GET /v1/openapi.json lists the routes",
+    "THROTTLED": "over your usage plan's request rate; retry after a moment",
+    "QUOTA_EXCEEDED": "over your usage plan's daily quota; it resets at the start of the next day (UTC)",
+    "REQUEST_TOO_LARGE": "the body is over API Gateway's 10 MB limit; use an upload job for large requests",
+}
 
 
 class IngestionApi(Construct):
@@ -203,7 +212,8 @@ class IngestionApi(Construct):
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
-            body = {"error": {"code": code, "message": "__MESSAGE__", "details": []}}
+            message = _GATEWAY_MESSAGES.get(response_type.response_type)
+            body = {"error": {"code": code, "message": message or "__MESSAGE__", "details": []}}
             template = json.dumps(body).replace('"__MESSAGE__"', "$context.error.messageString")
             self.api.add_gateway_response(
                 f"{code}-{response_type.response_type}",

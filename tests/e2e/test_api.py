@@ -44,6 +44,8 @@ def test_a_path_no_route_serves_is_404_in_the_error_envelope(stack, headers):
     response = requests.get(f"{stack.api_url}/v1/no-such-route", headers=headers)
     assert_error_envelope(response.status_code, response.headers, response.content, expected_status=404,
                           code="not_found")
+    # API Gateway's own message ("Missing Authentication Token") would send a client looking for a key problem
+    assert "no route" in response.json()["error"]["message"]
 
 
 def test_a_body_over_the_gateway_limit_is_413_in_the_error_envelope(stack):
