@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import ValidationError
 
 from async_inference import config as env
-from async_inference import settings, webhooks
+from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
@@ -65,6 +65,7 @@ from async_inference.schemas import (
     utcnow,
 )
 from async_inference.service import JobService, parse_request_body
+from async_inference.webhooks.events import EVENT_STARTED, started_event
 from gpu_worker.engines.base import (
     Engine,
     Generation,
@@ -337,11 +338,11 @@ class Worker:
         )
         if job is None:
             return await self._not_runnable(claim.job_id)
-        if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
+        if job.webhook and EVENT_STARTED in job.webhook.events:
             if self._started_queue is None:
                 logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
             else:  # never raises: a lost "started" must not cost the run
-                await self._io(webhooks.started_event, job, self._started_queue)
+                await self._io(started_event, job, self._started_queue)
 
         raw = await self._read_payload(claim)
         if raw is None:
