@@ -11,23 +11,16 @@ import io
 import json
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 
-from async_inference.aws import TenantDirectory, client
 from local_runtime.lambda_host import Context
 
 pytestmark = pytest.mark.e2e
 LOG = io.StringIO()  # what the handler's logger writes (Lambda's stdout)
 
 
-def key_id_of(tenant: str) -> str:
-    [key] = [k for k in client("apigateway").get_api_keys()["items"] if k["name"] == tenant]
-    return key["id"]
-
-
-def list_jobs_event(api_key_id: str, request_id: str) -> dict[str, Any]:
+def list_jobs_event(tenant: str, request_id: str) -> dict[str, Any]:
+    """GET /v1/jobs as API Gateway hands it over once the template's authorizer found the caller's tenant."""
     return {
         "resource": "/v1/jobs",
         "path": "/v1/jobs",
@@ -38,7 +31,7 @@ def list_jobs_event(api_key_id: str, request_id: str) -> dict[str, Any]:
         "multiValueQueryStringParameters": None,
         "pathParameters": None,
         "requestContext": {"requestId": request_id, "resourcePath": "/v1/jobs", "httpMethod": "GET", "stage": "prod",
-                           "identity": {"apiKeyId": api_key_id, "sourceIp": "127.0.0.1"}},
+                           "identity": {"sourceIp": "127.0.0.1"}, "authorizer": {"tenant": tenant}},
         "body": None,
         "isBase64Encoded": False,
     }
@@ -60,13 +53,14 @@ def log_records(output: str) -> list[dict[str, Any]]:
 
 def test_an_error_after_another_tenants_request_is_not_logged_with_that_tenant(handler, monkeypatch):
     # GIVEN a warm API function that has just served tenant A
-    served = handler.lambda_handler(list_jobs_event(key_id_of("tenant-a"), "request-of-a"), Context(29))
+    served = handler.lambda_handler(list_jobs_event("tenant-a", "request-of-a"), Context(29))
     assert served["statusCode"] == 200, served
-    # WHEN tenant B's request fails before its tenant is known (the API key lookup cannot reach API Gateway)
-    unreachable = boto3.client("apigateway", endpoint_url="http://127.0.0.1:9",
-                               config=Config(retries={"max_attempts": 1}, connect_timeout=1))
-    monkeypatch.setattr(handler, "tenants", TenantDirectory(unreachable))
-    failed = handler.lambda_handler(list_jobs_event(key_id_of("tenant-b"), "request-of-b"), Context(29))
+    # WHEN tenant B's request fails before its tenant is known (reading the authorizer's answer fails)
+    def broken(event: Any) -> str:
+        raise RuntimeError("the authorizer context could not be read")
+
+    monkeypatch.setattr(handler, "tenant_of", broken)
+    failed = handler.lambda_handler(list_jobs_event("tenant-b", "request-of-b"), Context(29))
     assert failed["statusCode"] == 500, failed
     # THEN its error is logged with its own request id and without tenant A's name
     [error] = [r for r in log_records(LOG.getvalue()) if r["level"] == "ERROR"]
