@@ -32,6 +32,7 @@ from async_inference.batches.multipart import MultipartError, parse_file_form
 from async_inference.batches.service import BatchService
 from async_inference.config import ServiceSettings
 from async_inference.service import ApiError
+from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
 router = Router()
@@ -46,6 +47,9 @@ def configure(config: ServiceSettings) -> None:
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="A file id as returned by POST /v1/files.")]
 BatchId = Annotated[str, Path(pattern=BATCH_ID_PATTERN, description="A batch id as returned by POST /v1/batches.")]
 After = Annotated[Optional[str], Query(min_length=1, max_length=64, description="The last id of the previous page.")]
+NO_MODEL = "`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)"
+NO_FILE = "`not_found`: no such file of yours"
+NO_BATCH = "`not_found`: no such batch of yours"
 FILES_ROUTE = "/v1/files"  # the one route whose body is multipart (binary): handler.body_checks lets it through
 
 
@@ -72,13 +76,15 @@ def _raw_body() -> bytes:
 # --- Models ---------------------------------------------------------------------------------------------------------
 
 
-@router.get("/v1/models", summary="The models this deployment serves (OpenAI's list shape)")
+@router.get("/v1/models", summary="The models this deployment serves (OpenAI's list shape)",
+            responses={200: ok("The served models", ModelList), **error_responses()})
 def list_models() -> Response[ModelList]:
     _tenant()
     return _json(_service().models())
 
 
-@router.get("/v1/models/<model_id>", summary="One served model")
+@router.get("/v1/models/<model_id>", summary="One served model",
+            responses={200: ok("The model", Model), **error_responses(400, e404=NO_MODEL)})
 def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]:
     _tenant()
     return _json(_service().model(model_id))
@@ -87,7 +93,9 @@ def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]
 # --- Files ----------------------------------------------------------------------------------------------------------
 
 
-@router.post(FILES_ROUTE, summary="Upload a batch input file (multipart/form-data: file, purpose=batch)")
+@router.post(FILES_ROUTE, summary="Upload a batch input file (multipart/form-data: file, purpose=batch)",
+             responses={200: ok("The file", FileObject), **error_responses(
+                 400, e413=f"`payload_too_large`: over {settings.MAX_FILE_INLINE_BYTES} bytes; use POST /v1/files/uploads")})
 def create_file() -> Response[FileObject]:
     tenant = _tenant()
     try:
@@ -97,12 +105,14 @@ def create_file() -> Response[FileObject]:
     return _json(_service().create_file(tenant, filename=form.filename, purpose=form.purpose, data=form.data))
 
 
-@router.post("/v1/files/uploads", summary="Create a file whose bytes you PUT to a presigned URL (files over 4 MiB)")
+@router.post("/v1/files/uploads", summary="Create a file whose bytes you PUT to a presigned URL (files over 4 MiB)",
+             responses={201: ok("The file, with its presigned upload", FileUpload), **error_responses(400, 415)})
 def create_file_upload(request: Annotated[FileUploadRequest, Body()]) -> Response[FileUpload]:
     return _json(_service().create_upload(_tenant(), request), HTTPStatus.CREATED)
 
 
-@router.get(FILES_ROUTE, summary="Your files, newest first (OpenAI's after/limit pagination)")
+@router.get(FILES_ROUTE, summary="Your files, newest first (OpenAI's after/limit pagination)",
+            responses={200: ok("A page of files", Page[FileObject]), **error_responses(400)})
 def list_files(
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=settings.DEFAULT_FILE_PAGE_SIZE)] = settings.DEFAULT_FILE_PAGE_SIZE,
@@ -113,12 +123,16 @@ def list_files(
     return _json(page)
 
 
-@router.get("/v1/files/<file_id>", summary="A file")
+@router.get("/v1/files/<file_id>", summary="A file",
+            responses={200: ok("The file", FileObject), **error_responses(400, e404=NO_FILE)})
 def get_file(file_id: FileId) -> Response[FileObject]:
     return _json(_service().get_file(_tenant(), file_id).wire())
 
 
-@router.get("/v1/files/<file_id>/content", summary="A file's bytes: a redirect to a presigned GET")
+@router.get("/v1/files/<file_id>/content", summary="A file's bytes: a redirect to a presigned GET",
+            responses={302: {"description": "The presigned GET of the file's bytes, in Location",
+                             "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}}},
+                       **error_responses(400, e404=NO_FILE, e409="`conflict`: the file's upload has not arrived")})
 def get_file_content(file_id: FileId):  # no return annotation: the answer is a redirect, not a model
     # A redirect, not the bytes: a Lambda answer holds at most 6 MB; the SDK follows redirects (and drops its
     # Authorization header when the redirect leaves this origin).
@@ -127,7 +141,8 @@ def get_file_content(file_id: FileId):  # no return annotation: the answer is a 
                     body="")
 
 
-@router.delete("/v1/files/<file_id>", summary="Delete a file")
+@router.delete("/v1/files/<file_id>", summary="Delete a file",
+               responses={200: ok("The deleted file", FileDeleted), **error_responses(400, e404=NO_FILE)})
 def delete_file(file_id: FileId) -> Response[FileDeleted]:
     return _json(_service().delete_file(_tenant(), file_id))
 
@@ -135,12 +150,15 @@ def delete_file(file_id: FileId) -> Response[FileDeleted]:
 # --- Batches --------------------------------------------------------------------------------------------------------
 
 
-@router.post("/v1/batches", summary="Create a batch from an uploaded input file")
+@router.post("/v1/batches", summary="Create a batch from an uploaded input file",
+             responses={200: ok("The batch, validating", Batch), **error_responses(
+                 400, 415, 503, e404="`not_found`: no such input file of yours")})
 def create_batch(request: Annotated[BatchCreate, Body()]) -> Response[Batch]:
     return _json(_service().create_batch(_tenant(), request))
 
 
-@router.get("/v1/batches", summary="Your batches, newest first (OpenAI's after/limit pagination)")
+@router.get("/v1/batches", summary="Your batches, newest first (OpenAI's after/limit pagination)",
+            responses={200: ok("A page of batches", Page[Batch]), **error_responses(400)})
 def list_batches(
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=settings.MAX_BATCH_PAGE_SIZE)] = settings.DEFAULT_BATCH_PAGE_SIZE,
@@ -148,12 +166,15 @@ def list_batches(
     return _json(_service().list_batches(_tenant(), after=after, limit=limit))
 
 
-@router.get("/v1/batches/<batch_id>", summary="A batch")
+@router.get("/v1/batches/<batch_id>", summary="A batch",
+            responses={200: ok("The batch", Batch), **error_responses(400, e404=NO_BATCH)})
 def get_batch(batch_id: BatchId) -> Response[Batch]:
     return _json(_service().get_batch(_tenant(), batch_id).wire())
 
 
-@router.post("/v1/batches/<batch_id>/cancel", summary="Cancel a batch: its running lines stop, finished ones are kept")
+@router.post("/v1/batches/<batch_id>/cancel", summary="Cancel a batch: its running lines stop, finished ones are kept",
+             responses={200: ok("The batch, cancelling", Batch), **error_responses(
+                 400, e404=NO_BATCH, e409="`conflict`: the batch is already final")})
 def cancel_batch(batch_id: BatchId) -> Response[Batch]:
     return _json(_service().cancel_batch(_tenant(), batch_id))
 

@@ -30,7 +30,7 @@ from async_inference.service import ApiError, JobService
 from lambdas.api import batch_routes
 from lambdas.api.tenancy import tenant_of
 from lambdas.api import media_type
-from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, served
+from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
 
 logger = Logger()
 tracer = Tracer()
@@ -63,10 +63,6 @@ IdempotencyKey = Annotated[
 _BODY_ROUTES = {("POST", "/v1/jobs"), ("POST", "/v1/batches"), ("POST", "/v1/files/uploads")}
 
 
-def _ok(description: str, model: Any, **extra: Any) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"model": model}}, **extra}
-
-
 def _error(status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> Response:
     body = {"error": {"code": code, "message": message, "details": details or []}}
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body))
@@ -87,8 +83,8 @@ def _tenant() -> str:
     "/v1/jobs",
     summary="Submit a job",
     responses={
-        202: _ok("Queued (an inline `request`)", JobView),
-        201: _ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),
+        202: ok("Queued (an inline `request`)", JobView),
+        201: ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),
         **error_responses(
             400, 415, 422, 503,
             e404="`model_not_found`: the request names a model this deployment does not serve (GET /v1/models)",
@@ -110,7 +106,7 @@ def create_job(submission: Annotated[JobSubmission, Body()], idempotency_key: Id
 @app.get(
     "/v1/jobs/<job_id>",
     summary="Get a job's status and result",
-    responses={200: _ok("The job", JobView, headers=RETRY_AFTER), **error_responses(400, 404, 410)},
+    responses={200: ok("The job", JobView, headers=RETRY_AFTER), **error_responses(400, 404, 410)},
 )
 @tracer.capture_method
 def get_job(job_id: JobId) -> Response[JobView]:
@@ -123,7 +119,7 @@ def get_job(job_id: JobId) -> Response[JobView]:
 @app.get(
     "/v1/jobs",
     summary="List your jobs, newest first",
-    responses={200: _ok("A page of jobs", JobList), **error_responses(400)},
+    responses={200: ok("A page of jobs", JobList), **error_responses(400)},
 )
 @tracer.capture_method
 def list_jobs(
@@ -138,7 +134,7 @@ def list_jobs(
 @app.post(
     "/v1/jobs/<job_id>/cancel",
     summary="Cancel a job that has not finished",
-    responses={200: _ok("The cancelled job", JobView),
+    responses={200: ok("The cancelled job", JobView),
                **error_responses(400, 404, e409="`conflict`: the job is already final")},
 )
 @tracer.capture_method

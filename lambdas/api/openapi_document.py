@@ -1,8 +1,8 @@
 """The API's OpenAPI contract: what each route can answer, and the served document built from the routes.
 
 Powertools generates the document from the routes and the pydantic models they validate with. What it cannot know
-is added here, in one place: the API key (API Gateway checks it before any function runs), the errors API Gateway
-itself answers on every route (403, 413, 429, in the same envelope: the template's gateway responses), and the
+is added here, in one place: the API key (the authorizer checks it before any function runs), the errors API Gateway
+itself answers on every route (401, 403, 413, 429, in the same envelope: the template's gateway responses), and the
 removal of what Powertools declares that this API never answers (its 422 validation error and the schemas behind
 it; this API answers validation errors with a 400).
 """
@@ -12,28 +12,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, HTTPBearer
 
 from async_inference import settings
 from async_inference.schemas import ErrorResponse
 
 API_KEY_HEADER = "x-api-key"
 SECURITY_SCHEME = "apiKey"
+BEARER_SCHEME = "bearer"
 SECURITY_SCHEMES = {
     SECURITY_SCHEME: APIKey(
         name=API_KEY_HEADER,
         in_=APIKeyIn.header,
-        description="Your tenant's API key. Missing or unknown: 403 `invalid_api_key`, answered by API Gateway.",
-    )
+        description="Your tenant's API key. Missing or unknown: 401 `invalid_api_key`, answered by API Gateway.",
+    ),
+    # The same key as 'Authorization: Bearer <key>', which the OpenAI SDK sends (lambdas/authorizer reads either).
+    BEARER_SCHEME: HTTPBearer(description="Your tenant's API key as a bearer token (the OpenAI SDK's api_key)."),
 }
-SECURITY = [{SECURITY_SCHEME: []}]
+SECURITY = [{SECURITY_SCHEME: []}, {BEARER_SCHEME: []}]  # either one
 
 # What each error status means; every one carries ErrorResponse. A route's own meaning (409) is given where it is
 # declared.
 ERRORS = {
     400: "Invalid request: `error.message` starts with the field to fix",
-    403: "`invalid_api_key`: the x-api-key header is missing or not a key of this API (API Gateway); `forbidden`: the "
-    "key belongs to no tenant",
+    401: "`invalid_api_key`: no API key was sent, or it is not a key of this API (the authorizer, through API Gateway)",
+    403: "`forbidden`: the key is refused (disabled, or it belongs to no tenant)",
     404: "No such job for this tenant",
     410: f"`result_expired`: the job's result is deleted once the bucket's retention (default "
     f"{settings.PAYLOAD_RETENTION_DAYS} days) is over",
@@ -44,7 +47,7 @@ ERRORS = {
     503: "`unavailable`: a queue the service writes to is unavailable; retry",
 }
 # Answered by API Gateway whatever the route.
-GATEWAY_ERRORS = (403, 413, 429)
+GATEWAY_ERRORS = (401, 403, 413, 429)
 RETRY_AFTER = {
     "Retry-After": {
         "description": "While the job is unfinished: seconds to wait before the next GET (a fifth of its time in its "
@@ -52,6 +55,11 @@ RETRY_AFTER = {
         "schema": {"type": "integer", "minimum": 1, "maximum": settings.MAX_POLL_AFTER_S},
     }
 }
+
+
+def ok(description: str, model: Any, **extra: Any) -> dict[str, Any]:
+    """The OpenAPI response of a success status whose body is ``model``."""
+    return {"description": description, "content": {"application/json": {"model": model}}, **extra}
 
 
 def error_responses(*codes: int, **descriptions: str) -> dict[int, Any]:

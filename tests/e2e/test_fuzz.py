@@ -12,6 +12,7 @@ body schema); every error is the one JSON error envelope with a message and no s
 from __future__ import annotations
 
 from typing import Any, Iterator
+from unittest.mock import ANY
 
 import json
 
@@ -108,31 +109,63 @@ def _refs(node: Any) -> list[str]:
 
 def test_the_api_key_is_the_documents_security_scheme(document: dict[str, Any]) -> None:
     schemes = document["components"]["securitySchemes"]
-    assert [{"type": s["type"], "in": s["in"], "name": s["name"]} for s in schemes.values()] == [
-        {"type": "apiKey", "in": "header", "name": "x-api-key"}
-    ]
-    assert document["security"] == [{name: []} for name in schemes]
+    # The key as x-api-key or as a bearer token (what the OpenAI SDK sends): either one authenticates.
+    assert schemes == {
+        "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": ANY},
+        "bearer": {"type": "http", "scheme": "bearer", "description": ANY},
+    }
+    assert document["security"] == [{"apiKey": []}, {"bearer": []}]
 
 
-# Each route's own statuses; every route also documents API Gateway's 403 (key), 413 (10 MB) and 429 (usage plan).
+# Each route's own statuses; every route also documents API Gateway's 401 (no key or an unknown one), 403 (a refused
+# key), 413 (10 MB) and 429 (usage plan).
 DOCUMENTED = {
-    ("POST", "/v1/jobs"): {"201", "202", "400", "409", "413", "415", "422", "503"},
+    ("POST", "/v1/jobs"): {"201", "202", "400", "404", "409", "413", "415", "422", "503"},
     ("GET", "/v1/jobs"): {"200", "400"},
     ("GET", "/v1/jobs/{job_id}"): {"200", "400", "404", "410"},
     ("POST", "/v1/jobs/{job_id}/cancel"): {"200", "400", "404", "409"},
 }
 
 
+GATEWAY = {"401", "403", "413", "429"}
+
+
 @pytest.mark.parametrize(("method", "path"), OPERATIONS)
 def test_every_status_a_route_answers_is_documented_with_its_body(document: dict[str, Any], method: str,
                                                                    path: str) -> None:
     responses = document["paths"][path][method.lower()]["responses"]
-    assert set(responses) == DOCUMENTED[(method, path)] | {"403", "413", "429"}
+    assert set(responses) == DOCUMENTED[(method, path)] | GATEWAY
     success = "JobList" if (method, path) == ("GET", "/v1/jobs") else "JobView"
     for status, response in responses.items():
         [schema] = [content["schema"] for content in response["content"].values()]
         expected = "ErrorResponse" if int(status) >= 400 else success
         assert schema == {"$ref": f"#/components/schemas/{expected}"}, (status, schema)
+
+
+OPENAI_DOCUMENTED = {
+    ("GET", "/v1/models"): {"200"},
+    ("GET", "/v1/models/{model_id}"): {"200", "400", "404"},
+    ("POST", "/v1/files"): {"200", "400", "413"},
+    ("POST", "/v1/files/uploads"): {"201", "400", "415"},
+    ("GET", "/v1/files"): {"200", "400"},
+    ("GET", "/v1/files/{file_id}"): {"200", "400", "404"},
+    ("DELETE", "/v1/files/{file_id}"): {"200", "400", "404"},
+    ("GET", "/v1/files/{file_id}/content"): {"302", "400", "404", "409"},
+    ("POST", "/v1/batches"): {"200", "400", "404", "415", "503"},
+    ("GET", "/v1/batches"): {"200", "400"},
+    ("GET", "/v1/batches/{batch_id}"): {"200", "400", "404"},
+    ("POST", "/v1/batches/{batch_id}/cancel"): {"200", "400", "404", "409"},
+}
+
+
+@pytest.mark.parametrize(("method", "path"), list(OPENAI_DOCUMENTED))
+def test_every_status_an_openai_route_answers_is_documented(document: dict[str, Any], method: str, path: str) -> None:
+    responses = document["paths"][path][method.lower()]["responses"]
+    assert set(responses) == OPENAI_DOCUMENTED[(method, path)] | GATEWAY
+    for status, response in responses.items():
+        if int(status) >= 400:
+            [schema] = [content["schema"] for content in response["content"].values()]
+            assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (status, schema)
 
 
 def test_polling_a_job_documents_its_retry_after(document: dict[str, Any]) -> None:
