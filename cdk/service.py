@@ -16,7 +16,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
+from async_inference.config import ENV_PROGRESS_INTERVAL_S, ENV_WEBHOOK_QUEUE_URL, ServiceConfig
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
@@ -32,6 +32,7 @@ from cdk.result_topics import ResultTopics, TopicSubscription
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
+from cdk.websocket_push import WebSocketPush
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -54,6 +55,12 @@ class AsyncInferenceServiceProps:
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
+      websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
+        with the job event topic the workers publish started and progress events to. False: neither exists, and the
+        workers publish no such events (progress is still recorded on the job). Default: True.
+      progress_interval_s: seconds between a running job's progress writes (its tokens so far, on the job and as a
+        job.progress event), each only when the count changed; 0: no progress. Default:
+        ``settings.PROGRESS_INTERVAL_S`` (5).
     Workers
       model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
         ``"Qwen/Qwen2.5-1.5B-Instruct"``.
@@ -102,6 +109,8 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
+    websocket_push: bool = True
+    progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
     model_source: str = "huggingface"
     model_s3_uri: str | None = None
@@ -141,6 +150,8 @@ class AsyncInferenceServiceProps:
                 "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
                 "driver and the ECS agent, or choose an x86_64 type (g5, g6)"
             )
+        if self.progress_interval_s < 0:
+            raise ValueError(f"progress_interval_s must be 0 (no progress) or more, got {self.progress_interval_s}")
         if self.deployment_spare_instances < 0:
             raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
         spare_gpus = self.max_gpu_instances * self.gpus_per_instance - self.max_worker_tasks
@@ -202,7 +213,7 @@ class AsyncInferenceService(Construct):
 
     The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
     ``webhooks``, ``api``, ``uploads``, ``upload_deadlines``, ``dead_letters``, ``workers``, ``scaling``,
-    ``monitoring``). Every
+    ``monitoring``, ``push``: None without ``websocket_push``). Every
     permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
     each function and the worker from ``ServiceConfig``, the same class the code reads it with.
     """
@@ -254,6 +265,21 @@ class AsyncInferenceService(Construct):
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
         )
+        self.push: WebSocketPush | None = None
+        if props.websocket_push:
+            self.push = WebSocketPush(
+                self,
+                "Push",
+                code=code,
+                result_topic=self.results.topic,
+                topic_key=self.results.key,
+                api_keys=self.api.api_keys,
+                environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+                stage_name=props.api_stage_name,
+                log_retention=props.log_retention,
+            )
+            # Stage access logs need the account's API Gateway logging role, which the REST API sets up.
+            self.push.stage.node.add_dependency(self.api.api)
         model_environment, model_secrets = self._model_source(props, removal)
         self.workers = GpuWorkerService(
             self,
@@ -267,6 +293,8 @@ class AsyncInferenceService(Construct):
                 **model_environment,
                 "MAX_NUM_SEQS": str(props.max_num_seqs),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
+                ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
+                **(self.push.worker_environment if self.push else {}),  # started and progress events
             },
             secrets=model_secrets,
             instance_type=props.gpu_instance_type,
@@ -381,6 +409,8 @@ class AsyncInferenceService(Construct):
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if self.push is not None:
+            self.push.grant_publish_events(worker)  # job.started, job.progress
         if self.models is not None:
             self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
 

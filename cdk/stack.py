@@ -30,6 +30,10 @@ class AsyncInferenceStack(Stack):
             "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
             "DashboardName": s.monitoring.dashboard.dashboard_name,
         }
+        if s.push is not None:
+            outputs["WebSocketUrl"] = s.push.url
+            outputs["ConnectionTableName"] = s.push.connections.table_name
+            outputs["JobEventTopicArn"] = s.push.events_topic.topic_arn
         if s.models is not None:
             # Where the workers read the weights: `aws s3 sync <local model directory> <ModelS3Uri>` uploads them.
             outputs["ModelS3Uri"] = s.models.s3_uri
