@@ -43,6 +43,7 @@ from async_inference.schemas import (
     ErrorResponse,
     JobEvent,
     JobList,
+    JobProgress,
     JobView,
     Subscription,
     WebhookSpec,
@@ -131,26 +132,23 @@ def _reason(exc: BaseException) -> str:
 class JobUpdate:
     """What ``wait()`` passes to ``on_update`` each time it learns something about the job.
 
-    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is the
-    fraction done, when the server reports one."""
+    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is a
+    running job's tokens generated so far (``{completion_tokens, updated_at}``), when the server reports it; there is
+    no fraction done, since ``max_tokens`` is a cap, not the length the job will reach."""
 
     job_id: str
     status: JobStatus
-    progress: float | None = None
+    progress: JobProgress | None = None
     via: Literal["poll", "push"] = "poll"
     job: JobView | None = None
 
     @classmethod
     def of_view(cls, job: JobView) -> JobUpdate:
-        return cls(job_id=job.job_id, status=job.status, progress=_fraction(getattr(job, "progress", None)), job=job)
+        return cls(job_id=job.job_id, status=job.status, progress=job.progress, job=job)
 
     @classmethod
     def of_event(cls, event: JobEvent) -> JobUpdate:
         return cls(job_id=event.job_id, status=event.status, progress=event.progress, via="push")
-
-
-def _fraction(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else None
 
 
 OnUpdate = Callable[[JobUpdate], None]

@@ -52,7 +52,7 @@ def tell_the_whole_run(job: Job):
         job.read.wait(10)  # the client reads the job once subscribed: the run starts after that
         job.status = "running"
         connection.send(event("job.started"))
-        connection.send(event("job.progress", progress=0.5))
+        connection.send(event("job.progress", progress={"completion_tokens": 5, "updated_at": "2026-12-01T12:00:00Z"}))
         job.status = "succeeded"
         connection.send(event("job.completed"))
         until_closed(connection)
@@ -71,8 +71,8 @@ def test_wait_is_told_over_the_websocket_and_reads_the_job_only_around_it():
     assert push.subscriptions == [{"action": "subscribe", "job_ids": [JOB_ID]}]
     assert push.headers[0]["x-api-key"] == KEY
     # AND it was told each step, progress included, and the end is the API's final view with the result
-    assert [(u.via, u.status.value, u.progress) for u in updates] == [
-        ("poll", "queued", None), ("push", "running", None), ("push", "running", 0.5),
+    assert [(u.via, u.status.value, u.progress and u.progress.completion_tokens) for u in updates] == [
+        ("poll", "queued", None), ("push", "running", None), ("push", "running", 5),
         ("push", "succeeded", None), ("poll", "succeeded", None)]
     assert final.status is JobStatus.SUCCEEDED and final.result is not None
     # AND it read the job twice (once subscribed, once at the end) and never slept to poll
@@ -185,7 +185,7 @@ def test_the_async_client_is_told_over_the_websocket_too():
     with job.api, push:
         assert asyncio.run(wait()) is JobStatus.SUCCEEDED
     assert push.subscriptions == [{"action": "subscribe", "job_ids": [JOB_ID]}]
-    assert [u.progress for u in updates if u.via == "push"] == [None, 0.5, None]
+    assert [u.progress and u.progress.completion_tokens for u in updates if u.via == "push"] == [None, 5, None]
     assert len(job.api.gets()) == 2 and time.sleeps == []
 
 
