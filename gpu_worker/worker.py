@@ -347,9 +347,9 @@ class Worker:
         raw = await self._read_payload(claim)
         request, reason = parse_request_body(raw) if raw is not None else (None, MISSING_PAYLOAD)
         if request is None:
-            # It never ran: failed from queued (or from running, a redelivery after a crash), never from a final
-            # state; this worker's try counts as an attempt, as a run would.
-            return await self._finish(claim.job_id, JobStatus.FAILED, error=reason, count_attempt=True,
+            # It never ran (attempts counts runs): failed from queued, or from running for a redelivery after a
+            # crash, never from a final state.
+            return await self._finish(claim.job_id, JobStatus.FAILED, error=reason,
                                       only_from={JobStatus.QUEUED, JobStatus.RUNNING})
 
         job, outcome = await self._in_engine(claim, flight, request)
