@@ -665,18 +665,24 @@ class ConnectionStore:
             update = "SET #all = :true"
             names["#all"] = "all"
             values[":true"] = True
+        request = {"Key": {_CONNECTION: connection_id}, "UpdateExpression": update, "ExpressionAttributeNames": names}
         try:
-            self._table.update_item(Key={_CONNECTION: connection_id}, UpdateExpression=update,
-                                    ConditionExpression=condition, ExpressionAttributeNames=names,
-                                    ExpressionAttributeValues=values)
+            self._table.update_item(**request, ConditionExpression=condition, ExpressionAttributeValues=values)
         except ClientError as exc:
             if not is_error(exc, "ConditionalCheckFailedException"):
                 raise
-            if self._table.get_item(Key={_CONNECTION: connection_id}).get("Item") is None:
+            item = self._table.get_item(Key={_CONNECTION: connection_id}).get("Item")
+            if item is None:
                 return False
-            raise TooManySubscriptions(
-                f"a connection follows at most {settings.WS_MAX_JOB_IDS_PER_CONNECTION} job ids: subscribe with "
-                "'all': true instead, or open another connection") from exc
+            # Near the limit, the size check above counts ids the connection follows already: count them once.
+            ids = set(item.get("job_ids") or ()) | set(subscription.job_ids or ())
+            if len(ids) > settings.WS_MAX_JOB_IDS_PER_CONNECTION:
+                raise TooManySubscriptions(
+                    f"a connection follows at most {settings.WS_MAX_JOB_IDS_PER_CONNECTION} job ids: subscribe with "
+                    "'all': true instead, or open another connection") from exc
+            values.pop(":room", None)
+            self._table.update_item(**request, ConditionExpression="attribute_exists(#pk)",
+                                    ExpressionAttributeValues=values)
         return True
 
     def subscribers(self, tenant: str, job_id: str, batch_id: str | None = None) -> list[str]:

@@ -173,3 +173,17 @@ def test_the_management_api_answers_as_api_gateway_does(stack: LocalStack):
     # WHEN it posts to a connection that does not exist THEN it gets GoneException
     with pytest.raises(management.exceptions.GoneException):
         management.post_to_connection(ConnectionId="bm9ib2R5SGVyZQ==", Data=b"{}")
+
+
+def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalStack):
+    # GIVEN a connection that subscribed to 1,000 job ids in ten messages of 100
+    ids = [f"job_{i:032x}" for i in range(settings.WS_MAX_JOB_IDS_PER_CONNECTION + 1)]
+    with socket(stack) as connection:
+        for start in range(0, settings.WS_MAX_JOB_IDS_PER_CONNECTION, settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE):
+            chunk = ids[start:start + settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE]
+            assert subscribe(connection, job_ids=chunk)["type"] == "subscribed"
+        # WHEN it asks for one more THEN it is told to subscribe to all instead
+        answer = subscribe(connection, job_ids=ids[-1:])
+        assert answer["code"] == "too_many_subscriptions" and "'all': true" in answer["message"], answer
+        # AND the ids it already had are still one set, not doubled by a second subscription to them
+        assert subscribe(connection, job_ids=ids[:5])["type"] == "subscribed"
