@@ -186,6 +186,8 @@ class WebSocketPush(Construct):
         topic.add_subscription(subscriptions.LambdaSubscription(self.push_handler, filter_policy=only))
 
     def _grant(self, api_keys: Mapping[str, apigw.IApiKey]) -> None:
+        """Each function gets exactly the calls its code makes (async_inference.aws: ConnectionStore, ApiKeyTenants,
+        ConnectionPoster) on the one resource it makes them on."""
         table = self.connections.table_arn
         iam.Grant.add_to_principal(
             grantee=self.routes_handler,
@@ -209,8 +211,7 @@ class WebSocketPush(Construct):
             {
                 f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'execute-api')}:{rendered_account(stack)}:"
                 f"<{stack.get_logical_id(self.api.node.default_child)}>/{self.stage.stage_name}/*/@connections/*]":
-                "Connections of this "
-                "API's stage only: their ids are assigned by API Gateway at run time.",
+                "Connections of this API's stage only: their ids are assigned by API Gateway at run time.",
             },
         )
         acknowledge(
