@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from time import monotonic
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from tests.client.fake_api import (
     Seen,
     event,
     job_view,
+    subscribed,
     succeeded_view,
     until_closed,
 )
@@ -221,3 +223,67 @@ def test_a_subscription_is_for_jobs_a_batch_or_all():
 def test_a_subscription_without_exactly_one_valid_scope_is_refused(scopes):
     with pytest.raises(ValidationError):
         Subscription(**scopes)
+
+
+def test_wait_reads_the_job_only_once_the_api_has_acknowledged_the_subscription():
+    # GIVEN a WebSocket API that takes 0.5 s to store the subscription (its function runs) before it replies
+    time_, job = FakeTime(), Job("running")
+    read_at: list[float] = []
+
+    def slow_reply(subscription: dict[str, Any]) -> str:
+        threading.Event().wait(0.5)
+        return subscribed(subscription)
+
+    def respond(seen: Seen) -> Reply:
+        read_at.append(monotonic())
+        job.status = "succeeded"
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=slow_reply)
+    with job.api, push:
+        Client(job.api.url, KEY, ws_url=push.url, sleep=time_.sleep, clock=time_.clock).wait(JOB_ID)
+    # THEN its first read came after the reply: an end between the two is not lost
+    assert push.replied_at and read_at and read_at[0] >= push.replied_at[0]
+
+
+def test_a_subscription_the_api_refuses_makes_wait_poll():
+    # GIVEN a WebSocket API that answers the subscription with an error
+    time_, job = FakeTime(), Job("running")
+
+    def respond(seen: Seen) -> Reply:
+        if len(job.api.gets()) >= 2:
+            job.status = "succeeded"
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    refuse = lambda subscription: '{"type": "error", "code": "invalid_subscription", "message": "job_ids.0: no"}'  # noqa: E731
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=refuse)
+    with job.api, push:
+        final = Client(job.api.url, KEY, ws_url=push.url, sleep=time_.sleep, clock=time_.clock).wait(JOB_ID)
+    # THEN it went on by polling (with sleeps between) and saw the end
+    assert final.status is JobStatus.SUCCEEDED and time_.sleeps
+
+
+def test_the_async_client_waits_for_the_subscription_reply_too():
+    time_, job = FakeTime(), Job("succeeded")
+    read_at: list[float] = []
+
+    def slow_reply(subscription: dict[str, Any]) -> str:
+        threading.Event().wait(0.5)
+        return subscribed(subscription)
+
+    def respond(seen: Seen) -> Reply:
+        read_at.append(monotonic())
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=slow_reply)
+
+    async def wait() -> JobStatus:
+        async with AsyncClient(job.api.url, KEY, ws_url=push.url, sleep=time_.async_sleep, clock=time_.clock) as client:
+            return (await client.wait(JOB_ID)).status
+
+    with job.api, push:
+        assert asyncio.run(wait()) is JobStatus.SUCCEEDED
+    assert read_at[0] >= push.replied_at[0]
