@@ -11,9 +11,8 @@ import base64
 import datetime as dt
 import json
 import os
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import boto3
 from boto3.dynamodb.conditions import Attr, Key
@@ -522,6 +521,31 @@ def notification_attributes(notification: ResultNotification, *, has_webhook: bo
     return attributes
 
 
+# --- ECS ------------------------------------------------------------------------------------------------------------
+
+# The wake from zero runs inside a submit: one attempt with short timeouts, so an ECS endpoint that does not answer
+# holds a submit up by 3 s at most (and once a minute per process); the scaling alarms wake the service regardless.
+_WAKE_CONFIG = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1, read_timeout=2)
+
+
+class WorkerService:
+    """The GPU workers' ECS service, as the wake from zero sees it: its desired task count, read and set."""
+
+    def __init__(self, cluster: str, service: str, ecs: Any | None = None) -> None:
+        self.cluster = cluster
+        self.service = service
+        self._ecs = ecs or boto3.client("ecs", config=_WAKE_CONFIG)
+
+    def desired_count(self) -> int:
+        response = self._ecs.describe_services(cluster=self.cluster, services=[self.service])
+        if not response.get("services"):
+            raise LookupError(f"no ECS service {self.service} in cluster {self.cluster}: {response.get('failures')}")
+        return int(response["services"][0]["desiredCount"])
+
+    def set_desired_count(self, count: int) -> None:
+        self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
+
+
 # --- API Gateway ----------------------------------------------------------------------------------------------------
 
 
@@ -575,47 +599,7 @@ class JobEvents:
         return published
 
 
-# --- The WebSocket API: API keys by value, connections, the management API ------------------------------------------
-
-
-class ApiKeyTenants:
-    """The tenant of an API key's *value* (a WebSocket client sends the key itself, not an id API Gateway resolved):
-    the name of the tenant key, among ``key_ids``, whose value it is; None for anything else or a disabled key.
-
-    The keys are read (GetApiKey with its value, one request per tenant) at the first lookup and then again when a
-    value is not known and the last read is over ``refresh_s`` old, so a key created or enabled since is found within
-    that time and a stream of wrong keys costs at most one read of the keys per ``refresh_s``."""
-
-    def __init__(self, key_ids: Iterable[str], apigateway: Any | None = None, *, refresh_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._key_ids = list(key_ids)
-        self._apigateway = apigateway or client("apigateway")
-        self._refresh_s = refresh_s
-        self._clock = clock
-        self._by_value: dict[str, str] = {}
-        self._read_at: float | None = None
-
-    def tenant_of_value(self, value: str) -> str | None:
-        if not value:
-            return None
-        stale = self._read_at is None or self._clock() - self._read_at >= self._refresh_s
-        if value not in self._by_value and stale:
-            self._read()
-        return self._by_value.get(value)
-
-    def _read(self) -> None:
-        by_value = {}
-        for key_id in self._key_ids:
-            try:
-                key = self._apigateway.get_api_key(apiKey=key_id, includeValue=True)
-            except ClientError as exc:
-                if not is_error(exc, "NotFoundException"):
-                    raise
-                continue
-            if key.get("enabled", True) and key.get("value"):
-                by_value[key["value"]] = key["name"]
-        self._by_value = by_value
-        self._read_at = self._clock()
+# --- The WebSocket API: connections and the management API ---------------------------------------------------
 
 
 class TooManySubscriptions(Exception):
@@ -726,3 +710,19 @@ class ConnectionPoster:
                 return False
             raise
         return True
+
+
+class ApiKeyValues:
+    """An API key's value and whether it is enabled, by id (``apigateway:GET`` on that key only)."""
+
+    def __init__(self, apigateway: Any | None = None) -> None:
+        self._apigateway = apigateway or client("apigateway")
+
+    def __call__(self, key_id: str) -> tuple[str, bool] | None:
+        try:
+            key = self._apigateway.get_api_key(apiKey=key_id, includeValue=True)
+        except ClientError as exc:
+            if is_error(exc, "NotFoundException"):
+                return None
+            raise
+        return key["value"], bool(key.get("enabled", True))

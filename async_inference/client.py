@@ -35,6 +35,8 @@ from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
+from async_inference import settings
+from async_inference.batches.models import Batch, FileObject, FileUpload, Page
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.retry import DEFAULT_POLL, PUSH_CHECK_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
 from async_inference.schemas import (
@@ -96,6 +98,15 @@ class ApiUnreachable(AsyncInferenceError):
 
 class UnexpectedResponse(AsyncInferenceError):
     """The API answered with a success status and a body that is not what the route returns."""
+
+
+class BatchWaitTimeout(AsyncInferenceError, TimeoutError):
+    """``wait_batch()`` gave up before the batch was final. The batch goes on; ``batch`` is the last view of it."""
+
+    def __init__(self, batch: Batch, timeout_s: float) -> None:
+        self.batch = batch
+        self.timeout_s = timeout_s
+        super().__init__(f"batch {batch.id} is still {batch.status.value} after {timeout_s:g} s")
 
 
 class NoResult(AsyncInferenceError, ValueError):
@@ -173,6 +184,8 @@ class _Call:
     json: Any = None
     content: bytes | None = None
     params: dict[str, Any] | None = None
+    files: dict[str, Any] | None = None  # multipart parts (the Files API)
+    data: dict[str, Any] | None = None  # multipart fields
     # Whether sending it twice is harmless: only then is a request that got no answer sent again.
     resend_safe: bool = False
 
@@ -383,7 +396,8 @@ class Client(_Core):
         while True:
             try:
                 response = self._http.request(call.method, call.url, headers=call.headers, json=call.json,
-                                              content=call.content, params=call.params)
+                                              content=call.content, params=call.params, files=call.files,
+                                              data=call.data)
             except httpx2.TransportError as exc:
                 delay = self._retry_delay(call, attempt, error=exc)
             else:
@@ -391,6 +405,64 @@ class Client(_Core):
                     return response
                 delay = self._retry_delay(call, attempt, response=response)
             self._sleep(delay)
+            attempt += 1
+
+    # --- files and batches (the OpenAI Batch API; docs/batches.md) --------------------------------------------------
+
+    def upload_file(self, data: bytes, *, filename: str = "input.jsonl", purpose: str = "batch") -> FileObject:
+        """Upload a batch input file: in the request (``POST /v1/files``) up to settings.MAX_FILE_INLINE_BYTES, through
+        a presigned PUT beyond (``POST /v1/files/uploads``, up to settings.BATCH_MAX_FILE_BYTES)."""
+        if len(data) <= settings.MAX_FILE_INLINE_BYTES:
+            call = self._api("POST", "/v1/files")
+            call = _Call(call.method, call.url, call.headers, files={"file": (filename, data, "application/jsonl")},
+                         data={"purpose": purpose})
+            return self._parse(self._send(call), FileObject)
+        body = {"filename": filename, "purpose": purpose, "bytes": len(data)}
+        created = self._parse(self._send(self._api("POST", "/v1/files/uploads", body=body)), FileUpload)
+        self._send(_Call("PUT", created.upload.url, dict(created.upload.headers), content=data, resend_safe=True))
+        return self._parse(self._send(self._api("GET", f"/v1/files/{created.id}")), FileObject)
+
+    def file_content(self, file_id: str) -> bytes:
+        """A file's bytes: the API answers with a redirect to a presigned GET, which is fetched without the key."""
+        response = self._send(self._api("GET", f"/v1/files/{file_id}/content"))
+        location = response.headers.get("location")
+        if response.status_code not in (301, 302, 303, 307, 308) or not location:
+            return response.content
+        return self._send(_Call("GET", location, {}, resend_safe=True)).content
+
+    def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
+                     completion_window: str = "24h") -> Batch:
+        body = {"input_file_id": input_file_id, "endpoint": settings.BATCH_ENDPOINT,
+                "completion_window": completion_window, **({"metadata": dict(metadata)} if metadata else {})}
+        return self._parse(self._send(self._api("POST", "/v1/batches", body=body)), Batch)
+
+    def get_batch(self, batch_id: str) -> Batch:
+        return self._parse(self._send(self._api("GET", f"/v1/batches/{batch_id}")), Batch)
+
+    def list_batches(self, *, after: str | None = None, limit: int | None = None) -> Page[Batch]:
+        """One page of the tenant's batches, newest first; pass ``.last_id`` as ``after`` while ``.has_more``."""
+        params = {k: v for k, v in {"after": after, "limit": limit}.items() if v is not None}
+        return self._parse(self._send(self._api("GET", "/v1/batches", params=params)), Page[Batch])
+
+    def cancel_batch(self, batch_id: str) -> Batch:
+        return self._parse(self._send(self._api("POST", f"/v1/batches/{batch_id}/cancel")), Batch)
+
+    def wait_batch(self, batch_id: str, *, timeout_s: float = 24 * 3600.0,
+                   on_update: Callable[[Batch], None] | None = None, poll: Backoff | None = None) -> Batch:
+        """Poll until the batch is final (completed, failed, expired, cancelled); BatchWaitTimeout after
+        ``timeout_s`` (the batch goes on). ``on_update`` gets every view (request_counts for a progress bar)."""
+        deadline = self._clock() + timeout_s
+        attempt = 0
+        while True:
+            batch = self.get_batch(batch_id)
+            if on_update:
+                on_update(batch)
+            if batch.status.is_final:
+                return batch
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise BatchWaitTimeout(batch, timeout_s)
+            self._sleep(min(remaining, poll_delay(poll or self.poll, attempt, retry_after=None, rng=self._rng)))
             attempt += 1
 
     # --- the API ----------------------------------------------------------------------------------------------------
@@ -563,7 +635,8 @@ class AsyncClient(_Core):
         while True:
             try:
                 response = await self._http.request(call.method, call.url, headers=call.headers, json=call.json,
-                                                    content=call.content, params=call.params)
+                                                    content=call.content, params=call.params, files=call.files,
+                                                    data=call.data)
             except httpx2.TransportError as exc:
                 delay = self._retry_delay(call, attempt, error=exc)
             else:

@@ -21,24 +21,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from async_inference import settings
-from async_inference.aws import ApiKeyTenants, ConnectionPoster, ConnectionStore, TooManySubscriptions
+from async_inference.authorizer import TenantKeys, presented_keys
+from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
 from async_inference.schemas import FINAL_EVENT_TYPES, JobActivity, JobEvent, ResultNotification, Subscription
 from async_inference.service import describe_validation_error
 
 logger = logging.getLogger(__name__)
-API_KEY_HEADER = "x-api-key"
 
 
 # --- The routes -----------------------------------------------------------------------------------------------------
 
 
 def api_key_of(headers: Mapping[str, str] | None, query: Mapping[str, str] | None) -> str | None:
-    """The key a client connected with: the ``x-api-key`` header, or the ``api_key`` query parameter (a browser's
-    WebSocket cannot set headers)."""
-    for name, value in (headers or {}).items():
-        if name.lower() == API_KEY_HEADER and value:
-            return value
-    return (query or {}).get(settings.WS_API_KEY_QUERY_PARAMETER) or None
+    """The key a client connected with: the ``x-api-key`` header (or ``Authorization: Bearer``, as the REST API takes
+    it), or else the ``api_key`` query parameter (a browser's WebSocket cannot set headers)."""
+    presented = presented_keys(headers)
+    return presented[0] if presented else (query or {}).get(settings.WS_API_KEY_QUERY_PARAMETER) or None
 
 
 def reply(type_: str, **fields: Any) -> str:
@@ -53,14 +51,14 @@ def error_reply(code: str, message: str) -> str:
 class WebSocketRoutes:
     """What each route does with its connection."""
 
-    def __init__(self, connections: ConnectionStore, tenants: ApiKeyTenants) -> None:
+    def __init__(self, connections: ConnectionStore, tenants: TenantKeys) -> None:
         self.connections = connections
         self.tenants = tenants
 
     def connect(self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None) -> str | None:
         """Open the connection for its key's tenant; None (refuse it) for a missing or unknown key."""
         key = api_key_of(headers, query)
-        tenant = self.tenants.tenant_of_value(key) if key else None
+        tenant = self.tenants.tenant_of(key) if key else None
         if tenant is None:
             return None
         self.connections.open(connection_id, tenant)

@@ -7,7 +7,7 @@ Every producer and consumer validates with these models. Each message that leave
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -118,6 +118,54 @@ class ClaimCheck(_Internal):
     model: str | None = None  # lets a fleet route by model without reading the payload
     deadline: dt.datetime  # still queued after this: the job expires and never runs
     timeout_s: int  # a running generation is aborted after this
+
+
+class ChunkClaimCheck(_Internal):
+    """A range of lines of a batch's input file, on the batch-lane queue (docs/design/batches.md). Never the lines."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    kind: Literal["batch_chunk"] = "batch_chunk"
+    batch_id: str
+    tenant: str
+    bucket: str
+    input_key: str  # the input file's object
+    chunk: int = Field(ge=0)
+    start_byte: int = Field(ge=0)  # first byte of the chunk's first line
+    end_byte: int = Field(ge=0)  # last byte of the chunk's last line (inclusive, as an HTTP Range)
+    first_line: int = Field(ge=1)  # line number of the first line in the input file (errors name lines)
+    line_count: int = Field(ge=1)
+    model: str | None = None
+    deadline: dt.datetime  # the batch's completion window ends: lines not finished by then are batch_expired
+    timeout_s: int  # one line's generation is aborted after this
+
+
+class BatchControl(_Internal):
+    """A step of a batch for the batch controller: plan it (validate and chunk its input), or finalize it."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    kind: Literal["plan", "finalize"]
+    batch_id: str
+    tenant: str
+
+
+class BatchLineError(BaseModel):
+    code: str
+    message: str
+
+
+class BatchLineResponse(BaseModel):
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+
+
+class BatchLineOutput(BaseModel):
+    """One line of a batch's output or error file, in OpenAI's format."""
+
+    id: str  # batch_req_...
+    custom_id: str
+    response: BatchLineResponse | None = None
+    error: BatchLineError | None = None
 
 
 class UploadDeadline(_Internal):

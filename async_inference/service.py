@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from async_inference import settings, webhooks
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
+from async_inference.wake import ServiceWaker
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -83,6 +85,8 @@ class JobService:
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
+        served: ServedModels | None = None,
+        waker: ServiceWaker | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -92,10 +96,15 @@ class JobService:
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
+        self.served = served or ServedModels.of(None)
+        # None: queueing a job wakes nothing (the scaling alarms still start a task).
+        self.waker = waker
 
     @classmethod
-    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
-        """The service over the resources ``config`` names, with one set of clients for the process."""
+    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
+                    served_models: list[str] | None = None) -> JobService:
+        """The service over the resources ``config`` names, with one set of clients for the process;
+        ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any)."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
@@ -103,6 +112,8 @@ class JobService:
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
+            served=ServedModels.of(served_models),
+            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -115,8 +126,10 @@ class JobService:
                 return Submitted(existing, created=False, upload=self._upload_for(existing))
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
-        now = utcnow()
         request = submission.request
+        if request is not None:
+            self._check_model(request.model)
+        now = utcnow()
         inline = request is not None
         key = settings.request_key(tenant, job_id) if inline else settings.upload_key(tenant, job_id)
         job = Job(
@@ -153,6 +166,12 @@ class JobService:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
 
+    def _check_model(self, model: str) -> None:
+        """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer."""
+        if not self.served.serves(model):
+            message = self.served.not_found_message(model)
+            raise ApiError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+
     def _check_webhook_url(self, url: str) -> None:
         """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""
         try:
@@ -170,6 +189,8 @@ class JobService:
             if failed is not None:
                 self.notify(failed)
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+        if self.waker is not None:
+            self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
     def _schedule_upload_deadline(self, job: Job) -> None:
         if self.deadlines is None:
@@ -250,6 +271,9 @@ class JobService:
             request, reason = self._check_upload(job, key, size_bytes)
             if request is None:
                 return self.finish(job, JobStatus.FAILED, error=f"upload rejected: {reason}")
+            if not self.served.serves(request.model):
+                return self.finish(job, JobStatus.FAILED, model=request.model,
+                                   error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}")
             if utcnow() > job.deadline:
                 return self.finish(job, JobStatus.EXPIRED, error="the upload arrived after the job's deadline")
             queued = self.store.transition(job.job_id, JobStatus.QUEUED, model=request.model)

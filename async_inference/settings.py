@@ -91,6 +91,45 @@ def result_key(tenant: str, job_id: str) -> str:
     return f"{RESULT_PREFIX}{tenant}/{job_id}/result.json"
 
 
+# --- Batches (docs/design/batches.md) ---------------------------------------------------------------------------------
+FILE_PREFIX = "files/"  # Files API objects: batch input files, and the output and error files of batches
+BATCH_PREFIX = "batches/"  # per-chunk result parts, until a batch is finalized
+BATCH_MAX_LINES = 50_000  # OpenAI's limit per batch input file
+BATCH_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit per batch input file
+BATCH_CHUNK_LINES = 100  # lines per chunk claim check: one queue message, one ranged read, two part writes
+BATCH_COMPLETION_WINDOWS = {"24h": 24 * 60 * 60}  # what OpenAI accepts for completion_window
+BATCH_ENDPOINT = "/v1/chat/completions"
+# The batch table (cdk/batches.py declares it; async_inference/batches/store.py writes it): files and batches, one item
+# each, listed per tenant and kind ("<tenant>#file", "<tenant>#batch") newest first through the owner index.
+BATCH_TABLE_PARTITION_KEY = "id"
+BATCH_OWNER_INDEX_NAME = "owner-created-index"
+BATCH_OWNER_ATTRIBUTE = "owner"
+BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
+BATCH_TTL_ATTRIBUTE = "ttl_epoch"
+# POST /v1/files carries the file through API Gateway (10 MB) and a synchronous Lambda invocation (6 MB of event,
+# the multipart body base64-encoded in it: 4/3 of its size, plus the headers): 4 MiB of file fits both with room. Larger
+# files, up to BATCH_MAX_FILE_BYTES, take the presigned-upload path (POST /v1/files/uploads, an extension).
+MAX_FILE_INLINE_BYTES = 4 * 1024 * 1024
+FILE_PURPOSES = ("batch",)  # what POST /v1/files accepts; batch_output files are written by the controller
+FILE_RETENTION_DAYS = 30  # files and batches (records and objects) are kept this long after creation
+DEFAULT_FILE_PAGE_SIZE = 10_000  # OpenAI's default and maximum for GET /v1/files
+DEFAULT_BATCH_PAGE_SIZE = 20  # OpenAI's default for GET /v1/batches
+MAX_BATCH_PAGE_SIZE = 100
+BATCH_MAX_ERRORS = 100  # structural errors a failed batch lists in errors.data (one per line, the first ones)
+
+
+def file_key(tenant: str, file_id: str) -> str:
+    """Where a file's bytes live (input files uploaded by clients, output and error files of batches)."""
+    return f"{FILE_PREFIX}{tenant}/{file_id}/content"
+
+
+def batch_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
+    """Where one chunk's output or error lines live until the batch is finalized (``kind``: output or error)."""
+    if kind not in ("output", "error"):
+        raise ValueError(f"part kind {kind!r} is not output or error")
+    return f"{BATCH_PREFIX}{tenant}/{batch_id}/parts/{chunk:06d}.{kind}.jsonl"
+
+
 def parse_upload_key(key: str) -> tuple[str, str] | None:
     """(tenant, job_id) from an upload key, or None when the key is not one of ours."""
     parts = key.split("/")
@@ -115,6 +154,7 @@ METRIC_JOBS_FAILED = "JobsFailed"  # worker: jobs that ended failed (count)
 METRIC_PROCESSING_TIME = "ProcessingTime"  # worker: seconds from generation start to result stored
 METRIC_QUEUE_TIME = "QueueTime"  # worker: seconds from submission to generation start
 METRIC_COMPLETION_TOKENS = "CompletionTokens"  # worker: tokens generated (count)
+METRIC_WAKE_FAILURES = "WakeFailures"  # API: wake-from-zero calls to ECS that failed (count; async_inference.wake)
 WORKER_METRICS = (
     METRIC_JOBS_SUCCEEDED,
     METRIC_JOBS_FAILED,
@@ -122,7 +162,7 @@ WORKER_METRICS = (
     METRIC_QUEUE_TIME,
     METRIC_COMPLETION_TOKENS,
 )
-API_METRICS = (METRIC_JOBS_SUBMITTED,)
+API_METRICS = (METRIC_JOBS_SUBMITTED, METRIC_WAKE_FAILURES)
 
 # Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
 # receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.

@@ -21,6 +21,7 @@ FIVE_MINUTES = Duration.minutes(5)
 _JOBS = "Jobs per 5 minutes"
 _TIMES = "Queue and processing time (s)"
 _TOKENS = "Completion tokens per 5 minutes"
+_WAKE = "Failed wakes from zero per 5 minutes"
 METRIC_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     settings.METRIC_JOBS_SUBMITTED: (_JOBS, ("Sum",)),
     settings.METRIC_JOBS_SUCCEEDED: (_JOBS, ("Sum",)),
@@ -28,6 +29,7 @@ METRIC_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     settings.METRIC_QUEUE_TIME: (_TIMES, ("Average", "p90")),
     settings.METRIC_PROCESSING_TIME: (_TIMES, ("Average", "p90")),
     settings.METRIC_COMPLETION_TOKENS: (_TOKENS, ("Sum",)),
+    settings.METRIC_WAKE_FAILURES: (_WAKE, ("Sum",)),
 }
 
 

@@ -29,6 +29,9 @@ class AsyncInferenceStack(Stack):
             "WebhookSigningSecretArn": s.webhooks.signing_secrets.secret_arn,
             "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
             "DashboardName": s.monitoring.dashboard.dashboard_name,
+            "BatchTableName": s.batches.table.table_name,
+            "BatchQueueUrl": s.batches.lane_queue.queue_url,
+            "BatchControlQueueUrl": s.batches.control_queue.queue_url,
         }
         if s.push is not None:
             outputs["WebSocketUrl"] = s.push.url

@@ -108,7 +108,9 @@ class WebSocketPush(Construct):
             environment={
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_TENANT_API_KEY_IDS: ",".join(key.key_id for key in api_keys.values()),
+                config.ENV_TENANT_API_KEY_IDS: Stack.of(self).to_json_string(
+                    {tenant: key.key_id for tenant, key in api_keys.items()}
+                ),
             },
             timeout=Duration.seconds(10),
         )
@@ -186,7 +188,7 @@ class WebSocketPush(Construct):
         topic.add_subscription(subscriptions.LambdaSubscription(self.push_handler, filter_policy=only))
 
     def _grant(self, api_keys: Mapping[str, apigw.IApiKey]) -> None:
-        """Each function gets exactly the calls its code makes (async_inference.aws: ConnectionStore, ApiKeyTenants,
+        """Each function gets exactly the calls its code makes (async_inference.aws: ConnectionStore, ApiKeyValues,
         ConnectionPoster) on the one resource it makes them on."""
         table = self.connections.table_arn
         iam.Grant.add_to_principal(

@@ -86,6 +86,14 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         WorkerConfig.task_protection_renew_s, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
         description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
     )
+    task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
+        WorkerConfig.task_protection, alias=env.ENV_TASK_PROTECTION,
+        description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
+    )
+    task_protection_tokens_per_s: float = Field(
+        WorkerConfig.task_protection_tokens_per_s, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
+        description="decode tokens a second one job is expected to get, for long_jobs",
+    )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
     )
@@ -168,6 +176,8 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             progress_interval_s=self.progress_interval_s,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,
+            task_protection=self.task_protection,
+            task_protection_tokens_per_s=self.task_protection_tokens_per_s,
         )
 
     def engine_options(self) -> dict[str, Any]:

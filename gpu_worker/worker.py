@@ -18,7 +18,8 @@ What each fault leads to (docs/guarantees.md has the client's view):
   written once (``put_json_once``), so a job that runs twice still has one result and one final state; the
   ``notified`` flag lets a redelivery send a notification that a crash kept back.
 * SIGTERM (scale-in, deployment): stop receiving, let running jobs finish for ``drain_timeout_s``, then abort the rest
-  and make their messages visible at once. ECS task scale-in protection is held while any job is.
+  and make their messages visible at once. ECS task scale-in protection is held as ``task_protection`` says (by
+  default while a job that could outlast the drain runs; ``gpu_worker.task_protection``).
 * a job that can never succeed: ``failed`` with a reason, message deleted, no retries burnt.
 * a transient fault (throttling that outlasted botocore's retries, engine out of memory): the message is kept and
   made visible again after a short backoff (``transient_retry_delay_s`` doubled per receive); after the queue's max
@@ -42,6 +43,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
 
+from async_inference import config as env
 from async_inference import settings, webhooks
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
@@ -81,7 +83,7 @@ from gpu_worker.health import HealthFile
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
 from gpu_worker.progress import ProgressReporter
-from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
+from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection, outlasts_drain
 
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
@@ -125,6 +127,9 @@ class WorkerConfig:
     progress_interval_s: float = settings.PROGRESS_INTERVAL_S
     # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
     task_protection_renew_s: float = DEFAULT_RENEW_S
+    # When to hold it (gpu_worker.task_protection): long_jobs, busy or off; and the decode rate long_jobs expects.
+    task_protection: str = env.DEFAULT_TASK_PROTECTION
+    task_protection_tokens_per_s: float = env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
     # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
     health_file: Path | None = None
 
@@ -217,6 +222,7 @@ class InFlight:
     job_id: str | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     in_engine: bool = False  # waiting for an engine slot or generating
+    protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
     started: float = 0.0  # time.monotonic() when its generation began
 
 
@@ -351,6 +357,13 @@ class Worker:
             # crash, never from a final state.
             return await self._finish(claim.job_id, JobStatus.FAILED, error=reason,
                                       only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+
+        if self.config.task_protection == "long_jobs" and outlasts_drain(
+            request.max_tokens, tokens_per_s=self.config.task_protection_tokens_per_s,
+            drain_timeout_s=self.config.drain_timeout_s,
+        ):
+            flight.protect = True
+            await self._sync_protection()
 
         job, outcome = await self._in_engine(claim, flight, request)
         if job is None:
@@ -544,12 +557,27 @@ class Worker:
         async with self._protection_lock:
             await self.protection.set(enabled)
 
-    async def _renew_protection(self) -> None:
-        """Keep a busy worker's protection from expiring (and retry an enable that failed). Checked under the lock, so
-        a worker that went idle meanwhile is not protected again after its clear."""
+    def _wants_protection(self) -> bool:
+        """Whether the jobs held now call for task protection, in this worker's ``task_protection`` mode."""
+        if self.config.task_protection == "busy":
+            return bool(self._inflight)
+        if self.config.task_protection == "long_jobs":
+            return any(flight.protect for flight in self._inflight.values())
+        return False
+
+    async def _sync_protection(self) -> None:
+        """Hold task protection exactly while ``_wants_protection``; decided under the lock, so that an enable and a
+        clear racing each other end as the jobs held at the end require."""
         assert self._protection_lock is not None
         async with self._protection_lock:
-            if self._inflight:
+            await self.protection.set(self._wants_protection())
+
+    async def _renew_protection(self) -> None:
+        """Keep a held protection from expiring (and retry an enable that failed). Checked under the lock, so a
+        worker whose protected jobs ended meanwhile is not protected again after its clear."""
+        assert self._protection_lock is not None
+        async with self._protection_lock:
+            if self._wants_protection():
                 await self.protection.set(True, renew_after_s=self.config.task_protection_renew_s)
 
     def stop(self) -> None:
@@ -579,7 +607,7 @@ class Worker:
                 await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
                 await self._slots.give(len(messages))
                 return
-            if messages and not self._inflight:
+            if messages and not self._inflight and self.config.task_protection == "busy":
                 await self._protect(True)
             for message in messages:
                 self._start(message)
@@ -595,8 +623,8 @@ class Worker:
         if flight is not None and flight.job_id:
             self._cancelled.discard(flight.job_id)
         await self._slots.give(1)
-        if not self._inflight and not self._stopping.is_set():
-            await self._protect(False)
+        if not self._stopping.is_set():
+            await self._sync_protection()
 
     async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)

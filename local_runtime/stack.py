@@ -17,6 +17,10 @@ Local overrides, on top of what the template gives:
   ``http://127.0.0.1:{management port}/{stage}`` (a port of its own: ``websockets`` serves GET handshakes only);
 * workers: ``ENGINE`` (``cpu``, ``echo``...: this machine has no GPU for vLLM), and for any engine but vllm no
   ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine;
+* functions: ``SERVED_MODELS``, the model names requests may ask for (``served_models``, or ``LOCAL_SERVED_MODELS``
+  comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
+  default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
+  answer whatever model a request names; the template's own for vllm;
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -52,6 +56,9 @@ from local_runtime.workers import TaskDefinition, WorkerFleet
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ASSEMBLY = REPO_ROOT / "cdk.out"
 DEFAULT_API_KEYS = {"local-demo-key-0123456789": "demo"}
+# What each local engine answers to (see the overrides above); vllm serves the template's model.
+LOCAL_ENGINE_SERVED_MODELS: dict[str, tuple[str, ...]] = {"cpu": ("SmolLM2-135M-Instruct",)}
+ANY_MODEL = ("*",)
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
 LOCAL_WEBHOOK_BACKOFF = {webhooks.ENV_BACKOFF_BASE_S: "1", webhooks.ENV_BACKOFF_MAX_S: "1"}
 LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
@@ -75,6 +82,18 @@ def parse_api_keys(value: str | None) -> dict[str, str]:
     return keys
 
 
+def served_models_for(engine: str, given: tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
+    """The SERVED_MODELS override for ``engine``: ``given``, else LOCAL_SERVED_MODELS, else the engine's default
+    (None: the template's value stands)."""
+    if given is not None:
+        return tuple(given)
+    if os.environ.get("LOCAL_SERVED_MODELS"):
+        return tuple(name.strip() for name in os.environ["LOCAL_SERVED_MODELS"].split(",") if name.strip())
+    if engine == "vllm":
+        return None
+    return LOCAL_ENGINE_SERVED_MODELS.get(engine, ANY_MODEL)
+
+
 @dataclass(frozen=True)
 class LocalResources:
     """Where the deployed resources are, from the stack's outputs (as ``aws cloudformation describe-stacks`` gives)."""
@@ -89,6 +108,18 @@ class LocalResources:
     @property
     def webhook_secret_arn(self) -> str:
         return self.outputs["WebhookSigningSecretArn"]
+
+    @property
+    def batch_table_name(self) -> str:
+        return self.outputs["BatchTableName"]
+
+    @property
+    def batch_queue_url(self) -> str:
+        return self.outputs["BatchQueueUrl"]
+
+    @property
+    def batch_control_queue_url(self) -> str:
+        return self.outputs["BatchControlQueueUrl"]
 
 
 class LocalStack:
@@ -107,6 +138,7 @@ class LocalStack:
         worker_env: dict[str, str] | None = None,
         worker_log: IO[bytes] | int | None = None,
         log_dir: Path | str | None = None,
+        served_models: tuple[str, ...] | list[str] | None = None,
     ) -> None:
         self.assembly_dir = Path(assembly)
         self.api_port = api_port
@@ -121,6 +153,7 @@ class LocalStack:
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="local-stack-logs-"))
+        self.served_models = served_models_for(engine, served_models)
         self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
         self.functions: dict[str, LocalFunction] = {}
@@ -228,6 +261,7 @@ class LocalStack:
             "POWERTOOLS_TRACE_DISABLED": "true",
             runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
+            **({runtime_config.ENV_SERVED_MODELS: json.dumps(list(self.served_models))} if self.served_models else {}),
         }
         assert self.deployment is not None
         if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):

@@ -23,11 +23,12 @@ from aws_lambda_powertools.middleware_factory import lambda_handler_decorator
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
-from async_inference.aws import TenantDirectory
 from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import ErrorResponse, JobList, JobSubmission, JobView
 from async_inference.service import ApiError, JobService
+from lambdas.api import batch_routes
+from lambdas.api.tenancy import tenant_of
 
 logger = Logger()
 tracer = Tracer()
@@ -36,19 +37,22 @@ app = APIGatewayRestResolver(enable_validation=True)
 app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
 config = ServiceSettings.load()
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
-tenants = TenantDirectory()
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
+                                 served_models=config.served_models)
+batch_routes.configure(config)
+app.include_router(batch_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+FORM_OVERHEAD_BYTES = 16 * 1024  # a multipart body's boundaries and part headers around the file
 
 
 # What each error status means here; every one carries ErrorResponse. Routes list the ones they can answer, so the
 # OpenAPI document says exactly what a client will see.
 _ERRORS = {
     400: "Invalid request: `error.message` starts with the field to fix",
-    404: "No such job for this tenant",
+    404: "No such job for this tenant; on submit, a model this deployment does not serve (`model_not_found`)",
     409: "The job is already final",
     413: "Body over the inline limit: use an upload job",
     503: "The queue is unavailable: retry",
@@ -72,11 +76,8 @@ def _json(status: int, model: Any) -> Response:
 
 
 def _tenant() -> str:
-    """The caller's tenant: the name of the API key API Gateway checked. Never from the request itself."""
-    identity = app.current_event.request_context.identity
-    tenant = tenants.tenant_of(identity.api_key_id) if identity.api_key_id else None
-    if not tenant:
-        raise ApiError(403, "forbidden", "the API key is not linked to a tenant")
+    """The caller's tenant, from the authorizer that checked its API key. Never from the request itself."""
+    tenant = tenant_of(app.current_event)
     logger.append_keys(tenant=tenant)
     return tenant
 
@@ -85,7 +86,7 @@ def _tenant() -> str:
     "/v1/jobs",
     summary="Submit a job",
     responses=_documented(
-        400, 413, 503,
+        400, 404, 413, 503,
         s202={"description": "Queued", "content": {"application/json": {"model": JobView}}},
         s201={"description": "Awaiting its upload", "content": {"application/json": {"model": JobView}}},
     ),
@@ -180,12 +181,19 @@ def _raw_error(status: int, code: str, message: str) -> dict[str, Any]:
 
 @lambda_handler_decorator
 def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: LambdaContext) -> Any:
-    """Refuse oversize bodies and bodies that are not UTF-8 text before anything parses them."""
+    """Refuse oversize bodies and bodies that are not UTF-8 text before anything parses them (a file upload, which
+    is multipart and may be binary, has its own limit)."""
     body = event.get("body") or ""
     try:
         raw = base64.b64decode(body, validate=True) if event.get("isBase64Encoded") else body.encode()
     except binascii.Error:
         return _raw_error(400, "invalid_request", "the request body is not valid base64")
+    if batch_routes.is_file_upload(event):
+        if len(raw) > settings.MAX_FILE_INLINE_BYTES + FORM_OVERHEAD_BYTES:
+            message = (f"the file is larger than the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files takes; use "
+                       "POST /v1/files/uploads (a presigned PUT) for large files")
+            return _raw_error(413, "payload_too_large", message)
+        return handler(event, context)
     if len(raw) > settings.MAX_INLINE_REQUEST_BYTES:
         message = f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
         return _raw_error(413, "payload_too_large", message)

@@ -14,14 +14,17 @@ from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent, e
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
-from async_inference.aws import ApiKeyTenants, ConnectionStore
+from async_inference.authorizer import TenantKeys
+from async_inference.aws import ApiKeyValues, ConnectionStore
 from async_inference.config import WebSocketSettings
 from async_inference.push import WebSocketRoutes
 
 logger = Logger()
 tracer = Tracer()
 config = WebSocketSettings.load()
-routes = WebSocketRoutes(ConnectionStore(config.connections_table_name), ApiKeyTenants(config.api_key_ids))
+# The same key lookup as the REST API's authorizer: this stack's tenant keys, read by id, cached.
+routes = WebSocketRoutes(ConnectionStore(config.connections_table_name),
+                         TenantKeys(config.tenant_api_key_ids, ApiKeyValues()))
 
 
 def _answer(status: int, body: str | None = None) -> dict[str, Any]:

@@ -21,11 +21,12 @@ def post(stack, body, headers=KEY_A, **kwargs):
     return requests.post(f"{stack.api_url}/v1/jobs", data=data, headers={"Content-Type": "application/json", **headers}, **kwargs)
 
 
-def test_missing_or_unknown_api_key_is_403_in_the_error_envelope(stack):
-    # API Gateway answers both with its INVALID_API_KEY response, which the template renders as {"error": {...}}.
+def test_missing_or_unknown_api_key_is_401_in_the_error_envelope(stack):
+    # The template's authorizer refuses both ("Unauthorized"), which API Gateway answers with its UNAUTHORIZED
+    # response, 401, rendered by the template as {"error": {...}} (OpenAI answers a bad key with 401 too).
     for headers in ({}, {"x-api-key": "not-a-key-of-ours-000000"}):
         response = requests.get(f"{stack.api_url}/v1/jobs", headers=headers)
-        assert response.status_code == 403
+        assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
 
 
