@@ -343,6 +343,15 @@ class Blobs:
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=key)
 
+    def written_at(self, key: str) -> dt.datetime | None:
+        """When the object was last written (S3's LastModified, whole seconds); None when it is absent."""
+        try:
+            return self._s3.head_object(Bucket=self.bucket, Key=key)["LastModified"]
+        except ClientError as exc:
+            if is_error(exc, "NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
     def presign_put(self, key: str, *, size_bytes: int, expires_s: int) -> tuple[str, dict[str, str]]:
         """A SigV4 presigned PUT. Content-Length and Content-Type are signed, so S3 refuses a body of another size."""
         headers = {"Content-Type": "application/json", "Content-Length": str(size_bytes)}
@@ -547,6 +556,12 @@ class WorkerService:
 
 
 # --- API Gateway ----------------------------------------------------------------------------------------------------
+
+
+def secret_json(arn: str, secretsmanager: Any | None = None) -> Any:
+    """The JSON value of a Secrets Manager secret (the webhook signing secrets: ``{"tenant": "whsec_..."}``)."""
+    response = (secretsmanager or client("secretsmanager")).get_secret_value(SecretId=arn)
+    return json.loads(response["SecretString"])
 
 
 class TenantDirectory:

@@ -18,9 +18,10 @@ line on stderr and an exit status:
   70   a bug in this client
   130  interrupted
 
-``dlq list`` and ``dlq redrive`` are operator commands: they use AWS credentials, not an API key, and the queue URLs
-from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets). They need boto3:
-``pip install 'async-inference[aws]'``.
+``dlq list``, ``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
+and the queue URLs from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets), the
+signing secret's ARN from --secret-arn or WEBHOOK_SECRET_ARN (the stack output WebhookSigningSecretArn). They need
+boto3: ``pip install 'async-inference[aws]'``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from async_inference.client import (
     UnexpectedResponse,
     WaitTimeout,
 )
-from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL
+from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL, ENV_WEBHOOK_SECRET_ARN
 from async_inference.jobs import JobStatus, is_job_id
 from async_inference.batches.models import BATCH_ID_PATTERN, Batch, Page
 from async_inference.schemas import ChatCompletion, ClaimCheck, JobList, JobView
@@ -488,6 +489,34 @@ def _aws_failure(exc: Exception) -> CliError | None:
     return None
 
 
+# --- Webhook signing secrets (operators) ----------------------------------------------------------------------------
+
+
+def cmd_webhook_secret(args: argparse.Namespace) -> int:
+    """Print a tenant's webhook signing secrets (newest first), or every tenant's, from the stack's Secrets Manager
+    secret: what the operator hands the tenant to verify deliveries with."""
+    try:
+        from async_inference.aws import secret_json
+    except ModuleNotFoundError as exc:
+        if exc.name in ("boto3", "botocore"):
+            raise CliError("webhook-secret needs boto3: pip install 'async-inference[aws]'") from exc
+        raise
+    table = secret_json(args.secret_arn)
+    if not isinstance(table, dict):
+        raise CliError(f'{args.secret_arn} does not hold {{"tenant": "whsec_..."}}', EXIT_REFUSED)
+    secrets = {tenant: [value] if isinstance(value, str) else list(value) for tenant, value in sorted(table.items())}
+    if args.tenant is not None:
+        if args.tenant not in secrets:
+            known = ", ".join(secrets) or "none"
+            raise CliError(f"no webhook signing secret for tenant {args.tenant!r} (the secret has: {known})")
+        listing: dict[str, Any] = {"tenant": args.tenant, "secrets": secrets[args.tenant]}
+        _emit(args, listing, lambda: list(listing["secrets"]))
+    else:
+        listing = {"tenants": secrets}
+        _emit(args, listing, lambda: [f"{tenant}  {' '.join(values)}" for tenant, values in secrets.items()])
+    return EXIT_OK
+
+
 # --- Parser and entry point -----------------------------------------------------------------------------------------
 
 
@@ -574,6 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
                                   required=not os.environ.get(ENV_QUEUE_URL))
         operator.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
         operator.set_defaults(operator=True)
+
+    signing = command("webhook-secret", cmd_webhook_secret,
+                      "operators: a tenant's webhook signing secret, to hand to the tenant (AWS credentials)")
+    signing.add_argument("tenant", nargs="?", help="the tenant (default: every tenant)")
+    signing.add_argument("--secret-arn", default=os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+                         help=f"the stack output WebhookSigningSecretArn (or {ENV_WEBHOOK_SECRET_ARN})")
+    signing.set_defaults(operator=True)
     return parser
 
 

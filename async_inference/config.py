@@ -26,6 +26,8 @@ ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 ENV_WEBHOOK_SECRET_ARN = "WEBHOOK_SECRET_ARN"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
+# Days the claim-check bucket keeps requests and results (its lifecycle rules): a job records when its result expires.
+ENV_PAYLOAD_RETENTION_DAYS = "PAYLOAD_RETENTION_DAYS"
 # The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
 ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 # Batches (docs/design/batches.md). The batch-lane queue holds chunk claim checks and jobs submitted with priority
@@ -182,6 +184,7 @@ class ServiceConfig:
     upload_deadlines_queue_url: str | None = None
     # Unset: queueing a job wakes nothing; the scaling alarms start a task within minutes.
     wake: WakeTarget | None = None
+    payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -189,6 +192,7 @@ class ServiceConfig:
             ENV_BUCKET: self.bucket_name,
             ENV_QUEUE_URL: self.queue_url,
             ENV_TOPIC_ARN: self.topic_arn,
+            ENV_PAYLOAD_RETENTION_DAYS: str(self.payload_retention_days),
         }
         if self.dlq_url:
             env[ENV_DLQ_URL] = self.dlq_url
@@ -245,6 +249,10 @@ class ServiceSettings(EnvSettings):
         if self.worker_cluster is None or self.worker_service is None:
             return None
         return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s)
+    payload_retention_days: int = Field(
+        settings.PAYLOAD_RETENTION_DAYS, ge=1, alias=ENV_PAYLOAD_RETENTION_DAYS,
+        description="days the bucket keeps requests and results",
+    )
 
     @property
     def service(self) -> ServiceConfig:
@@ -256,6 +264,7 @@ class ServiceSettings(EnvSettings):
             dlq_url=self.dlq_url,
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
             wake=self.wake,
+            payload_retention_days=self.payload_retention_days,
         )
 
 

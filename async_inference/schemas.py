@@ -7,6 +7,8 @@ Every producer and consumer validates with these models. Each message that leave
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -90,6 +92,9 @@ class WebhookSpec(_Strict):
 class JobSubmission(_Strict):
     """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
 
+    # The JSON Schema (and so the OpenAPI document) says "exactly one" as the validator below enforces it.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["upload"]}]})
+
     request: ChatCompletionRequest | None = None
     upload: UploadSpec | None = None
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=settings.MAX_METADATA_KEYS)
@@ -102,6 +107,12 @@ class JobSubmission(_Strict):
         if (self.request is None) == (self.upload is None):
             raise ValueError("give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})")
         return self
+
+    def fingerprint(self) -> str:
+        """A digest of what the submission asks for, defaults filled in: two submissions that would make the same
+        job have the same fingerprint, whatever their key order, spacing or omitted defaults."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- The claim check: the only thing on the queue -------------------------------------------------------------------
@@ -225,10 +236,14 @@ class Job(_Internal):
     request_bucket: str
     request_key: str
     result_key: str | None = None
+    # When the bucket's lifecycle may delete the result (settings.lifecycle_expiry of its write); set with the result.
+    result_expires_at: dt.datetime | None = None
     upload_size_bytes: int | None = None
     deadline: dt.datetime
     timeout_s: int
     idempotency_key: str | None = None
+    # JobSubmission.fingerprint() of the request that created the job: a retry with its Idempotency-Key must match.
+    request_fingerprint: str | None = None
     webhook: WebhookState | None = None
     notified: bool = False
     progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
@@ -278,6 +293,9 @@ class JobView(BaseModel):
     error: str | None = None
     usage: Usage | None = None
     result: PresignedUrl | None = None
+    result_expires_at: dt.datetime | None = Field(
+        default=None, description="When the result is deleted; a GET after that is 410 Gone."
+    )
     upload: PresignedUpload | None = None
     webhook: WebhookState | None = None
     progress: JobProgress | None = Field(default=None, description="While the job runs: its tokens generated so far.")

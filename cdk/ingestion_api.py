@@ -50,7 +50,7 @@ def validate_tenant_id(tenant: str) -> str:
     return tenant
 
 
-# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message"}}.
+# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message", "details"}}.
 _GATEWAY_ERRORS = {
     apigw.ResponseType.INVALID_API_KEY: "invalid_api_key",
     apigw.ResponseType.UNAUTHORIZED: "invalid_api_key",
@@ -67,9 +67,17 @@ _GATEWAY_ERRORS = {
 # API Gateway answers a path no method serves with MISSING_AUTHENTICATION_TOKEN, 403 (this API has no IAM-authorized
 # methods, the other case of that response): a client that mistyped a path gets the 404 it expects instead.
 _GATEWAY_STATUS = {"MISSING_AUTHENTICATION_TOKEN": "404"}  # by response type name: jsii objects do not hash alike
-# The authorizer refuses with "Unauthorized" (API Gateway's fixed word for a 401); the body says what to send instead.
+# Messages that say what to do, where API Gateway's own ("Missing Authentication Token" for an unknown path,
+# "Unauthorized" from the authorizer, "Forbidden" for a refused key) would puzzle a client. The other types keep API
+# Gateway's message.
+_KEY_HINT = "send your API key as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'"
 _GATEWAY_MESSAGES = {
-    "UNAUTHORIZED": "a valid API key is required: send it as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'",
+    "UNAUTHORIZED": f"a valid API key is required: {_KEY_HINT}",
+    "INVALID_API_KEY": f"the API key is missing or not a key of this API: {_KEY_HINT}",
+    "MISSING_AUTHENTICATION_TOKEN": "no route serves this method and path; GET /v1/openapi.json lists the routes",
+    "THROTTLED": "over your usage plan's request rate; retry after a moment",
+    "QUOTA_EXCEEDED": "over your usage plan's daily quota; it resets at the start of the next day (UTC)",
+    "REQUEST_TOO_LARGE": "the body is over API Gateway's 10 MB limit; use an upload job for large requests",
 }
 # Only multipart bodies (POST /v1/files) reach the function base64-encoded; JSON stays text. CloudFormation wants the
 # slash escaped as ~1 (its AWS::ApiGateway::RestApi reference: an unescaped one breaks the update's patch path).
@@ -121,7 +129,7 @@ class IngestionApi(Construct):
             description="Ingestion API: submit, get, list and cancel jobs",
             service_name=self.service_name,
             environment=environment,
-            timeout=Duration.seconds(29),  # API Gateway's integration timeout
+            timeout=Duration.seconds(settings.API_FUNCTION_TIMEOUT_S),  # API Gateway's integration timeout
         )
         self.authorizer_function = code.new_function(
             self,
@@ -267,11 +275,9 @@ class IngestionApi(Construct):
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
-            body = {"error": {"code": code, "message": "__MESSAGE__"}}
             message = _GATEWAY_MESSAGES.get(response_type.response_type)
-            template = json.dumps(body).replace(
-                '"__MESSAGE__"', json.dumps(message) if message else "$context.error.messageString"
-            )
+            body = {"error": {"code": code, "message": message or "__MESSAGE__", "details": []}}
+            template = json.dumps(body).replace('"__MESSAGE__"', "$context.error.messageString")
             self.api.add_gateway_response(
                 f"{code}-{response_type.response_type}",
                 type=response_type,

@@ -337,6 +337,7 @@ class AsyncInferenceService(Construct):
             queue_url=self.jobs.queue.queue_url,
             topic_arn=self.results.topic.topic_arn,
             dlq_url=self.jobs.dead_letter_queue.queue_url,
+            payload_retention_days=props.retention_days,
         ).to_env()
         # The workers serve props.model under that name (vLLM's served_model_name defaults to it): every function
         # checks requests against it, so a job or batch line for another model is a 404, not served by this one.
@@ -452,6 +453,7 @@ class AsyncInferenceService(Construct):
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
             api_service_name=self.api.service_name,
+            dead_letter_service_name=self.dead_letters.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn

@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pydantic import ValidationError
 
 from async_inference import config as env
-from async_inference import settings, webhooks
+from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
@@ -70,6 +70,7 @@ from async_inference.schemas import (
     utcnow,
 )
 from async_inference.service import JobService, parse_request_body
+from async_inference.webhooks.events import EVENT_STARTED, started_event
 from gpu_worker.engines.base import (
     Engine,
     Generation,
@@ -432,11 +433,11 @@ class Worker:
         task.add_done_callback(self._announcements.discard)
 
     async def _send_start(self, job: Job) -> None:
-        if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
+        if job.webhook and EVENT_STARTED in job.webhook.events:
             if self._started_queue is None:
                 logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
             else:  # never raises: a lost "started" must not cost the run
-                await self._io(webhooks.started_event, job, self._started_queue)
+                await self._io(started_event, job, self._started_queue)
         if self._events is not None:
             await self._activities.add(JobActivity(
                 event="job.started", job_id=job.job_id, tenant=job.tenant, model=job.model, started_at=job.started_at,

@@ -11,11 +11,13 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from async_inference.config import ENV_WEBHOOK_SECRET_ARN
 from local_runtime.stack import DEFAULT_ASSEMBLY, LocalStack, parse_api_keys
 
 
@@ -45,6 +47,11 @@ def up(outputs_file: str | None) -> int:
         print(f"API key: {key}  (tenant {tenant})", flush=True)
     for tenant, secret in stack.webhook_secrets.items():
         print(f"Webhook signing secret of {tenant}: {secret}", flush=True)
+    # What the operator commands (async-inference dlq ..., webhook-secret) need to reach this stack, as in AWS the
+    # operator's credentials and the stack's outputs would give them.
+    operator_env = {**stack.env, ENV_WEBHOOK_SECRET_ARN: stack.resources.webhook_secret_arn}
+    print("Operator commands (async-inference dlq list, webhook-secret TENANT) need:\n  export "
+          + " ".join(f"{name}={shlex.quote(value)}" for name, value in operator_env.items()), flush=True)
     print(f"Logs:    {stack.log_dir}", flush=True)
     if outputs_file:
         document = {"outputs": stack.resources.outputs, "api_url": stack.api_url, "ws_url": stack.ws_url,

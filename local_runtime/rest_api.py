@@ -57,6 +57,9 @@ _DEFAULTS = {
     "ACCESS_DENIED": (403, "User is not authorized to access this resource"),
     "AUTHORIZER_FAILURE": (500, "Internal server error"),
     "AUTHORIZER_CONFIGURATION_ERROR": (500, "Internal server error"),
+    # Not raised here (usage plans are not enforced locally); rendered from the template like the others.
+    "THROTTLED": (429, "Too Many Requests"),
+    "QUOTA_EXCEEDED": (429, "Limit Exceeded"),
 }
 _FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/invocations$")
 
@@ -335,6 +338,8 @@ _ERROR_TYPES = {
     "ACCESS_DENIED": "AccessDeniedException",
     "AUTHORIZER_FAILURE": "AuthorizerFunctionException",
     "AUTHORIZER_CONFIGURATION_ERROR": "AuthorizerConfigurationException",
+    "THROTTLED": "TooManyRequestsException",
+    "QUOTA_EXCEEDED": "LimitExceededException",
 }
 
 

@@ -42,8 +42,8 @@ import boto3
 from botocore.config import Config
 
 from async_inference import config as runtime_config
-from async_inference import webhooks
 from async_inference.config import ServiceConfig
+from async_inference.webhooks.signing import new_secret
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
@@ -60,7 +60,7 @@ DEFAULT_API_KEYS = {"local-demo-key-0123456789": "demo"}
 LOCAL_ENGINE_SERVED_MODELS: dict[str, tuple[str, ...]] = {"cpu": ("SmolLM2-135M-Instruct",)}
 ANY_MODEL = ("*",)
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
-LOCAL_WEBHOOK_BACKOFF = {webhooks.ENV_BACKOFF_BASE_S: "1", webhooks.ENV_BACKOFF_MAX_S: "1"}
+LOCAL_WEBHOOK_BACKOFF = {runtime_config.ENV_BACKOFF_BASE_S: "1", runtime_config.ENV_BACKOFF_MAX_S: "1"}
 LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
 # Functions behind the REST API get this many execution environments (Lambda scales them with concurrent requests).
 API_FUNCTION_INSTANCES = 2
@@ -163,7 +163,7 @@ class LocalStack:
         self._function_log: IO[bytes] | None = None
         # One Standard Webhooks signing secret per tenant, put into the template's signing secret at start, as an
         # operator would (`aws secretsmanager put-secret-value`).
-        self.webhook_secrets = {tenant: webhooks.new_secret() for tenant in sorted(set(self.api_keys.values()))}
+        self.webhook_secrets = {tenant: new_secret() for tenant in sorted(set(self.api_keys.values()))}
 
     @classmethod
     def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalStack:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from unittest.mock import ANY
+
 import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import config, settings
+from async_inference.schemas import ErrorResponse
 from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
@@ -55,16 +59,19 @@ def test_submission_body_has_one_schema_the_functions(synthesized):
         assert "RequestModels" not in method["Properties"]
 
 
-@pytest.mark.parametrize("response_type", ["INVALID_API_KEY", "THROTTLED", "QUOTA_EXCEEDED"])
+@pytest.mark.parametrize(
+    "response_type",
+    ["INVALID_API_KEY", "MISSING_AUTHENTICATION_TOKEN", "THROTTLED", "QUOTA_EXCEEDED", "REQUEST_TOO_LARGE",
+     "BAD_REQUEST_PARAMETERS", "ACCESS_DENIED", "DEFAULT_4XX", "DEFAULT_5XX"],
+)
 def test_gateway_errors_are_json_in_the_api_error_shape(synthesized, response_type):
-    """GIVEN a missing/invalid key or throttling WHEN API Gateway answers THEN the body is {"error": {...}} JSON."""
-    synthesized.template.has_resource_properties(
-        "AWS::ApiGateway::GatewayResponse",
-        {
-            "ResponseType": response_type,
-            "ResponseTemplates": {"application/json": Match.string_like_regexp(r'^\{"error": \{"code": ')},
-        },
-    )
+    """GIVEN a missing/invalid key, throttling, a quota, an unknown route or a body too large WHEN API Gateway answers
+    THEN the body, rendered with a message, is exactly the API's {"error": {"code", "message", "details"}}."""
+    [response] = [r["Properties"] for r in synthesized.template.find_resources("AWS::ApiGateway::GatewayResponse").values()
+                  if r["Properties"]["ResponseType"] == response_type]
+    rendered = response["ResponseTemplates"]["application/json"].replace("$context.error.messageString", '"Forbidden"')
+    assert json.loads(rendered) == {"error": {"code": ANY, "message": ANY, "details": []}}
+    assert ErrorResponse.model_validate_json(rendered).error.message
 
 
 def test_stage_has_access_logging_and_tracing(synthesized):
