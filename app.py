@@ -71,6 +71,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "hf_token_secret_arn": _optional_str,
     "create_api_gateway_cloudwatch_role": _bool,
     "destroy_data_on_delete": _bool,
+    "websocket_push": _bool,
     "wake_from_zero": _bool,
 }
 _BY_TYPE: dict[str, Callable[[Any], Any]] = {

@@ -79,7 +79,8 @@ class CliError(Exception):
 
 
 class Progress:
-    """``wait()``'s ``on_update``: a progress bar on a terminal (tqdm), one line per status change elsewhere."""
+    """``wait()``'s ``on_update``: on a terminal, a line that counts the job's tokens as it generates them (tqdm; there
+    is no bar to fill, since a job's length is not known until it ends); one line per status change elsewhere."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         self._stream = stream
@@ -87,15 +88,16 @@ class Progress:
         self._last: JobStatus | None = None
         self._bar = None
         if stream.isatty():
-            self._bar = tqdm(total=100, file=stream, leave=True, bar_format="{desc} |{bar}| {percentage:3.0f}% {elapsed}")
+            self._bar = tqdm(total=None, file=stream, leave=True, bar_format="{desc} {n} tokens {elapsed}")
 
     def __call__(self, update: JobUpdate) -> None:
         if self._bar is not None:
             self._bar.set_description_str(f"{update.job_id} {update.status.value:<9}", refresh=False)
-            if update.status is JobStatus.SUCCEEDED:
-                self._bar.n = 100
+            usage = update.job.usage if update.job is not None else None
+            if usage is not None:  # the final count
+                self._bar.n = usage.completion_tokens
             elif update.progress is not None:
-                self._bar.n = round(update.progress * 100)
+                self._bar.n = update.progress.completion_tokens
             self._bar.refresh()
         elif update.status != self._last:
             elapsed = time.monotonic() - self._started

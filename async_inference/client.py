@@ -45,6 +45,7 @@ from async_inference.schemas import (
     ErrorResponse,
     JobEvent,
     JobList,
+    JobProgress,
     JobView,
     Subscription,
     WebhookSpec,
@@ -56,11 +57,15 @@ ENV_WS_URL = "ASYNC_INFERENCE_WS_URL"
 API_KEY_HEADER = "x-api-key"
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 WS_OPEN_TIMEOUT_S = 10.0
+# How long wait() waits for the API's reply to its subscription before it reads the job: the WebSocket API stores a
+# subscription when its function has run, so an end that came before then would be told to nobody. A server that
+# sends no reply costs this once.
+WS_SUBSCRIBE_REPLY_S = 5.0
 
 logger = logging.getLogger(__name__)
 _Model = TypeVar("_Model", bound=BaseModel)
 # What a WebSocket that failed or closed raises: the handshake refused, the socket dropped, a bad URL, a timeout.
-_SOCKET_ERRORS = (OSError, websockets.exceptions.WebSocketException)
+_SOCKET_ERRORS: tuple[type[BaseException], ...] = (OSError, websockets.exceptions.WebSocketException)
 
 
 # --- Errors ---------------------------------------------------------------------------------------------------------
@@ -117,6 +122,10 @@ class WaitTimeout(AsyncInferenceError, TimeoutError):
         super().__init__(f"job {job.job_id} is still {job.status.value} after {timeout_s:g} s")
 
 
+class SubscriptionRefused(AsyncInferenceError):
+    """The WebSocket API answered the subscription with an error (wait() then polls)."""
+
+
 def _error_fields(status: int, body: Any) -> tuple[str, str, list[dict[str, str]]]:
     try:
         error = ErrorResponse.model_validate(body).error
@@ -142,26 +151,23 @@ def _reason(exc: BaseException) -> str:
 class JobUpdate:
     """What ``wait()`` passes to ``on_update`` each time it learns something about the job.
 
-    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is the
-    fraction done, when the server reports one."""
+    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is a
+    running job's tokens generated so far (``{completion_tokens, updated_at}``), when the server reports it; there is
+    no fraction done, since ``max_tokens`` is a cap, not the length the job will reach."""
 
     job_id: str
     status: JobStatus
-    progress: float | None = None
+    progress: JobProgress | None = None
     via: Literal["poll", "push"] = "poll"
     job: JobView | None = None
 
     @classmethod
     def of_view(cls, job: JobView) -> JobUpdate:
-        return cls(job_id=job.job_id, status=job.status, progress=_fraction(getattr(job, "progress", None)), job=job)
+        return cls(job_id=job.job_id, status=job.status, progress=job.progress, job=job)
 
     @classmethod
     def of_event(cls, event: JobEvent) -> JobUpdate:
         return cls(job_id=event.job_id, status=event.status, progress=event.progress, via="push")
-
-
-def _fraction(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else None
 
 
 OnUpdate = Callable[[JobUpdate], None]
@@ -292,6 +298,20 @@ class _Core:
     def _ws_options(self, deadline: float) -> dict[str, Any]:
         return {"additional_headers": {API_KEY_HEADER: self._api_key},
                 "open_timeout": max(0.1, min(WS_OPEN_TIMEOUT_S, deadline - self._clock()))}
+
+    @staticmethod
+    def _subscription_reply(raw: str | bytes) -> bool:
+        """True for the API's "subscribed" reply; SubscriptionRefused for its "error" reply; False for anything else
+        (an event, a message this client does not know)."""
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(reply, dict):
+            return False
+        if reply.get("type") == "error":
+            raise SubscriptionRefused(f"{reply.get('code')}: {reply.get('message')}")
+        return reply.get("type") == "subscribed"
 
     @staticmethod
     def _event_for(raw: str | bytes, job_id: str) -> JobEvent | None:
@@ -527,6 +547,18 @@ class Client(_Core):
             self._sleep(min(remaining, poll_delay(schedule, attempt, retry_after=retry_after, rng=self._rng)))
             attempt += 1
 
+    def _until_subscribed(self, socket: Any, deadline: float) -> None:
+        """Wait for the API's reply to the subscription (at most WS_SUBSCRIBE_REPLY_S); what comes before it is older
+        than the GET that follows, and is dropped."""
+        # The socket's own timeouts are real time, whatever clock the client was given.
+        ends = time.monotonic() + min(WS_SUBSCRIBE_REPLY_S, max(0.0, deadline - self._clock()))
+        while (left := ends - time.monotonic()) > 0:
+            try:
+                if self._subscription_reply(socket.recv(timeout=left)):
+                    return
+            except TimeoutError:
+                return
+
     def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate) -> JobView | None:
         """Follow the job over the WebSocket until it is final; None when the socket failed or closed first."""
         assert self.ws_url is not None
@@ -534,7 +566,8 @@ class Client(_Core):
             try:
                 socket = opened.enter_context(ws_connect(self.ws_url, **self._ws_options(deadline)))
                 socket.send(self._subscribe_message(job_id))
-            except _SOCKET_ERRORS as exc:
+                self._until_subscribed(socket, deadline)
+            except (*_SOCKET_ERRORS, SubscriptionRefused) as exc:
                 logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
                 return None
             # Read once subscribed: an end that came before the subscription is seen here rather than missed.
@@ -680,15 +713,29 @@ class AsyncClient(_Core):
             await self._sleep(min(remaining, poll_delay(schedule, attempt, retry_after=retry_after, rng=self._rng)))
             attempt += 1
 
+    async def _until_subscribed(self, socket: Any, deadline: float) -> None:
+        ends = time.monotonic() + min(WS_SUBSCRIBE_REPLY_S, max(0.0, deadline - self._clock()))
+        while (left := ends - time.monotonic()) > 0:
+            try:
+                if self._subscription_reply(await asyncio.wait_for(socket.recv(), timeout=left)):
+                    return
+            except TimeoutError:
+                return
+
     async def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate) -> JobView | None:
         assert self.ws_url is not None
         try:
             socket = await ws_connect_async(self.ws_url, **self._ws_options(deadline))
-            await socket.send(self._subscribe_message(job_id))
         except _SOCKET_ERRORS as exc:
             logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
             return None
         async with socket:
+            try:
+                await socket.send(self._subscribe_message(job_id))
+                await self._until_subscribed(socket, deadline)
+            except (*_SOCKET_ERRORS, SubscriptionRefused) as exc:
+                logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
+                return None
             job, _ = await self._get_job(job_id)
             notify(JobUpdate.of_view(job))
             while not _is_final(job):

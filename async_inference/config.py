@@ -295,3 +295,31 @@ class DispatcherSettings(EnvSettings):
             raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARN} (or {ENV_WEBHOOK_SECRETS_JSON} locally): the tenants' "
                              "webhook signing secrets")
         return self
+
+
+# --- Job events and the WebSocket API -------------------------------------------------------------------------------
+
+# The job event topic (job.started, job.progress); unset: the worker publishes none (no WebSocket API is deployed).
+ENV_JOB_EVENTS_TOPIC_ARN = "JOB_EVENTS_TOPIC_ARN"
+ENV_PROGRESS_INTERVAL_S = "PROGRESS_INTERVAL_S"
+ENV_CONNECTIONS_TABLE = "CONNECTIONS_TABLE_NAME"
+# Where the push function posts to connections: the stage's management API (https://{api}.execute-api.../{stage}).
+ENV_WEBSOCKET_CALLBACK_URL = "WEBSOCKET_CALLBACK_URL"
+
+
+class WebSocketSettings(EnvSettings):
+    """The WebSocket routes' function ($connect, $disconnect, subscribe, $default)."""
+
+    connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
+    tenant_api_key_ids: Json[dict[str, str]] = Field(
+        alias=ENV_TENANT_API_KEY_IDS, description='the tenants\' API key ids, {"tenant": "key id"} (as the authorizer\'s)'
+    )
+
+
+class PushSettings(EnvSettings):
+    """The push function's settings."""
+
+    connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
+    websocket_callback_url: str = Field(
+        alias=ENV_WEBSOCKET_CALLBACK_URL, min_length=1, description="the WebSocket stage's management API URL"
+    )

@@ -202,6 +202,14 @@ class WebhookAttempt(_Internal):
     error: str | None = None
 
 
+class JobProgress(_Internal):
+    """How far a running job has got: the tokens it has generated so far, as of ``updated_at``. There is no total to
+    divide by: ``max_tokens`` is only a cap, and most jobs stop before it."""
+
+    completion_tokens: int = Field(ge=0)
+    updated_at: dt.datetime
+
+
 class WebhookState(_Internal):
     url: str
     events: list[str]
@@ -238,6 +246,7 @@ class Job(_Internal):
     request_fingerprint: str | None = None
     webhook: WebhookState | None = None
     notified: bool = False
+    progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:
@@ -289,6 +298,7 @@ class JobView(BaseModel):
     )
     upload: PresignedUpload | None = None
     webhook: WebhookState | None = None
+    progress: JobProgress | None = Field(default=None, description="While the job runs: its tokens generated so far.")
 
 
 class JobList(BaseModel):
@@ -380,7 +390,9 @@ class Subscription(_Strict):
     """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``."""
 
     action: Literal["subscribe"] = "subscribe"
-    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(default=None, min_length=1)
+    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE
+    )
     batch_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     all: Literal[True] | None = None
 
@@ -414,9 +426,33 @@ class JobEvent(_Internal):
     schema_version: Literal["1"] = SCHEMA_VERSION
     type: JobEventType
     job_id: str = Field(pattern=JOB_ID_PATTERN)
-    progress: float | None = Field(default=None, ge=0.0, le=1.0, description="Fraction of the job done, when known.")
+    progress: JobProgress | None = Field(default=None, description="job.started and job.progress: tokens so far.")
     error: str | None = None
 
     @property
     def status(self) -> JobStatus:
         return EVENT_STATUS[self.type]
+
+
+# The event type that tells a job's final status; the result notification's own ``event`` is "job.completed" for
+# every final status (as the per-job webhook names it), a pushed event says which end it was.
+FINAL_EVENT_TYPES: dict[JobStatus, JobEventType] = {
+    JobStatus.SUCCEEDED: "job.completed",
+    JobStatus.FAILED: "job.failed",
+    JobStatus.CANCELLED: "job.cancelled",
+    JobStatus.EXPIRED: "job.expired",
+}
+
+
+class JobActivity(_Internal):
+    """What a worker publishes to the job event topic while a job runs: it entered the engine (``job.started``), or it
+    generated more tokens (``job.progress``, at most once per progress interval). Message attributes ``event`` and
+    ``tenant`` carry the same values. The final events come from the result topic's ``ResultNotification``."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    event: Literal["job.started", "job.progress"]
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    tenant: str
+    model: str | None = None
+    started_at: dt.datetime | None = None
+    progress: JobProgress | None = None

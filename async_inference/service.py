@@ -318,6 +318,8 @@ class JobService:
             result=result,
             result_expires_at=expires_at,
             upload=upload,
+            # Tokens so far, while the job runs; once it is final, its usage says what it generated.
+            progress=job.progress if job.status is JobStatus.RUNNING else None,
         )
 
     def _result_expires_at(self, job: Job) -> dt.datetime | None:
@@ -472,10 +474,12 @@ class JobService:
             self.notify(finished, result=result)
         return finished
 
-    def end(self, job: Job, target: JobStatus, *, only_from: frozenset[JobStatus] | set[JobStatus] | None = None,
-            **fields: Any) -> Job | None:
-        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``)."""
-        return self.store.transition(job.job_id, target, only_from=only_from, notified=False, **fields)
+    def end(self, job: Job | str, target: JobStatus, *,
+            only_from: frozenset[JobStatus] | set[JobStatus] | None = None, **fields: Any) -> Job | None:
+        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``).
+        ``job`` may be a job id: the write needs nothing else (a worker failing a job it never started)."""
+        job_id = job if isinstance(job, str) else job.job_id
+        return self.store.transition(job_id, target, only_from=only_from, notified=False, **fields)
 
     def store_result(self, job: Job, result: ChatCompletion) -> tuple[ChatCompletion, dict[str, Any]]:
         """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and

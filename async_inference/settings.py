@@ -225,3 +225,27 @@ def webhook_retry_span_s() -> int:
     return sum(
         min(WEBHOOK_BACKOFF_BASE_S * 2 ** (n - 1), WEBHOOK_BACKOFF_MAX_S) for n in range(1, WEBHOOK_MAX_RECEIVE_COUNT)
     )
+
+
+# --- Job events and the WebSocket API (docs/notifications.md) ---------------------------------------------------------
+# A running job's tokens so far are written to its item, and published as a job.progress event, at most once per this
+# many seconds, and only when the count changed since the last time. 0 turns progress off.
+PROGRESS_INTERVAL_S = 5.0
+# Every message on the job event topic and the result topic carries this attribute (job.started, job.progress,
+# job.completed): the push function's subscriptions filter on it, so it sees only the job events it pushes.
+EVENT_ATTRIBUTE = "event"
+ACTIVITY_EVENTS = ("job.started", "job.progress")
+RESULT_EVENT = "job.completed"
+# The WebSocket API's connection table: one item per open connection with its tenant and its subscriptions, listed per
+# tenant through an index; the TTL removes connections whose $disconnect never came.
+CONNECTION_TABLE_PARTITION_KEY = "connection_id"
+CONNECTION_TENANT_INDEX_NAME = "tenant-connections-index"
+CONNECTION_TENANT_KEY = "tenant"
+CONNECTION_TTL_ATTRIBUTE = "expires_at"
+# API Gateway closes a WebSocket connection after 2 hours (and after 10 idle minutes): a connection item is kept
+# that long, then the push function ignores it and DynamoDB's TTL deletes it.
+WS_MAX_CONNECTION_S = 2 * 60 * 60
+WS_MAX_JOB_IDS_PER_SUBSCRIBE = 100  # one subscribe message
+WS_MAX_JOB_IDS_PER_CONNECTION = 1000  # all of a connection's subscribe messages: keeps its item far below 400 KB
+WS_ROUTE_SUBSCRIBE = "subscribe"  # the route key, i.e. the "action" of a subscribe message
+WS_API_KEY_QUERY_PARAMETER = "api_key"  # browsers cannot set headers on a WebSocket handshake

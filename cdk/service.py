@@ -22,6 +22,7 @@ from async_inference.config import (
     DEFAULT_TASK_PROTECTION,
     DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
     DEFAULT_WAKE_CHECK_INTERVAL_S,
+    ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
@@ -44,6 +45,7 @@ from cdk.result_topics import ResultTopics, TopicSubscription
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
+from cdk.websocket_push import WebSocketPush
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -66,6 +68,12 @@ class AsyncInferenceServiceProps:
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
+      websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
+        with the job event topic the workers publish started and progress events to. False: neither exists, and the
+        workers publish no such events (progress is still recorded on the job). Default: True.
+      progress_interval_s: seconds between a running job's progress writes (its tokens so far, on the job and as a
+        job.progress event), each only when the count changed; 0: no progress. Default:
+        ``settings.PROGRESS_INTERVAL_S`` (5).
     Workers
       model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
         ``"Qwen/Qwen2.5-1.5B-Instruct"``.
@@ -145,6 +153,8 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
+    websocket_push: bool = True
+    progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
     model_source: str = "huggingface"
     model_s3_uri: str | None = None
@@ -195,6 +205,8 @@ class AsyncInferenceServiceProps:
                 "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
                 "driver and the ECS agent, or choose an x86_64 type (g5, g6)"
             )
+        if self.progress_interval_s < 0:
+            raise ValueError(f"progress_interval_s must be 0 (no progress) or more, got {self.progress_interval_s}")
         if self.deployment_spare_instances < 0:
             raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
         spare_gpus = self.max_gpu_instances * self.gpus_per_instance - self.max_worker_tasks
@@ -297,7 +309,7 @@ class AsyncInferenceService(Construct):
 
     The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
     ``webhooks``, ``api``, ``uploads``, ``upload_deadlines``, ``dead_letters``, ``workers``, ``scaling``,
-    ``monitoring``). Every
+    ``monitoring``, ``push``: None without ``websocket_push``). Every
     permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
     each function and the worker from ``ServiceConfig``, the same class the code reads it with.
     """
@@ -355,6 +367,21 @@ class AsyncInferenceService(Construct):
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
         )
+        self.push: WebSocketPush | None = None
+        if props.websocket_push:
+            self.push = WebSocketPush(
+                self,
+                "Push",
+                code=code,
+                result_topic=self.results.topic,
+                topic_key=self.results.key,
+                api_keys=self.api.api_keys,
+                environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+                stage_name=props.api_stage_name,
+                log_retention=props.log_retention,
+            )
+            # Stage access logs need the account's API Gateway logging role, which the REST API sets up.
+            self.push.stage.node.add_dependency(self.api.api)
         model_environment, model_secrets = self._model_source(props, removal)
         self.workers = GpuWorkerService(
             self,
@@ -369,6 +396,8 @@ class AsyncInferenceService(Construct):
                 "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
                 **self.batches.environment,  # the batch lane, its counters and finalize steps
+                ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
+                **(self.push.worker_environment if self.push else {}),  # started and progress events
             },
             secrets=model_secrets,
             instance_type=props.gpu_instance_type,
@@ -503,6 +532,8 @@ class AsyncInferenceService(Construct):
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if self.push is not None:
+            self.push.grant_publish_events(worker)  # job.started, job.progress
         if self.models is not None:
             self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
         self._grant_batches()

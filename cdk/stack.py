@@ -33,6 +33,10 @@ class AsyncInferenceStack(Stack):
             "BatchQueueUrl": s.batches.lane_queue.queue_url,
             "BatchControlQueueUrl": s.batches.control_queue.queue_url,
         }
+        if s.push is not None:
+            outputs["WebSocketUrl"] = s.push.url
+            outputs["ConnectionTableName"] = s.push.connections.table_name
+            outputs["JobEventTopicArn"] = s.push.events_topic.topic_arn
         if s.models is not None:
             # Where the workers read the weights: `aws s3 sync <local model directory> <ModelS3Uri>` uploads them.
             outputs["ModelS3Uri"] = s.models.s3_uri

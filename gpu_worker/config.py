@@ -51,6 +51,13 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     webhook_queue_url: str | None = Field(
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
     )
+    events_topic_arn: str | None = Field(
+        None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
+    )
+    progress_interval_s: float = Field(
+        settings.PROGRESS_INTERVAL_S, ge=0, alias=env.ENV_PROGRESS_INTERVAL_S,
+        description="seconds between writes of a running job's tokens so far; 0: none",
+    )
     # --- the loops
     heartbeat_interval_s: float = Field(
         settings.HEARTBEAT_INTERVAL_S, gt=0, alias=env.ENV_HEARTBEAT_INTERVAL_S,
@@ -165,6 +172,8 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             transient_retry_delay_s=self.transient_retry_delay_s,
             prefetch=self.prefetch,
             webhook_queue_url=self.webhook_queue_url,
+            events_topic_arn=self.events_topic_arn,
+            progress_interval_s=self.progress_interval_s,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,
             task_protection=self.task_protection,

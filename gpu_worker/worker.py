@@ -2,8 +2,10 @@
 
 Up to ``engine.capacity`` jobs are in the engine at once, and a few more messages are held beyond that (prefetch) so
 that reading payloads and writing results overlap generation instead of leaving engine slots idle: messages are
-received in batches of 10, each job's payload is
-fetched and handed to the engine as soon as it is read, and each job finishes on its own. Visibility of held messages
+received in batches of 10, each job's payload is fetched while it waits for an engine slot, and each job finishes on
+its own. A job is ``running`` (``started_at``, its ``started`` webhook, its job.started event) only once it has an
+engine slot: while it waits in the prefetch buffer it stays ``queued``. While it runs, its tokens so far are written
+to it and published every ``progress_interval_s`` (``gpu_worker.progress``). Visibility of held messages
 is extended in batches while they run; deletes are batched. A job that cannot succeed becomes a ``failed`` job with a
 reason; only infrastructure faults and transient engine faults are left to SQS redelivery.
 
@@ -46,6 +48,7 @@ from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
+    JobEvents,
     JobQueue,
     JobStore,
     PayloadTooLarge,
@@ -61,6 +64,8 @@ from async_inference.schemas import (
     Choice,
     ClaimCheck,
     Job,
+    JobActivity,
+    JobProgress,
     Usage,
     utcnow,
 )
@@ -78,6 +83,7 @@ from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
+from gpu_worker.progress import ProgressReporter
 from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection, outlasts_drain
 
 logger = logging.getLogger("gpu_worker")
@@ -89,8 +95,9 @@ EXIT_ENGINE_DEAD = 3
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
 # How long a finished job's notification may wait for others to share a PublishBatch: notifications arrive up to this
-# much later, for a tenth of the SNS and DynamoDB requests at load.
+# much later, for a tenth of the SNS and DynamoDB requests at load. job.started events wait as long.
 NOTIFY_BATCH_DELAY_S = 0.1
+MISSING_PAYLOAD = "the request payload is missing from S3 or over the size limit"
 
 
 # --- Configuration --------------------------------------------------------------------------------------------------
@@ -115,6 +122,10 @@ class WorkerConfig:
     prefetch: int | None = None
     # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
     webhook_queue_url: str | None = None
+    # The job event topic (job.started, job.progress, for the WebSocket API); None: no such events are published.
+    events_topic_arn: str | None = None
+    # Seconds between progress beats (gpu_worker.progress); 0: no progress is written or published.
+    progress_interval_s: float = settings.PROGRESS_INTERVAL_S
     # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
     task_protection_renew_s: float = DEFAULT_RENEW_S
     # When to hold it (gpu_worker.task_protection): long_jobs, busy or off; and the decode rate long_jobs expects.
@@ -213,6 +224,7 @@ class InFlight:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     in_engine: bool = False  # waiting for an engine slot or generating
     protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
+    started: float = 0.0  # time.monotonic() when its generation began
 
 
 def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
@@ -249,6 +261,10 @@ class Worker:
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
         self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
+        self._events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
+        self.progress = ProgressReporter(engine, self.store, self._events, interval_s=config.progress_interval_s,
+                                         io=self._io)
+        self._announcements: set[asyncio.Task[None]] = set()  # started webhooks and events on their way
         self.health = HealthFile(config.health_file)
         self.metrics = metrics or WorkerMetrics(enabled=False)
         self.model_source = model_source
@@ -265,6 +281,7 @@ class Worker:
         self._cancelled: set[str] = set()
         self._deletes: Batcher
         self._notices: Batcher  # (job, result or None) -> published?
+        self._activities: Batcher  # job.started events
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
         held = config.held_messages(engine.capacity)
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -333,24 +350,15 @@ class Worker:
             job = await self._io(self.store.get, claim.job_id)
             if job is not None and job.status is JobStatus.QUEUED:
                 return await self._finish(job, JobStatus.EXPIRED, error="still queued at its deadline")
-        job = await self._io(
-            self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=utcnow()
-        )
-        if job is None:
-            return await self._not_runnable(claim.job_id)
-        if job.webhook and EVENT_STARTED in job.webhook.events:
-            if self._started_queue is None:
-                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
-            else:  # never raises: a lost "started" must not cost the run
-                await self._io(started_event, job, self._started_queue)
-
+        # Read while the job is still queued: the read overlaps the generation of the jobs in the engine.
         raw = await self._read_payload(claim)
-        if raw is None:
-            return await self._finish(job, JobStatus.FAILED,
-                                      error="the request payload is missing from S3 or over the size limit")
-        request, reason = parse_request_body(raw)
+        request, reason = parse_request_body(raw) if raw is not None else (None, MISSING_PAYLOAD)
         if request is None:
-            return await self._finish(job, JobStatus.FAILED, error=reason)
+            # It never ran (attempts counts runs): failed from queued, or from running for a redelivery after a
+            # crash, never from a final state.
+            return await self._finish(claim.job_id, JobStatus.FAILED, error=reason,
+                                      only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+
         if self.config.task_protection == "long_jobs" and outlasts_drain(
             request.max_tokens, tokens_per_s=self.config.task_protection_tokens_per_s,
             drain_timeout_s=self.config.drain_timeout_s,
@@ -358,24 +366,21 @@ class Worker:
             flight.protect = True
             await self._sync_protection()
 
-        started = time.monotonic()
-        self.metrics.started((utcnow() - job.created_at).total_seconds())
-        self.faults.at("before_engine", job.job_id)
-        try:
-            flight.in_engine = True
-            generation = await self._generate(job.job_id, request, claim.timeout_s)
-        except asyncio.TimeoutError:
+        job, outcome = await self._in_engine(claim, flight, request)
+        if job is None:
+            return await self._not_runnable(claim.job_id)
+        if isinstance(outcome, asyncio.TimeoutError):
             await self.engine.abort(job.job_id)
             return await self._finish(job, JobStatus.FAILED, error=f"execution timed out after {claim.timeout_s} s")
-        except GenerationAborted:
+        if isinstance(outcome, GenerationAborted):
             return True  # cancelled while running: the cancel already stored the final state and notified
-        except PermanentEngineError as exc:
-            return await self._finish(job, JobStatus.FAILED, error=str(exc))
-        except TransientEngineError as exc:
-            logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
+        if isinstance(outcome, PermanentEngineError):
+            return await self._finish(job, JobStatus.FAILED, error=str(outcome))
+        if isinstance(outcome, TransientEngineError):
+            logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, outcome)
             return False
-        finally:
-            flight.in_engine = False
+        assert isinstance(outcome, Generation)
+        generation, started = outcome, flight.started
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
 
         usage = Usage(
@@ -386,25 +391,89 @@ class Worker:
         completion = completion_for(job, generation.text, generation.finish_reason, usage)
         return await self._finish(job, JobStatus.SUCCEEDED, result=completion, generation_started=started)
 
-    async def _finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None,
+    async def _in_engine(self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
+                         ) -> tuple[Job | None, Generation | BaseException | None]:
+        """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
+        and generate; the job and the generation or the engine error that ended it. The slot is free again before
+        the result is stored. The execution timeout counts from the start of the generation."""
+        flight.in_engine = True
+        try:
+            async with self._engine_slots:
+                if self.engine_dead is not None:
+                    raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
+                now = utcnow()
+                job = await self._io(
+                    self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=now,
+                    progress=JobProgress(completion_tokens=0, updated_at=now),
+                )
+                if job is None:
+                    return None, None
+                self._announce_start(job)
+                flight.started = time.monotonic()
+                self.metrics.started((utcnow() - job.created_at).total_seconds())
+                self.faults.at("before_engine", job.job_id)
+                self.progress.track(job)
+                try:
+                    if job.job_id in self._cancelled:
+                        raise GenerationAborted(job.job_id)
+                    generation = await asyncio.wait_for(self.engine.generate(job.job_id, request), timeout=claim.timeout_s)
+                except (asyncio.TimeoutError, GenerationAborted, PermanentEngineError, TransientEngineError) as exc:
+                    return job, exc
+                finally:
+                    self.progress.forget(job.job_id)
+                return job, generation
+        finally:
+            flight.in_engine = False
+
+    def _announce_start(self, job: Job) -> None:
+        """Send the job's started webhook (if it asked for one) and its job.started event beside its generation:
+        neither waits for the other, and neither can fail the job."""
+        task = asyncio.create_task(self._send_start(job))
+        self._announcements.add(task)
+        task.add_done_callback(self._announcements.discard)
+
+    async def _send_start(self, job: Job) -> None:
+        if job.webhook and EVENT_STARTED in job.webhook.events:
+            if self._started_queue is None:
+                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
+            else:  # never raises: a lost "started" must not cost the run
+                await self._io(started_event, job, self._started_queue)
+        if self._events is not None:
+            await self._activities.add(JobActivity(
+                event="job.started", job_id=job.job_id, tenant=job.tenant, model=job.model, started_at=job.started_at,
+                progress=job.progress,
+            ))
+
+    async def _publish_activities(self, activities: list[JobActivity]) -> list[bool]:
+        assert self._events is not None
+        try:
+            return await self._io(self._events.publish_batch, activities)
+        except Exception:
+            logger.exception("%d job.started events not published", len(activities))
+            return [False] * len(activities)
+
+    async def _finish(self, job: Job | str, target: JobStatus, *, result: ChatCompletion | None = None,
                       generation_started: float | None = None, **fields: Any) -> bool:
         """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
         final state, notification (batched). True when the message is done with, False to leave it for redelivery.
+        ``job`` is the job, or its id for one that never ran (a payload it cannot run with: a result needs the job).
         ``generation_started`` (time.monotonic()) times the processing of a result."""
+        job_id = job if isinstance(job, str) else job.job_id
         processing_s = None
         if result is not None:
+            assert isinstance(job, Job)
             generated_tokens = result.usage.completion_tokens
             result, result_fields = await self._io(self.service.store_result, job, result)
             if generation_started is not None:
                 processing_s = time.monotonic() - generation_started
             fields.update(result_fields)
-            self.faults.at("after_result_write", job.job_id)
+            self.faults.at("after_result_write", job_id)
         finished = await self._io(self.service.end, job, target, **fields)
-        self.faults.at("after_state_write", job.job_id)
+        self.faults.at("after_state_write", job_id)
         if finished is None:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
             # end was notified: if the other run died before publishing, this message is the one left to do it.
-            return await self._not_runnable(job.job_id)
+            return await self._not_runnable(job_id)
         if target is JobStatus.SUCCEEDED and processing_s is not None:
             self.metrics.succeeded(processing_s=processing_s, completion_tokens=generated_tokens)
         elif target is JobStatus.FAILED:
@@ -416,15 +485,6 @@ class Worker:
         if target is JobStatus.SUCCEEDED:
             self.jobs_finished += 1
         return True
-
-    async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int) -> Generation:
-        """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken."""
-        async with self._engine_slots:
-            if self.engine_dead is not None:
-                raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
-            if job_id in self._cancelled:
-                raise GenerationAborted(job_id)
-            return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
 
     async def _not_runnable(self, job_id: str) -> bool:
         """The job could not be moved to running: find out why and whether the message is done with."""
@@ -468,14 +528,20 @@ class Worker:
         self._protection_lock = asyncio.Lock()
         self._deletes = Batcher(self._delete_batch, max_delay_s=DELETE_BATCH_DELAY_S)
         self._notices = Batcher(self._notify_batch, max_delay_s=NOTIFY_BATCH_DELAY_S)
+        self._activities = Batcher(self._publish_activities, max_delay_s=NOTIFY_BATCH_DELAY_S)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
         logger.info("worker started: engine=%s capacity=%d receivers=%d", self.engine.name, self.engine.capacity, receivers)
         heartbeat = asyncio.create_task(self._heartbeat())
+        progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
         try:
             await asyncio.gather(*(self._receive_loop() for _ in range(receivers)))
             await self._drain()
         finally:
             heartbeat.cancel()
+            if progress is not None:
+                progress.cancel()
+            await asyncio.gather(*self._announcements, return_exceptions=True)
+            await self._activities.close()
             await self._notices.close()
             await self._deletes.close()
             self.metrics.flush()

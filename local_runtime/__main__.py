@@ -26,6 +26,7 @@ def stack_from_env(**overrides: object) -> LocalStack:
         assembly=Path(os.environ.get("LOCAL_ASSEMBLY") or DEFAULT_ASSEMBLY),
         api_port=int(os.environ.get("API_PORT", 8000)),
         moto_port=int(os.environ.get("MOTO_PORT", 5000)),
+        ws_port=int(os.environ.get("WS_PORT", 8001)),
         api_keys=parse_api_keys(os.environ.get("LOCAL_API_KEYS")),
         workers=int(os.environ.get("WORKERS", 1)),
         engine=os.environ.get("ENGINE", "cpu"),
@@ -39,6 +40,8 @@ def up(outputs_file: str | None) -> int:
     stack = stack_from_env().start()
     assert stack.resources is not None
     print(f"API:     {stack.api_url}", flush=True)
+    if stack.ws_url:
+        print(f"WebSocket: {stack.ws_url}  (subscribe to job events; ASYNC_INFERENCE_WS_URL for the SDK)", flush=True)
     print(f"AWS:     {stack.moto.url} (moto server; the stack deployed from {stack.assembly_dir})", flush=True)
     for key, tenant in stack.api_keys.items():
         print(f"API key: {key}  (tenant {tenant})", flush=True)
@@ -51,7 +54,8 @@ def up(outputs_file: str | None) -> int:
           + " ".join(f"{name}={shlex.quote(value)}" for name, value in operator_env.items()), flush=True)
     print(f"Logs:    {stack.log_dir}", flush=True)
     if outputs_file:
-        document = {"outputs": stack.resources.outputs, "api_url": stack.api_url, "aws_endpoint_url": stack.moto.url,
+        document = {"outputs": stack.resources.outputs, "api_url": stack.api_url, "ws_url": stack.ws_url,
+                    "aws_endpoint_url": stack.moto.url,
                     "webhook_secrets": stack.webhook_secrets, "log_dir": str(stack.log_dir)}
         Path(outputs_file).write_text(json.dumps(document, indent=2))
     print(f"Workers: {stack.worker_count} x engine '{stack.engine}'. Ctrl-C stops everything.", flush=True)

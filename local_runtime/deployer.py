@@ -7,8 +7,8 @@ what happens to it here:
 
 * ``deploy``: created in moto with the properties the template gives (each handler names the properties it
   applies; ``SKIPPED_PROPERTIES`` lists the ones it does not, with the reason);
-* ``emulate``: run by the local runtime itself from the template (functions, their event sources, the REST API,
-  the worker's task definition): recorded here with the values a Ref or Fn::GetAtt of it gives;
+* ``emulate``: run by the local runtime itself from the template (functions, their event sources, the REST API, the
+  WebSocket API, the worker's task definition): recorded here with the values a Ref or Fn::GetAtt of it gives;
 * ``skip``: cannot run here (VPC, Auto Scaling, alarms, IAM...), with the reason and the template test that checks it
   instead.
 
@@ -601,6 +601,14 @@ def _stage(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     return Physical(logical_id, "AWS::ApiGateway::Stage", ref=props.get("StageName", logical_id))
 
 
+def _websocket_api(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    """An ``AWS::ApiGatewayV2::Api``, served by ``local_runtime.websocket_api``; its id is what API Gateway's look
+    like (ten lowercase letters and digits), stable for a stack and logical id."""
+    api_id = hashlib.sha1(f"{d.stack_name}/{logical_id}".encode()).hexdigest()[:10]
+    endpoint = f"wss://{api_id}.execute-api.{LOCAL_REGION}.amazonaws.com"
+    return Physical(logical_id, "AWS::ApiGatewayV2::Api", ref=api_id, attributes={"ApiId": api_id, "ApiEndpoint": endpoint})
+
+
 # --- The table ------------------------------------------------------------------------------------------------------
 
 _WORKERS_TEST = "tests/cdk/test_workers_and_scaling.py"
@@ -647,6 +655,12 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::ApiGateway::Deployment": ("emulate", _recorded("AWS::ApiGateway::Deployment")),
     "AWS::ApiGateway::Stage": ("emulate", _stage),
     "AWS::ApiGateway::Authorizer": ("emulate", _recorded("AWS::ApiGateway::Authorizer")),
+    # the WebSocket API, served by local_runtime.websocket_api from these (its routes invoke the template's functions)
+    "AWS::ApiGatewayV2::Api": ("emulate", _websocket_api),
+    "AWS::ApiGatewayV2::Route": ("emulate", _recorded("AWS::ApiGatewayV2::Route")),
+    "AWS::ApiGatewayV2::RouteResponse": ("emulate", _recorded("AWS::ApiGatewayV2::RouteResponse")),
+    "AWS::ApiGatewayV2::Integration": ("emulate", _recorded("AWS::ApiGatewayV2::Integration")),
+    "AWS::ApiGatewayV2::Stage": ("emulate", _recorded("AWS::ApiGatewayV2::Stage", "StageName")),
     # cannot run here: what checks each instead
     "AWS::CDK::Metadata": _skip("CDK's own usage metadata; nothing to run", "tests/local/test_deployer_coverage.py"),
     "AWS::Lambda::Permission": _skip(

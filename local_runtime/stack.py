@@ -2,8 +2,9 @@
 
 ``LocalStack.start`` starts moto server, deploys the cloud assembly into it (``local_runtime.deployer``), starts every
 Python function of the template from its assets (``local_runtime.functions``) with its event sources
-(``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and runs the workers from the task
-definition under a supervisor (``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
+(``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and the WebSocket API with its
+management API (``local_runtime.websocket_api``), and runs the workers from the task definition under a supervisor
+(``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
 the list of overrides below, each with its reason.
 
 Local overrides, on top of what the template gives:
@@ -11,7 +12,9 @@ Local overrides, on top of what the template gives:
 * every function and worker: the moto endpoint (``AWS_ENDPOINT_URL``) and moto's credentials (in AWS: the role's);
 * functions: ``POWERTOOLS_TRACE_DISABLED`` (no X-Ray daemon here), ``ALLOW_LOCAL_WEBHOOKS=1`` (webhooks may target
   127.0.0.1), webhook retries after 1 s instead of 30 s and up (``WEBHOOK_BACKOFF_*``; export them to try the
-  deployed schedule);
+  deployed schedule); the push function's ``WEBSOCKET_CALLBACK_URL`` (in AWS the stage's management API,
+  ``https://{api}.execute-api.{region}.amazonaws.com/{stage}``) is the local management API,
+  ``http://127.0.0.1:{management port}/{stage}`` (a port of its own: ``websockets`` serves GET handshakes only);
 * workers: ``ENGINE`` (``cpu``, ``echo``...: this machine has no GPU for vLLM), and for any engine but vllm no
   ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine;
 * functions: ``SERVED_MODELS``, the model names requests may ask for (``served_models``, or ``LOCAL_SERVED_MODELS``
@@ -42,11 +45,12 @@ from async_inference import config as runtime_config
 from async_inference.config import ServiceConfig
 from async_inference.webhooks.signing import new_secret
 from local_runtime.deployer import Deployment, deployable
-from local_runtime.functions import LocalFunction, function_ids
-from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer
+from local_runtime.functions import LocalFunction, environment_of, function_ids
+from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
 from local_runtime.pollers import event_sources
 from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
+from local_runtime.websocket_api import WebSocketApi
 from local_runtime.workers import TaskDefinition, WorkerFleet
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +131,7 @@ class LocalStack:
         assembly: Path | str = DEFAULT_ASSEMBLY,
         api_port: int = 8000,
         moto_port: int = 5000,
+        ws_port: int | None = None,
         api_keys: dict[str, str] | None = None,
         workers: int = 1,
         engine: str = "cpu",
@@ -137,6 +142,10 @@ class LocalStack:
     ) -> None:
         self.assembly_dir = Path(assembly)
         self.api_port = api_port
+        # None: any free port (tests); `make up` gives WS_PORT. The management API always gets a free one.
+        self.ws_port = ws_port or free_port()
+        self.ws_management_port = free_port()
+        self.websocket: WebSocketApi | None = None
         self.moto = MotoServer(moto_port)
         self.api_keys = api_keys or dict(DEFAULT_API_KEYS)
         self.worker_count = workers
@@ -177,6 +186,11 @@ class LocalStack:
         return f"http://127.0.0.1:{self.api_port}"
 
     @property
+    def ws_url(self) -> str | None:
+        """The WebSocket API's URL (None when the template has none): ``ws://127.0.0.1:{ws_port}/{stage}``."""
+        return self.websocket.url if self.websocket else None
+
+    @property
     def env(self) -> dict[str, str]:
         """The environment a client process needs to use this stack (the CLI, a test, a benchmark)."""
         assert self.resources is not None, "start() first"
@@ -202,6 +216,7 @@ class LocalStack:
             for poller in self._pollers:
                 poller.start()
             self._serve_api()
+            self._serve_websocket()
             self.fleet = WorkerFleet(
                 TaskDefinition.from_deployment(self.deployment),
                 environment=self._worker_overrides(),
@@ -239,8 +254,8 @@ class LocalStack:
             SecretId=self.resources.webhook_secret_arn, SecretString=json.dumps(self.webhook_secrets)
         )
 
-    def _function_overrides(self) -> dict[str, str]:
-        return {
+    def _function_overrides(self, logical_id: str) -> dict[str, str]:
+        overrides = {
             **LOCAL_KEYS,
             "AWS_ENDPOINT_URL": self.moto.url,
             "POWERTOOLS_TRACE_DISABLED": "true",
@@ -248,6 +263,11 @@ class LocalStack:
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
             **({runtime_config.ENV_SERVED_MODELS: json.dumps(list(self.served_models))} if self.served_models else {}),
         }
+        assert self.deployment is not None
+        if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):
+            stage = next(iter(self.deployment.of_type("AWS::ApiGatewayV2::Stage").values())).ref
+            overrides[runtime_config.ENV_WEBSOCKET_CALLBACK_URL] = f"http://127.0.0.1:{self.ws_management_port}/{stage}"
+        return overrides
 
     def _worker_overrides(self) -> dict[str, str]:
         overrides = {**LOCAL_KEYS, "AWS_ENDPOINT_URL": self.moto.url, runtime_config.ENV_ENGINE: self.engine,
@@ -260,7 +280,7 @@ class LocalStack:
         behind_api = self._api_function_ids()
         self.functions = {
             logical_id: LocalFunction(
-                self.deployment, logical_id, extra_env=self._function_overrides(), log=self._function_log,
+                self.deployment, logical_id, extra_env=self._function_overrides(logical_id), log=self._function_log,
                 instances=API_FUNCTION_INSTANCES if logical_id in behind_api else 1,
             ).start()
             for logical_id in function_ids(self.deployment)
@@ -284,6 +304,16 @@ class LocalStack:
         server = serve(RestApi(self.deployment, apis[0], self.functions), "127.0.0.1", self.api_port)
         threading.Thread(target=server.serve_forever, name="rest-api", daemon=True).start()
         self._servers.append(server)
+
+    def _serve_websocket(self) -> None:
+        assert self.deployment is not None
+        apis = [lid for lid, p in self.deployment.of_type("AWS::ApiGatewayV2::Api").items()
+                if p.properties.get("ProtocolType") == "WEBSOCKET"]
+        if len(apis) > 1:
+            raise TemplateError(f"the local runtime serves one WebSocket API; the template has {len(apis)}")
+        if apis:
+            self.websocket = WebSocketApi(self.deployment, apis[0], self.functions, host="127.0.0.1",
+                                          port=self.ws_port, management_port=self.ws_management_port).start()
 
     # --- workers ----------------------------------------------------------------------------------------------------
 
@@ -311,6 +341,8 @@ class LocalStack:
         for server in self._servers:
             server.shutdown()
             server.server_close()
+        if self.websocket is not None:
+            self.websocket.stop()
         for function in self.functions.values():
             function.stop()
         if self._function_log is not None:
