@@ -124,10 +124,12 @@ def test_functions_and_workers_read_the_retention_the_bucket_expires_results_aft
     [days] = [rule["ExpirationInDays"] for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]
               if rule.get("Prefix") == settings.RESULT_PREFIX]
     functions = synthesized.resources("AWS::Lambda::Function").values()
-    # every function of the service but the authorizer, which reads API keys and nothing of jobs
-    service_functions = [f for f in functions if f["Properties"].get("Handler", "").startswith("lambdas.")
-                         and not f["Properties"]["Handler"].startswith("lambdas.authorizer.")]
-    assert service_functions
+    # every function that reads jobs (the authorizer reads API keys, the WebSocket functions connections: neither
+    # reads a job)
+    service_functions = [f for f in functions if config.ENV_TABLE in f["Properties"].get("Environment", {}).get(
+        "Variables", {})]
+    assert {f["Properties"]["Handler"].split(".")[1] for f in service_functions} >= {
+        "api", "upload", "dlq", "batch_controller", "webhooks", "upload_deadlines"}
     for function in service_functions:
         assert function["Properties"]["Environment"]["Variables"][config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
     assert synthesized.worker_environment()[config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
