@@ -28,6 +28,12 @@ ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
 # The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
 ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
+# Batches (docs/design/batches.md). The batch-lane queue holds chunk claim checks and jobs submitted with priority
+# "batch"; the control queue holds BatchControl messages (plan, finalize); the batch table holds files and batches.
+# A worker without the two queue URLs serves the interactive lane only.
+ENV_BATCH_QUEUE_URL = "BATCH_QUEUE_URL"
+ENV_BATCH_CONTROL_QUEUE_URL = "BATCH_CONTROL_QUEUE_URL"
+ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
@@ -63,6 +69,8 @@ ENV_RECEIVE_WAIT_S = "RECEIVE_WAIT_S"
 ENV_DRAIN_TIMEOUT_S = "DRAIN_TIMEOUT_S"
 ENV_TRANSIENT_RETRY_DELAY_S = "TRANSIENT_RETRY_DELAY_S"
 ENV_PREFETCH = "PREFETCH"
+# Engine slots a worker keeps for interactive jobs: batch lines fill the engine only beyond them (gpu_worker.lanes).
+ENV_INTERACTIVE_RESERVE = "INTERACTIVE_RESERVE"
 # Set by the ECS agent in every task: the base URL of its task-protection endpoint.
 ENV_ECS_AGENT_URI = "ECS_AGENT_URI"
 ENV_TASK_PROTECTION_RENEW_S = "TASK_PROTECTION_RENEW_S"
