@@ -51,6 +51,20 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     webhook_queue_url: str | None = Field(
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
     )
+    # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
+    batch_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_QUEUE_URL, description='the batch-lane queue: batch chunks and "priority: batch" jobs'
+    )
+    batch_control_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue, for finalize messages"
+    )
+    batch_table_name: str | None = Field(
+        None, alias=env.ENV_BATCH_TABLE, description="the batch table, where chunks are counted"
+    )
+    interactive_reserve: int | None = Field(
+        None, ge=0, alias=env.ENV_INTERACTIVE_RESERVE,
+        description="engine slots batch lines leave free for interactive jobs (default: 1 per 64 slots, at least 1)",
+    )
     # --- the loops
     heartbeat_interval_s: float = Field(
         settings.HEARTBEAT_INTERVAL_S, gt=0, alias=env.ENV_HEARTBEAT_INTERVAL_S,
@@ -135,6 +149,15 @@ class WorkerSettings(ServiceSettings, HealthSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        batch = {env.ENV_BATCH_QUEUE_URL: self.batch_queue_url, env.ENV_BATCH_CONTROL_QUEUE_URL:
+                 self.batch_control_queue_url, env.ENV_BATCH_TABLE: self.batch_table_name}
+        if any(batch.values()) and not all(batch.values()):
+            missing = ", ".join(name for name, value in batch.items() if not value)
+            raise ValueError(f"the batch lane needs {', '.join(batch)} together; {missing} not set")
+        if self.interactive_reserve is not None and self.max_num_seqs is not None \
+                and self.interactive_reserve >= self.max_num_seqs:
+            raise ValueError(f"{env.ENV_INTERACTIVE_RESERVE}={self.interactive_reserve} must be below "
+                             f"{env.ENV_MAX_NUM_SEQS}={self.max_num_seqs}: batch lines need at least one engine slot")
         if self.model_s3_uri and self.model_dir is None:
             raise ValueError(f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
                              "model's files are synced to")
@@ -159,7 +182,18 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             webhook_queue_url=self.webhook_queue_url,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,
+            batch_queue_url=self.batch_queue_url,
+            control_queue_url=self.batch_control_queue_url,
+            interactive_reserve=self.interactive_reserve,
+            served_models=self.served_models(),
         )
+
+    def served_models(self) -> frozenset[str] | None:
+        """The model name a vLLM worker answers to (batch lines for another are 404 model_not_found); None for the
+        local engines, which answer to any name."""
+        if self.engine != "vllm":
+            return None
+        return frozenset({self.served_model_name or self.model or str(self.model_dir)})
 
     def engine_options(self) -> dict[str, Any]:
         """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""
