@@ -314,6 +314,11 @@ class Worker:
         self.engine_dead: FatalEngineError | None = None  # set when the engine died; run() then returns early
         self._handback: dict[str, QueueMessage] = {}  # messages of jobs the dead engine could not run, by id
 
+    @property
+    def admission(self) -> Admission:
+        """The engine's slots, shared by the two lanes (its counters: in_engine, preemptions)."""
+        return self._engine_slots
+
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
