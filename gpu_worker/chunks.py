@@ -49,6 +49,7 @@ from async_inference.schemas import (
     Usage,
     utcnow,
 )
+from async_inference.served_models import ServedModels
 from async_inference.service import parse_request_body
 from gpu_worker.engines.base import (
     Engine,
@@ -183,12 +184,7 @@ def is_output(line: BatchLineOutput) -> bool:
     return line.error is None and line.response is not None and line.response.status_code == 200
 
 
-def model_not_served(model: str, served: frozenset[str] | None) -> bool:
-    """Whether this worker cannot run ``model``: ``served`` None means the engine answers to any name."""
-    return served is not None and model not in served
-
-
-def parse_lines(claim: ChunkClaimCheck, data: bytes, served: frozenset[str] | None) -> list[ChunkLine]:
+def parse_lines(claim: ChunkClaimCheck, data: bytes, served: ServedModels) -> list[ChunkLine]:
     """The chunk's lines from its byte range. The controller checked the structure (JSON, custom_id, url, method);
     bodies are checked here, line by line, with the request schema the jobs API uses."""
     lines: list[ChunkLine] = []
@@ -208,9 +204,10 @@ def parse_lines(claim: ChunkClaimCheck, data: bytes, served: frozenset[str] | No
         request, reason = parse_request_body(json.dumps(body).encode())
         if request is None:
             line.result = refused(line, 400, reason, code="invalid_request", param=_first_field(reason))
-        elif model_not_served(request.model, served):
-            line.result = refused(line, 404, f"The model '{request.model}' does not exist or is not served here",
-                                  code="model_not_found", param="model")
+        elif not served.serves(request.model):
+            # The jobs API's check and message (async_inference.served_models), as a line's 404.
+            line.result = refused(line, 404, served.not_found_message(request.model), code="model_not_found",
+                                  param="model")
         else:
             line.request = request
         lines.append(line)
@@ -358,7 +355,7 @@ class Chunks:
 
     def __init__(self, *, engine: Engine, admission: Admission, blobs: Blobs, ledger: BatchLedger,
                  control: ControlQueue, io: Callable[..., Awaitable[Any]], faults: Faults,
-                 retry_delay_s: Callable[[int], float], served_models: frozenset[str] | None = None) -> None:
+                 retry_delay_s: Callable[[int], float], served_models: ServedModels | None = None) -> None:
         self.engine = engine
         self.admission = admission
         self.blobs = blobs
@@ -367,8 +364,9 @@ class Chunks:
         self._io = io
         self.faults = faults
         self.retry_delay_s = retry_delay_s
-        self.served_models = served_models
+        self.served_models = served_models or ServedModels.of(None)
         self.runs: dict[str, ChunkRun] = {}  # by ident, while their lines run
+        self.chunks_started = 0
         self.chunks_done = 0
         self.finalizes_sent = 0
 
@@ -377,6 +375,7 @@ class Chunks:
         """Run a chunk to its recorded count; True when the message is done with, False to leave it for redelivery.
         ``entered`` is called once the chunk's lines wait for engine slots (or need none)."""
         ident = f"{claim.batch_id}/{claim.chunk}"
+        self.chunks_started += 1
         status = status_name((await self._io(self.ledger.statuses, [claim.batch_id])).get(claim.batch_id))
         if status is None:
             logger.error("chunk %s: no batch %s; deleting the message", ident, claim.batch_id)

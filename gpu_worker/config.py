@@ -185,15 +185,7 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             batch_queue_url=self.batch_queue_url,
             control_queue_url=self.batch_control_queue_url,
             interactive_reserve=self.interactive_reserve,
-            served_models=self.served_models(),
         )
-
-    def served_models(self) -> frozenset[str] | None:
-        """The model name a vLLM worker answers to (batch lines for another are 404 model_not_found); None for the
-        local engines, which answer to any name."""
-        if self.engine != "vllm":
-            return None
-        return frozenset({self.served_model_name or self.model or str(self.model_dir)})
 
     def engine_options(self) -> dict[str, Any]:
         """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""

@@ -54,6 +54,7 @@ from async_inference.aws import (
 )
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
+from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -127,8 +128,9 @@ class WorkerConfig:
     control_queue_url: str | None = None
     # Engine slots batch lines leave free for interactive jobs. None: lanes.default_reserve(capacity).
     interactive_reserve: int | None = None
-    # The model names this worker runs; a batch line for another is a 404 model_not_found line. None: any name.
-    served_models: frozenset[str] | None = None
+    # The model names this worker runs (SERVED_MODELS); a batch line for another is a 404 model_not_found line.
+    # None: any name.
+    served_models: ServedModels | None = None
 
     def __post_init__(self) -> None:
         if (self.batch_queue_url is None) != (self.control_queue_url is None):

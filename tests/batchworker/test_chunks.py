@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from async_inference import settings
+from async_inference.served_models import ServedModels
 from async_inference.service import parse_request_body
 from gpu_worker.engines.echo import EchoEngine
 from bench.batch_standin import input_line
@@ -67,7 +68,7 @@ def test_a_line_for_a_model_not_served_is_a_404_model_not_found_line(batches: Ba
     # GIVEN a worker that serves one model, and a batch with a line for another
     batch = batches.submit([input_line("served", body()), input_line("other", {**body(), "model": "gpt-unknown"})])
     # WHEN it runs the batch
-    with batches.worker(EchoEngine(), served_models=frozenset({MODEL})):
+    with batches.worker(EchoEngine(), served_models=ServedModels.of([MODEL])):
         batches.wait_counted(batch)
     # THEN the other model's line is a 404 model_not_found error line
     outputs, errors = batches.results(batch)
@@ -75,6 +76,7 @@ def test_a_line_for_a_model_not_served_is_a_404_model_not_found_line(batches: Ba
     (error,) = errors
     assert error["custom_id"] == "other" and error["response"]["status_code"] == 404
     assert error["response"]["body"]["error"]["code"] == "model_not_found"
+    assert error["response"]["body"]["error"]["message"] == ServedModels.of([MODEL]).not_found_message("gpt-unknown")
 
 
 def test_each_part_is_written_once_even_when_its_chunk_is_delivered_again(batches: BatchStack):

@@ -62,11 +62,3 @@ def test_the_default_reserve_is_one_slot_in_64():
 def test_a_batch_queue_without_a_control_queue_is_refused_in_the_config_too():
     with pytest.raises(ValueError, match="batch_queue_url and control_queue_url go together"):
         WorkerConfig(service=SERVICE, batch_queue_url="http://127.0.0.1:9/batch")
-
-
-def test_a_vllm_worker_serves_the_name_its_model_answers_to(worker_env: pytest.MonkeyPatch):
-    worker_env.setenv(env.ENV_ENGINE, "vllm")
-    worker_env.setenv(env.ENV_MODEL, "Qwen/Qwen2.5-1.5B-Instruct")
-    assert WorkerSettings.load().worker_config().served_models == frozenset({"Qwen/Qwen2.5-1.5B-Instruct"})
-    worker_env.setenv(env.ENV_SERVED_MODEL_NAME, "qwen")
-    assert WorkerSettings.load().worker_config().served_models == frozenset({"qwen"})
