@@ -8,8 +8,11 @@ What it stands in for (docs/design/batches.md), and what replaces it:
   ``completed``, ``failed``), not the real table's;
 * ``create_batch_resources``: the batch-lane queue, the control queue and the batch table that ``cdk/batches.py``
   declares (the template does not have them yet, so they are created in moto directly);
-* ``plan`` / ``submit_batch``: the controller's planning: the input file in S3 at ``settings.file_key``, the batch
-  item, one ``ChunkClaimCheck`` per ``settings.BATCH_CHUNK_LINES`` lines sent to the batch lane in batches of ten.
+* ``plan`` / ``submit_batch``: the Files API's upload and the controller's planning: the input file in S3 at
+  ``settings.file_key``, read back once (the controller streams it to validate and plan), the batch item, one
+  ``ChunkClaimCheck`` per ``settings.BATCH_CHUNK_LINES`` lines sent to the batch lane in batches of ten;
+* ``finalize_batch``: the controller's finalize: both parts of every chunk read and concatenated into one output
+  file and one error file, the batch marked completed.
 
 Each method makes the one request the real adapter would (a BatchGetItem, a conditional UpdateItem), so the
 requests counted through it are the ones a deployment makes.
@@ -168,7 +171,7 @@ def submit_batch(*, s3: Any, sqs: Any, store: StandInBatchStore, bucket: str, ba
     data = b"\n".join(lines) + b"\n"
     key = settings.file_key(tenant, file_id)
     s3.put_object(Bucket=bucket, Key=key, Body=data)
-    chunks = plan(data)
+    chunks = plan(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     store.create(batch_id, tenant, chunks=len(chunks), total=len(lines))
     deadline = utcnow() + dt.timedelta(seconds=completion_window_s)
     claims = [
@@ -181,3 +184,21 @@ def submit_batch(*, s3: Any, sqs: Any, store: StandInBatchStore, bucket: str, ba
         entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies[start:start + 10])]
         sqs.send_message_batch(QueueUrl=batch_queue_url, Entries=entries)
     return SubmittedBatch(batch_id, tenant, len(chunks), len(lines), key, bodies)
+
+
+def finalize_batch(*, s3: Any, store: StandInBatchStore, bucket: str, batch: SubmittedBatch) -> dict[str, int]:
+    """What the controller's finalize does: the parts, in chunk order, into one output and one error file (none
+    when there are no errors, as OpenAI); the batch completed. Lines per file."""
+    files: dict[str, list[bytes]] = {"output": [], "error": []}
+    for chunk in range(batch.chunks):
+        for kind in files:
+            key = settings.batch_part_key(batch.tenant, batch.batch_id, chunk, kind)
+            files[kind].append(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    counts = {}
+    for kind, parts in files.items():
+        data = b"".join(parts)
+        counts[kind] = data.count(b"\n")
+        if data or kind == "output":
+            s3.put_object(Bucket=bucket, Key=settings.file_key(batch.tenant, f"file-{secrets.token_hex(12)}"), Body=data)
+    store.set_status(batch.batch_id, "completed")
+    return counts
