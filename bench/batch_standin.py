@@ -164,15 +164,17 @@ class SubmittedBatch:
 
 def submit_batch(*, s3: Any, sqs: Any, store: StandInBatchStore, bucket: str, batch_queue_url: str, tenant: str,
                  lines: list[bytes], completion_window_s: int = settings.BATCH_COMPLETION_WINDOWS["24h"],
-                 timeout_s: int = settings.DEFAULT_EXECUTION_TIMEOUT_S, batch_id: str | None = None) -> SubmittedBatch:
-    """What POST /v1/files, POST /v1/batches and the controller's plan do, as the worker sees it."""
+                 timeout_s: int = settings.DEFAULT_EXECUTION_TIMEOUT_S, batch_id: str | None = None,
+                 status: str = "in_progress") -> SubmittedBatch:
+    """What POST /v1/files, POST /v1/batches and the controller's plan do, as the worker sees it. ``status``: the
+    batch's status when its chunks are sent (the controller may send them before it leaves ``validating``)."""
     batch_id = batch_id or f"batch_{secrets.token_hex(12)}"
     file_id = f"file-{secrets.token_hex(12)}"
     data = b"\n".join(lines) + b"\n"
     key = settings.file_key(tenant, file_id)
     s3.put_object(Bucket=bucket, Key=key, Body=data)
     chunks = plan(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    store.create(batch_id, tenant, chunks=len(chunks), total=len(lines))
+    store.create(batch_id, tenant, chunks=len(chunks), total=len(lines), status=status)
     deadline = utcnow() + dt.timedelta(seconds=completion_window_s)
     claims = [
         ChunkClaimCheck(batch_id=batch_id, tenant=tenant, bucket=bucket, input_key=key, chunk=index, start_byte=start,

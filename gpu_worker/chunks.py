@@ -64,11 +64,12 @@ from gpu_worker.lanes import BATCH, Admission
 logger = logging.getLogger("gpu_worker.chunks")
 T = TypeVar("T")
 
-# Batch statuses (OpenAI's names) as the worker acts on them.
-RUNS = frozenset({"in_progress"})
+# Batch statuses (OpenAI's names) as the worker acts on them. A chunk exists only once its batch's plan is recorded,
+# and the controller may send the chunks before it moves the batch from validating to in_progress (a crash between
+# the two sends them again): a chunk of a validating batch runs.
+RUNS = frozenset({"validating", "in_progress"})
 CANCELS = frozenset({"cancelling", "cancelled"})
 EXPIRES = frozenset({"expired"})
-NOT_YET = frozenset({"validating"})  # planned chunks are sent only after in_progress: look again later
 CANCEL, EXPIRE = "cancel", "expire"
 # A transient engine fault on a line is retried in place this many times before the line is an error line: one line
 # must not send its whole chunk (and every finished line in it) back to the queue.
@@ -380,8 +381,6 @@ class Chunks:
         if status is None:
             logger.error("chunk %s: no batch %s; deleting the message", ident, claim.batch_id)
             return True
-        if status in NOT_YET:
-            return False
         if status not in RUNS | CANCELS | EXPIRES:
             # finalizing, completed, failed: every chunk was counted already; this is a late redelivery.
             logger.info("chunk %s: batch already %s; nothing to run", ident, status)

@@ -135,3 +135,16 @@ def test_a_chunk_costs_a_bounded_number_of_requests_whatever_its_lines(batches: 
     assert used["ReceiveMessage"] <= batch.chunks and used["DeleteMessageBatch"] <= batch.chunks
     per_chunk = sum(used.values()) / batch.chunks
     assert per_chunk <= 12, used
+
+
+def test_a_chunk_sent_before_its_batch_left_validating_runs(batches: BatchStack):
+    # GIVEN a batch whose chunks were sent while it still reads validating (the controller sends them, then moves it
+    # to in_progress; a worker can be faster than that second write, or a crash can come between the two)
+    batch = batches.submit(lines(30), status="validating")
+    # WHEN a worker receives its chunk
+    with batches.worker(EchoEngine()):
+        item = batches.wait_counted(batch, timeout_s=20)
+    # THEN it ran the chunk, as it would for an in_progress batch
+    outputs, errors = batches.results(batch)
+    assert len(outputs) == 30 and errors == []
+    assert (item["completed"], item["failed"]) == (30, 0)
