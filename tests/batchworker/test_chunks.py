@@ -148,3 +148,27 @@ def test_a_chunk_sent_before_its_batch_left_validating_runs(batches: BatchStack)
     outputs, errors = batches.results(batch)
     assert len(outputs) == 30 and errors == []
     assert (item["completed"], item["failed"]) == (30, 0)
+
+
+def test_a_chunk_running_longer_than_the_visibility_timeout_is_kept_hidden_and_runs_once(batches: BatchStack):
+    # GIVEN a worker whose messages come back 2 s after their last extension, and a chunk whose lines take 4 s
+    from gpu_worker.engines.simulated import SimulatedEngine
+
+    prompt = " ".join(f"w{i}" for i in range(200))  # 200 tokens at 20 ms a step
+    batch = batches.submit([input_line(f"slow-{i}", body(prompt, max_tokens=200)) for i in range(10)])
+    # WHEN it runs them
+    with AwsRequests().installed() as requests, \
+            batches.worker(SimulatedEngine(capacity=16, step_s=0.02), visibility_timeout_s=2) as worker:
+        item = batches.wait_counted(batch, timeout_s=30)
+        started = worker.chunks.chunks_started if worker.chunks else None
+    # THEN the heartbeat kept the chunk hidden: it was received once and run once, its visibility extended meanwhile
+    received = [len(result["Messages"]) for op, params, result in requests.calls if op == "ReceiveMessage"
+                and params["QueueUrl"] == batches.resources.batch_queue_url and result.get("Messages")]
+    extended = [params["Entries"] for op, params, _ in requests.calls if op == "ChangeMessageVisibilityBatch"
+                and params["QueueUrl"] == batches.resources.batch_queue_url]
+    assert received == [1] and started == 1
+    assert len(extended) >= 4
+    # AND every line is in the output once
+    outputs, errors = batches.results(batch)
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"slow-{i}" for i in range(10)) and errors == []
+    assert (item["completed"], item["failed"]) == (10, 0)
