@@ -6,11 +6,14 @@ simulated engine, driven through the stand-in API side (``bench.batch_standin``)
 - batch_engine_utilisation: engine tokens/s over its ceiling (capacity / step time) from the worker's start until its
   last chunk left the queue, the batch alone;
 - interactive_wait_under_batch_p95_s: submit to generation start of interactive jobs sent at a steady rate through
-  the API while the same batch runs; the goal is 2 x the idle pickup latency plus one engine step.
+  the API while the same batch runs; the goal is 2 x the idle pickup latency plus one engine step. Beside it, the
+  same jobs at the same rate through the same kind of worker without a batch, just before (``without_batch``): the
+  machine's other load moves both, and the two side by side say what the batch adds. Load averages are recorded.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -110,6 +113,7 @@ def batch_run(bench: BatchBench, engine: Any, lengths: list[int], *, counter: An
     ceiling = engine.inner.stats.ceiling_tokens_per_s
     if counter is not None:
         counter.reset()
+    load_before = os.getloadavg()[0]
     batch = in_thread("batch-driver-submit", lambda: bench.submit(lengths))
     submitted: dict[str, float] = {}
     samples: list[tuple[float, int, int]] = []  # (t, engine tokens, chunks received)
@@ -150,12 +154,29 @@ def batch_run(bench: BatchBench, engine: Any, lengths: list[int], *, counter: An
         result.update(driver_requests=driver, worker_requests=worker_side,
                       requests_per_line=(driver + worker_side) / len(lengths), by_operation=by_operation)
     if api is not None:
-        waits = sorted(engine.started[job_id] - at for job_id, at in submitted.items() if job_id in engine.started)
-        result.update(interactive_jobs=len(submitted), interactive_started=len(waits),
-                      interactive_wait_p50_s=statistics.median(waits) if waits else None,
-                      interactive_wait_p95_s=waits[min(len(waits) - 1, int(0.95 * len(waits)))] if waits else None,
-                      interactive_waits_s=[round(w, 4) for w in waits])
+        result.update(_waits(engine, submitted))
+    result["load_average"] = [load_before, os.getloadavg()[0]]
     return result
+
+
+def interactive_run(bench: BatchBench, engine: Any, api: Client, seconds: float) -> dict[str, Any]:
+    """Interactive jobs at INTERACTIVE_RATE_PER_S for ``seconds`` through a worker with the batch lane and no batch:
+    the control for the wait under a batch."""
+    submitted: dict[str, float] = {}
+    load_before = os.getloadavg()[0]
+    with bench.worker(engine):
+        until = time.perf_counter() + seconds
+        _send_interactive(api, submitted, lambda: time.perf_counter() < until)
+        time.sleep(1.0)  # the last ones reach the engine
+    return {**_waits(engine, submitted), "load_average": [load_before, os.getloadavg()[0]]}
+
+
+def _waits(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
+    waits = sorted(engine.started[job_id] - at for job_id, at in submitted.items() if job_id in engine.started)
+    return {"interactive_jobs": len(submitted), "interactive_started": len(waits),
+            "interactive_wait_p50_s": statistics.median(waits) if waits else None,
+            "interactive_wait_p95_s": waits[min(len(waits) - 1, int(0.95 * len(waits)))] if waits else None,
+            "interactive_waits_s": [round(w, 4) for w in waits]}
 
 
 def _received(worker: Worker) -> int:

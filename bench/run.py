@@ -316,7 +316,7 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
 
 def batch_runs(api: Client, counter: RequestCounter, lines: int, idle_pickup_s: float) -> dict[str, Any]:
     """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it."""
-    from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run
+    from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run, interactive_run
     from gpu_worker.engines.simulated import SimulatedEngine
 
     bench = BatchBench.create()
@@ -327,20 +327,26 @@ def batch_runs(api: Client, counter: RequestCounter, lines: int, idle_pickup_s: 
     print(f"  {alone['requests_per_line']:.3f} AWS requests per line (driver {alone['driver_requests']}, worker "
           f"{alone['worker_requests']}); {alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while "
           f"backlogged ({alone['backlogged_s']:.0f} s)")
-    print("the same batch with interactive jobs sent beside it...", flush=True)
+    print("interactive jobs at a steady rate without a batch (the control)...", flush=True)
+    control = interactive_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), api, seconds=30)
+    print(f"  {control['interactive_started']} jobs: wait p50 {control['interactive_wait_p50_s'] * 1000:.0f} ms, "
+          f"p95 {control['interactive_wait_p95_s'] * 1000:.0f} ms (load average {control['load_average'][0]:.1f})")
+    print("the same jobs with the batch beside them...", flush=True)
     mixed = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, api=api)
     goal = 2 * idle_pickup_s + BATCH_STEP_S
     print(f"  {mixed['interactive_started']} interactive jobs: wait p50 {mixed['interactive_wait_p50_s'] * 1000:.0f} ms, "
           f"p95 {mixed['interactive_wait_p95_s'] * 1000:.0f} ms (goal {goal * 1000:.0f} ms: 2 x idle pickup "
           f"{idle_pickup_s * 1000:.0f} ms + one {BATCH_STEP_S * 1000:.0f} ms step); {mixed['preemptions']} batch "
-          f"lines preempted; batch at {mixed['utilisation_while_backlogged']:.3f} of the ceiling meanwhile")
+          f"lines preempted; batch at {mixed['utilisation_while_backlogged']:.3f} of the ceiling meanwhile (load "
+          f"average {mixed['load_average'][0]:.1f})")
     summary = {
         "batch_requests_per_line": round(alone["requests_per_line"], 4),
         "batch_engine_utilisation": round(alone["utilisation_while_backlogged"], 4),
         "interactive_wait_under_batch_p95_s": round(mixed["interactive_wait_p95_s"], 4),
         "interactive_wait_under_batch_goal_s": round(goal, 4),
+        "interactive_wait_without_batch_p95_s": round(control["interactive_wait_p95_s"], 4),
     }
-    return {"summary": summary, "alone": alone, "with_interactive": mixed}
+    return {"summary": summary, "alone": alone, "without_batch": control, "with_interactive": mixed}
 
 
 def sharegpt_prompts(count: int, max_chars: int = 1500) -> list[str]:
