@@ -3,7 +3,7 @@
 
 Every option is a field of ``AsyncInferenceServiceProps`` (documented and defaulted there) under the same name in
 context. ``-c name=value`` gives strings, so values are converted by the field's type; JSON-valued options (tenants,
-subscriptions, scale_out_steps) accept a JSON string. cdk-nag's AwsSolutions checks always run.
+subscriptions) accept a JSON string. cdk-nag's AwsSolutions checks always run.
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
     return tuple(TopicSubscription(**entry) for entry in _json(value))
 
 
-def _steps(value: Any) -> tuple[tuple[int, int], ...]:
-    return tuple((int(threshold), int(tasks)) for threshold, tasks in _json(value))
+def _optional_int(value: Any) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+def _optional_float(value: Any) -> float | None:
+    return float(value) if value not in (None, "") else None
 
 
 def _optional_str(value: Any) -> str | None:
@@ -59,7 +63,6 @@ def _optional_str(value: Any) -> str | None:
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
     "subscriptions": _subscriptions,
-    "scale_out_steps": _steps,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
@@ -68,18 +71,34 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "hf_token_secret_arn": _optional_str,
     "create_api_gateway_cloudwatch_role": _bool,
     "destroy_data_on_delete": _bool,
+    "websocket_push": _bool,
+    "wake_from_zero": _bool,
+}
+_BY_TYPE: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "str": str,
+    "float": float,
+    "int | None": _optional_int,
+    "float | None": _optional_float,
 }
 _NOT_FROM_CONTEXT = {"log_retention"}
+# Options that no longer exist, and what replaced them: refused rather than silently ignored.
+_RETIRED = {
+    "scale_out_steps": "scale-out now follows the backlog: set jobs_per_task (cdk.queue_scaling.QueueScaling)",
+}
 
 
 def props_from_context(app: App) -> AsyncInferenceServiceProps:
     """The service options set in context, converted and validated; unset ones keep their defaults."""
+    for name, replacement in _RETIRED.items():
+        if app.node.try_get_context(name) is not None:
+            raise ValueError(f"context option {name} was removed: {replacement}")
     values: dict[str, Any] = {}
     for field in dataclasses.fields(AsyncInferenceServiceProps):
         raw = app.node.try_get_context(field.name)
         if raw is None or field.name in _NOT_FROM_CONTEXT:
             continue
-        convert = _CONVERTERS.get(field.name) or {"int": int, "str": str}[str(field.type)]
+        convert = _CONVERTERS.get(field.name) or _BY_TYPE[str(field.type)]
         try:
             values[field.name] = convert(raw)
         except (ValueError, TypeError, KeyError) as exc:

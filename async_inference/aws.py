@@ -21,7 +21,17 @@ from botocore.exceptions import ClientError
 
 from async_inference import settings
 from async_inference.jobs import FINAL_STATES, JobStatus, sources_of
-from async_inference.schemas import BatchControl, ClaimCheck, Job, ResultNotification, UploadDeadline, utcnow
+from async_inference.schemas import (
+    BatchControl,
+    ClaimCheck,
+    Job,
+    JobActivity,
+    JobProgress,
+    ResultNotification,
+    Subscription,
+    UploadDeadline,
+    utcnow,
+)
 
 # Retries with backoff for throttling live in botocore ("standard" mode); anything still failing is an infrastructure
 # fault that the caller lets surface (the worker leaves the message for redelivery).
@@ -222,6 +232,23 @@ class JobStore:
                 if not is_error(exc, "ConditionalCheckFailedException"):
                     raise
 
+    def record_progress(self, job_id: str, progress: JobProgress) -> bool:
+        """Set a running job's progress (one UpdateItem); False when the job is no longer running (it ended, or was
+        cancelled, meanwhile), which leaves it untouched."""
+        try:
+            self._table.update_item(
+                Key={_PK: job_id},
+                UpdateExpression="SET #progress = :progress",
+                ConditionExpression="#status = :running",
+                ExpressionAttributeNames={"#progress": "progress", "#status": "status"},
+                ExpressionAttributeValues={":progress": _json_value(progress), ":running": JobStatus.RUNNING.value},
+            )
+        except ClientError as exc:
+            if is_error(exc, "ConditionalCheckFailedException"):
+                return False
+            raise
+        return True
+
     def list_for_tenant(
         self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None
     ) -> tuple[list[Job], str | None]:
@@ -328,6 +355,15 @@ class Blobs:
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=key)
+
+    def written_at(self, key: str) -> dt.datetime | None:
+        """When the object was last written (S3's LastModified, whole seconds); None when it is absent."""
+        try:
+            return self._s3.head_object(Bucket=self.bucket, Key=key)["LastModified"]
+        except ClientError as exc:
+            if is_error(exc, "NoSuchKey", "404", "NotFound"):
+                return None
+            raise
 
     def presign_put(self, key: str, *, size_bytes: int, expires_s: int) -> tuple[str, dict[str, str]]:
         """A SigV4 presigned PUT. Content-Length and Content-Type are signed, so S3 refuses a body of another size."""
@@ -513,13 +549,45 @@ def notification_attributes(notification: ResultNotification, *, has_webhook: bo
         "status": {"DataType": "String", "StringValue": notification.status.value},
         "tenant": {"DataType": "String", "StringValue": notification.tenant},
         settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "true" if has_webhook else "false"},
+        settings.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": notification.event},
     }
     if notification.model:
         attributes["model"] = {"DataType": "String", "StringValue": notification.model}
     return attributes
 
 
+# --- ECS ------------------------------------------------------------------------------------------------------------
+
+# The wake from zero runs inside a submit: one attempt with short timeouts, so an ECS endpoint that does not answer
+# holds a submit up by 3 s at most (and once a minute per process); the scaling alarms wake the service regardless.
+_WAKE_CONFIG = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1, read_timeout=2)
+
+
+class WorkerService:
+    """The GPU workers' ECS service, as the wake from zero sees it: its desired task count, read and set."""
+
+    def __init__(self, cluster: str, service: str, ecs: Any | None = None) -> None:
+        self.cluster = cluster
+        self.service = service
+        self._ecs = ecs or boto3.client("ecs", config=_WAKE_CONFIG)
+
+    def desired_count(self) -> int:
+        response = self._ecs.describe_services(cluster=self.cluster, services=[self.service])
+        if not response.get("services"):
+            raise LookupError(f"no ECS service {self.service} in cluster {self.cluster}: {response.get('failures')}")
+        return int(response["services"][0]["desiredCount"])
+
+    def set_desired_count(self, count: int) -> None:
+        self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
+
+
 # --- API Gateway ----------------------------------------------------------------------------------------------------
+
+
+def secret_json(arn: str, secretsmanager: Any | None = None) -> Any:
+    """The JSON value of a Secrets Manager secret (the webhook signing secrets: ``{"tenant": "whsec_..."}``)."""
+    response = (secretsmanager or client("secretsmanager")).get_secret_value(SecretId=arn)
+    return json.loads(response["SecretString"])
 
 
 class TenantDirectory:
@@ -538,3 +606,164 @@ class TenantDirectory:
                     raise
                 self._cache[api_key_id] = None
         return self._cache[api_key_id]
+
+
+# --- Job events: the job event topic --------------------------------------------------------------------------------
+
+
+def activity_attributes(activity: JobActivity) -> dict[str, dict[str, str]]:
+    return {
+        settings.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": activity.event},
+        "tenant": {"DataType": "String", "StringValue": activity.tenant},
+    }
+
+
+class JobEvents:
+    """Publishes running jobs' news (``JobActivity``: job.started, job.progress) to the job event topic, up to ten
+    messages per PublishBatch request (each is well under 1 KB, so ten never reach the 256 KB limit)."""
+
+    def __init__(self, topic_arn: str, sns: Any | None = None) -> None:
+        self.topic_arn = topic_arn
+        self._sns = sns or client("sns")
+
+    def publish_batch(self, activities: list[JobActivity]) -> list[bool]:
+        """Whether each one was published, in order."""
+        published = [False] * len(activities)
+        for start in range(0, len(activities), SNS_BATCH_ENTRIES):
+            entries = [
+                {"Id": str(i), "Message": a.model_dump_json(exclude_none=True), "MessageAttributes": activity_attributes(a)}
+                for i, a in enumerate(activities[start : start + SNS_BATCH_ENTRIES])
+            ]
+            response = self._sns.publish_batch(TopicArn=self.topic_arn, PublishBatchRequestEntries=entries)
+            for success in response.get("Successful", []):
+                published[start + int(success["Id"])] = True
+        return published
+
+
+# --- The WebSocket API: connections and the management API ---------------------------------------------------
+
+
+class TooManySubscriptions(Exception):
+    """A subscribe message would take the connection past settings.WS_MAX_JOB_IDS_PER_CONNECTION job ids."""
+
+
+_CONNECTION = settings.CONNECTION_TABLE_PARTITION_KEY
+
+
+class ConnectionStore:
+    """The WebSocket API's connection table: one item per open connection, its tenant and what it subscribed to
+    (``job_ids`` and ``batch_ids`` string sets, ``all``), listed per tenant through the tenant index."""
+
+    def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
+        self._table = (dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)).Table(table_name)
+
+    def open(self, connection_id: str, tenant: str) -> None:
+        now = utcnow()
+        self._table.put_item(Item={
+            _CONNECTION: connection_id,
+            settings.CONNECTION_TENANT_KEY: tenant,
+            "connected_at": now.isoformat(),
+            settings.CONNECTION_TTL_ATTRIBUTE: int(now.timestamp()) + settings.WS_MAX_CONNECTION_S,
+        })
+
+    def close(self, connection_id: str) -> None:
+        self._table.delete_item(Key={_CONNECTION: connection_id})
+
+    def subscribe(self, connection_id: str, subscription: Subscription) -> bool:
+        """Add the subscription's scope to the connection's; False when the connection is not (any more) open.
+        Raises TooManySubscriptions past the per-connection limit of job ids."""
+        names = {"#pk": _CONNECTION}
+        values: dict[str, Any] = {}
+        condition = "attribute_exists(#pk)"
+        if subscription.job_ids:
+            ids = set(subscription.job_ids)
+            update = "ADD #job_ids :ids"
+            names["#job_ids"] = "job_ids"
+            values[":ids"] = ids
+            values[":room"] = settings.WS_MAX_JOB_IDS_PER_CONNECTION - len(ids)
+            condition += " AND (attribute_not_exists(#job_ids) OR size(#job_ids) <= :room)"
+        elif subscription.batch_id:
+            update = "ADD #batch_ids :batch"
+            names["#batch_ids"] = "batch_ids"
+            values[":batch"] = {subscription.batch_id}
+        else:
+            update = "SET #all = :true"
+            names["#all"] = "all"
+            values[":true"] = True
+        request = {"Key": {_CONNECTION: connection_id}, "UpdateExpression": update, "ExpressionAttributeNames": names}
+        try:
+            self._table.update_item(**request, ConditionExpression=condition, ExpressionAttributeValues=values)
+        except ClientError as exc:
+            if not is_error(exc, "ConditionalCheckFailedException"):
+                raise
+            item = self._table.get_item(Key={_CONNECTION: connection_id}).get("Item")
+            if item is None:
+                return False
+            # Near the limit, the size check above counts ids the connection follows already: count them once.
+            ids = set(item.get("job_ids") or ()) | set(subscription.job_ids or ())
+            if len(ids) > settings.WS_MAX_JOB_IDS_PER_CONNECTION:
+                raise TooManySubscriptions(
+                    f"a connection follows at most {settings.WS_MAX_JOB_IDS_PER_CONNECTION} job ids: subscribe with "
+                    "'all': true instead, or open another connection") from exc
+            values.pop(":room", None)
+            self._table.update_item(**request, ConditionExpression="attribute_exists(#pk)",
+                                    ExpressionAttributeValues=values)
+        return True
+
+    def subscribers(self, tenant: str, job_id: str, batch_id: str | None = None) -> list[str]:
+        """Ids of the tenant's open connections subscribed to the job (by id, by its batch, or to all of the
+        tenant's jobs). Only this tenant's connections are read: another tenant's never see its jobs."""
+        wanted = Attr("all").eq(True) | Attr("job_ids").contains(job_id)
+        if batch_id:
+            wanted = wanted | Attr("batch_ids").contains(batch_id)
+        kwargs: dict[str, Any] = {
+            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
+            "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
+            # DynamoDB's TTL deletes an item some time after it expires: until then, it is ignored here.
+            "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())) & wanted,
+            "ProjectionExpression": "#pk",
+            "ExpressionAttributeNames": {"#pk": _CONNECTION},
+        }
+        found: list[str] = []
+        while True:
+            response = self._table.query(**kwargs)
+            found.extend(item[_CONNECTION] for item in response.get("Items", []))
+            if not response.get("LastEvaluatedKey"):
+                return found
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+
+class ConnectionPoster:
+    """Sends messages to WebSocket connections through the stage's management API (``POST @connections/{id}``)."""
+
+    def __init__(self, endpoint_url: str, management: Any | None = None) -> None:
+        # The management API lives at the stage's own URL: an explicit endpoint, which wins over AWS_ENDPOINT_URL.
+        self._management = management or boto3.client(
+            "apigatewaymanagementapi", endpoint_url=endpoint_url, config=_BOTO_CONFIG
+        )
+
+    def post(self, connection_id: str, data: bytes) -> bool:
+        """Send ``data``; False when the connection is gone (closed by the client or by API Gateway)."""
+        try:
+            self._management.post_to_connection(ConnectionId=connection_id, Data=data)
+        except ClientError as exc:
+            if is_error(exc, "GoneException"):
+                return False
+            raise
+        return True
+
+
+class ApiKeyValues:
+    """An API key's value and whether it is enabled, by id (``apigateway:GET`` on that key only)."""
+
+    def __init__(self, apigateway: Any | None = None) -> None:
+        self._apigateway = apigateway or client("apigateway")
+
+    def __call__(self, key_id: str) -> tuple[str, bool] | None:
+        try:
+            key = self._apigateway.get_api_key(apiKey=key_id, includeValue=True)
+        except ClientError as exc:
+            if is_error(exc, "NotFoundException"):
+                return None
+            raise
+        return key["value"], bool(key.get("enabled", True))

@@ -1,4 +1,8 @@
-"""Command line client: ``async-inference submit|wait|status|result|cancel|list|dlq`` (``python -m async_inference.cli``).
+"""Command line client: ``async-inference submit|wait|status|result|cancel|list|batch|dlq``
+(``python -m async_inference.cli``).
+
+``batch submit FILE.jsonl [--wait]`` uploads an OpenAI batch input file and creates a batch (``--wait``: a progress
+bar over its request counts until it is final); ``batch status|list|cancel|output`` follow it (docs/batches.md).
 
 The API URL and key come from --api-url / --api-key or ASYNC_INFERENCE_API_URL / ASYNC_INFERENCE_API_KEY (the local
 stack, ``make up``, serves http://127.0.0.1:8000). --ws-url or ASYNC_INFERENCE_WS_URL lets --wait be told over the
@@ -6,7 +10,7 @@ WebSocket API instead of polling. Output is for people; --json prints the API's 
 line on stderr and an exit status:
 
   0    done
-  1    the job ended without a result (failed, cancelled, expired); a redrive left messages in the DLQ
+  1    the job or batch ended without a result (failed, cancelled, expired); a redrive left messages in the DLQ
   2    bad arguments or input
   3    the API (or AWS) refused the request
   4    the API (or AWS) could not be reached
@@ -14,9 +18,10 @@ line on stderr and an exit status:
   70   a bug in this client
   130  interrupted
 
-``dlq list`` and ``dlq redrive`` are operator commands: they use AWS credentials, not an API key, and the queue URLs
-from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets). They need boto3:
-``pip install 'async-inference[aws]'``.
+``dlq list``, ``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
+and the queue URLs from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets), the
+signing secret's ARN from --secret-arn or WEBHOOK_SECRET_ARN (the stack output WebhookSigningSecretArn). They need
+boto3: ``pip install 'async-inference[aws]'``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,14 +44,16 @@ from async_inference.client import (
     ENV_WS_URL,
     ApiError,
     ApiUnreachable,
+    BatchWaitTimeout,
     Client,
     JobUpdate,
     NoResult,
     UnexpectedResponse,
     WaitTimeout,
 )
-from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL
+from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL, ENV_WEBHOOK_SECRET_ARN
 from async_inference.jobs import JobStatus, is_job_id
+from async_inference.batches.models import BATCH_ID_PATTERN, Batch, Page
 from async_inference.schemas import ChatCompletion, ClaimCheck, JobList, JobView
 
 PROG = "async-inference"
@@ -71,7 +79,8 @@ class CliError(Exception):
 
 
 class Progress:
-    """``wait()``'s ``on_update``: a progress bar on a terminal (tqdm), one line per status change elsewhere."""
+    """``wait()``'s ``on_update``: on a terminal, a line that counts the job's tokens as it generates them (tqdm; there
+    is no bar to fill, since a job's length is not known until it ends); one line per status change elsewhere."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         self._stream = stream
@@ -79,15 +88,16 @@ class Progress:
         self._last: JobStatus | None = None
         self._bar = None
         if stream.isatty():
-            self._bar = tqdm(total=100, file=stream, leave=True, bar_format="{desc} |{bar}| {percentage:3.0f}% {elapsed}")
+            self._bar = tqdm(total=None, file=stream, leave=True, bar_format="{desc} {n} tokens {elapsed}")
 
     def __call__(self, update: JobUpdate) -> None:
         if self._bar is not None:
             self._bar.set_description_str(f"{update.job_id} {update.status.value:<9}", refresh=False)
-            if update.status is JobStatus.SUCCEEDED:
-                self._bar.n = 100
+            usage = update.job.usage if update.job is not None else None
+            if usage is not None:  # the final count
+                self._bar.n = usage.completion_tokens
             elif update.progress is not None:
-                self._bar.n = round(update.progress * 100)
+                self._bar.n = update.progress.completion_tokens
             self._bar.refresh()
         elif update.status != self._last:
             elapsed = time.monotonic() - self._started
@@ -245,6 +255,142 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- Batches ----------------------------------------------------------------------------------------------------
+
+
+class BatchProgress:
+    """``wait_batch()``'s ``on_update``: a bar over request_counts on a terminal (tqdm), a line per change elsewhere."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        stream = stream or sys.stderr  # looked up now, not at import: the caller may have replaced it
+        self._stream = stream
+        self._last: tuple[str, int, int] | None = None
+        self._bar = tqdm(total=0, file=stream, leave=True, unit="req") if stream.isatty() else None
+
+    def __call__(self, batch: Batch) -> None:
+        counts = batch.request_counts
+        done, total = (counts.completed + counts.failed, counts.total) if counts else (0, 0)
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.n = done
+            self._bar.set_description_str(f"{batch.id} {batch.status.value:<11}", refresh=False)
+            self._bar.refresh()
+        elif (batch.status.value, done, total) != self._last:
+            failed = counts.failed if counts else 0
+            self._stream.write(f"{batch.id}  {batch.status.value:<11} {done}/{total} done, {failed} failed\n")
+            self._stream.flush()
+        self._last = (batch.status.value, done, total)
+
+    def done(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _batch_id(value: str) -> str:
+    if not re.match(BATCH_ID_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a batch id (batch_ and 32 hex digits)")
+    return value
+
+
+def _batch_lines(batch: Batch) -> list[str]:
+    counts = batch.request_counts
+    errors = batch.errors.data if batch.errors and batch.errors.data else []
+    rows = [
+        ("batch", batch.id),
+        ("status", batch.status.value),
+        ("model", batch.model),
+        ("input", batch.input_file_id),
+        ("requests", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed" if counts else None),
+        ("created", _epoch(batch.created_at)),
+        ("expires", _epoch(batch.expires_at)),
+        ("output", batch.output_file_id),
+        ("errors", batch.error_file_id),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in (batch.metadata or {}).items()) or None),
+    ]
+    lines = [f"{name:<9} {value}" for name, value in rows if value]
+    lines += [f"  line {e.line}: {e.code}: {e.message}" if e.line else f"  {e.code}: {e.message}" for e in errors]
+    return lines
+
+
+def _epoch(seconds: int | None) -> str | None:
+    import datetime as dt
+
+    return _when(dt.datetime.fromtimestamp(seconds, dt.timezone.utc)) if seconds else None
+
+
+def _batch_list_lines(page: Page[Batch]) -> list[str]:
+    if not page.data:
+        return ["no batches"]
+    lines = [f"{'BATCH':<38}  {'STATUS':<11}  {'DONE':>13}  CREATED"]
+    for b in page.data:
+        counts = b.request_counts
+        done = f"{counts.completed + counts.failed}/{counts.total}" if counts else ""
+        lines.append(f"{b.id:<38}  {b.status.value:<11}  {done:>13}  {_epoch(b.created_at)}")
+    if page.has_more:
+        lines.append(f"more: {PROG} batch list --after {page.last_id}")
+    return lines
+
+
+def cmd_batch_submit(client: Client, args: argparse.Namespace) -> int:
+    name = args.file
+    try:
+        data = Path(name).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from exc
+    if not data.strip():
+        raise CliError(f"{name} is empty; a batch input file holds one JSON request per line")
+    uploaded = client.upload_file(data, filename=Path(name).name)
+    batch = client.create_batch(uploaded.id, metadata=_metadata(args.metadata))
+    if not args.wait:
+        _emit(args, batch, lambda: _batch_lines(batch))
+        return EXIT_OK
+    return _wait_batch(client, args, batch.id)
+
+
+def _wait_batch(client: Client, args: argparse.Namespace, batch_id: str) -> int:
+    progress = BatchProgress()
+    try:
+        batch = client.wait_batch(batch_id, timeout_s=args.timeout, on_update=progress)
+    finally:
+        progress.done()
+    _emit(args, batch, lambda: _batch_lines(batch))
+    return EXIT_OK if batch.status.value == "completed" else EXIT_NO_RESULT
+
+
+def cmd_batch_status(client: Client, args: argparse.Namespace) -> int:
+    batch = client.get_batch(args.batch_id)
+    _emit(args, batch, lambda: _batch_lines(batch))
+    return EXIT_OK
+
+
+def cmd_batch_list(client: Client, args: argparse.Namespace) -> int:
+    page = client.list_batches(after=args.after, limit=args.limit)
+    _emit(args, page, lambda: _batch_list_lines(page))
+    return EXIT_OK
+
+
+def cmd_batch_cancel(client: Client, args: argparse.Namespace) -> int:
+    batch = client.cancel_batch(args.batch_id)
+    _emit(args, batch, lambda: _batch_lines(batch))
+    return EXIT_OK
+
+
+def cmd_batch_output(client: Client, args: argparse.Namespace) -> int:
+    """The batch's output file (``--errors``: its error file), to stdout or ``--out``."""
+    batch = client.get_batch(args.batch_id)
+    file_id = batch.error_file_id if args.errors else batch.output_file_id
+    if file_id is None:
+        which = "error" if args.errors else "output"
+        raise CliError(f"batch {batch.id} is {batch.status.value} and has no {which} file", EXIT_NO_RESULT)
+    data = client.file_content(file_id)
+    if args.out:
+        Path(args.out).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return EXIT_OK
+
+
 # --- Dead-letter queue (operators) -------------------------------------------------------------------------------
 
 # How long `dlq list` hides what it reads: long enough to read the whole DLQ once, so that no message is counted twice.
@@ -343,6 +489,34 @@ def _aws_failure(exc: Exception) -> CliError | None:
     return None
 
 
+# --- Webhook signing secrets (operators) ----------------------------------------------------------------------------
+
+
+def cmd_webhook_secret(args: argparse.Namespace) -> int:
+    """Print a tenant's webhook signing secrets (newest first), or every tenant's, from the stack's Secrets Manager
+    secret: what the operator hands the tenant to verify deliveries with."""
+    try:
+        from async_inference.aws import secret_json
+    except ModuleNotFoundError as exc:
+        if exc.name in ("boto3", "botocore"):
+            raise CliError("webhook-secret needs boto3: pip install 'async-inference[aws]'") from exc
+        raise
+    table = secret_json(args.secret_arn)
+    if not isinstance(table, dict):
+        raise CliError(f'{args.secret_arn} does not hold {{"tenant": "whsec_..."}}', EXIT_REFUSED)
+    secrets = {tenant: [value] if isinstance(value, str) else list(value) for tenant, value in sorted(table.items())}
+    if args.tenant is not None:
+        if args.tenant not in secrets:
+            known = ", ".join(secrets) or "none"
+            raise CliError(f"no webhook signing secret for tenant {args.tenant!r} (the secret has: {known})")
+        listing: dict[str, Any] = {"tenant": args.tenant, "secrets": secrets[args.tenant]}
+        _emit(args, listing, lambda: list(listing["secrets"]))
+    else:
+        listing = {"tenants": secrets}
+        _emit(args, listing, lambda: [f"{tenant}  {' '.join(values)}" for tenant, values in secrets.items()])
+    return EXIT_OK
+
+
 # --- Parser and entry point -----------------------------------------------------------------------------------------
 
 
@@ -400,6 +574,24 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int)
     listing.add_argument("--next", metavar="TOKEN", help="the token the previous page ended with")
 
+    batch = sub.add_parser("batch", help="OpenAI batches: submit a JSONL file of requests, follow it, fetch its output")
+    batch_sub = batch.add_subparsers(dest="batch_command", required=True)
+    submit_batch = command("submit", cmd_batch_submit, "upload FILE.jsonl and create a batch from it", parent=batch_sub)
+    submit_batch.add_argument("file", metavar="FILE.jsonl", help="one request per line, in OpenAI's batch format")
+    submit_batch.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    submit_batch.add_argument("--wait", action="store_true", help="wait with a progress bar until the batch is final")
+    submit_batch.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds --wait waits (86400)")
+    for name, func, help_ in (("status", cmd_batch_status, "a batch's status and request counts"),
+                              ("cancel", cmd_batch_cancel, "cancel a batch (finished lines are kept)")):
+        command(name, func, help_, parent=batch_sub).add_argument("batch_id", type=_batch_id)
+    batch_list = command("list", cmd_batch_list, "your batches, newest first", parent=batch_sub)
+    batch_list.add_argument("--limit", type=int)
+    batch_list.add_argument("--after", metavar="BATCH_ID", help="the last id of the previous page")
+    output = command("output", cmd_batch_output, "a batch's output file (JSONL)", parent=batch_sub)
+    output.add_argument("batch_id", type=_batch_id)
+    output.add_argument("--errors", action="store_true", help="the error file instead")
+    output.add_argument("--out", "-o", metavar="FILE", help="write there instead of stdout")
+
     dlq = sub.add_parser("dlq", help="operators: inspect and redrive the dead-letter queue (AWS credentials)")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
     for name, func, help_ in (("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
@@ -411,6 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
                                   required=not os.environ.get(ENV_QUEUE_URL))
         operator.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
         operator.set_defaults(operator=True)
+
+    signing = command("webhook-secret", cmd_webhook_secret,
+                      "operators: a tenant's webhook signing secret, to hand to the tenant (AWS credentials)")
+    signing.add_argument("tenant", nargs="?", help="the tenant (default: every tenant)")
+    signing.add_argument("--secret-arn", default=os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+                         help=f"the stack output WebhookSigningSecretArn (or {ENV_WEBHOOK_SECRET_ARN})")
+    signing.set_defaults(operator=True)
     return parser
 
 
@@ -450,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc), exc.code)
     except WaitTimeout as exc:
         return _fail(f"{exc}; it goes on: {PROG} wait {exc.job.job_id}", EXIT_WAIT_TIMEOUT)
+    except BatchWaitTimeout as exc:
+        return _fail(f"{exc}; it goes on: {PROG} batch status {exc.batch.id}", EXIT_WAIT_TIMEOUT)
     except NoResult as exc:
         return _fail(str(exc), EXIT_NO_RESULT)
     except ApiError as exc:

@@ -35,6 +35,8 @@ from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
+from async_inference import settings
+from async_inference.batches.models import Batch, FileObject, FileUpload, Page
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.retry import DEFAULT_POLL, PUSH_CHECK_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
 from async_inference.schemas import (
@@ -43,6 +45,7 @@ from async_inference.schemas import (
     ErrorResponse,
     JobEvent,
     JobList,
+    JobProgress,
     JobView,
     Subscription,
     WebhookSpec,
@@ -54,11 +57,15 @@ ENV_WS_URL = "ASYNC_INFERENCE_WS_URL"
 API_KEY_HEADER = "x-api-key"
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 WS_OPEN_TIMEOUT_S = 10.0
+# How long wait() waits for the API's reply to its subscription before it reads the job: the WebSocket API stores a
+# subscription when its function has run, so an end that came before then would be told to nobody. A server that
+# sends no reply costs this once.
+WS_SUBSCRIBE_REPLY_S = 5.0
 
 logger = logging.getLogger(__name__)
 _Model = TypeVar("_Model", bound=BaseModel)
 # What a WebSocket that failed or closed raises: the handshake refused, the socket dropped, a bad URL, a timeout.
-_SOCKET_ERRORS = (OSError, websockets.exceptions.WebSocketException)
+_SOCKET_ERRORS: tuple[type[BaseException], ...] = (OSError, websockets.exceptions.WebSocketException)
 
 
 # --- Errors ---------------------------------------------------------------------------------------------------------
@@ -93,6 +100,15 @@ class UnexpectedResponse(AsyncInferenceError):
     """The API answered with a success status and a body that is not what the route returns."""
 
 
+class BatchWaitTimeout(AsyncInferenceError, TimeoutError):
+    """``wait_batch()`` gave up before the batch was final. The batch goes on; ``batch`` is the last view of it."""
+
+    def __init__(self, batch: Batch, timeout_s: float) -> None:
+        self.batch = batch
+        self.timeout_s = timeout_s
+        super().__init__(f"batch {batch.id} is still {batch.status.value} after {timeout_s:g} s")
+
+
 class NoResult(AsyncInferenceError, ValueError):
     """``result()`` of a job that has not succeeded."""
 
@@ -104,6 +120,10 @@ class WaitTimeout(AsyncInferenceError, TimeoutError):
         self.job = job
         self.timeout_s = timeout_s
         super().__init__(f"job {job.job_id} is still {job.status.value} after {timeout_s:g} s")
+
+
+class SubscriptionRefused(AsyncInferenceError):
+    """The WebSocket API answered the subscription with an error (wait() then polls)."""
 
 
 def _error_fields(status: int, body: Any) -> tuple[str, str, list[dict[str, str]]]:
@@ -131,26 +151,23 @@ def _reason(exc: BaseException) -> str:
 class JobUpdate:
     """What ``wait()`` passes to ``on_update`` each time it learns something about the job.
 
-    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is the
-    fraction done, when the server reports one."""
+    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is a
+    running job's tokens generated so far (``{completion_tokens, updated_at}``), when the server reports it; there is
+    no fraction done, since ``max_tokens`` is a cap, not the length the job will reach."""
 
     job_id: str
     status: JobStatus
-    progress: float | None = None
+    progress: JobProgress | None = None
     via: Literal["poll", "push"] = "poll"
     job: JobView | None = None
 
     @classmethod
     def of_view(cls, job: JobView) -> JobUpdate:
-        return cls(job_id=job.job_id, status=job.status, progress=_fraction(getattr(job, "progress", None)), job=job)
+        return cls(job_id=job.job_id, status=job.status, progress=job.progress, job=job)
 
     @classmethod
     def of_event(cls, event: JobEvent) -> JobUpdate:
         return cls(job_id=event.job_id, status=event.status, progress=event.progress, via="push")
-
-
-def _fraction(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else None
 
 
 OnUpdate = Callable[[JobUpdate], None]
@@ -167,6 +184,8 @@ class _Call:
     json: Any = None
     content: bytes | None = None
     params: dict[str, Any] | None = None
+    files: dict[str, Any] | None = None  # multipart parts (the Files API)
+    data: dict[str, Any] | None = None  # multipart fields
     # Whether sending it twice is harmless: only then is a request that got no answer sent again.
     resend_safe: bool = False
 
@@ -281,6 +300,20 @@ class _Core:
                 "open_timeout": max(0.1, min(WS_OPEN_TIMEOUT_S, deadline - self._clock()))}
 
     @staticmethod
+    def _subscription_reply(raw: str | bytes) -> bool:
+        """True for the API's "subscribed" reply; SubscriptionRefused for its "error" reply; False for anything else
+        (an event, a message this client does not know)."""
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(reply, dict):
+            return False
+        if reply.get("type") == "error":
+            raise SubscriptionRefused(f"{reply.get('code')}: {reply.get('message')}")
+        return reply.get("type") == "subscribed"
+
+    @staticmethod
     def _event_for(raw: str | bytes, job_id: str) -> JobEvent | None:
         """The message as an event about ``job_id``; None for anything else (another job, an acknowledgement, a
         message this client does not know)."""
@@ -363,7 +396,8 @@ class Client(_Core):
         while True:
             try:
                 response = self._http.request(call.method, call.url, headers=call.headers, json=call.json,
-                                              content=call.content, params=call.params)
+                                              content=call.content, params=call.params, files=call.files,
+                                              data=call.data)
             except httpx2.TransportError as exc:
                 delay = self._retry_delay(call, attempt, error=exc)
             else:
@@ -371,6 +405,64 @@ class Client(_Core):
                     return response
                 delay = self._retry_delay(call, attempt, response=response)
             self._sleep(delay)
+            attempt += 1
+
+    # --- files and batches (the OpenAI Batch API; docs/batches.md) --------------------------------------------------
+
+    def upload_file(self, data: bytes, *, filename: str = "input.jsonl", purpose: str = "batch") -> FileObject:
+        """Upload a batch input file: in the request (``POST /v1/files``) up to settings.MAX_FILE_INLINE_BYTES, through
+        a presigned PUT beyond (``POST /v1/files/uploads``, up to settings.BATCH_MAX_FILE_BYTES)."""
+        if len(data) <= settings.MAX_FILE_INLINE_BYTES:
+            call = self._api("POST", "/v1/files")
+            call = _Call(call.method, call.url, call.headers, files={"file": (filename, data, "application/jsonl")},
+                         data={"purpose": purpose})
+            return self._parse(self._send(call), FileObject)
+        body = {"filename": filename, "purpose": purpose, "bytes": len(data)}
+        created = self._parse(self._send(self._api("POST", "/v1/files/uploads", body=body)), FileUpload)
+        self._send(_Call("PUT", created.upload.url, dict(created.upload.headers), content=data, resend_safe=True))
+        return self._parse(self._send(self._api("GET", f"/v1/files/{created.id}")), FileObject)
+
+    def file_content(self, file_id: str) -> bytes:
+        """A file's bytes: the API answers with a redirect to a presigned GET, which is fetched without the key."""
+        response = self._send(self._api("GET", f"/v1/files/{file_id}/content"))
+        location = response.headers.get("location")
+        if response.status_code not in (301, 302, 303, 307, 308) or not location:
+            return response.content
+        return self._send(_Call("GET", location, {}, resend_safe=True)).content
+
+    def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
+                     completion_window: str = "24h") -> Batch:
+        body = {"input_file_id": input_file_id, "endpoint": settings.BATCH_ENDPOINT,
+                "completion_window": completion_window, **({"metadata": dict(metadata)} if metadata else {})}
+        return self._parse(self._send(self._api("POST", "/v1/batches", body=body)), Batch)
+
+    def get_batch(self, batch_id: str) -> Batch:
+        return self._parse(self._send(self._api("GET", f"/v1/batches/{batch_id}")), Batch)
+
+    def list_batches(self, *, after: str | None = None, limit: int | None = None) -> Page[Batch]:
+        """One page of the tenant's batches, newest first; pass ``.last_id`` as ``after`` while ``.has_more``."""
+        params = {k: v for k, v in {"after": after, "limit": limit}.items() if v is not None}
+        return self._parse(self._send(self._api("GET", "/v1/batches", params=params)), Page[Batch])
+
+    def cancel_batch(self, batch_id: str) -> Batch:
+        return self._parse(self._send(self._api("POST", f"/v1/batches/{batch_id}/cancel")), Batch)
+
+    def wait_batch(self, batch_id: str, *, timeout_s: float = 24 * 3600.0,
+                   on_update: Callable[[Batch], None] | None = None, poll: Backoff | None = None) -> Batch:
+        """Poll until the batch is final (completed, failed, expired, cancelled); BatchWaitTimeout after
+        ``timeout_s`` (the batch goes on). ``on_update`` gets every view (request_counts for a progress bar)."""
+        deadline = self._clock() + timeout_s
+        attempt = 0
+        while True:
+            batch = self.get_batch(batch_id)
+            if on_update:
+                on_update(batch)
+            if batch.status.is_final:
+                return batch
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise BatchWaitTimeout(batch, timeout_s)
+            self._sleep(min(remaining, poll_delay(poll or self.poll, attempt, retry_after=None, rng=self._rng)))
             attempt += 1
 
     # --- the API ----------------------------------------------------------------------------------------------------
@@ -455,6 +547,18 @@ class Client(_Core):
             self._sleep(min(remaining, poll_delay(schedule, attempt, retry_after=retry_after, rng=self._rng)))
             attempt += 1
 
+    def _until_subscribed(self, socket: Any, deadline: float) -> None:
+        """Wait for the API's reply to the subscription (at most WS_SUBSCRIBE_REPLY_S); what comes before it is older
+        than the GET that follows, and is dropped."""
+        # The socket's own timeouts are real time, whatever clock the client was given.
+        ends = time.monotonic() + min(WS_SUBSCRIBE_REPLY_S, max(0.0, deadline - self._clock()))
+        while (left := ends - time.monotonic()) > 0:
+            try:
+                if self._subscription_reply(socket.recv(timeout=left)):
+                    return
+            except TimeoutError:
+                return
+
     def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate) -> JobView | None:
         """Follow the job over the WebSocket until it is final; None when the socket failed or closed first."""
         assert self.ws_url is not None
@@ -462,7 +566,8 @@ class Client(_Core):
             try:
                 socket = opened.enter_context(ws_connect(self.ws_url, **self._ws_options(deadline)))
                 socket.send(self._subscribe_message(job_id))
-            except _SOCKET_ERRORS as exc:
+                self._until_subscribed(socket, deadline)
+            except (*_SOCKET_ERRORS, SubscriptionRefused) as exc:
                 logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
                 return None
             # Read once subscribed: an end that came before the subscription is seen here rather than missed.
@@ -530,7 +635,8 @@ class AsyncClient(_Core):
         while True:
             try:
                 response = await self._http.request(call.method, call.url, headers=call.headers, json=call.json,
-                                                    content=call.content, params=call.params)
+                                                    content=call.content, params=call.params, files=call.files,
+                                                    data=call.data)
             except httpx2.TransportError as exc:
                 delay = self._retry_delay(call, attempt, error=exc)
             else:
@@ -607,15 +713,29 @@ class AsyncClient(_Core):
             await self._sleep(min(remaining, poll_delay(schedule, attempt, retry_after=retry_after, rng=self._rng)))
             attempt += 1
 
+    async def _until_subscribed(self, socket: Any, deadline: float) -> None:
+        ends = time.monotonic() + min(WS_SUBSCRIBE_REPLY_S, max(0.0, deadline - self._clock()))
+        while (left := ends - time.monotonic()) > 0:
+            try:
+                if self._subscription_reply(await asyncio.wait_for(socket.recv(), timeout=left)):
+                    return
+            except TimeoutError:
+                return
+
     async def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate) -> JobView | None:
         assert self.ws_url is not None
         try:
             socket = await ws_connect_async(self.ws_url, **self._ws_options(deadline))
-            await socket.send(self._subscribe_message(job_id))
         except _SOCKET_ERRORS as exc:
             logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
             return None
         async with socket:
+            try:
+                await socket.send(self._subscribe_message(job_id))
+                await self._until_subscribed(socket, deadline)
+            except (*_SOCKET_ERRORS, SubscriptionRefused) as exc:
+                logger.warning("WebSocket %s: %s; polling instead", self.ws_url, _reason(exc))
+                return None
             job, _ = await self._get_job(job_id)
             notify(JobUpdate.of_view(job))
             while not _is_final(job):

@@ -26,6 +26,8 @@ ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 ENV_WEBHOOK_SECRET_ARN = "WEBHOOK_SECRET_ARN"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
+# Days the claim-check bucket keeps requests and results (its lifecycle rules): a job records when its result expires.
+ENV_PAYLOAD_RETENTION_DAYS = "PAYLOAD_RETENTION_DAYS"
 # The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
 ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 # Batches (docs/design/batches.md). The batch-lane queue holds chunk claim checks and jobs submitted with priority
@@ -34,6 +36,11 @@ ENV_UPLOAD_DEADLINES_QUEUE_URL = "UPLOAD_DEADLINES_QUEUE_URL"
 ENV_BATCH_QUEUE_URL = "BATCH_QUEUE_URL"
 ENV_BATCH_CONTROL_QUEUE_URL = "BATCH_CONTROL_QUEUE_URL"
 ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
+# The model names the deployed workers serve, as a JSON list (the CDK sets the configured model). A request for any
+# other model is a 404 model_not_found. "*" in the list accepts every name (local engines that serve any name only).
+ENV_SERVED_MODELS = "SERVED_MODELS"
+# The authorizer's tenants: {"<tenant>": "<API key id>"} (the CDK sets this stack's keys).
+ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
@@ -74,7 +81,24 @@ ENV_INTERACTIVE_RESERVE = "INTERACTIVE_RESERVE"
 # Set by the ECS agent in every task: the base URL of its task-protection endpoint.
 ENV_ECS_AGENT_URI = "ECS_AGENT_URI"
 ENV_TASK_PROTECTION_RENEW_S = "TASK_PROTECTION_RENEW_S"
+# When the worker holds ECS task protection (gpu_worker.task_protection): "long_jobs" while it runs a job expected to
+# outlast its drain (max_tokens at TASK_PROTECTION_TOKENS_PER_S), so a step-down may stop a task whose jobs finish or
+# hand back within the drain; "busy" whenever it holds a job; "off" never. The task definition sets it.
+ENV_TASK_PROTECTION = "TASK_PROTECTION"
+TASK_PROTECTION_MODES = ("long_jobs", "busy", "off")
+DEFAULT_TASK_PROTECTION = "long_jobs"
+ENV_TASK_PROTECTION_TOKENS_PER_S = "TASK_PROTECTION_TOKENS_PER_S"
+# The decode rate one sequence is expected to keep: a full A10G batch of 135 sequences of 4,259 tokens decodes about
+# 21 tokens/s each (bench/scaling/engine.py's roofline for Qwen2.5-1.5B). Slower than most batches run, so a job is
+# protected rather than not when in doubt.
+DEFAULT_TASK_PROTECTION_TOKENS_PER_S = 20.0
 ENV_WORKER_FAULTS = "WORKER_FAULTS"
+# Wake from zero (async_inference.wake): the worker's ECS service, which the API and upload functions set to one task
+# when they queue a job and it has none, checking at most once per WAKE_CHECK_INTERVAL_S per execution environment.
+ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
+ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
+ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
+DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # Powertools' own names: the worker's EMF records use them as the Lambdas' do.
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 ENV_LOG_LEVEL = "LOG_LEVEL"
@@ -131,6 +155,22 @@ def describe_errors(cls: type[BaseSettings], exc: ValidationError) -> str:
 
 
 @dataclass(frozen=True)
+class WakeTarget:
+    """The ECS service a job's submitter wakes from zero, and how often one process may check it."""
+
+    cluster: str
+    service: str  # the service's ARN (or name)
+    check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_WORKER_CLUSTER: self.cluster,
+            ENV_WORKER_SERVICE: self.service,
+            ENV_WAKE_CHECK_INTERVAL_S: f"{self.check_interval_s:g}",
+        }
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     """Where the service's resources are. The CDK stack builds one from its resources' tokens and sets ``to_env()``
     on every function and container; the processes read it back through their settings class."""
@@ -142,6 +182,9 @@ class ServiceConfig:
     dlq_url: str | None = None
     # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
     upload_deadlines_queue_url: str | None = None
+    # Unset: queueing a job wakes nothing; the scaling alarms start a task within minutes.
+    wake: WakeTarget | None = None
+    payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -149,11 +192,14 @@ class ServiceConfig:
             ENV_BUCKET: self.bucket_name,
             ENV_QUEUE_URL: self.queue_url,
             ENV_TOPIC_ARN: self.topic_arn,
+            ENV_PAYLOAD_RETENTION_DAYS: str(self.payload_retention_days),
         }
         if self.dlq_url:
             env[ENV_DLQ_URL] = self.dlq_url
         if self.upload_deadlines_queue_url:
             env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
+        if self.wake:
+            env.update(self.wake.to_env())
         return env
 
 
@@ -171,6 +217,42 @@ class ServiceSettings(EnvSettings):
     allow_local_webhooks: bool = Field(
         False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
     )
+    # Unset: any model name is accepted (processes built without the stack's configuration, such as unit tests).
+    served_models: Json[list[str]] | None = Field(
+        None, alias=ENV_SERVED_MODELS, description='the model names the workers serve, as a JSON list: ["name", ...]'
+    )
+    batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name")
+    batch_queue_url: str | None = Field(None, alias=ENV_BATCH_QUEUE_URL, description="the batch-lane queue's URL")
+    batch_control_queue_url: str | None = Field(
+        None, alias=ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue's URL"
+    )
+    worker_cluster: str | None = Field(
+        None, alias=ENV_WORKER_CLUSTER, description="the worker service's ECS cluster (wake from zero)"
+    )
+    worker_service: str | None = Field(
+        None, alias=ENV_WORKER_SERVICE, description="the worker service's ARN, woken when a job is queued"
+    )
+    wake_check_interval_s: float = Field(
+        DEFAULT_WAKE_CHECK_INTERVAL_S, gt=0, alias=ENV_WAKE_CHECK_INTERVAL_S,
+        description="seconds between two wake checks of one process",
+    )
+
+    @model_validator(mode="after")
+    def _wake_complete(self) -> ServiceSettings:
+        if (self.worker_cluster is None) != (self.worker_service is None):
+            raise ValueError(f"set both {ENV_WORKER_CLUSTER} and {ENV_WORKER_SERVICE} (the service to wake from zero), "
+                             "or neither")
+        return self
+
+    @property
+    def wake(self) -> WakeTarget | None:
+        if self.worker_cluster is None or self.worker_service is None:
+            return None
+        return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s)
+    payload_retention_days: int = Field(
+        settings.PAYLOAD_RETENTION_DAYS, ge=1, alias=ENV_PAYLOAD_RETENTION_DAYS,
+        description="days the bucket keeps requests and results",
+    )
 
     @property
     def service(self) -> ServiceConfig:
@@ -181,6 +263,8 @@ class ServiceSettings(EnvSettings):
             topic_arn=self.topic_arn,
             dlq_url=self.dlq_url,
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
+            wake=self.wake,
+            payload_retention_days=self.payload_retention_days,
         )
 
 
@@ -211,3 +295,31 @@ class DispatcherSettings(EnvSettings):
             raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARN} (or {ENV_WEBHOOK_SECRETS_JSON} locally): the tenants' "
                              "webhook signing secrets")
         return self
+
+
+# --- Job events and the WebSocket API -------------------------------------------------------------------------------
+
+# The job event topic (job.started, job.progress); unset: the worker publishes none (no WebSocket API is deployed).
+ENV_JOB_EVENTS_TOPIC_ARN = "JOB_EVENTS_TOPIC_ARN"
+ENV_PROGRESS_INTERVAL_S = "PROGRESS_INTERVAL_S"
+ENV_CONNECTIONS_TABLE = "CONNECTIONS_TABLE_NAME"
+# Where the push function posts to connections: the stage's management API (https://{api}.execute-api.../{stage}).
+ENV_WEBSOCKET_CALLBACK_URL = "WEBSOCKET_CALLBACK_URL"
+
+
+class WebSocketSettings(EnvSettings):
+    """The WebSocket routes' function ($connect, $disconnect, subscribe, $default)."""
+
+    connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
+    tenant_api_key_ids: Json[dict[str, str]] = Field(
+        alias=ENV_TENANT_API_KEY_IDS, description='the tenants\' API key ids, {"tenant": "key id"} (as the authorizer\'s)'
+    )
+
+
+class PushSettings(EnvSettings):
+    """The push function's settings."""
+
+    connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
+    websocket_callback_url: str = Field(
+        alias=ENV_WEBSOCKET_CALLBACK_URL, min_length=1, description="the WebSocket stage's management API URL"
+    )

@@ -7,6 +7,8 @@ Every producer and consumer validates with these models. Each message that leave
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -90,6 +92,9 @@ class WebhookSpec(_Strict):
 class JobSubmission(_Strict):
     """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
 
+    # The JSON Schema (and so the OpenAPI document) says "exactly one" as the validator below enforces it.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["upload"]}]})
+
     request: ChatCompletionRequest | None = None
     upload: UploadSpec | None = None
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=settings.MAX_METADATA_KEYS)
@@ -102,6 +107,12 @@ class JobSubmission(_Strict):
         if (self.request is None) == (self.upload is None):
             raise ValueError("give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})")
         return self
+
+    def fingerprint(self) -> str:
+        """A digest of what the submission asks for, defaults filled in: two submissions that would make the same
+        job have the same fingerprint, whatever their key order, spacing or omitted defaults."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- The claim check: the only thing on the queue -------------------------------------------------------------------
@@ -191,6 +202,14 @@ class WebhookAttempt(_Internal):
     error: str | None = None
 
 
+class JobProgress(_Internal):
+    """How far a running job has got: the tokens it has generated so far, as of ``updated_at``. There is no total to
+    divide by: ``max_tokens`` is only a cap, and most jobs stop before it."""
+
+    completion_tokens: int = Field(ge=0)
+    updated_at: dt.datetime
+
+
 class WebhookState(_Internal):
     url: str
     events: list[str]
@@ -217,12 +236,17 @@ class Job(_Internal):
     request_bucket: str
     request_key: str
     result_key: str | None = None
+    # When the bucket's lifecycle may delete the result (settings.lifecycle_expiry of its write); set with the result.
+    result_expires_at: dt.datetime | None = None
     upload_size_bytes: int | None = None
     deadline: dt.datetime
     timeout_s: int
     idempotency_key: str | None = None
+    # JobSubmission.fingerprint() of the request that created the job: a retry with its Idempotency-Key must match.
+    request_fingerprint: str | None = None
     webhook: WebhookState | None = None
     notified: bool = False
+    progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:
@@ -269,8 +293,12 @@ class JobView(BaseModel):
     error: str | None = None
     usage: Usage | None = None
     result: PresignedUrl | None = None
+    result_expires_at: dt.datetime | None = Field(
+        default=None, description="When the result is deleted; a GET after that is 410 Gone."
+    )
     upload: PresignedUpload | None = None
     webhook: WebhookState | None = None
+    progress: JobProgress | None = Field(default=None, description="While the job runs: its tokens generated so far.")
 
 
 class JobList(BaseModel):
@@ -362,7 +390,9 @@ class Subscription(_Strict):
     """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``."""
 
     action: Literal["subscribe"] = "subscribe"
-    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(default=None, min_length=1)
+    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE
+    )
     batch_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     all: Literal[True] | None = None
 
@@ -396,9 +426,33 @@ class JobEvent(_Internal):
     schema_version: Literal["1"] = SCHEMA_VERSION
     type: JobEventType
     job_id: str = Field(pattern=JOB_ID_PATTERN)
-    progress: float | None = Field(default=None, ge=0.0, le=1.0, description="Fraction of the job done, when known.")
+    progress: JobProgress | None = Field(default=None, description="job.started and job.progress: tokens so far.")
     error: str | None = None
 
     @property
     def status(self) -> JobStatus:
         return EVENT_STATUS[self.type]
+
+
+# The event type that tells a job's final status; the result notification's own ``event`` is "job.completed" for
+# every final status (as the per-job webhook names it), a pushed event says which end it was.
+FINAL_EVENT_TYPES: dict[JobStatus, JobEventType] = {
+    JobStatus.SUCCEEDED: "job.completed",
+    JobStatus.FAILED: "job.failed",
+    JobStatus.CANCELLED: "job.cancelled",
+    JobStatus.EXPIRED: "job.expired",
+}
+
+
+class JobActivity(_Internal):
+    """What a worker publishes to the job event topic while a job runs: it entered the engine (``job.started``), or it
+    generated more tokens (``job.progress``, at most once per progress interval). Message attributes ``event`` and
+    ``tenant`` carry the same values. The final events come from the result topic's ``ResultNotification``."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    event: Literal["job.started", "job.progress"]
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    tenant: str
+    model: str | None = None
+    started_at: dt.datetime | None = None
+    progress: JobProgress | None = None

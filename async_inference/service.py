@@ -12,10 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from async_inference import settings, webhooks
+from async_inference import settings
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
+from async_inference.wake import ServiceWaker
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -32,6 +34,11 @@ from async_inference.schemas import (
     WebhookState,
     utcnow,
 )
+from async_inference.webhooks.url_safety import UnsafeUrl, check_url
+
+
+class NotAClaimCheck(ValueError):
+    """A dead-lettered message that is not a claim check: there is no job to fail; it is left for an operator."""
 
 
 class ApiError(Exception):
@@ -83,6 +90,10 @@ class JobService:
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
+        served: ServedModels | None = None,
+        waker: ServiceWaker | None = None,
+        idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
+        payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -92,10 +103,17 @@ class JobService:
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
+        self.served = served or ServedModels.of(None)
+        # None: queueing a job wakes nothing (the scaling alarms still start a task).
+        self.waker = waker
+        self.idempotency_in_progress_s = idempotency_in_progress_s
+        self.payload_retention_days = payload_retention_days
 
     @classmethod
-    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False) -> JobService:
-        """The service over the resources ``config`` names, with one set of clients for the process."""
+    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
+                    served_models: list[str] | None = None) -> JobService:
+        """The service over the resources ``config`` names, with one set of clients for the process;
+        ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any)."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
@@ -103,20 +121,33 @@ class JobService:
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
+            served=ServedModels.of(served_models),
+            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
+            payload_retention_days=config.payload_retention_days,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
 
     def submit(self, tenant: str, submission: JobSubmission, idempotency_key: str | None) -> Submitted:
+        """Create and queue the job (or, for an upload, create it awaiting its upload).
+
+        With an Idempotency-Key, the key is bound to the first request's fingerprint: a retry of the same request
+        gets the same job (``created`` False), a different request a 422. A different request that arrives while the
+        first one is in progress (its body stored, its job not created yet: at most ``IDEMPOTENCY_IN_PROGRESS_S``)
+        gets a 409 and may retry; the job record, created with a conditional write, is the one commit point.
+        """
         job_id = new_job_id(tenant, idempotency_key)
+        fingerprint = submission.fingerprint()
         if idempotency_key is not None:
             existing = self.store.get(job_id)
             if existing is not None:
-                return Submitted(existing, created=False, upload=self._upload_for(existing))
+                return self._replay(existing, fingerprint, idempotency_key)
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
-        now = utcnow()
         request = submission.request
+        if request is not None:
+            self._check_model(request.model)
+        now = utcnow()
         inline = request is not None
         key = settings.request_key(tenant, job_id) if inline else settings.upload_key(tenant, job_id)
         job = Job(
@@ -133,13 +164,16 @@ class JobService:
             deadline=now + dt.timedelta(seconds=submission.ttl_seconds or settings.DEFAULT_TTL_S),
             timeout_s=submission.timeout_seconds or settings.DEFAULT_EXECUTION_TIMEOUT_S,
             idempotency_key=idempotency_key,
+            request_fingerprint=fingerprint,
             webhook=WebhookState(url=submission.webhook.url, events=list(submission.webhook.events))
             if submission.webhook
             else None,
         )
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
-            self.blobs.put_json(key, request.model_dump_json(exclude_none=True).encode())
+            owner = self._store_request(job, request.model_dump_json(exclude_none=True).encode())
+            if owner is not None:
+                return self._replay(owner, fingerprint, idempotency_key)
         else:
             # Scheduled before the job exists, so no upload job is ever without its expiry; a deadline for a job that
             # was then not created (a failed write, a lost race) finds no job, or the winner's, and is harmless.
@@ -148,16 +182,64 @@ class JobService:
             # Lost a race with a concurrent retry carrying the same Idempotency-Key.
             existing = self.store.get(job_id)
             assert existing is not None
-            return Submitted(existing, created=False, upload=self._upload_for(existing))
+            return self._replay(existing, fingerprint, idempotency_key)
         if inline:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
 
+    def _check_model(self, model: str) -> None:
+        """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer."""
+        if not self.served.serves(model):
+            message = self.served.not_found_message(model)
+            raise ApiError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+    def _replay(self, existing: Job, fingerprint: str, idempotency_key: str | None) -> Submitted:
+        """The answer to a request whose Idempotency-Key already has a job: that job, if the request is the same."""
+        # Jobs stored before fingerprints were recorded have none: they match any retry, as they did then.
+        if existing.request_fingerprint not in (None, fingerprint):
+            raise ApiError(
+                422,
+                "idempotency_key_reused",
+                f"Idempotency-Key {idempotency_key!r} was used for a different request (job {existing.job_id}); "
+                "send a new key for a new request",
+            )
+        return Submitted(existing, created=False, upload=self._upload_for(existing))
+
+    def _store_request(self, job: Job, body: bytes) -> Job | None:
+        """Write an inline job's request body; with an Idempotency-Key, never over another request's body.
+
+        The key maps to one job id, hence one request key. The body is written only if no object is there (S3
+        conditional write), or the one there is the same. Another body there means another request with this key:
+        if it created its job meanwhile, that job is returned (the caller compares fingerprints); if it is still in
+        progress, 409; if it was written longer ago than a request can run, its request ended without a job, and it
+        is replaced.
+        """
+        if job.idempotency_key is None:
+            self.blobs.put_json(job.request_key, body)
+            return None
+        for _ in range(2):
+            stored = self.blobs.put_json_once(job.request_key, body)
+            if stored is None or stored == body:
+                return None
+            owner = self.store.get(job.job_id)
+            if owner is not None:
+                return owner
+            written = self.blobs.written_at(job.request_key)
+            if written is not None and (utcnow() - written).total_seconds() < self.idempotency_in_progress_s:
+                break
+            # Deleted, then written once: of two requests replacing a stale body at once, one writes, one gets a 409.
+            self.blobs.delete(job.request_key)
+        raise ApiError(
+            409,
+            "idempotency_key_in_progress",
+            f"a request with Idempotency-Key {job.idempotency_key!r} and a different body is in progress; retry in a "
+            "few seconds",
+        )
+
     def _check_webhook_url(self, url: str) -> None:
         """400 for a URL the dispatcher would refuse (SSRF): checked here too so the client learns it at once."""
         try:
-            webhooks.check_url(url, allow_local=self.allow_local_webhooks)
-        except webhooks.UnsafeUrl as exc:
+            check_url(url, allow_local=self.allow_local_webhooks)
+        except UnsafeUrl as exc:
             raise ApiError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
 
     def _enqueue(self, job: Job) -> None:
@@ -170,6 +252,8 @@ class JobService:
             if failed is not None:
                 self.notify(failed)
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+        if self.waker is not None:
+            self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
     def _schedule_upload_deadline(self, job: Job) -> None:
         if self.deadlines is None:
@@ -202,19 +286,59 @@ class JobService:
             job = self._expire_unuploaded(job) or self.store.get(job_id) or job
         return job
 
+    def read(self, tenant: str, job_id: str) -> tuple[JobView, int | None]:
+        """What GET /v1/jobs/{id} answers: the job's view and, while it is unfinished, the seconds to wait before the
+        next poll (``poll_after_s``); 410 once its result has expired (no URL to a deleted object)."""
+        job = self.get(tenant, job_id)
+        expires_at = self._result_expires_at(job)
+        if expires_at is not None and utcnow() >= expires_at:
+            raise ApiError(
+                410,
+                "result_expired",
+                f"the result of job {job_id} expired at {expires_at.isoformat()}: results are kept "
+                f"{self.payload_retention_days} days after they are written",
+            )
+        return self.view(job), self.poll_after_s(job)
+
     def view(self, job: Job, *, upload: PresignedUpload | None = None) -> JobView:
+        """The job as the API shows it, with a presigned GET of its result while the result is kept."""
         result = None
-        if job.status is JobStatus.SUCCEEDED and job.result_key:
-            url = self.blobs.presign_get(job.result_key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S)
-            result = PresignedUrl(url=url, expires_at=utcnow() + dt.timedelta(seconds=settings.PRESIGNED_RESULT_EXPIRY_S))
+        expires_at = self._result_expires_at(job)
+        left_s = (expires_at - utcnow()).total_seconds() if expires_at else 0
+        if job.status is JobStatus.SUCCEEDED and job.result_key and left_s > 0:
+            # Never valid beyond the object's own expiry.
+            expires_s = min(settings.PRESIGNED_RESULT_EXPIRY_S, math.ceil(left_s))
+            url = self.blobs.presign_get(job.result_key, expires_s=expires_s)
+            result = PresignedUrl(url=url, expires_at=min(utcnow() + dt.timedelta(seconds=expires_s), expires_at))  # type: ignore[type-var]
         return JobView(
             **job.model_dump(
                 include={"job_id", "status", "created_at", "started_at", "finished_at", "attempts", "model"}
                 | {"metadata", "error", "usage", "webhook"}
             ),
             result=result,
+            result_expires_at=expires_at,
             upload=upload,
+            # Tokens so far, while the job runs; once it is final, its usage says what it generated.
+            progress=job.progress if job.status is JobStatus.RUNNING else None,
         )
+
+    def _result_expires_at(self, job: Job) -> dt.datetime | None:
+        """When the job's result expires; for a result stored before jobs recorded it, as its finish time gives."""
+        if job.status is not JobStatus.SUCCEEDED or not job.result_key:
+            return None
+        if job.result_expires_at is not None:
+            return job.result_expires_at
+        return settings.lifecycle_expiry(job.finished_at or job.updated_at, self.payload_retention_days)
+
+    @staticmethod
+    def poll_after_s(job: Job) -> int | None:
+        """Seconds a poller should wait before reading an unfinished job again (settings.POLL_AFTER_FRACTION of its
+        time in its state, 1 to settings.MAX_POLL_AFTER_S); None for a final job."""
+        if job.status in FINAL_STATES:
+            return None
+        since = job.started_at if job.status is JobStatus.RUNNING and job.started_at else job.updated_at
+        age_s = max((utcnow() - since).total_seconds(), 0.0)
+        return min(max(1, math.ceil(age_s / settings.POLL_AFTER_FRACTION)), settings.MAX_POLL_AFTER_S)
 
     def list(self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None) -> tuple[list[Job], str | None]:
         try:
@@ -248,6 +372,9 @@ class JobService:
             request, reason = self._check_upload(job, key, size_bytes)
             if request is None:
                 return self.finish(job, JobStatus.FAILED, error=f"upload rejected: {reason}")
+            if not self.served.serves(request.model):
+                return self.finish(job, JobStatus.FAILED, model=request.model,
+                                   error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}")
             if utcnow() > job.deadline:
                 return self.finish(job, JobStatus.EXPIRED, error="the upload arrived after the job's deadline")
             queued = self.store.transition(job.job_id, JobStatus.QUEUED, model=request.model)
@@ -313,11 +440,13 @@ class JobService:
     # --- Dead letters ---------------------------------------------------------------------------------------------
 
     def dead_letter(self, body: str, receive_count: int) -> Job | None:
-        """A claim check reached the DLQ: fail its job (if it is not final yet) and notify."""
+        """A claim check reached the DLQ: fail its job (if it is not final yet) and notify. None when its job is gone;
+        NotAClaimCheck when the message is not a claim check."""
         try:
             claim = ClaimCheck.model_validate_json(body)
-        except ValidationError:
-            return None
+        except ValidationError as exc:
+            message, _ = describe_validation_error(exc)
+            raise NotAClaimCheck(message) from exc
         job = self.store.get(claim.job_id)
         if job is None:
             return None
@@ -345,20 +474,26 @@ class JobService:
             self.notify(finished, result=result)
         return finished
 
-    def end(self, job: Job, target: JobStatus, *, only_from: frozenset[JobStatus] | set[JobStatus] | None = None,
-            **fields: Any) -> Job | None:
-        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``)."""
-        return self.store.transition(job.job_id, target, only_from=only_from, notified=False, **fields)
+    def end(self, job: Job | str, target: JobStatus, *,
+            only_from: frozenset[JobStatus] | set[JobStatus] | None = None, **fields: Any) -> Job | None:
+        """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``).
+        ``job`` may be a job id: the write needs nothing else (a worker failing a job it never started)."""
+        job_id = job if isinstance(job, str) else job.job_id
+        return self.store.transition(job_id, target, only_from=only_from, notified=False, **fields)
 
     def store_result(self, job: Job, result: ChatCompletion) -> tuple[ChatCompletion, dict[str, Any]]:
         """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and
         the fields its ``succeeded`` state records."""
         key = settings.result_key(job.tenant, job.job_id)
+        written_at = utcnow()  # taken before the write: the expiry computed from it is never later than S3's
         stored = self.blobs.put_json_once(key, result.model_dump_json().encode())
         if stored is not None:
             # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
             result = ChatCompletion.model_validate_json(stored)
-        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason}
+            written_at = self.blobs.written_at(key) or written_at
+        expires_at = settings.lifecycle_expiry(written_at, self.payload_retention_days)
+        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason,
+                        "result_expires_at": expires_at}
 
     def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""

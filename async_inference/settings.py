@@ -6,6 +6,8 @@ limits. Change a value here and both sides follow.
 
 from __future__ import annotations
 
+import datetime as dt
+
 # --- Names (the stack lets CloudFormation pick physical names; the local runtime uses these) -----------------------
 QUEUE_NAME = "inference-jobs"
 DLQ_NAME = "inference-jobs-dlq"
@@ -38,6 +40,14 @@ MAX_METADATA_VALUE_CHARS = 512
 MAX_STOP_SEQUENCES = 4
 MAX_INLINE_RESULT_BYTES = 128 * 1024  # results up to this size travel inside the SNS notification too
 
+# --- The API function ----------------------------------------------------------------------------------------------
+API_FUNCTION_TIMEOUT_S = 29  # API Gateway's integration timeout: no request runs longer
+# An Idempotency-Key request is "in progress" from when it stores its request body until it creates its job; a
+# second request with the same key and a different body in that window gets a 409 to retry. No request lives past
+# the function timeout, so a body older than that (plus slack for clock skew and S3's whole-second LastModified) was
+# left by a request that ended without creating its job, and binds the key to nothing.
+IDEMPOTENCY_IN_PROGRESS_S = API_FUNCTION_TIMEOUT_S + 5
+
 # --- Presigned URLs -------------------------------------------------------------------------------------------------
 PRESIGNED_UPLOAD_EXPIRY_S = 15 * 60  # the API contract promises at most 15 minutes
 PRESIGNED_RESULT_EXPIRY_S = 60 * 60
@@ -60,8 +70,27 @@ DEFAULT_EXECUTION_TIMEOUT_S = 10 * 60  # a running generation is aborted after t
 MAX_EXECUTION_TIMEOUT_S = 60 * 60
 
 # --- Retention ------------------------------------------------------------------------------------------------------
-PAYLOAD_RETENTION_DAYS = 7  # S3 lifecycle for requests and results
+# S3 lifecycle for requests and results: the default of the stack's retention_days, whose deployed value its functions
+# and workers read (config.ENV_PAYLOAD_RETENTION_DAYS).
+PAYLOAD_RETENTION_DAYS = 7
 JOB_RECORD_RETENTION_DAYS = 30  # DynamoDB TTL on finished jobs
+
+
+def lifecycle_expiry(written_at: dt.datetime, retention_days: int) -> dt.datetime:
+    """When an S3 lifecycle expiration of ``retention_days`` may delete an object written at ``written_at``: S3 adds
+    the days to the object's creation time and rounds up to the next midnight UTC. The deletion itself is
+    asynchronous and may come later; from this moment on the object cannot be relied on."""
+    due = (written_at + dt.timedelta(days=retention_days)).astimezone(dt.timezone.utc)
+    return dt.datetime.combine(due.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+
+
+# --- Polling --------------------------------------------------------------------------------------------------------
+# GET of an unfinished job answers Retry-After: a fifth of the time the job has spent in its state (queued since it was
+# queued, running since it started), between 1 s and MAX_POLL_AFTER_S. A poller that follows it sees the job's end at
+# most 20% of its age late (and at most MAX_POLL_AFTER_S), and polls a ten-minute job about 45 times: young jobs, which
+# often finish soon, are polled each second; old ones, which will not finish in the next second, rarely.
+POLL_AFTER_FRACTION = 5
+MAX_POLL_AFTER_S = 20
 
 # --- Listing --------------------------------------------------------------------------------------------------------
 TENANT_INDEX_NAME = "tenant-created-index"
@@ -99,6 +128,23 @@ BATCH_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit per batch input file
 BATCH_CHUNK_LINES = 100  # lines per chunk claim check: one queue message, one ranged read, two part writes
 BATCH_COMPLETION_WINDOWS = {"24h": 24 * 60 * 60}  # what OpenAI accepts for completion_window
 BATCH_ENDPOINT = "/v1/chat/completions"
+# The batch table (cdk/batches.py declares it; async_inference/batches/store.py writes it): files and batches, one item
+# each, listed per tenant and kind ("<tenant>#file", "<tenant>#batch") newest first through the owner index.
+BATCH_TABLE_PARTITION_KEY = "id"
+BATCH_OWNER_INDEX_NAME = "owner-created-index"
+BATCH_OWNER_ATTRIBUTE = "owner"
+BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
+BATCH_TTL_ATTRIBUTE = "ttl_epoch"
+# POST /v1/files carries the file through API Gateway (10 MB) and a synchronous Lambda invocation (6 MB of event,
+# the multipart body base64-encoded in it: 4/3 of its size, plus the headers): 4 MiB of file fits both with room. Larger
+# files, up to BATCH_MAX_FILE_BYTES, take the presigned-upload path (POST /v1/files/uploads, an extension).
+MAX_FILE_INLINE_BYTES = 4 * 1024 * 1024
+FILE_PURPOSES = ("batch",)  # what POST /v1/files accepts; batch_output files are written by the controller
+FILE_RETENTION_DAYS = 30  # files and batches (records and objects) are kept this long after creation
+DEFAULT_FILE_PAGE_SIZE = 10_000  # OpenAI's default and maximum for GET /v1/files
+DEFAULT_BATCH_PAGE_SIZE = 20  # OpenAI's default for GET /v1/batches
+MAX_BATCH_PAGE_SIZE = 100
+BATCH_MAX_ERRORS = 100  # structural errors a failed batch lists in errors.data (one per line, the first ones)
 
 
 def file_key(tenant: str, file_id: str) -> str:
@@ -143,6 +189,10 @@ METRIC_JOBS_FAILED = "JobsFailed"  # worker: jobs that ended failed (count)
 METRIC_PROCESSING_TIME = "ProcessingTime"  # worker: seconds from generation start to result stored
 METRIC_QUEUE_TIME = "QueueTime"  # worker: seconds from submission to generation start
 METRIC_COMPLETION_TOKENS = "CompletionTokens"  # worker: tokens generated (count)
+METRIC_WAKE_FAILURES = "WakeFailures"  # API: wake-from-zero calls to ECS that failed (count; async_inference.wake)
+# DLQ handler: receives of job-DLQ messages it could not process (not a claim check); each stays in the DLQ for an
+# operator and is counted again each time it comes back (after the DLQ's visibility timeout).
+METRIC_DEAD_LETTERS_UNPROCESSABLE = "DeadLettersUnprocessable"
 WORKER_METRICS = (
     METRIC_JOBS_SUCCEEDED,
     METRIC_JOBS_FAILED,
@@ -150,13 +200,26 @@ WORKER_METRICS = (
     METRIC_QUEUE_TIME,
     METRIC_COMPLETION_TOKENS,
 )
-API_METRICS = (METRIC_JOBS_SUBMITTED,)
+API_METRICS = (METRIC_JOBS_SUBMITTED, METRIC_WAKE_FAILURES)
+DEAD_LETTER_METRICS = (METRIC_DEAD_LETTERS_UNPROCESSABLE,)
 
 # Webhook deliveries: a failed delivery's message is hidden for min(BASE * 2**(n-1), MAX) seconds after its n-th
 # receive; after WEBHOOK_MAX_RECEIVE_COUNT receives it moves to the webhook DLQ. 30+60+...+900*5 s > 1 hour of retries.
 WEBHOOK_BACKOFF_BASE_S = 30
 WEBHOOK_BACKOFF_MAX_S = 15 * 60
 WEBHOOK_MAX_RECEIVE_COUNT = 10
+# One delivery: a receiver has this long to accept the connection, and to answer (it should queue the work and answer
+# 2xx at once).
+WEBHOOK_CONNECT_TIMEOUT_S = 3
+WEBHOOK_DELIVERY_TIMEOUT_S = 5
+# The dispatcher gets batches of WEBHOOK_BATCH_SIZE and delivers them all at once, each with its own timeout, so a
+# slow receiver holds back no other delivery and a batch takes about one delivery timeout, whatever its receivers do:
+# the URL check's DNS lookup, the POST (at most WEBHOOK_DELIVERY_TIMEOUT_S) and two DynamoDB calls. The function
+# timeout leaves that several times over; the queue's visibility timeout outlives it six times (AWS's guidance for SQS
+# event sources). A failed delivery is hidden for its backoff by the dispatcher, not by this visibility timeout.
+WEBHOOK_BATCH_SIZE = 10
+WEBHOOK_DISPATCHER_TIMEOUT_S = 30
+WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S = 6 * WEBHOOK_DISPATCHER_TIMEOUT_S
 # Result notifications carry the message attribute webhook="true" when their job has a webhook; the dispatcher's
 # subscription filters on it, so jobs without webhooks cost the dispatcher nothing.
 WEBHOOK_ATTRIBUTE = "webhook"
@@ -168,3 +231,27 @@ def webhook_retry_span_s() -> int:
     return sum(
         min(WEBHOOK_BACKOFF_BASE_S * 2 ** (n - 1), WEBHOOK_BACKOFF_MAX_S) for n in range(1, WEBHOOK_MAX_RECEIVE_COUNT)
     )
+
+
+# --- Job events and the WebSocket API (docs/notifications.md) ---------------------------------------------------------
+# A running job's tokens so far are written to its item, and published as a job.progress event, at most once per this
+# many seconds, and only when the count changed since the last time. 0 turns progress off.
+PROGRESS_INTERVAL_S = 5.0
+# Every message on the job event topic and the result topic carries this attribute (job.started, job.progress,
+# job.completed): the push function's subscriptions filter on it, so it sees only the job events it pushes.
+EVENT_ATTRIBUTE = "event"
+ACTIVITY_EVENTS = ("job.started", "job.progress")
+RESULT_EVENT = "job.completed"
+# The WebSocket API's connection table: one item per open connection with its tenant and its subscriptions, listed per
+# tenant through an index; the TTL removes connections whose $disconnect never came.
+CONNECTION_TABLE_PARTITION_KEY = "connection_id"
+CONNECTION_TENANT_INDEX_NAME = "tenant-connections-index"
+CONNECTION_TENANT_KEY = "tenant"
+CONNECTION_TTL_ATTRIBUTE = "expires_at"
+# API Gateway closes a WebSocket connection after 2 hours (and after 10 idle minutes): a connection item is kept
+# that long, then the push function ignores it and DynamoDB's TTL deletes it.
+WS_MAX_CONNECTION_S = 2 * 60 * 60
+WS_MAX_JOB_IDS_PER_SUBSCRIBE = 100  # one subscribe message
+WS_MAX_JOB_IDS_PER_CONNECTION = 1000  # all of a connection's subscribe messages: keeps its item far below 400 KB
+WS_ROUTE_SUBSCRIBE = "subscribe"  # the route key, i.e. the "action" of a subscribe message
+WS_API_KEY_QUERY_PARAMETER = "api_key"  # browsers cannot set headers on a WebSocket handshake

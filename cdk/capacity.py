@@ -83,6 +83,10 @@ INSTANCE_GPUS: dict[str, tuple[GpuSpec, int]] = {
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # vLLM's max_num_seqs default on GPUs under 70 GiB (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults).
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
+# The context a sequence is planned to reach when nothing else is said: the 99th percentile of prompt + output tokens
+# of the Azure LLM inference conversation trace (2023, 19,366 requests), 4,259 (tests/scaling/test_capacity.py
+# recomputes it from the trace). It gives 135 sequences for Qwen2.5-1.5B on an A10G.
+DEFAULT_SEQUENCE_TOKENS = 4259
 # GPU memory vLLM holds outside weights and KV cache: CUDA graphs (0.48 GiB in the startup log of vllm-project/vllm#20264)
 # plus the activation peak of its profiling run and the CUDA context. That log (a 3.4 GiB model, 613,024 KV tokens of
 # 112 KiB on an 80 GB GPU at 0.9) leaves about 2.3 GiB; 2 GiB for this smaller model. One GiB more or less moves
@@ -143,3 +147,14 @@ def percentile_tokens(token_counts: list[int], quantile: float = 0.99) -> int:
         raise ValueError("no requests to size for")
     ordered = sorted(token_counts)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+
+
+def sized_max_num_seqs(model: str, instance_type: str, *, sequence_tokens: int = DEFAULT_SEQUENCE_TOKENS) -> int:
+    """The rule's ``max_num_seqs`` for a model and an instance type named in ``MODELS`` and ``INSTANCE_GPUS``;
+    KeyError naming the one that is not there."""
+    if model not in MODELS:
+        raise KeyError(f"no shape for model {model!r} in cdk.capacity.MODELS (known: {', '.join(MODELS)})")
+    if instance_type not in INSTANCE_GPUS:
+        raise KeyError(f"no GPU for instance type {instance_type!r} in cdk.capacity.INSTANCE_GPUS "
+                       f"(known: {', '.join(INSTANCE_GPUS)})")
+    return max_num_seqs(MODELS[model], INSTANCE_GPUS[instance_type][0], sequence_tokens=sequence_tokens)

@@ -68,6 +68,12 @@ class ClaimCheckBucket(Construct):
                     s3.LifecycleRule(id=f"expire-{prefix.rstrip('/')}", prefix=prefix, expiration=expire)
                     for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
                 ),
+                # Files and batch parts: as long as their records (the batch table's TTL).
+                *(
+                    s3.LifecycleRule(id=f"expire-{prefix.rstrip('/')}", prefix=prefix,
+                                     expiration=Duration.days(settings.FILE_RETENTION_DAYS))
+                    for prefix in (settings.FILE_PREFIX, settings.BATCH_PREFIX)
+                ),
                 s3.LifecycleRule(
                     id="tidy-versions-and-uploads",
                     noncurrent_version_expiration=Duration.days(1),

@@ -11,6 +11,8 @@ from constructs import Construct
 
 from cdk.lambda_code import LambdaCode
 
+# The DLQ function's Powertools service name: the ``service`` dimension of DeadLettersUnprocessable.
+DEAD_LETTER_SERVICE_NAME = "async-inference-dlq"
 
 class DeadLetterHandler(Construct):
     """The Lambda that consumes the job DLQ, with partial batch failures reported.
@@ -30,12 +32,13 @@ class DeadLetterHandler(Construct):
         environment: Mapping[str, str],
     ) -> None:
         super().__init__(scope, id)
+        self.service_name = DEAD_LETTER_SERVICE_NAME
         self.handler = code.new_function(
             self,
             "Handler",
             handler="lambdas.dlq.handler.lambda_handler",
             description="Marks jobs whose messages reached the DLQ as failed and notifies",
-            service_name="async-inference-dlq",
+            service_name=self.service_name,
             environment=environment,
             timeout=Duration.seconds(30),
         )

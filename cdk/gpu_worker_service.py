@@ -13,6 +13,14 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
+
+from async_inference.config import (
+    DEFAULT_TASK_PROTECTION,
+    DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
+    ENV_TASK_PROTECTION,
+    ENV_TASK_PROTECTION_TOKENS_PER_S,
+    TASK_PROTECTION_MODES,
+)
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
@@ -36,6 +44,10 @@ HEALTH_CHECK_INTERVAL = Duration.seconds(60)
 HEALTH_CHECK_RETRIES = 10  # ECS's maximum
 # One Python start and a stat(); generous because vLLM may keep every CPU busy while it loads.
 HEALTH_CHECK_TIMEOUT = Duration.seconds(10)
+# What the capacity provider's instance warm-up guards is the new instance registering with the cluster: its boot,
+# about 2 minutes for a GPU instance (bench/scaling/figures.py INSTANCE_BOOT_S). ECS's 300 s default would keep a
+# second instance from launching for 5 minutes after the first.
+INSTANCE_WARMUP = Duration.seconds(120)
 
 
 class GpuWorkerService(Construct):
@@ -53,15 +65,16 @@ class GpuWorkerService(Construct):
     service update, so a fixed 0 would reset a busy fleet to zero tasks whenever new worker code is deployed. Without
     it, an update keeps the count that scaling set; the consequence is on create, where ECS starts 1 task: the first
     deploy launches one GPU instance, waits for that task to run (a check that the image and model start), and the
-    scale-in alarm removes it after ``idle_minutes`` without work (then managed scaling removes the instance).
+    keep-alive alarm removes it after ``keep_alive_minutes`` without work (then managed scaling removes the instance).
 
     Deployments, at full load included (every GPU busy, every task protected):
 
     * ``start_before_stop=False`` (stop-before-start: minimum healthy 0%, maximum 100%): ECS stops an old task before
       it starts its replacement, in the GPU the old task frees, so a deployment never needs a GPU the fleet does not
-      have. ECS does not stop a task with scale-in protection, which the worker holds while it runs jobs: a busy task
-      is replaced once it goes idle or its protection lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and
-      then drains in its stop timeout. Capacity dips by one task while its replacement loads the model.
+      have. ECS does not stop a task with scale-in protection, which the worker holds as ``task_protection`` says
+      (by default while it runs a job longer than its drain): a protected task is replaced once its protection
+      clears or lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and then drains in its stop timeout.
+      Capacity dips by one task while its replacement loads the model.
     * ``start_before_stop=True`` (minimum healthy 100%, maximum 200%): a new task starts before an old one stops,
       which needs a GPU beyond the running tasks; :class:`cdk.service.AsyncInferenceServiceProps` only allows it with
       spare instances under ``max_instances``. New tasks beyond the spare GPUs wait (PROVISIONING) until an old task
@@ -85,6 +98,14 @@ class GpuWorkerService(Construct):
     :param max_instances: most GPU instances at once. Default: 2.
     :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
         Default: False (stop-before-start).
+    :param instance_warmup: the capacity provider's instance warm-up: how long after launching an instance managed
+        scaling waits before it launches more. Default: 120 s (a GPU instance's boot).
+    :param task_protection: when the worker holds ECS task scale-in protection (the task definition's
+        TASK_PROTECTION): ``"long_jobs"`` while it runs a job expected to outlast its SIGTERM drain, so that a
+        step-down may stop a busy task whose jobs finish or hand back within the drain; ``"busy"`` whenever it holds
+        a job; ``"off"`` never (and the task role gets no protection permission). Default: ``"long_jobs"``.
+    :param task_protection_tokens_per_s: the decode rate per sequence ``"long_jobs"`` expects, so that a job's
+        expected run is its max_tokens at this rate (TASK_PROTECTION_TOKENS_PER_S). Default: 20.
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
     :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
     :param nat_gateways: NAT gateways of the VPC. Default: 1.
@@ -105,12 +126,21 @@ class GpuWorkerService(Construct):
         machine_image: ec2.IMachineImage | None = None,
         max_instances: int = 2,
         start_before_stop: bool = False,
+        instance_warmup: Duration = INSTANCE_WARMUP,
+        task_protection: str = DEFAULT_TASK_PROTECTION,
+        task_protection_tokens_per_s: float = DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
         nat_gateways: int = 1,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
+        if task_protection not in TASK_PROTECTION_MODES:
+            raise ValueError(f"task_protection ({task_protection!r}) must be one of {', '.join(TASK_PROTECTION_MODES)}")
+        if task_protection_tokens_per_s <= 0:
+            raise ValueError(f"task_protection_tokens_per_s ({task_protection_tokens_per_s:g}) must be positive")
+        self.task_protection = task_protection
+        self.task_protection_tokens_per_s = task_protection_tokens_per_s
         self.service_name = service_name
         self.image_platform = image_platform(instance_type)
         if machine_image is None and is_arm64(instance_type):
@@ -136,6 +166,7 @@ class GpuWorkerService(Construct):
             enable_managed_termination_protection=True,
             enable_managed_draining=True,
             target_capacity_percent=100,
+            instance_warmup_period=int(instance_warmup.to_seconds()),
         )
         self.cluster.add_asg_capacity_provider(self.capacity_provider)
         acknowledge(
@@ -210,7 +241,8 @@ class GpuWorkerService(Construct):
             # GPU the fleet may not have. Tasks go where GPU capacity is.
             availability_zone_rebalancing=ecs.AvailabilityZoneRebalancing.DISABLED,
         )
-        self._allow_task_protection()
+        if task_protection != "off":
+            self._allow_task_protection()
 
     def _container_environment(self, environment: Mapping[str, str]) -> dict[str, str]:
         region = Stack.of(self).region  # a literal, or {"Ref": "AWS::Region"} for an environment-agnostic stack
@@ -221,6 +253,9 @@ class GpuWorkerService(Construct):
             "AWS_REGION": region,
             "AWS_DEFAULT_REGION": region,
             "POWERTOOLS_SERVICE_NAME": self.service_name,
+            # The worker reads these; the scaling simulator (bench/scaling/template.py) reads them from here too.
+            ENV_TASK_PROTECTION: self.task_protection,
+            ENV_TASK_PROTECTION_TOKENS_PER_S: f"{self.task_protection_tokens_per_s:g}",
         }
 
     def _vpc(self, nat_gateways: int, log_retention: logs.RetentionDays) -> ec2.Vpc:

@@ -1,4 +1,5 @@
-"""The ingestion API: a REST API with one API key and usage plan per tenant, in front of the API Lambda."""
+"""The ingestion API: a REST API with one API key and usage plan per tenant, a REQUEST authorizer that accepts the key
+as `Authorization: Bearer` or `x-api-key`, in front of the API Lambda."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from async_inference import settings
+from async_inference.config import ENV_TENANT_API_KEY_IDS
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
@@ -48,9 +50,10 @@ def validate_tenant_id(tenant: str) -> str:
     return tenant
 
 
-# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message"}}.
+# Gateway-generated errors in the same shape as the Lambda's ErrorResponse: {"error": {"code", "message", "details"}}.
 _GATEWAY_ERRORS = {
     apigw.ResponseType.INVALID_API_KEY: "invalid_api_key",
+    apigw.ResponseType.UNAUTHORIZED: "invalid_api_key",
     apigw.ResponseType.ACCESS_DENIED: "forbidden",
     apigw.ResponseType.MISSING_AUTHENTICATION_TOKEN: "not_found",
     apigw.ResponseType.THROTTLED: "throttled",
@@ -64,13 +67,35 @@ _GATEWAY_ERRORS = {
 # API Gateway answers a path no method serves with MISSING_AUTHENTICATION_TOKEN, 403 (this API has no IAM-authorized
 # methods, the other case of that response): a client that mistyped a path gets the 404 it expects instead.
 _GATEWAY_STATUS = {"MISSING_AUTHENTICATION_TOKEN": "404"}  # by response type name: jsii objects do not hash alike
+# Messages that say what to do, where API Gateway's own ("Missing Authentication Token" for an unknown path,
+# "Unauthorized" from the authorizer, "Forbidden" for a refused key) would puzzle a client. The other types keep API
+# Gateway's message.
+_KEY_HINT = "send your API key as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'"
+_GATEWAY_MESSAGES = {
+    "UNAUTHORIZED": f"a valid API key is required: {_KEY_HINT}",
+    "INVALID_API_KEY": f"the API key is missing or not a key of this API: {_KEY_HINT}",
+    "MISSING_AUTHENTICATION_TOKEN": "no route serves this method and path; GET /v1/openapi.json lists the routes",
+    "THROTTLED": "over your usage plan's request rate; retry after a moment",
+    "QUOTA_EXCEEDED": "over your usage plan's daily quota; it resets at the start of the next day (UTC)",
+    "REQUEST_TOO_LARGE": "the body is over API Gateway's 10 MB limit; use an upload job for large requests",
+}
+# Only multipart bodies (POST /v1/files) reach the function base64-encoded; JSON stays text. CloudFormation wants the
+# slash escaped as ~1 (its AWS::ApiGateway::RestApi reference: an unescaped one breaks the update's patch path).
+BINARY_MEDIA_TYPES = ("multipart~1form-data",)
 
 
 class IngestionApi(Construct):
     """REST API (API keys, usage plans, validation, access logs, X-Ray) proxying every route to the API Lambda.
 
-    Every method requires an API key (header ``x-api-key``). Each tenant gets an API key named exactly its tenant id
-    and its own usage plan; the Lambda resolves the caller's key id to that name to learn the tenant.
+    Every method requires an API key, as ``Authorization: Bearer <key>`` (the openai SDK) or ``x-api-key``. Each tenant
+    gets an API key named exactly its tenant id and its own usage plan. A REQUEST authorizer (``authorizer``) maps the
+    key to the tenant: the tenant reaches the API Lambda in the authorizer context, and the key goes back to API Gateway
+    as ``usageIdentifierKey`` (the API's key source is AUTHORIZER), so the usage plan still throttles the tenant.
+
+    The authorizer's results are not cached by API Gateway (TTL 0): with caching on, API Gateway requires *every*
+    identity source in every request and answers 401 without calling the authorizer when one is missing, and a request
+    carries one of two headers. The authorizer function caches the tenants' keys itself
+    (``async_inference.authorizer``), so a request costs an invocation but no API Gateway read.
 
     :param code: the shared Lambda code.
     :param environment: the service's runtime configuration and Powertools settings.
@@ -104,8 +129,30 @@ class IngestionApi(Construct):
             description="Ingestion API: submit, get, list and cancel jobs",
             service_name=self.service_name,
             environment=environment,
-            timeout=Duration.seconds(29),  # API Gateway's integration timeout
+            timeout=Duration.seconds(settings.API_FUNCTION_TIMEOUT_S),  # API Gateway's integration timeout
         )
+        self.authorizer_function = code.new_function(
+            self,
+            "Authorizer",
+            handler="lambdas.authorizer.handler.lambda_handler",
+            description="Ingestion API authorizer: API key (Bearer or x-api-key) to tenant",
+            service_name="async-inference-authorizer",
+            environment={},  # the tenants' key ids are added once the keys exist
+            timeout=Duration.seconds(10),
+            memory_size=256,
+        )
+        self.authorizer = apigw.RequestAuthorizer(
+            self,
+            "KeyAuthorizer",
+            handler=self.authorizer_function,
+            identity_sources=[],
+            results_cache_ttl=Duration.seconds(0),
+        )
+        # No identity source at all (CDK writes an empty one): with caching off none is needed, and API Gateway would
+        # answer 401 to a request missing a listed one without calling the authorizer.
+        authorizer_resource = self.authorizer.node.default_child
+        assert isinstance(authorizer_resource, apigw.CfnAuthorizer)
+        authorizer_resource.add_property_deletion_override("IdentitySource")
         access_logs = logs.LogGroup(
             self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
         )
@@ -114,8 +161,11 @@ class IngestionApi(Construct):
             "Api",
             description="Asynchronous LLM inference: submit jobs, poll their status, fetch results",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            api_key_source_type=apigw.ApiKeySourceType.HEADER,
-            default_method_options=apigw.MethodOptions(api_key_required=True),
+            api_key_source_type=apigw.ApiKeySourceType.AUTHORIZER,
+            default_method_options=apigw.MethodOptions(
+                api_key_required=True, authorizer=self.authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
+            ),
+            binary_media_types=list(BINARY_MEDIA_TYPES),
             cloud_watch_role=create_cloudwatch_role,
             deploy_options=apigw.StageOptions(
                 stage_name=stage_name,
@@ -142,6 +192,9 @@ class IngestionApi(Construct):
         self.api_keys: dict[str, apigw.IApiKey] = {}
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
+        key_ids = {tenant: key.key_id for tenant, key in self.api_keys.items()}
+        self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
+        self._grant_read_api_keys(self.authorizer_function)
 
     def _add_routes(self) -> None:
         integration = apigw.LambdaIntegration(self.handler, allow_test_invoke=False)
@@ -167,29 +220,48 @@ class IngestionApi(Construct):
             "POST", integration, request_validator=validator, request_parameters=job_id
         )
         v1.add_resource("openapi.json").add_method("GET", integration)
+        self._add_openai_routes(v1, integration, validator)
 
-    def grant_read_api_keys(self, role: iam.IRole) -> iam.Policy:
-        """apigateway:GET on this API's tenant keys, to resolve a caller's key id to its name (the tenant).
-
-        The keys depend on the stage, the stage on the methods, the methods on the function, and the function on its
-        role's default policy: naming the keys there would be a dependency cycle. So the statement lives in a policy
-        of its own, attached to the role, that the function does not depend on. CloudFormation creates it after the
-        keys, so until then (during the first deployment only) a call is refused.
-        """
-        policy = iam.Policy(
-            self,
-            "ReadApiKeys",
-            statements=[
-                iam.PolicyStatement(
-                    actions=["apigateway:GET"], resources=[key.key_arn for key in self.api_keys.values()]
-                )
-            ],
+    def _add_openai_routes(self, v1: apigw.IResource, integration: apigw.Integration,
+                           validator: apigw.IRequestValidator) -> None:
+        """/v1/models, the Files API and the Batches API (lambdas/api/batch_routes.py)."""
+        models = v1.add_resource("models")
+        models.add_method("GET", integration)
+        models.add_resource("{model_id}").add_method(
+            "GET", integration, request_validator=validator, request_parameters={"method.request.path.model_id": True}
         )
-        policy.attach_to_role(role)
-        return policy
+        file_id = {"method.request.path.file_id": True}
+        files = v1.add_resource("files")
+        files.add_method("POST", integration)
+        files.add_method("GET", integration)
+        files.add_resource("uploads").add_method("POST", integration)
+        file = files.add_resource("{file_id}")
+        file.add_method("GET", integration, request_validator=validator, request_parameters=file_id)
+        file.add_method("DELETE", integration, request_validator=validator, request_parameters=file_id)
+        file.add_resource("content").add_method(
+            "GET", integration, request_validator=validator, request_parameters=file_id
+        )
+        batch_id = {"method.request.path.batch_id": True}
+        batches = v1.add_resource("batches")
+        batches.add_method("POST", integration)
+        batches.add_method("GET", integration)
+        batch = batches.add_resource("{batch_id}")
+        batch.add_method("GET", integration, request_validator=validator, request_parameters=batch_id)
+        batch.add_resource("cancel").add_method(
+            "POST", integration, request_validator=validator, request_parameters=batch_id
+        )
+
+    def _grant_read_api_keys(self, grantee: iam.IGrantable) -> iam.Grant:
+        """apigateway:GET on this API's tenant keys only, for the authorizer to read their values (``GetApiKey`` with
+        ``includeValue``), not every key of the region."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee, actions=["apigateway:GET"], resource_arns=[key.key_arn for key in self.api_keys.values()]
+        )
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
-        key = self.api.add_api_key(f"ApiKey-{tenant}", api_key_name=tenant, description=f"API key of tenant {tenant}")
+        # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
+        # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
+        key = apigw.ApiKey(self.api, f"ApiKey-{tenant}", api_key_name=tenant, description=f"API key of tenant {tenant}")
         usage_plan = self.api.add_usage_plan(
             f"UsagePlan-{tenant}",
             name=f"{tenant}",
@@ -203,7 +275,8 @@ class IngestionApi(Construct):
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
-            body = {"error": {"code": code, "message": "__MESSAGE__"}}
+            message = _GATEWAY_MESSAGES.get(response_type.response_type)
+            body = {"error": {"code": code, "message": message or "__MESSAGE__", "details": []}}
             template = json.dumps(body).replace('"__MESSAGE__"', "$context.error.messageString")
             self.api.add_gateway_response(
                 f"{code}-{response_type.response_type}",
@@ -219,8 +292,8 @@ class IngestionApi(Construct):
             "whose 400s name the field to fix. A second, draft-4 model here answered 'Invalid request body' instead.",
             "AwsSolutions-APIG3": "No WAF in the default deployment: every method needs an API key and each tenant "
             "has a usage plan with throttling and a daily quota; a platform team can associate its own web ACL.",
-            "AwsSolutions-APIG4": "Callers are identified by API keys (one per tenant, named by tenant id); the "
-            "Lambda resolves the key to the tenant and scopes every read and write to it.",
+            "AwsSolutions-APIG4": "Every method has the REQUEST authorizer, which maps the caller's API key (one "
+            "per tenant, named by tenant id) to its tenant; the API Lambda scopes every read and write to it.",
             "AwsSolutions-COG4": "Machine-to-machine API for tenants' back ends, identified by API keys; no end-user "
             "pool to authorize against.",
             "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"

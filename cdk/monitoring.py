@@ -13,14 +13,18 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import settings
+from cdk.dead_letter_handler import DEAD_LETTER_SERVICE_NAME
 
 FIVE_MINUTES = Duration.minutes(5)
 
-# How the dashboard plots each metric of settings.WORKER_METRICS and settings.API_METRICS: its widget and statistics.
+# How the dashboard plots each metric of settings.WORKER_METRICS, API_METRICS and DEAD_LETTER_METRICS: its widget and
+# statistics.
 # Counts are summed per period; times are seconds, shown as the mean and the 90th percentile (the tail a client waits).
 _JOBS = "Jobs per 5 minutes"
 _TIMES = "Queue and processing time (s)"
 _TOKENS = "Completion tokens per 5 minutes"
+_WAKE = "Failed wakes from zero per 5 minutes"
+_DEAD_LETTERS = "Job DLQ messages that are not claim checks (receives per 5 minutes)"
 METRIC_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     settings.METRIC_JOBS_SUBMITTED: (_JOBS, ("Sum",)),
     settings.METRIC_JOBS_SUCCEEDED: (_JOBS, ("Sum",)),
@@ -28,6 +32,8 @@ METRIC_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     settings.METRIC_QUEUE_TIME: (_TIMES, ("Average", "p90")),
     settings.METRIC_PROCESSING_TIME: (_TIMES, ("Average", "p90")),
     settings.METRIC_COMPLETION_TOKENS: (_TOKENS, ("Sum",)),
+    settings.METRIC_WAKE_FAILURES: (_WAKE, ("Sum",)),
+    settings.METRIC_DEAD_LETTERS_UNPROCESSABLE: (_DEAD_LETTERS, ("Sum",)),
 }
 
 
@@ -51,6 +57,8 @@ class Monitoring(Construct):
     :param service: the worker service (running task count).
     :param worker_service_name: the worker's Powertools service name (the ``service`` dimension of its metrics).
     :param api_service_name: the API function's Powertools service name.
+    :param dead_letter_service_name: the DLQ function's Powertools service name. Default:
+        ``cdk.dead_letter_handler.DEAD_LETTER_SERVICE_NAME``.
     :param oldest_message_alarm_age: alarm when the oldest queued job is older than this. Default: 15 minutes.
     :param alarm_topic: where alarms notify. Default: none (alarms only show in CloudWatch).
     """
@@ -65,6 +73,7 @@ class Monitoring(Construct):
         service: ecs.BaseService,
         worker_service_name: str,
         api_service_name: str,
+        dead_letter_service_name: str = DEAD_LETTER_SERVICE_NAME,
         oldest_message_alarm_age: Duration = Duration.minutes(15),
         alarm_topic: sns.ITopic | None = None,
     ) -> None:
@@ -120,17 +129,22 @@ class Monitoring(Construct):
             cloudwatch.GraphWidget(title="Age of oldest job (s)", left=[oldest], width=8),
             cloudwatch.GraphWidget(title="Running worker tasks", left=[running_tasks], width=8),
         )
-        self.dashboard.add_widgets(*self._service_metric_widgets(worker_service_name, api_service_name))
+        self.dashboard.add_widgets(
+            *self._service_metric_widgets(worker_service_name, api_service_name, dead_letter_service_name)
+        )
         self.dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
         )
 
     @staticmethod
-    def _service_metric_widgets(worker_service_name: str, api_service_name: str) -> list[cloudwatch.GraphWidget]:
+    def _service_metric_widgets(
+        worker_service_name: str, api_service_name: str, dead_letter_service_name: str = DEAD_LETTER_SERVICE_NAME
+    ) -> list[cloudwatch.GraphWidget]:
         """One graph per METRIC_PLOTS widget, holding every name of the shared metric lists; a name without a plot
         is refused, so a metric added to settings cannot miss the dashboard."""
         emitted = {name: worker_service_name for name in settings.WORKER_METRICS}
         emitted.update({name: api_service_name for name in settings.API_METRICS})
+        emitted.update({name: dead_letter_service_name for name in settings.DEAD_LETTER_METRICS})
         unplotted = sorted(set(emitted) - set(METRIC_PLOTS))
         if unplotted:
             raise ValueError(f"metrics {unplotted} are in settings but have no plot in cdk.monitoring.METRIC_PLOTS")

@@ -1,8 +1,10 @@
-"""Queue-driven scaling of the worker service: out from zero on the first visible message, in to zero when idle."""
+"""Queue-driven scaling of the worker service: woken at once, out in proportion to the backlog, in one task at a time,
+to zero after a keep-alive."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -10,33 +12,69 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from async_inference.config import DEFAULT_WAKE_CHECK_INTERVAL_S, WakeTarget
+
 ONE_MINUTE = Duration.minutes(1)
+# The default jobs a task is sized for, in batches (max_num_seqs): a batch running plus half a batch queued. Chosen
+# by simulating the Azure conversation trace (docs/scaling.md): 2 batches cost 0.3-0.4 GPU hours more at equal waits.
+JOBS_PER_TASK_IN_BATCHES = 1.5
+# CloudWatch takes at most 10 metrics in one metric math alarm; the keep-alive alarm reads three per queue.
+MAX_ALARM_METRICS = 10
+METRICS_PER_QUEUE = 3
+
+
+@dataclass(frozen=True)
+class CountedQueue:
+    """A queue whose messages are work for the workers, and how much each is worth.
+
+    :param queue: the queue; its visible and in-flight messages are backlog, and a message sent to it restarts the
+        keep-alive.
+    :param weight: jobs of a task's ``jobs_per_task`` one message stands for. Default: 1 (one message, one job).
+    """
+
+    queue: sqs.IQueue
+    weight: float = 1.0
 
 
 class QueueScaling(Construct):
-    """Two step-scaling policies on the service's desired count, each behind its own alarm.
+    """The worker service's desired count, from its queues' backlog, on three alarms and a wake call.
 
-    * Scale out: while ``ApproximateNumberOfMessagesVisible`` >= 1 (one minute, so the first message of an idle
-      queue starts a task), add the tasks of the highest step reached. From zero, ECS managed scaling then launches
-      the GPU instance the new task needs.
-    * Scale in: only to zero, and only after ``idle_minutes`` consecutive minutes in which visible + in-flight
-      (``ApproximateNumberOfMessagesNotVisible``) is 0. A message held by a worker is in flight, so a running job is
-      never the reason for scale-in; task scale-in protection (set by the worker) covers the rest.
+    Backlog ``b`` = sum over ``queues`` of weight x (ApproximateNumberOfMessagesVisible +
+    ApproximateNumberOfMessagesNotVisible), Maximum over one minute; ``desired`` = Container Insights'
+    DesiredTaskCount of the service (``FILL(desired, 0)``: Container Insights publishes nothing for a service without
+    tasks). ``J`` = ``jobs_per_task``.
 
-    SQS stops publishing metrics for a queue idle for hours and may take minutes to resume; a missing datapoint counts
-    as "nothing to do" for scale-in and as "no work yet" for scale-out.
+    * Wake (``grant_wake``): the function that queues a job sets the desired count to 1 when it is 0, at once and
+      without CloudWatch (``async_inference.wake``); the alarms below would take 1 to 3 minutes.
+    * ``TasksShort`` (scale-out): ``CEIL(b / J) - desired >= 1`` for one minute, missing data not breaching, adds the
+      shortfall (ChangeInCapacity, one step per task up to ``max_tasks``). ``desired`` counts tasks still starting,
+      so a backlog that waits for a task already on its way adds nothing, however long the cold start.
+    * ``TasksSpare`` (step-down): ``desired - MAX(CEIL(b / (J x scale_in_fill)), 1) >= 1`` for
+      ``scale_in_minutes``, missing data ``missing``, removes one task; never below one (``Idle`` takes the last).
+    * ``Idle`` (keep-alive): ``visible + in flight + NumberOfMessagesSent (Sum)`` over every queue ``<= 0`` for
+      ``keep_alive_minutes``, missing data breaching (an idle queue publishes nothing), sets the count to 0. Any
+      message sent in a minute restarts it, even one received and finished between two samples.
+
+    A task stopped by the step-down gets SIGTERM and drains (the worker's ``drain_timeout_s``); ECS stops no task
+    holding scale-in protection, which the worker takes only for jobs expected to outlast its drain.
 
     :param service: the worker service.
-    :param queue: the job queue.
+    :param queues: the queues whose backlog the workers serve (``CountedQueue``, or a queue counted at weight 1);
+        at most 3 (CloudWatch's 10 metrics per alarm).
+    :param jobs_per_task: ``J``, jobs one task is sized for: its batch plus the queue it may keep.
     :param max_tasks: most worker tasks. Default: 2.
-    :param scale_out_steps: (visible messages, tasks added) pairs, thresholds strictly increasing, the first 1.
-        Default: ``((1, 1), (20, 2), (100, 4))``.
-    :param idle_minutes: minutes with no visible and no in-flight message before scaling to zero. Default: 10.
-    :param scale_out_cooldown: pause after a scale-out before the next adds more. Default: 5 minutes (a GPU instance
-        boots, pulls the image and loads the model in about that time).
+    :param scale_out_cooldown: pause after a scale-out before the next adds more. Default: 60 s (the shortfall counts
+        starting tasks, so a longer pause only delays a growing backlog).
+    :param scale_in_fill: the fraction of ``J`` the remaining tasks must be able to hold before one is removed.
+        Default: 0.5. At most 1, so that a count the step-down leaves never asks ``TasksShort`` for more.
+    :param scale_in_minutes: consecutive minutes of spare capacity before a task is removed. Default: 3.
+    :param scale_in_cooldown: pause after a step-down before the next. Default: 120 s.
+    :param keep_alive_minutes: minutes with nothing visible, in flight or sent before scaling to zero. Default: 3.
+    :param wake_check_interval: how often one process that queues jobs may check the service. Default: 60 s.
     """
 
     def __init__(
@@ -45,17 +83,23 @@ class QueueScaling(Construct):
         id: str,
         *,
         service: ecs.BaseService,
-        queue: sqs.IQueue,
+        queues: Sequence[sqs.IQueue | CountedQueue],
+        jobs_per_task: float,
         max_tasks: int = 2,
-        scale_out_steps: Sequence[tuple[int, int]] = ((1, 1), (20, 2), (100, 4)),
-        idle_minutes: int = 10,
-        scale_out_cooldown: Duration = Duration.minutes(5),
+        scale_out_cooldown: Duration = ONE_MINUTE,
+        scale_in_fill: float = 0.5,
+        scale_in_minutes: int = 3,
+        scale_in_cooldown: Duration = Duration.minutes(2),
+        keep_alive_minutes: int = 3,
+        wake_check_interval: Duration = Duration.seconds(DEFAULT_WAKE_CHECK_INTERVAL_S),
     ) -> None:
         super().__init__(scope, id)
-        validate_scale_out_steps(scale_out_steps)
-        if idle_minutes < 1:
-            raise ValueError(f"idle_minutes ({idle_minutes}) must be at least 1")
-        stack = Stack.of(self)
+        counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
+        validate(counted, jobs_per_task=jobs_per_task, max_tasks=max_tasks, scale_in_fill=scale_in_fill,
+                 scale_in_minutes=scale_in_minutes, keep_alive_minutes=keep_alive_minutes)
+        self.service = service
+        self.queues = counted
+        self.wake_check_interval = wake_check_interval
         self.target = appscaling.ScalableTarget(
             self,
             "TaskCount",
@@ -68,7 +112,7 @@ class QueueScaling(Construct):
             role=iam.Role.from_role_arn(
                 self,
                 "ScalingRole",
-                stack.format_arn(
+                Stack.of(self).format_arn(
                     region="",
                     service="iam",
                     resource="role/aws-service-role/ecs.application-autoscaling.amazonaws.com",
@@ -77,67 +121,161 @@ class QueueScaling(Construct):
             ),
         )
 
-        visible = queue.metric_approximate_number_of_messages_visible(statistic="Maximum", period=ONE_MINUTE)
-        in_flight = queue.metric_approximate_number_of_messages_not_visible(statistic="Maximum", period=ONE_MINUTE)
-        first_threshold = scale_out_steps[0][0]
-        self.scale_out_alarm = visible.create_alarm(
-            self,
-            "WorkVisible",
-            alarm_description="Jobs are waiting: add worker tasks",
-            threshold=first_threshold,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        scale_out = appscaling.StepScalingAction(
-            self,
-            "ScaleOut",
-            scaling_target=self.target,
-            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
-            cooldown=scale_out_cooldown,
-        )
-        # Step bounds are relative to the alarm threshold.
-        for index, (threshold, tasks) in enumerate(scale_out_steps):
-            upper = scale_out_steps[index + 1][0] - first_threshold if index + 1 < len(scale_out_steps) else None
-            scale_out.add_adjustment(adjustment=tasks, lower_bound=threshold - first_threshold, upper_bound=upper)
-        self.scale_out_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(scale_out))
-
-        self.outstanding = cloudwatch.MathExpression(
-            expression="visible + inFlight",
-            using_metrics={"visible": visible, "inFlight": in_flight},
-            label="Jobs visible or in flight",
+        backlog, queue_metrics = self._backlog()
+        desired = cloudwatch.Metric(
+            namespace="ECS/ContainerInsights",
+            metric_name="DesiredTaskCount",
+            dimensions_map={"ClusterName": service.cluster.cluster_name, "ServiceName": service.service_name},
+            statistic="Maximum",
             period=ONE_MINUTE,
         )
-        self.scale_in_alarm = self.outstanding.create_alarm(
-            self,
-            "Idle",
-            alarm_description=f"No job visible or in flight for {idle_minutes} minutes: scale workers to zero",
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=idle_minutes,
-            datapoints_to_alarm=idle_minutes,
-            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        with_desired = {**queue_metrics, "desired": desired}
+
+        self.scale_out_alarm = self._alarm(
+            "TasksShort",
+            f"CEIL({backlog} / {jobs_per_task:g}) - FILL(desired, 0)",
+            with_desired,
+            description=f"Fewer worker tasks wanted than the backlog needs at {jobs_per_task:g} jobs a task: add them",
+            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            threshold=1,
+            minutes=1,
+            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        scale_in = appscaling.StepScalingAction(
-            self,
-            "ScaleInToZero",
-            scaling_target=self.target,
-            adjustment_type=appscaling.AdjustmentType.EXACT_CAPACITY,
-            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
+        scale_out = self._policy("ScaleOut", appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+                                 appscaling.MetricAggregationType.MAXIMUM, scale_out_cooldown)
+        # Bounds are relative to the threshold (1): a shortfall in [k + 1, k + 2) adds k + 1 tasks.
+        for k in range(max_tasks - 1):
+            scale_out.add_adjustment(adjustment=k + 1, lower_bound=k, upper_bound=k + 1)
+        scale_out.add_adjustment(adjustment=max_tasks, lower_bound=max_tasks - 1)
+        self.scale_out_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(scale_out))
+
+        spare_jobs = jobs_per_task * scale_in_fill
+        # MAX(x, 1) as IF: CloudWatch's MAX takes one series or an array, not a series and a number.
+        self.scale_in_alarm = self._alarm(
+            "TasksSpare",
+            f"FILL(desired, 0) - IF({backlog} > 0, CEIL({backlog} / {spare_jobs:g}), 1)",
+            with_desired,
+            description=f"The backlog fits one worker task fewer at {spare_jobs:g} jobs a task: remove one",
+            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            threshold=1,
+            minutes=scale_in_minutes,
+            missing=cloudwatch.TreatMissingData.MISSING,
         )
-        scale_in.add_adjustment(adjustment=0, upper_bound=0)
+        scale_in = self._policy("ScaleIn", appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+                                appscaling.MetricAggregationType.MINIMUM, scale_in_cooldown)
+        scale_in.add_adjustment(adjustment=-1, lower_bound=0)
         self.scale_in_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(scale_in))
 
+        sent = {
+            f"sent{suffix}": q.queue.metric_number_of_messages_sent(statistic="Sum", period=ONE_MINUTE)
+            for suffix, q in self._suffixed()
+        }
+        activity = " + ".join(
+            f"{self._filled(f'visible{s}')} + {self._filled(f'inFlight{s}')} + {self._filled(f'sent{s}')}"
+            for s, _ in self._suffixed()
+        )
+        self.idle_alarm = self._alarm(
+            "Idle",
+            activity,
+            {**queue_metrics, **sent},
+            description=f"No job visible, in flight or sent for {keep_alive_minutes} minutes: scale workers to zero",
+            comparison=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
+            threshold=0,
+            minutes=keep_alive_minutes,
+            missing=cloudwatch.TreatMissingData.BREACHING,
+        )
+        to_zero = self._policy("ScaleToZero", appscaling.AdjustmentType.EXACT_CAPACITY,
+                               appscaling.MetricAggregationType.MAXIMUM, None)
+        to_zero.add_adjustment(adjustment=0, upper_bound=0)
+        self.idle_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(to_zero))
 
-def validate_scale_out_steps(steps: Sequence[tuple[int, int]]) -> None:
-    """Reject steps that could not express "out from zero on the first message, more as the backlog grows"."""
-    if not steps:
-        raise ValueError("scale_out_steps is empty: the service could never scale out from zero")
-    thresholds = [threshold for threshold, _ in steps]
-    if thresholds[0] != 1:
-        raise ValueError(f"scale_out_steps must start at 1 visible message to scale out from zero, got {thresholds[0]}")
-    if any(b <= a for a, b in zip(thresholds, thresholds[1:])):
-        raise ValueError(f"scale_out_steps thresholds {thresholds} must be strictly increasing")
-    if any(tasks < 1 for _, tasks in steps):
-        raise ValueError(f"scale_out_steps must each add at least one task, got {list(steps)}")
+    # --- the wake -------------------------------------------------------------------------------------------------
+
+    @property
+    def wake_target(self) -> WakeTarget:
+        """The service a submitter wakes, as ``async_inference.config.ServiceSettings`` reads it back."""
+        return WakeTarget(
+            cluster=self.service.cluster.cluster_name,
+            service=self.service.service_arn,
+            check_interval_s=self.wake_check_interval.to_seconds(),
+        )
+
+    def grant_wake(self, function: lambda_.Function) -> None:
+        """Let ``function`` wake the service from zero: the service in its environment, and DescribeServices and
+        UpdateService on this one service (``async_inference.wake`` makes no other ECS call)."""
+        for name, value in self.wake_target.to_env().items():
+            function.add_environment(name, value)
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["ecs:DescribeServices", "ecs:UpdateService"],
+                                resources=[self.service.service_arn])
+        )
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _suffixed(self) -> list[tuple[str, CountedQueue]]:
+        """Metric ids' suffix per queue: none for a single queue, 1, 2, ... for several."""
+        if len(self.queues) == 1:
+            return [("", self.queues[0])]
+        return [(str(i), q) for i, q in enumerate(self.queues, start=1)]
+
+    def _filled(self, metric_id: str) -> str:
+        """A queue metric as a term of the sum. SQS stops publishing the metrics of a queue idle for hours: with
+        several queues, one idle lane's missing datapoints would blank the whole sum (and with it every alarm on
+        it), so each counts as 0 when missing. A single queue's missing data is the alarms' treat-missing rule."""
+        return f"FILL({metric_id}, 0)" if len(self.queues) > 1 else metric_id
+
+    def _backlog(self) -> tuple[str, dict[str, cloudwatch.IMetric]]:
+        """The weighted backlog as a metric math term, and the metrics it reads."""
+        metrics: dict[str, cloudwatch.IMetric] = {}
+        terms = []
+        for suffix, counted in self._suffixed():
+            metrics[f"visible{suffix}"] = counted.queue.metric_approximate_number_of_messages_visible(
+                statistic="Maximum", period=ONE_MINUTE)
+            metrics[f"inFlight{suffix}"] = counted.queue.metric_approximate_number_of_messages_not_visible(
+                statistic="Maximum", period=ONE_MINUTE)
+            term = f"{self._filled(f'visible{suffix}')} + {self._filled(f'inFlight{suffix}')}"
+            terms.append(term if counted.weight == 1 else f"{counted.weight:g} * ({term})")
+        return f"({' + '.join(terms)})", metrics
+
+    def _alarm(self, id: str, expression: str, metrics: dict[str, cloudwatch.IMetric], *, description: str,
+               comparison: cloudwatch.ComparisonOperator, threshold: float, minutes: int,
+               missing: cloudwatch.TreatMissingData) -> cloudwatch.Alarm:
+        return cloudwatch.MathExpression(expression=expression, using_metrics=metrics, period=ONE_MINUTE,
+                                         label=id).create_alarm(
+            self,
+            id,
+            alarm_description=description,
+            threshold=threshold,
+            comparison_operator=comparison,
+            evaluation_periods=minutes,
+            datapoints_to_alarm=minutes,
+            treat_missing_data=missing,
+        )
+
+    def _policy(self, id: str, adjustment: appscaling.AdjustmentType, aggregation: appscaling.MetricAggregationType,
+                cooldown: Duration | None) -> appscaling.StepScalingAction:
+        return appscaling.StepScalingAction(self, id, scaling_target=self.target, adjustment_type=adjustment,
+                                            metric_aggregation_type=aggregation, cooldown=cooldown)
+
+
+def validate(queues: Sequence[CountedQueue], *, jobs_per_task: float, max_tasks: int, scale_in_fill: float,
+             scale_in_minutes: int, keep_alive_minutes: int) -> None:
+    """Reject options that could not scale the service (ValueError naming them)."""
+    if not queues:
+        raise ValueError("queues is empty: nothing would ever scale the workers out")
+    if len(queues) * METRICS_PER_QUEUE > MAX_ALARM_METRICS:
+        raise ValueError(f"queues ({len(queues)}) need {len(queues) * METRICS_PER_QUEUE} metrics in the keep-alive "
+                         f"alarm; CloudWatch allows {MAX_ALARM_METRICS}: count at most "
+                         f"{MAX_ALARM_METRICS // METRICS_PER_QUEUE} queues")
+    if any(q.weight <= 0 for q in queues):
+        raise ValueError(f"queue weights {[q.weight for q in queues]} must be positive: a message is work")
+    if jobs_per_task < 1:
+        raise ValueError(f"jobs_per_task ({jobs_per_task:g}) must be at least 1")
+    if max_tasks < 1:
+        raise ValueError(f"max_tasks ({max_tasks}) must be at least 1")
+    if not 0 < scale_in_fill <= 1:
+        raise ValueError(f"scale_in_fill ({scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down would remove "
+                         "a task that the scale-out (at jobs_per_task) adds back")
+    for name, minutes in (("scale_in_minutes", scale_in_minutes), ("keep_alive_minutes", keep_alive_minutes)):
+        if minutes < 1:
+            raise ValueError(f"{name} ({minutes}) must be at least 1")

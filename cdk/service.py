@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -10,16 +11,28 @@ from pathlib import Path
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_WEBHOOK_QUEUE_URL, ServiceConfig
+from async_inference.config import (
+    DEFAULT_TASK_PROTECTION,
+    DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
+    DEFAULT_WAKE_CHECK_INTERVAL_S,
+    ENV_PROGRESS_INTERVAL_S,
+    ENV_SERVED_MODELS,
+    ENV_WEBHOOK_QUEUE_URL,
+    TASK_PROTECTION_MODES,
+    ServiceConfig,
+)
+from cdk import capacity
+from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
-from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
+from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
 from cdk.job_table import JobTable
@@ -27,11 +40,12 @@ from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
-from cdk.queue_scaling import QueueScaling
+from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
+from cdk.websocket_push import WebSocketPush
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -54,6 +68,12 @@ class AsyncInferenceServiceProps:
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
+      websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
+        with the job event topic the workers publish started and progress events to. False: neither exists, and the
+        workers publish no such events (progress is still recorded on the job). Default: True.
+      progress_interval_s: seconds between a running job's progress writes (its tokens so far, on the job and as a
+        job.progress event), each only when the count changed; 0: no progress. Default:
+        ``settings.PROGRESS_INTERVAL_S`` (5).
     Workers
       model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
         ``"Qwen/Qwen2.5-1.5B-Instruct"``.
@@ -68,7 +88,14 @@ class AsyncInferenceServiceProps:
       hf_token_secret_arn: complete ARN of a Secrets Manager secret whose value is a Hugging Face token, given to
         the worker as the container secret HF_TOKEN (gated models); only with ``model_source="huggingface"``.
         Default: none.
-      max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: 16.
+      max_num_seqs: sequences vLLM batches at once (and the worker's concurrency). Default: sized by
+        ``cdk.capacity.max_num_seqs`` from the model's shape and the GPU's memory: the KV cache that GPU memory x 0.9
+        leaves after the weights and 2 GiB of engine memory, divided by the KV bytes of ``planned_sequence_tokens``,
+        capped at vLLM's 256. 135 for Qwen2.5-1.5B on a g5.xlarge (A10G). A model or instance type without an entry
+        in ``cdk.capacity.MODELS`` / ``INSTANCE_GPUS`` must set it.
+      planned_sequence_tokens: the context (prompt plus output) a sequence is planned to reach, for the sizing rule;
+        only without ``max_num_seqs``. Default: 4,259 (``cdk.capacity.DEFAULT_SEQUENCE_TOKENS``, the p99 of the Azure
+        LLM inference conversation trace); vLLM preempts the rare longer one rather than failing it.
       gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
         Graviton GPU types such as g5g, amd64 otherwise).
       gpu_ami_parameter_name: SSM parameter holding the AMI of the GPU instances. Default: none, ECS's GPU-optimized
@@ -82,12 +109,36 @@ class AsyncInferenceServiceProps:
         or unprotected, before its replacement starts in its GPU). Either way a deployment at full load can place its
         tasks; ``cdk.gpu_worker_service.GpuWorkerService`` explains both. Default: 0.
       worker_memory_reservation_mib: Default: 12288.
+      gpu_instance_warmup_seconds: after launching a GPU instance, how long ECS managed scaling waits before it
+        launches another (the capacity provider's instance warm-up). Default: 120 (a GPU instance's boot; ECS's own
+        default, 300, holds a second instance back 5 minutes).
+      worker_task_protection: when a worker holds ECS task scale-in protection. ``"long_jobs"``: while it runs a
+        job whose max_tokens at ``worker_task_protection_tokens_per_s`` would outlast its 90 s SIGTERM drain, so
+        a step-down may stop a busy task whose jobs finish or hand back within the drain; ``"busy"``: whenever it
+        holds a job (a busy task is never stopped, and a step-down waits for an idle one); ``"off"``: never.
+        Default: ``"long_jobs"``.
+      worker_task_protection_tokens_per_s: decode tokens a second one sequence is expected to keep, for
+        ``"long_jobs"``. Default: 20 (a full A10G batch of 135 sequences of 4,259 tokens, in the roofline of
+        bench/scaling/engine.py): jobs with max_tokens above 1,800 are protected.
       worker_image_context: Docker build context of the worker. Default: the repository root.
       worker_dockerfile: relative to the context. Default: ``"gpu_worker/Dockerfile"``.
       nat_gateways: Default: 1.
-    Scaling
-      scale_out_steps: (visible messages, tasks added) pairs. Default: ``((1, 1), (20, 2), (100, 4))``.
-      idle_minutes_before_scale_in: minutes with nothing visible or in flight before scaling to zero. Default: 10.
+    Scaling (``cdk.queue_scaling.QueueScaling`` explains each alarm; docs/scaling.md the simulation behind the defaults)
+      jobs_per_task: jobs (visible or in flight) one task is sized for; the scale-out keeps CEIL(backlog / this)
+        tasks wanted, counting tasks still starting. Default: 1.5 x ``max_num_seqs`` (a batch plus half a batch
+        queued).
+      scale_out_cooldown_seconds: pause after a scale-out before the next adds more. Default: 60.
+      scale_in_fill: a task is removed once the backlog fits one task fewer at this fraction of ``jobs_per_task``,
+        in (0, 1]. Default: 0.5.
+      scale_in_minutes: consecutive minutes of spare capacity before a task is removed (one at a time, never the
+        last). Default: 3.
+      scale_in_cooldown_seconds: pause after removing a task before removing another. Default: 120.
+      idle_minutes_before_scale_in: the keep-alive: minutes with nothing visible, in flight or sent before scaling to
+        zero (any message sent restarts it). Default: 3.
+      wake_from_zero: the API and upload functions set the worker service's desired count to 1 when they queue a job
+        and it is 0, without waiting for CloudWatch (``async_inference.wake``; ecs:DescribeServices and
+        ecs:UpdateService on that one service). Default: True.
+      wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
       alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
@@ -102,11 +153,14 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
+    websocket_push: bool = True
+    progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
     model_source: str = "huggingface"
     model_s3_uri: str | None = None
     hf_token_secret_arn: str | None = None
-    max_num_seqs: int = 16
+    max_num_seqs: int | None = None
+    planned_sequence_tokens: int | None = None
     gpu_instance_type: str = "g5.xlarge"
     gpu_ami_parameter_name: str | None = None
     gpus_per_instance: int = 1
@@ -114,11 +168,20 @@ class AsyncInferenceServiceProps:
     max_worker_tasks: int = 2
     deployment_spare_instances: int = 0
     worker_memory_reservation_mib: int = 12288
+    gpu_instance_warmup_seconds: int = int(INSTANCE_WARMUP.to_seconds())
+    worker_task_protection: str = DEFAULT_TASK_PROTECTION
+    worker_task_protection_tokens_per_s: float = DEFAULT_TASK_PROTECTION_TOKENS_PER_S
     worker_image_context: Path = PROJECT_ROOT
     worker_dockerfile: str = "gpu_worker/Dockerfile"
     nat_gateways: int = 1
-    scale_out_steps: Sequence[tuple[int, int]] = ((1, 1), (20, 2), (100, 4))
-    idle_minutes_before_scale_in: int = 10
+    jobs_per_task: float | None = None
+    scale_out_cooldown_seconds: int = 60
+    scale_in_fill: float = 0.5
+    scale_in_minutes: int = 3
+    scale_in_cooldown_seconds: int = 120
+    idle_minutes_before_scale_in: int = 3
+    wake_from_zero: bool = True
+    wake_check_interval_seconds: int = DEFAULT_WAKE_CHECK_INTERVAL_S
     oldest_message_alarm_seconds: int = 900
     alarm_topic_arn: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
@@ -126,7 +189,8 @@ class AsyncInferenceServiceProps:
 
     def validate(self) -> None:
         """Raise ValueError naming the options that cannot hold together."""
-        positive = ("max_num_seqs", "gpus_per_instance", "max_gpu_instances", "max_worker_tasks", "retention_days")
+        positive = ("gpus_per_instance", "max_gpu_instances", "max_worker_tasks", "retention_days",
+                    "scale_in_minutes", "idle_minutes_before_scale_in", "wake_check_interval_seconds")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -141,6 +205,8 @@ class AsyncInferenceServiceProps:
                 "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
                 "driver and the ECS agent, or choose an x86_64 type (g5, g6)"
             )
+        if self.progress_interval_s < 0:
+            raise ValueError(f"progress_interval_s must be 0 (no progress) or more, got {self.progress_interval_s}")
         if self.deployment_spare_instances < 0:
             raise ValueError(f"deployment_spare_instances must be 0 or more, got {self.deployment_spare_instances}")
         spare_gpus = self.max_gpu_instances * self.gpus_per_instance - self.max_worker_tasks
@@ -170,7 +236,48 @@ class AsyncInferenceServiceProps:
                 f"worker_dockerfile ({self.worker_dockerfile}) not found in worker_image_context "
                 f"({self.worker_image_context})"
             )
+        self._validate_scaling()
 
+    def effective_max_num_seqs(self) -> int:
+        """``max_num_seqs``, or the sizing rule's value for ``model`` on ``gpu_instance_type``."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        tokens = self.planned_sequence_tokens or capacity.DEFAULT_SEQUENCE_TOKENS
+        try:
+            return capacity.sized_max_num_seqs(self.model, self.gpu_instance_type, sequence_tokens=tokens)
+        except KeyError as exc:
+            raise ValueError(f"max_num_seqs is not set and cannot be sized: {exc.args[0]}; set max_num_seqs") from exc
+        except ValueError as exc:
+            raise ValueError(f"planned_sequence_tokens ({tokens}): {exc}") from exc
+
+    def effective_jobs_per_task(self) -> float:
+        """``jobs_per_task``, or 1.5 x the batch."""
+        if self.jobs_per_task is not None:
+            return self.jobs_per_task
+        return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()
+
+    def _validate_scaling(self) -> None:
+        if self.max_num_seqs is not None and self.planned_sequence_tokens is not None:
+            raise ValueError(
+                f"planned_sequence_tokens ({self.planned_sequence_tokens}) conflicts with max_num_seqs "
+                f"({self.max_num_seqs}): the tokens only size max_num_seqs when it is not given; drop one"
+            )
+        if self.effective_max_num_seqs() < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.effective_max_num_seqs()}")
+        if self.effective_jobs_per_task() < 1:
+            raise ValueError(f"jobs_per_task must be at least 1, got {self.effective_jobs_per_task():g}")
+        if not 0 < self.scale_in_fill <= 1:
+            raise ValueError(f"scale_in_fill ({self.scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down "
+                             "would remove a task that the scale-out, at jobs_per_task, adds back")
+        for name in ("scale_out_cooldown_seconds", "scale_in_cooldown_seconds", "gpu_instance_warmup_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.worker_task_protection not in TASK_PROTECTION_MODES:
+            raise ValueError(f"worker_task_protection ({self.worker_task_protection!r}) must be one of "
+                             f"{', '.join(TASK_PROTECTION_MODES)}")
+        if self.worker_task_protection_tokens_per_s <= 0:
+            raise ValueError(f"worker_task_protection_tokens_per_s ({self.worker_task_protection_tokens_per_s:g}) "
+                             "must be positive")
 
     def _validate_model_source(self) -> None:
         if self.model_source not in MODEL_SOURCES:
@@ -202,7 +309,7 @@ class AsyncInferenceService(Construct):
 
     The constructs of each concern are exposed as attributes (``bucket``, ``jobs``, ``table``, ``results``,
     ``webhooks``, ``api``, ``uploads``, ``upload_deadlines``, ``dead_letters``, ``workers``, ``scaling``,
-    ``monitoring``). Every
+    ``monitoring``, ``push``: None without ``websocket_push``). Every
     permission below is a ``grant_*`` on the one resource it concerns; the runtime configuration is injected into
     each function and the worker from ``ServiceConfig``, the same class the code reads it with.
     """
@@ -230,16 +337,22 @@ class AsyncInferenceService(Construct):
             queue_url=self.jobs.queue.queue_url,
             topic_arn=self.results.topic.topic_arn,
             dlq_url=self.jobs.dead_letter_queue.queue_url,
+            payload_retention_days=props.retention_days,
         ).to_env()
-        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
+        # The workers serve props.model under that name (vLLM's served_model_name defaults to it): every function
+        # checks requests against it, so a job or batch line for another model is a 404, not served by this one.
+        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
+                       ENV_SERVED_MODELS: json.dumps([props.model])}
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
+        self.batches = Batches(self, "Batches", code=code, environment=environment, removal_policy=removal)
         self.api = IngestionApi(
             self,
             "Ingestion",
             code=code,
-            environment={**environment, **self.upload_deadlines.environment},  # the API schedules each deadline
+            # The API schedules each upload's deadline, stores files and batches and sends plan steps.
+            environment={**environment, **self.upload_deadlines.environment, **self.batches.environment},
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -254,6 +367,21 @@ class AsyncInferenceService(Construct):
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
         )
+        self.push: WebSocketPush | None = None
+        if props.websocket_push:
+            self.push = WebSocketPush(
+                self,
+                "Push",
+                code=code,
+                result_topic=self.results.topic,
+                topic_key=self.results.key,
+                api_keys=self.api.api_keys,
+                environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+                stage_name=props.api_stage_name,
+                log_retention=props.log_retention,
+            )
+            # Stage access logs need the account's API Gateway logging role, which the REST API sets up.
+            self.push.stage.node.add_dependency(self.api.api)
         model_environment, model_secrets = self._model_source(props, removal)
         self.workers = GpuWorkerService(
             self,
@@ -265,8 +393,11 @@ class AsyncInferenceService(Construct):
                 "ENGINE": "vllm",
                 "MODEL": props.model,
                 **model_environment,
-                "MAX_NUM_SEQS": str(props.max_num_seqs),
+                "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
+                **self.batches.environment,  # the batch lane, its counters and finalize steps
+                ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
+                **(self.push.worker_environment if self.push else {}),  # started and progress events
             },
             secrets=model_secrets,
             instance_type=props.gpu_instance_type,
@@ -275,6 +406,9 @@ class AsyncInferenceService(Construct):
             else None,
             max_instances=props.max_gpu_instances,
             start_before_stop=props.deployment_spare_instances > 0,
+            instance_warmup=Duration.seconds(props.gpu_instance_warmup_seconds),
+            task_protection=props.worker_task_protection,
+            task_protection_tokens_per_s=props.worker_task_protection_tokens_per_s,
             memory_reservation_mib=props.worker_memory_reservation_mib,
             nat_gateways=props.nat_gateways,
             log_retention=props.log_retention,
@@ -283,11 +417,26 @@ class AsyncInferenceService(Construct):
             self,
             "Scaling",
             service=self.workers.service,
-            queue=self.jobs.queue,
+            # A batch-lane message is a chunk of BATCH_CHUNK_LINES lines (or one job submitted with priority batch:
+            # counting it as a full chunk over-provisions by at most one task's share while such jobs wait).
+            queues=[
+                CountedQueue(self.jobs.queue),
+                CountedQueue(self.batches.lane_queue, weight=settings.BATCH_CHUNK_LINES),
+            ],
+            jobs_per_task=props.effective_jobs_per_task(),
             max_tasks=props.max_worker_tasks,
-            scale_out_steps=props.scale_out_steps,
-            idle_minutes=props.idle_minutes_before_scale_in,
+            scale_out_cooldown=Duration.seconds(props.scale_out_cooldown_seconds),
+            scale_in_fill=props.scale_in_fill,
+            scale_in_minutes=props.scale_in_minutes,
+            scale_in_cooldown=Duration.seconds(props.scale_in_cooldown_seconds),
+            keep_alive_minutes=props.idle_minutes_before_scale_in,
+            wake_check_interval=Duration.seconds(props.wake_check_interval_seconds),
         )
+        if props.wake_from_zero:
+            # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).
+            self.scaling.grant_wake(self.api.handler)
+            self.scaling.grant_wake(self.uploads.handler)
+            self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -298,10 +447,13 @@ class AsyncInferenceService(Construct):
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
                 "UploadFailureQueue": self.uploads.failure_queue,
                 "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
+                "BatchLaneDeadLetterQueue": self.batches.lane_dead_letter_queue,
+                "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
             api_service_name=self.api.service_name,
+            dead_letter_service_name=self.dead_letters.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn
@@ -347,7 +499,6 @@ class AsyncInferenceService(Construct):
         queue.grant(api, "sqs:SendMessage")
         self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
         results.grant_publish(api)  # cancels and expiries notify
-        self.api.grant_read_api_keys(api.role)  # tenant = name of the caller's API key
 
         # The upload handler: check the object, queue its job or fail it, notify.
         upload = self.uploads.handler
@@ -381,8 +532,48 @@ class AsyncInferenceService(Construct):
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if self.push is not None:
+            self.push.grant_publish_events(worker)  # job.started, job.progress
         if self.models is not None:
             self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
+        self._grant_batches()
+
+    def _grant_batches(self) -> None:
+        """The Files and Batches APIs' principals (async_inference/batches/*, lambdas/batch_controller, and the
+        worker's side of docs/design/batches.md)."""
+        bucket, batches, files, parts = self.bucket, self.batches, settings.FILE_PREFIX, settings.BATCH_PREFIX
+
+        # The API: file and batch records (create, read, confirm an upload, delete a file, cancel), the listings,
+        # file bytes (inline uploads, presigned PUTs and GETs signed with its role, the HEAD that confirms an upload,
+        # DeleteObject), plan steps.
+        api = self.api.handler
+        batches.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+        batches.grant_listing(api)
+        bucket.grant_put(api, files)
+        bucket.grant_get(api, files, missing_as_404=False)
+        bucket.grant_delete(api, files)
+        batches.control_queue.grant(api, "sqs:SendMessage")
+
+        # The controller (its event source grants consuming the control queue): read inputs and parts, write output
+        # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.
+        controller = batches.controller
+        batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_get(controller, files, parts)
+        bucket.grant_put(controller, files)
+        bucket.grant_delete(controller, files)  # an output file that came out empty
+        iam.Grant.add_to_principal(grantee=controller, actions=["s3:AbortMultipartUpload"],
+                                   resource_arns=[bucket.bucket.arn_for_objects(f"{files}*")])
+        batches.lane_queue.grant(controller, "sqs:SendMessage")
+        self.results.grant_publish(controller)
+
+        # The worker: receive, extend and delete chunk claim checks; ranged reads of input files; write parts; the
+        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        worker = self.workers.task_definition.task_role
+        batches.lane_queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        bucket.grant_get(worker, files)
+        bucket.grant_put(worker, parts)
+        batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        batches.control_queue.grant(worker, "sqs:SendMessage")
 
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards the grants above write: key prefixes of the claim-check bucket."""
@@ -391,6 +582,7 @@ class AsyncInferenceService(Construct):
         findings = {
             f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
             "hold tenant and job ids assigned at run time."
-            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX)
+            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX,
+                           settings.FILE_PREFIX, settings.BATCH_PREFIX)
         }
         acknowledge(self, findings)

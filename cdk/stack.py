@@ -29,7 +29,14 @@ class AsyncInferenceStack(Stack):
             "WebhookSigningSecretArn": s.webhooks.signing_secrets.secret_arn,
             "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
             "DashboardName": s.monitoring.dashboard.dashboard_name,
+            "BatchTableName": s.batches.table.table_name,
+            "BatchQueueUrl": s.batches.lane_queue.queue_url,
+            "BatchControlQueueUrl": s.batches.control_queue.queue_url,
         }
+        if s.push is not None:
+            outputs["WebSocketUrl"] = s.push.url
+            outputs["ConnectionTableName"] = s.push.connections.table_name
+            outputs["JobEventTopicArn"] = s.push.events_topic.topic_arn
         if s.models is not None:
             # Where the workers read the weights: `aws s3 sync <local model directory> <ModelS3Uri>` uploads them.
             outputs["ModelS3Uri"] = s.models.s3_uri

@@ -13,14 +13,13 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from async_inference import config, settings, webhooks
+from async_inference import config, settings
 from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
-# A batch of 10 deliveries to slow receivers (5 s each at most) must fit in one invocation: the dispatcher's own
-# figure, shared with the local runtime's queue.
-FUNCTION_TIMEOUT = Duration.seconds(webhooks.DISPATCHER_TIMEOUT_S)
+# The dispatcher delivers a batch at once, each delivery with its own timeout: settings explains the figure.
+FUNCTION_TIMEOUT = Duration.seconds(settings.WEBHOOK_DISPATCHER_TIMEOUT_S)
 
 
 class WebhookDispatch(Construct):
@@ -56,7 +55,7 @@ class WebhookDispatch(Construct):
             enforce_ssl=True,
             # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
             # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
-            visibility_timeout=Duration.seconds(webhooks.QUEUE_VISIBILITY_TIMEOUT_S),
+            visibility_timeout=Duration.seconds(settings.WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S),
             dead_letter_queue=sqs.DeadLetterQueue(
                 queue=self.dead_letter_queue, max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT
             ),
@@ -96,7 +95,9 @@ class WebhookDispatch(Construct):
             timeout=FUNCTION_TIMEOUT,
         )
         self.handler.add_event_source(
-            event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True)
+            event_sources.SqsEventSource(
+                self.queue, batch_size=settings.WEBHOOK_BATCH_SIZE, report_batch_item_failures=True
+            )
         )
 
     def grant_read_signing_secrets(self, grantee: iam.IGrantable) -> iam.Grant:

@@ -65,6 +65,13 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         None, ge=0, alias=env.ENV_INTERACTIVE_RESERVE,
         description="engine slots batch lines leave free for interactive jobs (default: 1 per 64 slots, at least 1)",
     )
+    events_topic_arn: str | None = Field(
+        None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
+    )
+    progress_interval_s: float = Field(
+        settings.PROGRESS_INTERVAL_S, ge=0, alias=env.ENV_PROGRESS_INTERVAL_S,
+        description="seconds between writes of a running job's tokens so far; 0: none",
+    )
     # --- the loops
     heartbeat_interval_s: float = Field(
         settings.HEARTBEAT_INTERVAL_S, gt=0, alias=env.ENV_HEARTBEAT_INTERVAL_S,
@@ -92,6 +99,14 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     task_protection_renew_s: float = Field(
         WorkerConfig.task_protection_renew_s, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
         description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
+    )
+    task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
+        WorkerConfig.task_protection, alias=env.ENV_TASK_PROTECTION,
+        description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
+    )
+    task_protection_tokens_per_s: float = Field(
+        WorkerConfig.task_protection_tokens_per_s, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
+        description="decode tokens a second one job is expected to get, for long_jobs",
     )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
@@ -180,11 +195,15 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             transient_retry_delay_s=self.transient_retry_delay_s,
             prefetch=self.prefetch,
             webhook_queue_url=self.webhook_queue_url,
+            events_topic_arn=self.events_topic_arn,
+            progress_interval_s=self.progress_interval_s,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,
             batch_queue_url=self.batch_queue_url,
             control_queue_url=self.batch_control_queue_url,
             interactive_reserve=self.interactive_reserve,
+            task_protection=self.task_protection,
+            task_protection_tokens_per_s=self.task_protection_tokens_per_s,
         )
 
     def engine_options(self) -> dict[str, Any]:

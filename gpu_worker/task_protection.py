@@ -1,9 +1,18 @@
-"""ECS task scale-in protection, through the ECS agent's endpoint.
+"""ECS task scale-in protection, through the ECS agent's endpoint, and when the worker wants it.
 
-While a task holds jobs it is protected, so neither scale-in nor a deployment stops it mid-generation; when it is idle
-the protection is cleared so the service can scale to zero. Protection expires by itself (``EXPIRES_IN_MINUTES``), so
-a busy worker renews it well before then (``set(True, renew_after_s=...)`` at its heartbeat). Outside ECS (no
-``ECS_AGENT_URI``) this does nothing.
+A protected task is stopped by neither scale-in nor a deployment. What protection costs is the step-down: a task that
+is never unprotected while busy is never removed while the fleet is busy. So the worker holds it as its
+``TASK_PROTECTION`` mode says (``async_inference.config.TASK_PROTECTION_MODES``; the task definition sets it):
+
+* ``long_jobs``: while it runs a job that could outlast its SIGTERM drain (``outlasts_drain``: max_tokens at the
+  expected decode rate beyond ``drain_timeout_s``). A task stopped while running only shorter jobs lets them finish
+  within the drain, or hands them back at its end, so little work is lost;
+* ``busy``: whenever it holds a job;
+* ``off``: never.
+
+When nothing calls for it any more the protection is cleared, so the service can scale in. Protection expires by
+itself (``EXPIRES_IN_MINUTES``), so a worker that holds it renews it well before then (``set(True, renew_after_s=...)``
+at its heartbeat). Outside ECS (no ``ECS_AGENT_URI``) this does nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ class TaskProtection:
     def __init__(self, agent_uri: str | None) -> None:
         """``agent_uri``: ``ECS_AGENT_URI``; None outside ECS, where ``set`` does nothing."""
         self._url = f"{agent_uri}/task-protection/v1/state" if agent_uri else None
-        self._enabled: bool | None = None
+        self._enabled = False  # a task starts unprotected, so clearing before any enable asks nothing
         self._enabled_at = 0.0  # time.monotonic() of the last successful enable
 
     async def set(self, enabled: bool, *, renew_after_s: float | None = None) -> None:
@@ -56,3 +65,9 @@ class TaskProtection:
         except OSError as exc:
             # Losing protection risks a scale-in mid-job, which redelivery recovers from: log, do not crash.
             logger.warning("could not set task protection to %s: %s", enabled, exc)
+
+
+def outlasts_drain(max_tokens: int, *, tokens_per_s: float, drain_timeout_s: float) -> bool:
+    """Whether a job that may generate ``max_tokens`` at ``tokens_per_s`` could still be running when a drain of
+    ``drain_timeout_s`` ends (its prompt's prefill is a fraction of a second and not counted)."""
+    return max_tokens / tokens_per_s > drain_timeout_s

@@ -2,8 +2,10 @@
 
 Up to ``engine.capacity`` jobs are in the engine at once, and a few more messages are held beyond that (prefetch) so
 that reading payloads and writing results overlap generation instead of leaving engine slots idle: messages are
-received in batches of 10, each job's payload is
-fetched and handed to the engine as soon as it is read, and each job finishes on its own. Visibility of held messages
+received in batches of 10, each job's payload is fetched while it waits for an engine slot, and each job finishes on
+its own. A job is ``running`` (``started_at``, its ``started`` webhook, its job.started event) only once it has an
+engine slot: while it waits in the prefetch buffer it stays ``queued``. While it runs, its tokens so far are written
+to it and published every ``progress_interval_s`` (``gpu_worker.progress``). Visibility of held messages
 is extended in batches while they run; deletes are batched. A job that cannot succeed becomes a ``failed`` job with a
 reason; only infrastructure faults and transient engine faults are left to SQS redelivery.
 
@@ -16,7 +18,8 @@ What each fault leads to (docs/guarantees.md has the client's view):
   written once (``put_json_once``), so a job that runs twice still has one result and one final state; the
   ``notified`` flag lets a redelivery send a notification that a crash kept back.
 * SIGTERM (scale-in, deployment): stop receiving, let running jobs finish for ``drain_timeout_s``, then abort the rest
-  and make their messages visible at once. ECS task scale-in protection is held while any job is.
+  and make their messages visible at once. ECS task scale-in protection is held as ``task_protection`` says (by
+  default while a job that could outlast the drain runs; ``gpu_worker.task_protection``).
 * a job that can never succeed: ``failed`` with a reason, message deleted, no retries burnt.
 * a transient fault (throttling that outlasted botocore's retries, engine out of memory): the message is kept and
   made visible again after a short backoff (``transient_retry_delay_s`` doubled per receive); after the queue's max
@@ -41,11 +44,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
 
-from async_inference import settings, webhooks
+from async_inference import config as env
+from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
     ControlQueue,
+    JobEvents,
     JobQueue,
     JobStore,
     PayloadTooLarge,
@@ -63,10 +68,13 @@ from async_inference.schemas import (
     ChunkClaimCheck,
     ClaimCheck,
     Job,
+    JobActivity,
+    JobProgress,
     Usage,
     utcnow,
 )
 from async_inference.service import JobService, parse_request_body
+from async_inference.webhooks.events import EVENT_STARTED, started_event
 from gpu_worker.engines.base import (
     Engine,
     Generation,
@@ -81,7 +89,8 @@ from gpu_worker.health import HealthFile
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget, default_reserve
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
-from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection
+from gpu_worker.progress import ProgressReporter
+from gpu_worker.task_protection import DEFAULT_RENEW_S, TaskProtection, outlasts_drain
 
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
@@ -92,8 +101,9 @@ EXIT_ENGINE_DEAD = 3
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
 # How long a finished job's notification may wait for others to share a PublishBatch: notifications arrive up to this
-# much later, for a tenth of the SNS and DynamoDB requests at load.
+# much later, for a tenth of the SNS and DynamoDB requests at load. job.started events wait as long.
 NOTIFY_BATCH_DELAY_S = 0.1
+MISSING_PAYLOAD = "the request payload is missing from S3 or over the size limit"
 
 
 # --- Configuration --------------------------------------------------------------------------------------------------
@@ -118,8 +128,15 @@ class WorkerConfig:
     prefetch: int | None = None
     # Where "started" webhook events go; None: jobs that ask for them do not get them (logged).
     webhook_queue_url: str | None = None
+    # The job event topic (job.started, job.progress, for the WebSocket API); None: no such events are published.
+    events_topic_arn: str | None = None
+    # Seconds between progress beats (gpu_worker.progress); 0: no progress is written or published.
+    progress_interval_s: float = settings.PROGRESS_INTERVAL_S
     # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
     task_protection_renew_s: float = DEFAULT_RENEW_S
+    # When to hold it (gpu_worker.task_protection): long_jobs, busy or off; and the decode rate long_jobs expects.
+    task_protection: str = env.DEFAULT_TASK_PROTECTION
+    task_protection_tokens_per_s: float = env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
     # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
     health_file: Path | None = None
     # The batch lane (gpu_worker.lanes, docs/design/batches.md): its queue and the control queue that finalize
@@ -243,6 +260,8 @@ class InFlight:
     lane: str = INTERACTIVE
     lines: int = 1  # engine requests the message stands for (a chunk's lines)
     chunk: str | None = None  # "batch_id/chunk" of a chunk claim check
+    protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
+    started: float = 0.0  # time.monotonic() when its generation began
 
 
 def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
@@ -286,6 +305,10 @@ class Worker:
         self.batches = batches
         self._batch_queue = JobQueue(config.batch_queue_url) if config.batch_queue_url else None
         self._control = ControlQueue(config.control_queue_url) if config.control_queue_url else None
+        self._events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
+        self.progress = ProgressReporter(engine, self.store, self._events, interval_s=config.progress_interval_s,
+                                         io=self._io)
+        self._announcements: set[asyncio.Task[None]] = set()  # started webhooks and events on their way
         self.health = HealthFile(config.health_file)
         self.metrics = metrics or WorkerMetrics(enabled=False)
         self.model_source = model_source
@@ -306,6 +329,7 @@ class Worker:
         self._cancelled: set[str] = set()
         self._deletes: Batcher
         self._notices: Batcher  # (job, result or None) -> published?
+        self._activities: Batcher  # job.started events
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops (and as
         # many again for the batch lane's messages).
         held = config.held_messages(engine.capacity) * (2 if self._batch_queue else 1)
@@ -430,43 +454,37 @@ class Worker:
             job = await self._io(self.store.get, claim.job_id)
             if job is not None and job.status is JobStatus.QUEUED:
                 return await self._finish(job, JobStatus.EXPIRED, error="still queued at its deadline")
-        job = await self._io(
-            self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=utcnow()
-        )
+        # Read while the job is still queued: the read overlaps the generation of the jobs in the engine.
+        raw = await self._read_payload(claim)
+        request, reason = parse_request_body(raw) if raw is not None else (None, MISSING_PAYLOAD)
+        if request is None:
+            # It never ran (attempts counts runs): failed from queued, or from running for a redelivery after a
+            # crash, never from a final state.
+            return await self._finish(claim.job_id, JobStatus.FAILED, error=reason,
+                                      only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+
+        if self.config.task_protection == "long_jobs" and outlasts_drain(
+            request.max_tokens, tokens_per_s=self.config.task_protection_tokens_per_s,
+            drain_timeout_s=self.config.drain_timeout_s,
+        ):
+            flight.protect = True
+            await self._sync_protection()
+
+        job, outcome = await self._in_engine(claim, flight, request)
         if job is None:
             return await self._not_runnable(claim.job_id)
-        if job.webhook and webhooks.EVENT_STARTED in job.webhook.events:
-            if self._started_queue is None:
-                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
-            else:  # never raises: a lost "started" must not cost the run
-                await self._io(webhooks.started_event, job, self._started_queue)
-
-        raw = await self._read_payload(claim)
-        if raw is None:
-            return await self._finish(job, JobStatus.FAILED,
-                                      error="the request payload is missing from S3 or over the size limit")
-        request, reason = parse_request_body(raw)
-        if request is None:
-            return await self._finish(job, JobStatus.FAILED, error=reason)
-
-        started = time.monotonic()
-        self.metrics.started((utcnow() - job.created_at).total_seconds())
-        self.faults.at("before_engine", job.job_id)
-        try:
-            flight.in_engine = True
-            generation = await self._generate(job.job_id, request, claim.timeout_s, lane=flight.lane)
-        except asyncio.TimeoutError:
+        if isinstance(outcome, asyncio.TimeoutError):
             await self.engine.abort(job.job_id)
             return await self._finish(job, JobStatus.FAILED, error=f"execution timed out after {claim.timeout_s} s")
-        except GenerationAborted:
+        if isinstance(outcome, GenerationAborted):
             return True  # cancelled while running: the cancel already stored the final state and notified
-        except PermanentEngineError as exc:
-            return await self._finish(job, JobStatus.FAILED, error=str(exc))
-        except TransientEngineError as exc:
-            logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, exc)
+        if isinstance(outcome, PermanentEngineError):
+            return await self._finish(job, JobStatus.FAILED, error=str(outcome))
+        if isinstance(outcome, TransientEngineError):
+            logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, outcome)
             return False
-        finally:
-            flight.in_engine = False
+        assert isinstance(outcome, Generation)
+        generation, started = outcome, flight.started
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
 
         usage = Usage(
@@ -477,25 +495,106 @@ class Worker:
         completion = completion_for(job, generation.text, generation.finish_reason, usage)
         return await self._finish(job, JobStatus.SUCCEEDED, result=completion, generation_started=started)
 
-    async def _finish(self, job: Job, target: JobStatus, *, result: ChatCompletion | None = None,
+    async def _in_engine(self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
+                         ) -> tuple[Job | None, Generation | BaseException | None]:
+        """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
+        and generate; the job and the generation or the engine error that ended it. The slot is free again before
+        the result is stored. The execution timeout counts from the start of the generation."""
+        flight.in_engine = True
+        job: Job | None = None
+        first = False  # a preempted job waits again at the head of its lane
+        try:
+            while True:
+                async with self._engine_slots.slot(flight.lane, claim.job_id, first=first) as slot:
+                    if self.engine_dead is not None:
+                        raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
+                    if job is None:  # its first slot: it becomes running (once, however often it is preempted)
+                        job = await self._start_running(claim, flight)
+                        if job is None:
+                            return None, None
+                    if not slot.preempted:
+                        self.progress.track(job)
+                        try:
+                            if job.job_id in self._cancelled:
+                                raise GenerationAborted(job.job_id)
+                            generation = await asyncio.wait_for(self.engine.generate(job.job_id, request),
+                                                                timeout=claim.timeout_s)
+                            return job, generation
+                        except GenerationAborted as exc:
+                            if not slot.preempted:  # cancelled, not preempted for an interactive job
+                                return job, exc
+                        except (asyncio.TimeoutError, PermanentEngineError, TransientEngineError) as exc:
+                            return job, exc
+                        finally:
+                            self.progress.forget(job.job_id)
+                first = True  # a batch-lane job preempted for an interactive one runs again from the start
+        finally:
+            flight.in_engine = False
+
+    async def _start_running(self, claim: ClaimCheck, flight: InFlight) -> Job | None:
+        """Move the job to running as it takes its engine slot, and announce it; None when it may not run."""
+        now = utcnow()
+        job = await self._io(
+            self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=now,
+            progress=JobProgress(completion_tokens=0, updated_at=now),
+        )
+        if job is None:
+            return None
+        self._announce_start(job)
+        flight.started = time.monotonic()
+        self.metrics.started((utcnow() - job.created_at).total_seconds())
+        self.faults.at("before_engine", job.job_id)
+        return job
+
+    def _announce_start(self, job: Job) -> None:
+        """Send the job's started webhook (if it asked for one) and its job.started event beside its generation:
+        neither waits for the other, and neither can fail the job."""
+        task = asyncio.create_task(self._send_start(job))
+        self._announcements.add(task)
+        task.add_done_callback(self._announcements.discard)
+
+    async def _send_start(self, job: Job) -> None:
+        if job.webhook and EVENT_STARTED in job.webhook.events:
+            if self._started_queue is None:
+                logger.warning("job %s asked for a started webhook but no webhook queue is configured", job.job_id)
+            else:  # never raises: a lost "started" must not cost the run
+                await self._io(started_event, job, self._started_queue)
+        if self._events is not None:
+            await self._activities.add(JobActivity(
+                event="job.started", job_id=job.job_id, tenant=job.tenant, model=job.model, started_at=job.started_at,
+                progress=job.progress,
+            ))
+
+    async def _publish_activities(self, activities: list[JobActivity]) -> list[bool]:
+        assert self._events is not None
+        try:
+            return await self._io(self._events.publish_batch, activities)
+        except Exception:
+            logger.exception("%d job.started events not published", len(activities))
+            return [False] * len(activities)
+
+    async def _finish(self, job: Job | str, target: JobStatus, *, result: ChatCompletion | None = None,
                       generation_started: float | None = None, **fields: Any) -> bool:
         """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
         final state, notification (batched). True when the message is done with, False to leave it for redelivery.
+        ``job`` is the job, or its id for one that never ran (a payload it cannot run with: a result needs the job).
         ``generation_started`` (time.monotonic()) times the processing of a result."""
+        job_id = job if isinstance(job, str) else job.job_id
         processing_s = None
         if result is not None:
+            assert isinstance(job, Job)
             generated_tokens = result.usage.completion_tokens
             result, result_fields = await self._io(self.service.store_result, job, result)
             if generation_started is not None:
                 processing_s = time.monotonic() - generation_started
             fields.update(result_fields)
-            self.faults.at("after_result_write", job.job_id)
+            self.faults.at("after_result_write", job_id)
         finished = await self._io(self.service.end, job, target, **fields)
-        self.faults.at("after_state_write", job.job_id)
+        self.faults.at("after_state_write", job_id)
         if finished is None:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
             # end was notified: if the other run died before publishing, this message is the one left to do it.
-            return await self._not_runnable(job.job_id)
+            return await self._not_runnable(job_id)
         if target is JobStatus.SUCCEEDED and processing_s is not None:
             self.metrics.succeeded(processing_s=processing_s, completion_tokens=generated_tokens)
         elif target is JobStatus.FAILED:
@@ -507,25 +606,6 @@ class Worker:
         if target is JobStatus.SUCCEEDED:
             self.jobs_finished += 1
         return True
-
-    async def _generate(self, job_id: str, request: ChatCompletionRequest, timeout_s: int,
-                        lane: str = INTERACTIVE) -> Generation:
-        """Generate inside one of the engine's slots; the execution timeout counts from when the slot is taken. A
-        batch-lane job preempted for an interactive one (gpu_worker.lanes) waits again and runs from the start."""
-        first = False
-        while True:
-            async with self._engine_slots.slot(lane, job_id, first=first) as slot:
-                if self.engine_dead is not None:
-                    raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
-                if job_id in self._cancelled:
-                    raise GenerationAborted(job_id)
-                if not slot.preempted:
-                    try:
-                        return await asyncio.wait_for(self.engine.generate(job_id, request), timeout=timeout_s)
-                    except GenerationAborted:
-                        if not slot.preempted:
-                            raise
-            first = True
 
     async def _not_runnable(self, job_id: str) -> bool:
         """The job could not be moved to running: find out why and whether the message is done with."""
@@ -573,10 +653,12 @@ class Worker:
         self._lanes = {INTERACTIVE: Lane(INTERACTIVE, self.queue, self._slots, self._deletes)}
         if self._batch_queue is not None:
             self._lanes[BATCH] = self._batch_lane(self._batch_queue)
+        self._activities = Batcher(self._publish_activities, max_delay_s=NOTIFY_BATCH_DELAY_S)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
         logger.info("worker started: engine=%s capacity=%d receivers=%d lanes=%s", self.engine.name,
                     self.engine.capacity, receivers, ",".join(self._lanes))
         heartbeat = asyncio.create_task(self._heartbeat())
+        progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
         try:
             loops = [self._receive_loop() for _ in range(receivers)]
             if BATCH in self._lanes:
@@ -585,6 +667,10 @@ class Worker:
             await self._drain()
         finally:
             heartbeat.cancel()
+            if progress is not None:
+                progress.cancel()
+            await asyncio.gather(*self._announcements, return_exceptions=True)
+            await self._activities.close()
             await self._notices.close()
             for lane in self._lanes.values():
                 await lane.deletes.close()
@@ -615,12 +701,27 @@ class Worker:
         async with self._protection_lock:
             await self.protection.set(enabled)
 
-    async def _renew_protection(self) -> None:
-        """Keep a busy worker's protection from expiring (and retry an enable that failed). Checked under the lock, so
-        a worker that went idle meanwhile is not protected again after its clear."""
+    def _wants_protection(self) -> bool:
+        """Whether the jobs held now call for task protection, in this worker's ``task_protection`` mode."""
+        if self.config.task_protection == "busy":
+            return bool(self._inflight)
+        if self.config.task_protection == "long_jobs":
+            return any(flight.protect for flight in self._inflight.values())
+        return False
+
+    async def _sync_protection(self) -> None:
+        """Hold task protection exactly while ``_wants_protection``; decided under the lock, so that an enable and a
+        clear racing each other end as the jobs held at the end require."""
         assert self._protection_lock is not None
         async with self._protection_lock:
-            if self._inflight:
+            await self.protection.set(self._wants_protection())
+
+    async def _renew_protection(self) -> None:
+        """Keep a held protection from expiring (and retry an enable that failed). Checked under the lock, so a
+        worker whose protected jobs ended meanwhile is not protected again after its clear."""
+        assert self._protection_lock is not None
+        async with self._protection_lock:
+            if self._wants_protection():
                 await self.protection.set(True, renew_after_s=self.config.task_protection_renew_s)
 
     def stop(self) -> None:
@@ -652,7 +753,7 @@ class Worker:
                 await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
                 await lane.held.give(len(messages))
                 return
-            if messages and not self._inflight:
+            if messages and not self._inflight and self.config.task_protection == "busy":
                 await self._protect(True)
             for message in messages:
                 self._start(message, lane.name)
@@ -668,8 +769,8 @@ class Worker:
         if flight is not None and flight.job_id:
             self._cancelled.discard(flight.job_id)
         await self._lanes[lane].held.give(1)
-        if not self._inflight and not self._stopping.is_set():
-            await self._protect(False)
+        if not self._stopping.is_set():
+            await self._sync_protection()
 
     async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)

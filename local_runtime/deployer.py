@@ -7,10 +7,14 @@ what happens to it here:
 
 * ``deploy``: created in moto with the properties the template gives (each handler names the properties it
   applies; ``SKIPPED_PROPERTIES`` lists the ones it does not, with the reason);
-* ``emulate``: run by the local runtime itself from the template (functions, their event sources, the REST API,
-  the worker's task definition): recorded here with the values a Ref or Fn::GetAtt of it gives;
+* ``emulate``: run by the local runtime itself from the template (functions, their event sources, the REST API, the
+  WebSocket API, the worker's task definition): recorded here with the values a Ref or Fn::GetAtt of it gives;
 * ``skip``: cannot run here (VPC, Auto Scaling, alarms, IAM...), with the reason and the template test that checks it
   instead.
+
+The worker's ECS cluster, task definition and service are deployed (moto holds them and answers DescribeServices and
+UpdateService, which the API's wake from zero calls); moto places no tasks, so the workers themselves run as local
+processes from the task definition (``local_runtime.workers``).
 
 A template with a resource type or a property in none of these fails the deploy (and
 ``tests/local/test_deployer_coverage.py``).
@@ -510,6 +514,65 @@ def _usage_plan_key(d: Deployment, logical_id: str, props: dict[str, Any]) -> Ph
     return Physical(logical_id, "AWS::ApiGateway::UsagePlanKey", ref=f"{props['UsagePlanId']}:{props['KeyId']}")
 
 
+# --- ECS ------------------------------------------------------------------------------------------------------------
+
+
+def _cluster(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    name = props.get("ClusterName") or d.name_for(logical_id, limit=255)
+    request: dict[str, Any] = {"clusterName": name}
+    if "ClusterSettings" in props:
+        request["settings"] = [{"name": s["Name"], "value": s["Value"]} for s in props["ClusterSettings"]]
+    if "Tags" in props:
+        request["tags"] = [{"key": t["Key"], "value": t["Value"]} for t in props["Tags"]]
+    arn = d.client("ecs").create_cluster(**request)["cluster"]["clusterArn"]
+    return Physical(logical_id, "AWS::ECS::Cluster", ref=name, attributes={"Arn": arn})
+
+
+# Maps whose keys are the user's (log driver options, labels), not property names: copied as they are.
+_ECS_FREE_FORM_KEYS = {"Options", "DockerLabels", "SystemControls", "DriverOpts", "Labels"}
+
+
+def _ecs_request(value: Any) -> Any:
+    """CloudFormation's ECS properties (PascalCase) as the ECS API takes them (camelCase)."""
+    if isinstance(value, list):
+        return [_ecs_request(v) for v in value]
+    if isinstance(value, dict):
+        return {_lower_first(k): v if k in _ECS_FREE_FORM_KEYS else _ecs_request(v) for k, v in value.items()}
+    return value
+
+
+_TASK_DEFINITION_REQUEST = ("ContainerDefinitions", "Volumes", "NetworkMode", "TaskRoleArn", "ExecutionRoleArn", "Cpu",
+                            "Memory", "PlacementConstraints")
+
+
+def _task_definition(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    """Registered in moto as ECS would hold it; the local runtime also runs its container (local_runtime.workers)."""
+    family = props.get("Family") or d.name_for(logical_id, limit=255)
+    request = {_lower_first(k): _ecs_request(props[k]) for k in _TASK_DEFINITION_REQUEST if k in props}
+    arn = d.client("ecs").register_task_definition(family=family, **request)["taskDefinition"]["taskDefinitionArn"]
+    return Physical(logical_id, "AWS::ECS::TaskDefinition", ref=arn, attributes={"TaskDefinitionArn": arn})
+
+
+# CloudFormation's DesiredCount when a new service's template gives none (AWS::ECS::Service, DesiredCount).
+CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT = 1
+
+
+def _service(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    name = props.get("ServiceName") or d.name_for(logical_id, limit=255)
+    request: dict[str, Any] = {
+        "cluster": props["Cluster"],
+        "serviceName": name,
+        "taskDefinition": props["TaskDefinition"],
+        "desiredCount": int(props.get("DesiredCount", CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT)),
+    }
+    for key in ("SchedulingStrategy", "LaunchType", "PlatformVersion", "PropagateTags"):
+        if key in props:
+            request[_lower_first(key)] = props[key]
+    service = d.client("ecs").create_service(**request)["service"]
+    return Physical(logical_id, "AWS::ECS::Service", ref=service["serviceArn"],
+                    attributes={"ServiceArn": service["serviceArn"], "Name": service["serviceName"]})
+
+
 # --- Emulated: run by the local runtime from the template -----------------------------------------------------------
 
 
@@ -524,12 +587,6 @@ def _layer(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     return Physical(logical_id, "AWS::Lambda::LayerVersion", ref=_arn("lambda", f"layer:{name}:1"))
 
 
-def _task_definition(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
-    family = props.get("Family") or d.name_for(logical_id)
-    arn = _arn("ecs", f"task-definition/{family}:1")
-    return Physical(logical_id, "AWS::ECS::TaskDefinition", ref=arn, attributes={"TaskDefinitionArn": arn})
-
-
 def _recorded(resource_type: str, ref_key: str | None = None) -> Handler:
     """A resource the local runtime reads from the template when it runs (nothing to create in moto)."""
 
@@ -542,6 +599,14 @@ def _recorded(resource_type: str, ref_key: str | None = None) -> Handler:
 
 def _stage(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     return Physical(logical_id, "AWS::ApiGateway::Stage", ref=props.get("StageName", logical_id))
+
+
+def _websocket_api(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    """An ``AWS::ApiGatewayV2::Api``, served by ``local_runtime.websocket_api``; its id is what API Gateway's look
+    like (ten lowercase letters and digits), stable for a stack and logical id."""
+    api_id = hashlib.sha1(f"{d.stack_name}/{logical_id}".encode()).hexdigest()[:10]
+    endpoint = f"wss://{api_id}.execute-api.{LOCAL_REGION}.amazonaws.com"
+    return Physical(logical_id, "AWS::ApiGatewayV2::Api", ref=api_id, attributes={"ApiId": api_id, "ApiEndpoint": endpoint})
 
 
 # --- The table ------------------------------------------------------------------------------------------------------
@@ -573,12 +638,15 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::ApiGateway::ApiKey": ("deploy", _api_key),
     "AWS::ApiGateway::UsagePlan": ("deploy", _usage_plan),
     "AWS::ApiGateway::UsagePlanKey": ("deploy", _usage_plan_key),
+    "AWS::ECS::Cluster": ("deploy", _cluster),
+    # registered in moto, and its container run by the local runtime's supervisor (local_runtime/workers.py)
+    "AWS::ECS::TaskDefinition": ("deploy", _task_definition),
+    "AWS::ECS::Service": ("deploy", _service),
     # emulated by the local runtime, from the template
     "AWS::Lambda::Function": ("emulate", _function),
     "AWS::Lambda::LayerVersion": ("emulate", _layer),
     "AWS::Lambda::EventSourceMapping": ("emulate", _recorded("AWS::Lambda::EventSourceMapping")),
     "AWS::Lambda::EventInvokeConfig": ("emulate", _recorded("AWS::Lambda::EventInvokeConfig")),
-    "AWS::ECS::TaskDefinition": ("emulate", _task_definition),
     "AWS::ApiGateway::Resource": ("emulate", _recorded("AWS::ApiGateway::Resource")),
     "AWS::ApiGateway::Method": ("emulate", _recorded("AWS::ApiGateway::Method")),
     "AWS::ApiGateway::Model": ("emulate", _recorded("AWS::ApiGateway::Model", "Name")),
@@ -586,6 +654,13 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::ApiGateway::GatewayResponse": ("emulate", _recorded("AWS::ApiGateway::GatewayResponse")),
     "AWS::ApiGateway::Deployment": ("emulate", _recorded("AWS::ApiGateway::Deployment")),
     "AWS::ApiGateway::Stage": ("emulate", _stage),
+    "AWS::ApiGateway::Authorizer": ("emulate", _recorded("AWS::ApiGateway::Authorizer")),
+    # the WebSocket API, served by local_runtime.websocket_api from these (its routes invoke the template's functions)
+    "AWS::ApiGatewayV2::Api": ("emulate", _websocket_api),
+    "AWS::ApiGatewayV2::Route": ("emulate", _recorded("AWS::ApiGatewayV2::Route")),
+    "AWS::ApiGatewayV2::RouteResponse": ("emulate", _recorded("AWS::ApiGatewayV2::RouteResponse")),
+    "AWS::ApiGatewayV2::Integration": ("emulate", _recorded("AWS::ApiGatewayV2::Integration")),
+    "AWS::ApiGatewayV2::Stage": ("emulate", _recorded("AWS::ApiGatewayV2::Stage", "StageName")),
     # cannot run here: what checks each instead
     "AWS::CDK::Metadata": _skip("CDK's own usage metadata; nothing to run", "tests/local/test_deployer_coverage.py"),
     "AWS::Lambda::Permission": _skip(
@@ -604,8 +679,6 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
         "WORKERS workers", _WORKERS_TEST),
     "AWS::ApplicationAutoScaling::ScalingPolicy": _skip("as ScalableTarget", _WORKERS_TEST),
     "AWS::AutoScaling::AutoScalingGroup": _skip("no EC2 instances here", _WORKERS_TEST),
-    "AWS::ECS::Cluster": _skip("workers run as local processes, supervised as ECS would", _WORKERS_TEST),
-    "AWS::ECS::Service": _skip("as ECS::Cluster: the local supervisor replaces workers that exit", _WORKERS_TEST),
     "AWS::ECS::CapacityProvider": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::ECS::ClusterCapacityProviderAssociations": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::EC2::VPC": _skip("processes share 127.0.0.1; no network to build", _WORKERS_TEST),
@@ -639,8 +712,20 @@ SKIPPED_PROPERTIES: dict[tuple[str, str], str] = {
     ("AWS::Logs::LogGroup", "Tags"): "tags change nothing locally",
     ("AWS::ApiGateway::RestApi", "EndpointConfiguration"): "the local gateway serves 127.0.0.1",
     ("AWS::ApiGateway::RestApi", "ApiKeySourceType"): "read by the local gateway from the template",
+    ("AWS::ApiGateway::RestApi", "BinaryMediaTypes"): "read by the local gateway from the template",
     ("AWS::ApiGateway::RestApi", "Policy"): "moto enforces no resource policies",
     ("AWS::ApiGateway::ApiKey", "StageKeys"): "the local gateway checks keys against usage plans",
+    ("AWS::ECS::Service", "CapacityProviderStrategy"): "no instances here, so no capacity provider (it is skipped); "
+    "moto places no tasks and the local supervisor runs WORKERS workers",
+    ("AWS::ECS::Service", "DeploymentConfiguration"): "no deployments happen locally; checked on the template "
+    "(tests/cdk/test_workers_and_scaling.py)",
+    ("AWS::ECS::Service", "AvailabilityZoneRebalancing"): "one machine, no zones",
+    ("AWS::ECS::Service", "EnableECSManagedTags"): "tags change nothing locally",
+    ("AWS::ECS::Service", "LoadBalancers"): "the worker serves no traffic (the template's list is empty)",
+    ("AWS::ECS::Service", "Tags"): "tags change nothing locally",
+    ("AWS::ECS::TaskDefinition", "Tags"): "tags change nothing locally",
+    ("AWS::ECS::TaskDefinition", "RequiresCompatibilities"): "moto refuses EC2 with a container that sets only a "
+    "memory reservation (ECS takes it); checked on the template (tests/cdk/test_workers_and_scaling.py)",
 }
 
 # Properties each deploy handler applies (the coverage test compares the template with these and the list above).
@@ -667,6 +752,10 @@ APPLIED_PROPERTIES: dict[str, set[str]] = {
     "AWS::ApiGateway::ApiKey": {"Name", "Value", "Enabled", "Description"},
     "AWS::ApiGateway::UsagePlan": {"UsagePlanName", "Description", "Throttle", "Quota", "ApiStages"},
     "AWS::ApiGateway::UsagePlanKey": {"UsagePlanId", "KeyId", "KeyType"},
+    "AWS::ECS::Cluster": {"ClusterName", "ClusterSettings", "Tags"},
+    "AWS::ECS::TaskDefinition": {"Family", *_TASK_DEFINITION_REQUEST},
+    "AWS::ECS::Service": {"Cluster", "ServiceName", "TaskDefinition", "DesiredCount", "SchedulingStrategy",
+                          "LaunchType", "PlatformVersion", "PropagateTags"},
 }
 
 

@@ -5,9 +5,15 @@ What API Gateway does before a request reaches the function, and what this does 
 
 * the route: an ``AWS::ApiGateway::Resource`` path and ``AWS::ApiGateway::Method``; none matches ->
   ``MISSING_AUTHENTICATION_TOKEN`` (403, as API Gateway answers unknown paths);
-* the API key (``ApiKeyRequired``): the ``x-api-key`` header must be an enabled key of a usage plan of this API, as
-  moto's API Gateway holds them -> ``INVALID_API_KEY`` (403). Throttling and quotas are not applied locally (the
-  usage plans' limits are checked on the template);
+* the authorizer (``AuthorizationType`` CUSTOM, ``AuthorizerId``): a REQUEST authorizer of the template, run as
+  ``local_runtime.authorizers`` says (identity sources, TTL cache, policy, context, ``usageIdentifierKey``) ->
+  ``UNAUTHORIZED`` (401), ``ACCESS_DENIED`` (403), ``AUTHORIZER_FAILURE`` (500);
+* the API key (``ApiKeyRequired``): the ``x-api-key`` header, or with the API's ``ApiKeySourceType`` AUTHORIZER the
+  authorizer's ``usageIdentifierKey``, must be an enabled key of a usage plan of this API, as moto's API Gateway
+  holds them -> ``INVALID_API_KEY`` (403). Throttling and quotas are not applied locally (the usage plans' limits are
+  checked on the template);
+* binary media types (``BinaryMediaTypes``, ``~1`` for ``/`` as CloudFormation writes them): a body whose
+  Content-Type matches one reaches the function base64-encoded, as API Gateway's proxy integration sends it;
 * the request validator: required parameters (``BAD_REQUEST_PARAMETERS``) and the body against the method's model
   for the request's content type, JSON Schema draft 4 (``BAD_REQUEST_BODY``); the payload limit, 10 MB
   (``REQUEST_TOO_LARGE``);
@@ -20,6 +26,7 @@ Every gateway-generated error is rendered from the template's ``AWS::ApiGateway:
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import re
 import threading
@@ -32,9 +39,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 
+from local_runtime.authorizers import AuthorizerRefused, Request, RequestAuthorizer
 from local_runtime.deployer import Deployment
 from local_runtime.functions import LocalFunction
-from local_runtime.template import LOCAL_ACCOUNT
+from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION
 
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # API Gateway's own limit
 # Default status and message of the gateway responses this emulates (API Gateway's documented defaults).
@@ -45,6 +53,13 @@ _DEFAULTS = {
     "BAD_REQUEST_PARAMETERS": (400, "Missing required request parameters"),
     "REQUEST_TOO_LARGE": (413, "Request Too Long"),
     "INTEGRATION_FAILURE": (502, "Internal server error"),
+    "UNAUTHORIZED": (401, "Unauthorized"),
+    "ACCESS_DENIED": (403, "User is not authorized to access this resource"),
+    "AUTHORIZER_FAILURE": (500, "Internal server error"),
+    "AUTHORIZER_CONFIGURATION_ERROR": (500, "Internal server error"),
+    # Not raised here (usage plans are not enforced locally); rendered from the template like the others.
+    "THROTTLED": (429, "Too Many Requests"),
+    "QUOTA_EXCEEDED": (429, "Limit Exceeded"),
 }
 _FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/invocations$")
 
@@ -57,6 +72,7 @@ class Method:
     api_key_required: bool
     required_parameters: list[str] = field(default_factory=list)  # method.request.header.x ...
     body_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # content type -> JSON schema
+    authorizer: RequestAuthorizer | None = None
 
     @property
     def _segments(self) -> list[str]:
@@ -98,7 +114,15 @@ class RestApi:
         self._deployment = deployment
         api = deployment.resources[api_logical_id]
         self.api_id: str = api.ref
-        self.key_source = deployment.assembly.resources[api_logical_id]["Properties"].get("ApiKeySourceType", "HEADER")
+        api_properties = deployment.assembly.resources[api_logical_id]["Properties"]
+        self.key_source = api_properties.get("ApiKeySourceType", "HEADER")
+        self.binary_media_types = [t.replace("~1", "/").lower() for t in api.properties.get("BinaryMediaTypes", [])]
+        authorizers = {}
+        for logical_id, physical in deployment.of_type("AWS::ApiGateway::Authorizer").items():
+            if physical.properties["RestApiId"] == self.api_id:
+                uri = _FUNCTION_ARN.search(physical.properties["AuthorizerUri"])["arn"]  # type: ignore[index]
+                authorizers[physical.ref] = RequestAuthorizer(logical_id, physical.properties,
+                                                              functions[deployment.function_by_arn(uri)])
         paths = {api.attributes["RootResourceId"]: ""}
         resources = {lid: p for lid, p in deployment.of_type("AWS::ApiGateway::Resource").items()
                      if p.properties["RestApiId"] == self.api_id}
@@ -124,6 +148,7 @@ class RestApi:
                 http_method=props["HttpMethod"],
                 function=functions[deployment.function_by_arn(arn)],
                 api_key_required=bool(props.get("ApiKeyRequired")),
+                authorizer=authorizers[props["AuthorizerId"]] if props.get("AuthorizationType") == "CUSTOM" else None,
             )
             if validator.get("ValidateRequestParameters"):
                 method.required_parameters = [k for k, required in props.get("RequestParameters", {}).items() if required]
@@ -159,21 +184,45 @@ class RestApi:
             method, path_params = self.route(http_method, split.path)
             lowered = {k.lower(): v for k, v in headers.items()}
             identity: dict[str, Any] = {"sourceIp": source_ip, "userAgent": lowered.get("user-agent")}
+            query = parse_qs(split.query, keep_blank_values=True)
+            authorizer: dict[str, Any] | None = None
+            usage_key: str | None = None
+            if method.authorizer is not None:
+                authorized = self._authorize(method, split.path, path_params, query, headers, identity, request_id)
+                authorizer = {**authorized.context, "principalId": authorized.principal_id}
+                usage_key = authorized.usage_identifier_key
             if method.api_key_required:
-                key = lowered.get("x-api-key") if self.key_source == "HEADER" else None
+                key = lowered.get("x-api-key") if self.key_source == "HEADER" else usage_key
                 key_id = self._keys.key_id(key) if key else None
                 if key_id is None:
                     raise GatewayError("INVALID_API_KEY")
                 identity.update(apiKey=key, apiKeyId=key_id)
-            query = parse_qs(split.query, keep_blank_values=True)
             self._validate(method, lowered, query, body)
             event = self._proxy_event(method, split.path, path_params, query, headers, body, identity, request_id)
+            if authorizer is not None:
+                event["requestContext"]["authorizer"] = authorizer
             result = method.function.invoke(event)
             if result.error or not isinstance(result.payload, dict) or "statusCode" not in result.payload:
                 raise GatewayError("INTEGRATION_FAILURE")
             return self._proxy_response(result.payload, request_id)
         except GatewayError as error:
             return self._gateway_response(error, request_id)
+
+    def _authorize(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
+                   headers: dict[str, str], identity: dict[str, Any], request_id: str) -> Any:
+        assert method.authorizer is not None
+        http_method = method.http_method if method.http_method != "ANY" else "GET"
+        method_arn = f"arn:aws:execute-api:{LOCAL_REGION}:{LOCAL_ACCOUNT}:{self.api_id}/{self.stage}/{http_method}{path}"
+        context = {"resourcePath": method.resource_path, "httpMethod": http_method, "path": f"/{self.stage}{path}",
+                   "stage": self.stage, "requestId": request_id, "accountId": LOCAL_ACCOUNT, "apiId": self.api_id,
+                   "identity": identity}
+        try:
+            return method.authorizer.authorize(Request(
+                method_arn=method_arn, resource=method.resource_path, path=path, http_method=http_method,
+                headers=headers, query=query, path_parameters=path_params, request_context=context,
+            ))
+        except AuthorizerRefused as refused:
+            raise GatewayError(refused.response_type, refused.message) from None
 
     def too_large(self) -> tuple[int, dict[str, str], bytes]:
         """The answer to a body over API Gateway's payload limit (the body is never read)."""
@@ -204,7 +253,10 @@ class RestApi:
 
     def _proxy_event(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
                      headers: dict[str, str], body: bytes, identity: dict[str, Any], request_id: str) -> dict[str, Any]:
+        content_type = {k.lower(): v for k, v in headers.items()}.get("content-type", "").split(";")[0].strip().lower()
         try:
+            if self._is_binary(content_type):
+                raise UnicodeDecodeError("utf-8", b"", 0, 1, "a binary media type")
             text, is_base64 = body.decode("utf-8"), False
         except UnicodeDecodeError:
             text, is_base64 = base64.b64encode(body).decode(), True
@@ -234,6 +286,9 @@ class RestApi:
             "body": text if body else None,
             "isBase64Encoded": is_base64,
         }
+
+    def _is_binary(self, content_type: str) -> bool:
+        return any(fnmatch.fnmatchcase(content_type, pattern) for pattern in self.binary_media_types)
 
     @staticmethod
     def _proxy_response(payload: dict[str, Any], request_id: str) -> tuple[int, dict[str, str], bytes]:
@@ -279,6 +334,12 @@ _ERROR_TYPES = {
     "BAD_REQUEST_PARAMETERS": "BadRequestException",
     "REQUEST_TOO_LARGE": "RequestTooLargeException",
     "INTEGRATION_FAILURE": "InternalServerErrorException",
+    "UNAUTHORIZED": "UnauthorizedException",
+    "ACCESS_DENIED": "AccessDeniedException",
+    "AUTHORIZER_FAILURE": "AuthorizerFunctionException",
+    "AUTHORIZER_CONFIGURATION_ERROR": "AuthorizerConfigurationException",
+    "THROTTLED": "TooManyRequestsException",
+    "QUOTA_EXCEEDED": "LimitExceededException",
 }
 
 

@@ -2,8 +2,9 @@
 
 ``LocalStack.start`` starts moto server, deploys the cloud assembly into it (``local_runtime.deployer``), starts every
 Python function of the template from its assets (``local_runtime.functions``) with its event sources
-(``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and runs the workers from the task
-definition under a supervisor (``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
+(``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and the WebSocket API with its
+management API (``local_runtime.websocket_api``), and runs the workers from the task definition under a supervisor
+(``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
 the list of overrides below, each with its reason.
 
 Local overrides, on top of what the template gives:
@@ -11,9 +12,15 @@ Local overrides, on top of what the template gives:
 * every function and worker: the moto endpoint (``AWS_ENDPOINT_URL``) and moto's credentials (in AWS: the role's);
 * functions: ``POWERTOOLS_TRACE_DISABLED`` (no X-Ray daemon here), ``ALLOW_LOCAL_WEBHOOKS=1`` (webhooks may target
   127.0.0.1), webhook retries after 1 s instead of 30 s and up (``WEBHOOK_BACKOFF_*``; export them to try the
-  deployed schedule);
+  deployed schedule); the push function's ``WEBSOCKET_CALLBACK_URL`` (in AWS the stage's management API,
+  ``https://{api}.execute-api.{region}.amazonaws.com/{stage}``) is the local management API,
+  ``http://127.0.0.1:{management port}/{stage}`` (a port of its own: ``websockets`` serves GET handshakes only);
 * workers: ``ENGINE`` (``cpu``, ``echo``...: this machine has no GPU for vLLM), and for any engine but vllm no
   ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine;
+* functions: ``SERVED_MODELS``, the model names requests may ask for (``served_models``, or ``LOCAL_SERVED_MODELS``
+  comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
+  default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
+  answer whatever model a request names; the template's own for vllm;
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -35,21 +42,25 @@ import boto3
 from botocore.config import Config
 
 from async_inference import config as runtime_config
-from async_inference import webhooks
 from async_inference.config import ServiceConfig
+from async_inference.webhooks.signing import new_secret
 from local_runtime.deployer import Deployment, deployable
-from local_runtime.functions import LocalFunction, function_ids
-from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer
+from local_runtime.functions import LocalFunction, environment_of, function_ids
+from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
 from local_runtime.pollers import event_sources
 from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
+from local_runtime.websocket_api import WebSocketApi
 from local_runtime.workers import TaskDefinition, WorkerFleet
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ASSEMBLY = REPO_ROOT / "cdk.out"
 DEFAULT_API_KEYS = {"local-demo-key-0123456789": "demo"}
+# What each local engine answers to (see the overrides above); vllm serves the template's model.
+LOCAL_ENGINE_SERVED_MODELS: dict[str, tuple[str, ...]] = {"cpu": ("SmolLM2-135M-Instruct",)}
+ANY_MODEL = ("*",)
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
-LOCAL_WEBHOOK_BACKOFF = {webhooks.ENV_BACKOFF_BASE_S: "1", webhooks.ENV_BACKOFF_MAX_S: "1"}
+LOCAL_WEBHOOK_BACKOFF = {runtime_config.ENV_BACKOFF_BASE_S: "1", runtime_config.ENV_BACKOFF_MAX_S: "1"}
 LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
 # Functions behind the REST API get this many execution environments (Lambda scales them with concurrent requests).
 API_FUNCTION_INSTANCES = 2
@@ -71,6 +82,18 @@ def parse_api_keys(value: str | None) -> dict[str, str]:
     return keys
 
 
+def served_models_for(engine: str, given: tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
+    """The SERVED_MODELS override for ``engine``: ``given``, else LOCAL_SERVED_MODELS, else the engine's default
+    (None: the template's value stands)."""
+    if given is not None:
+        return tuple(given)
+    if os.environ.get("LOCAL_SERVED_MODELS"):
+        return tuple(name.strip() for name in os.environ["LOCAL_SERVED_MODELS"].split(",") if name.strip())
+    if engine == "vllm":
+        return None
+    return LOCAL_ENGINE_SERVED_MODELS.get(engine, ANY_MODEL)
+
+
 @dataclass(frozen=True)
 class LocalResources:
     """Where the deployed resources are, from the stack's outputs (as ``aws cloudformation describe-stacks`` gives)."""
@@ -86,6 +109,18 @@ class LocalResources:
     def webhook_secret_arn(self) -> str:
         return self.outputs["WebhookSigningSecretArn"]
 
+    @property
+    def batch_table_name(self) -> str:
+        return self.outputs["BatchTableName"]
+
+    @property
+    def batch_queue_url(self) -> str:
+        return self.outputs["BatchQueueUrl"]
+
+    @property
+    def batch_control_queue_url(self) -> str:
+        return self.outputs["BatchControlQueueUrl"]
+
 
 class LocalStack:
     """moto server, the template deployed into it, its functions and event sources, the REST API and the workers."""
@@ -96,15 +131,21 @@ class LocalStack:
         assembly: Path | str = DEFAULT_ASSEMBLY,
         api_port: int = 8000,
         moto_port: int = 5000,
+        ws_port: int | None = None,
         api_keys: dict[str, str] | None = None,
         workers: int = 1,
         engine: str = "cpu",
         worker_env: dict[str, str] | None = None,
         worker_log: IO[bytes] | int | None = None,
         log_dir: Path | str | None = None,
+        served_models: tuple[str, ...] | list[str] | None = None,
     ) -> None:
         self.assembly_dir = Path(assembly)
         self.api_port = api_port
+        # None: any free port (tests); `make up` gives WS_PORT. The management API always gets a free one.
+        self.ws_port = ws_port or free_port()
+        self.ws_management_port = free_port()
+        self.websocket: WebSocketApi | None = None
         self.moto = MotoServer(moto_port)
         self.api_keys = api_keys or dict(DEFAULT_API_KEYS)
         self.worker_count = workers
@@ -112,6 +153,7 @@ class LocalStack:
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="local-stack-logs-"))
+        self.served_models = served_models_for(engine, served_models)
         self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
         self.functions: dict[str, LocalFunction] = {}
@@ -121,7 +163,7 @@ class LocalStack:
         self._function_log: IO[bytes] | None = None
         # One Standard Webhooks signing secret per tenant, put into the template's signing secret at start, as an
         # operator would (`aws secretsmanager put-secret-value`).
-        self.webhook_secrets = {tenant: webhooks.new_secret() for tenant in sorted(set(self.api_keys.values()))}
+        self.webhook_secrets = {tenant: new_secret() for tenant in sorted(set(self.api_keys.values()))}
 
     @classmethod
     def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalStack:
@@ -142,6 +184,11 @@ class LocalStack:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def ws_url(self) -> str | None:
+        """The WebSocket API's URL (None when the template has none): ``ws://127.0.0.1:{ws_port}/{stage}``."""
+        return self.websocket.url if self.websocket else None
 
     @property
     def env(self) -> dict[str, str]:
@@ -169,6 +216,7 @@ class LocalStack:
             for poller in self._pollers:
                 poller.start()
             self._serve_api()
+            self._serve_websocket()
             self.fleet = WorkerFleet(
                 TaskDefinition.from_deployment(self.deployment),
                 environment=self._worker_overrides(),
@@ -206,14 +254,20 @@ class LocalStack:
             SecretId=self.resources.webhook_secret_arn, SecretString=json.dumps(self.webhook_secrets)
         )
 
-    def _function_overrides(self) -> dict[str, str]:
-        return {
+    def _function_overrides(self, logical_id: str) -> dict[str, str]:
+        overrides = {
             **LOCAL_KEYS,
             "AWS_ENDPOINT_URL": self.moto.url,
             "POWERTOOLS_TRACE_DISABLED": "true",
             runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
+            **({runtime_config.ENV_SERVED_MODELS: json.dumps(list(self.served_models))} if self.served_models else {}),
         }
+        assert self.deployment is not None
+        if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):
+            stage = next(iter(self.deployment.of_type("AWS::ApiGatewayV2::Stage").values())).ref
+            overrides[runtime_config.ENV_WEBSOCKET_CALLBACK_URL] = f"http://127.0.0.1:{self.ws_management_port}/{stage}"
+        return overrides
 
     def _worker_overrides(self) -> dict[str, str]:
         overrides = {**LOCAL_KEYS, "AWS_ENDPOINT_URL": self.moto.url, runtime_config.ENV_ENGINE: self.engine,
@@ -226,7 +280,7 @@ class LocalStack:
         behind_api = self._api_function_ids()
         self.functions = {
             logical_id: LocalFunction(
-                self.deployment, logical_id, extra_env=self._function_overrides(), log=self._function_log,
+                self.deployment, logical_id, extra_env=self._function_overrides(logical_id), log=self._function_log,
                 instances=API_FUNCTION_INSTANCES if logical_id in behind_api else 1,
             ).start()
             for logical_id in function_ids(self.deployment)
@@ -250,6 +304,16 @@ class LocalStack:
         server = serve(RestApi(self.deployment, apis[0], self.functions), "127.0.0.1", self.api_port)
         threading.Thread(target=server.serve_forever, name="rest-api", daemon=True).start()
         self._servers.append(server)
+
+    def _serve_websocket(self) -> None:
+        assert self.deployment is not None
+        apis = [lid for lid, p in self.deployment.of_type("AWS::ApiGatewayV2::Api").items()
+                if p.properties.get("ProtocolType") == "WEBSOCKET"]
+        if len(apis) > 1:
+            raise TemplateError(f"the local runtime serves one WebSocket API; the template has {len(apis)}")
+        if apis:
+            self.websocket = WebSocketApi(self.deployment, apis[0], self.functions, host="127.0.0.1",
+                                          port=self.ws_port, management_port=self.ws_management_port).start()
 
     # --- workers ----------------------------------------------------------------------------------------------------
 
@@ -277,6 +341,8 @@ class LocalStack:
         for server in self._servers:
             server.shutdown()
             server.server_close()
+        if self.websocket is not None:
+            self.websocket.stop()
         for function in self.functions.values():
             function.stop()
         if self._function_log is not None:

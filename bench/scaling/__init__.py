@@ -11,8 +11,7 @@ Modules, in the order a job meets them:
 - ``worker``: the worker's receive loop, prefetch and drain.
 - ``keda``: KEDA's aws-sqs-queue scaler and the HPA it drives.
 - ``template``: the scaling policy read from a synthesized CloudFormation template.
-- ``policies``: the policies compared (deployed, aws-cdk-lib's QueueProcessingEc2Service, SageMaker Async, KEDA, the
-  candidate).
+- ``policies``: the policies compared (deployed, aws-cdk-lib's QueueProcessingEc2Service, SageMaker Async, KEDA).
 - ``simulation``: one run of one policy; ``costs`` and ``report`` turn runs into figures and a plot.
 - ``figures``: every default that is not read from the template, with its source.
 """

@@ -31,6 +31,9 @@ SAMPLE_INTERVAL_S = 60
 class MetricId:
     namespace: str
     name: str
+    # Which resource, when it is not the one the simulator models (the job queue, the worker service): another
+    # queue's logical id, say. The simulated trace puts no work there.
+    resource: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ def _translate(expression: str) -> str:
 
 def evaluate_expression(expression: str, values: Mapping[str, float | None]) -> float | None:
     """A CloudWatch metric math expression over one period's values (arithmetic, comparisons, AND/OR, IF, CEIL, FLOOR,
-    ABS, MIN, MAX of two). A missing input or a division by zero makes the result missing, as in CloudWatch."""
+    ABS, MIN, MAX of two, FILL with a number). A missing input or a division by zero makes the result missing, as in
+    CloudWatch; FILL(m, v) is v where m is missing."""
     tree = ast.parse(_translate(expression), mode="eval")
 
     def walk(node: ast.AST) -> float | None:
@@ -165,6 +169,8 @@ def evaluate_expression(expression: str, values: Mapping[str, float | None]) -> 
             if name == "IF" and len(args) == 3:
                 condition, then, otherwise = args
                 return None if condition is None else (then if condition else otherwise)
+            if name == "FILL" and len(args) == 2 and isinstance(node.args[1], ast.Constant):
+                return args[1] if args[0] is None else args[0]
             if any(a is None for a in args):
                 return None
             if name == "CEIL" and len(args) == 1:

@@ -1,6 +1,7 @@
 """The policies compared, each as the resources that would deploy it, read back through ``template.read_policy``.
 
-* ``deployed``: the synthesized stack's own template (cdk/queue_scaling.py), never re-typed.
+* ``deployed``: the synthesized stack's own template (cdk/queue_scaling.py, the wake's functions, the worker's task
+  protection mode, the capacity provider's warm-up), never re-typed.
 * ``queue_processing``: aws-cdk-lib's ``QueueProcessingEc2Service`` with its defaults, synthesized here: step scaling
   on ApproximateNumberOfMessagesVisible ({upper 0: -1}, {lower 100: +1}, {lower 500: +5}, the construct's
   ``defaultScalingSteps``) plus target tracking on CPU at 50 %; minimum 1 (its ``minScalingCapacity`` default).
@@ -10,7 +11,6 @@
   TreatMissingData missing). In ECS terms the backlog is visible plus in-flight messages and the instances are the
   running tasks.
 * ``keda``: deploy/eks/scaledobject.yaml, through ``keda.read_scaled_object``.
-* ``candidate``: see ``candidate_resources``.
 
 Every policy gets the same fleet ceiling (``max_tasks``) and runs on the same capacity layer (the stack's Auto Scaling
 group under ECS managed scaling), so they differ only in how they set the task count.
@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.scaling.figures import INSTANCE_BOOT_S
+from bench.scaling.figures import INSTANCE_WARMUP_S
 from bench.scaling.simulation import ApiWake, Scenario
-from bench.scaling.template import read_policy
+from bench.scaling.template import read, read_policy
 
 ECS_TARGET = {"ScalableDimension": "ecs:service:DesiredCount", "ServiceNamespace": "ecs"}
 CDK_JSON = Path(__file__).resolve().parents[2] / "cdk.json"
@@ -96,75 +96,6 @@ def sagemaker_resources(max_tasks: int) -> dict[str, Any]:
     }}
 
 
-# The candidate's tuning, chosen by simulating the conversation trace (docs/scaling.md shows the neighbours):
-# a task's batch plus half a batch queued before another task is added; scale in when the backlog would fit in one task
-# fewer at half that fill for 3 minutes; scale to zero after 3 minutes without a message.
-JOBS_PER_TASK_OVER_BATCH = 1.5
-SCALE_IN_FILL = 0.5
-SCALE_IN_MINUTES = 3
-KEEP_ALIVE_MINUTES = 3
-# The capacity provider's InstanceWarmupPeriod for the candidate: the modelled instance boot (figures.INSTANCE_BOOT_S),
-# which is what the warm-up guards (the agent registering); ECS's 300 s default keeps a second instance from launching
-# for 5 minutes after the first.
-CANDIDATE_INSTANCE_WARMUP_S = INSTANCE_BOOT_S
-
-
-def candidate_resources(
-    max_tasks: int,
-    jobs_per_task: float,
-    *,
-    scale_in_fill: float = SCALE_IN_FILL,
-    scale_in_minutes: int = SCALE_IN_MINUTES,
-    keep_alive_minutes: int = KEEP_ALIVE_MINUTES,
-) -> dict[str, Any]:
-    """The candidate's CloudWatch alarms and step policies, as phase 2 is to synthesize them.
-
-    * ``TasksShort``: tasks needed minus tasks desired, where tasks needed = CEIL((visible + in flight) /
-      jobs_per_task) and desired is Container Insights' DesiredTaskCount, so tasks still starting count. One one-minute
-      datapoint >= 1 invokes ``ScaleOut``: ChangeInCapacity by the shortfall (a step per task), Cooldown 60 s.
-    * ``TasksSpare``: desired minus MAX(CEIL(backlog / (jobs_per_task x scale_in_fill)), 1) >= 1 for
-      ``scale_in_minutes`` datapoints invokes ``ScaleIn``: -1, Cooldown 120 s. It steps down, never below one task.
-    * ``Idle``: visible + in flight + NumberOfMessagesSent (Sum) <= 0 for ``keep_alive_minutes`` datapoints, missing
-      data breaching (an idle queue publishes none), invokes ``ScaleToZero``: ExactCapacity 0. Any message sent in a
-      minute breaks the run, so the keep-alive restarts with each message.
-    """
-    needed = f"CEIL((visible + inFlight) / {jobs_per_task:g})"
-    spare = f"MAX(CEIL((visible + inFlight) / {jobs_per_task * scale_in_fill:g}), 1)"
-    desired = _metric("desired", "ECS/ContainerInsights", "DesiredTaskCount")
-
-    def policy(config: dict[str, Any]) -> dict[str, Any]:
-        return {"Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
-                "Properties": {"PolicyType": "StepScaling", "ScalingTargetId": {"Ref": "Target"},
-                               "StepScalingPolicyConfiguration": config}}
-
-    def alarm(metrics: list[dict[str, Any]], threshold: float, comparison: str, periods: int, missing: str,
-              action: str) -> dict[str, Any]:
-        return {"Type": "AWS::CloudWatch::Alarm",
-                "Properties": {"Metrics": metrics, "Threshold": threshold, "ComparisonOperator": comparison,
-                               "EvaluationPeriods": periods, "DatapointsToAlarm": periods,
-                               "TreatMissingData": missing, "AlarmActions": [{"Ref": action}]}}
-
-    out_steps = [{"MetricIntervalLowerBound": k, "MetricIntervalUpperBound": k + 1, "ScalingAdjustment": k + 1}
-                 for k in range(max(1, max_tasks) - 1)]
-    out_steps.append({"MetricIntervalLowerBound": max(1, max_tasks) - 1, "ScalingAdjustment": max(1, max_tasks)})
-    return {"Resources": {
-        "Target": _target(max_tasks),
-        "ScaleOut": policy({"AdjustmentType": "ChangeInCapacity", "MetricAggregationType": "Maximum", "Cooldown": 60,
-                            "StepAdjustments": out_steps}),
-        "ScaleIn": policy({"AdjustmentType": "ChangeInCapacity", "MetricAggregationType": "Minimum", "Cooldown": 120,
-                           "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": -1}]}),
-        "ScaleToZero": policy({"AdjustmentType": "ExactCapacity", "MetricAggregationType": "Maximum",
-                               "StepAdjustments": [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]}),
-        "TasksShort": alarm([*_sqs(), desired, {"Id": "e1", "Expression": f"{needed} - desired", "ReturnData": True}],
-                            1, "GreaterThanOrEqualToThreshold", 1, "notBreaching", "ScaleOut"),
-        "TasksSpare": alarm([*_sqs(), desired, {"Id": "e1", "Expression": f"desired - {spare}", "ReturnData": True}],
-                            1, "GreaterThanOrEqualToThreshold", scale_in_minutes, "missing", "ScaleIn"),
-        "Idle": alarm([*_sqs(), _metric("sent", "AWS/SQS", "NumberOfMessagesSent", "Sum"),
-                       {"Id": "e1", "Expression": "visible + inFlight + sent", "ReturnData": True}],
-                      0, "LessThanOrEqualToThreshold", keep_alive_minutes, "breaching", "ScaleToZero"),
-    }}
-
-
 def queue_processing_template(max_tasks: int, cpu_units: int) -> dict[str, Any]:
     """aws-cdk-lib's QueueProcessingEc2Service with its scaling defaults, synthesized (max raised to the common
     ceiling; the container reserves the instance's CPU so that CPUUtilization has a denominator)."""
@@ -202,25 +133,31 @@ def scenarios(
     deployed_template: dict[str, Any],
     *,
     max_tasks: int,
-    max_num_seqs: int,
     keda_spec,
     cpu_vcpus: float,
-    candidate_jobs_per_task: float | None = None,
+    anchor_instance_warmup_s: float = INSTANCE_WARMUP_S,
 ) -> list[Scenario]:
-    """The five policies on one fleet ceiling."""
-    deployed = read_policy(deployed_template)
-    deployed.maximum = max_tasks
+    """The deployed stack and the three anchors on one fleet ceiling.
+
+    ``deployed`` is everything the template says: its policy, its wake from zero (functions and interval), its
+    worker's task protection mode and its capacity provider's instance warm-up. The anchors run with a worker that
+    may be stopped mid-batch (the most favourable scale-in for them) on ECS's default instance warm-up
+    (``anchor_instance_warmup_s``), as each would be deployed without this stack's choices.
+    """
+    deployed = read(deployed_template)
+    policy = deployed.policy
+    policy.maximum = max_tasks
+    wake = ApiWake(check_interval_s=deployed.wake.check_interval_s) if deployed.wake else None
     queue_processing = read_policy(queue_processing_template(max_tasks, int(cpu_vcpus * 1024)))
     sagemaker = read_policy(sagemaker_resources(max_tasks))
-    jobs_per_task = candidate_jobs_per_task or JOBS_PER_TASK_OVER_BATCH * max_num_seqs
-    candidate = read_policy(candidate_resources(max_tasks, jobs_per_task))
     keda = dataclasses.replace(keda_spec, max_replicas=max_tasks)
+    anchor = dict(task_protection="off", instance_warmup_s=anchor_instance_warmup_s)
     return [
-        Scenario("deployed", policy=deployed, task_protection=True),
-        Scenario("queue_processing", policy=queue_processing, task_protection=False,
-                 initial_tasks=queue_processing.minimum, cpu_vcpus=cpu_vcpus),
-        Scenario("sagemaker", policy=sagemaker, task_protection=False),
-        Scenario("keda", keda=keda, task_protection=False),
-        Scenario("candidate", policy=candidate, api_wake=ApiWake(), task_protection=False,
-                 instance_warmup_s=CANDIDATE_INSTANCE_WARMUP_S),
+        Scenario("deployed", policy=policy, api_wake=wake, task_protection=deployed.worker.task_protection,
+                 protection_tokens_per_s=deployed.worker.task_protection_tokens_per_s,
+                 instance_warmup_s=deployed.cluster.instance_warmup_s),
+        Scenario("queue_processing", policy=queue_processing, initial_tasks=queue_processing.minimum,
+                 cpu_vcpus=cpu_vcpus, **anchor),
+        Scenario("sagemaker", policy=sagemaker, **anchor),
+        Scenario("keda", keda=keda, **anchor),
     ]

@@ -20,7 +20,14 @@ from bench.scaling.autoscaling import ScalableTarget, StepPolicy, TargetTracking
 from bench.scaling.cloudwatch import MetricId, MetricStore, Sources
 from bench.scaling.ecs import MANAGED_SCALING_PHASE_S, Cluster, ClusterConfig, Task
 from bench.scaling.engine import EngineModel
-from bench.scaling.figures import CPU_VCPUS_BUSY, CPU_VCPUS_IDLE, RECEIVE_BATCH, SQS_RESUME_DELAY_S, ColdStart
+from bench.scaling.figures import (
+    CPU_VCPUS_BUSY,
+    CPU_VCPUS_IDLE,
+    DRAIN_TIMEOUT_S,
+    RECEIVE_BATCH,
+    SQS_RESUME_DELAY_S,
+    ColdStart,
+)
 from bench.scaling.keda import KedaController, KedaSpec
 from bench.scaling.queue import Job, Queue
 from bench.scaling.template import PolicySpec
@@ -46,13 +53,15 @@ class ApiWake:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A policy to simulate: App Auto Scaling (``policy``) or KEDA (``keda``), plus the worker's scale-in behaviour."""
+    """A policy to simulate: App Auto Scaling (``policy``) or KEDA (``keda``), plus the worker's scale-in behaviour:
+    ``task_protection`` busy, long_jobs (jobs longer than the drain at ``protection_tokens_per_s``) or off."""
 
     name: str
     policy: PolicySpec | None = None
     keda: KedaSpec | None = None
     api_wake: ApiWake | None = None
-    task_protection: bool = True
+    task_protection: str = "busy"
+    protection_tokens_per_s: float = math.inf
     initial_tasks: int = 0
     cpu_vcpus: float = 4.0
     instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
@@ -120,12 +129,16 @@ def simulate(
         def done(job: Job, now: float) -> None:
             job.finished_s = now
 
-        worker = Worker(env, f"task-{task.index:04d}", queue, engine, changed, stopped, started, done)
+        worker = Worker(env, f"task-{task.index:04d}", queue, engine, changed, stopped, started, done,
+                        protection=scenario.task_protection,
+                        long_job_tokens=scenario.protection_tokens_per_s * DRAIN_TIMEOUT_S)
         workers[task.index] = worker
         return worker
 
     finished_receives: list[float] = []
-    config = dataclasses.replace(cluster_config, uses_task_protection=scenario.task_protection)
+    if scenario.task_protection not in ("busy", "long_jobs", "off"):
+        raise ValueError(f"{scenario.name}: task_protection {scenario.task_protection!r} is not busy, long_jobs or off")
+    config = dataclasses.replace(cluster_config, uses_task_protection=scenario.task_protection != "off")
     if scenario.instance_warmup_s is not None:
         config = dataclasses.replace(config, instance_warmup_s=scenario.instance_warmup_s)
     cluster = Cluster(env, config, cold, make_worker, changed)
@@ -164,8 +177,17 @@ def simulate(
         },
         counters={SENT: sent},
     )
-    store = MetricStore(sources)
     policy = scenario.policy
+    # Queues other than the job queue (the batch lane): the trace sends them nothing, so, as SQS does for a queue
+    # idle for hours, they publish no datapoints at all.
+    for alarm in policy.alarms if policy is not None else []:
+        for metric in alarm.query.metrics():
+            if metric.namespace == "AWS/SQS" and metric.resource:
+                if metric == MetricId(SENT.namespace, SENT.name, metric.resource):
+                    sources.counters[metric] = lambda start, end: None
+                else:
+                    sources.gauges[metric] = lambda: None
+    store = MetricStore(sources)
     target = None
     if policy is not None:
         for alarm in policy.alarms:

@@ -10,10 +10,12 @@
   Statistic, Period) or ``Metrics`` with metric math, Threshold, ComparisonOperator, EvaluationPeriods,
   DatapointsToAlarm, TreatMissingData.
 
-``read`` adds what the template says about capacity and the worker: the Auto Scaling group's MaxSize, the capacity
-provider's managed scaling target and instance warm-up, the launch template's instance type, and from the worker's task definition
-MAX_NUM_SEQS and MODEL, whether the weights live on a host volume, and whether the task role may set task protection.
-What it cannot model it refuses, naming the resource and property.
+``read`` adds what the template says about capacity, the worker and the wake: the Auto Scaling group's MaxSize, the
+capacity provider's managed scaling target and instance warm-up, the launch template's instance type; from the
+worker's task definition MAX_NUM_SEQS and MODEL, whether the weights live on a host volume, its TASK_PROTECTION mode
+and decode rate, and whether the task role may set task protection; and which functions wake the service from zero
+(WORKER_SERVICE_ARN naming the service, ecs:UpdateService on it in the function's role) and how often
+(WAKE_CHECK_INTERVAL_S). What it cannot model it refuses, naming the resource and property.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from bench.scaling.autoscaling import Step, StepPolicy, TargetTrackingPolicy
 from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat
 from bench.scaling.ecs import ClusterConfig
+from async_inference import config as _env
 from bench.scaling.figures import DEFAULT_COOLDOWN_S, INSTANCE_WARMUP_S
 from cdk.capacity import INSTANCE_GPUS
 
@@ -56,6 +59,16 @@ class WorkerSpec:
     model: str
     instance_type: str
     stop_timeout_s: int | None
+    task_protection: str = _env.DEFAULT_TASK_PROTECTION  # TASK_PROTECTION; "off" when the role may not set it
+    task_protection_tokens_per_s: float = _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
+
+
+@dataclass(frozen=True)
+class WakeSpec:
+    """The wake from zero: the functions that may set the service's desired count, and how often each checks."""
+
+    functions: tuple[str, ...]
+    check_interval_s: float
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Deployed:
     policy: PolicySpec
     cluster: ClusterConfig
     worker: WorkerSpec
+    wake: WakeSpec | None = None
 
 
 def _resources(template: Mapping[str, Any], type_: str) -> dict[str, dict[str, Any]]:
@@ -78,11 +92,30 @@ def _ref(value: Any) -> str | None:
     return None
 
 
-def _stat(metric: Mapping[str, Any], stat: str, period: int) -> MetricStat:
-    return MetricStat(MetricId(metric["Namespace"], metric["MetricName"]), stat, int(period))
+def _stat(metric: Mapping[str, Any], stat: str, period: int, others: frozenset[str] = frozenset()) -> MetricStat:
+    """A metric of the template; an SQS metric of a queue in ``others`` (not the job queue the trace fills) keeps
+    its queue's logical id, so that the simulator tells the lanes apart."""
+    queue = next((_ref(d.get("Value")) for d in metric.get("Dimensions", []) if d.get("Name") == "QueueName"), None)
+    resource = queue if metric["Namespace"] == "AWS/SQS" and queue in others else ""
+    return MetricStat(MetricId(metric["Namespace"], metric["MetricName"], resource), stat, int(period))
 
 
-def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> MetricQuery:
+def _other_queues(template: Mapping[str, Any]) -> frozenset[str]:
+    """Queues the alarms read besides the job queue (the worker's JOBS_QUEUE_URL): the batch lane, say. Without a
+    worker task definition (an anchor's template) every queue is the job queue."""
+    job_queue = None
+    for definition in _resources(template, "AWS::ECS::TaskDefinition").values():
+        for container in definition["Properties"].get("ContainerDefinitions", []):
+            for entry in container.get("Environment", []):
+                if entry.get("Name") == _env.ENV_QUEUE_URL:
+                    job_queue = _ref(entry.get("Value"))
+    if job_queue is None:
+        return frozenset()
+    return frozenset(_resources(template, "AWS::SQS::Queue")) - {job_queue}
+
+
+def _query(where: str, props: Mapping[str, Any], default_period: int = 60,
+           others: frozenset[str] = frozenset()) -> MetricQuery:
     """A single metric (Namespace/MetricName/Statistic/Period) or a ``Metrics`` list with one returned expression."""
     if "Metrics" in props:
         stats: dict[str, MetricStat] = {}
@@ -90,7 +123,7 @@ def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> Me
         for entry in props["Metrics"]:
             if "MetricStat" in entry:
                 ms = entry["MetricStat"]
-                stats[entry["Id"]] = _stat(ms["Metric"], ms["Stat"], ms.get("Period", default_period))
+                stats[entry["Id"]] = _stat(ms["Metric"], ms["Stat"], ms.get("Period", default_period), others)
             if entry.get("ReturnData", True) and "Expression" in entry:
                 if expression is not None:
                     raise TemplateError(f"{where}: more than one expression returns data")
@@ -104,7 +137,7 @@ def _query(where: str, props: Mapping[str, Any], default_period: int = 60) -> Me
         raise TemplateError(f"{where}: ExtendedStatistic (percentiles) is not modelled")
     stat = props.get("Statistic", "Average")
     period = props.get("Period", default_period)
-    return MetricQuery({"m1": _stat(props, stat, period)})
+    return MetricQuery({"m1": _stat(props, stat, period, others)})
 
 
 def _steps(policy_id: str, config: Mapping[str, Any]) -> StepPolicy:
@@ -166,6 +199,7 @@ def read_policy(template: Mapping[str, Any]) -> PolicySpec:
         raise TemplateError(f"expected one ECS ScalableTarget (ecs:service:DesiredCount), found {len(targets)}")
     target_id, target = next(iter(targets.items()))
     spec = PolicySpec(minimum=int(target["Properties"]["MinCapacity"]), maximum=int(target["Properties"]["MaxCapacity"]))
+    others = _other_queues(template)
     for policy_id, policy in _resources(template, "AWS::ApplicationAutoScaling::ScalingPolicy").items():
         props = policy["Properties"]
         if _ref(props.get("ScalingTargetId")) not in (target_id, None):
@@ -188,7 +222,7 @@ def read_policy(template: Mapping[str, Any]) -> PolicySpec:
         spec.alarms.append(
             Alarm(
                 name=alarm_id,
-                query=_query(alarm_id, props),
+                query=_query(alarm_id, props, others=others),
                 threshold=float(props["Threshold"]),
                 comparison=props["ComparisonOperator"],
                 evaluation_periods=periods,
@@ -219,6 +253,40 @@ def _worker_container(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     raise TemplateError("no task definition has a container with MAX_NUM_SEQS (the GPU worker)")
 
 
+def _role_allows(template: Mapping[str, Any], role: str | None, action: str, resource_ref: str) -> bool:
+    """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names."""
+    for policy in _resources(template, "AWS::IAM::Policy").values():
+        if role not in (_ref(r) for r in policy["Properties"].get("Roles", [])):
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            allowed = statement.get("Effect") == "Allow" and action in actions
+            if allowed and resource_ref in (_ref(r) for r in resources):
+                return True
+    return False
+
+
+def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
+    """The functions that wake the worker service from zero, or None when none does."""
+    service_id, _ = _single(template, "AWS::ECS::Service")
+    functions, intervals = [], set()
+    for function_id, function in _resources(template, "AWS::Lambda::Function").items():
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        if _ref(variables.get(_env.ENV_WORKER_SERVICE)) != service_id:
+            continue
+        if not _role_allows(template, _ref(function["Properties"].get("Role")), "ecs:UpdateService", service_id):
+            raise TemplateError(f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
+                                "ecs:UpdateService it; the wake would fail at every check")
+        functions.append(function_id)
+        intervals.add(float(variables.get(_env.ENV_WAKE_CHECK_INTERVAL_S, _env.DEFAULT_WAKE_CHECK_INTERVAL_S)))
+    if not functions:
+        return None
+    if len(intervals) != 1:
+        raise TemplateError(f"functions {functions} wake the service at different intervals {sorted(intervals)}")
+    return WakeSpec(functions=tuple(sorted(functions)), check_interval_s=intervals.pop())
+
+
 def read(template: Mapping[str, Any]) -> Deployed:
     """Policy, capacity and worker of the synthesized stack."""
     policy = read_policy(template)
@@ -237,11 +305,18 @@ def read(template: Mapping[str, Any]) -> Deployed:
         for m in container.get("MountPoints", [])
     )
     task_role = _ref(task_def["Properties"].get("TaskRoleArn"))
-    protection = any(
+    may_protect = any(
         _ref(r) == task_role and "ecs:UpdateTaskProtection" in json.dumps(p["Properties"]["PolicyDocument"])
         for p in _resources(template, "AWS::IAM::Policy").values()
         for r in p["Properties"].get("Roles", [])
     )
+    mode = str(env.get(_env.ENV_TASK_PROTECTION) or _env.DEFAULT_TASK_PROTECTION)
+    if mode not in _env.TASK_PROTECTION_MODES:
+        raise TemplateError(f"the worker's {_env.ENV_TASK_PROTECTION} is {mode!r}, not one of "
+                            f"{', '.join(_env.TASK_PROTECTION_MODES)}")
+    if not may_protect:
+        mode = "off"  # the worker's calls to the agent would be refused
+    protection = mode != "off"
     gpus_per_task = next((int(r["Value"]) for r in container.get("ResourceRequirements", []) if r["Type"] == "GPU"), 0)
     if gpus_per_task != 1:
         raise TemplateError(f"the worker container asks for {gpus_per_task} GPUs; the simulator models one per task")
@@ -260,5 +335,8 @@ def read(template: Mapping[str, Any]) -> Deployed:
         model=str(env.get("MODEL", "")),
         instance_type=str(instance_type),
         stop_timeout_s=container.get("StopTimeout"),
+        task_protection=mode,
+        task_protection_tokens_per_s=float(env.get(_env.ENV_TASK_PROTECTION_TOKENS_PER_S)
+                                           or _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S),
     )
-    return Deployed(policy=policy, cluster=cluster, worker=worker)
+    return Deployed(policy=policy, cluster=cluster, worker=worker, wake=read_wake(template))

@@ -4,7 +4,9 @@ It holds up to the engine's capacity plus a prefetch of ``max(10, capacity // 2)
 up to 10 whenever it has room and messages are visible (SQS long polling returns as soon as one is). A job whose queue
 deadline passed when received is marked expired and deleted without running. On stop (SIGTERM) it receives no more,
 lets what it holds finish for ``drain_timeout_s``, then releases the rest (visible again at once). ECS task
-protection, when the task uses it, is held while any message is.
+protection follows the worker's TASK_PROTECTION mode (gpu_worker/task_protection.py): ``busy`` while it holds any
+message, ``long_jobs`` while it holds a job whose tokens at the expected decode rate would outlast the drain (the
+trace gives no max_tokens, so a job's generated tokens stand for it), ``off`` never.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ def held_messages(capacity: int) -> int:
 class Worker:
     def __init__(self, env: simpy.Environment, name: str, queue: Queue, engine_model: EngineModel,
                  on_change: Callable[[], None], on_stopped: Callable[["Worker"], None],
-                 record_start: Callable[[Job, float], None], record_done: Callable[[Job, float], None]) -> None:
+                 record_start: Callable[[Job, float], None], record_done: Callable[[Job, float], None],
+                 *, protection: str = "busy", long_job_tokens: float = math.inf) -> None:
+        """``protection``: busy, long_jobs or off; ``long_job_tokens``: tokens beyond which a job is long."""
         self.env = env
+        self.protection = protection
+        self.long_job_tokens = long_job_tokens
         self.name = name
         self.queue = queue
         self.budget = held_messages(engine_model.max_num_seqs)
@@ -51,7 +57,11 @@ class Worker:
 
     @property
     def protected(self) -> bool:
-        return self.held > 0
+        if self.protection == "busy":
+            return self.held > 0
+        if self.protection == "long_jobs":
+            return any(job.generated_tokens > self.long_job_tokens for job in self.held_jobs.values())
+        return False
 
     def take(self, jobs: list[Job]) -> None:
         """Messages this worker received."""

@@ -76,5 +76,10 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None:
         """Stop a running request; its ``generate`` raises ``GenerationAborted``. Unknown ids are ignored."""
 
+    def tokens_so_far(self, request_id: str) -> int | None:
+        """Completion tokens a running request has generated so far; None when the request is not running here or the
+        engine cannot tell. Cheap and non-blocking: the worker reads it for every running job at each progress beat."""
+        return None
+
     async def close(self) -> None:
         """Release the engine's resources."""

@@ -375,6 +375,11 @@ class CpuEngine(Engine):
         if waiting:  # not in the batch yet: answer now
             _settle(row.future, GenerationAborted(request_id))
 
+    def tokens_so_far(self, request_id: str) -> int | None:
+        # The decoding thread appends to row.tokens between steps; len() of a list is atomic under the GIL.
+        row = self._rows.get(request_id)
+        return len(row.tokens) if row is not None else None
+
     # -- batching --
 
     async def _schedule(self) -> None:

@@ -2,12 +2,14 @@
 
 Tokens are whitespace-separated words. ``max_model_len`` (``ECHO_MAX_MODEL_LEN``) is enforced as the model-backed
 engines enforce theirs, so a prompt too long for the context fails the job at once; ``delay_s`` (``ECHO_DELAY_S``)
-makes each generation take that long, and ``abort`` ends a delayed generation at once.
+makes each generation take that long, and ``abort`` ends a delayed generation at once. A delayed generation's
+tokens appear at an even pace over the delay (``tokens_so_far``), as a model's would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, GenerationAborted, Generation
@@ -24,6 +26,7 @@ class EchoEngine(Engine):
         self._delay_s = delay_s
         self._max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
         self._aborts: dict[str, asyncio.Event] = {}
+        self._running: dict[str, tuple[float, int]] = {}  # request id -> (time.monotonic() at start, its tokens)
 
     @property
     def capacity(self) -> int:
@@ -37,7 +40,17 @@ class EchoEngine(Engine):
         prompt = " ".join(m.content for m in request.messages)
         prompt_tokens = len(prompt.split())
         check_context(prompt_tokens, request.max_tokens, self._max_model_len)
+        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        words = last_user.split()
+        text = " ".join(words[: request.max_tokens])
+        finish = "length" if len(words) > request.max_tokens else "stop"
+        for stop in request.stop_sequences:
+            if stop in text:
+                text, finish = text.split(stop, 1)[0], "stop"
+        generation = Generation(text=text, finish_reason=finish, prompt_tokens=prompt_tokens,
+                                completion_tokens=len(text.split()))
         aborted = self._aborts.setdefault(request_id, asyncio.Event())
+        self._running[request_id] = (time.monotonic(), generation.completion_tokens)
         try:
             if self._delay_s:
                 try:
@@ -48,16 +61,19 @@ class EchoEngine(Engine):
                 raise GenerationAborted(request_id)
         finally:
             self._aborts.pop(request_id, None)
-        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        words = last_user.split()
-        text = " ".join(words[: request.max_tokens])
-        finish = "length" if len(words) > request.max_tokens else "stop"
-        for stop in request.stop_sequences:
-            if stop in text:
-                text, finish = text.split(stop, 1)[0], "stop"
-        return Generation(text=text, finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(text.split()))
+            self._running.pop(request_id, None)
+        return generation
 
     async def abort(self, request_id: str) -> None:
         event = self._aborts.get(request_id)
         if event is not None:  # unknown or finished ids are ignored, as the interface says
             event.set()
+
+    def tokens_so_far(self, request_id: str) -> int | None:
+        running = self._running.get(request_id)
+        if running is None:
+            return None
+        started, tokens = running
+        if not self._delay_s:
+            return tokens
+        return min(tokens, int(tokens * (time.monotonic() - started) / self._delay_s))

@@ -188,3 +188,7 @@ class SimulatedEngine(Engine):
         return Generation(
             text=text, finish_reason=finish, prompt_tokens=seq.prompt_tokens, completion_tokens=seq.length
         )
+
+    def tokens_so_far(self, request_id: str) -> int | None:
+        seq = self._running.get(request_id) or self._waiting.get(request_id)
+        return seq.produced if seq is not None else None

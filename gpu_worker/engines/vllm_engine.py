@@ -9,6 +9,11 @@ submitted (``TokensPrompt``), which lets the adapter refuse a prompt that cannot
 report ``prompt_tokens`` exactly. vLLM is imported only in ``start`` (or by the caller who passes ``vllm_module``), so
 this module imports on machines without it.
 
+Outputs are asked for as deltas (``RequestOutputKind.DELTA``): each ``RequestOutput`` carries the token ids and text
+generated since the one before, so the adapter knows a running request's tokens so far (``tokens_so_far``, the job's
+progress) without vLLM copying the whole completion at every step, as cumulative outputs would. vLLM merges the
+deltas a slow consumer has not read yet into one, so a busy event loop reads fewer, larger outputs.
+
 Errors: a request that vLLM rejects (validation) is permanent; a failed generate step (vLLM's EngineGenerateError,
 "possibly recoverable") or an out-of-memory error is transient, so the job is retried. A dead engine is fatal: vLLM's
 EngineDeadError (v1, "Unrecoverable": the EngineCore process died, e.g. on a CUDA fault, and every request after it
@@ -103,7 +108,7 @@ class VllmEngine(Engine):
         self._vllm = vllm_module
         self._engine: Any = None
         self._tokenizer: Any = None
-        self._running: set[str] = set()
+        self._running: dict[str, int] = {}  # request id -> completion tokens so far
         self._aborted: set[str] = set()
 
     @property
@@ -179,10 +184,13 @@ class VllmEngine(Engine):
             "stop": request.stop_sequences or None,
             "seed": request.seed,
         }
-        kind = getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
-        if kind is not None:  # one output per request instead of one per token
-            options["output_kind"] = kind.FINAL_ONLY
+        kind = self._output_kind()
+        if kind is not None:  # only what is new in each output (vLLM without output kinds sends cumulative ones)
+            options["output_kind"] = kind.DELTA
         return self._vllm.SamplingParams(**options)
+
+    def _output_kind(self) -> Any:
+        return getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         if self._engine is None:
@@ -192,11 +200,24 @@ class VllmEngine(Engine):
         prompt_ids = chat_prompt_ids(self._tokenizer, request)
         check_context(len(prompt_ids), request.max_tokens, self.max_model_len)
         params = self.sampling_params(request)
-        self._running.add(request_id)
-        final = None
+        delta = self._output_kind() is not None
+        self._running[request_id] = 0
+        pieces: list[str] = []
+        reason = None
+        answered = False  # a completion output came
         try:
             async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, params, request_id):
-                final = output
+                completion = output.outputs[0] if output.outputs else None
+                if completion is None:
+                    continue
+                if delta:
+                    pieces.append(completion.text)
+                    self._running[request_id] += len(completion.token_ids)
+                else:
+                    pieces = [completion.text]
+                    self._running[request_id] = len(completion.token_ids)
+                reason = getattr(completion, "finish_reason", None)
+                answered = True
         except Exception as exc:
             if request_id in self._aborted:
                 raise GenerationAborted(request_id) from exc
@@ -207,26 +228,23 @@ class VllmEngine(Engine):
                 raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
             raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            self._running.discard(request_id)
+            completion_tokens = self._running.pop(request_id, 0)
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
-        return self._generation(request_id, final, aborted)
-
-    @staticmethod
-    def _generation(request_id: str, final: Any, aborted: bool) -> Generation:
-        completion = final.outputs[0] if final is not None and final.outputs else None
-        reason = getattr(completion, "finish_reason", None)
         if aborted or reason == "abort":
             raise GenerationAborted(request_id)
-        if completion is None or reason not in ("stop", "length"):
+        if not answered or reason not in ("stop", "length"):
             # The stream ended without a finished completion: nothing to store, but the job may succeed again.
             raise TransientEngineError(f"vLLM ended request {request_id} without a result (finish_reason={reason!r})")
         return Generation(
-            text=completion.text,
+            text="".join(pieces),
             finish_reason=reason,
-            prompt_tokens=len(final.prompt_token_ids or []),
-            completion_tokens=len(completion.token_ids),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=completion_tokens,
         )
+
+    def tokens_so_far(self, request_id: str) -> int | None:
+        return self._running.get(request_id)
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self._running or self._engine is None:

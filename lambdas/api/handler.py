@@ -16,18 +16,21 @@ from typing import Annotated, Any, Callable, Optional
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestUnsupportedContentType, RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.middleware_factory import lambda_handler_decorator
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
-from async_inference.aws import TenantDirectory
 from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
-from async_inference.schemas import ErrorResponse, JobList, JobSubmission, JobView
+from async_inference.schemas import JobList, JobSubmission, JobView
 from async_inference.service import ApiError, JobService
+from lambdas.api import batch_routes
+from lambdas.api.tenancy import tenant_of
+from lambdas.api import media_type
+from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
 
 logger = Logger()
 tracer = Tracer()
@@ -36,30 +39,28 @@ app = APIGatewayRestResolver(enable_validation=True)
 app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
 config = ServiceSettings.load()
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
-tenants = TenantDirectory()
+service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
+                                 served_models=config.served_models)
+batch_routes.configure(config)
+app.include_router(batch_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
-IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+FORM_OVERHEAD_BYTES = 16 * 1024  # a multipart body's boundaries and part headers around the file
+IdempotencyKey = Annotated[
+    Optional[str],
+    Header(
+        alias="idempotency-key",
+        min_length=1,
+        max_length=MAX_IDEMPOTENCY_KEY_CHARS,
+        description="Retrying a POST with the same key returns the same job; the same key with a different request "
+        "is a 422 (409 while the first request is still being processed).",
+    ),
+]
 
 
-# What each error status means here; every one carries ErrorResponse. Routes list the ones they can answer, so the
-# OpenAPI document says exactly what a client will see.
-_ERRORS = {
-    400: "Invalid request: `error.message` starts with the field to fix",
-    404: "No such job for this tenant",
-    409: "The job is already final",
-    413: "Body over the inline limit: use an upload job",
-    503: "The queue is unavailable: retry",
-}
-
-
-def _documented(*codes: int, **success: Any) -> dict[int, Any]:
-    responses = {code: {"description": _ERRORS[code], "content": {"application/json": {"model": ErrorResponse}}}
-                 for code in codes}
-    responses.update({int(code.removeprefix("s")): value for code, value in success.items()})
-    return responses
+# Routes that read a request body; the others ignore any body sent (HTTP gives a GET's body no meaning).
+_BODY_ROUTES = {("POST", "/v1/jobs"), ("POST", "/v1/batches"), ("POST", "/v1/files/uploads")}
 
 
 def _error(status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> Response:
@@ -72,11 +73,8 @@ def _json(status: int, model: Any) -> Response:
 
 
 def _tenant() -> str:
-    """The caller's tenant: the name of the API key API Gateway checked. Never from the request itself."""
-    identity = app.current_event.request_context.identity
-    tenant = tenants.tenant_of(identity.api_key_id) if identity.api_key_id else None
-    if not tenant:
-        raise ApiError(403, "forbidden", "the API key is not linked to a tenant")
+    """The caller's tenant, from the authorizer that checked its API key. Never from the request itself."""
+    tenant = tenant_of(app.current_event)
     logger.append_keys(tenant=tenant)
     return tenant
 
@@ -84,32 +82,45 @@ def _tenant() -> str:
 @app.post(
     "/v1/jobs",
     summary="Submit a job",
-    responses=_documented(
-        400, 413, 503,
-        s202={"description": "Queued", "content": {"application/json": {"model": JobView}}},
-        s201={"description": "Awaiting its upload", "content": {"application/json": {"model": JobView}}},
-    ),
+    responses={
+        202: ok("Queued (an inline `request`)", JobView),
+        201: ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),
+        **error_responses(
+            400, 415, 422, 503,
+            e404="`model_not_found`: the request names a model this deployment does not serve (GET /v1/models)",
+            e409="`idempotency_key_in_progress`: a request with this Idempotency-Key and another body is still being "
+            "processed; retry in a few seconds",
+            e413="`payload_too_large`: the body is over the inline limit (use an upload job) or API Gateway's 10 MB",
+        ),
+    },
 )
 @tracer.capture_method
-def create_job(submission: Annotated[JobSubmission, Body()]) -> Response[JobView]:
-    tenant = _tenant()
-    idempotency_key = app.current_event.headers.get(IDEMPOTENCY_KEY_HEADER)
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
-        raise ApiError(400, "invalid_request", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
-    submitted = service.submit(tenant, submission, idempotency_key)
+def create_job(submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None) -> Response[JobView]:
+    submitted = service.submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
     status = HTTPStatus.CREATED if submitted.upload else HTTPStatus.ACCEPTED
     return _json(status, service.view(submitted.job, upload=submitted.upload))
 
 
-@app.get("/v1/jobs/<job_id>", summary="Get a job's status and result", responses=_documented(400, 404))
+@app.get(
+    "/v1/jobs/<job_id>",
+    summary="Get a job's status and result",
+    responses={200: ok("The job", JobView, headers=RETRY_AFTER), **error_responses(400, 404, 410)},
+)
 @tracer.capture_method
 def get_job(job_id: JobId) -> Response[JobView]:
-    return _json(HTTPStatus.OK, service.view(service.get(_tenant(), job_id)))
+    view, poll_after_s = service.read(_tenant(), job_id)
+    # Retry-After on a 200: how long a poller should wait before the next GET (the SDK follows it).
+    headers = {"Retry-After": str(poll_after_s)} if poll_after_s is not None else None
+    return Response(status_code=HTTPStatus.OK, content_type=content_types.APPLICATION_JSON, body=view, headers=headers)
 
 
-@app.get("/v1/jobs", summary="List your jobs, newest first", responses=_documented(400))
+@app.get(
+    "/v1/jobs",
+    summary="List your jobs, newest first",
+    responses={200: ok("A page of jobs", JobList), **error_responses(400)},
+)
 @tracer.capture_method
 def list_jobs(
     status: Annotated[Optional[JobStatus], Query()] = None,
@@ -120,7 +131,12 @@ def list_jobs(
     return _json(HTTPStatus.OK, JobList(jobs=[service.view(j) for j in jobs], next=token))
 
 
-@app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job that has not finished", responses=_documented(400, 404, 409))
+@app.post(
+    "/v1/jobs/<job_id>/cancel",
+    summary="Cancel a job that has not finished",
+    responses={200: ok("The cancelled job", JobView),
+               **error_responses(400, 404, e409="`conflict`: the job is already final")},
+)
 @tracer.capture_method
 def cancel_job(job_id: JobId) -> Response[JobView]:
     return _json(HTTPStatus.OK, service.view(service.cancel(_tenant(), job_id)))
@@ -128,14 +144,9 @@ def cancel_job(job_id: JobId) -> Response[JobView]:
 
 @app.get("/v1/openapi.json", summary="This API's OpenAPI document", include_in_schema=False)
 def openapi():  # no return annotation: Powertools would try to validate the document against it
-    document = json.loads(app.get_openapi_json_schema(title="Async inference API", version="1"))
-    # Powertools declares a 422 on every validated route; this API answers validation errors with a 400 carrying
-    # ErrorResponse (declared per route above), so the 422 and its schemas would only mislead clients.
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
-    for unused in ("HTTPValidationError", "ValidationError"):
-        document.get("components", {}).get("schemas", {}).pop(unused, None)
+    document = served(app.get_openapi_json_schema(
+        title="Async inference API", version="1", security_schemes=SECURITY_SCHEMES, security=SECURITY
+    ))
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=json.dumps(document))
 
 
@@ -161,6 +172,13 @@ def _validation_error(exc: RequestValidationError) -> Response:
     return _error(400, "invalid_request", f"{first['field']}: {first['message']}", details)
 
 
+@app.exception_handler(RequestUnsupportedContentType)
+def _unsupported_media_type(exc: RequestUnsupportedContentType) -> Response:
+    # Reached for a non-JSON type on an empty body (a body is refused before routing, in body_checks).
+    content_type = app.current_event.headers.get("content-type")
+    return _error(415, "unsupported_media_type", media_type.refusal(content_type, has_body=True) or str(exc))
+
+
 @app.exception_handler(NotFoundError)
 def _no_route(exc: NotFoundError) -> Response:
     return _error(404, "not_found", f"no route {app.current_event.http_method} {app.current_event.path}")
@@ -180,7 +198,21 @@ def _raw_error(status: int, code: str, message: str) -> dict[str, Any]:
 
 @lambda_handler_decorator
 def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: LambdaContext) -> Any:
-    """Refuse oversize bodies and bodies that are not UTF-8 text before anything parses them."""
+    """Refuse oversize bodies, bodies that are not JSON, and bodies that are not UTF-8 text before anything parses
+    them, on the routes that read a JSON body; a file upload (multipart, maybe binary) has its own size limit."""
+    if batch_routes.is_file_upload(event):
+        body = event.get("body") or ""
+        try:
+            raw_size = len(base64.b64decode(body, validate=True)) if event.get("isBase64Encoded") else len(body.encode())
+        except binascii.Error:
+            return _raw_error(400, "invalid_request", "the request body is not valid base64")
+        if raw_size > settings.MAX_FILE_INLINE_BYTES + FORM_OVERHEAD_BYTES:
+            message = (f"the file is larger than the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files takes; use "
+                       "POST /v1/files/uploads (a presigned PUT) for large files")
+            return _raw_error(413, "payload_too_large", message)
+        return handler(event, context)
+    if (event.get("httpMethod"), event.get("resource")) not in _BODY_ROUTES:
+        return handler(event, context)
     body = event.get("body") or ""
     try:
         raw = base64.b64decode(body, validate=True) if event.get("isBase64Encoded") else body.encode()
@@ -189,6 +221,9 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     if len(raw) > settings.MAX_INLINE_REQUEST_BYTES:
         message = f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
         return _raw_error(413, "payload_too_large", message)
+    unsupported = media_type.normalize(event)
+    if unsupported is not None:
+        return _raw_error(415, "unsupported_media_type", unsupported)
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -196,7 +231,8 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     return handler(event, context)
 
 
-@logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
+# clear_state: keys appended for one request (the tenant) must not stay on the warm function's logger for the next.
+@logger.inject_lambda_context(correlation_id_path="requestContext.requestId", clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 @body_checks

@@ -1,25 +1,30 @@
 """Claim checks that exhausted their receives: the job becomes `failed` with a reason and is notified.
 
-A message this handler cannot process is reported as a batch item failure and stays in the DLQ for an operator
-(`cli dlq list` / `cli dlq redrive`).
+A message this handler cannot process (not a claim check) is reported as a batch item failure, so it stays in the DLQ
+for an operator (`async-inference dlq list`), and is counted in ``settings.METRIC_DEAD_LETTERS_UNPROCESSABLE`` (on the
+dashboard). It comes back after the DLQ's visibility timeout, and is counted again, until an operator removes it or
+the DLQ's retention ends; the DLQ's depth alarm stays on meanwhile.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
 from async_inference.config import ServiceSettings
-from async_inference.service import JobService
+from async_inference.service import JobService, NotAClaimCheck
 
 logger = Logger()
 tracer = Tracer()
-processor = BatchProcessor(event_type=EventType.SQS)
+metrics = Metrics()
+# A batch of messages that all stay is an ordinary outcome here, not a failed invocation.
+processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 config = ServiceSettings.load()
 service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
 
@@ -27,11 +32,18 @@ service = JobService.from_config(config.service, allow_local_webhooks=config.all
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
     # The DLQ's own receive count restarts at 1; the attempts that led here are the redrive policy's.
-    job = service.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
+    try:
+        job = service.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
+    except NotAClaimCheck as exc:
+        metrics.add_metric(name=settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, unit=MetricUnit.Count, value=1)
+        logger.error("a DLQ message that is not a claim check stays in the DLQ",
+                     extra={"message_id": record.message_id, "reason": str(exc)})
+        raise
     logger.info("dead letter handled", extra={"job_id": job.job_id if job else None})
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
+@metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,5 +1,8 @@
 """The webhook dispatcher: one signed POST per event on the webhook queue, retried by SQS redelivery.
 
+The records of a batch are delivered at once (Powertools' AsyncBatchProcessor, each delivery on a thread of its own
+with its own timeout), so one tenant's slow or hanging endpoint delays no other delivery.
+
 A failed delivery hides its message for the backoff of its receive count and is reported as a batch item failure;
 SQS redelivers it then, and after ``WEBHOOK_MAX_RECEIVE_COUNT`` receives moves it to the webhook DLQ. The event source
 mapping must have ``ReportBatchItemFailures`` on, or a failure would redeliver the whole batch.
@@ -7,28 +10,35 @@ mapping must have ``ReportBatchItemFailures`` on, or a failure would redeliver t
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from async_inference import webhooks
+from async_inference import settings
 from async_inference.aws import JobStore, WebhookQueue
 from async_inference.config import DispatcherSettings
+from async_inference.webhooks.backoff import Backoff
+from async_inference.webhooks.dispatch import Dispatcher
+from async_inference.webhooks.secrets import TenantSecrets
 
 logger = Logger()
 tracer = Tracer()
 # Every record failing is an ordinary outcome here (one receiver down), not a reason to fail the invocation.
-processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+# A thread per record of a full batch: every delivery starts at once. The work is I/O (DNS, one POST, DynamoDB).
+deliveries = ThreadPoolExecutor(max_workers=settings.WEBHOOK_BATCH_SIZE, thread_name_prefix="webhook")
 config = DispatcherSettings.load()
 queue = WebhookQueue(config.webhook_queue_url)
-dispatcher = webhooks.Dispatcher(
+dispatcher = Dispatcher(
     store=JobStore(config.table_name),
-    secrets=webhooks.TenantSecrets.from_settings(config),
+    secrets=TenantSecrets.from_settings(config),
     allow_local=config.allow_local_webhooks,
-    backoff=webhooks.Backoff.from_settings(config),
+    backoff=Backoff.from_settings(config),
 )
 
 
@@ -37,23 +47,32 @@ class DeliveryFailed(Exception):
 
 
 @tracer.capture_method
-def record_handler(record: SQSRecord) -> None:
+async def record_handler(record: SQSRecord) -> None:
+    await asyncio.get_running_loop().run_in_executor(deliveries, deliver, record)
+
+
+def deliver(record: SQSRecord) -> None:
+    """Dispatch one record's event; DeliveryFailed (after hiding the message for its backoff) when it must retry."""
     receive_count = int(record.attributes.approximate_receive_count or 1)
     outcome = dispatcher.dispatch(record.body, receive_count)
-    logger.append_keys(job_id=outcome.job_id)
+    # The job id goes on this record's lines only (extra), not on the logger: the next record is another job's.
     if outcome.done:
         # Most events are for jobs without a webhook, and every attempt is recorded on its job: debug is enough.
-        logger.debug("webhook event done", extra={"reason": outcome.reason, "receive_count": receive_count})
+        logger.debug("webhook event done",
+                     extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count})
         return
     queue.hide(record.receipt_handle, outcome.retry_in_s)
     logger.warning(
         "webhook delivery failed",
-        extra={"reason": outcome.reason, "receive_count": receive_count, "retry_in_s": outcome.retry_in_s},
+        extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count,
+               "retry_in_s": outcome.retry_in_s},
     )
     raise DeliveryFailed(outcome.reason)
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+    return async_process_partial_response(
+        event=event, record_handler=record_handler, processor=processor, context=context
+    )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from unittest.mock import ANY
+
 import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import config, settings
+from async_inference.schemas import ErrorResponse
 from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
@@ -15,14 +19,19 @@ UPLOAD = "lambdas.upload.handler.lambda_handler"
 DLQ = "lambdas.dlq.handler.lambda_handler"
 DEADLINES = "lambdas.upload_deadlines.handler.lambda_handler"
 WEBHOOKS = "lambdas.webhooks.handler.lambda_handler"
+AUTHORIZER = "lambdas.authorizer.handler.lambda_handler"
 
 
-def test_every_method_requires_an_api_key(synthesized):
-    """GIVEN the REST API WHEN listing its methods THEN each one requires an API key."""
+def test_every_method_requires_an_api_key_checked_by_the_authorizer(synthesized):
+    """GIVEN the REST API WHEN listing its methods THEN each one requires an API key and runs the REQUEST authorizer,
+    which gives API Gateway the key (key source AUTHORIZER), so usage plans still throttle per tenant."""
     methods = synthesized.resources("AWS::ApiGateway::Method")
-    assert len(methods) == 5
+    [authorizer] = synthesized.resources("AWS::ApiGateway::Authorizer")
+    assert len(methods) == 17
     assert all(m["Properties"]["ApiKeyRequired"] is True for m in methods.values())
-    synthesized.template.has_resource_properties("AWS::ApiGateway::RestApi", {"ApiKeySourceType": "HEADER"})
+    assert all(m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
+               for m in methods.values())
+    synthesized.template.has_resource_properties("AWS::ApiGateway::RestApi", {"ApiKeySourceType": "AUTHORIZER"})
 
 
 @pytest.mark.parametrize(("tenant", "rate", "burst", "quota"), [("demo", 10, 20, 10000), ("acme", 5, 5, 500)])
@@ -50,16 +59,19 @@ def test_submission_body_has_one_schema_the_functions(synthesized):
         assert "RequestModels" not in method["Properties"]
 
 
-@pytest.mark.parametrize("response_type", ["INVALID_API_KEY", "THROTTLED", "QUOTA_EXCEEDED"])
+@pytest.mark.parametrize(
+    "response_type",
+    ["INVALID_API_KEY", "MISSING_AUTHENTICATION_TOKEN", "THROTTLED", "QUOTA_EXCEEDED", "REQUEST_TOO_LARGE",
+     "BAD_REQUEST_PARAMETERS", "ACCESS_DENIED", "DEFAULT_4XX", "DEFAULT_5XX"],
+)
 def test_gateway_errors_are_json_in_the_api_error_shape(synthesized, response_type):
-    """GIVEN a missing/invalid key or throttling WHEN API Gateway answers THEN the body is {"error": {...}} JSON."""
-    synthesized.template.has_resource_properties(
-        "AWS::ApiGateway::GatewayResponse",
-        {
-            "ResponseType": response_type,
-            "ResponseTemplates": {"application/json": Match.string_like_regexp(r'^\{"error": \{"code": ')},
-        },
-    )
+    """GIVEN a missing/invalid key, throttling, a quota, an unknown route or a body too large WHEN API Gateway answers
+    THEN the body, rendered with a message, is exactly the API's {"error": {"code", "message", "details"}}."""
+    [response] = [r["Properties"] for r in synthesized.template.find_resources("AWS::ApiGateway::GatewayResponse").values()
+                  if r["Properties"]["ResponseType"] == response_type]
+    rendered = response["ResponseTemplates"]["application/json"].replace("$context.error.messageString", '"Forbidden"')
+    assert json.loads(rendered) == {"error": {"code": ANY, "message": ANY, "details": []}}
+    assert ErrorResponse.model_validate_json(rendered).error.message
 
 
 def test_stage_has_access_logging_and_tracing(synthesized):
@@ -91,6 +103,7 @@ def _prefixes(resources):
 
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
 PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
+WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on the worker service only
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
@@ -109,40 +122,52 @@ def _worker_actions(synthesized):
 
 
 def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
-    """GIVEN the API function's role WHEN listing its actions THEN they are exactly the API's calls: job items and the
-    tenant index, request/upload writes, result reads (presigned), sends, notifications, its own API keys."""
+    """GIVEN the API function's role WHEN listing its actions THEN they are exactly the API's calls: job, file and
+    batch items and their tenant indexes, request/upload/file writes, result and file reads (presigned), file deletes,
+    sends, notifications; no API key reads (the authorizer gives it the tenant)."""
     actions = _function_actions(synthesized, API)
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
-        "s3:PutObject", "s3:GetObject", "sqs:SendMessage", "apigateway:GET", *PUBLISH, *XRAY,
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query",
+        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE,
     }
-    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*"}
-    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*"}
+    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*",
+                                                  f"{settings.FILE_PREFIX}*"}
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*"}
+    assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
-    """GIVEN the list endpoint WHEN reading the API role's Query grant THEN it names the tenant index, no wildcard."""
+    """GIVEN the list endpoints WHEN reading the API role's Query grants THEN they name the two tenant indexes (jobs;
+    files and batches), no wildcard."""
     table = synthesized.logical_id(synthesized.stack.service.table.table)
-    [resource] = _function_actions(synthesized, API)["dynamodb:Query"]
-    assert resource == {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]}
+    batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
+    resources = _function_actions(synthesized, API)["dynamodb:Query"]
+    assert sorted(map(str, resources)) == sorted(map(str, [
+        {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]},
+        {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
+    ]))
 
 
-def test_api_reads_only_this_stacks_api_keys(synthesized):
-    """GIVEN the tenant lookup (key id -> key name) WHEN reading the API role's apigateway:GET THEN it names exactly
+def test_the_authorizer_reads_only_this_stacks_api_keys(synthesized):
+    """GIVEN the authorizer's key lookup (key id -> value) WHEN reading its role's apigateway:GET THEN it names exactly
     this stack's tenant keys, not every key of the region (whose values it could read)."""
-    resources = _function_actions(synthesized, API)["apigateway:GET"]
+    resources = _function_actions(synthesized, AUTHORIZER)["apigateway:GET"]
     keys = {synthesized.stack.resolve(key.key_id)["Ref"] for key in synthesized.stack.service.api.api_keys.values()}
     named = {part["Ref"] for resource in resources for part in resource["Fn::Join"][1] if isinstance(part, dict)
              and "Ref" in part and part["Ref"] in synthesized.json["Resources"]}
     assert len(resources) == len(keys) == 2 and named == keys
 
 
-def test_api_key_policy_is_not_a_dependency_of_the_api_function(synthesized):
-    """GIVEN the key-reading policy names keys that depend (via stage and methods) on the function WHEN reading the
-    function THEN it does not depend on that policy, so the template has no cycle."""
-    policy = synthesized.logical_id(synthesized.stack.service.api.node.find_child("ReadApiKeys"))
-    function = synthesized.json["Resources"][synthesized.logical_id(synthesized.stack.service.api.handler)]
-    assert policy not in function.get("DependsOn", [])
+def test_the_authorizer_role_has_only_the_key_reads(synthesized):
+    """GIVEN the authorizer WHEN listing its role's actions THEN it reads API keys and traces, nothing else."""
+    assert set(_function_actions(synthesized, AUTHORIZER)) == {"apigateway:GET", *XRAY}
+
+
+def test_the_keys_do_not_depend_on_the_stage_so_the_template_has_no_cycle(synthesized):
+    """GIVEN the authorizer's environment names the tenants' keys, and the methods depend on the authorizer WHEN
+    reading the keys THEN they are not tied to the stage (StageKeys; the usage plans do that), and there is no cycle."""
+    for key in synthesized.resources("AWS::ApiGateway::ApiKey").values():
+        assert "StageKeys" not in key["Properties"] and "DependsOn" not in key
     assert dependency_cycle(synthesized.json) is None
 
 
@@ -152,9 +177,46 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
-        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY,
+        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+
+
+@pytest.mark.parametrize("handler", [API, UPLOAD])
+def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_else_in_ecs(synthesized, handler):
+    """GIVEN the API and upload functions (both queue jobs) WHEN reading their ECS statements THEN they may describe
+    and update exactly the worker service, by its ARN, and make no other ECS call."""
+    service = synthesized.logical_id(synthesized.stack.service.workers.service)
+    statements = [s for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
+                  if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))]
+    assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": {"Ref": service}}]
+
+
+@pytest.mark.parametrize("handler", [API, UPLOAD])
+def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, handler):
+    """GIVEN the API and upload functions WHEN reading their environment THEN the wake's cluster, service ARN and
+    interval are set, by the names async_inference.config reads."""
+    workers = synthesized.stack.service.workers
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+    env = function["Properties"]["Environment"]["Variables"]
+    assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
+    assert env[config.ENV_WORKER_SERVICE] == {"Ref": synthesized.logical_id(workers.service)}
+    assert env[config.ENV_WAKE_CHECK_INTERVAL_S] == "60"
+
+
+def test_without_wake_from_zero_no_function_gets_ecs_permissions_or_the_service(synth_variant):
+    """GIVEN wake_from_zero=False WHEN synthesized THEN no function may call ECS nor names the worker service."""
+    variant = synth_variant(wake_from_zero=False)
+    for handler in (API, UPLOAD):
+        role = function_role(variant.template, handler)
+        assert not [a for a in role_actions(variant.template, role) if a.startswith("ecs:")]
+    for function in variant.resources("AWS::Lambda::Function").values():
+        assert config.ENV_WORKER_SERVICE not in function["Properties"].get("Environment", {}).get("Variables", {})
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
 
 
 def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
@@ -174,10 +236,11 @@ def test_dlq_role_touches_no_payloads(synthesized):
 
 
 def test_api_sends_to_the_job_queue_and_the_deadline_queue_only(synthesized):
-    """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs) and the upload-deadline queue
-    (each upload job's deadline)."""
+    """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs), the upload-deadline queue
+    (each upload job's deadline) and the batch control queue (plan steps)."""
     service = synthesized.stack.service
-    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue)}
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue),
+              synthesized.logical_id(service.batches.control_queue)}
     assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
 
 
@@ -209,31 +272,35 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
 
 
 def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
-    """GIVEN the worker WHEN reading its S3 grants THEN it reads requests, uploads and results (a result an earlier
-    run wrote is read back) and writes under results/ only."""
+    """GIVEN the worker WHEN reading its S3 grants THEN it reads requests, uploads, results (a result an earlier
+    run wrote is read back) and batch input files, and writes under results/ and batch parts only."""
     actions = _worker_actions(synthesized)
     assert _prefixes(actions["s3:GetObject"]) == {
-        f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"
+        f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*",
+        f"{settings.FILE_PREFIX}*",
     }
-    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*"}
+    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
 
 
 def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
-    """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and sends only
-    "started" events to the webhook queue."""
+    """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and the batch lane,
+    and sends only "started" events to the webhook queue and finalize steps to the batch control queue."""
     actions = _worker_actions(synthesized)
-    jobs = synthesized.logical_id(synthesized.stack.service.jobs.queue)
-    webhook_queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
+    service = synthesized.stack.service
+    jobs, lane = synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.batches.lane_queue)
+    webhook_queue = synthesized.logical_id(service.webhooks.queue)
+    control = synthesized.logical_id(service.batches.control_queue)
     for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
-        assert actions[action] == [{"Fn::GetAtt": [jobs, "Arn"]}]
-    assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [webhook_queue, "Arn"]}]
+        assert {r["Fn::GetAtt"][0] for r in actions[action]} == {jobs, lane}
+    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control}
 
 
 @pytest.mark.parametrize(
     ("principal", "prefixes"),
     [
         ("upload", [f"{settings.UPLOAD_PREFIX}*"]),
-        ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*"]),
+        ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*",
+                    f"{settings.FILE_PREFIX}*"]),
     ],
 )
 def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, principal, prefixes):
@@ -245,9 +312,10 @@ def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, prin
         else synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
     )
     bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
-    [statement] = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]
-    assert statement["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}
-    assert statement["Condition"] == {"StringLike": {"s3:prefix": prefixes}}
+    statements = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]
+    assert statements and all(s["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]} for s in statements)
+    listed = [p for s in statements for p in s["Condition"]["StringLike"]["s3:prefix"]]
+    assert sorted(listed) == sorted(prefixes) and all(set(s["Condition"]) == {"StringLike"} for s in statements)
 
 
 def test_no_role_has_an_aws_managed_full_access_policy(synthesized):

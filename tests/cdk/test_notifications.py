@@ -93,16 +93,17 @@ def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
     )
 
 
-def test_dashboard_plots_exactly_the_metrics_the_api_and_the_worker_emit(synthesized):
-    """GIVEN the metric names in settings (WORKER_METRICS, API_METRICS) WHEN reading the dashboard body THEN it plots
-    exactly those names from the shared namespace, and nothing that no process emits."""
+def test_dashboard_plots_exactly_the_metrics_the_api_the_dlq_handler_and_the_worker_emit(synthesized):
+    """GIVEN the metric names in settings (WORKER_METRICS, API_METRICS, DEAD_LETTER_METRICS) WHEN reading the
+    dashboard body THEN it plots exactly those names from the shared namespace, and nothing that no process emits."""
     plotted = {name for name, _, _ in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)}
-    assert plotted == set(settings.WORKER_METRICS) | set(settings.API_METRICS)
+    assert plotted == set(settings.WORKER_METRICS) | set(settings.API_METRICS) | set(settings.DEAD_LETTER_METRICS)
 
 
 @pytest.mark.parametrize(
     ("names", "service"),
-    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api")],
+    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api"),
+     (settings.DEAD_LETTER_METRICS, "async-inference-dlq")],
 )
 def test_dashboard_reads_each_metric_under_its_emitters_service_dimension(synthesized, names, service):
     """GIVEN Powertools adds the dimension service=POWERTOOLS_SERVICE_NAME WHEN reading the dashboard THEN each
@@ -134,6 +135,7 @@ def test_a_metric_named_in_settings_without_a_plot_is_refused(monkeypatch):
         (settings.METRIC_COMPLETION_TOKENS, {"Sum"}),
         (settings.METRIC_QUEUE_TIME, {"Average", "p90"}),
         (settings.METRIC_PROCESSING_TIME, {"Average", "p90"}),
+        (settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, {"Sum"}),
     ],
 )
 def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, statistics):
@@ -181,16 +183,21 @@ def test_only_notifications_of_jobs_with_a_webhook_reach_the_dispatcher(synthesi
 
 
 def test_dispatcher_has_time_for_a_full_batch_of_slow_receivers(synthesized):
-    """GIVEN the dispatcher WHEN it gets 10 deliveries of up to 5 s THEN its timeout and queue visibility fit them."""
-    from async_inference import webhooks
-
+    """GIVEN the dispatcher, which delivers a batch at once WHEN every receiver of a full batch takes its whole
+    delivery timeout THEN the function's timeout covers that several times over, and the queue's visibility outlives
+    the function six times (AWS's guidance for SQS event sources)."""
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": "lambdas.webhooks.handler.lambda_handler"}}
     ).values()
-    assert function["Properties"]["Timeout"] == webhooks.DISPATCHER_TIMEOUT_S >= 10 * 5
+    timeout = function["Properties"]["Timeout"]
+    assert timeout == settings.WEBHOOK_DISPATCHER_TIMEOUT_S
+    assert timeout >= 3 * (settings.WEBHOOK_CONNECT_TIMEOUT_S + settings.WEBHOOK_DELIVERY_TIMEOUT_S)
+    [mapping] = [m["Properties"] for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
+                 if m["Properties"]["FunctionName"] == {"Ref": synthesized.logical_id(synthesized.stack.service.webhooks.handler)}]
+    assert mapping["BatchSize"] == settings.WEBHOOK_BATCH_SIZE
     queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
     visibility = synthesized.template.to_json()["Resources"][queue]["Properties"]["VisibilityTimeout"]
-    assert visibility >= function["Properties"]["Timeout"]
+    assert visibility >= 6 * timeout
 
 
 def test_workers_know_the_webhook_queue_for_started_events(synthesized):

@@ -9,7 +9,8 @@ from aws_cdk import App
 
 from app import props_from_context
 from async_inference import settings
-from cdk.queue_scaling import validate_scale_out_steps
+from cdk import capacity
+from cdk.queue_scaling import CountedQueue, validate
 from cdk.result_topics import TopicSubscription
 from cdk.service import AsyncInferenceServiceProps
 from tests.cdk.conftest import cdk_json_context
@@ -126,11 +127,68 @@ def test_unknown_status_in_a_filter_is_rejected():
         TopicSubscription(protocol="https", endpoint="https://x.example.com", statuses=["done"])
 
 
-@pytest.mark.parametrize("steps", [[], [(5, 1)], [(1, 1), (1, 2)], [(1, 0)]])
-def test_scale_out_steps_that_cannot_start_from_zero_are_rejected(steps):
-    """GIVEN steps that are empty, start above 1, repeat a threshold or add nothing WHEN validating THEN rejected."""
-    with pytest.raises(ValueError, match="scale_out_steps"):
-        validate_scale_out_steps(steps)
+def test_default_batch_is_the_sizing_rule_for_the_default_model_and_gpu(worker_context):
+    """GIVEN no max_num_seqs WHEN sizing THEN the batch is cdk.capacity's rule at the planned 4,259 tokens (135 for
+    Qwen2.5-1.5B on an A10G), and jobs_per_task follows it at 1.5 batches."""
+    props = _props(worker_context)
+    expected = capacity.max_num_seqs(capacity.QWEN2_5_1_5B, capacity.A10G, sequence_tokens=4259)
+    assert props.effective_max_num_seqs() == expected == 135
+    assert props.effective_jobs_per_task() == 1.5 * expected
+    assert _props(worker_context, planned_sequence_tokens=32768).effective_max_num_seqs() == 17
+
+
+def test_a_given_max_num_seqs_wins_and_sets_jobs_per_task(worker_context):
+    props = _props(worker_context, max_num_seqs=16)
+    assert (props.effective_max_num_seqs(), props.effective_jobs_per_task()) == (16, 24)
+    assert _props(worker_context, max_num_seqs=16, jobs_per_task=40).effective_jobs_per_task() == 40
+
+
+def test_planned_tokens_with_a_given_batch_are_rejected_naming_both(worker_context):
+    with pytest.raises(ValueError, match=r"planned_sequence_tokens \(2000\) conflicts with max_num_seqs \(16\)"):
+        _props(worker_context, max_num_seqs=16, planned_sequence_tokens=2000).validate()
+
+
+def test_a_model_the_rule_cannot_size_asks_for_max_num_seqs(worker_context):
+    """GIVEN a model cdk.capacity has no shape for and no max_num_seqs WHEN validating THEN the error says to set it."""
+    with pytest.raises(ValueError, match=r"max_num_seqs is not set and cannot be sized: .*meta-llama.*set max_num_seqs"):
+        _props(worker_context, model="meta-llama/Llama-3.1-8B-Instruct").validate()
+    _props(worker_context, model="meta-llama/Llama-3.1-8B-Instruct", max_num_seqs=32).validate()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"scale_in_fill": 1.5}, r"scale_in_fill \(1.5\) must lie in \(0, 1\]"),
+        ({"scale_in_fill": 0}, r"scale_in_fill \(0\)"),
+        ({"jobs_per_task": 0.5}, r"jobs_per_task must be at least 1"),
+        ({"scale_in_minutes": 0}, r"scale_in_minutes must be at least 1"),
+        ({"idle_minutes_before_scale_in": 0}, r"idle_minutes_before_scale_in must be at least 1"),
+        ({"wake_check_interval_seconds": 0}, r"wake_check_interval_seconds must be at least 1"),
+        ({"scale_in_cooldown_seconds": -1}, r"scale_in_cooldown_seconds must be 0 or more"),
+        ({"worker_task_protection": "always"}, r"worker_task_protection \('always'\) must be one of long_jobs, busy"),
+        ({"worker_task_protection_tokens_per_s": 0}, r"worker_task_protection_tokens_per_s \(0\) must be positive"),
+    ],
+)
+def test_scaling_options_that_could_not_scale_are_rejected_naming_the_option(worker_context, options, message):
+    with pytest.raises(ValueError, match=message):
+        _props(worker_context, **options).validate()
+
+
+def test_more_queues_than_one_alarm_can_read_are_rejected():
+    """GIVEN four counted queues (12 metrics in the keep-alive alarm) WHEN validating THEN CloudWatch's 10 is named."""
+    queues = [CountedQueue(queue=None) for _ in range(4)]  # type: ignore[arg-type]  # validation reads no queue
+    with pytest.raises(ValueError, match=r"queues \(4\) need 12 metrics .* CloudWatch allows 10"):
+        validate(queues, jobs_per_task=24, max_tasks=2, scale_in_fill=0.5, scale_in_minutes=3, keep_alive_minutes=3)
+    with pytest.raises(ValueError, match="weights"):
+        validate([CountedQueue(queue=None, weight=0)], jobs_per_task=24, max_tasks=2,  # type: ignore[arg-type]
+                 scale_in_fill=0.5, scale_in_minutes=3, keep_alive_minutes=3)
+
+
+def test_the_retired_scale_out_steps_option_is_refused_naming_its_replacement(worker_context):
+    """GIVEN a cdk.json that still sets scale_out_steps WHEN reading context THEN it is refused, not ignored."""
+    context = {**cdk_json_context(), "worker_image_context": str(worker_context), "scale_out_steps": [[1, 1]]}
+    with pytest.raises(ValueError, match="scale_out_steps was removed: .*jobs_per_task"):
+        props_from_context(App(context=context))
 
 
 def test_context_strings_from_the_command_line_are_converted(worker_context):
@@ -141,9 +199,13 @@ def test_context_strings_from_the_command_line_are_converted(worker_context):
         "max_gpu_instances": "4",
         "max_worker_tasks": "4",
         "subscriptions": json.dumps([{"protocol": "https", "endpoint": "https://h.example.com"}]),
+        "max_num_seqs": "64",
+        "scale_in_fill": "0.75",
+        "wake_from_zero": "false",
     }
     props = props_from_context(App(context=context))
     assert props.max_gpu_instances == 4
+    assert (props.max_num_seqs, props.scale_in_fill, props.wake_from_zero) == (64, 0.75, False)
     assert props.subscriptions == (TopicSubscription(protocol="https", endpoint="https://h.example.com"),)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
-from async_inference import settings
+from async_inference import config, settings
 from tests.cdk.helpers import denies_insecure_transport, policy_of
 
 pytestmark = pytest.mark.cdk
@@ -114,6 +114,23 @@ def test_payloads_expire_after_the_configured_retention(synthesized, prefix):
             }
         },
     )
+
+
+def test_functions_and_workers_read_the_retention_the_bucket_expires_results_after(synthesized):
+    """GIVEN the results' lifecycle rule WHEN reading every function's and the worker's environment THEN they carry its
+    days, from which a job records when its result expires (and a GET after that is a 410)."""
+    [bucket] = [b for b in synthesized.resources("AWS::S3::Bucket").values()
+                if "CorsConfiguration" in b["Properties"]]
+    [days] = [rule["ExpirationInDays"] for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]
+              if rule.get("Prefix") == settings.RESULT_PREFIX]
+    functions = synthesized.resources("AWS::Lambda::Function").values()
+    # every function of the service but the authorizer, which reads API keys and nothing of jobs
+    service_functions = [f for f in functions if f["Properties"].get("Handler", "").startswith("lambdas.")
+                         and not f["Properties"]["Handler"].startswith("lambdas.authorizer.")]
+    assert service_functions
+    for function in service_functions:
+        assert function["Properties"]["Environment"]["Variables"][config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
+    assert synthesized.worker_environment()[config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
 
 
 def test_bucket_allows_browser_puts_of_presigned_uploads(synthesized):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
+from async_inference import settings
+from tests.cdk.helpers import role_actions
+
 pytestmark = pytest.mark.cdk
 
 
@@ -136,60 +139,208 @@ def test_task_count_scales_between_zero_and_the_maximum(synthesized):
     )
 
 
+def _alarm(synthesized, alarm):
+    return synthesized.json["Resources"][synthesized.logical_id(alarm)]["Properties"]
+
+
 def _alarm_policy(synthesized, alarm):
-    [action] = synthesized.json["Resources"][synthesized.logical_id(alarm)]["Properties"]["AlarmActions"]
+    [action] = _alarm(synthesized, alarm)["AlarmActions"]
     return synthesized.json["Resources"][action["Ref"]]["Properties"]
 
 
-def test_first_visible_message_scales_out_from_zero(synthesized):
-    """GIVEN an idle service WHEN one message is visible for a minute THEN a step adds one task."""
-    alarm = synthesized.stack.service.scaling.scale_out_alarm
-    synthesized.template.has_resource_properties(
-        "AWS::CloudWatch::Alarm",
-        {
-            "MetricName": "ApproximateNumberOfMessagesVisible",
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-            "Threshold": 1,
-            "EvaluationPeriods": 1,
-        },
-    )
-    policy = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
-    assert policy["AdjustmentType"] == "ChangeInCapacity"
-    first = policy["StepAdjustments"][0]
-    assert first["MetricIntervalLowerBound"] == 0 and first["ScalingAdjustment"] == 1
+def _expression(properties):
+    [expression] = [m["Expression"] for m in properties["Metrics"] if m.get("ReturnData")]
+    return expression
 
 
-def test_scale_out_adds_more_tasks_as_the_backlog_grows(synthesized):
-    """GIVEN the scale-out steps WHEN the backlog crosses each threshold THEN more tasks are added, never fewer."""
+def _stats(properties):
+    """metric id -> (namespace, name, statistic, period) of an alarm's metric math inputs."""
+    return {
+        m["Id"]: (m["MetricStat"]["Metric"]["Namespace"], m["MetricStat"]["Metric"]["MetricName"],
+                  m["MetricStat"]["Stat"], m["MetricStat"]["Period"])
+        for m in properties["Metrics"] if "MetricStat" in m
+    }
+
+
+# Two queues count: the job queue (1) and the batch lane (2), whose messages are chunks of BATCH_CHUNK_LINES lines.
+SQS_BACKLOG = {
+    f"{name}{index}": ("AWS/SQS", metric, "Maximum", 60)
+    for index in (1, 2)
+    for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
+                         ("inFlight", "ApproximateNumberOfMessagesNotVisible"))
+}
+# Each term FILLed: an idle lane's metrics pause (SQS stops publishing them), which must not blank the sum.
+BACKLOG = (f"FILL(visible1, 0) + FILL(inFlight1, 0) + "
+           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0))")
+DESIRED = {"desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60)}
+# 1.5 x the sized batch (135 for Qwen2.5-1.5B on a g5.xlarge): cdk.service's default jobs_per_task.
+JOBS_PER_TASK = 202.5
+
+
+def test_scale_out_alarm_wants_the_backlog_in_tasks_minus_the_tasks_already_wanted(synthesized):
+    """GIVEN the scale-out alarm WHEN reading it THEN it breaches when CEIL(backlog / J) exceeds the desired count
+    (tasks still starting included) by one or more, on one minute of data, missing data not breaching."""
+    properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
+    assert _expression(properties) == f"CEIL(({BACKLOG}) / {JOBS_PER_TASK:g}) - FILL(desired, 0)"
+    assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
+    assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
+    assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"]) == (1, 1)
+    assert properties["TreatMissingData"] == "notBreaching"
+
+
+def test_scale_out_adds_the_shortfall_one_step_per_task_with_a_one_minute_cooldown(synthesized):
+    """GIVEN the scale-out policy WHEN a shortfall of k tasks breaches THEN it adds k (ChangeInCapacity; bounds
+    relative to the threshold 1), up to the task maximum, after a 60 s cooldown."""
     policy = _alarm_policy(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
-    steps = policy["StepScalingPolicyConfiguration"]["StepAdjustments"]
-    adjustments = [s["ScalingAdjustment"] for s in sorted(steps, key=lambda s: s["MetricIntervalLowerBound"])]
-    assert adjustments == sorted(adjustments) and len(adjustments) >= 2 and min(adjustments) > 0
+    config = policy["StepScalingPolicyConfiguration"]
+    assert (config["AdjustmentType"], config["MetricAggregationType"], config["Cooldown"]) == (
+        "ChangeInCapacity", "Maximum", 60)
+    assert config["StepAdjustments"] == [
+        {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": 1, "ScalingAdjustment": 1},
+        {"MetricIntervalLowerBound": 1, "ScalingAdjustment": 2},
+    ]
 
 
-def test_scale_in_to_zero_waits_for_no_visible_and_no_in_flight_message(synthesized):
-    """GIVEN the scale-in alarm WHEN a job is visible or in flight THEN it cannot fire (it sums both, <= 0)."""
+def test_the_desired_count_is_container_insights_of_this_service(synthesized):
+    """GIVEN the scaling alarms WHEN reading DesiredTaskCount's dimensions THEN they name this cluster and service,
+    and the cluster publishes Container Insights."""
+    workers = synthesized.stack.service.workers
+    properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
+    [desired] = [m for m in properties["Metrics"] if m["Id"] == "desired"]
+    assert desired["MetricStat"]["Metric"]["Dimensions"] == [
+        {"Name": "ClusterName", "Value": {"Ref": synthesized.logical_id(workers.cluster)}},
+        {"Name": "ServiceName", "Value": {"Fn::GetAtt": [synthesized.logical_id(workers.service), "Name"]}},
+    ]
+    synthesized.template.has_resource_properties(
+        "AWS::ECS::Cluster", {"ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]})
+
+
+def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_half_fill(synthesized):
+    """GIVEN the step-down alarm WHEN reading it THEN it breaches when the desired count exceeds the tasks the backlog
+    needs at half of J (never fewer than one) for 3 of 3 minutes, and removes one task, 120 s apart."""
     alarm = synthesized.stack.service.scaling.scale_in_alarm
-    properties = synthesized.json["Resources"][synthesized.logical_id(alarm)]["Properties"]
-    assert properties["ComparisonOperator"] == "LessThanOrEqualToThreshold" and properties["Threshold"] == 0
-    expression = next(m["Expression"] for m in properties["Metrics"] if "Expression" in m)
-    metric_names = {m["MetricStat"]["Metric"]["MetricName"] for m in properties["Metrics"] if "MetricStat" in m}
-    assert expression == "visible + inFlight"
-    assert metric_names == {"ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible"}
-    policy = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
-    assert policy["AdjustmentType"] == "ExactCapacity"
-    assert [s["ScalingAdjustment"] for s in policy["StepAdjustments"]] == [0]
+    properties = _alarm(synthesized, alarm)
+    half = JOBS_PER_TASK / 2
+    assert _expression(properties) == (
+        f"FILL(desired, 0) - IF(({BACKLOG}) > 0, CEIL(({BACKLOG}) / {half:g}), 1)")
+    assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
+    assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
+    assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
+        3, 3, "missing")
+    config = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
+    assert (config["AdjustmentType"], config["Cooldown"]) == ("ChangeInCapacity", 120)
+    assert config["StepAdjustments"] == [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": -1}]
 
 
-def test_no_other_policy_removes_tasks(synthesized):
-    """GIVEN every scaling policy WHEN listing those that lower the count THEN only the scale-in-to-zero one does."""
-    configurations = [
-        policy["Properties"]["StepScalingPolicyConfiguration"]
-        for policy in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
-    ]
-    lowering = [
-        c
-        for c in configurations
+def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_or_sent(synthesized):
+    """GIVEN the keep-alive alarm WHEN a message is visible, in flight or was sent in a minute THEN that minute does
+    not breach; 3 idle minutes (missing data counting as idle) set the count to exactly 0."""
+    alarm = synthesized.stack.service.scaling.idle_alarm
+    properties = _alarm(synthesized, alarm)
+    assert _expression(properties) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _stats(properties) == {**SQS_BACKLOG, **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60)
+                                                    for i in (1, 2)}}
+    assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
+    assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
+        3, 3, "breaching")
+    config = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
+    assert config["AdjustmentType"] == "ExactCapacity"
+    assert config["StepAdjustments"] == [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]
+
+
+def test_only_the_step_down_and_the_keep_alive_remove_tasks(synthesized):
+    """GIVEN every scaling policy WHEN listing those that lower the count THEN one removes a task, one sets zero."""
+    lowering = sorted(
+        (c["AdjustmentType"], [s["ScalingAdjustment"] for s in c["StepAdjustments"]])
+        for c in (p["Properties"]["StepScalingPolicyConfiguration"]
+                  for p in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values())
         if c["AdjustmentType"] == "ExactCapacity" or any(s["ScalingAdjustment"] < 0 for s in c["StepAdjustments"])
-    ]
-    assert len(lowering) == 1
+    )
+    assert lowering == [("ChangeInCapacity", [-1]), ("ExactCapacity", [0])]
+
+
+def test_scaling_thresholds_follow_their_options(synth_variant):
+    """GIVEN jobs_per_task, the step-down's fill and minutes, the keep-alive and the cooldowns set WHEN synthesized
+    THEN each alarm and policy carries them."""
+    variant = synth_variant(max_num_seqs=16, jobs_per_task=40, scale_in_fill=0.75, scale_in_minutes=5,
+                            idle_minutes_before_scale_in=7, scale_out_cooldown_seconds=90,
+                            scale_in_cooldown_seconds=300, max_worker_tasks=3, max_gpu_instances=3)
+    scaling = variant.stack.service.scaling
+    short, spare, idle = (_alarm(variant, a) for a in (scaling.scale_out_alarm, scaling.scale_in_alarm,
+                                                         scaling.idle_alarm))
+    assert "/ 40)" in _expression(short) and "/ 30)" in _expression(spare)
+    assert (spare["EvaluationPeriods"], idle["EvaluationPeriods"]) == (5, 7)
+    out = _alarm_policy(variant, scaling.scale_out_alarm)["StepScalingPolicyConfiguration"]
+    assert out["Cooldown"] == 90 and [s["ScalingAdjustment"] for s in out["StepAdjustments"]] == [1, 2, 3]
+    assert _alarm_policy(variant, scaling.scale_in_alarm)["StepScalingPolicyConfiguration"]["Cooldown"] == 300
+    assert variant.worker_environment()["MAX_NUM_SEQS"] == "16"
+
+
+def test_the_default_batch_is_the_sizing_rule(synthesized):
+    """GIVEN no max_num_seqs in cdk.json WHEN reading the worker's environment THEN it runs cdk.capacity's 135."""
+    assert synthesized.worker_environment()["MAX_NUM_SEQS"] == "135"
+
+
+def test_capacity_provider_instance_warmup_is_a_gpu_instances_boot(synthesized):
+    """GIVEN managed scaling WHEN reading the capacity provider THEN a second instance may launch 120 s after the
+    first, not ECS's default 300 s."""
+    synthesized.template.has_resource_properties(
+        "AWS::ECS::CapacityProvider",
+        {"AutoScalingGroupProvider": Match.object_like(
+            {"ManagedScaling": Match.object_like({"InstanceWarmupPeriod": 120})})},
+    )
+
+
+def test_worker_task_definition_marks_its_task_protection_mode(synthesized):
+    """GIVEN the default worker WHEN reading its environment THEN it holds protection for long jobs only, at the
+    expected 20 tokens a second, and its role may set the protection."""
+    env = synthesized.worker_environment()
+    assert (env["TASK_PROTECTION"], env["TASK_PROTECTION_TOKENS_PER_S"]) == ("long_jobs", "20")
+    [task] = synthesized.resources("AWS::ECS::TaskDefinition").values()
+    actions = role_actions(synthesized.template, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    assert {"ecs:UpdateTaskProtection", "ecs:GetTaskProtection"} <= set(actions)
+
+
+def test_task_protection_off_marks_the_task_and_grants_no_protection(synth_variant):
+    variant = synth_variant(worker_task_protection="off")
+    assert variant.worker_environment()["TASK_PROTECTION"] == "off"
+    [task] = variant.resources("AWS::ECS::TaskDefinition").values()
+    actions = role_actions(variant.template, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    assert not [a for a in actions if "TaskProtection" in a]
+
+
+def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
+    """GIVEN QueueScaling over the job queue and a second queue whose messages count half a job WHEN synthesized THEN
+    the scale-out and step-down read the weighted sum, and the keep-alive watches every queue's messages and sends."""
+    from aws_cdk import App, Stack
+    from aws_cdk import aws_ec2 as ec2
+    from aws_cdk import aws_ecs as ecs
+    from aws_cdk import aws_sqs as sqs
+    from aws_cdk.assertions import Template
+
+    from cdk.queue_scaling import CountedQueue, QueueScaling
+
+    stack = Stack(App(), "Two")
+    cluster = ecs.Cluster(stack, "Cluster")
+    cluster.add_capacity("Capacity", instance_type=ec2.InstanceType("t3.micro"))
+    task = ecs.Ec2TaskDefinition(stack, "Task")
+    task.add_container("c", image=ecs.ContainerImage.from_registry("worker"), memory_reservation_mib=256)
+    service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
+    jobs, lane = sqs.Queue(stack, "Jobs"), sqs.Queue(stack, "Lane")
+    scaling = QueueScaling(stack, "Scaling", service=service, queues=[jobs, CountedQueue(lane, weight=0.5)],
+                           jobs_per_task=24)
+    resources = Template.from_stack(stack).to_json()["Resources"]
+
+    def props(alarm):
+        return resources[stack.get_logical_id(alarm.node.default_child)]["Properties"]
+
+    backlog = "(FILL(visible1, 0) + FILL(inFlight1, 0) + 0.5 * (FILL(visible2, 0) + FILL(inFlight2, 0)))"
+    assert _expression(props(scaling.scale_out_alarm)) == f"CEIL({backlog} / 24) - FILL(desired, 0)"
+    assert backlog in _expression(props(scaling.scale_in_alarm))
+    idle = props(scaling.idle_alarm)
+    assert _expression(idle) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    queues = {m["Id"]: m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
+              for m in idle["Metrics"] if "MetricStat" in m}
+    jobs_id, lane_id = (stack.get_logical_id(q.node.default_child) for q in (jobs, lane))
+    assert queues == {"visible1": jobs_id, "inFlight1": jobs_id, "sent1": jobs_id,
+                      "visible2": lane_id, "inFlight2": lane_id, "sent2": lane_id}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -141,10 +142,15 @@ class FakePush:
     """A WebSocket server on 127.0.0.1 that hands each connection to ``converse(connection)`` and keeps what each
     client sent on connecting: its headers and its first message (the subscription)."""
 
-    def __init__(self, converse: Callable[[ServerConnection, dict[str, Any]], None]) -> None:
+    def __init__(self, converse: Callable[[ServerConnection, dict[str, Any]], None], *,
+                 reply: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+        """``reply`` answers the subscription, as the WebSocket API does (default: ``{"type": "subscribed", ...}``;
+        None from it: no answer)."""
         self.converse = converse
+        self.reply = reply or subscribed
         self.headers: list[dict[str, str]] = []
         self.subscriptions: list[dict[str, Any]] = []
+        self.replied_at: list[float] = []  # time.monotonic() of each reply
         self._server = serve(self._handle, "127.0.0.1", 0)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -153,6 +159,10 @@ class FakePush:
         self.headers.append({k.lower(): v for k, v in connection.request.headers.raw_items()})
         subscription = json.loads(connection.recv(timeout=10))
         self.subscriptions.append(subscription)
+        answer = self.reply(subscription)
+        if answer is not None:
+            self.replied_at.append(time.monotonic())
+            connection.send(answer)
         self.converse(connection, subscription)
 
     @property
@@ -165,6 +175,11 @@ class FakePush:
 
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
+
+
+def subscribed(subscription: dict[str, Any]) -> str:
+    """The WebSocket API's reply to a subscription."""
+    return json.dumps({"type": "subscribed", **{k: v for k, v in subscription.items() if k != "action"}})
 
 
 def event(type_: str, job_id: str = JOB_ID, **extra: Any) -> str:

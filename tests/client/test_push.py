@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from time import monotonic
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from tests.client.fake_api import (
     Seen,
     event,
     job_view,
+    subscribed,
     succeeded_view,
     until_closed,
 )
@@ -52,7 +54,7 @@ def tell_the_whole_run(job: Job):
         job.read.wait(10)  # the client reads the job once subscribed: the run starts after that
         job.status = "running"
         connection.send(event("job.started"))
-        connection.send(event("job.progress", progress=0.5))
+        connection.send(event("job.progress", progress={"completion_tokens": 5, "updated_at": "2026-12-01T12:00:00Z"}))
         job.status = "succeeded"
         connection.send(event("job.completed"))
         until_closed(connection)
@@ -71,8 +73,8 @@ def test_wait_is_told_over_the_websocket_and_reads_the_job_only_around_it():
     assert push.subscriptions == [{"action": "subscribe", "job_ids": [JOB_ID]}]
     assert push.headers[0]["x-api-key"] == KEY
     # AND it was told each step, progress included, and the end is the API's final view with the result
-    assert [(u.via, u.status.value, u.progress) for u in updates] == [
-        ("poll", "queued", None), ("push", "running", None), ("push", "running", 0.5),
+    assert [(u.via, u.status.value, u.progress and u.progress.completion_tokens) for u in updates] == [
+        ("poll", "queued", None), ("push", "running", None), ("push", "running", 5),
         ("push", "succeeded", None), ("poll", "succeeded", None)]
     assert final.status is JobStatus.SUCCEEDED and final.result is not None
     # AND it read the job twice (once subscribed, once at the end) and never slept to poll
@@ -185,7 +187,7 @@ def test_the_async_client_is_told_over_the_websocket_too():
     with job.api, push:
         assert asyncio.run(wait()) is JobStatus.SUCCEEDED
     assert push.subscriptions == [{"action": "subscribe", "job_ids": [JOB_ID]}]
-    assert [u.progress for u in updates if u.via == "push"] == [None, 0.5, None]
+    assert [u.progress and u.progress.completion_tokens for u in updates if u.via == "push"] == [None, 5, None]
     assert len(job.api.gets()) == 2 and time.sleeps == []
 
 
@@ -221,3 +223,67 @@ def test_a_subscription_is_for_jobs_a_batch_or_all():
 def test_a_subscription_without_exactly_one_valid_scope_is_refused(scopes):
     with pytest.raises(ValidationError):
         Subscription(**scopes)
+
+
+def test_wait_reads_the_job_only_once_the_api_has_acknowledged_the_subscription():
+    # GIVEN a WebSocket API that takes 0.5 s to store the subscription (its function runs) before it replies
+    time_, job = FakeTime(), Job("running")
+    read_at: list[float] = []
+
+    def slow_reply(subscription: dict[str, Any]) -> str:
+        threading.Event().wait(0.5)
+        return subscribed(subscription)
+
+    def respond(seen: Seen) -> Reply:
+        read_at.append(monotonic())
+        job.status = "succeeded"
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=slow_reply)
+    with job.api, push:
+        Client(job.api.url, KEY, ws_url=push.url, sleep=time_.sleep, clock=time_.clock).wait(JOB_ID)
+    # THEN its first read came after the reply: an end between the two is not lost
+    assert push.replied_at and read_at and read_at[0] >= push.replied_at[0]
+
+
+def test_a_subscription_the_api_refuses_makes_wait_poll():
+    # GIVEN a WebSocket API that answers the subscription with an error
+    time_, job = FakeTime(), Job("running")
+
+    def respond(seen: Seen) -> Reply:
+        if len(job.api.gets()) >= 2:
+            job.status = "succeeded"
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    refuse = lambda subscription: '{"type": "error", "code": "invalid_subscription", "message": "job_ids.0: no"}'  # noqa: E731
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=refuse)
+    with job.api, push:
+        final = Client(job.api.url, KEY, ws_url=push.url, sleep=time_.sleep, clock=time_.clock).wait(JOB_ID)
+    # THEN it went on by polling (with sleeps between) and saw the end
+    assert final.status is JobStatus.SUCCEEDED and time_.sleeps
+
+
+def test_the_async_client_waits_for_the_subscription_reply_too():
+    time_, job = FakeTime(), Job("succeeded")
+    read_at: list[float] = []
+
+    def slow_reply(subscription: dict[str, Any]) -> str:
+        threading.Event().wait(0.5)
+        return subscribed(subscription)
+
+    def respond(seen: Seen) -> Reply:
+        read_at.append(monotonic())
+        return Job.respond(job, seen)
+
+    job.api.respond = respond
+    push = FakePush(lambda connection, subscription: until_closed(connection), reply=slow_reply)
+
+    async def wait() -> JobStatus:
+        async with AsyncClient(job.api.url, KEY, ws_url=push.url, sleep=time_.async_sleep, clock=time_.clock) as client:
+            return (await client.wait(JOB_ID)).status
+
+    with job.api, push:
+        assert asyncio.run(wait()) is JobStatus.SUCCEEDED
+    assert read_at[0] >= push.replied_at[0]

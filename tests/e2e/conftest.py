@@ -21,6 +21,8 @@ from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalStack
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
+# The model names the echo engine answers to in these tests; any other is a 404 model_not_found.
+SERVED_MODELS = ("echo-model", "model-x", "model-y")
 FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOUT_S": "5"}
 
 
@@ -29,7 +31,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Ite
     logs = tmp_path_factory.mktemp("logs")
     log = open(logs / "workers.log", "ab")
     local = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), api_keys=TENANT_KEYS,
-                       workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs)
+                       workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs,
+                       served_models=SERVED_MODELS)
     local.start()
     # This test process is a client of the stack: boto3 clients made without an endpoint (async_inference.aws.client)
     # talk to its moto server.
@@ -81,8 +84,9 @@ class Inbox:
             ).get("Messages", [])
             for message in messages:
                 body = json.loads(message["Body"])
-                self.by_job[body["job_id"]].append(body)
-                self.attributes[body["job_id"]].append(
+                subject = body.get("job_id") or body["data"]["id"]  # a job's notification, or a batch's event
+                self.by_job[subject].append(body)
+                self.attributes[subject].append(
                     {k: v["StringValue"] for k, v in message.get("MessageAttributes", {}).items()}
                 )
                 self._sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])

@@ -71,7 +71,7 @@ def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notificatio
     assert notes[0]["result_location"]["key"] == settings.result_key("tenant-a", submitted.job_id)
     assert notes[0]["metadata"] == {"team": "search"}
     assert inbox.attributes[submitted.job_id][0] == {
-        "status": "succeeded", "tenant": "tenant-a", "model": "echo-model", "webhook": "false"
+        "status": "succeeded", "tenant": "tenant-a", "model": "echo-model", "webhook": "false", "event": "job.completed"
     }
 
 

@@ -53,7 +53,7 @@ def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that
     tenant_b.drain(wait_s=1.5)
     assert set(tenant_b.by_job) == {wanted.job_id}
     assert tenant_b.attributes[wanted.job_id] == [
-        {"status": "cancelled", "tenant": "tenant-b", "model": "model-x", "webhook": "false"}
+        {"status": "cancelled", "tenant": "tenant-b", "model": "model-x", "webhook": "false", "event": "job.completed"}
     ]
     assert other_model.job_id not in tenant_b.by_job and other_tenant.job_id not in tenant_b.by_job
 

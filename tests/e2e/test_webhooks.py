@@ -5,6 +5,7 @@ The local stack retries a failed delivery every second (``LOCAL_WEBHOOK_BACKOFF`
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Iterator
 
@@ -14,8 +15,10 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from async_inference import settings
 from async_inference.aws import client
 from async_inference.client import ApiError, Client
+from async_inference.aws import JobStore
 from async_inference.schemas import JobView, ResultNotification
-from async_inference.webhooks import Receiver
+from async_inference.service import build_notification
+from async_inference.webhooks.receiver import Receiver
 from local_runtime.stack import LocalStack
 from tests.e2e.conftest import chat
 
@@ -168,3 +171,68 @@ def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_
     # AND the job records an attempt for each event
     job = webhook_settled(api, submitted.job_id, attempts=2, timeout_s=10)
     assert sorted(a.event for a in job.webhook.attempts) == ["completed", "started"]
+
+
+def _webhook_queue_url(stack: LocalStack) -> str:
+    """The webhook queue, as the dispatcher function's environment names it."""
+    assert stack.deployment is not None
+    [variables] = [f.properties["Environment"]["Variables"] for f in stack.deployment.of_type("AWS::Lambda::Function").values()
+                   if f.properties.get("Handler") == "lambdas.webhooks.handler.lambda_handler"]
+    return variables["WEBHOOK_QUEUE_URL"]
+
+
+def _queue_notifications(stack: LocalStack, job_ids: list[str]) -> None:
+    """Put the jobs' result notifications on the webhook queue in one request, as the topic delivers them."""
+    assert stack.resources is not None
+    store = JobStore(stack.resources.config.table_name)
+    bodies = [build_notification(store.get(job_id), result=None, bucket=stack.resources.config.bucket_name)
+              .model_dump_json() for job_id in job_ids]
+    client("sqs").send_message_batch(QueueUrl=_webhook_queue_url(stack),
+                                     Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
+
+
+def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delivery(
+    stack: LocalStack, api: Client, other_api: Client
+):
+    with Receiver(hang_s=3 * settings.WEBHOOK_DELIVERY_TIMEOUT_S) as hanging, Receiver() as healthy:
+        # GIVEN tenant A's jobs whose receiver hangs, and tenant B's job whose receiver answers at once
+        first, *slow = [api.submit(chat(f"slow {i}"), webhook={"url": hanging.url}).job_id for i in range(3)]
+        fast = other_api.submit(chat("fast"), webhook={"url": healthy.url}).job_id
+        try:
+            # AND the dispatcher busy with a delivery to the hanging receiver, so that the next three events are
+            # queued by the time it reads again, and come in one batch: two hanging ones, then the healthy one
+            _queue_notifications(stack, [first])
+            assert len(hanging.wait_for(1, timeout_s=20)) == 1
+            # WHEN they are dispatched
+            _queue_notifications(stack, [*slow, fast])
+            [delivery] = healthy.wait_for(1, timeout_s=4 * settings.WEBHOOK_DELIVERY_TIMEOUT_S)
+            stuck = hanging.wait_for(3, timeout_s=5)
+        finally:
+            for job_id in (first, *slow):
+                api.cancel(job_id)
+            other_api.cancel(fast)
+    # THEN the healthy receiver got its delivery while the hanging ones were still waiting for their answers (each
+    # delivery has its own timeout), not after theirs had run out one after the other
+    assert len(stuck) == 3, "the two hanging deliveries of the batch started"
+    started = max(d.received_on for d in stuck[1:])
+    assert delivery.received_on - started < settings.WEBHOOK_DELIVERY_TIMEOUT_S / 2, (delivery.received_on - started)
+    assert delivery.headers["webhook-id"] == f"{fast}_completed"
+
+
+def test_an_operator_reads_a_tenants_signing_secret_with_the_cli(stack: LocalStack, capsys):
+    # GIVEN the stack's signing secret (the stack output WebhookSigningSecretArn), as an operator's AWS access reads it
+    from async_inference import cli
+
+    assert stack.resources is not None
+    arn = stack.resources.webhook_secret_arn
+    # WHEN the operator asks for a tenant's secret
+    assert cli.main(["webhook-secret", "tenant-a", "--secret-arn", arn]) == 0
+    # THEN it prints that tenant's secret, the one deliveries are signed with
+    assert capsys.readouterr().out.split() == [stack.webhook_secrets["tenant-a"]]
+    # AND --json gives it for scripts
+    assert cli.main(["--json", "webhook-secret", "tenant-b", "--secret-arn", arn]) == 0
+    assert json.loads(capsys.readouterr().out) == {"tenant": "tenant-b", "secrets": [stack.webhook_secrets["tenant-b"]]}
+    # AND a tenant without a secret is an error that names the ones there are
+    assert cli.main(["webhook-secret", "nobody", "--secret-arn", arn]) == 2
+    error = capsys.readouterr().err
+    assert "nobody" in error and "tenant-a" in error

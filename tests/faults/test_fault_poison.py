@@ -37,11 +37,13 @@ def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
     worker = workers.start_worker("poison", ECHO_MAX_MODEL_LEN="50")
     jobs = workers.wait_final(good + list(poison), timeout_s=30)
 
-    # THEN each poison job failed with a reason that says what is wrong, on its first and only attempt
+    # THEN each poison job failed with a reason that says what is wrong, at its first receive. `attempts` counts
+    # runs: a payload it cannot run with fails the job before it runs; the prompt too long for the context was tried
+    # in the engine once
     for job_id, (name, reason) in poison.items():
         assert jobs[job_id].status.value == "failed", (name, jobs[job_id])
         assert reason in (jobs[job_id].error or ""), (name, jobs[job_id].error)
-        assert jobs[job_id].attempts == 1, name
+        assert jobs[job_id].attempts == (1 if name == "too_long" else 0), name
         assert workers.result_objects(job_id) == []
     # AND the good jobs in the same batch succeeded
     assert [jobs[j].status.value for j in good] == ["succeeded", "succeeded"]

@@ -1,4 +1,6 @@
-"""Scale-in: SIGTERM makes a busy worker hand its unfinished jobs back at once; ECS task protection while busy."""
+"""Scale-in: SIGTERM makes a busy worker hand its unfinished jobs back at once; ECS task protection as its
+TASK_PROTECTION mode says: only for jobs that could outlast the drain (the task definition's long_jobs), or whenever
+it is busy (busy)."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
     # GIVEN a busy worker in ECS (task protection endpoint) with the production 60 s visibility timeout, whose jobs
     # take 20 s each, and which may drain for 1 s only
     busy = workers.start_worker("busy", ECHO_DELAY_S="20", DRAIN_TIMEOUT_S="1", VISIBILITY_TIMEOUT_S="60",
-                                HEARTBEAT_INTERVAL_S="15", ECS_AGENT_URI=ecs_agent.uri)
+                                HEARTBEAT_INTERVAL_S="15", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy")
     api = workers.api()
     job_ids = [api.submit(chat(f"scale in {i}", max_tokens=2)).job_id for i in range(4)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
@@ -83,7 +85,8 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
 
 def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: FaultStack, ecs_agent: FakeEcsAgent):
     # GIVEN a worker whose jobs take 2 s, allowed to drain for 10 s
-    busy = workers.start_worker("drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri)
+    busy = workers.start_worker("drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri,
+                                TASK_PROTECTION="busy")
     api = workers.api()
     job_ids = [api.submit(chat(f"drain {i}")).job_id for i in range(3)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
@@ -101,7 +104,7 @@ def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: Faul
 def test_a_busy_worker_renews_its_task_protection_before_it_expires(workers: FaultStack, ecs_agent: FakeEcsAgent):
     # GIVEN a worker in ECS that renews its protection every second (in production: every 15 of its 60 minutes)
     worker = workers.start_worker("renew", ECHO_DELAY_S="5", TASK_PROTECTION_RENEW_S="1", HEARTBEAT_INTERVAL_S="0.5",
-                                  ECS_AGENT_URI=ecs_agent.uri)
+                                  ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy")
     # WHEN it is busy with one job for 5 s
     job_id = workers.api().submit(chat("a long one", max_tokens=2)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
@@ -117,9 +120,65 @@ def test_a_busy_worker_renews_its_task_protection_before_it_expires(workers: Fau
 
 
 def test_task_protection_is_cleared_when_the_worker_goes_idle(workers: FaultStack, ecs_agent: FakeEcsAgent):
-    worker = workers.start_worker("idle", ECS_AGENT_URI=ecs_agent.uri)
+    worker = workers.start_worker("idle", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy")
     job_id = workers.api().submit(chat("quick")).job_id
     workers.wait_final([job_id])
     wait_until(lambda: ecs_agent.enabled == [True, False], 5, "protection to be set then cleared")
     workers.stop_worker(worker)
     assert ecs_agent.enabled == [True, False]  # stopping an idle worker changes nothing
+
+
+# long_jobs at 10 tokens a second and a 1 s drain: max_tokens 2 is a 0.2 s job, max_tokens 100 a 10 s one.
+LONG_JOBS = {"TASK_PROTECTION_TOKENS_PER_S": "10", "DRAIN_TIMEOUT_S": "1"}
+
+
+def test_the_deployed_mode_protects_only_while_a_job_that_could_outlast_the_drain_runs(
+    workers: FaultStack, ecs_agent: FakeEcsAgent
+):
+    # GIVEN a worker in ECS with the task definition's TASK_PROTECTION (long_jobs), whose jobs each take 2 s
+    worker = workers.start_worker("long-jobs", ECHO_DELAY_S="2", ECS_AGENT_URI=ecs_agent.uri, **LONG_JOBS)
+    api = workers.api()
+    # WHEN it runs jobs whose max_tokens fit the drain THEN it never asks for protection
+    short = [api.submit(chat(f"short {i}", max_tokens=2)).job_id for i in range(3)]
+    assert {j.status.value for j in workers.wait_final(short, timeout_s=30).values()} == {"succeeded"}
+    assert ecs_agent.states == []
+    # WHEN it runs one whose max_tokens could outlast the drain, beside a short one
+    long = api.submit(chat("long", max_tokens=100)).job_id
+    api.submit(chat("short beside it", max_tokens=2))
+    wait_until(lambda: workers.job(long).status.value == "running", 20, "the long job to run")
+    # THEN it is protected while that job runs, and cleared once it is done
+    wait_until(lambda: ecs_agent.enabled == [True], 5, "protection for the long job")
+    workers.wait_final([long], timeout_s=30)
+    wait_until(lambda: ecs_agent.enabled == [True, False], 5, "protection to be cleared")
+    workers.stop_worker(worker)
+    assert ecs_agent.enabled == [True, False]
+
+
+def test_a_busy_worker_of_short_jobs_can_be_stopped_and_its_jobs_finish_in_the_drain(
+    workers: FaultStack, ecs_agent: FakeEcsAgent
+):
+    # GIVEN a long_jobs worker busy with jobs shorter than its drain (1 s jobs, 5 s drain), so unprotected: what a
+    # step-down may stop
+    busy = workers.start_worker("stepped-down", ECHO_DELAY_S="1", ECS_AGENT_URI=ecs_agent.uri,
+                                TASK_PROTECTION="long_jobs", TASK_PROTECTION_TOKENS_PER_S="10", DRAIN_TIMEOUT_S="5")
+    api = workers.api()
+    job_ids = [api.submit(chat(f"step down {i}", max_tokens=2)).job_id for i in range(3)]
+    wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
+    assert ecs_agent.states == []
+    # WHEN ECS stops it (SIGTERM)
+    busy.send_signal(signal.SIGTERM)
+    # THEN it finishes them itself within the drain, once each, and never asked for protection
+    assert busy.wait(timeout=15) == 0
+    jobs = {j: workers.job(j) for j in job_ids}
+    assert {j.status.value for j in jobs.values()} == {"succeeded"}
+    assert all(j.attempts == 1 for j in jobs.values())
+    assert ecs_agent.states == []
+
+
+def test_protection_off_never_calls_the_agent(workers: FaultStack, ecs_agent: FakeEcsAgent):
+    worker = workers.start_worker("off", ECHO_DELAY_S="2", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="off",
+                                  **LONG_JOBS)
+    job_id = workers.api().submit(chat("long but unprotected", max_tokens=100)).job_id
+    assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
+    workers.stop_worker(worker)
+    assert ecs_agent.states == []

@@ -93,3 +93,13 @@ def test_metric_math_expressions():
     assert evaluate_expression("(visible + inFlight) / instances", {"visible": 3, "inFlight": 2, "instances": 0}) is None
     with pytest.raises(ValueError, match="unknown id"):
         evaluate_expression("visible + other", {"visible": 1})
+
+
+def test_fill_stands_a_number_in_for_a_missing_metric_only():
+    # GIVEN Container Insights publishing no DesiredTaskCount for a service without tasks WHEN the scale-out
+    # expression reads it through FILL THEN the missing count is 0 and a present one is kept
+    expression = "CEIL((visible + inFlight) / 202.5) - FILL(desired, 0)"
+    assert evaluate_expression(expression, {"visible": 1, "inFlight": 0, "desired": None}) == 1
+    assert evaluate_expression(expression, {"visible": 1, "inFlight": 0, "desired": 1}) == 0
+    assert evaluate_expression("FILL(desired, 0) - IF((visible + inFlight) > 0, CEIL((visible + inFlight) / 8), 1)",
+                               {"visible": 0, "inFlight": 0, "desired": 3}) == 2

@@ -85,7 +85,12 @@ def test_scaled_object_mirrors_the_ecs_limits_and_reads_as_the_keda_policy():
 
 
 def test_worker_model_and_batch_match_the_stack():
-    # GIVEN the Deployment and cdk.json WHEN compared THEN the pod runs the model and batch the ECS task runs
+    # GIVEN the Deployment and cdk.json WHEN compared THEN the pod runs the model and batch the ECS task runs (the
+    # batch cdk.capacity sizes when cdk.json sets none)
+    from cdk.service import AsyncInferenceServiceProps
+
     env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     context = cdk_json_context()
-    assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], context["max_num_seqs"])
+    props = AsyncInferenceServiceProps(model=context["model"], gpu_instance_type=context["gpu_instance_type"],
+                                       max_num_seqs=context.get("max_num_seqs"))
+    assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], props.effective_max_num_seqs())

@@ -1,11 +1,12 @@
-"""The policy fragments (SageMaker's documented policy, the candidate) read through the same template reader."""
+"""The policies (SageMaker's documented policy, cdk/queue_scaling.py's) read through the same template reader."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.scaling.policies import candidate_resources, sagemaker_resources
+from bench.scaling.policies import sagemaker_resources
 from bench.scaling.template import read_policy
+from tests.scaling.conftest import scaling_policy
 
 
 def test_sagemaker_policy_is_target_tracking_at_five_plus_a_step_from_zero():
@@ -23,18 +24,26 @@ def test_sagemaker_policy_is_target_tracking_at_five_plus_a_step_from_zero():
     assert step.step_for(0.0).adjustment == 1 and step.cooldown_s == 300
 
 
-def test_candidate_scale_out_adds_the_shortfall_of_tasks():
-    # GIVEN the candidate with 16 jobs per task on a ceiling of 4 WHEN its scale-out policy sees a shortfall of n
-    spec = read_policy(candidate_resources(max_tasks=4, jobs_per_task=16))
-    policy = spec.steps["ScaleOut"]
-    # THEN it adds n tasks (the alarm's threshold is a shortfall of 1)
+def _named(spec, prefix):
+    """The alarm or step policy whose logical id starts with the construct path's ``prefix``."""
+    found = [a for a in spec.alarms if a.name.startswith(prefix)] or [
+        p for name, p in spec.steps.items() if name.startswith(prefix)]
+    (item,) = found
+    return item
+
+
+def test_queue_scaling_scale_out_adds_the_shortfall_of_tasks():
+    # GIVEN QueueScaling with 16 jobs per task on a ceiling of 4 WHEN its scale-out policy sees a shortfall of n
+    spec = scaling_policy(max_tasks=4, jobs_per_task=16)
+    policy = spec.steps[_named(spec, "ScalingTasksShort").actions[0]]
+    # THEN it adds n tasks (the alarm's threshold is a shortfall of 1), at most the ceiling
     assert [policy.step_for(n - 1).adjustment for n in (1, 2, 3, 4, 7)] == [1, 2, 3, 4, 4]
 
 
-def test_candidate_keep_alive_counts_messages_sent():
-    # GIVEN the candidate WHEN its idle alarm is read THEN it counts messages sent, so each message restarts it
-    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3))
-    idle = next(a for a in spec.alarms if a.name == "Idle")
+def test_queue_scaling_keep_alive_counts_messages_sent():
+    # GIVEN QueueScaling WHEN its idle alarm is read THEN it counts messages sent, so each message restarts it
+    spec = scaling_policy(jobs_per_task=16, keep_alive_minutes=3)
+    idle = _named(spec, "ScalingIdle")
     assert "sent" in idle.query.stats and idle.query.stats["sent"].stat == "Sum"
     assert (idle.evaluation_periods, idle.treat_missing) == (3, "breaching")
 

@@ -10,12 +10,12 @@ from bench.scaling.ecs import ClusterConfig
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import ColdStart
 from bench.scaling.keda import KedaSpec
-from bench.scaling.policies import candidate_resources
 from bench.scaling.queue import Queue
 from bench.scaling.simulation import ApiWake, Scenario, simulate
 from bench.scaling.template import read_policy
 from bench.scaling.trace import Request
 from cdk.capacity import A10G, QWEN2_5_1_5B, kv_cache_tokens
+from tests.scaling.conftest import scaling_policy
 
 ENGINE = EngineModel(QWEN2_5_1_5B, A10G, max_num_seqs=16, kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G))
 CLUSTER = ClusterConfig(max_instances=2)
@@ -70,10 +70,10 @@ def test_one_job_from_idle_brings_up_every_task_when_the_cold_start_outlasts_the
 
 
 def test_the_api_wake_requests_a_task_within_a_second_once_per_burst():
-    # GIVEN the candidate WHEN a burst of jobs reaches an idle service
-    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16))
+    # GIVEN cdk/queue_scaling.py's policy and the API's wake WHEN a burst of jobs reaches an idle service
+    spec = scaling_policy(max_tasks=2, jobs_per_task=16)
     burst = [Request(i * 0.05, 300, 20) for i in range(10)]  # fewer than one task batches
-    run = _run(Scenario("candidate", policy=spec, api_wake=ApiWake(), task_protection=False), burst)
+    run = _run(Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off"), burst)
     # THEN the desired count leaves zero 0.1 s after the first submit, with one call, and no second task is added
     # (the deployed policy adds one per cooldown while the first is starting)
     assert run.wakes_s == [pytest.approx(0.1)]
@@ -81,11 +81,11 @@ def test_the_api_wake_requests_a_task_within_a_second_once_per_burst():
 
 
 def test_keep_alive_restarts_with_each_message_then_scales_to_zero():
-    # GIVEN the candidate with a 3-minute keep-alive and a job every 2 minutes for 20 minutes, with a fast cold start
+    # GIVEN a 3-minute keep-alive and a job every 2 minutes for 20 minutes, with a fast cold start
     fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
-    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3))
+    spec = scaling_policy(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3)
     jobs = [Request(120.0 * i, 200, 10) for i in range(11)]
-    run = _run(Scenario("candidate", policy=spec, api_wake=ApiWake(), task_protection=False), jobs, cold=fast,
+    run = _run(Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off"), jobs, cold=fast,
                tail_s=900)
     # WHEN simulated THEN the service never returns to zero between jobs (one wake) and is at zero by the end
     assert len(run.wakes_s) == 1
@@ -116,7 +116,7 @@ def test_keda_wakes_within_a_polling_interval_and_scales_to_zero_after_its_coold
     spec = KedaSpec(polling_interval_s=15, cooldown_period_s=300, min_replicas=0, max_replicas=2, queue_length=5,
                     activation_queue_length=0, scale_on_in_flight=True, scale_on_delayed=False)
     fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
-    run = _run(Scenario("keda", keda=spec, task_protection=False), [Request(1.0, 200, 10)], cold=fast, tail_s=900)
+    run = _run(Scenario("keda", keda=spec, task_protection="off"), [Request(1.0, 200, 10)], cold=fast, tail_s=900)
     # THEN a pod is asked for at the first poll, one pod only, and none is left 300 s after the job is done
     assert run.wakes_s == [14.0] and run.max_tasks == 1
     done = run.jobs[0].finished_s
@@ -127,10 +127,10 @@ def test_keda_wakes_within_a_polling_interval_and_scales_to_zero_after_its_coold
 
 def test_a_protected_task_is_not_stopped_until_its_jobs_are_done():
     # GIVEN two running tasks with task protection that each hold jobs WHEN the desired count drops to one
-    spec = read_policy(candidate_resources(max_tasks=2, jobs_per_task=4, scale_in_minutes=1))
+    spec = scaling_policy(max_tasks=2, jobs_per_task=4, scale_in_minutes=1)
     jobs = [Request(0.0, 300, 400) for _ in range(40)]
-    protected = _run(Scenario("p", policy=spec, task_protection=True, initial_tasks=2), jobs, tail_s=600)
-    unprotected = _run(Scenario("u", policy=spec, task_protection=False, initial_tasks=2), jobs, tail_s=600)
+    protected = _run(Scenario("p", policy=spec, task_protection="busy", initial_tasks=2), jobs, tail_s=600)
+    unprotected = _run(Scenario("u", policy=spec, task_protection="off", initial_tasks=2), jobs, tail_s=600)
     # THEN no job is released back to the queue with protection; without it, scale-in may drain a task early
     assert all(job.receives == 1 for job in protected.jobs)
     assert all(job.finished_s is not None for job in protected.jobs + unprotected.jobs)
@@ -161,3 +161,25 @@ def test_a_single_job_takes_its_prefill_plus_one_step_a_token():
     prefill = engine.step_s(0, 0, 1000, 500)
     decode = 100 * engine.step_s(1, 1050)
     assert job.finished_s - job.started_s == pytest.approx(prefill + decode, rel=0.05)
+
+
+def test_long_jobs_protection_lets_a_step_down_stop_the_task_of_the_short_job_not_the_long_one():
+    # GIVEN two warm tasks, one running a job longer than its drain at the expected rate (30,000 tokens; 13,500 fit
+    # 90 s at 150 tokens/s), the other a shorter one (12,000), and a one-minute step-down
+    jobs = [Request(0.0, 300, 30000), Request(0.0, 300, 12000)]
+
+    def run(mode: str):
+        spec = scaling_policy(max_tasks=2, jobs_per_task=4, scale_in_minutes=1)
+        return _run(Scenario(mode, policy=spec, task_protection=mode, protection_tokens_per_s=150, initial_tasks=2),
+                    jobs, tail_s=900)
+
+    long_jobs, busy, off = run("long_jobs"), run("busy"), run("off")
+    # WHEN the step-down asks for one task at the first minute
+    assert [row[1] for row in (long_jobs.timeline[0], busy.timeline[0], off.timeline[0])] == [1, 1, 1]
+    # THEN long_jobs stops the short job's task at once, which finishes that job in its drain, and never the long one
+    assert long_jobs.timeline[0][2] == 1
+    assert [(j.receives, j.started_s) for j in long_jobs.jobs] == [(1, 0.0), (1, 0.0)]
+    # AND busy protects both, so the step-down waits for the short job to end
+    assert busy.timeline[0][2] == 2
+    # AND off may stop the long job's task, whose job is handed back after the drain and runs again from the start
+    assert off.jobs[0].receives == 2 and off.jobs[0].finished_s > long_jobs.jobs[0].finished_s + 90

@@ -1,16 +1,34 @@
-"""The simulator's view of the synthesized stack: the deployed policy read from the template, not re-typed."""
+"""The simulator's view of the synthesized stack: the deployed policy, wake and worker read from the template, not
+re-typed, and equal to what the stack's options deploy."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 
-from bench.scaling.template import TemplateError, read, read_policy
+from async_inference import config as env, settings
+from bench.scaling.cloudwatch import evaluate_expression
+from bench.scaling.keda import read_scaled_object
+from bench.scaling.policies import scenarios
+from bench.scaling.template import TemplateError, WakeSpec, read, read_policy
 from cdk.service import AsyncInferenceServiceProps
 from tests.scaling.conftest import cdk_json_context
 
 pytestmark = pytest.mark.cdk
 CONTEXT = cdk_json_context()
-PROPS = AsyncInferenceServiceProps()
+PROPS = AsyncInferenceServiceProps()  # cdk.json sets none of the scaling options: their defaults are deployed
+J = PROPS.effective_jobs_per_task()
+# The job queue (1) and the batch lane (2, a chunk of BATCH_CHUNK_LINES lines), each FILLed: an idle lane publishes
+# no datapoints.
+BACKLOG = (f"(FILL(visible1, 0) + FILL(inFlight1, 0) + "
+           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0)))")
+
+
+def _alarm(spec, name: str):
+    (alarm,) = [a for a in spec.alarms if name in a.name]
+    return alarm
 
 
 def test_scalable_target_bounds_are_the_configured_task_limits(stack_template):
@@ -19,56 +37,134 @@ def test_scalable_target_bounds_are_the_configured_task_limits(stack_template):
     assert (policy.minimum, policy.maximum) == (0, CONTEXT["max_worker_tasks"])
 
 
-def test_scale_out_alarm_is_one_minute_of_visible_messages_missing_as_not_breaching(stack_template):
-    # GIVEN the stack WHEN its scale-out alarm is read THEN it watches the maximum of visible messages each minute
-    alarm = next(a for a in read(stack_template).policy.alarms if a.comparison == "GreaterThanOrEqualToThreshold")
-    (stat,) = alarm.query.stats.values()
-    assert (stat.metric.name, stat.stat, stat.period_s) == ("ApproximateNumberOfMessagesVisible", "Maximum", 60)
-    assert (alarm.threshold, alarm.evaluation_periods, alarm.treat_missing) == (1, 1, "notBreaching")
-
-
-def test_scale_out_steps_read_back_as_the_props_steps(stack_template):
-    # GIVEN the default scale_out_steps WHEN the step policy behind the scale-out alarm is read
+def test_scale_out_reads_back_as_the_backlog_in_tasks_minus_desired_adding_the_shortfall(stack_template):
+    # GIVEN the stack WHEN its scale-out alarm and policy are read
     spec = read(stack_template).policy
-    alarm = next(a for a in spec.alarms if a.comparison == "GreaterThanOrEqualToThreshold")
+    alarm = _alarm(spec, "TasksShort")
+    # THEN the simulator evaluates CEIL(backlog / J) - FILL(desired, 0) on one minute of Maximum datapoints
+    assert alarm.query.expression == f"CEIL({BACKLOG} / {J:g}) - FILL(desired, 0)"
+    assert {k: (s.metric.namespace, s.metric.name, s.stat, s.period_s, bool(s.metric.resource))
+            for k, s in alarm.query.stats.items()} == {
+        **{f"{name}{i}": ("AWS/SQS", metric, "Maximum", 60, i == 2)  # 2: the batch lane, which the trace leaves idle
+           for i in (1, 2) for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
+                                                ("inFlight", "ApproximateNumberOfMessagesNotVisible"))},
+        "desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60, False),
+    }
+    assert (alarm.threshold, alarm.comparison, alarm.evaluation_periods, alarm.treat_missing) == (
+        1, "GreaterThanOrEqualToThreshold", 1, "notBreaching")
     policy = spec.steps[alarm.actions[0]]
-    # THEN each (visible messages, tasks added) pair is a step starting at its threshold, with the 300 s cooldown
-    first = PROPS.scale_out_steps[0][0]
-    for threshold, tasks in PROPS.scale_out_steps:
-        step = policy.step_for(threshold - first)
-        assert step is not None and step.adjustment == tasks
-    assert (policy.adjustment_type, policy.cooldown_s) == ("ChangeInCapacity", 300)
+    assert (policy.adjustment_type, policy.cooldown_s) == ("ChangeInCapacity", PROPS.scale_out_cooldown_seconds)
+    # a shortfall of n tasks (n - 1 above the threshold) adds n, up to the ceiling
+    assert [policy.step_for(n - 1).adjustment for n in (1, 2, 5)] == [1, 2, CONTEXT["max_worker_tasks"]]
 
 
-def test_idle_alarm_is_metric_math_over_visible_and_in_flight_for_the_idle_minutes(stack_template):
-    # GIVEN the stack WHEN its scale-in alarm is read THEN it sums visible and in-flight messages for 10 minutes,
-    # missing data counting as idle, and sets the count to exactly 0
+def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(stack_template):
     spec = read(stack_template).policy
-    alarm = next(a for a in spec.alarms if a.comparison == "LessThanOrEqualToThreshold")
-    assert alarm.query.expression == "visible + inFlight"
-    assert {s.metric.name for s in alarm.query.stats.values()} == {
-        "ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible"}
-    minutes = CONTEXT["idle_minutes_before_scale_in"]
+    alarm = _alarm(spec, "TasksSpare")
+    spare = J * PROPS.scale_in_fill
+    assert alarm.query.expression == (
+        f"FILL(desired, 0) - IF({BACKLOG} > 0, CEIL({BACKLOG} / {spare:g}), 1)")
+    minutes = PROPS.scale_in_minutes
+    assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "missing")
+    policy = spec.steps[alarm.actions[0]]
+    assert (policy.adjustment_type, policy.cooldown_s) == ("ChangeInCapacity", PROPS.scale_in_cooldown_seconds)
+    assert policy.step_for(0.0).adjustment == -1
+
+
+def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(stack_template):
+    spec = read(stack_template).policy
+    alarm = _alarm(spec, "Idle")
+    assert alarm.query.expression == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert alarm.query.stats["sent1"].stat == "Sum"
+    assert alarm.query.stats["sent1"].metric.resource == "" and alarm.query.stats["sent2"].metric.resource  # the lane
+    minutes = PROPS.idle_minutes_before_scale_in
     assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "breaching")
     policy = spec.steps[alarm.actions[0]]
     assert policy.adjustment_type == "ExactCapacity"
     assert policy.step_for(0.0, upper_alarm=False).adjustment == 0
+    assert len(spec.alarms) == 3 and not spec.tracking
 
 
 def test_capacity_and_worker_settings_come_from_the_template(stack_template):
     # GIVEN the stack WHEN the reader reads capacity and the worker THEN it finds the group's limit, managed scaling's
-    # target, the task definition's batch, model, host volume for weights and task protection permission
+    # target and 120 s warm-up, the sized batch, the model, host volume for weights and the protection marker
     deployed = read(stack_template)
     assert deployed.cluster.max_instances == CONTEXT["max_gpu_instances"]
-    assert deployed.cluster.target_capacity == 100
+    assert (deployed.cluster.target_capacity, deployed.cluster.instance_warmup_s) == (100, 120)
     assert deployed.cluster.weights_on_host and deployed.cluster.uses_task_protection
-    assert deployed.worker.max_num_seqs == CONTEXT["max_num_seqs"]
+    assert deployed.worker.max_num_seqs == PROPS.effective_max_num_seqs() == 135
     assert deployed.worker.model == CONTEXT["model"]
     assert deployed.worker.instance_type == CONTEXT["gpu_instance_type"]
     assert deployed.worker.stop_timeout_s == 120
+    assert (deployed.worker.task_protection, deployed.worker.task_protection_tokens_per_s) == ("long_jobs", 20.0)
+
+
+def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
+    # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
+    # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
+    # the service, ecs:UpdateService on it), at 60 s
+    wake = read(stack_template).wake
+    handlers = {lid: f["Properties"]["Handler"] for lid, f in stack_template["Resources"].items()
+                if lid in (wake.functions if wake else ())}
+    assert wake == WakeSpec(functions=tuple(sorted(handlers)), check_interval_s=PROPS.wake_check_interval_seconds)
+    assert sorted(handlers.values()) == ["lambdas.api.handler.lambda_handler",
+                                         "lambdas.batch_controller.handler.lambda_handler",
+                                         "lambdas.upload.handler.lambda_handler"]
+
+
+def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_template):
+    # GIVEN the stack WHEN the simulator builds its scenarios THEN "deployed" wakes at the template's interval, runs
+    # long_jobs protection at its rate and the capacity provider's warm-up; the anchors keep ECS's 300 s and no
+    # protection
+    deployed, *anchors = scenarios(stack_template, max_tasks=CONTEXT["max_worker_tasks"],
+                                   keda_spec=read_scaled_object(), cpu_vcpus=4.0)
+    assert deployed.name == "deployed" and deployed.api_wake is not None
+    assert deployed.api_wake.check_interval_s == 60
+    assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
+        "long_jobs", 20.0, 120)
+    assert read_policy(stack_template).alarms == deployed.policy.alarms
+    assert {(a.name, a.task_protection, a.instance_warmup_s, a.api_wake) for a in anchors} == {
+        ("queue_processing", "off", 300, None), ("sagemaker", "off", 300, None), ("keda", "off", 300, None)}
+
+
+def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):
+    # GIVEN the template with the ECS statements taken out of every policy
+    template = copy.deepcopy(stack_template)
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Policy":
+            document = resource["Properties"]["PolicyDocument"]
+            document["Statement"] = [s for s in document["Statement"] if "ecs:UpdateService" not in json.dumps(s)]
+    # WHEN read THEN the reader refuses, naming the function: such a wake would fail at every check
+    with pytest.raises(TemplateError, match=r"Service\w+: WORKER_SERVICE_ARN names .* may not ecs:UpdateService"):
+        read(template)
+
+
+def test_task_protection_reads_as_off_when_the_marker_says_so_or_the_role_may_not_set_it(stack_template):
+    template = copy.deepcopy(stack_template)
+    [task] = [r for r in template["Resources"].values() if r["Type"] == "AWS::ECS::TaskDefinition"]
+    environment = task["Properties"]["ContainerDefinitions"][0]["Environment"]
+    next(e for e in environment if e["Name"] == env.ENV_TASK_PROTECTION)["Value"] = "busy"
+    assert read(template).worker.task_protection == "busy"
+    next(e for e in environment if e["Name"] == env.ENV_TASK_PROTECTION)["Value"] = "off"
+    assert read(template).worker.task_protection == "off" and not read(template).cluster.uses_task_protection
+    next(e for e in environment if e["Name"] == env.ENV_TASK_PROTECTION)["Value"] = "sometimes"
+    with pytest.raises(TemplateError, match="TASK_PROTECTION is 'sometimes'"):
+        read(template)
 
 
 def test_reader_refuses_a_template_without_an_ecs_scalable_target():
     # GIVEN resources without a ScalableTarget WHEN read THEN the error names what is missing
     with pytest.raises(TemplateError, match="ScalableTarget"):
         read_policy({"Resources": {}})
+
+
+def test_an_idle_lane_publishing_nothing_does_not_blank_the_scale_out_alarm(stack_template):
+    # GIVEN the deployed scale-out alarm, jobs waiting in the job queue, and a batch lane idle for hours (SQS publishes
+    # no datapoints for it at all)
+    alarm = _alarm(read(stack_template).policy, "TasksShort")
+    values = {"visible1": 30.0, "inFlight1": 0.0, "visible2": None, "inFlight2": None, "desired": None}
+    # WHEN CloudWatch evaluates it THEN it still asks for a task: each queue's terms are FILLed
+    assert evaluate_expression(alarm.query.expression, values) == 1
+    # (without FILL, the lane's missing datapoints would blank the sum, and the fleet would never wake on the alarm)
+    unfilled = alarm.query.expression.replace("FILL(visible2, 0)", "visible2").replace("FILL(inFlight2, 0)", "inFlight2")
+    assert evaluate_expression(unfilled, values) is None

@@ -14,11 +14,17 @@ from typing import Any, Iterator
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from async_inference import settings, webhooks
+from async_inference import settings
 from async_inference.config import DispatcherSettings, SettingsError
 from async_inference.jobs import JobStatus
 from async_inference.schemas import Job, ResultNotification, Timings, WebhookState, utcnow
-from async_inference.webhooks import Backoff, Dispatcher, PostResult, TenantSecrets, UnsafeUrl, check_url
+from async_inference.webhooks import delivery, events, signing, url_safety
+from async_inference.webhooks.__main__ import main as webhooks_main
+from async_inference.webhooks.backoff import Backoff
+from async_inference.webhooks.delivery import PostResult
+from async_inference.webhooks.dispatch import Dispatcher
+from async_inference.webhooks.secrets import TenantSecrets
+from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 PUBLIC = "93.184.216.34"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -80,7 +86,7 @@ def test_every_resolved_address_is_checked_not_just_the_first():
         ("https:///path-only", "no host"),
         ("https://hooks.example.com/a b", "whitespace"),
         ("https://hooks.example.com:99999/", "not valid"),
-        ("https://hooks.example.com/" + "a" * webhooks.MAX_URL_CHARS, "longer than"),
+        ("https://hooks.example.com/" + "a" * url_safety.MAX_URL_CHARS, "longer than"),
     ],
 )
 def test_malformed_or_non_https_urls_are_refused(url: str, reason: str):
@@ -108,7 +114,7 @@ def test_locally_http_and_loopback_are_allowed_but_only_for_loopback():
 
 def test_signed_headers_verify_with_standardwebhooks_and_a_changed_body_does_not():
     body = json.dumps({"job_id": "job_1"})
-    headers = webhooks.signed_headers([SECRET], "job_1_completed", body)
+    headers = signing.signed_headers([SECRET], "job_1_completed", body)
     assert Webhook(SECRET).verify(body, headers) == {"job_id": "job_1"}
     assert set(headers) >= {"webhook-id", "webhook-timestamp", "webhook-signature"}
     with pytest.raises(WebhookVerificationError):
@@ -116,15 +122,15 @@ def test_signed_headers_verify_with_standardwebhooks_and_a_changed_body_does_not
 
 
 def test_during_a_rotation_both_secrets_sign_and_either_verifies():
-    new = webhooks.new_secret()
-    headers = webhooks.signed_headers([new, SECRET], "id", "{}")
+    new = signing.new_secret()
+    headers = signing.signed_headers([new, SECRET], "id", "{}")
     assert len(headers["webhook-signature"].split(" ")) == 2
     Webhook(new).verify("{}", headers)
     Webhook(SECRET).verify("{}", headers)
 
 
 def test_new_secret_has_the_whsec_prefix_and_32_random_bytes():
-    a, b = webhooks.new_secret(), webhooks.new_secret()
+    a, b = signing.new_secret(), signing.new_secret()
     assert a.startswith("whsec_") and a != b
     Webhook(a)  # parses as a Standard Webhooks secret
 
@@ -246,13 +252,13 @@ def notification_body(job: Job) -> str:
 def test_queued_messages_are_recognised_raw_inside_an_sns_envelope_and_as_started_events():
     job = make_job()
     raw = notification_body(job)
-    assert webhooks.parse_queued(raw) == webhooks.QueuedEvent("completed", job.job_id, raw)
+    assert events.parse_queued(raw) == events.QueuedEvent("completed", job.job_id, raw)
     envelope = json.dumps({"Type": "Notification", "Message": raw, "TopicArn": "arn"})
-    assert webhooks.parse_queued(envelope) == webhooks.QueuedEvent("completed", job.job_id, raw)
-    started = webhooks.JobStartedEvent.of(make_job(status=JobStatus.RUNNING)).model_dump_json()
-    assert webhooks.parse_queued(started).kind == "started"
-    assert webhooks.parse_queued("not json") is None
-    assert webhooks.parse_queued(json.dumps({"job_id": "x"})) is None
+    assert events.parse_queued(envelope) == events.QueuedEvent("completed", job.job_id, raw)
+    started = events.JobStartedEvent.of(make_job(status=JobStatus.RUNNING)).model_dump_json()
+    assert events.parse_queued(started).kind == "started"
+    assert events.parse_queued("not json") is None
+    assert events.parse_queued(json.dumps({"job_id": "x"})) is None
 
 
 class FakeQueue:
@@ -268,17 +274,17 @@ class FakeQueue:
 
 def test_started_event_is_queued_only_for_jobs_that_asked_for_it():
     queue = FakeQueue()
-    assert webhooks.started_event(make_job(events=["completed"]), queue=queue) is False
-    assert webhooks.started_event(make_job(events=None), queue=queue) is False
+    assert events.started_event(make_job(events=["completed"]), queue=queue) is False
+    assert events.started_event(make_job(events=None), queue=queue) is False
     assert queue.sent == []
     job = make_job(events=["started", "completed"], status=JobStatus.RUNNING)
-    assert webhooks.started_event(job, queue=queue) is True
-    event = webhooks.JobStartedEvent.model_validate_json(queue.sent[0])
+    assert events.started_event(job, queue=queue) is True
+    event = events.JobStartedEvent.model_validate_json(queue.sent[0])
     assert (event.event, event.job_id, event.status, event.attempt) == ("job.started", job.job_id, JobStatus.RUNNING, 1)
 
 
 def test_started_event_never_raises_so_the_job_still_runs():
-    assert webhooks.started_event(make_job(events=["started"]), queue=FakeQueue(fail=True)) is False
+    assert events.started_event(make_job(events=["started"]), queue=FakeQueue(fail=True)) is False
 
 
 # --- The dispatcher -------------------------------------------------------------------------------------------------
@@ -300,9 +306,9 @@ class FakeStore:
 class FakePoster:
     def __init__(self, *results: PostResult) -> None:
         self.results = list(results)
-        self.calls: list[tuple[webhooks.Target, dict[str, str], bytes]] = []
+        self.calls: list[tuple[url_safety.Target, dict[str, str], bytes]] = []
 
-    def __call__(self, target: webhooks.Target, headers: dict[str, str], body: bytes) -> PostResult:
+    def __call__(self, target: url_safety.Target, headers: dict[str, str], body: bytes) -> PostResult:
         self.calls.append((target, headers, body))
         return self.results.pop(0)
 
@@ -376,7 +382,7 @@ def test_events_with_nothing_to_deliver_are_done_without_a_request(job: Job):
 def test_a_started_delivery_does_not_decide_the_status_when_completed_is_also_wanted():
     job = make_job(events=["started", "completed"], status=JobStatus.RUNNING)
     store, poster = FakeStore(job), FakePoster(PostResult(200))
-    body = webhooks.JobStartedEvent.of(job).model_dump_json()
+    body = events.JobStartedEvent.of(job).model_dump_json()
     assert dispatcher(store, poster).dispatch(body, receive_count=1).done
     [(attempt, status)] = store.attempts
     assert status is None and attempt["event"] == "started"
@@ -422,14 +428,14 @@ class _Server:
         self.httpd.server_close()
 
 
-def local_target(port: int, *, scheme: str = "http", host: str = "127.0.0.1") -> webhooks.Target:
-    return webhooks.Target(url="", scheme=scheme, host=host, port=port, path="/in", addresses=("127.0.0.1",))  # type: ignore[arg-type]
+def local_target(port: int, *, scheme: str = "http", host: str = "127.0.0.1") -> url_safety.Target:
+    return url_safety.Target(url="", scheme=scheme, host=host, port=port, path="/in", addresses=("127.0.0.1",))  # type: ignore[arg-type]
 
 
 def test_a_redirect_is_not_followed():
     server = _Server(302)
     try:
-        result = webhooks.post(local_target(server.port), {"content-type": "application/json"}, b"{}")
+        result = delivery.post(local_target(server.port), {"content-type": "application/json"}, b"{}")
     finally:
         server.close()
     assert result == PostResult(302) and not result.delivered and len(server.hits) == 1
@@ -438,7 +444,7 @@ def test_a_redirect_is_not_followed():
 def test_a_refused_connection_is_a_failed_attempt_with_the_error():
     server = _Server(200)
     server.close()
-    result = webhooks.post(local_target(server.port), {}, b"{}")
+    result = delivery.post(local_target(server.port), {}, b"{}")
     assert result.status_code is None and result.error and not result.delivered
 
 
@@ -479,8 +485,8 @@ def test_https_connects_to_the_checked_address_and_verifies_the_certificate_for_
     server = _tls_server(tls_certificate)
     try:
         target = local_target(server.port, scheme="https", host="hooks.example.test")
-        result = webhooks.post(target, {}, b"{}", ca_certs=str(tls_certificate / "cert.pem"))
-        wrong_name = webhooks.post(
+        result = delivery.post(target, {}, b"{}", ca_certs=str(tls_certificate / "cert.pem"))
+        wrong_name = delivery.post(
             local_target(server.port, scheme="https", host="other.example.test"), {}, b"{}",
             ca_certs=str(tls_certificate / "cert.pem"),
         )
@@ -495,7 +501,7 @@ def test_https_connects_to_the_checked_address_and_verifies_the_certificate_for_
 def test_an_untrusted_certificate_is_a_failed_attempt(tls_certificate: Path):
     server = _tls_server(tls_certificate)
     try:
-        result = webhooks.post(local_target(server.port, scheme="https", host="hooks.example.test"), {}, b"{}")
+        result = delivery.post(local_target(server.port, scheme="https", host="hooks.example.test"), {}, b"{}")
     finally:
         server.close()
     assert result.status_code is None and server.hits == []
@@ -506,14 +512,46 @@ def test_an_untrusted_certificate_is_a_failed_attempt(tls_certificate: Path):
 
 def test_cli_verify_accepts_a_genuine_delivery_and_rejects_a_tampered_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     body = json.dumps({"job_id": "job_1", "status": "succeeded"})
-    headers = webhooks.signed_headers([SECRET], "job_1_completed", body)
+    headers = signing.signed_headers([SECRET], "job_1_completed", body)
     args = ["--secret", SECRET, "--id", headers["webhook-id"], "--timestamp", headers["webhook-timestamp"],
             "--signature", headers["webhook-signature"]]
     (tmp_path / "good.json").write_text(body)
     (tmp_path / "bad.json").write_text(body.replace("succeeded", "failed"))
-    assert webhooks.main(["verify", *args, str(tmp_path / "good.json")]) == 0
+    assert webhooks_main(["verify", *args, str(tmp_path / "good.json")]) == 0
     assert json.loads(capsys.readouterr().out) == {"job_id": "job_1", "status": "succeeded"}
-    assert webhooks.main(["verify", *args, str(tmp_path / "bad.json")]) == 1
+    assert webhooks_main(["verify", *args, str(tmp_path / "bad.json")]) == 1
+
+
+def test_cli_receive_saves_each_delivery_and_prints_the_verify_command_that_checks_it(tmp_path: Path):
+    # GIVEN the documented local receiver, listening with a tenant's secret and saving what it gets
+    import shlex
+    import subprocess
+    import sys
+    import urllib.request
+
+    from local_runtime.moto_server import free_port
+
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "async_inference.webhooks", "receive", "--secret", SECRET, "--port", str(port),
+         "--save-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert "listening on" in receiver.stdout.readline()
+        # WHEN a signed delivery arrives
+        body = json.dumps({"job_id": "job_1", "status": "succeeded"})
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/hook", data=body.encode(), method="POST",
+                                         headers=signing.signed_headers([SECRET], "job_1_completed", body))
+        assert urllib.request.urlopen(request, timeout=10).status == 200
+        assert receiver.stdout.readline().startswith("verified job_1_completed")
+        command = receiver.stdout.readline().split(": ", 1)[1]
+    finally:
+        receiver.terminate()
+        receiver.wait(timeout=10)
+    # THEN the printed command, run as printed, verifies the saved body
+    checked = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout) == {"job_id": "job_1", "status": "succeeded"}
 
 
 def test_refusal_reasons_cover_every_non_global_ipv4_special_range():
@@ -522,4 +560,4 @@ def test_refusal_reasons_cover_every_non_global_ipv4_special_range():
                     "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
                     "203.0.113.0/24", "240.0.0.0/4", "255.255.255.255/32"]:
         address = str(next(iter(ipaddress.ip_network(network).hosts()), ipaddress.ip_network(network).network_address))
-        assert webhooks.refusal(address) is not None, network
+        assert url_safety.refusal(address) is not None, network

@@ -95,3 +95,29 @@ def test_a_heartbeat_slower_than_the_health_limit_is_refused(worker_env: pytest.
     worker_env.setenv("HEALTH_MAX_AGE_S", "20")
     with pytest.raises(SettingsError, match="HEARTBEAT_INTERVAL_S=30 must be below HEALTH_MAX_AGE_S=20"):
         WorkerSettings.load()
+
+
+def test_the_task_protection_modes_are_the_ones_the_stack_may_set():
+    from async_inference.config import TASK_PROTECTION_MODES
+
+    assert get_args(WorkerSettings.model_fields["task_protection"].annotation) == TASK_PROTECTION_MODES
+
+
+def test_task_protection_defaults_to_long_jobs_and_reaches_the_worker(worker_env: pytest.MonkeyPatch):
+    # GIVEN the echo engine and no TASK_PROTECTION WHEN the settings load THEN the worker protects long jobs only,
+    # at the default 20 tokens a second; the variables set override both
+    worker_env.setenv("ENGINE", "echo")
+    config = WorkerSettings.load().worker_config()
+    assert (config.task_protection, config.task_protection_tokens_per_s) == ("long_jobs", 20.0)
+    worker_env.setenv("TASK_PROTECTION", "busy")
+    worker_env.setenv("TASK_PROTECTION_TOKENS_PER_S", "35")
+    config = WorkerSettings.load().worker_config()
+    assert (config.task_protection, config.task_protection_tokens_per_s) == ("busy", 35.0)
+
+
+@pytest.mark.parametrize(("name", "value"), [("TASK_PROTECTION", "always"), ("TASK_PROTECTION_TOKENS_PER_S", "0")])
+def test_a_bad_task_protection_setting_is_refused_by_name(worker_env: pytest.MonkeyPatch, name: str, value: str):
+    worker_env.setenv("ENGINE", "echo")
+    worker_env.setenv(name, value)
+    with pytest.raises(SettingsError, match=f"{name}='{value}'"):
+        WorkerSettings.load()

@@ -1,0 +1,83 @@
+"""Who is calling: the API key a request carries, as ``Authorization: Bearer <key>`` (what the openai SDK sends) or
+``x-api-key`` (this project's client, curl), mapped to its tenant. The API Gateway REQUEST authorizer
+(``lambdas/authorizer``) runs this for every request.
+
+API Gateway's own authorizer cache cannot be used here: with caching on, every identity source must be present in a
+request or API Gateway answers 401 without calling the authorizer, and a request carries one header or the other. So
+the gateway's TTL is 0 and the cache is this one: the tenants' key values, read from API Gateway by the keys' ids (this
+stack's keys only) and kept ``KEYS_TTL_S``; a value not among them re-reads the keys at most every ``REFRESH_MIN_S``
+(a caller cannot make each request cost an API Gateway read).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+BEARER = "bearer "
+KEYS_TTL_S = 300.0  # API Gateway's default authorizer TTL: a disabled key stops working within this
+REFRESH_MIN_S = 10.0
+
+# key id -> (value, enabled), or None when there is no such key
+FetchKey = Callable[[str], "tuple[str, bool] | None"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    api_key: str  # the usage plan's key: API Gateway throttles and counts the tenant's requests by it
+
+
+def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
+    """The API keys a request presents: its Bearer token and its x-api-key, each when present."""
+    lowered = {k.lower(): v for k, v in (headers or {}).items() if isinstance(v, str)}
+    keys = []
+    authorization = lowered.get("authorization", "").strip()
+    if authorization.lower().startswith(BEARER) and authorization[len(BEARER):].strip():
+        keys.append(authorization[len(BEARER):].strip())
+    if lowered.get("x-api-key", "").strip():
+        keys.append(lowered["x-api-key"].strip())
+    return keys
+
+
+class TenantKeys:
+    """API key value -> tenant, over this stack's tenants' keys (``key_ids``: tenant -> key id)."""
+
+    def __init__(self, key_ids: Mapping[str, str], fetch: FetchKey, *, clock: Callable[[], float] = time.monotonic,
+                 ttl_s: float = KEYS_TTL_S, refresh_min_s: float = REFRESH_MIN_S) -> None:
+        self._key_ids = dict(key_ids)
+        self._fetch = fetch
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._refresh_min_s = refresh_min_s
+        self._by_value: dict[str, str] = {}
+        self._read_at: float | None = None
+        self._lock = threading.Lock()
+
+    def tenant_of(self, value: str) -> str | None:
+        with self._lock:
+            now = self._clock()
+            stale = self._read_at is None or now - self._read_at >= self._ttl_s
+            unknown = value not in self._by_value and (self._read_at is None or now - self._read_at >= self._refresh_min_s)
+            if stale or unknown:
+                self._read(now)
+            return self._by_value.get(value)
+
+    def _read(self, now: float) -> None:
+        by_value = {}
+        for tenant, key_id in self._key_ids.items():
+            found = self._fetch(key_id)
+            if found is not None and found[1]:
+                by_value[found[0]] = tenant
+        self._by_value, self._read_at = by_value, now
+
+    def caller(self, headers: Mapping[str, str] | None) -> Caller | None:
+        """The tenant of a request's key(s); None when it presents none, an unknown or disabled one, or two keys of
+        different tenants."""
+        keys = presented_keys(headers)
+        tenants = {self.tenant_of(key) for key in keys}
+        if not keys or None in tenants or len(tenants) != 1:
+            return None
+        return Caller(tenant=tenants.pop(), api_key=keys[0])  # type: ignore[arg-type]

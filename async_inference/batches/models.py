@@ -1,0 +1,333 @@
+"""The Files and Batches APIs' objects: the wire objects (copied field for field from openai-python's
+``types/file_object.py``, ``file_deleted.py``, ``batch.py``, ``batch_error.py``, ``batch_request_counts.py`` and
+``model.py``, so the official SDK parses them unmodified), the request bodies, and the records the batch table holds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from typing import Annotated, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from async_inference import settings
+from async_inference.schemas import MetadataKey, MetadataValue, SCHEMA_VERSION
+
+FILE_ID_PATTERN = r"^file-[0-9a-f]{24}$"
+BATCH_ID_PATTERN = r"^batch_[0-9a-f]{32}$"
+
+
+def new_file_id(seed: str | None = None) -> str:
+    """A fresh file id, or the one ``seed`` always maps to (a batch's output and error files: a finalize that runs
+    twice writes the same files)."""
+    digits = uuid.uuid5(uuid.NAMESPACE_URL, seed).hex if seed else uuid.uuid4().hex
+    return f"file-{digits[:24]}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def epoch(moment: dt.datetime) -> int:
+    return int(moment.timestamp())
+
+
+class BatchStatus(str, enum.Enum):
+    """OpenAI's batch states."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_BATCH_STATES
+
+
+FINAL_BATCH_STATES = frozenset({BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
+# target -> the states a batch may enter it from (every state write is conditional on these).
+BATCH_SOURCES: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.FAILED: frozenset({BatchStatus.VALIDATING}),
+    BatchStatus.IN_PROGRESS: frozenset({BatchStatus.VALIDATING}),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS}),
+    BatchStatus.FINALIZING: frozenset(
+        {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING}
+    ),
+    BatchStatus.COMPLETED: frozenset({BatchStatus.FINALIZING}),
+    BatchStatus.EXPIRED: frozenset({BatchStatus.FINALIZING}),
+    BatchStatus.CANCELLED: frozenset({BatchStatus.FINALIZING}),
+}
+# Webhook event names, as OpenAI's webhooks name them (openai-python types/webhooks/batch_*_webhook_event.py).
+BATCH_EVENTS = {
+    BatchStatus.COMPLETED: "batch.completed",
+    BatchStatus.FAILED: "batch.failed",
+    BatchStatus.EXPIRED: "batch.expired",
+    BatchStatus.CANCELLED: "batch.cancelled",
+}
+
+
+# --- Wire objects (openai-python's types) ---------------------------------------------------------------------------
+
+FilePurpose = Literal[
+    "assistants", "assistants_output", "batch", "batch_output", "fine-tune", "fine-tune-results", "vision", "user_data"
+]
+
+
+class FileObject(BaseModel):
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    object: Literal["file"] = "file"
+    purpose: FilePurpose
+    status: Literal["uploaded", "processed", "error"]
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    deleted: bool
+    object: Literal["file"] = "file"
+
+
+class BatchError(BaseModel):
+    code: str | None = None
+    line: int | None = None
+    message: str | None = None
+    param: str | None = None
+
+
+class Errors(BaseModel):
+    data: list[BatchError] | None = None
+    object: str | None = "list"
+
+
+class BatchRequestCounts(BaseModel):
+    completed: int
+    failed: int
+    total: int
+
+
+class Batch(BaseModel):
+    id: str
+    completion_window: str
+    created_at: int
+    endpoint: str
+    input_file_id: str
+    object: Literal["batch"] = "batch"
+    status: BatchStatus
+    cancelled_at: int | None = None
+    cancelling_at: int | None = None
+    completed_at: int | None = None
+    error_file_id: str | None = None
+    errors: Errors | None = None
+    expired_at: int | None = None
+    expires_at: int | None = None
+    failed_at: int | None = None
+    finalizing_at: int | None = None
+    in_progress_at: int | None = None
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    output_file_id: str | None = None
+    request_counts: BatchRequestCounts | None = None
+
+
+class Model(BaseModel):
+    id: str
+    created: int
+    object: Literal["model"] = "model"
+    owned_by: str
+
+
+_Item = TypeVar("_Item", bound=BaseModel)
+
+
+class Page(BaseModel, Generic[_Item]):
+    """OpenAI's cursor page: pass ``last_id`` as ``after`` for the next one while ``has_more``."""
+
+    object: Literal["list"] = "list"
+    data: list[_Item]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class PresignedFileUpload(BaseModel):
+    """Where to PUT a file's bytes (the presigned-upload extension), and until when."""
+
+    url: str
+    method: Literal["PUT"] = "PUT"
+    headers: dict[str, str]
+    expires_at: int
+
+
+class FileUpload(FileObject):
+    """``POST /v1/files/uploads``' answer: the file, and the presigned PUT for its bytes."""
+
+    upload: PresignedFileUpload
+
+
+# --- Request bodies -------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class BatchCreate(_Strict):
+    """Body of ``POST /v1/batches`` (openai-python's BatchCreateParams, less output_expires_after)."""
+
+    input_file_id: Annotated[str, StringConstraints(pattern=FILE_ID_PATTERN)]
+    endpoint: Literal["/v1/chat/completions"]
+    completion_window: Literal["24h"]
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
+
+
+class FileUploadRequest(_Strict):
+    """Body of ``POST /v1/files/uploads``: a file too large to send through ``POST /v1/files``."""
+
+    filename: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    purpose: Literal["batch"]
+    bytes: int = Field(ge=1, le=settings.BATCH_MAX_FILE_BYTES, description="Exact size of the file you will PUT.")
+
+
+# --- Records (the batch table) --------------------------------------------------------------------------------------
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    id: str
+    tenant: str
+    created_at: dt.datetime
+
+
+class FileRecord(_Record):
+    kind: Literal["file"] = "file"
+    bytes: int
+    filename: str
+    purpose: FilePurpose
+    key: str  # its object in the claim-check bucket
+    expires_at: dt.datetime
+    upload_expires_at: dt.datetime | None = None  # set while a presigned upload has not been confirmed
+
+    @property
+    def awaiting_upload(self) -> bool:
+        return self.upload_expires_at is not None
+
+    def wire(self) -> FileObject:
+        details = None
+        if self.awaiting_upload:
+            assert self.upload_expires_at is not None
+            details = f"awaiting its upload: PUT the bytes to the presigned URL before {self.upload_expires_at:%Y-%m-%dT%H:%M:%SZ}"
+        return FileObject(
+            id=self.id,
+            bytes=self.bytes,
+            created_at=epoch(self.created_at),
+            filename=self.filename,
+            purpose=self.purpose,
+            status="uploaded" if self.awaiting_upload else "processed",
+            expires_at=epoch(self.expires_at),
+            status_details=details,
+        )
+
+
+class ChunkRange(BaseModel):
+    """One chunk of a planned batch: the byte range of its lines in the input file."""
+
+    start_byte: int
+    end_byte: int
+    first_line: int
+    line_count: int
+
+
+class BatchRecord(_Record):
+    kind: Literal["batch"] = "batch"
+    status: BatchStatus
+    endpoint: str
+    input_file_id: str
+    input_key: str
+    completion_window: str
+    deadline: dt.datetime  # completion_window after creation
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    errors: list[BatchError] = Field(default_factory=list)
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    chunk_count: int | None = None  # set by planning
+    chunks: list[ChunkRange] = Field(default_factory=list)
+    counted_chunks: set[int] = Field(default_factory=set)
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: dt.datetime | None = None
+    finalizing_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    failed_at: dt.datetime | None = None
+    expired_at: dt.datetime | None = None
+    cancelling_at: dt.datetime | None = None
+    cancelled_at: dt.datetime | None = None
+    notified: bool = False
+
+    @property
+    def planned(self) -> bool:
+        return self.chunk_count is not None
+
+    @property
+    def all_counted(self) -> bool:
+        return self.chunk_count is not None and len(self.counted_chunks) >= self.chunk_count
+
+    def wire(self) -> Batch:
+        def at(moment: dt.datetime | None) -> int | None:
+            return epoch(moment) if moment else None
+
+        return Batch(
+            id=self.id,
+            completion_window=self.completion_window,
+            created_at=epoch(self.created_at),
+            endpoint=self.endpoint,
+            input_file_id=self.input_file_id,
+            status=self.status,
+            cancelled_at=at(self.cancelled_at),
+            cancelling_at=at(self.cancelling_at),
+            completed_at=at(self.completed_at),
+            error_file_id=self.error_file_id,
+            errors=Errors(data=self.errors) if self.errors else None,
+            expired_at=at(self.expired_at),
+            expires_at=epoch(self.deadline),
+            failed_at=at(self.failed_at),
+            finalizing_at=at(self.finalizing_at),
+            in_progress_at=at(self.in_progress_at),
+            metadata=self.metadata,
+            model=self.model,
+            output_file_id=self.output_file_id,
+            request_counts=BatchRequestCounts(completed=self.completed, failed=self.failed, total=self.total),
+        )
+
+
+class BatchNotification(BaseModel):
+    """What the result topic carries when a batch ends: OpenAI's webhook event (``id``, ``object``, ``type``,
+    ``created_at``, ``data.id``) with the batch itself and its tenant, so a subscriber needs no second call."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    id: str
+    object: Literal["event"] = "event"
+    type: Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+    created_at: int
+    data: dict[str, str]  # {"id": "<batch id>"}
+    tenant: str
+    batch: Batch

@@ -1,0 +1,223 @@
+"""The Files and Batches APIs' side of a batch: what the API does with files and batches, whoever called it.
+
+Tenant-scoped throughout: another tenant's file or batch is a 404, exactly as an unknown id is, so ids cannot be
+probed. Errors are ``ApiError``s (the API turns them into ``{"error": {...}}`` responses).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from async_inference import settings
+from async_inference.batches.aws import ControlQueue, FileObjects
+from async_inference.batches.models import (
+    Batch,
+    BatchCreate,
+    BatchRecord,
+    BatchStatus,
+    FileDeleted,
+    FileObject,
+    FileRecord,
+    FileUpload,
+    FileUploadRequest,
+    Model,
+    ModelList,
+    Page,
+    PresignedFileUpload,
+    epoch,
+    new_batch_id,
+    new_file_id,
+)
+from async_inference.batches.store import BatchStore, InvalidCursor
+from async_inference.config import ServiceSettings
+from async_inference.schemas import BatchControl, utcnow
+from async_inference.served_models import OWNED_BY, ServedModels
+from async_inference.service import ApiError
+
+CANCELLABLE = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
+
+
+def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_request") -> ApiError:
+    return ApiError(status, code, f"{field}: {message}", [{"field": field, "message": message}])
+
+
+class BatchService:
+    def __init__(self, *, store: BatchStore, files: FileObjects, control: ControlQueue, served: ServedModels,
+                 started_at: int | None = None) -> None:
+        self.store = store
+        self.files = files
+        self.control = control
+        self.served = served
+        self.started_at = started_at if started_at is not None else epoch(utcnow())
+
+    @classmethod
+    def from_settings(cls, config: ServiceSettings) -> BatchService | None:
+        """The service over the resources the settings name; None when the stack has no batches configured."""
+        if not config.batch_table_name or not config.batch_control_queue_url:
+            return None
+        return cls(store=BatchStore(config.batch_table_name), files=FileObjects(config.bucket_name),
+                   control=ControlQueue(config.batch_control_queue_url), served=ServedModels.of(config.served_models))
+
+    # --- models ---------------------------------------------------------------------------------------------------
+
+    def models(self) -> ModelList:
+        """The served models in OpenAI's list shape (``created``: when this API instance started, as vLLM answers)."""
+        return ModelList(data=[Model(id=name, created=self.started_at, owned_by=OWNED_BY) for name in self.served.names])
+
+    def model(self, model_id: str) -> Model:
+        if model_id not in self.served.names:
+            raise ApiError(404, "model_not_found", self.served.not_found_message(model_id))
+        return Model(id=model_id, created=self.started_at, owned_by=OWNED_BY)
+
+    # --- files ----------------------------------------------------------------------------------------------------
+
+    def create_file(self, tenant: str, *, filename: str, purpose: str, data: bytes) -> FileObject:
+        """A file sent in the request itself (``POST /v1/files``)."""
+        self._check_purpose(purpose)
+        if not data:
+            raise _invalid("file", "the file is empty")
+        if len(data) > settings.MAX_FILE_INLINE_BYTES:
+            raise ApiError(413, "payload_too_large",
+                           f"file: {len(data)} bytes is over the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files "
+                           "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
+                           f"{settings.BATCH_MAX_FILE_BYTES} bytes)")
+        record = self._new_file(tenant, filename=filename, purpose=purpose, size=len(data))
+        self.files.put(record.key, data)  # the bytes before the record: no file is ever listed without its bytes
+        self.store.create(record)
+        return record.wire()
+
+    def create_upload(self, tenant: str, request: FileUploadRequest) -> FileUpload:
+        """A file whose bytes the client PUTs to a presigned URL (the extension for files over the inline limit)."""
+        expires_s = settings.PRESIGNED_UPLOAD_EXPIRY_S
+        record = self._new_file(tenant, filename=request.filename, purpose=request.purpose, size=request.bytes,
+                                upload_expires_at=utcnow() + dt.timedelta(seconds=expires_s))
+        self.store.create(record)
+        url, headers = self.files.presign_put(record.key, size_bytes=request.bytes, expires_s=expires_s)
+        upload = PresignedFileUpload(url=url, headers=headers, expires_at=epoch(record.upload_expires_at or utcnow()))
+        return FileUpload(**record.wire().model_dump(), upload=upload)
+
+    def get_file(self, tenant: str, file_id: str) -> FileRecord:
+        record = self.store.get_file(file_id)
+        if record is None or record.tenant != tenant:
+            raise ApiError(404, "not_found", f"No such File object: {file_id}")
+        if record.awaiting_upload:
+            record = self._confirm_upload(record)
+        return record
+
+    def list_files(self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None) -> Page[FileObject]:
+        records = self._list(tenant, "file", after=after, limit=limit, ascending=order == "asc", purpose=purpose)
+        return self._page([r.wire() for r in records[0]], records[1])  # type: ignore[union-attr]
+
+    def content_url(self, tenant: str, file_id: str) -> str:
+        """A presigned GET of the file's bytes (the API redirects there: a Lambda answer holds at most 6 MB)."""
+        record = self.get_file(tenant, file_id)
+        if record.awaiting_upload:
+            raise ApiError(409, "conflict", f"file {file_id} has no content yet: its upload has not arrived")
+        return self.files.presign_get(record.key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S, filename=record.filename)
+
+    def delete_file(self, tenant: str, file_id: str) -> FileDeleted:
+        record = self.get_file(tenant, file_id)
+        self.store.delete(record.id)  # the record first: a crash in between leaves bytes that the lifecycle expires
+        self.files.delete(record.key)
+        return FileDeleted(id=file_id, deleted=True)
+
+    # --- batches --------------------------------------------------------------------------------------------------
+
+    def create_batch(self, tenant: str, request: BatchCreate) -> Batch:
+        try:
+            source = self.get_file(tenant, request.input_file_id)
+        except ApiError as exc:
+            raise _invalid("input_file_id", f"no file {request.input_file_id}", 404, "not_found") from exc
+        if source.purpose != "batch":
+            raise _invalid("input_file_id", f"file {source.id} has purpose {source.purpose!r}; a batch's input file "
+                           "must be uploaded with purpose 'batch'")
+        if source.awaiting_upload:
+            raise _invalid("input_file_id", f"file {source.id} has not been uploaded yet: PUT its bytes to the "
+                           "presigned URL first")
+        now = utcnow()
+        record = BatchRecord(
+            id=new_batch_id(),
+            tenant=tenant,
+            created_at=now,
+            status=BatchStatus.VALIDATING,
+            endpoint=request.endpoint,
+            input_file_id=source.id,
+            input_key=source.key,
+            completion_window=request.completion_window,
+            deadline=now + dt.timedelta(seconds=settings.BATCH_COMPLETION_WINDOWS[request.completion_window]),
+            metadata=request.metadata,
+        )
+        self.store.create(record)
+        try:
+            self.control.send(BatchControl(kind="plan", batch_id=record.id, tenant=tenant))
+        except Exception as exc:
+            # Stored but not planned: end it with a reason rather than leave it validating forever.
+            self.store.transition(record.id, BatchStatus.FAILED, errors=[
+                {"code": "unavailable", "message": "the batch could not be queued for validation; create it again"}])
+            raise ApiError(503, "unavailable", "the batch control queue is unavailable; retry the request") from exc
+        return record.wire()
+
+    def get_batch(self, tenant: str, batch_id: str) -> BatchRecord:
+        record = self.store.get_batch(batch_id)
+        if record is None or record.tenant != tenant:
+            raise ApiError(404, "not_found", f"No such Batch object: {batch_id}")
+        return record
+
+    def list_batches(self, tenant: str, *, after: str | None, limit: int) -> Page[Batch]:
+        records, more = self._list(tenant, "batch", after=after, limit=limit)
+        return self._page([r.wire() for r in records], more)  # type: ignore[union-attr]
+
+    def cancel_batch(self, tenant: str, batch_id: str) -> Batch:
+        """Move the batch to ``cancelling``: workers abort its running lines and skip the rest at their next
+        heartbeat, and the last chunk counted finalizes it ``cancelled`` (its finished lines in the output file)."""
+        record = self.get_batch(tenant, batch_id)
+        if record.status is BatchStatus.CANCELLING:
+            return record.wire()
+        if record.status not in CANCELLABLE:
+            raise ApiError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+        cancelled = self.store.transition(batch_id, BatchStatus.CANCELLING)
+        if cancelled is None:  # it moved on between our read and our write
+            record = self.get_batch(tenant, batch_id)
+            if record.status is BatchStatus.CANCELLING:
+                return record.wire()
+            raise ApiError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+        return cancelled.wire()
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_purpose(purpose: str) -> None:
+        if purpose not in settings.FILE_PURPOSES:
+            raise _invalid("purpose", f"{purpose!r} is not supported here; use one of {', '.join(settings.FILE_PURPOSES)}")
+
+    @staticmethod
+    def _new_file(tenant: str, *, filename: str, purpose: str, size: int,
+                  upload_expires_at: dt.datetime | None = None) -> FileRecord:
+        now = utcnow()
+        file_id = new_file_id()
+        return FileRecord(
+            id=file_id, tenant=tenant, created_at=now, bytes=size, filename=filename, purpose=purpose,  # type: ignore[arg-type]
+            key=settings.file_key(tenant, file_id),
+            expires_at=now + dt.timedelta(days=settings.FILE_RETENTION_DAYS),
+            upload_expires_at=upload_expires_at,
+        )
+
+    def _confirm_upload(self, record: FileRecord) -> FileRecord:
+        """A presigned upload counts once its object is there with the announced size (S3 refuses another size: the
+        size is signed); until then the file stays awaiting it."""
+        if self.files.size(record.key) != record.bytes:
+            return record
+        return self.store.confirm_upload(record.id) or record
+
+    def _list(self, tenant: str, kind: str, *, after: str | None, limit: int, ascending: bool = False,
+              purpose: str | None = None) -> tuple[list, bool]:  # type: ignore[type-arg]
+        try:
+            return self.store.list(tenant, kind, limit=limit, after=after, ascending=ascending, purpose=purpose)  # type: ignore[arg-type]
+        except InvalidCursor as exc:
+            raise _invalid("after", f"no {kind} {after} of yours to list after") from exc
+
+    @staticmethod
+    def _page(items: list, more: bool) -> Page:  # type: ignore[type-arg]
+        return Page(data=items, first_id=items[0].id if items else None, last_id=items[-1].id if items else None,
+                    has_more=more)
+

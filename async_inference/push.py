@@ -1,0 +1,146 @@
+"""The WebSocket API's logic: who may connect, what a subscription holds, and which connections each job event reaches.
+
+The routes' function (``lambdas/websocket``: $connect, $disconnect, subscribe, $default) and the push function
+(``lambdas/push``, subscribed to the result topic and the job event topic) are thin adapters over this module; AWS is
+reached only through the adapters of ``async_inference.aws`` they hand in.
+
+Tenant isolation: a connection belongs to the tenant of the API key it connected with, and an event is only ever
+posted to connections of the event's own tenant (``ConnectionStore.subscribers`` reads that tenant's connections and
+no other's); ``all: true`` is all of the connection's tenant's jobs. Subscribing to another tenant's job id is
+accepted and tells nothing, exactly like subscribing to an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from async_inference import settings
+from async_inference.authorizer import TenantKeys, presented_keys
+from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
+from async_inference.schemas import FINAL_EVENT_TYPES, JobActivity, JobEvent, ResultNotification, Subscription
+from async_inference.service import describe_validation_error
+
+logger = logging.getLogger(__name__)
+
+
+# --- The routes -----------------------------------------------------------------------------------------------------
+
+
+def api_key_of(headers: Mapping[str, str] | None, query: Mapping[str, str] | None) -> str | None:
+    """The key a client connected with: the ``x-api-key`` header (or ``Authorization: Bearer``, as the REST API takes
+    it), or else the ``api_key`` query parameter (a browser's WebSocket cannot set headers)."""
+    presented = presented_keys(headers)
+    return presented[0] if presented else (query or {}).get(settings.WS_API_KEY_QUERY_PARAMETER) or None
+
+
+def reply(type_: str, **fields: Any) -> str:
+    """A message the API sends back on the connection (not a job event: clients that follow jobs ignore it)."""
+    return json.dumps({"type": type_, **fields})
+
+
+def error_reply(code: str, message: str) -> str:
+    return reply("error", code=code, message=message)
+
+
+class WebSocketRoutes:
+    """What each route does with its connection."""
+
+    def __init__(self, connections: ConnectionStore, tenants: TenantKeys) -> None:
+        self.connections = connections
+        self.tenants = tenants
+
+    def connect(self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None) -> str | None:
+        """Open the connection for its key's tenant; None (refuse it) for a missing or unknown key."""
+        key = api_key_of(headers, query)
+        tenant = self.tenants.tenant_of(key) if key else None
+        if tenant is None:
+            return None
+        self.connections.open(connection_id, tenant)
+        return tenant
+
+    def disconnect(self, connection_id: str) -> None:
+        self.connections.close(connection_id)
+
+    def subscribe(self, connection_id: str, body: str | None) -> str:
+        """Add a subscription to the connection; the reply says what was subscribed, or what to fix."""
+        try:
+            subscription = Subscription.model_validate_json(body or "")
+        except ValidationError as exc:
+            message, _ = describe_validation_error(exc)
+            return error_reply("invalid_subscription", message)
+        try:
+            if not self.connections.subscribe(connection_id, subscription):
+                return error_reply("gone", "the connection is closed: connect again")
+        except TooManySubscriptions as exc:
+            return error_reply("too_many_subscriptions", str(exc))
+        return reply("subscribed", **subscription.model_dump(mode="json", exclude_none=True, exclude={"action"}))
+
+    @staticmethod
+    def default(body: str | None) -> str:
+        """Any message no route takes."""
+        example = json.dumps({"action": settings.WS_ROUTE_SUBSCRIBE, "job_ids": ["job_..."]})
+        return error_reply("unknown_action", f"send {example} (or \"batch_id\": ..., or \"all\": true)")
+
+
+# --- Pushing events -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """A job event and the tenant whose connections may be told."""
+
+    tenant: str
+    event: JobEvent
+
+
+def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
+    """The job event in a message of the result topic or the job event topic (told apart by its ``event``
+    attribute); None for a message that is not one (the push function's filter policies keep those away)."""
+    kind = attributes.get(settings.EVENT_ATTRIBUTE)
+    if kind == settings.RESULT_EVENT:
+        note = ResultNotification.model_validate_json(message)
+        final = FINAL_EVENT_TYPES.get(note.status)
+        return Pushed(note.tenant, JobEvent(type=final, job_id=note.job_id, error=note.error)) if final else None
+    if kind in settings.ACTIVITY_EVENTS:
+        activity = JobActivity.model_validate_json(message)
+        return Pushed(activity.tenant, JobEvent(type=activity.event, job_id=activity.job_id, progress=activity.progress))
+    return None
+
+
+@dataclass
+class PushOutcome:
+    sent: int = 0
+    gone: int = 0  # closed connections, now deleted
+    failed: int = 0  # posts that failed otherwise (throttled, ...): logged, not retried
+
+
+class Pusher:
+    """Posts each event to the connections of its tenant that subscribed to its job, and forgets gone ones."""
+
+    def __init__(self, connections: ConnectionStore, poster: ConnectionPoster) -> None:
+        self.connections = connections
+        self.poster = poster
+
+    def push(self, pushed: Pushed) -> PushOutcome:
+        outcome = PushOutcome()
+        data = pushed.event.model_dump_json(exclude_none=True).encode()
+        for connection_id in self.connections.subscribers(pushed.tenant, pushed.event.job_id):
+            try:
+                if self.poster.post(connection_id, data):
+                    outcome.sent += 1
+                    continue
+            except Exception:
+                # One slow or throttled connection must not cost the others their event, nor send it to them twice
+                # on a retry of the whole invocation: a client that misses one reads the job on its next check.
+                logger.exception("post to connection %s failed", connection_id)
+                outcome.failed += 1
+                continue
+            outcome.gone += 1
+            self.connections.close(connection_id)
+        return outcome

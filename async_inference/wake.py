@@ -1,0 +1,76 @@
+"""Wake the workers from zero: when a job is queued and the worker service wants no task, ask for one at once.
+
+The scaling alarms (cdk/queue_scaling.py) start a task too, but only once SQS has published a minute of metrics and
+an alarm has evaluated them: one to three minutes, plus however long SQS takes to publish again for a queue that sat
+idle for hours. A DescribeServices and an UpdateService take a fraction of a second.
+
+One check per ``check_interval_s`` per process (a Lambda execution environment): a burst of jobs costs one
+DescribeServices, and one UpdateService if the desired count was 0. Environments racing each other each set the count
+to 1, never add to it. A failed check never fails the job that triggered it: the job is already queued, the failure is
+logged and counted (``settings.METRIC_WAKE_FAILURES``), and the alarms wake the service as they would without this.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+
+from async_inference import settings
+from async_inference.aws import WorkerService
+from async_inference.config import ENV_METRICS_NAMESPACE, WakeTarget
+
+logger = logging.getLogger("async_inference.wake")
+
+
+class ServiceWaker:
+    """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``."""
+
+    def __init__(self, service: WorkerService, *, check_interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.service = service
+        self.check_interval_s = check_interval_s
+        self._clock = clock
+        self._next_check = -math.inf
+        self.checks = 0
+        self.wakes = 0
+        self.failures = 0
+
+    @classmethod
+    def for_target(cls, target: WakeTarget) -> ServiceWaker:
+        return cls(WorkerService(target.cluster, target.service), check_interval_s=target.check_interval_s)
+
+    def job_queued(self) -> bool:
+        """A job was queued: wake the service if this process has not looked for ``check_interval_s``. True when
+        this call set the desired count from 0 to 1. Never raises."""
+        now = self._clock()
+        if now < self._next_check:
+            return False
+        # The next check waits out the interval whatever this one finds, so that a failing ECS is asked once a
+        # minute, not once a job.
+        self._next_check = now + self.check_interval_s
+        self.checks += 1
+        try:
+            if self.service.desired_count() != 0:
+                return False
+            self.service.set_desired_count(1)
+        except Exception as exc:  # the job is queued already: nothing here may cost it
+            self.failures += 1
+            logger.warning("could not wake the worker service %s (%s); the scaling alarms will", self.service.service,
+                           exc)
+            _count_failure()
+            return False
+        self.wakes += 1
+        logger.info("woke the worker service %s from zero", self.service.service)
+        return True
+
+
+def _count_failure() -> None:
+    """One EMF record, printed at once: the wake runs deep inside a submit, outside the handler's metric batch."""
+    namespace = os.environ.get(ENV_METRICS_NAMESPACE) or settings.METRICS_NAMESPACE
+    with single_metric(name=settings.METRIC_WAKE_FAILURES, unit=MetricUnit.Count, value=1, namespace=namespace):
+        pass

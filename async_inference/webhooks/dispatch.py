@@ -1,0 +1,99 @@
+"""The dispatcher: one message on the webhook queue becomes one signed delivery, recorded on its job.
+
+``dispatch`` is safe to call from several threads at once (the dispatcher Lambda delivers a whole batch at once):
+it keeps no state between calls, and its store and secrets are shared read-mostly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from async_inference import settings
+from async_inference.schemas import Job, utcnow
+from async_inference.webhooks.backoff import Backoff
+from async_inference.webhooks.delivery import MAX_ERROR_CHARS, Poster, PostResult, post
+from async_inference.webhooks.events import EVENT_COMPLETED, QueuedEvent, parse_queued
+from async_inference.webhooks.secrets import TenantSecrets
+from async_inference.webhooks.signing import signed_headers
+from async_inference.webhooks.url_safety import Resolver, UnsafeUrl, check_url, resolve
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one queued event: done (delivered, or nothing to deliver), or retry after ``retry_in_s``."""
+
+    done: bool
+    retry_in_s: int = 0
+    reason: str = ""
+    job_id: str | None = None
+
+
+class Dispatcher:
+    """Delivers queued events to the URLs their jobs asked for and records every attempt on the job."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,  # aws.JobStore
+        secrets: TenantSecrets,
+        allow_local: bool = False,
+        backoff: Backoff | None = None,
+        max_receives: int = settings.WEBHOOK_MAX_RECEIVE_COUNT,
+        resolver: Resolver = resolve,
+        poster: Poster = post,
+    ) -> None:
+        self.store = store
+        self.secrets = secrets
+        self.allow_local = allow_local
+        self.backoff = backoff or Backoff()
+        self.max_receives = max_receives
+        self._resolver = resolver
+        self._post = poster
+
+    def dispatch(self, body: str, receive_count: int) -> Outcome:
+        event = parse_queued(body)
+        if event is None:
+            logger.error("dropping a message that is not a job event")
+            return Outcome(done=True, reason="not a job event")
+        job = self.store.get(event.job_id)
+        if job is None or job.webhook is None or event.kind not in job.webhook.events:
+            return Outcome(done=True, reason="no webhook for this event", job_id=event.job_id)
+        decides_status = event.kind == EVENT_COMPLETED or EVENT_COMPLETED not in job.webhook.events
+        if decides_status and job.webhook.status == "delivered":
+            return Outcome(done=True, reason="delivered already", job_id=job.job_id)  # a duplicate notification
+
+        result = self._attempt(job, event)
+        last = receive_count >= self.max_receives
+        status = None
+        if decides_status and (result.delivered or last):
+            status = "delivered" if result.delivered else "failed"
+        attempt = {"at": utcnow().isoformat(), "event": event.kind, "receive_count": receive_count}
+        if result.status_code is not None:
+            attempt["status_code"] = result.status_code
+        if result.error:
+            attempt["error"] = result.error
+        elif not result.delivered:
+            attempt["error"] = f"HTTP {result.status_code}"
+        self.store.record_webhook_attempt(job.job_id, attempt, status=status)
+        if result.delivered:
+            return Outcome(done=True, reason="delivered", job_id=job.job_id)
+        # After the last receive the message is not hidden: the next receive moves it to the DLQ.
+        retry_in_s = 0 if last else self.backoff.delay_s(receive_count)
+        return Outcome(done=False, retry_in_s=retry_in_s, reason=attempt["error"], job_id=job.job_id)
+
+    def _attempt(self, job: Job, event: QueuedEvent) -> PostResult:
+        assert job.webhook is not None
+        try:
+            target = check_url(job.webhook.url, allow_local=self.allow_local, resolver=self._resolver)
+        except UnsafeUrl as exc:
+            return PostResult(status_code=None, error=f"refused: {exc}"[:MAX_ERROR_CHARS])
+        try:
+            headers = signed_headers(self.secrets.for_tenant(job.tenant), event.msg_id, event.body)
+        except KeyError as exc:
+            logger.error("cannot sign webhook for tenant %s: %s", job.tenant, exc)
+            return PostResult(status_code=None, error="the service has no signing secret for this tenant")
+        return self._post(target, headers, event.body.encode())

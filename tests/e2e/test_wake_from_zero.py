@@ -1,0 +1,81 @@
+"""Wake from zero, end to end: the template-deployed API sets the worker service's desired count in moto to 1 when a
+job arrives and the service has none, once per burst per execution environment.
+
+A stack of its own, so that its API functions' execution environments have checked nothing yet when the test starts
+(the session stack's have, during other tests, and each checks at most once a minute). moto holds the cluster, the
+registered task definition and the service as the deployer created them from the template; setting the count to 0
+stands in for the keep-alive alarm, which does not run here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from async_inference.client import Client
+from async_inference.schemas import ChatCompletionRequest
+from local_runtime.deployer import CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
+from local_runtime.moto_server import free_port
+from local_runtime.stack import API_FUNCTION_INSTANCES, LocalStack
+
+pytestmark = pytest.mark.e2e
+KEY = "wake-tenant-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalStack]:
+    stack = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), api_keys={KEY: "demo"},
+                       workers=0, engine="echo", log_dir=tmp_path_factory.mktemp("wake-logs"))
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def _service(local: LocalStack) -> tuple[str, str]:
+    assert local.deployment is not None
+    [service] = local.deployment.of_type("AWS::ECS::Service").values()
+    return service.properties["Cluster"], service.ref
+
+
+def desired(local: LocalStack) -> int:
+    cluster, arn = _service(local)
+    return local.client("ecs").describe_services(cluster=cluster, services=[arn])["services"][0]["desiredCount"]
+
+
+def set_desired(local: LocalStack, count: int) -> None:
+    cluster, arn = _service(local)
+    local.client("ecs").update_service(cluster=cluster, service=arn, desiredCount=count)
+
+
+def submit_burst(local: LocalStack, jobs: int) -> None:
+    api = Client(local.api_url, KEY)
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "wake"}])
+    for _ in range(jobs):
+        api.submit(request)
+
+
+def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_service(local: LocalStack):
+    # GIVEN the template's service, which sets no DesiredCount WHEN deployed THEN it starts at CloudFormation's 1,
+    # on the registered task definition
+    assert desired(local) == CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
+    cluster, arn = _service(local)
+    [service] = local.client("ecs").describe_services(cluster=cluster, services=[arn])["services"]
+    assert service["taskDefinition"].startswith(f"arn:aws:ecs:us-east-1:") and ":task-definition/" in service[
+        "taskDefinition"]
+
+
+def test_a_burst_on_a_service_at_zero_wakes_it_once_per_environment_and_interval(local: LocalStack):
+    # GIVEN the service scaled to zero (as the keep-alive alarm would)
+    set_desired(local, 0)
+    # WHEN a burst of jobs arrives, enough for every API execution environment to take some
+    submit_burst(local, 2 * API_FUNCTION_INSTANCES)
+    # THEN the service wants one task, not one a job
+    assert desired(local) == 1
+    # WHEN it is at zero again within the minute and another burst arrives
+    set_desired(local, 0)
+    submit_burst(local, 2 * API_FUNCTION_INSTANCES)
+    # THEN no environment asked ECS again: each checked once in the first burst (the alarms take over until the
+    # interval has passed)
+    assert desired(local) == 0

@@ -1,0 +1,142 @@
+"""Wake from zero (async_inference.wake) against moto's ECS over HTTP: one check per interval, a failure costs nothing.
+
+moto holds the cluster, a registered task definition and the service, and answers DescribeServices and UpdateService
+as ECS does (it places no tasks). The clock is the waker's own, so the interval is stepped rather than waited out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from async_inference import settings
+from async_inference.aws import WorkerService, client
+from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
+from async_inference.schemas import ChatCompletionRequest, JobSubmission
+from async_inference.service import JobService
+from async_inference.wake import ServiceWaker
+from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    server = MotoServer(free_port()).start()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in LOCAL_CREDENTIALS.items():
+            patch.setenv(name, value)
+        patch.setenv("AWS_ENDPOINT_URL", server.url)
+        yield server
+    server.stop()
+
+
+@pytest.fixture
+def service_arn(moto: MotoServer, request: pytest.FixtureRequest) -> str:
+    """A worker service at zero tasks, in a cluster of its own."""
+    ecs = client("ecs")
+    cluster = f"workers-{request.node.name[-40:].replace('[', '-').replace(']', '')}"
+    ecs.create_cluster(clusterName=cluster)
+    definition = ecs.register_task_definition(
+        family="worker", containerDefinitions=[{"name": "worker", "image": "worker:latest", "memoryReservation": 512}]
+    )["taskDefinition"]["taskDefinitionArn"]
+    return ecs.create_service(cluster=cluster, serviceName="workers", taskDefinition=definition, desiredCount=0)[
+        "service"]["serviceArn"]
+
+
+def cluster_of(arn: str) -> str:
+    return arn.split("/")[-2]  # arn:aws:ecs:<region>:<account>:service/<cluster>/<service>
+
+
+def desired(arn: str) -> int:
+    return client("ecs").describe_services(cluster=cluster_of(arn), services=[arn])["services"][0]["desiredCount"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_queued_job_sets_a_service_at_zero_to_one_task(service_arn: str):
+    # GIVEN a worker service at zero tasks
+    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn), check_interval_s=60, clock=Clock())
+    # WHEN a job is queued THEN its desired count is 1
+    assert waker.job_queued() is True
+    assert desired(service_arn) == 1
+
+
+def test_a_burst_checks_once_per_interval_and_never_adds_to_a_running_count(service_arn: str):
+    # GIVEN a waker that just woke the service, which ECS then scaled to 2 tasks
+    clock = Clock()
+    ecs = client("ecs")
+    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn, ecs=ecs), check_interval_s=60,
+                         clock=clock)
+    waker.job_queued()
+    ecs.update_service(cluster=cluster_of(service_arn), service=service_arn, desiredCount=0)
+    # WHEN 50 more jobs are queued within the interval THEN nothing is asked of ECS (the count set to 0 stays 0)
+    for _ in range(50):
+        clock.now += 1
+        assert waker.job_queued() is False
+    assert (waker.checks, desired(service_arn)) == (1, 0)
+    # WHEN the interval has passed THEN the next job checks again and wakes it
+    clock.now += 11
+    assert waker.job_queued() is True
+    assert (waker.checks, waker.wakes, desired(service_arn)) == (2, 2, 1)
+    # AND a service already running 2 tasks is left at 2
+    ecs.update_service(cluster=cluster_of(service_arn), service=service_arn, desiredCount=2)
+    clock.now += 60
+    assert waker.job_queued() is False
+    assert desired(service_arn) == 2
+
+
+def test_a_failed_wake_is_counted_and_logged_and_does_not_raise(moto: MotoServer, capsys, caplog):
+    # GIVEN a waker pointed at a service ECS does not know
+    waker = ServiceWaker(WorkerService("no-such-cluster", "no-such-service"), check_interval_s=60, clock=Clock())
+    # WHEN a job is queued THEN the call returns, the failure is counted, logged and emitted as one EMF record
+    assert waker.job_queued() is False
+    assert waker.failures == 1
+    assert "could not wake the worker service no-such-service" in caplog.text
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r[settings.METRIC_WAKE_FAILURES] for r in records] == [[1.0]]
+    assert records[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == settings.METRICS_NAMESPACE
+
+
+class FailingQueue:
+    def send(self, claim) -> None:
+        raise ConnectionError("SQS is down")
+
+
+def test_a_submit_wakes_only_after_its_job_is_queued(moto: MotoServer, service_arn: str):
+    # GIVEN the service settings a deployed API function reads (wake variables included) and a job queue
+    env = {**ServiceConfig(
+        table_name="jobs", bucket_name="claims", topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
+        queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
+        wake=WakeTarget(cluster_of(service_arn), service_arn, 60),
+    ).to_env()}
+    config = ServiceSettings.load(**{k: v for k, v in _by_field(env).items()})
+    client("s3").create_bucket(Bucket="claims")
+    client("dynamodb").create_table(
+        TableName="jobs", BillingMode="PAY_PER_REQUEST", KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}])
+    service = JobService.from_config(config.service)
+    assert service.waker is not None
+    submission = JobSubmission(request=ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]))
+    # WHEN the queue refuses the job THEN the client gets its 503 and the service is not woken for nothing
+    queue = service.queue
+    service.queue = FailingQueue()
+    with pytest.raises(Exception, match="job queue is unavailable"):
+        service.submit("tenant-a", submission, None)
+    assert desired(service_arn) == 0
+    # WHEN a job is queued THEN the service wants one task
+    service.queue = queue
+    service.submit("tenant-a", submission, None)
+    assert desired(service_arn) == 1
+
+
+def _by_field(env: dict[str, str]) -> dict[str, str]:
+    """ServiceSettings' field names for the environment ServiceConfig writes."""
+    aliases = {f.alias: name for name, f in ServiceSettings.model_fields.items()}
+    return {aliases[k]: v for k, v in env.items() if k in aliases}
