@@ -175,8 +175,35 @@ def _waits(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
     waits = sorted(engine.started[job_id] - at for job_id, at in submitted.items() if job_id in engine.started)
     return {"interactive_jobs": len(submitted), "interactive_started": len(waits),
             "interactive_wait_p50_s": statistics.median(waits) if waits else None,
-            "interactive_wait_p95_s": waits[min(len(waits) - 1, int(0.95 * len(waits)))] if waits else None,
-            "interactive_waits_s": [round(w, 4) for w in waits]}
+            "interactive_wait_p95_s": _p95(waits), "interactive_waits_s": [round(w, 4) for w in waits],
+            "stages": _stages(engine, submitted)}
+
+
+def _p95(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(0.95 * len(values)))] if values else None
+
+
+def _stages(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
+    """Where an interactive job's wait went, from its record: submit to its running state write (the API, SQS and the
+    worker's receive), then to the engine (the state write, the payload read, the engine slot). p50 and p95 of each."""
+    from async_inference.aws import JobStore
+
+    wall_minus_perf = time.time() - time.perf_counter()
+    jobs = {}
+    ids = [job_id for job_id in submitted if job_id in engine.started]
+    store = JobStore(ServiceSettings.load().table_name)
+    for start in range(0, len(ids), 100):
+        jobs.update(store.get_many(ids[start:start + 100]))
+    to_running, to_engine = [], []
+    for job_id, job in jobs.items():
+        if job.started_at is None:
+            continue
+        running = job.started_at.timestamp() - wall_minus_perf
+        to_running.append(running - submitted[job_id])
+        to_engine.append(engine.started[job_id] - running)
+    return {name: {"p50_s": statistics.median(v) if v else None, "p95_s": _p95(v)}
+            for name, v in (("submit_to_running", to_running), ("running_to_engine", to_engine))}
 
 
 def _received(worker: Worker) -> int:
