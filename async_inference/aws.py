@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from async_inference import settings
 from async_inference.jobs import FINAL_STATES, JobStatus, sources_of
 from async_inference.schemas import (
+    BatchControl,
     ClaimCheck,
     Job,
     JobActivity,
@@ -305,15 +306,27 @@ class Blobs:
     def put_json(self, key: str, body: bytes) -> None:
         self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
 
-    def put_json_once(self, key: str, body: bytes) -> bytes | None:
+    def put_json_once(self, key: str, body: bytes, *, bucket: str | None = None,
+                      content_type: str = "application/json", max_bytes: int = settings.MAX_UPLOAD_BYTES) -> bytes | None:
         """Write ``body`` unless the key exists (S3 conditional write); the existing object's bytes if it did."""
         try:
-            self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+            self._s3.put_object(Bucket=bucket or self.bucket, Key=key, Body=body, ContentType=content_type,
+                                IfNoneMatch="*")
         except ClientError as exc:
             if is_error(exc, "PreconditionFailed", "ConditionalRequestConflict", "412"):
-                return self.get(key, max_bytes=settings.MAX_UPLOAD_BYTES)
+                return self.get(key, max_bytes=max_bytes, bucket=bucket)
             raise
         return None
+
+    def get_range(self, key: str, first_byte: int, last_byte: int, *, bucket: str | None = None) -> bytes:
+        """Bytes ``first_byte`` to ``last_byte`` (inclusive, as an HTTP Range) of an object; KeyError when absent."""
+        try:
+            response = self._s3.get_object(Bucket=bucket or self.bucket, Key=key, Range=f"bytes={first_byte}-{last_byte}")
+        except ClientError as exc:
+            if is_error(exc, "NoSuchKey", "404", "NoSuchBucket"):
+                raise KeyError(key) from exc
+            raise
+        return response["Body"].read()
 
     def get(self, key: str, *, max_bytes: int, bucket: str | None = None) -> bytes:
         """The object's bytes; KeyError when absent, PayloadTooLarge when over ``max_bytes``."""
@@ -375,6 +388,7 @@ class QueueMessage:
     receipt_handle: str
     body: str
     receive_count: int
+    queue_url: str | None = None  # the queue it was received from (receipt handles are valid there only)
 
 
 class JobQueue:
@@ -403,6 +417,7 @@ class JobQueue:
                 receipt_handle=m["ReceiptHandle"],
                 body=m["Body"],
                 receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                queue_url=self.url,
             )
             for m in response.get("Messages", [])
         ]
@@ -423,6 +438,17 @@ class JobQueue:
             response = getattr(self._sqs, operation)(QueueUrl=self.url, Entries=chunk)
             failed.extend(chunk[int(f["Id"])]["ReceiptHandle"] for f in response.get("Failed", []))
         return failed
+
+
+class ControlQueue:
+    """The batch control queue: steps of a batch for the batch controller (``BatchControl``: plan, finalize)."""
+
+    def __init__(self, queue_url: str, sqs: Any | None = None) -> None:
+        self.url = queue_url
+        self._sqs = sqs or client("sqs")
+
+    def send(self, control: BatchControl) -> None:
+        self._sqs.send_message(QueueUrl=self.url, MessageBody=control.model_dump_json())
 
 
 SQS_MAX_DELAY_S = 900

@@ -159,6 +159,12 @@ def batch_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
     return f"{BATCH_PREFIX}{tenant}/{batch_id}/parts/{chunk:06d}.{kind}.jsonl"
 
 
+def batch_results_key(tenant: str, batch_id: str, chunk: int) -> str:
+    """Where a worker keeps one chunk's lines, output and error together, written once before either part: both
+    parts are cut from it, so a worker killed between the two part writes leaves parts that agree (the worker's)."""
+    return f"{BATCH_PREFIX}{tenant}/{batch_id}/results/{chunk:06d}.jsonl"
+
+
 def parse_upload_key(key: str) -> tuple[str, str] | None:
     """(tenant, job_id) from an upload key, or None when the key is not one of ours."""
     parts = key.split("/")

@@ -7,8 +7,10 @@
   calling the same engine directly on the same prompts.
 - requests_per_job: AWS requests (counted at the botocore level, API side and worker side) per job at backlog.
 - idle_pickup_p50_s: submit to generation start with an idle, long-polling worker, median.
+- batch_requests_per_line, batch_engine_utilisation, interactive_wait_under_batch_p95_s: a 5,000-line batch through a
+  worker with both lanes (bench/batch_bench.py), with the ratio of the last to its goal (2 x idle pickup + one step).
 
-Figures go to bench/results/ (JSON and a plot); the last line printed is one JSON object with those five keys.
+Figures go to bench/results/ (JSON and a plot); the last line printed is one JSON object with those keys.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import csv
 import datetime as dt
 import json
 import logging
+import os
 import statistics
 import threading
 import time
@@ -40,7 +43,8 @@ from local_runtime.stack import LocalStack
 from local_runtime.worker_thread import WorkerThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# /work/shared/data beside the main checkout; SHARED_DATA names it from a worktree elsewhere.
+SHARED_DATA = Path(os.environ.get("SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 SHAREGPT = SHARED_DATA / "ShareGPT_V3_filtered_500_v2.json"
 AZURE_TRACE = SHARED_DATA / "AzureLLMInferenceTrace_conv_2023.csv"
 API_KEY = "bench-api-key-0123456789"
@@ -59,6 +63,8 @@ log = logging.getLogger("bench")
 # Threads of the local runtime that stand in for AWS event sources (S3 -> Lambda, SQS -> Lambda): their polling has
 # no counterpart in a deployment, where the event source mappings are AWS's own.
 LOCAL_POLLERS = {"upload-events", "dlq", "webhooks"}
+# Threads of bench/batch_bench.py that play the API side of batches (the stand-in's upload, plan and finalize).
+DRIVER_THREAD_PREFIX = "batch-driver"
 
 
 class RequestCounter:
@@ -73,7 +79,8 @@ class RequestCounter:
 
         def counting(self_: Any, operation: str, params: dict[str, Any]) -> Any:
             name = threading.current_thread().name
-            side = "worker" if name.startswith("io") else "local" if name in LOCAL_POLLERS else "api"
+            side = ("worker" if name.startswith("io") else "local" if name in LOCAL_POLLERS
+                    else "driver" if name.startswith(DRIVER_THREAD_PREFIX) else "api")
             with counter._lock:
                 counter.counts[(side, operation)] += 1
             return counter._original(self_, operation, params)
@@ -307,6 +314,41 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
     }
 
 
+def batch_runs(api: Client, counter: RequestCounter, lines: int, idle_pickup_s: float) -> dict[str, Any]:
+    """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it."""
+    from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run, interactive_run
+    from gpu_worker.engines.simulated import SimulatedEngine
+
+    bench = BatchBench.create()
+    lengths = [min(n, BATCH_MAX_TOKENS) for n in trace_lengths(lines)]
+    print(f"a {lines}-line batch alone (simulated engine, capacity 64, {BATCH_STEP_S * 1000:.0f} ms steps)...",
+          flush=True)
+    alone = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, counter=counter)
+    print(f"  {alone['requests_per_line']:.3f} AWS requests per line (driver {alone['driver_requests']}, worker "
+          f"{alone['worker_requests']}); {alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while "
+          f"backlogged ({alone['backlogged_s']:.0f} s)")
+    print("interactive jobs at a steady rate without a batch (the control)...", flush=True)
+    control = interactive_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), api, seconds=30)
+    print(f"  {control['interactive_started']} jobs: wait p50 {control['interactive_wait_p50_s'] * 1000:.0f} ms, "
+          f"p95 {control['interactive_wait_p95_s'] * 1000:.0f} ms (load average {control['load_average'][0]:.1f})")
+    print("the same jobs with the batch beside them...", flush=True)
+    mixed = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, api=api)
+    goal = 2 * idle_pickup_s + BATCH_STEP_S
+    print(f"  {mixed['interactive_started']} interactive jobs: wait p50 {mixed['interactive_wait_p50_s'] * 1000:.0f} ms, "
+          f"p95 {mixed['interactive_wait_p95_s'] * 1000:.0f} ms (goal {goal * 1000:.0f} ms: 2 x idle pickup "
+          f"{idle_pickup_s * 1000:.0f} ms + one {BATCH_STEP_S * 1000:.0f} ms step); {mixed['preemptions']} batch "
+          f"lines preempted; batch at {mixed['utilisation_while_backlogged']:.3f} of the ceiling meanwhile (load "
+          f"average {mixed['load_average'][0]:.1f})")
+    summary = {
+        "batch_requests_per_line": round(alone["requests_per_line"], 4),
+        "batch_engine_utilisation": round(alone["utilisation_while_backlogged"], 4),
+        "interactive_wait_under_batch_p95_s": round(mixed["interactive_wait_p95_s"], 4),
+        "interactive_wait_under_batch_goal_s": round(goal, 4),
+        "interactive_wait_without_batch_p95_s": round(control["interactive_wait_p95_s"], 4),
+    }
+    return {"summary": summary, "alone": alone, "without_batch": control, "with_interactive": mixed}
+
+
 def sharegpt_prompts(count: int, max_chars: int = 1500) -> list[str]:
     data = json.loads(SHAREGPT.read_text())
     prompts = []
@@ -352,6 +394,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU-engine pipeline efficiency run")
+    parser.add_argument("--batch-lines", type=int, default=5000, help="lines of the batch runs (0: skip them)")
+    parser.add_argument("--only-batch", action="store_true", help="only the idle pickup and the batch runs")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -362,41 +406,48 @@ def main() -> None:
         api = Client(stack.api_url, API_KEY)
         moto_rate = emulator_rate(stack)
         print(f"moto server answers {moto_rate:.0f} requests/s here (8 callers)", flush=True)
-        print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
-        lengths = trace_lengths(args.jobs)
-        full = utilisation_run(stack, api, capacity=64, worker_capacity=64, lengths=lengths, step_s=STEP_S, sample=True)
-        print(f"  while the backlog lasted: {full['while_backlogged']:.3f} of the ceiling; whole run with the drain tail: "
-              f"{full['utilisation']:.3f} ({full['tokens_per_s']:.0f} of {full['ceiling_tokens_per_s']:.0f} tokens/s; "
-              f"batch {full['batch_fullness']:.3f} full over the steps run)")
-        print("one-at-a-time worker, same engine...", flush=True)
-        single = utilisation_run(stack, api, capacity=64, worker_capacity=1, lengths=lengths[:6], step_s=STEP_S,
-                                 sample=False)
-        print(f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: {single['utilisation']:.4f}")
-        print("AWS requests per job at backlog...", flush=True)
-        requests = requests_run(stack, api, counter, jobs=200)
-        print(f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
-              f"worker {requests['worker_requests_per_job']:.2f})")
+        full = single = requests = None
+        if not args.only_batch:
+            print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
+            lengths = trace_lengths(args.jobs)
+            full = utilisation_run(stack, api, capacity=64, worker_capacity=64, lengths=lengths, step_s=STEP_S,
+                                   sample=True)
+            print(f"  while the backlog lasted: {full['while_backlogged']:.3f} of the ceiling; whole run with the drain "
+                  f"tail: {full['utilisation']:.3f} ({full['tokens_per_s']:.0f} of {full['ceiling_tokens_per_s']:.0f} "
+                  f"tokens/s; batch {full['batch_fullness']:.3f} full over the steps run)")
+            print("one-at-a-time worker, same engine...", flush=True)
+            single = utilisation_run(stack, api, capacity=64, worker_capacity=1, lengths=lengths[:6], step_s=STEP_S,
+                                     sample=False)
+            print(f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: "
+                  f"{single['utilisation']:.4f}")
+            print("AWS requests per job at backlog...", flush=True)
+            requests = requests_run(stack, api, counter, jobs=200)
+            print(f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
+                  f"worker {requests['worker_requests_per_job']:.2f})")
         print("idle pickup latency...", flush=True)
         pickup = pickup_run(api, samples=15)
         print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
+        batch = batch_runs(api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
         efficiency = None
-        if not args.skip_cpu:
+        if not args.skip_cpu and not args.only_batch:
             print(f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",
                   flush=True)
             efficiency = efficiency_run(api, sharegpt_prompts(args.prompts), args.max_tokens)
             print(f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
                   f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    plot(full, RESULTS / f"throughput-{stamp}.png")
+    if full is not None:
+        plot(full, RESULTS / f"throughput-{stamp}.png")
     summary = {
-        "engine_utilisation": round(full["while_backlogged"], 4),
-        "one_at_a_time_utilisation": round(single["utilisation"], 4),
+        "engine_utilisation": round(full["while_backlogged"], 4) if full else None,
+        "one_at_a_time_utilisation": round(single["utilisation"], 4) if single else None,
         "pipeline_efficiency": round(efficiency["efficiency"], 4) if efficiency else None,
-        "requests_per_job": round(requests["requests_per_job"], 3),
+        "requests_per_job": round(requests["requests_per_job"], 3) if requests else None,
         "idle_pickup_p50_s": round(pickup["p50_s"], 4),
+        **(batch["summary"] if batch else {}),
     }
     details = {"summary": summary, "emulator_requests_per_s": moto_rate, "utilisation": full, "one_at_a_time": single, "requests": requests,
-               "pickup": pickup, "efficiency": efficiency}
+               "pickup": pickup, "efficiency": efficiency, "batch": batch}
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
     print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")
     print(json.dumps(summary))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 from async_inference.config import SettingsError
 from gpu_worker.config import WorkerSettings
@@ -24,6 +25,16 @@ from gpu_worker.worker import EXIT_ENGINE_DEAD, Worker
 EXIT_BAD_SETTINGS = 2
 
 
+def batch_store(config: WorkerSettings) -> Any:
+    """The batch table's BatchStore, for a worker with the batch lane (None without it). Imported here, not at the top:
+    the batch side (async_inference/batches) is not needed by a worker that serves the interactive lane only."""
+    if not config.batch_table_name:
+        return None
+    from async_inference.batches.store import BatchStore
+
+    return BatchStore(config.batch_table_name)
+
+
 async def main(config: WorkerSettings) -> int:
     worker = Worker(
         config.worker_config(),
@@ -33,6 +44,7 @@ async def main(config: WorkerSettings) -> int:
         metrics=WorkerMetrics(config.metrics_namespace),
         model_source=ModelSource(config.model_s3_uri, config.model_dir) if config.model_s3_uri and config.model_dir
         else None,
+        batches=batch_store(config),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,6 +51,20 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     webhook_queue_url: str | None = Field(
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
     )
+    # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
+    batch_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_QUEUE_URL, description='the batch-lane queue: batch chunks and "priority: batch" jobs'
+    )
+    batch_control_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue, for finalize messages"
+    )
+    batch_table_name: str | None = Field(
+        None, alias=env.ENV_BATCH_TABLE, description="the batch table, where chunks are counted"
+    )
+    interactive_reserve: int | None = Field(
+        None, ge=0, alias=env.ENV_INTERACTIVE_RESERVE,
+        description="engine slots batch lines leave free for interactive jobs (default: 1 per 64 slots, at least 1)",
+    )
     events_topic_arn: str | None = Field(
         None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
     )
@@ -150,6 +164,15 @@ class WorkerSettings(ServiceSettings, HealthSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        batch = {env.ENV_BATCH_QUEUE_URL: self.batch_queue_url, env.ENV_BATCH_CONTROL_QUEUE_URL:
+                 self.batch_control_queue_url, env.ENV_BATCH_TABLE: self.batch_table_name}
+        if any(batch.values()) and not all(batch.values()):
+            missing = ", ".join(name for name, value in batch.items() if not value)
+            raise ValueError(f"the batch lane needs {', '.join(batch)} together; {missing} not set")
+        if self.interactive_reserve is not None and self.max_num_seqs is not None \
+                and self.interactive_reserve >= self.max_num_seqs:
+            raise ValueError(f"{env.ENV_INTERACTIVE_RESERVE}={self.interactive_reserve} must be below "
+                             f"{env.ENV_MAX_NUM_SEQS}={self.max_num_seqs}: batch lines need at least one engine slot")
         if self.model_s3_uri and self.model_dir is None:
             raise ValueError(f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
                              "model's files are synced to")
@@ -176,6 +199,9 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             progress_interval_s=self.progress_interval_s,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,
+            batch_queue_url=self.batch_queue_url,
+            control_queue_url=self.batch_control_queue_url,
+            interactive_reserve=self.interactive_reserve,
             task_protection=self.task_protection,
             task_protection_tokens_per_s=self.task_protection_tokens_per_s,
         )

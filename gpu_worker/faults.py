@@ -10,7 +10,10 @@ does nothing and ``install`` wraps nothing.
 ======================== ==========================================================================================
 ``crash=<point>``        SIGKILL this process the first time any job reaches ``<point>``: ``before_engine``,
                          ``after_result_write``, ``after_state_write`` (state final, notification not yet sent) or
-                         ``before_delete`` (all done but the SQS delete)
+                         ``before_delete`` (all done but the SQS delete); or any batch chunk (gpu_worker.chunks):
+                         ``in_chunk`` (its first line generated, the others running), ``after_chunk_results`` (its
+                         results object written, no part yet), ``between_parts`` (output part written, error part
+                         not), ``after_chunk_recorded`` (counted, finalize not sent); ``before_delete`` too
 ``s3_get_fails=<n>``     the first ``n`` payload reads of each job raise S3 ``SlowDown`` (``always``: every read)
 ``ddb_write_fails=<n>``  the first ``n`` state transitions of each job raise ``ProvisionedThroughputExceeded``
 ``engine_oom=<n>``       the first ``n`` generations of each job raise ``TransientEngineError`` (CUDA out of memory)
@@ -41,7 +44,8 @@ from botocore.exceptions import ClientError
 
 from gpu_worker.engines.base import FatalEngineError, TransientEngineError
 
-POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete")
+POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete",
+          "in_chunk", "after_chunk_results", "between_parts", "after_chunk_recorded")
 ALWAYS = sys.maxsize
 logger = logging.getLogger("gpu_worker.faults")
 
@@ -89,7 +93,7 @@ class Faults:
                     or self.slow_start)
 
     def at(self, point: str, job_id: str) -> None:
-        """Called by the worker at each named point of a job; dies here if told to."""
+        """Called by the worker at each named point of a job (or chunk, ``batch_id/chunk``); dies here if told to."""
         if point == self.crash_at:
             # Flushed first so the test log shows where the process died; SIGKILL itself leaves no trace.
             logger.error("fault injection: SIGKILL at %s of %s", point, job_id)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
+    ControlQueue,
     JobEvents,
     JobQueue,
     JobStore,
@@ -57,11 +59,13 @@ from async_inference.aws import (
 )
 from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
+from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionRequest,
     Choice,
+    ChunkClaimCheck,
     ClaimCheck,
     Job,
     JobActivity,
@@ -79,8 +83,10 @@ from gpu_worker.engines.base import (
     PermanentEngineError,
     TransientEngineError,
 )
+from gpu_worker.chunks import BatchLedger, Chunks, is_chunk, lines_of
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile
+from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget, default_reserve
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
 from gpu_worker.progress import ProgressReporter
@@ -133,10 +139,28 @@ class WorkerConfig:
     task_protection_tokens_per_s: float = env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
     # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
     health_file: Path | None = None
+    # The batch lane (gpu_worker.lanes, docs/design/batches.md): its queue and the control queue that finalize
+    # messages go to. None: the worker serves the interactive lane only.
+    batch_queue_url: str | None = None
+    control_queue_url: str | None = None
+    # Engine slots batch lines leave free for interactive jobs. None: lanes.default_reserve(capacity).
+    interactive_reserve: int | None = None
+    # The model names this worker runs (SERVED_MODELS); a batch line for another is a 404 model_not_found line.
+    # None: any name.
+    served_models: ServedModels | None = None
+
+    def __post_init__(self) -> None:
+        if (self.batch_queue_url is None) != (self.control_queue_url is None):
+            raise ValueError("batch_queue_url and control_queue_url go together: the batch lane sends each batch's "
+                             "finalize to the control queue")
 
     def held_messages(self, capacity: int) -> int:
         """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
         return capacity + (self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 2))
+
+    def reserve(self, capacity: int) -> int:
+        """Engine slots kept free for interactive jobs (``interactive_reserve``, or the default for ``capacity``)."""
+        return default_reserve(capacity) if self.interactive_reserve is None else self.interactive_reserve
 
     def retry_delay_s(self, receive_count: int) -> int:
         """Seconds a message stays hidden after its ``receive_count``-th receive ended in a transient fault."""
@@ -218,11 +242,24 @@ class Batcher:
 
 
 @dataclass
+class Lane:
+    """A queue the worker receives from, the budget of messages it may hold from it, and its batched deletes."""
+
+    name: str  # lanes.INTERACTIVE or lanes.BATCH
+    queue: JobQueue
+    held: Slots | BatchBudget
+    deletes: Batcher
+
+
+@dataclass
 class InFlight:
     message: QueueMessage
     job_id: str | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     in_engine: bool = False  # waiting for an engine slot or generating
+    lane: str = INTERACTIVE
+    lines: int = 1  # engine requests the message stands for (a chunk's lines)
+    chunk: str | None = None  # "batch_id/chunk" of a chunk claim check
     protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
     started: float = 0.0  # time.monotonic() when its generation began
 
@@ -252,8 +289,10 @@ class Worker:
         faults: Faults | None = None,
         metrics: WorkerMetrics | None = None,
         model_source: ModelSource | None = None,
+        batches: BatchLedger | None = None,
     ) -> None:
-        """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``)."""
+        """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``); ``batches``: the
+        batch table's ``BatchStore``, which the batch lane needs (``config.batch_queue_url``)."""
         self.config = config
         self.engine = engine
         self.service = service or JobService.from_config(config.service)
@@ -261,6 +300,11 @@ class Worker:
         self.blobs: Blobs = self.service.blobs
         self.queue: JobQueue = self.service.queue
         self._started_queue = WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None
+        if config.batch_queue_url is not None and batches is None:
+            raise ValueError("batch_queue_url is set but no BatchStore was given: the batch lane counts chunks in it")
+        self.batches = batches
+        self._batch_queue = JobQueue(config.batch_queue_url) if config.batch_queue_url else None
+        self._control = ControlQueue(config.control_queue_url) if config.control_queue_url else None
         self._events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         self.progress = ProgressReporter(engine, self.store, self._events, interval_s=config.progress_interval_s,
                                          io=self._io)
@@ -275,21 +319,31 @@ class Worker:
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
         self._slots: Slots  # messages held
-        self._engine_slots: asyncio.Semaphore  # jobs inside the engine
+        # Jobs and batch lines inside the engine, interactive first (gpu_worker.lanes); `async with` takes an
+        # interactive slot, as the semaphore it replaces did.
+        self._engine_slots: Admission
+        self._lanes: dict[str, Lane] = {}
+        self.chunks: Chunks | None = None  # the batch lane's chunk runner, made in run()
         # Jobs the heartbeat found cancelled. An engine ignores an abort for a request it has not seen yet, so a job
         # cancelled while it waits for an engine slot is stopped here instead.
         self._cancelled: set[str] = set()
         self._deletes: Batcher
         self._notices: Batcher  # (job, result or None) -> published?
         self._activities: Batcher  # job.started events
-        # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops.
-        held = config.held_messages(engine.capacity)
+        # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops (and as
+        # many again for the batch lane's messages).
+        held = config.held_messages(engine.capacity) * (2 if self._batch_queue else 1)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
         )
         self.jobs_finished = 0  # jobs this worker brought to succeeded
         self.engine_dead: FatalEngineError | None = None  # set when the engine died; run() then returns early
         self._handback: dict[str, QueueMessage] = {}  # messages of jobs the dead engine could not run, by id
+
+    @property
+    def admission(self) -> Admission:
+        """The engine's slots, shared by the two lanes (its counters: in_engine, preemptions)."""
+        return self._engine_slots
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -299,11 +353,13 @@ class Worker:
 
     async def process(self, message: QueueMessage, flight: InFlight) -> None:
         """Run one claim check to a final state, or leave its message for redelivery on an infrastructure fault."""
+        if is_chunk(message.body):
+            return await self._process_chunk(message, flight)
         try:
             claim = ClaimCheck.model_validate_json(message.body)
         except ValidationError:
             logger.error("poison message %s is not a claim check; deleting it", message.message_id)
-            await self._deletes.add(message.receipt_handle)
+            await self._lane_of(message).deletes.add(message.receipt_handle)
             return
         if any(other.job_id == claim.job_id for other in self._inflight.values() if other is not flight):
             # SQS delivered the message again while this worker still runs its job (delivery is at least once). Leave
@@ -323,16 +379,64 @@ class Worker:
             done = False
         if done:
             self.faults.at("before_delete", claim.job_id)
-            await self._deletes.add(message.receipt_handle)
+            await self._lane_of(message).deletes.add(message.receipt_handle)
         else:
             await self._retry_later(message)
+
+    async def _process_chunk(self, message: QueueMessage, flight: InFlight) -> None:
+        """Run one chunk claim check (``gpu_worker.chunks``): the same outcomes as ``process`` for a job."""
+        try:
+            claim = ChunkClaimCheck.model_validate_json(message.body)
+        except ValidationError:
+            logger.error("poison message %s is not a chunk claim check; deleting it", message.message_id)
+            await self._lane_of(message).deletes.add(message.receipt_handle)
+            return
+        ident = f"{claim.batch_id}/{claim.chunk}"
+        if self.chunks is None:
+            logger.error("chunk %s reached a worker without the batch lane; leaving it for redelivery", ident)
+            return await self._retry_later(message)
+        if any(other.chunk == ident for other in self._inflight.values() if other is not flight):
+            logger.info("chunk %s: duplicate delivery while the chunk runs here; leaving the copy", ident)
+            return
+        flight.chunk = ident
+
+        def entered() -> None:
+            flight.in_engine = True
+
+        try:
+            done = await self.chunks.run(claim, receive_count=message.receive_count, entered=entered)
+        except FatalEngineError as exc:
+            self._engine_died(exc, message)
+            return
+        except Exception:
+            logger.exception("chunk %s: infrastructure fault, leaving it for redelivery", ident)
+            done = False
+        if done:
+            self.faults.at("before_delete", ident)
+            await self._lane_of(message).deletes.add(message.receipt_handle)
+        else:
+            await self._retry_later(message)
+
+    def _lane_of(self, message: QueueMessage) -> Lane:
+        """The lane a message was received in (messages without a queue are the job queue's)."""
+        for lane in self._lanes.values():
+            if lane.queue.url == message.queue_url:
+                return lane
+        return self._lanes[INTERACTIVE]
+
+    async def _set_visibility(self, messages: list[QueueMessage], timeout_s: int) -> None:
+        """ChangeMessageVisibilityBatch for messages of either lane, each on its own queue."""
+        for lane in self._lanes.values():
+            handles = [m.receipt_handle for m in messages if self._lane_of(m) is lane]
+            if handles:
+                await self._io(lane.queue.change_visibility_batch, handles, timeout_s)
 
     async def _retry_later(self, message: QueueMessage) -> None:
         """Leave the message for redelivery, visible again after the backoff rather than the visibility timeout."""
         self._inflight.pop(message.message_id, None)  # no heartbeat may extend it again
         delay = self.config.retry_delay_s(message.receive_count)
         try:
-            await self._io(self.queue.change_visibility_batch, [message.receipt_handle], delay)
+            await self._set_visibility([message], delay)
         except Exception:
             logger.exception("could not shorten the visibility of %s; it returns after the timeout", message.message_id)
 
@@ -397,33 +501,50 @@ class Worker:
         and generate; the job and the generation or the engine error that ended it. The slot is free again before
         the result is stored. The execution timeout counts from the start of the generation."""
         flight.in_engine = True
+        job: Job | None = None
+        first = False  # a preempted job waits again at the head of its lane
         try:
-            async with self._engine_slots:
-                if self.engine_dead is not None:
-                    raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
-                now = utcnow()
-                job = await self._io(
-                    self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=now,
-                    progress=JobProgress(completion_tokens=0, updated_at=now),
-                )
-                if job is None:
-                    return None, None
-                self._announce_start(job)
-                flight.started = time.monotonic()
-                self.metrics.started((utcnow() - job.created_at).total_seconds())
-                self.faults.at("before_engine", job.job_id)
-                self.progress.track(job)
-                try:
-                    if job.job_id in self._cancelled:
-                        raise GenerationAborted(job.job_id)
-                    generation = await asyncio.wait_for(self.engine.generate(job.job_id, request), timeout=claim.timeout_s)
-                except (asyncio.TimeoutError, GenerationAborted, PermanentEngineError, TransientEngineError) as exc:
-                    return job, exc
-                finally:
-                    self.progress.forget(job.job_id)
-                return job, generation
+            while True:
+                async with self._engine_slots.slot(flight.lane, claim.job_id, first=first) as slot:
+                    if self.engine_dead is not None:
+                        raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
+                    if job is None:  # its first slot: it becomes running (once, however often it is preempted)
+                        job = await self._start_running(claim, flight)
+                        if job is None:
+                            return None, None
+                    if not slot.preempted:
+                        self.progress.track(job)
+                        try:
+                            if job.job_id in self._cancelled:
+                                raise GenerationAborted(job.job_id)
+                            generation = await asyncio.wait_for(self.engine.generate(job.job_id, request),
+                                                                timeout=claim.timeout_s)
+                            return job, generation
+                        except GenerationAborted as exc:
+                            if not slot.preempted:  # cancelled, not preempted for an interactive job
+                                return job, exc
+                        except (asyncio.TimeoutError, PermanentEngineError, TransientEngineError) as exc:
+                            return job, exc
+                        finally:
+                            self.progress.forget(job.job_id)
+                first = True  # a batch-lane job preempted for an interactive one runs again from the start
         finally:
             flight.in_engine = False
+
+    async def _start_running(self, claim: ClaimCheck, flight: InFlight) -> Job | None:
+        """Move the job to running as it takes its engine slot, and announce it; None when it may not run."""
+        now = utcnow()
+        job = await self._io(
+            self.store.transition, claim.job_id, JobStatus.RUNNING, count_attempt=True, started_at=now,
+            progress=JobProgress(completion_tokens=0, updated_at=now),
+        )
+        if job is None:
+            return None
+        self._announce_start(job)
+        flight.started = time.monotonic()
+        self.metrics.started((utcnow() - job.created_at).total_seconds())
+        self.faults.at("before_engine", job.job_id)
+        return job
 
     def _announce_start(self, job: Job) -> None:
         """Send the job's started webhook (if it asked for one) and its job.started event beside its generation:
@@ -524,17 +645,25 @@ class Worker:
                 await self._io(self.model_source.sync)
             await self.engine.start()
         self._slots = Slots(self.config.held_messages(self.engine.capacity))
-        self._engine_slots = asyncio.Semaphore(self.engine.capacity)
+        self._engine_slots = Admission(self.engine.capacity, reserve=self.config.reserve(self.engine.capacity),
+                                       abort=self.engine.abort)
         self._protection_lock = asyncio.Lock()
         self._deletes = Batcher(self._delete_batch, max_delay_s=DELETE_BATCH_DELAY_S)
         self._notices = Batcher(self._notify_batch, max_delay_s=NOTIFY_BATCH_DELAY_S)
+        self._lanes = {INTERACTIVE: Lane(INTERACTIVE, self.queue, self._slots, self._deletes)}
+        if self._batch_queue is not None:
+            self._lanes[BATCH] = self._batch_lane(self._batch_queue)
         self._activities = Batcher(self._publish_activities, max_delay_s=NOTIFY_BATCH_DELAY_S)
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
-        logger.info("worker started: engine=%s capacity=%d receivers=%d", self.engine.name, self.engine.capacity, receivers)
+        logger.info("worker started: engine=%s capacity=%d receivers=%d lanes=%s", self.engine.name,
+                    self.engine.capacity, receivers, ",".join(self._lanes))
         heartbeat = asyncio.create_task(self._heartbeat())
         progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
         try:
-            await asyncio.gather(*(self._receive_loop() for _ in range(receivers)))
+            loops = [self._receive_loop() for _ in range(receivers)]
+            if BATCH in self._lanes:
+                loops.append(self._receive_loop(self._lanes[BATCH]))
+            await asyncio.gather(*loops)
             await self._drain()
         finally:
             heartbeat.cancel()
@@ -543,7 +672,8 @@ class Worker:
             await asyncio.gather(*self._announcements, return_exceptions=True)
             await self._activities.close()
             await self._notices.close()
-            await self._deletes.close()
+            for lane in self._lanes.values():
+                await lane.deletes.close()
             self.metrics.flush()
             await self._protect(False)
             try:
@@ -551,6 +681,19 @@ class Worker:
             except Exception:  # a dead engine may not shut down cleanly; the exit status must still say it died
                 logger.exception("the engine did not close cleanly")
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _batch_lane(self, queue: JobQueue) -> Lane:
+        """The batch lane: its chunk runner, and a budget that keeps about one engine's worth of lines waiting."""
+        assert self.batches is not None and self._control is not None
+        self.chunks = Chunks(engine=self.engine, admission=self._engine_slots, blobs=self.blobs, ledger=self.batches,
+                             control=self._control, io=self._io, faults=self.faults,
+                             retry_delay_s=self.config.retry_delay_s, served_models=self.config.served_models)
+        budget = BatchBudget(self._engine_slots, ahead=self.engine.capacity,
+                             max_messages=self.config.held_messages(self.engine.capacity),
+                             held=lambda: [f for f in self._inflight.values() if f.lane == BATCH],
+                             stopping=self._stopping.is_set)
+        deletes = Batcher(functools.partial(self._delete_batch, queue=queue), max_delay_s=DELETE_BATCH_DELAY_S)
+        return Lane(BATCH, queue, budget, deletes)
 
     async def _protect(self, enabled: bool) -> None:
         """Set ECS task protection; serialized, so receivers racing to protect make one call, in order with clears."""
@@ -584,61 +727,63 @@ class Worker:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _receive_loop(self) -> None:
+    async def _receive_loop(self, lane: Lane | None = None) -> None:
+        """Receive from one lane's queue (the job queue unless given) as long as its budget lets."""
+        lane = lane or self._lanes[INTERACTIVE]
         while not self._stopping.is_set():
-            taken = await self._slots.take(settings.RECEIVE_BATCH_SIZE)
+            taken = await lane.held.take(settings.RECEIVE_BATCH_SIZE)
             if self._stopping.is_set():
-                await self._slots.give(taken)
+                await lane.held.give(taken)
                 return
             try:
                 messages = await self._io(
-                    self.queue.receive,
+                    lane.queue.receive,
                     max_messages=taken,
                     wait_s=self.config.receive_wait_s,
                     visibility_timeout_s=self.config.visibility_timeout_s,
                 )
             except Exception:
                 logger.exception("receive failed; retrying in 1 s")
-                await self._slots.give(taken)
+                await lane.held.give(taken)
                 await asyncio.sleep(1)
                 continue
-            await self._slots.give(taken - len(messages))
+            await lane.held.give(taken - len(messages))
             if self._stopping.is_set() and messages:
                 # Received after the stop began: hand them straight back.
-                await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
-                await self._slots.give(len(messages))
+                await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
+                await lane.held.give(len(messages))
                 return
             if messages and not self._inflight and self.config.task_protection == "busy":
                 await self._protect(True)
             for message in messages:
-                self._start(message)
+                self._start(message, lane.name)
 
-    def _start(self, message: QueueMessage) -> None:
-        flight = InFlight(message=message)
+    def _start(self, message: QueueMessage, lane: str = INTERACTIVE) -> None:
+        flight = InFlight(message=message, lane=lane, lines=lines_of(message.body) if lane == BATCH else 1)
         self._inflight[message.message_id] = flight
         flight.task = asyncio.create_task(self.process(message, flight))
-        flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(message.message_id)))
+        flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(message.message_id, lane)))
 
-    async def _finished(self, message_id: str) -> None:
+    async def _finished(self, message_id: str, lane: str = INTERACTIVE) -> None:
         flight = self._inflight.pop(message_id, None)
         if flight is not None and flight.job_id:
             self._cancelled.discard(flight.job_id)
-        await self._slots.give(1)
+        await self._lanes[lane].held.give(1)
         if not self._stopping.is_set():
             await self._sync_protection()
 
     async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)
 
-    async def _delete_batch(self, handles: list[str]) -> None:
-        failed = await self._io(self.queue.delete_batch, handles)
+    async def _delete_batch(self, handles: list[str], queue: JobQueue | None = None) -> None:
+        failed = await self._io((queue or self.queue).delete_batch, handles)
         if failed:
             logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
 
     async def _heartbeat(self) -> None:
-        """Keep held messages invisible while their jobs run, abort jobs cancelled while running, renew the task
-        protection of a busy worker, flush the metrics, and keep the health file fresh: a beat that stops coming is
-        what the container health check sees."""
+        """Keep held messages invisible while their jobs run, abort jobs cancelled while running (and stop the lines
+        of cancelled or expired batches), renew the task protection of a busy worker, flush the metrics, and keep the
+        health file fresh: a beat that stops coming is what the container health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
             self.health.touch()
@@ -648,12 +793,10 @@ class Worker:
                 continue
             await self._renew_protection()
             try:
-                await self._io(
-                    self.queue.change_visibility_batch,
-                    [f.message.receipt_handle for f in flights],
-                    self.config.visibility_timeout_s,
-                )
+                await self._set_visibility([f.message for f in flights], self.config.visibility_timeout_s)
                 await self._abort_cancelled([f.job_id for f in flights if f.job_id])
+                if self.chunks is not None:
+                    await self.chunks.check_statuses()
             except Exception:
                 logger.exception("heartbeat failed; retrying at the next beat")
 
@@ -693,4 +836,4 @@ class Worker:
         if not self._handback:
             return
         logger.info("handing back %d unfinished jobs", len(self._handback))
-        await self._io(self.queue.change_visibility_batch, [m.receipt_handle for m in self._handback.values()], 0)
+        await self._set_visibility(list(self._handback.values()), 0)

@@ -21,7 +21,6 @@ from tests.e2e.conftest import SERVED_MODELS, TENANT_KEYS, Inbox
 
 pytestmark = pytest.mark.e2e
 KEY_A, KEY_B = list(TENANT_KEYS)
-NEEDS_WORKER = "needs the worker side of docs/design/batches.md"
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +325,6 @@ def test_record_chunk_counts_a_chunk_once_and_says_when_all_are_counted(stack, s
     assert store.statuses([batch.id, "batch_" + "0" * 32]) == {batch.id: store.get_batch(batch.id).status}
 
 
-@pytest.mark.xfail(reason=NEEDS_WORKER, strict=False)
 def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk, worker):
     inbox = Inbox(stack)
     ids = [f"out-{i}" for i in range(120)]
