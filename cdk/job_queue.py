@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Duration
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -37,17 +39,30 @@ class JobQueue(Construct):
                 f"({settings.HEARTBEAT_INTERVAL_S} s), or held jobs reappear between heartbeats"
             )
         self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
-        self.queue = sqs.Queue(
+        self.queue = secure_queue(
             self,
             "Queue",
-            # SSE-SQS rather than a KMS key: producers and consumers need no key grants, and SNS could deliver to it.
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
+            dead_letter_queue=self.dead_letter_queue,
+            max_receive_count=max_receive_count,
             visibility_timeout=visibility_timeout,
             receive_message_wait_time=Duration.seconds(settings.RECEIVE_WAIT_TIME_S),
             retention_period=retention,
-            dead_letter_queue=sqs.DeadLetterQueue(queue=self.dead_letter_queue, max_receive_count=max_receive_count),
         )
+
+
+def secure_queue(scope: Construct, id: str, *, dead_letter_queue: sqs.IQueue, max_receive_count: int,
+                 **options: Any) -> sqs.Queue:
+    """A queue with the service's defaults (SSE-SQS, TLS only) that moves a message to ``dead_letter_queue`` after
+    ``max_receive_count`` receives; ``options`` are ``sqs.Queue``'s (visibility timeout, long polling, retention)."""
+    return sqs.Queue(
+        scope,
+        id,
+        # SSE-SQS rather than a KMS key: producers and consumers need no key grants, and SNS could deliver to it.
+        encryption=sqs.QueueEncryption.SQS_MANAGED,
+        enforce_ssl=True,
+        dead_letter_queue=sqs.DeadLetterQueue(queue=dead_letter_queue, max_receive_count=max_receive_count),
+        **options,
+    )
 
 
 def secure_dead_letter_queue(scope: Construct, id: str) -> sqs.Queue:

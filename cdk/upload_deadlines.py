@@ -6,12 +6,11 @@ from collections.abc import Mapping
 
 from aws_cdk import Duration
 from aws_cdk import aws_lambda_event_sources as event_sources
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import settings
 from async_inference.config import ENV_UPLOAD_DEADLINES_QUEUE_URL
-from cdk.job_queue import secure_dead_letter_queue
+from cdk.job_queue import secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
 
 FUNCTION_TIMEOUT = Duration.seconds(30)
@@ -39,15 +38,12 @@ class UploadDeadlines(Construct):
     def __init__(self, scope: Construct, id: str, *, code: LambdaCode, environment: Mapping[str, str]) -> None:
         super().__init__(scope, id)
         self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
-        self.queue = sqs.Queue(
+        self.queue = secure_queue(
             self,
             "Queue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
+            dead_letter_queue=self.dead_letter_queue,
+            max_receive_count=settings.UPLOAD_DEADLINE_MAX_RECEIVE_COUNT,
             visibility_timeout=VISIBILITY_TIMEOUT,
-            dead_letter_queue=sqs.DeadLetterQueue(
-                queue=self.dead_letter_queue, max_receive_count=settings.UPLOAD_DEADLINE_MAX_RECEIVE_COUNT
-            ),
         )
         self.environment = {ENV_UPLOAD_DEADLINES_QUEUE_URL: self.queue.queue_url}
         self.handler = code.new_function(

@@ -10,11 +10,10 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import config, settings
-from cdk.job_queue import secure_dead_letter_queue
+from cdk.job_queue import secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
@@ -48,17 +47,14 @@ class WebhookDispatch(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
-        self.queue = sqs.Queue(
+        self.queue = secure_queue(
             self,
             "Queue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
+            dead_letter_queue=self.dead_letter_queue,
+            max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT,
             # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
             # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
             visibility_timeout=Duration.seconds(settings.WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S),
-            dead_letter_queue=sqs.DeadLetterQueue(
-                queue=self.dead_letter_queue, max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT
-            ),
         )
         # Only notifications of jobs that have a webhook reach the dispatcher (the attribute is set by the publisher).
         webhook_only = {
