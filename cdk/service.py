@@ -24,6 +24,7 @@ from async_inference.config import (
     DEFAULT_WAKE_CHECK_INTERVAL_S,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
+    ENV_BATCH_QUEUE_URL,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
     ServiceConfig,
@@ -359,7 +360,9 @@ class AsyncInferenceService(Construct):
             create_cloudwatch_role=props.create_api_gateway_cloudwatch_role,
         )
         self.uploads = UploadIntake(
-            self, "Uploads", code=code, bucket=self.bucket.bucket, environment=environment
+            self, "Uploads", code=code, bucket=self.bucket.bucket,
+            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
+            environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.lane_queue.queue_url},
         )
         self.dead_letters = DeadLetterHandler(
             self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue, environment=environment
@@ -553,6 +556,9 @@ class AsyncInferenceService(Construct):
         bucket.grant_get(api, files, missing_as_404=False)
         bucket.grant_delete(api, files)
         batches.control_queue.grant(api, "sqs:SendMessage")
+        # Jobs submitted with priority "batch" (inline from the API, uploaded ones from the upload handler).
+        batches.lane_queue.grant(api, "sqs:SendMessage")
+        batches.lane_queue.grant(self.uploads.handler, "sqs:SendMessage")
 
         # The controller (its event source grants consuming the control queue): read inputs and parts, write output
         # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.

@@ -220,10 +220,12 @@ def _as_list(value):
 
 
 def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
-    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks) and to its
-    on-failure queue (Lambda delivers failed events with the function's role)."""
+    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks), the batch lane
+    (claim checks of jobs with priority "batch") and to its on-failure queue (Lambda delivers failed events with the
+    function's role)."""
     service = synthesized.stack.service
-    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue)}
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue),
+              synthesized.logical_id(service.batches.lane_queue)}
     sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
     assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
@@ -235,12 +237,14 @@ def test_dlq_role_touches_no_payloads(synthesized):
     }
 
 
-def test_api_sends_to_the_job_queue_and_the_deadline_queue_only(synthesized):
+def test_api_sends_to_the_job_queues_the_deadline_queue_and_the_control_queue_only(synthesized):
     """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs), the upload-deadline queue
-    (each upload job's deadline) and the batch control queue (plan steps)."""
+    (each upload job's deadline), the batch control queue (plan steps) and the batch lane (jobs with priority
+    "batch")."""
     service = synthesized.stack.service
     queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue),
-              synthesized.logical_id(service.batches.control_queue)}
+              synthesized.logical_id(service.batches.control_queue),
+              synthesized.logical_id(service.batches.lane_queue)}
     assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
 
 
