@@ -365,7 +365,9 @@ class AsyncInferenceService(Construct):
             environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.lane_queue.queue_url},
         )
         self.dead_letters = DeadLetterHandler(
-            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue, environment=environment
+            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue,
+            environment={**environment, **self.batches.environment},
+            lane_dead_letter_queue=self.batches.lane_dead_letter_queue,
         )
         self.webhooks = WebhookDispatch(
             self, "Webhooks", code=code, topic=self.results.topic, environment=environment
@@ -580,6 +582,14 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(worker, parts)
         batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         batches.control_queue.grant(worker, "sqs:SendMessage")
+
+        # The DLQ handler, for dead-lettered chunks (its event source grants consuming the lane's DLQ): the chunk's
+        # batch and its count, the input range and any results a worker stored, the parts, the finalize step.
+        dead_letters = self.dead_letters.handler
+        batches.grant_items(dead_letters, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        bucket.grant_get(dead_letters, files, parts)
+        bucket.grant_put(dead_letters, parts)
+        batches.control_queue.grant(dead_letters, "sqs:SendMessage")
 
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards the grants above write: key prefixes of the claim-check bucket."""

@@ -230,11 +230,17 @@ def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesiz
     assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
 
-def test_dlq_role_touches_no_payloads(synthesized):
-    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queue, updates jobs and notifies."""
-    assert set(_function_actions(synthesized, DLQ)) == {
+def test_dlq_role_touches_no_job_payloads(synthesized):
+    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queues, updates jobs and batches,
+    notifies, and for dead-lettered chunks reads and writes batch objects (sends their finalize step) only: no job
+    request or result."""
+    actions = _function_actions(synthesized, DLQ)
+    assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+        "s3:GetObject", "s3:ListBucket", "s3:PutObject", "sqs:SendMessage",
     }
+    objects = {r["Fn::Join"][1][-1].lstrip("/") for r in actions["s3:GetObject"] + actions["s3:PutObject"]}
+    assert objects == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
 
 
 def test_api_sends_to_the_job_queues_the_deadline_queue_and_the_control_queue_only(synthesized):
