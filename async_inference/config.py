@@ -279,6 +279,8 @@ class DispatcherSettings(EnvSettings):
 
     table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
     webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
+    # Unset: batch events are dropped (a stack without batches).
+    batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)")
     webhook_secret_arn: str | None = Field(
         None, alias=ENV_WEBHOOK_SECRET_ARN, description='Secrets Manager secret holding {"tenant": "whsec_..."}'
     )

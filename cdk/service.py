@@ -25,6 +25,7 @@ from async_inference.config import (
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
     ENV_BATCH_QUEUE_URL,
+    ENV_BATCH_TABLE,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
     ServiceConfig,
@@ -370,7 +371,9 @@ class AsyncInferenceService(Construct):
             lane_dead_letter_queue=self.batches.lane_dead_letter_queue,
         )
         self.webhooks = WebhookDispatch(
-            self, "Webhooks", code=code, topic=self.results.topic, environment=environment
+            self, "Webhooks", code=code, topic=self.results.topic,
+            # Batch webhooks: the dispatcher reads the batch's webhook and records its attempts in the batch table.
+            environment={**environment, ENV_BATCH_TABLE: self.batches.table.table_name},
         )
         self.push: WebSocketPush | None = None
         if props.websocket_push:
@@ -582,6 +585,9 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(worker, parts)
         batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         batches.control_queue.grant(worker, "sqs:SendMessage")
+
+        # The webhook dispatcher, for batch webhooks: the batch's webhook, and each attempt recorded on it.
+        batches.grant_items(self.webhooks.handler, "dynamodb:GetItem", "dynamodb:UpdateItem")
 
         # The DLQ handler, for dead-lettered chunks (its event source grants consuming the lane's DLQ): the chunk's
         # batch and its count, the input range and any results a worker stored, the parts, the finalize step.

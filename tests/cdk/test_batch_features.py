@@ -71,3 +71,16 @@ def test_the_dlq_handler_writes_batch_parts_only_and_sends_only_finalize_steps(s
     assert [r["Fn::Join"][1][-1].lstrip("/") for r in actions["s3:PutObject"]] == [f"{settings.BATCH_PREFIX}*"]
     control = synthesized.logical_id(synthesized.stack.service.batches.control_queue)
     assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [control, "Arn"]}]
+
+
+WEBHOOKS = "lambdas.webhooks.handler.lambda_handler"
+
+
+def test_the_webhook_dispatcher_reads_and_records_batch_webhooks_in_the_batch_table(synthesized):
+    """GIVEN the webhook dispatcher WHEN reading its environment and role THEN it names the batch table and may get
+    and update its items (a batch's webhook and its attempts), nothing more there."""
+    table = synthesized.logical_id(synthesized.stack.service.batches.table)
+    assert _variables(synthesized, WEBHOOKS)[config.ENV_BATCH_TABLE] == {"Ref": table}
+    actions = role_actions(synthesized.template, function_role(synthesized.template, WEBHOOKS))
+    on_table = {name for name, resources in actions.items() if {"Fn::GetAtt": [table, "Arn"]} in resources}
+    assert on_table == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
