@@ -245,6 +245,29 @@ class _Core:
         return body
 
     @staticmethod
+    def _batch_body(input_file_id: str, metadata: Mapping[str, str] | None, completion_window: str,
+                    webhook: Mapping[str, Any] | str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"input_file_id": input_file_id, "endpoint": settings.BATCH_ENDPOINT,
+                                "completion_window": completion_window}
+        if metadata:
+            body["metadata"] = dict(metadata)
+        if webhook:
+            body["webhook"] = {"url": webhook} if isinstance(webhook, str) else dict(webhook)
+        return body
+
+    def _upload_call(self, data: bytes, filename: str, purpose: str) -> _Call:
+        """The inline upload's request (multipart ``POST /v1/files``)."""
+        call = self._api("POST", "/v1/files")
+        return _Call(call.method, call.url, call.headers, files={"file": (filename, data, "application/jsonl")},
+                     data={"purpose": purpose})
+
+    @staticmethod
+    def _redirect(response: httpx2.Response) -> str | None:
+        """Where a file content answer redirects to (a presigned GET), if it does."""
+        location = response.headers.get("location")
+        return location if response.status_code in (301, 302, 303, 307, 308) and location else None
+
+    @staticmethod
     def _idempotency(key: str | None) -> dict[str, str]:
         return {IDEMPOTENCY_KEY_HEADER: key} if key else {}
 
@@ -413,10 +436,7 @@ class Client(_Core):
         """Upload a batch input file: in the request (``POST /v1/files``) up to settings.MAX_FILE_INLINE_BYTES, through
         a presigned PUT beyond (``POST /v1/files/uploads``, up to settings.BATCH_MAX_FILE_BYTES)."""
         if len(data) <= settings.MAX_FILE_INLINE_BYTES:
-            call = self._api("POST", "/v1/files")
-            call = _Call(call.method, call.url, call.headers, files={"file": (filename, data, "application/jsonl")},
-                         data={"purpose": purpose})
-            return self._parse(self._send(call), FileObject)
+            return self._parse(self._send(self._upload_call(data, filename, purpose)), FileObject)
         body = {"filename": filename, "purpose": purpose, "bytes": len(data)}
         created = self._parse(self._send(self._api("POST", "/v1/files/uploads", body=body)), FileUpload)
         self._send(_Call("PUT", created.upload.url, dict(created.upload.headers), content=data, resend_safe=True))
@@ -425,15 +445,16 @@ class Client(_Core):
     def file_content(self, file_id: str) -> bytes:
         """A file's bytes: the API answers with a redirect to a presigned GET, which is fetched without the key."""
         response = self._send(self._api("GET", f"/v1/files/{file_id}/content"))
-        location = response.headers.get("location")
-        if response.status_code not in (301, 302, 303, 307, 308) or not location:
+        location = self._redirect(response)
+        if location is None:
             return response.content
         return self._send(_Call("GET", location, {}, resend_safe=True)).content
 
     def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
-                     completion_window: str = "24h") -> Batch:
-        body = {"input_file_id": input_file_id, "endpoint": settings.BATCH_ENDPOINT,
-                "completion_window": completion_window, **({"metadata": dict(metadata)} if metadata else {})}
+                     completion_window: str = "24h", webhook: Mapping[str, Any] | str | None = None) -> Batch:
+        """A batch over an uploaded input file; ``webhook`` (a URL, or ``{"url", "events"}``): its end is POSTed
+        there as OpenAI's webhook event, signed with the tenant's secret."""
+        body = self._batch_body(input_file_id, metadata, completion_window, webhook)
         return self._parse(self._send(self._api("POST", "/v1/batches", body=body)), Batch)
 
     def get_batch(self, batch_id: str) -> Batch:
@@ -645,6 +666,56 @@ class AsyncClient(_Core):
                 delay = self._retry_delay(call, attempt, response=response)
             await self._sleep(delay)
             attempt += 1
+
+    # --- files and batches (the same as Client's) -------------------------------------------------------------------
+
+    async def upload_file(self, data: bytes, *, filename: str = "input.jsonl", purpose: str = "batch") -> FileObject:
+        if len(data) <= settings.MAX_FILE_INLINE_BYTES:
+            return self._parse(await self._send(self._upload_call(data, filename, purpose)), FileObject)
+        body = {"filename": filename, "purpose": purpose, "bytes": len(data)}
+        created = self._parse(await self._send(self._api("POST", "/v1/files/uploads", body=body)), FileUpload)
+        await self._send(_Call("PUT", created.upload.url, dict(created.upload.headers), content=data, resend_safe=True))
+        return self._parse(await self._send(self._api("GET", f"/v1/files/{created.id}")), FileObject)
+
+    async def file_content(self, file_id: str) -> bytes:
+        response = await self._send(self._api("GET", f"/v1/files/{file_id}/content"))
+        location = self._redirect(response)
+        if location is None:
+            return response.content
+        return (await self._send(_Call("GET", location, {}, resend_safe=True))).content
+
+    async def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
+                           completion_window: str = "24h", webhook: Mapping[str, Any] | str | None = None) -> Batch:
+        body = self._batch_body(input_file_id, metadata, completion_window, webhook)
+        return self._parse(await self._send(self._api("POST", "/v1/batches", body=body)), Batch)
+
+    async def get_batch(self, batch_id: str) -> Batch:
+        return self._parse(await self._send(self._api("GET", f"/v1/batches/{batch_id}")), Batch)
+
+    async def list_batches(self, *, after: str | None = None, limit: int | None = None) -> Page[Batch]:
+        params = {k: v for k, v in {"after": after, "limit": limit}.items() if v is not None}
+        return self._parse(await self._send(self._api("GET", "/v1/batches", params=params)), Page[Batch])
+
+    async def cancel_batch(self, batch_id: str) -> Batch:
+        return self._parse(await self._send(self._api("POST", f"/v1/batches/{batch_id}/cancel")), Batch)
+
+    async def wait_batch(self, batch_id: str, *, timeout_s: float = 24 * 3600.0,
+                         on_update: Callable[[Batch], None] | None = None, poll: Backoff | None = None) -> Batch:
+        deadline = self._clock() + timeout_s
+        attempt = 0
+        while True:
+            batch = await self.get_batch(batch_id)
+            if on_update:
+                on_update(batch)
+            if batch.status.is_final:
+                return batch
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise BatchWaitTimeout(batch, timeout_s)
+            await self._sleep(min(remaining, poll_delay(poll or self.poll, attempt, retry_after=None, rng=self._rng)))
+            attempt += 1
+
+    # --- jobs -------------------------------------------------------------------------------------------------------
 
     async def submit(self, request: Mapping[str, Any] | ChatCompletionRequest, *,
                      metadata: Mapping[str, str] | None = None,

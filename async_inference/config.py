@@ -185,6 +185,9 @@ class ServiceConfig:
     # Unset: queueing a job wakes nothing; the scaling alarms start a task within minutes.
     wake: WakeTarget | None = None
     payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS
+    # The batch-lane queue (jobs submitted with priority "batch"). The CDK sets it through cdk.batches.Batches'
+    # environment, not here; the processes read it back with the rest.
+    batch_queue_url: str | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -200,6 +203,8 @@ class ServiceConfig:
             env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
         if self.wake:
             env.update(self.wake.to_env())
+        if self.batch_queue_url:
+            env[ENV_BATCH_QUEUE_URL] = self.batch_queue_url
         return env
 
 
@@ -265,6 +270,7 @@ class ServiceSettings(EnvSettings):
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
             wake=self.wake,
             payload_retention_days=self.payload_retention_days,
+            batch_queue_url=self.batch_queue_url,
         )
 
 
@@ -273,6 +279,8 @@ class DispatcherSettings(EnvSettings):
 
     table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
     webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
+    # Unset: batch events are dropped (a stack without batches).
+    batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)")
     webhook_secret_arn: str | None = Field(
         None, alias=ENV_WEBHOOK_SECRET_ARN, description='Secrets Manager secret holding {"tenant": "whsec_..."}'
     )

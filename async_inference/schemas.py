@@ -89,6 +89,9 @@ class WebhookSpec(_Strict):
     events: list[Literal["completed", "started"]] = Field(default_factory=lambda: ["completed"], min_length=1)
 
 
+JobPriority = Literal["interactive", "batch"]
+
+
 class JobSubmission(_Strict):
     """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
 
@@ -101,6 +104,12 @@ class JobSubmission(_Strict):
     webhook: WebhookSpec | None = None
     ttl_seconds: int | None = Field(default=None, ge=1, le=settings.MAX_TTL_S)
     timeout_seconds: int | None = Field(default=None, ge=1, le=settings.MAX_EXECUTION_TIMEOUT_S)
+    priority: JobPriority = Field(
+        default="interactive",
+        description='"interactive": the job queue, served first. "batch": the batch lane, beside batch chunks: the job '
+        "runs in engine slots interactive jobs leave free, and is preempted (run again from the start) when an "
+        "interactive job needs its slot. Its states, result and notifications are those of any job.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> JobSubmission:
@@ -111,7 +120,11 @@ class JobSubmission(_Strict):
     def fingerprint(self) -> str:
         """A digest of what the submission asks for, defaults filled in: two submissions that would make the same
         job have the same fingerprint, whatever their key order, spacing or omitted defaults."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        if fields["priority"] == "interactive":
+            # Left out at its default, so jobs fingerprinted before priority existed still match their retries.
+            del fields["priority"]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -247,6 +260,7 @@ class Job(_Internal):
     webhook: WebhookState | None = None
     notified: bool = False
     progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
+    priority: JobPriority = "interactive"  # "batch": its claim check goes to the batch-lane queue
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:
@@ -299,6 +313,7 @@ class JobView(BaseModel):
     upload: PresignedUpload | None = None
     webhook: WebhookState | None = None
     progress: JobProgress | None = Field(default=None, description="While the job runs: its tokens generated so far.")
+    priority: JobPriority = Field(default="interactive", description="The lane the job was queued in.")
 
 
 class JobList(BaseModel):

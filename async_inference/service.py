@@ -94,10 +94,13 @@ class JobService:
         waker: ServiceWaker | None = None,
         idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
         payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
+        lane: JobQueue | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
         self.queue = queue
+        # The batch-lane queue, for jobs submitted with priority "batch"; None: such a job is a 400.
+        self.lane = lane
         self.notifier = notifier
         # None: upload jobs get no scheduled expiry (a GET after the window still expires them).
         self.deadlines = deadlines
@@ -124,6 +127,7 @@ class JobService:
             served=ServedModels.of(served_models),
             waker=ServiceWaker.for_target(config.wake) if config.wake else None,
             payload_retention_days=config.payload_retention_days,
+            lane=JobQueue(config.batch_queue_url) if config.batch_queue_url else None,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -144,6 +148,9 @@ class JobService:
                 return self._replay(existing, fingerprint, idempotency_key)
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
+        if submission.priority == "batch" and self.lane is None:
+            message = 'this deployment has no batch lane; submit with priority "interactive"'
+            raise ApiError(400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}])
         request = submission.request
         if request is not None:
             self._check_model(request.model)
@@ -168,6 +175,7 @@ class JobService:
             webhook=WebhookState(url=submission.webhook.url, events=list(submission.webhook.events))
             if submission.webhook
             else None,
+            priority=submission.priority,
         )
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
@@ -243,8 +251,11 @@ class JobService:
             raise ApiError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
 
     def _enqueue(self, job: Job) -> None:
+        # A job that reached the batch lane's priority before this function had a lane (a stale configuration) still
+        # runs, on the job queue: queued in the wrong lane beats never queued.
+        queue = self.lane if job.priority == "batch" and self.lane is not None else self.queue
         try:
-            self.queue.send(job.claim_check())
+            queue.send(job.claim_check())
         except Exception as exc:
             # The job was accepted into the table but could not be queued: end it with a reason rather than leave it
             # queued forever, and let the client retry.
@@ -313,7 +324,7 @@ class JobService:
         return JobView(
             **job.model_dump(
                 include={"job_id", "status", "created_at", "started_at", "finished_at", "attempts", "model"}
-                | {"metadata", "error", "usage", "webhook"}
+                | {"metadata", "error", "usage", "webhook", "priority"}
             ),
             result=result,
             result_expires_at=expires_at,

@@ -15,11 +15,14 @@ from cdk.lambda_code import LambdaCode
 DEAD_LETTER_SERVICE_NAME = "async-inference-dlq"
 
 class DeadLetterHandler(Construct):
-    """The Lambda that consumes the job DLQ, with partial batch failures reported.
+    """The Lambda that consumes the job DLQ (and the batch lane's, when given), with partial batch failures reported.
 
     :param code: the shared Lambda code.
     :param dead_letter_queue: the job queue's DLQ.
-    :param environment: the service's runtime configuration and Powertools settings.
+    :param environment: the service's runtime configuration and Powertools settings (with ``lane_dead_letter_queue``,
+        the batch resources' variables too: its chunks are counted in the batch table).
+    :param lane_dead_letter_queue: the batch lane's DLQ: its job claim checks fail their jobs, its chunks become
+        error lines. Default: none (the function consumes the job DLQ only).
     """
 
     def __init__(
@@ -30,6 +33,7 @@ class DeadLetterHandler(Construct):
         code: LambdaCode,
         dead_letter_queue: sqs.IQueue,
         environment: Mapping[str, str],
+        lane_dead_letter_queue: sqs.IQueue | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.service_name = DEAD_LETTER_SERVICE_NAME
@@ -37,12 +41,14 @@ class DeadLetterHandler(Construct):
             self,
             "Handler",
             handler="lambdas.dlq.handler.lambda_handler",
-            description="Marks jobs whose messages reached the DLQ as failed and notifies",
+            description="Fails jobs whose messages reached a DLQ, and ends dead-lettered batch chunks as error lines",
             service_name=self.service_name,
             environment=environment,
             timeout=Duration.seconds(30),
         )
         # The event source grants the function consume on the DLQ (the only permission it needs on it).
-        self.handler.add_event_source(
-            event_sources.SqsEventSource(dead_letter_queue, batch_size=10, report_batch_item_failures=True)
-        )
+        for queue in (dead_letter_queue, lane_dead_letter_queue):
+            if queue is not None:
+                self.handler.add_event_source(
+                    event_sources.SqsEventSource(queue, batch_size=10, report_batch_item_failures=True)
+                )

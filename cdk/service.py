@@ -24,6 +24,8 @@ from async_inference.config import (
     DEFAULT_WAKE_CHECK_INTERVAL_S,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
+    ENV_BATCH_QUEUE_URL,
+    ENV_BATCH_TABLE,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
     ServiceConfig,
@@ -359,13 +361,19 @@ class AsyncInferenceService(Construct):
             create_cloudwatch_role=props.create_api_gateway_cloudwatch_role,
         )
         self.uploads = UploadIntake(
-            self, "Uploads", code=code, bucket=self.bucket.bucket, environment=environment
+            self, "Uploads", code=code, bucket=self.bucket.bucket,
+            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
+            environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.lane_queue.queue_url},
         )
         self.dead_letters = DeadLetterHandler(
-            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue, environment=environment
+            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue,
+            environment={**environment, **self.batches.environment},
+            lane_dead_letter_queue=self.batches.lane_dead_letter_queue,
         )
         self.webhooks = WebhookDispatch(
-            self, "Webhooks", code=code, topic=self.results.topic, environment=environment
+            self, "Webhooks", code=code, topic=self.results.topic,
+            # Batch webhooks: the dispatcher reads the batch's webhook and records its attempts in the batch table.
+            environment={**environment, ENV_BATCH_TABLE: self.batches.table.table_name},
         )
         self.push: WebSocketPush | None = None
         if props.websocket_push:
@@ -553,6 +561,9 @@ class AsyncInferenceService(Construct):
         bucket.grant_get(api, files, missing_as_404=False)
         bucket.grant_delete(api, files)
         batches.control_queue.grant(api, "sqs:SendMessage")
+        # Jobs submitted with priority "batch" (inline from the API, uploaded ones from the upload handler).
+        batches.lane_queue.grant(api, "sqs:SendMessage")
+        batches.lane_queue.grant(self.uploads.handler, "sqs:SendMessage")
 
         # The controller (its event source grants consuming the control queue): read inputs and parts, write output
         # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.
@@ -574,6 +585,17 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(worker, parts)
         batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         batches.control_queue.grant(worker, "sqs:SendMessage")
+
+        # The webhook dispatcher, for batch webhooks: the batch's webhook, and each attempt recorded on it.
+        batches.grant_items(self.webhooks.handler, "dynamodb:GetItem", "dynamodb:UpdateItem")
+
+        # The DLQ handler, for dead-lettered chunks (its event source grants consuming the lane's DLQ): the chunk's
+        # batch and its count, the input range and any results a worker stored, the parts, the finalize step.
+        dead_letters = self.dead_letters.handler
+        batches.grant_items(dead_letters, "dynamodb:GetItem", "dynamodb:UpdateItem")
+        bucket.grant_get(dead_letters, files, parts)
+        bucket.grant_put(dead_letters, parts)
+        batches.control_queue.grant(dead_letters, "sqs:SendMessage")
 
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards the grants above write: key prefixes of the claim-check bucket."""

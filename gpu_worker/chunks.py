@@ -28,7 +28,6 @@ finalize send per batch.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -37,6 +36,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVa
 
 from async_inference import settings
 from async_inference.aws import Blobs, ControlQueue
+from async_inference.batches.lines import line_id
 from async_inference.schemas import (
     AssistantMessage,
     BatchControl,
@@ -123,10 +123,6 @@ def status_name(status: Any) -> str | None:
 # --- lines ----------------------------------------------------------------------------------------------------------
 
 
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-
-
 @dataclass
 class ChunkLine:
     """One input line of a chunk: its ids, and either the request to run or the result it has without the engine."""
@@ -136,11 +132,6 @@ class ChunkLine:
     line_id: str  # batch_req_...: the output line's id and the engine's request id (the same on every run)
     request: ChatCompletionRequest | None = None
     result: BatchLineOutput | None = None
-
-
-def line_id(batch_id: str, custom_id: str) -> str:
-    """A line's id (``batch_req_...``): derived from the batch and custom_id, so a redelivered chunk reuses it."""
-    return f"batch_req_{_digest(batch_id, custom_id)}"
 
 
 def request_id(line: ChunkLine) -> str:

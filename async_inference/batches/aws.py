@@ -142,18 +142,18 @@ class ChunkQueue(_Queue):
 
 class BatchNotifier:
     """Publishes a batch's end to the result topic, with the attributes subscriptions filter on. ``webhook`` is
-    "false": the per-job webhook dispatcher's subscription leaves batch events alone."""
+    "true" only for a batch whose webhook asked for this event: the webhook dispatcher's subscription takes those."""
 
     def __init__(self, topic_arn: str, sns: Any | None = None) -> None:
         self.topic_arn = topic_arn
         self._sns = sns or client("sns")
 
-    def publish(self, notification: BatchNotification) -> None:
+    def publish(self, notification: BatchNotification, *, has_webhook: bool = False) -> None:
         attributes = {
             "status": {"DataType": "String", "StringValue": notification.batch.status.value},
             "tenant": {"DataType": "String", "StringValue": notification.tenant},
             "event": {"DataType": "String", "StringValue": notification.type},
-            settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "false"},
+            settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "true" if has_webhook else "false"},
         }
         if notification.batch.model:
             attributes["model"] = {"DataType": "String", "StringValue": notification.batch.model}

@@ -200,7 +200,7 @@ class BatchController:
         self.notifier.publish(BatchNotification(
             id=f"evt_{record.id.removeprefix('batch_')}", type=event,  # type: ignore[arg-type]
             created_at=epoch(utcnow()), data={"id": record.id}, tenant=record.tenant, batch=record.wire(),
-        ))
+        ), has_webhook=record.webhook is not None and event in record.webhook.events)
         self.store.mark_notified(record.id)
 
 

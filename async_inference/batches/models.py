@@ -13,7 +13,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from async_inference import settings
-from async_inference.schemas import MetadataKey, MetadataValue, SCHEMA_VERSION
+from async_inference.schemas import MetadataKey, MetadataValue, SCHEMA_VERSION, WebhookState
 
 FILE_ID_PATTERN = r"^file-[0-9a-f]{24}$"
 BATCH_ID_PATTERN = r"^batch_[0-9a-f]{32}$"
@@ -187,13 +187,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+
+
+class BatchWebhookSpec(_Strict):
+    """A batch's webhook (an extension: the SDK sends it as ``extra_body={"webhook": {...}}``): the batch's end is
+    POSTed there as OpenAI's webhook event, signed as job webhooks are (Standard Webhooks, the tenant's secret)."""
+
+    url: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
+    events: list[BatchEvent] = Field(
+        default_factory=lambda: list(BATCH_EVENTS.values()), min_length=1,
+        description="The events to deliver. Default: all four.",
+    )
+
+
 class BatchCreate(_Strict):
-    """Body of ``POST /v1/batches`` (openai-python's BatchCreateParams, less output_expires_after)."""
+    """Body of ``POST /v1/batches`` (openai-python's BatchCreateParams, less output_expires_after), and ``webhook``."""
 
     input_file_id: Annotated[str, StringConstraints(pattern=FILE_ID_PATTERN)]
     endpoint: Literal["/v1/chat/completions"]
     completion_window: Literal["24h"]
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
+    webhook: BatchWebhookSpec | None = None
 
 
 class FileUploadRequest(_Strict):
@@ -282,6 +297,7 @@ class BatchRecord(_Record):
     cancelling_at: dt.datetime | None = None
     cancelled_at: dt.datetime | None = None
     notified: bool = False
+    webhook: WebhookState | None = None  # its URL, events, delivery status and attempts
 
     @property
     def planned(self) -> bool:
@@ -331,3 +347,17 @@ class BatchNotification(BaseModel):
     data: dict[str, str]  # {"id": "<batch id>"}
     tenant: str
     batch: Batch
+
+    def event(self) -> BatchWebhookEvent:
+        """The event as a batch's webhook delivers it: OpenAI's webhook event, nothing more."""
+        return BatchWebhookEvent(id=self.id, type=self.type, created_at=self.created_at, data=self.data)
+
+
+class BatchWebhookEvent(BaseModel):
+    """A batch webhook's body, as OpenAI's webhooks send it (openai-python types/webhooks/batch_*_webhook_event.py)."""
+
+    id: str
+    object: Literal["event"] = "event"
+    type: BatchEvent
+    created_at: int
+    data: dict[str, str]  # {"id": "<batch id>"}

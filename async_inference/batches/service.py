@@ -30,9 +30,10 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.store import BatchStore, InvalidCursor
 from async_inference.config import ServiceSettings
-from async_inference.schemas import BatchControl, utcnow
+from async_inference.schemas import BatchControl, WebhookState, utcnow
 from async_inference.served_models import OWNED_BY, ServedModels
 from async_inference.service import ApiError
+from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 CANCELLABLE = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 
@@ -43,8 +44,9 @@ def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_r
 
 class BatchService:
     def __init__(self, *, store: BatchStore, files: FileObjects, control: ControlQueue, served: ServedModels,
-                 started_at: int | None = None) -> None:
+                 started_at: int | None = None, allow_local_webhooks: bool = False) -> None:
         self.store = store
+        self.allow_local_webhooks = allow_local_webhooks
         self.files = files
         self.control = control
         self.served = served
@@ -56,7 +58,8 @@ class BatchService:
         if not config.batch_table_name or not config.batch_control_queue_url:
             return None
         return cls(store=BatchStore(config.batch_table_name), files=FileObjects(config.bucket_name),
-                   control=ControlQueue(config.batch_control_queue_url), served=ServedModels.of(config.served_models))
+                   control=ControlQueue(config.batch_control_queue_url), served=ServedModels.of(config.served_models),
+                   allow_local_webhooks=config.allow_local_webhooks)
 
     # --- models ---------------------------------------------------------------------------------------------------
 
@@ -124,6 +127,12 @@ class BatchService:
     # --- batches --------------------------------------------------------------------------------------------------
 
     def create_batch(self, tenant: str, request: BatchCreate) -> Batch:
+        if request.webhook is not None:
+            try:
+                # The dispatcher checks again before every delivery; checked here too so the client learns it at once.
+                check_url(request.webhook.url, allow_local=self.allow_local_webhooks)
+            except UnsafeUrl as exc:
+                raise _invalid("webhook.url", str(exc)) from exc
         try:
             source = self.get_file(tenant, request.input_file_id)
         except ApiError as exc:
@@ -146,6 +155,8 @@ class BatchService:
             completion_window=request.completion_window,
             deadline=now + dt.timedelta(seconds=settings.BATCH_COMPLETION_WINDOWS[request.completion_window]),
             metadata=request.metadata,
+            webhook=WebhookState(url=request.webhook.url, events=list(request.webhook.events))
+            if request.webhook else None,
         )
         self.store.create(record)
         try:

@@ -240,6 +240,26 @@ class BatchStore:
             return record if record is not None and record.status is BatchStatus.VALIDATING else None
         return self._batch(response["Attributes"])
 
+    def record_webhook_attempt(self, batch_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
+        """Append one delivery attempt to the batch's webhook (and set its status); False when the batch or its
+        webhook is gone (``JobStore.record_webhook_attempt``'s contract, which the webhook dispatcher calls)."""
+        update = "SET #webhook.#attempts = list_append(if_not_exists(#webhook.#attempts, :empty), :attempt)"
+        names = {"#webhook": "webhook", "#attempts": "attempts"}
+        values: dict[str, Any] = {":empty": [], ":attempt": [attempt]}
+        if status is not None:
+            update += ", #webhook.#status = :status"
+            names["#status"] = "status"
+            values[":status"] = status
+        try:
+            self._table.update_item(Key={_PK: batch_id}, UpdateExpression=update,
+                                    ConditionExpression=Attr("webhook").exists(),
+                                    ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+        except ClientError as exc:
+            if is_error(exc, "ConditionalCheckFailedException"):
+                return False
+            raise
+        return True
+
     def mark_notified(self, batch_id: str) -> None:
         self._table.update_item(
             Key={_PK: batch_id},

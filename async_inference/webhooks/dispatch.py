@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from async_inference import settings
+from async_inference.batches.models import BatchRecord
 from async_inference.schemas import Job, utcnow
 from async_inference.webhooks.backoff import Backoff
 from async_inference.webhooks.delivery import MAX_ERROR_CHARS, Poster, PostResult, post
@@ -33,13 +34,15 @@ class Outcome:
 
 
 class Dispatcher:
-    """Delivers queued events to the URLs their jobs asked for and records every attempt on the job."""
+    """Delivers queued events to the URLs their jobs (or batches) asked for and records every attempt on the job (or
+    the batch)."""
 
     def __init__(
         self,
         *,
         store: Any,  # aws.JobStore
         secrets: TenantSecrets,
+        batches: Any | None = None,  # batches.store.BatchStore; None: batch events are dropped (no batch table)
         allow_local: bool = False,
         backoff: Backoff | None = None,
         max_receives: int = settings.WEBHOOK_MAX_RECEIVE_COUNT,
@@ -47,6 +50,7 @@ class Dispatcher:
         poster: Poster = post,
     ) -> None:
         self.store = store
+        self.batches = batches
         self.secrets = secrets
         self.allow_local = allow_local
         self.backoff = backoff or Backoff()
@@ -59,12 +63,17 @@ class Dispatcher:
         if event is None:
             logger.error("dropping a message that is not a job event")
             return Outcome(done=True, reason="not a job event")
-        job = self.store.get(event.job_id)
+        # A batch's webhook is delivered, and its attempts recorded, exactly as a job's: only the record differs.
+        store = self.batches if event.is_batch else self.store
+        if store is None:
+            logger.error("dropping a batch event: this dispatcher has no batch table")
+            return Outcome(done=True, reason="no batch table", job_id=event.job_id)
+        job = store.get_batch(event.job_id) if event.is_batch else store.get(event.job_id)
         if job is None or job.webhook is None or event.kind not in job.webhook.events:
             return Outcome(done=True, reason="no webhook for this event", job_id=event.job_id)
         decides_status = event.kind == EVENT_COMPLETED or EVENT_COMPLETED not in job.webhook.events
         if decides_status and job.webhook.status == "delivered":
-            return Outcome(done=True, reason="delivered already", job_id=job.job_id)  # a duplicate notification
+            return Outcome(done=True, reason="delivered already", job_id=event.job_id)  # a duplicate notification
 
         result = self._attempt(job, event)
         last = receive_count >= self.max_receives
@@ -78,14 +87,14 @@ class Dispatcher:
             attempt["error"] = result.error
         elif not result.delivered:
             attempt["error"] = f"HTTP {result.status_code}"
-        self.store.record_webhook_attempt(job.job_id, attempt, status=status)
+        store.record_webhook_attempt(event.job_id, attempt, status=status)
         if result.delivered:
-            return Outcome(done=True, reason="delivered", job_id=job.job_id)
+            return Outcome(done=True, reason="delivered", job_id=event.job_id)
         # After the last receive the message is not hidden: the next receive moves it to the DLQ.
         retry_in_s = 0 if last else self.backoff.delay_s(receive_count)
-        return Outcome(done=False, retry_in_s=retry_in_s, reason=attempt["error"], job_id=job.job_id)
+        return Outcome(done=False, retry_in_s=retry_in_s, reason=attempt["error"], job_id=event.job_id)
 
-    def _attempt(self, job: Job, event: QueuedEvent) -> PostResult:
+    def _attempt(self, job: Job | BatchRecord, event: QueuedEvent) -> PostResult:
         assert job.webhook is not None
         try:
             target = check_url(job.webhook.url, allow_local=self.allow_local, resolver=self._resolver)

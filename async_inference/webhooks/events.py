@@ -1,5 +1,6 @@
 """The messages on the webhook queue: the ``started`` event the worker sends, the ``completed`` notification the
-result topic delivers, and how the dispatcher reads either."""
+result topic delivers, a batch's end (``batch.completed`` and the other three) from the same topic, and how the
+dispatcher reads each."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from async_inference.batches.models import BatchNotification
 from async_inference.jobs import JobStatus
 from async_inference.schemas import SCHEMA_VERSION, Job, ResultNotification, utcnow
 
@@ -66,14 +68,19 @@ def started_event(job: Job, queue: Any) -> bool:
 
 @dataclass(frozen=True)
 class QueuedEvent:
-    kind: Literal["completed", "started"]
-    job_id: str
+    kind: str  # "completed" or "started" for a job; a BATCH_EVENTS name for a batch
+    job_id: str  # the job's id, or the batch's
     body: str  # exactly what the receiver gets, and what is signed
+    event_id: str | None = None  # a batch event's own id (evt_...), the same on every send
+
+    @property
+    def is_batch(self) -> bool:
+        return self.kind.startswith("batch.")
 
     @property
     def msg_id(self) -> str:
         # The same id on every retry and every duplicate: receivers dedupe on webhook-id.
-        return f"{self.job_id}_{self.kind}"
+        return self.event_id or f"{self.job_id}_{self.kind}"
 
 
 def parse_queued(body: str) -> QueuedEvent | None:
@@ -92,6 +99,12 @@ def parse_queued(body: str) -> QueuedEvent | None:
     if not isinstance(data, dict):
         return None
     try:
+        if data.get("object") == "event" and str(data.get("type", "")).startswith("batch."):
+            # The receiver gets OpenAI's webhook event; the batch itself and the tenant stay on the topic.
+            batch = BatchNotification.model_validate(data)
+            if not batch.data.get("id"):
+                return None
+            return QueuedEvent(batch.type, batch.data["id"], batch.event().model_dump_json(), event_id=batch.id)
         if data.get("event") == "job.started":
             return QueuedEvent(EVENT_STARTED, JobStartedEvent.model_validate(data).job_id, body)
         return QueuedEvent(EVENT_COMPLETED, ResultNotification.model_validate(data).job_id, body)

@@ -82,6 +82,8 @@ def _tenant() -> str:
 @app.post(
     "/v1/jobs",
     summary="Submit a job",
+    description='`priority` picks the lane: `"interactive"` (default) queues the job on the job queue; `"batch"` on the '
+    "batch lane, where it runs in the engine slots interactive jobs leave free and yields its slot to them.",
     responses={
         202: ok("Queued (an inline `request`)", JobView),
         201: ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),

@@ -1,5 +1,9 @@
 """Claim checks that exhausted their receives: the job becomes `failed` with a reason and is notified.
 
+It consumes the job queue's DLQ and the batch lane's: a job's claim check from either (the lane carries jobs with
+priority "batch") fails its job; a chunk claim check has its lines written as error lines and is counted, so its batch
+finalizes (``async_inference.batches.dead_letters``).
+
 A message this handler cannot process (not a claim check) is reported as a batch item failure, so it stays in the DLQ
 for an operator (`async-inference dlq list`), and is counted in ``settings.METRIC_DEAD_LETTERS_UNPROCESSABLE`` (on the
 dashboard). It comes back after the DLQ's visibility timeout, and is counted again, until an operator removes it or
@@ -17,6 +21,9 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
+from async_inference.aws import Blobs, ControlQueue
+from async_inference.batches.dead_letters import ChunkDeadLetters, is_chunk_message
+from async_inference.batches.store import BatchStore
 from async_inference.config import ServiceSettings
 from async_inference.service import JobService, NotAClaimCheck
 
@@ -27,11 +34,17 @@ metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 config = ServiceSettings.load()
 service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
+# None without the batch resources: a chunk is then left in the DLQ, as any message this handler cannot process.
+chunks = (ChunkDeadLetters(store=BatchStore(config.batch_table_name), blobs=Blobs(config.bucket_name),
+                           control=ControlQueue(config.batch_control_queue_url))
+          if config.batch_table_name and config.batch_control_queue_url else None)
 
 
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
     # The DLQ's own receive count restarts at 1; the attempts that led here are the redrive policy's.
+    if is_chunk_message(record.body) and chunks is not None:
+        return _chunk(record)
     try:
         job = service.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
     except NotAClaimCheck as exc:
@@ -40,6 +53,19 @@ def record_handler(record: SQSRecord) -> None:
                      extra={"message_id": record.message_id, "reason": str(exc)})
         raise
     logger.info("dead letter handled", extra={"job_id": job.job_id if job else None})
+
+
+def _chunk(record: SQSRecord) -> None:
+    assert chunks is not None
+    try:
+        ended = chunks.end(record.body, settings.MAX_RECEIVE_COUNT)
+    except ValueError as exc:
+        metrics.add_metric(name=settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, unit=MetricUnit.Count, value=1)
+        logger.error("a DLQ message that is not a chunk claim check stays in the DLQ",
+                     extra={"message_id": record.message_id, "reason": str(exc)})
+        raise
+    logger.info("dead-lettered chunk handled", extra={"counted": ended.counted, "failed_lines": ended.failed,
+                                                      "finalize_sent": ended.finalize_sent})
 
 
 @logger.inject_lambda_context

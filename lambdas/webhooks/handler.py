@@ -21,6 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
 from async_inference.aws import JobStore, WebhookQueue
+from async_inference.batches.store import BatchStore
 from async_inference.config import DispatcherSettings
 from async_inference.webhooks.backoff import Backoff
 from async_inference.webhooks.dispatch import Dispatcher
@@ -36,6 +37,7 @@ config = DispatcherSettings.load()
 queue = WebhookQueue(config.webhook_queue_url)
 dispatcher = Dispatcher(
     store=JobStore(config.table_name),
+    batches=BatchStore(config.batch_table_name) if config.batch_table_name else None,
     secrets=TenantSecrets.from_settings(config),
     allow_local=config.allow_local_webhooks,
     backoff=Backoff.from_settings(config),

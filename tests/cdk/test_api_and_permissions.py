@@ -220,27 +220,37 @@ def _as_list(value):
 
 
 def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesized):
-    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks) and to its
-    on-failure queue (Lambda delivers failed events with the function's role)."""
+    """GIVEN the upload function WHEN reading its sends THEN they go to the job queue (claim checks), the batch lane
+    (claim checks of jobs with priority "batch") and to its on-failure queue (Lambda delivers failed events with the
+    function's role)."""
     service = synthesized.stack.service
-    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue)}
+    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue),
+              synthesized.logical_id(service.batches.lane_queue)}
     sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
     assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
 
-def test_dlq_role_touches_no_payloads(synthesized):
-    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queue, updates jobs and notifies."""
-    assert set(_function_actions(synthesized, DLQ)) == {
+def test_dlq_role_touches_no_job_payloads(synthesized):
+    """GIVEN the DLQ handler's role WHEN listing its actions THEN it consumes its queues, updates jobs and batches,
+    notifies, and for dead-lettered chunks reads and writes batch objects (sends their finalize step) only: no job
+    request or result."""
+    actions = _function_actions(synthesized, DLQ)
+    assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+        "s3:GetObject", "s3:ListBucket", "s3:PutObject", "sqs:SendMessage",
     }
+    objects = {r["Fn::Join"][1][-1].lstrip("/") for r in actions["s3:GetObject"] + actions["s3:PutObject"]}
+    assert objects == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
 
 
-def test_api_sends_to_the_job_queue_and_the_deadline_queue_only(synthesized):
+def test_api_sends_to_the_job_queues_the_deadline_queue_and_the_control_queue_only(synthesized):
     """GIVEN the API WHEN reading its sends THEN they go to the job queue (inline jobs), the upload-deadline queue
-    (each upload job's deadline) and the batch control queue (plan steps)."""
+    (each upload job's deadline), the batch control queue (plan steps) and the batch lane (jobs with priority
+    "batch")."""
     service = synthesized.stack.service
     queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue),
-              synthesized.logical_id(service.batches.control_queue)}
+              synthesized.logical_id(service.batches.control_queue),
+              synthesized.logical_id(service.batches.lane_queue)}
     assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
 
 
