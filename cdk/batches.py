@@ -8,12 +8,11 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda_event_sources as event_sources
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import settings
 from async_inference.config import ENV_BATCH_CONTROL_QUEUE_URL, ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE
-from cdk.job_queue import secure_dead_letter_queue
+from cdk.job_queue import secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
 
 # A plan streams an input file of up to settings.BATCH_MAX_FILE_BYTES; a finalize concatenates up to
@@ -68,28 +67,22 @@ class Batches(Construct):
             projection_type=dynamodb.ProjectionType.ALL,
         )
         self.lane_dead_letter_queue = secure_dead_letter_queue(self, "LaneDeadLetterQueue")
-        self.lane_queue = sqs.Queue(
+        self.lane_queue = secure_queue(
             self,
             "LaneQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
+            dead_letter_queue=self.lane_dead_letter_queue,
+            max_receive_count=settings.MAX_RECEIVE_COUNT,
             visibility_timeout=Duration.seconds(settings.VISIBILITY_TIMEOUT_S),
             receive_message_wait_time=Duration.seconds(settings.RECEIVE_WAIT_TIME_S),
             retention_period=Duration.days(14),
-            dead_letter_queue=sqs.DeadLetterQueue(
-                queue=self.lane_dead_letter_queue, max_receive_count=settings.MAX_RECEIVE_COUNT
-            ),
         )
         self.control_dead_letter_queue = secure_dead_letter_queue(self, "ControlDeadLetterQueue")
-        self.control_queue = sqs.Queue(
+        self.control_queue = secure_queue(
             self,
             "ControlQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
+            dead_letter_queue=self.control_dead_letter_queue,
+            max_receive_count=CONTROL_MAX_RECEIVE_COUNT,
             visibility_timeout=CONTROL_VISIBILITY_TIMEOUT,
-            dead_letter_queue=sqs.DeadLetterQueue(
-                queue=self.control_dead_letter_queue, max_receive_count=CONTROL_MAX_RECEIVE_COUNT
-            ),
         )
         self.environment = {
             ENV_BATCH_TABLE: self.table.table_name,
