@@ -710,10 +710,12 @@ class ConnectionStore:
                                     ExpressionAttributeValues=values)
         return True
 
-    def subscribers(self, tenant: str, job_id: str, batch_id: str | None = None) -> list[str]:
-        """Ids of the tenant's open connections subscribed to the job (by id, by its batch, or to all of the
-        tenant's jobs). Only this tenant's connections are read: another tenant's never see its jobs."""
-        wanted = Attr("all").eq(True) | Attr("job_ids").contains(job_id)
+    def subscribers(self, tenant: str, *, job_id: str | None = None, batch_id: str | None = None) -> list[str]:
+        """Ids of the tenant's open connections subscribed to the job or the batch (by id, or to all of the tenant's
+        work). Only this tenant's connections are read: another tenant's never see its jobs."""
+        wanted = Attr("all").eq(True)
+        if job_id:
+            wanted = wanted | Attr("job_ids").contains(job_id)
         if batch_id:
             wanted = wanted | Attr("batch_ids").contains(batch_id)
         kwargs: dict[str, Any] = {

@@ -23,7 +23,15 @@ from pydantic import ValidationError
 from async_inference import settings
 from async_inference.authorizer import TenantKeys, presented_keys
 from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
-from async_inference.schemas import FINAL_EVENT_TYPES, JobActivity, JobEvent, ResultNotification, Subscription
+from async_inference.batches.models import BatchNotification
+from async_inference.schemas import (
+    FINAL_EVENT_TYPES,
+    BatchEvent,
+    JobActivity,
+    JobEvent,
+    ResultNotification,
+    Subscription,
+)
 from async_inference.service import describe_validation_error
 
 logger = logging.getLogger(__name__)
@@ -96,7 +104,7 @@ class Pushed:
     """A job event and the tenant whose connections may be told."""
 
     tenant: str
-    event: JobEvent
+    event: JobEvent | BatchEvent
 
 
 def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
@@ -110,6 +118,11 @@ def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
     if kind in settings.ACTIVITY_EVENTS:
         activity = JobActivity.model_validate_json(message)
         return Pushed(activity.tenant, JobEvent(type=activity.event, job_id=activity.job_id, progress=activity.progress))
+    if kind in settings.BATCH_RESULT_EVENTS:
+        ended = BatchNotification.model_validate_json(message)
+        counts = ended.batch.request_counts
+        return Pushed(ended.tenant, BatchEvent(type=ended.type, batch_id=ended.batch.id, status=ended.batch.status.value,
+                                               request_counts=counts.model_dump() if counts else None))
     return None
 
 
@@ -130,7 +143,10 @@ class Pusher:
     def push(self, pushed: Pushed) -> PushOutcome:
         outcome = PushOutcome()
         data = pushed.event.model_dump_json(exclude_none=True).encode()
-        for connection_id in self.connections.subscribers(pushed.tenant, pushed.event.job_id):
+        event = pushed.event
+        followers = (self.connections.subscribers(pushed.tenant, job_id=event.job_id) if isinstance(event, JobEvent)
+                     else self.connections.subscribers(pushed.tenant, batch_id=event.batch_id))
+        for connection_id in followers:
             try:
                 if self.poster.post(connection_id, data):
                     outcome.sent += 1

@@ -431,6 +431,17 @@ EVENT_STATUS: dict[str, JobStatus] = {
 }
 
 
+class BatchEvent(_Internal):
+    """A message the WebSocket API pushes to a connection that follows a batch (or all of its tenant's work): the
+    batch ended. Its output and error files come from ``GET /v1/batches/{id}``."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    type: Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+    batch_id: str
+    status: str
+    request_counts: dict[str, int] | None = None  # total, completed, failed
+
+
 class JobEvent(_Internal):
     """A message the WebSocket API pushes to a subscriber: a job started, made progress, or reached a final state.
 

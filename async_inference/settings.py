@@ -242,6 +242,8 @@ PROGRESS_INTERVAL_S = 5.0
 EVENT_ATTRIBUTE = "event"
 ACTIVITY_EVENTS = ("job.started", "job.progress")
 RESULT_EVENT = "job.completed"
+# A batch's end on the result topic, named as OpenAI's webhooks name them: pushed to connections that follow the batch.
+BATCH_RESULT_EVENTS = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 # The WebSocket API's connection table: one item per open connection with its tenant and its subscriptions, listed per
 # tenant through an index; the TTL removes connections whose $disconnect never came.
 CONNECTION_TABLE_PARTITION_KEY = "connection_id"

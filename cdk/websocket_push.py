@@ -150,7 +150,7 @@ class WebSocketPush(Construct):
             timeout=Duration.seconds(30),
         )
         self.push_handler.configure_async_invoke(retry_attempts=2, max_event_age=PUSH_MAX_EVENT_AGE)
-        self._subscribe(result_topic, [settings.RESULT_EVENT])
+        self._subscribe(result_topic, [settings.RESULT_EVENT, *settings.BATCH_RESULT_EVENTS])
         self._subscribe(self.events_topic, list(settings.ACTIVITY_EVENTS))
         self.worker_environment = {config.ENV_JOB_EVENTS_TOPIC_ARN: self.events_topic.topic_arn}
         self._grant(api_keys)

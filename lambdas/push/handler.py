@@ -1,5 +1,6 @@
 """The push function: each job event from the result topic (final states) and the job event topic (started,
-progress) is posted to the tenant's WebSocket connections that subscribed to its job; gone connections are forgotten.
+progress) is posted to the tenant's WebSocket connections that subscribed to its job, and each batch's end (the result
+topic's batch.* events) to those that follow the batch; gone connections are forgotten.
 
 Its subscriptions filter on the ``event`` message attribute, so only job events reach it. A post that fails for
 another reason than a closed connection is logged and not retried (a retry of the invocation would tell the others
@@ -38,5 +39,5 @@ def lambda_handler(event: SNSEvent, context: LambdaContext) -> dict[str, Any]:
             continue
         outcome = pusher.push(pushed)
         told = {key: told[key] + getattr(outcome, key) for key in told}
-        logger.info("pushed", extra={"job_id": pushed.event.job_id, "type": pushed.event.type, **vars(outcome)})
+        logger.info("pushed", extra={**pushed.event.model_dump(include={"job_id", "batch_id", "type"}), **vars(outcome)})
     return told

@@ -84,8 +84,9 @@ def test_the_connection_table_expires_connections_and_lists_them_per_tenant(synt
     assert table in synthesized.resources("AWS::DynamoDB::Table")
 
 
-def test_the_push_function_sees_only_final_job_events_of_the_result_topic(synthesized):
-    """GIVEN the result topic WHEN reading the push function's subscription THEN it filters on the event attribute."""
+def test_the_push_function_sees_only_final_job_and_batch_events_of_the_result_topic(synthesized):
+    """GIVEN the result topic WHEN reading the push function's subscription THEN it filters on the event attribute:
+    a job's end and a batch's end."""
     topic = synthesized.logical_id(synthesized.stack.service.results.topic)
     synthesized.template.has_resource_properties(
         "AWS::SNS::Subscription",
@@ -93,7 +94,7 @@ def test_the_push_function_sees_only_final_job_events_of_the_result_topic(synthe
             "Protocol": "lambda",
             "TopicArn": {"Ref": topic},
             "Endpoint": {"Fn::GetAtt": [_function_id(synthesized, PUSH), "Arn"]},
-            "FilterPolicy": {settings.EVENT_ATTRIBUTE: [settings.RESULT_EVENT]},
+            "FilterPolicy": {settings.EVENT_ATTRIBUTE: [settings.RESULT_EVENT, *settings.BATCH_RESULT_EVENTS]},
         },
     )
 

@@ -187,3 +187,28 @@ def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalStack):
         assert answer["code"] == "too_many_subscriptions" and "'all': true" in answer["message"], answer
         # AND the ids it already had are still one set, not doubled by a second subscription to them
         assert subscribe(connection, job_ids=ids[:5])["type"] == "subscribed"
+
+
+def test_a_connection_following_a_batch_is_told_its_end(stack: LocalStack):
+    # GIVEN a connection that follows a batch of two lines (and another that follows all of tenant B's work)
+    import openai
+
+    from tests.e2e.test_batches_openai import jsonl, line, upload
+
+    sdk = openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A, max_retries=0)
+    source = upload(sdk, jsonl([line("ws-0"), line("ws-1")]))
+    batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with socket(stack) as follower, socket(stack, KEY_B) as other:
+        assert subscribe(follower, batch_id=batch.id)["type"] == "subscribed"
+        assert subscribe(other, all=True)["type"] == "subscribed"
+        # WHEN the worker runs its lines and the controller finalizes it
+        deadline = time.monotonic() + 90
+        while True:
+            message = json.loads(follower.recv(timeout=deadline - time.monotonic()))
+            if message.get("batch_id") == batch.id:
+                break
+        # THEN the follower is told the batch completed, with its counts; the other tenant is told nothing
+        assert message == {"schema_version": "1", "type": "batch.completed", "batch_id": batch.id,
+                           "status": "completed", "request_counts": {"total": 2, "completed": 2, "failed": 0}}
+        with pytest.raises(TimeoutError):
+            other.recv(timeout=1)

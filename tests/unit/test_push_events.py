@@ -34,7 +34,7 @@ def test_a_progress_activity_carries_the_tokens_so_far():
 
 
 def test_a_message_without_a_job_event_attribute_is_not_pushed():
-    assert event_of('{"event": "batch.completed"}', {settings.EVENT_ATTRIBUTE: "batch.completed"}) is None
+    assert event_of('{"event": "file.deleted"}', {settings.EVENT_ATTRIBUTE: "file.deleted"}) is None
     assert event_of("{}", {}) is None
 
 
