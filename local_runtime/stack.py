@@ -321,9 +321,11 @@ class LocalStack:
     def event_source_function(self, queue_url: str) -> LocalFunction:
         """The function the template's event source mapping on ``queue_url`` delivers to (its ``environment`` is the
         one its process runs with)."""
-        for poller in self._pollers:
-            if isinstance(poller, SqsEventSource) and poller.queue_url == queue_url:
-                return poller.function
+        assert self.deployment is not None, "start() first"
+        queues = {q.attributes["Arn"]: q.ref for q in self.deployment.of_type("AWS::SQS::Queue").values()}
+        for mapping in self.deployment.of_type("AWS::Lambda::EventSourceMapping").values():
+            if queues.get(mapping.properties["EventSourceArn"]) == queue_url:
+                return self.functions[self.deployment.function_by_arn(mapping.properties["FunctionName"])]
         raise ValueError(f"no event source mapping of the template polls {queue_url}")
 
     @contextmanager
