@@ -63,29 +63,48 @@ log = logging.getLogger("bench")
 # Threads of the local runtime that stand in for AWS event sources (S3 -> Lambda, SQS -> Lambda): their polling has
 # no counterpart in a deployment, where the event source mappings are AWS's own.
 LOCAL_POLLERS = {"upload-events", "dlq", "webhooks"}
-# Threads of bench/batch_bench.py that play the API side of batches (the stand-in's upload, plan and finalize).
-DRIVER_THREAD_PREFIX = "batch-driver"
+# Threads of bench/batch_bench.py that run the API side of batches (BatchService) and the batch controller, by name
+# prefix, and the side their requests count for.
+BATCH_THREAD_SIDES = {"batch-api": "batch_api", "batch-controller": "batch_controller"}
 
 
 class RequestCounter:
     """Counts every AWS API call made in this process, split by the side that made it: the worker (its I/O threads
-    are named ``io_*``), the local event pollers, and the API (the gateway threads running the Lambda handler)."""
+    are named ``io_*``), the local event pollers, the batch bench's API side and controller (BATCH_THREAD_SIDES), and
+    the API (any other thread). A thread started by a thread of the worker or of a batch side counts for that side:
+    boto3's managed transfers (the controller's output file writes) run on pool threads of their own."""
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._original = botocore.client.BaseClient._make_api_call
+        self._original_start = threading.Thread.start
         counter = self
 
         def counting(self_: Any, operation: str, params: dict[str, Any]) -> Any:
-            name = threading.current_thread().name
-            side = ("worker" if name.startswith("io") else "local" if name in LOCAL_POLLERS
-                    else "driver" if name.startswith(DRIVER_THREAD_PREFIX) else "api")
+            side = counter.side(threading.current_thread())
             with counter._lock:
                 counter.counts[(side, operation)] += 1
             return counter._original(self_, operation, params)
 
+        def start(thread: threading.Thread) -> None:
+            parent = counter.side(threading.current_thread())
+            if parent != "api":
+                thread._bench_side = parent  # type: ignore[attr-defined]
+            counter._original_start(thread)
+
         botocore.client.BaseClient._make_api_call = counting  # type: ignore[method-assign]
+        threading.Thread.start = start  # type: ignore[method-assign]
+
+    @staticmethod
+    def side(thread: threading.Thread) -> str:
+        name = thread.name
+        if name.startswith("io"):
+            return "worker"
+        if name in LOCAL_POLLERS:
+            return "local"
+        named = next((side for prefix, side in BATCH_THREAD_SIDES.items() if name.startswith(prefix)), None)
+        return named or getattr(thread, "_bench_side", "api")
 
     def reset(self) -> None:
         with self._lock:
@@ -314,19 +333,29 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
     }
 
 
-def batch_runs(api: Client, counter: RequestCounter, lines: int, idle_pickup_s: float) -> dict[str, Any]:
-    """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it."""
+def batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: int,
+               idle_pickup_s: float) -> dict[str, Any]:
+    """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it; the
+    template's controller mapping paused throughout, the bench's controller thread playing it."""
+    assert stack.resources is not None
+    with stack.event_source_paused(stack.resources.batch_control_queue_url):
+        return _batch_runs(stack, api, counter, lines, idle_pickup_s)
+
+
+def _batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: int,
+                idle_pickup_s: float) -> dict[str, Any]:
     from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run, interactive_run
     from gpu_worker.engines.simulated import SimulatedEngine
 
-    bench = BatchBench.create()
+    bench = BatchBench.create(stack)
     lengths = [min(n, BATCH_MAX_TOKENS) for n in trace_lengths(lines)]
     print(f"a {lines}-line batch alone (simulated engine, capacity 64, {BATCH_STEP_S * 1000:.0f} ms steps)...",
           flush=True)
     alone = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, counter=counter)
-    print(f"  {alone['requests_per_line']:.3f} AWS requests per line (driver {alone['driver_requests']}, worker "
-          f"{alone['worker_requests']}); {alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while "
-          f"backlogged ({alone['backlogged_s']:.0f} s)")
+    print(f"  {alone['requests_per_line']:.3f} AWS requests per line end to end (api {alone['api_requests']}, "
+          f"controller {alone['controller_requests']}, worker {alone['worker_requests']}); "
+          f"{alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while backlogged "
+          f"({alone['backlogged_s']:.0f} s)")
     print("interactive jobs at a steady rate without a batch (the control)...", flush=True)
     control = interactive_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), api, seconds=30)
     print(f"  {control['interactive_started']} jobs: wait p50 {control['interactive_wait_p50_s'] * 1000:.0f} ms, "
@@ -400,7 +429,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
     counter = RequestCounter()
-    stack = LocalStack.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0)
+    # The API serves any model name: the in-process workers here run the simulated and echo engines, which answer
+    # whatever model a request names, and the CPU engine, whose model the efficiency run names.
+    stack = LocalStack.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0,
+                                    served_models=("*",))
     with stack:
         stack.export_env()
         api = Client(stack.api_url, API_KEY)
@@ -427,7 +459,7 @@ def main() -> None:
         print("idle pickup latency...", flush=True)
         pickup = pickup_run(api, samples=15)
         print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
-        batch = batch_runs(api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
+        batch = batch_runs(stack, api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
         efficiency = None
         if not args.skip_cpu and not args.only_batch:
             print(f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",

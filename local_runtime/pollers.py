@@ -37,10 +37,10 @@ class _Poller(threading.Thread):
         self.queue_url = queue_url
         self._sqs = sqs
         self._batch_size = max(1, min(batch_size, 10))
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 messages = self._sqs.receive_message(
                     QueueUrl=self.queue_url, MaxNumberOfMessages=self._batch_size, WaitTimeSeconds=1,
@@ -49,9 +49,9 @@ class _Poller(threading.Thread):
                 if messages:
                     self.handle(messages)
             except Exception:
-                if not self._stop.is_set():
+                if not self._stopping.is_set():
                     logger.exception("%s: delivery failed; the messages will be redelivered", self.name)
-                    self._stop.wait(1)
+                    self._stopping.wait(1)
 
     def handle(self, messages: list[dict[str, Any]]) -> None:
         raise NotImplementedError
@@ -62,7 +62,7 @@ class _Poller(threading.Thread):
             self._sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:

@@ -34,9 +34,10 @@ import os
 import subprocess
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 import boto3
 from botocore.config import Config
@@ -47,7 +48,7 @@ from async_inference.webhooks.signing import new_secret
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
-from local_runtime.pollers import event_sources
+from local_runtime.pollers import SqsEventSource, event_sources
 from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
 from local_runtime.websocket_api import WebSocketApi
@@ -314,6 +315,41 @@ class LocalStack:
         if apis:
             self.websocket = WebSocketApi(self.deployment, apis[0], self.functions, host="127.0.0.1",
                                           port=self.ws_port, management_port=self.ws_management_port).start()
+
+    # --- event sources ----------------------------------------------------------------------------------------------
+
+    def event_source_function(self, queue_url: str) -> LocalFunction:
+        """The function the template's event source mapping on ``queue_url`` delivers to (its ``environment`` is the
+        one its process runs with)."""
+        assert self.deployment is not None, "start() first"
+        queues = {q.attributes["Arn"]: q.ref for q in self.deployment.of_type("AWS::SQS::Queue").values()}
+        for mapping in self.deployment.of_type("AWS::Lambda::EventSourceMapping").values():
+            if queues.get(mapping.properties["EventSourceArn"]) == queue_url:
+                return self.functions[self.deployment.function_by_arn(mapping.properties["FunctionName"])]
+        raise ValueError(f"no event source mapping of the template polls {queue_url}")
+
+    @contextmanager
+    def event_source_paused(self, queue_url: str) -> Iterator[LocalFunction]:
+        """The event source mapping on ``queue_url`` stopped meanwhile, as ``aws lambda update-event-source-mapping
+        --no-enabled`` stops it: its messages wait on the queue, for a test or a benchmark that runs that function's
+        code in its own process (to read its messages, or to count its requests). Yields the function; the mapping
+        runs again afterwards. A batch the poller had received when paused is handled before this returns."""
+        function = self.event_source_function(queue_url)
+        paused = [p for p in self._pollers if isinstance(p, SqsEventSource) and p.queue_url == queue_url]
+        for poller in paused:
+            poller.stop()
+        for poller in paused:
+            poller.join()
+        self._pollers = [p for p in self._pollers if p not in paused]
+        try:
+            yield function
+        finally:
+            assert self.deployment is not None
+            fresh = [p for p in event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
+                     if isinstance(p, SqsEventSource) and p.queue_url == queue_url]
+            for poller in fresh:
+                poller.start()
+            self._pollers.extend(fresh)
 
     # --- workers ----------------------------------------------------------------------------------------------------
 

@@ -11,10 +11,9 @@ import pytest
 from async_inference.aws import JobQueue
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
-from bench.batch_standin import input_line
 from gpu_worker.engines.base import Generation
 from gpu_worker.engines.simulated import SimulatedEngine
-from tests.batchworker.conftest import BatchStack, body
+from tests.batchworker.conftest import BatchStack, body, input_line
 from tests.faults.fault_stack import TENANT, chat, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -67,13 +66,13 @@ def test_an_interactive_job_overtakes_a_batch_that_keeps_the_engine_busy(batches
     assert engine.ended[job_id] - began_step <= 3 + 2
     # AND a free reserved slot took it without aborting anything; with no reserve, one batch line was preempted
     assert preemptions == (1 if reserve == 0 else 0)
-    assert batches.store.get(batch.batch_id)["counted_chunks"] == []
+    assert batches.record(batch).counted_chunks == set()
 
 
 def test_a_batch_priority_job_preempted_for_an_interactive_one_runs_again_to_its_end(batches: BatchStack):
     # GIVEN a single job submitted with batch priority (its claim check on the batch lane), alone in a 1-slot engine
     service = JobService.from_config(batches.config)
-    service = JobService(store=service.store, blobs=service.blobs, queue=JobQueue(batches.resources.batch_queue_url),
+    service = JobService(store=service.store, blobs=service.blobs, queue=JobQueue(batches.batch_queue_url),
                          notifier=service.notifier)
     prompt = " ".join(f"w{i}" for i in range(150))  # 150 tokens: 3 s
     request = ChatCompletionRequest(model="echo-model", messages=[{"role": "user", "content": prompt}], max_tokens=150)

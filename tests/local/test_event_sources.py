@@ -74,3 +74,39 @@ def test_a_failing_s3_invocation_is_retried_then_sent_to_its_on_failure_destinat
     key = record["requestPayload"]["Records"][0]["s3"]["object"]["key"]
     assert unquote_plus(key) == "uploads/x.json"  # event keys are URL-encoded (moto encodes the slash too)
     assert f"cannot handle {key}" in record["responsePayload"]["errorMessage"]
+
+
+def test_a_stopped_sqs_event_source_can_be_joined_and_leaves_later_messages_on_the_queue(moto: MotoServer,
+                                                                                          tmp_path: Path):
+    def clients(service: str):
+        return boto3.client(service, endpoint_url=moto.url, region_name="us-east-1",
+                            **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+
+    # GIVEN a queue mapped to a function, its event source running
+    resources = {
+        "Fn": python_function("asset.code", "handler.ok"),
+        "Queue": {"Type": "AWS::SQS::Queue", "Properties": {}},
+        "Mapping": {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {
+            "FunctionName": {"Ref": "Fn"}, "EventSourceArn": {"Fn::GetAtt": ["Queue", "Arn"]}, "BatchSize": 10}},
+    }
+    code = {"handler.py": "def ok(event, context):\n    return None\n"}
+    assembly = Assembly.load(write_assembly(tmp_path / "cdk.out", resources, {"asset.code": code}))
+    deployment = Deployment(assembly, clients, api_key_values={}).deploy()
+    function = LocalFunction(deployment, "Fn", extra_env={}).start().wait_ready()
+    (poller,) = event_sources(deployment, {"Fn": function}, clients("sqs"), clients("sns"))
+    poller.start()
+    try:
+        # WHEN it is stopped and joined (what LocalStack.event_source_paused does; joining raised TypeError while
+        # the poller's stop flag shadowed Thread._stop)
+        poller.stop()
+        poller.join(timeout=10)
+        # THEN it has ended, and a message sent afterwards waits on the queue
+        assert not poller.is_alive()
+        sqs, url = clients("sqs"), deployment.resources["Queue"].ref
+        sqs.send_message(QueueUrl=url, MessageBody="{}")
+        time.sleep(1.5)
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+        assert attributes["Attributes"]["ApproximateNumberOfMessages"] == "1"
+    finally:
+        poller.stop()
+        function.stop()
