@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import concurrent.futures
 import csv
 import datetime as dt
@@ -26,11 +27,14 @@ import os
 import statistics
 import threading
 import time
+import urllib.parse
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import botocore.client
+import requests
 
 from async_inference.aws import client
 from async_inference.client import Client
@@ -62,7 +66,7 @@ log = logging.getLogger("bench")
 
 # Threads of the local runtime that stand in for AWS event sources (S3 -> Lambda, SQS -> Lambda): their polling has
 # no counterpart in a deployment, where the event source mappings are AWS's own.
-LOCAL_POLLERS = {"upload-events", "dlq", "webhooks"}
+LOCAL_POLLERS = ("esm-", "async-")  # local_runtime/pollers.py names its threads by these prefixes
 # Threads of bench/batch_bench.py that run the API side of batches (BatchService) and the batch controller, by name
 # prefix, and the side their requests count for.
 BATCH_THREAD_SIDES = {"batch-api": "batch_api", "batch-controller": "batch_controller"}
@@ -101,7 +105,7 @@ class RequestCounter:
         name = thread.name
         if name.startswith("io"):
             return "worker"
-        if name in LOCAL_POLLERS:
+        if name.startswith(LOCAL_POLLERS):
             return "local"
         named = next((side for prefix, side in BATCH_THREAD_SIDES.items() if name.startswith(prefix)), None)
         return named or getattr(thread, "_bench_side", "api")
@@ -250,20 +254,68 @@ def while_backlogged(samples: list[dict[str, float]], ceiling: float) -> float |
     return end["tokens"] / end["t"] / ceiling
 
 
+class FunctionRequests:
+    """The AWS requests the stack's Lambda functions make, which run in processes of their own (the API's, the
+    authorizer's): recorded by moto server itself (its recorder, on only while ``recording``) and told apart by the
+    User-Agent botocore sends from a Lambda runtime (``exec-env/AWS_Lambda_...``, from its AWS_EXECUTION_ENV)."""
+
+    def __init__(self, moto_url: str) -> None:
+        self.url = f"{moto_url}/moto-api/recorder"
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        requests.post(f"{self.url}/reset-recording", timeout=10).raise_for_status()
+        requests.post(f"{self.url}/start-recording", timeout=10).raise_for_status()
+        try:
+            yield
+        finally:
+            requests.post(f"{self.url}/stop-recording", timeout=10).raise_for_status()
+
+    def counts(self) -> Counter[str]:
+        """Requests by operation (the X-Amz-Target, the query's Action, or the method and service of a REST call)."""
+        recording = requests.get(f"{self.url}/download-recording", timeout=60).text
+        counts: Counter[str] = Counter()
+        for line in recording.splitlines():
+            entry = json.loads(line)
+            headers = {name.lower(): value for name, value in entry["headers"].items()}
+            if "exec-env/AWS_Lambda" not in headers.get("user-agent", ""):
+                continue
+            counts[_operation(entry, headers)] += 1
+        return counts
+
+
+def _operation(entry: dict[str, Any], headers: dict[str, str]) -> str:
+    if "x-amz-target" in headers:
+        return headers["x-amz-target"].rsplit(".", 1)[-1]
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(entry["url"]).query)
+    body = base64.b64decode(entry["body"]).decode("utf-8", "replace") if entry.get("body_encoded") else entry.get("body") or ""
+    action = query.get("Action") or urllib.parse.parse_qs(body).get("Action")
+    if action:
+        return action[0]
+    service = headers.get("authorization", "").split("/")[3:4]  # Credential=KEY/date/region/SERVICE/aws4_request
+    return f"{entry['method']} {service[0] if service else '?'}"
+
+
 def requests_run(stack: LocalStack, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
-    """AWS requests per job at backlog: submit ``jobs`` jobs, then let one worker run them all."""
+    """AWS requests per job at backlog: submit ``jobs`` jobs, then let one worker run them all. The API side's are
+    the API and authorizer functions' requests, recorded by moto server (``FunctionRequests``); the worker's are
+    counted in this process."""
     from gpu_worker.engines.simulated import SimulatedEngine
 
     bodies = [{"model": "sim", "messages": [{"role": "user", "content": "a b c d"}], "max_tokens": 4}] * jobs
     counter.reset()
-    submit_all(api, bodies)
-    api_side = counter.total("api")
+    functions = FunctionRequests(stack.moto.url)
+    with functions.recording():
+        submit_all(api, bodies)
+    function_counts = functions.counts()
+    api_side = sum(function_counts.values())
     engine = Timed(SimulatedEngine(capacity=64, step_s=0.01))
     with RunningWorker(engine, receive_wait_s=1) as worker:
         wait_until(lambda: worker.jobs_finished >= jobs, 300)
         time.sleep(0.5)  # let the last batched deletes go out
     # The worker's idle long polls after the backlog and the stop are not per-job work.
-    by_operation = {f"{side}:{op}": n for (side, op), n in sorted(counter.counts.items())}
+    by_operation = {f"{side}:{op}": n for (side, op), n in sorted(counter.counts.items()) if side != "api"}
+    by_operation.update({f"api:{op}": n for op, n in sorted(function_counts.items())})
     worker_side = counter.total("worker")
     return {
         "jobs": jobs, "api_requests": api_side, "worker_requests": worker_side,
@@ -429,6 +481,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
     counter = RequestCounter()
+    # moto server's recorder (FunctionRequests) writes here rather than into the working directory.
+    os.environ["MOTO_RECORDER_FILEPATH"] = str(RESULTS / "moto-recording.jsonl")
     # The API serves any model name: the in-process workers here run the simulated and echo engines, which answer
     # whatever model a request names, and the CPU engine, whose model the efficiency run names.
     stack = LocalStack.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0,
