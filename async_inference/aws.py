@@ -94,6 +94,27 @@ def _decode_token(token: str) -> dict[str, Any]:
     return key
 
 
+def append_webhook_attempt(table: Any, key: dict[str, str], attempt: dict[str, Any], *, status: str | None) -> bool:
+    """Append one delivery attempt to the ``webhook`` of the item at ``key`` (a job's or a batch's), and set its
+    status; False when the item or its webhook is gone. ``list_append`` makes concurrent appends safe without reading
+    the item first."""
+    update = "SET #webhook.#attempts = list_append(if_not_exists(#webhook.#attempts, :empty), :attempt)"
+    names = {"#webhook": "webhook", "#attempts": "attempts"}
+    values: dict[str, Any] = {":empty": [], ":attempt": [attempt]}
+    if status is not None:
+        update += ", #webhook.#status = :status"
+        names["#status"] = "status"
+        values[":status"] = status
+    try:
+        table.update_item(Key=key, UpdateExpression=update, ConditionExpression=Attr("webhook").exists(),
+                          ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+    except ClientError as exc:
+        if is_error(exc, "ConditionalCheckFailedException"):
+            return False
+        raise
+    return True
+
+
 class JobStore:
     """Job state in DynamoDB. Every state change is conditional on the job's current state (see ``jobs.py``)."""
 
@@ -192,27 +213,8 @@ class JobStore:
 
     def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
         """Append one delivery attempt to the job's webhook (and set its status); False when the job or its webhook
-        is gone. ``list_append`` makes concurrent appends safe without reading the job first."""
-        update = "SET #webhook.#attempts = list_append(if_not_exists(#webhook.#attempts, :empty), :attempt)"
-        names = {"#webhook": "webhook", "#attempts": "attempts"}
-        values: dict[str, Any] = {":empty": [], ":attempt": [attempt]}
-        if status is not None:
-            update += ", #webhook.#status = :status"
-            names["#status"] = "status"
-            values[":status"] = status
-        try:
-            self._table.update_item(
-                Key={_PK: job_id},
-                UpdateExpression=update,
-                ConditionExpression=Attr("webhook").exists(),
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if is_error(exc, "ConditionalCheckFailedException"):
-                return False
-            raise
-        return True
+        is gone."""
+        return append_webhook_attempt(self._table, {_PK: job_id}, attempt, status=status)
 
     def mark_notified(self, job_ids: list[str]) -> None:
         """Record that these jobs' notifications went out: one UpdateItem each. Not one TransactWriteItems for the

@@ -16,7 +16,7 @@ from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
 
 from async_inference import settings
-from async_inference.aws import _BOTO_CONFIG, is_error
+from async_inference.aws import _BOTO_CONFIG, append_webhook_attempt, is_error
 from async_inference.batches.models import (
     BATCH_SOURCES,
     FINAL_BATCH_STATES,
@@ -243,22 +243,7 @@ class BatchStore:
     def record_webhook_attempt(self, batch_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
         """Append one delivery attempt to the batch's webhook (and set its status); False when the batch or its
         webhook is gone (``JobStore.record_webhook_attempt``'s contract, which the webhook dispatcher calls)."""
-        update = "SET #webhook.#attempts = list_append(if_not_exists(#webhook.#attempts, :empty), :attempt)"
-        names = {"#webhook": "webhook", "#attempts": "attempts"}
-        values: dict[str, Any] = {":empty": [], ":attempt": [attempt]}
-        if status is not None:
-            update += ", #webhook.#status = :status"
-            names["#status"] = "status"
-            values[":status"] = status
-        try:
-            self._table.update_item(Key={_PK: batch_id}, UpdateExpression=update,
-                                    ConditionExpression=Attr("webhook").exists(),
-                                    ExpressionAttributeNames=names, ExpressionAttributeValues=values)
-        except ClientError as exc:
-            if is_error(exc, "ConditionalCheckFailedException"):
-                return False
-            raise
-        return True
+        return append_webhook_attempt(self._table, {_PK: batch_id}, attempt, status=status)
 
     def mark_notified(self, batch_id: str) -> None:
         self._table.update_item(
