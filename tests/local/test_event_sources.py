@@ -6,28 +6,19 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import unquote_plus
 
 import boto3
-import pytest
 from botocore.config import Config
 
 from local_runtime.deployer import Deployment
 from local_runtime.functions import LocalFunction
-from local_runtime.moto_server import LOCAL_KEYS, MotoServer, free_port
+from local_runtime.moto_server import LOCAL_KEYS, MotoServer
 from local_runtime.pollers import event_sources
 from local_runtime.template import Assembly
 from tests.local.assemblies import python_function, write_assembly
 
 HANDLER = {"handler.py": "def boom(event, context):\n    raise RuntimeError('cannot handle ' + event['Records'][0]['s3']['object']['key'])\n"}
-
-
-@pytest.fixture
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer(free_port()).start()
-    yield server
-    server.stop()
 
 
 def test_a_failing_s3_invocation_is_retried_then_sent_to_its_on_failure_destination(moto: MotoServer, tmp_path: Path):

@@ -11,29 +11,19 @@ guarantees.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Iterator
 
 import boto3
-import pytest
 from botocore.config import Config
 
-from local_runtime.moto_server import MotoServer, free_port
+from local_runtime.moto_server import LOCAL_KEYS, MotoServer
 
 THREADS, UPDATES = 16, 40
 
 
-@pytest.fixture
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer(free_port()).start()
-    yield server
-    server.stop()
-
-
 def test_concurrent_adds_to_one_item_lose_no_count_and_no_set_member(moto: MotoServer):
     # GIVEN one item, and many clients adding to its counter and to its set at once (as workers count chunks)
-    dynamodb = boto3.client("dynamodb", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="testing",
-                            aws_secret_access_key="testing",
-                            config=Config(max_pool_connections=THREADS))
+    dynamodb = boto3.client("dynamodb", endpoint_url=moto.url, region_name="us-east-1",
+                            **{k.lower(): v for k, v in LOCAL_KEYS.items()}, config=Config(max_pool_connections=THREADS))
     dynamodb.create_table(TableName="counts", BillingMode="PAY_PER_REQUEST",
                           KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
                           AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}])

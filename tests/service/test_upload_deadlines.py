@@ -13,7 +13,6 @@ import datetime as dt
 import importlib
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,21 +25,10 @@ from async_inference.schemas import ChatCompletionRequest, JobSubmission, Upload
 from async_inference.service import JobService
 from local_runtime.lambda_host import Context
 from local_runtime.pollers import sqs_event
-from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
+from local_runtime.moto_server import MotoServer, free_port
 
 TENANT = "tenant-a"
 BODY = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]).model_dump_json().encode()
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer(free_port()).start()
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in LOCAL_CREDENTIALS.items():
-            patch.setenv(name, value)
-        patch.setenv("AWS_ENDPOINT_URL", server.url)
-        yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

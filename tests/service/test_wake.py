@@ -7,7 +7,6 @@ as ECS does (it places no tasks). The clock is the waker's own, so the interval 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,18 +16,7 @@ from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
 from async_inference.wake import ServiceWaker
-from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer(free_port()).start()
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in LOCAL_CREDENTIALS.items():
-            patch.setenv(name, value)
-        patch.setenv("AWS_ENDPOINT_URL", server.url)
-        yield server
-    server.stop()
+from local_runtime.moto_server import MotoServer
 
 
 @pytest.fixture
