@@ -94,6 +94,17 @@ def _decode_token(token: str) -> dict[str, Any]:
     return key
 
 
+def put_new(table: Any, item: dict[str, Any], key: str) -> bool:
+    """PutItem only if no item has this ``key`` attribute's value yet; False when one has (an idempotent retry)."""
+    try:
+        table.put_item(Item=item, ConditionExpression=Attr(key).not_exists())
+    except ClientError as exc:
+        if is_error(exc, "ConditionalCheckFailedException"):
+            return False
+        raise
+    return True
+
+
 def append_webhook_attempt(table: Any, key: dict[str, str], attempt: dict[str, Any], *, status: str | None) -> bool:
     """Append one delivery attempt to the ``webhook`` of the item at ``key`` (a job's or a batch's), and set its
     status; False when the item or its webhook is gone. ``list_append`` makes concurrent appends safe without reading
@@ -124,13 +135,7 @@ class JobStore:
 
     def create(self, job: Job) -> bool:
         """Store a new job; False when a job with this id exists already (an idempotent retry)."""
-        try:
-            self._table.put_item(Item=_to_item(job), ConditionExpression=Attr(_PK).not_exists())
-        except ClientError as exc:
-            if is_error(exc, "ConditionalCheckFailedException"):
-                return False
-            raise
-        return True
+        return put_new(self._table, _to_item(job), _PK)
 
     def get(self, job_id: str) -> Job | None:
         item = self._table.get_item(Key={_PK: job_id}, ConsistentRead=True).get("Item")

@@ -16,7 +16,7 @@ from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
 
 from async_inference import settings
-from async_inference.aws import _BOTO_CONFIG, append_webhook_attempt, is_error
+from async_inference.aws import _BOTO_CONFIG, append_webhook_attempt, is_error, put_new
 from async_inference.batches.models import (
     BATCH_SOURCES,
     FINAL_BATCH_STATES,
@@ -147,13 +147,7 @@ class BatchStore:
 
     def create(self, record: FileRecord | BatchRecord) -> bool:
         """Store a new file or batch; False when one with its id exists (a finalize that runs again)."""
-        try:
-            self._table.put_item(Item=_item(record), ConditionExpression=Attr(_PK).not_exists())
-        except ClientError as exc:
-            if is_error(exc, "ConditionalCheckFailedException"):
-                return False
-            raise
-        return True
+        return put_new(self._table, _item(record), _PK)
 
     def get_file(self, file_id: str) -> FileRecord | None:
         item = self._get(file_id)
