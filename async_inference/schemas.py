@@ -357,7 +357,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage
-    job_id: str
+    job_id: str | None = None  # on a job's result object; a batch line's body has none
 
 
 # --- The notification -----------------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVar
 
@@ -38,19 +37,17 @@ from async_inference import settings
 from async_inference.aws import Blobs, ControlQueue
 from async_inference.batches.lines import line_id
 from async_inference.schemas import (
-    AssistantMessage,
     BatchControl,
     BatchLineError,
     BatchLineOutput,
     BatchLineResponse,
     ChatCompletionRequest,
     ChunkClaimCheck,
-    Choice,
-    Usage,
     utcnow,
 )
 from async_inference.served_models import ServedModels
 from async_inference.service import parse_request_body
+from gpu_worker.completions import chat_completion
 from gpu_worker.engines.base import (
     Engine,
     Generation,
@@ -157,16 +154,8 @@ def expired(line: ChunkLine) -> BatchLineOutput:
 
 def succeeded(line: ChunkLine, generation: Generation) -> BatchLineOutput:
     assert line.request is not None
-    completion = {
-        "id": "chatcmpl-" + line.line_id.removeprefix("batch_req_"),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": line.request.model,
-        "choices": [Choice(message=AssistantMessage(content=generation.text),
-                           finish_reason=generation.finish_reason).model_dump()],
-        "usage": Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
-                       total_tokens=generation.prompt_tokens + generation.completion_tokens).model_dump(),
-    }
+    completion = chat_completion(generation, completion_id="chatcmpl-" + line.line_id.removeprefix("batch_req_"),
+                                 model=line.request.model).model_dump(mode="json", exclude={"job_id"})
     return BatchLineOutput(id=line.line_id, custom_id=line.custom_id,
                            response=BatchLineResponse(status_code=200, request_id=request_id(line), body=completion))
 

@@ -61,20 +61,18 @@ from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.served_models import ServedModels
 from async_inference.schemas import (
-    AssistantMessage,
     ChatCompletion,
     ChatCompletionRequest,
-    Choice,
     ChunkClaimCheck,
     ClaimCheck,
     Job,
     JobActivity,
     JobProgress,
-    Usage,
     utcnow,
 )
 from async_inference.service import JobService, parse_request_body
 from async_inference.webhooks.events import EVENT_STARTED, started_event
+from gpu_worker.completions import chat_completion
 from gpu_worker.engines.base import (
     Engine,
     Generation,
@@ -262,17 +260,6 @@ class InFlight:
     chunk: str | None = None  # "batch_id/chunk" of a chunk claim check
     protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
     started: float = 0.0  # time.monotonic() when its generation began
-
-
-def completion_for(job: Job, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
-    return ChatCompletion(
-        id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
-        created=int(time.time()),
-        model=job.model or "",
-        choices=[Choice(message=AssistantMessage(content=text), finish_reason=finish_reason)],
-        usage=usage,
-        job_id=job.job_id,
-    )
 
 
 # --- The worker -----------------------------------------------------------------------------------------------------
@@ -487,12 +474,8 @@ class Worker:
         generation, started = outcome, flight.started
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - started)
 
-        usage = Usage(
-            prompt_tokens=generation.prompt_tokens,
-            completion_tokens=generation.completion_tokens,
-            total_tokens=generation.prompt_tokens + generation.completion_tokens,
-        )
-        completion = completion_for(job, generation.text, generation.finish_reason, usage)
+        completion = chat_completion(generation, completion_id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
+                                     model=job.model or "", job_id=job.job_id)
         return await self._finish(job, JobStatus.SUCCEEDED, result=completion, generation_started=started)
 
     async def _in_engine(self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
