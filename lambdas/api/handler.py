@@ -96,7 +96,7 @@ def _tenant() -> str:
         ),
     },
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def create_job(submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None) -> Response[JobView]:
     submitted = service.submit(_tenant(), submission, idempotency_key)
     if submitted.created:
@@ -110,7 +110,7 @@ def create_job(submission: Annotated[JobSubmission, Body()], idempotency_key: Id
     summary="Get a job's status and result",
     responses={200: ok("The job", JobView, headers=RETRY_AFTER), **error_responses(400, 404, 410)},
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def get_job(job_id: JobId) -> Response[JobView]:
     view, poll_after_s = service.read(_tenant(), job_id)
     # Retry-After on a 200: how long a poller should wait before the next GET (the SDK follows it).
@@ -123,7 +123,7 @@ def get_job(job_id: JobId) -> Response[JobView]:
     summary="List your jobs, newest first",
     responses={200: ok("A page of jobs", JobList), **error_responses(400)},
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def list_jobs(
     status: Annotated[Optional[JobStatus], Query()] = None,
     limit: Annotated[int, Query(ge=1, le=settings.MAX_PAGE_SIZE)] = settings.DEFAULT_PAGE_SIZE,
@@ -139,7 +139,7 @@ def list_jobs(
     responses={200: ok("The cancelled job", JobView),
                **error_responses(400, 404, e409="`conflict`: the job is already final")},
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def cancel_job(job_id: JobId) -> Response[JobView]:
     return _json(HTTPStatus.OK, service.view(service.cancel(_tenant(), job_id)))
 
@@ -235,7 +235,9 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
 
 # clear_state: keys appended for one request (the tenant) must not stay on the warm function's logger for the next.
 @logger.inject_lambda_context(correlation_id_path="requestContext.requestId", clear_state=True)
-@tracer.capture_lambda_handler
+# capture_response=False here and on every route: answers hold presigned URLs (signature, session token), which X-Ray
+# would keep for anyone with read access to traces (docs/security.md).
+@tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 @body_checks
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -29,7 +29,9 @@ keys = TenantKeys(json.loads(os.environ[ENV_TENANT_API_KEY_IDS]), ApiKeyValues()
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+# Never capture_response (Powertools' default): the answer holds usageIdentifierKey, the caller's key, and X-Ray keeps
+# every response it is given, for anyone with read access to traces (docs/security.md).
+@tracer.capture_lambda_handler(capture_response=False)
 @event_source(data_class=APIGatewayAuthorizerRequestEvent)
 def lambda_handler(event: APIGatewayAuthorizerRequestEvent, context: LambdaContext) -> dict[str, Any]:
     caller = keys.caller(event.headers)

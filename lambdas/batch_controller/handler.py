@@ -22,7 +22,7 @@ processor = BatchProcessor(event_type=EventType.SQS)
 controller = BatchController.from_settings(ServiceSettings.load())
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def record_handler(record: SQSRecord) -> None:
     try:
         control = BatchControl.model_validate_json(record.body)
@@ -35,6 +35,6 @@ def record_handler(record: SQSRecord) -> None:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

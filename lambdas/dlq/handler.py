@@ -40,7 +40,7 @@ chunks = (ChunkDeadLetters(store=BatchStore(config.batch_table_name), blobs=Blob
           if config.batch_table_name and config.batch_control_queue_url else None)
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def record_handler(record: SQSRecord) -> None:
     # The DLQ's own receive count restarts at 1; the attempts that led here are the redrive policy's.
     if is_chunk_message(record.body) and chunks is not None:
@@ -69,7 +69,7 @@ def _chunk(record: SQSRecord) -> None:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -26,7 +26,7 @@ pusher = Pusher(ConnectionStore(config.connections_table_name), ConnectionPoster
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 @event_source(data_class=SNSEvent)
 def lambda_handler(event: SNSEvent, context: LambdaContext) -> dict[str, Any]:
     told = {"sent": 0, "gone": 0, "failed": 0}

@@ -19,7 +19,7 @@ service = JobService.from_config(config.service, allow_local_webhooks=config.all
                                  served_models=config.served_models)
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def accept(key: str, size: int) -> None:
     job = service.accept_upload(key, size)
     if job is None:
@@ -29,7 +29,7 @@ def accept(key: str, size: int) -> None:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 @event_source(data_class=S3Event)
 def lambda_handler(event: S3Event, context: LambdaContext) -> dict[str, Any]:
     for record in event.records:

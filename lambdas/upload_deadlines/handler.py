@@ -36,7 +36,7 @@ class NotYet(Exception):
     """Marks the record as a batch item failure; its message was hidden until the grace is over."""
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def record_handler(record: SQSRecord) -> None:
     check = service.check_upload_deadline(record.body)
     if check.retry_in_s:
@@ -50,6 +50,6 @@ def record_handler(record: SQSRecord) -> None:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -48,7 +48,7 @@ class DeliveryFailed(Exception):
     """Marks the record as a batch item failure; its message was hidden for the backoff already."""
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 async def record_handler(record: SQSRecord) -> None:
     await asyncio.get_running_loop().run_in_executor(deliveries, deliver, record)
 
@@ -73,7 +73,7 @@ def deliver(record: SQSRecord) -> None:
 
 
 @logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return async_process_partial_response(
         event=event, record_handler=record_handler, processor=processor, context=context

@@ -31,7 +31,7 @@ def _answer(status: int, body: str | None = None) -> dict[str, Any]:
     return {"statusCode": status, **({"body": body} if body is not None else {})}
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)
 def route(event: APIGatewayProxyEvent) -> dict[str, Any]:
     context = event.request_context
     connection_id, route_key = context.connection_id or "", context.route_key
@@ -52,7 +52,7 @@ def route(event: APIGatewayProxyEvent) -> dict[str, Any]:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 @event_source(data_class=APIGatewayProxyEvent)
 def lambda_handler(event: APIGatewayProxyEvent, context: LambdaContext) -> dict[str, Any]:
     return route(event)
