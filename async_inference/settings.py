@@ -59,6 +59,9 @@ PRESIGNED_RESULT_EXPIRY_S = 60 * 60
 # closed and its S3 event, late or retried by Lambda (twice, 1 and 2 minutes apart), before the job is expired.
 UPLOAD_DEADLINES_QUEUE_NAME = "inference-upload-deadlines"
 UPLOAD_GRACE_S = 5 * 60
+# The upload function's timeout: an acceptance (state write, then the claim check's send) that has not sent its claim
+# check this long after the state write never will (its invocation ended), so the event's redelivery sends it.
+UPLOAD_INTAKE_TIMEOUT_S = 60
 # Receives of a deadline message before it moves to its DLQ: the first receive, at the window's end, is always handed
 # back for the grace, so this leaves three for faults.
 UPLOAD_DEADLINE_MAX_RECEIVE_COUNT = 5

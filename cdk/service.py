@@ -512,7 +512,8 @@ class AsyncInferenceService(Construct):
         upload = self.uploads.handler
         table.grant_items(upload, "dynamodb:GetItem", "dynamodb:UpdateItem")
         bucket.grant_get(upload, uploads)
-        bucket.grant_delete(upload, uploads)  # objects no job asked for, and oversize bodies
+        bucket.grant_delete(upload, uploads)  # objects no job asked for, oversize bodies, accepted uploads
+        bucket.grant_put(upload, requests)  # an accepted upload's checked bytes, out of reach of its presigned URL
         queue.grant(upload, "sqs:SendMessage")
         results.grant_publish(upload)
 

@@ -55,7 +55,7 @@ class UploadIntake(Construct):
             description="Validates presigned uploads and queues their jobs",
             service_name="async-inference-upload",
             environment=environment,
-            timeout=Duration.seconds(60),
+            timeout=Duration.seconds(settings.UPLOAD_INTAKE_TIMEOUT_S),
         )
         self.failure_queue = secure_dead_letter_queue(self, "FailureQueue")
         acknowledge(

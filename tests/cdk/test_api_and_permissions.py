@@ -173,13 +173,15 @@ def test_the_keys_do_not_depend_on_the_stage_so_the_template_has_no_cycle(synthe
 
 def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     """GIVEN the upload function's role WHEN listing its actions THEN it reads and deletes under uploads/, lists only
-    that prefix (so a missing key reads as 404), queues, notifies, and touches job items only."""
+    that prefix (so a missing key reads as 404), writes an accepted upload under requests/ only, queues, notifies,
+    and touches job items only."""
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket",
+        "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket", "s3:PutObject",
         "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
