@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from async_inference import settings
+from async_inference import safe_json, settings
 from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.wake import ServiceWaker
@@ -593,6 +593,10 @@ def build_notification(job: Job, *, result: ChatCompletion | None, bucket: str) 
 
 def parse_request_body(body: bytes) -> tuple[ChatCompletionRequest | None, str]:
     """A stored request body as a ChatCompletionRequest, or None and why it is not one (for a failed job's reason)."""
+    try:
+        safe_json.loads(body)  # the limits every entry point holds input to, with their message
+    except safe_json.UnsafeJson as exc:
+        return None, "the body is not valid JSON" if exc.msg.startswith("not valid") else f"the body is refused: {exc}"
     try:
         return ChatCompletionRequest.model_validate_json(body), ""
     except ValidationError as exc:

@@ -14,12 +14,11 @@ re-sends a notification that did not go out.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from async_inference import settings
+from async_inference import safe_json, settings
 from async_inference.batches import planning
 from async_inference.batches.aws import BatchNotifier, ChunkQueue, FileObjects
 from async_inference.batches.models import (
@@ -206,7 +205,7 @@ class BatchController:
 
 def _is_expired(line: bytes) -> bool:
     try:
-        parsed = json.loads(line)
+        parsed = safe_json.loads(line)
     except ValueError:
         return False
     error = parsed.get("error") if isinstance(parsed, dict) else None

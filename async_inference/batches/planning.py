@@ -8,11 +8,10 @@ that line to the error file as a 400 with the jobs API's message. No AWS here: t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from async_inference import settings
+from async_inference import safe_json, settings
 from async_inference.batches.models import BatchError, ChunkRange
 from async_inference.served_models import ServedModels
 
@@ -103,9 +102,9 @@ def plan(chunks: Iterable[bytes], *, served: ServedModels, endpoint: str = setti
 def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str, result: Plan, error) -> None:  # noqa: ANN001
     n = line.number
     try:
-        request = json.loads(line.text)
-    except ValueError:
-        error("invalid_json_line", f"line {n} is not valid JSON", n)
+        request = safe_json.loads(line.text)
+    except safe_json.UnsafeJson as exc:
+        error("invalid_json_line", f"line {n} is not valid JSON" if exc.msg.startswith("not valid") else f"line {n}: {exc}", n)
         return
     if not isinstance(request, dict):
         error("invalid_json_line", f"line {n} is a JSON {type(request).__name__}, not an object", n)
