@@ -18,6 +18,9 @@ _METADATA = {
     ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
 }
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Deprecated site-local IPv6 (RFC 3879): Python counts it global (ip.is_global is True), yet networks that still route
+# it keep it inside their site, like a private range.
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 
 
 class UnsafeUrl(ValueError):
@@ -78,7 +81,7 @@ def refusal(address: str, *, allow_local: bool = False) -> str | None:
         return f"{address} is a link-local address"
     if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
         return f"{address} is not a unicast address"
-    if ip.is_private:
+    if ip.is_private or (isinstance(ip, ipaddress.IPv6Address) and ip in _SITE_LOCAL):
         return f"{address} is a private address"
     if not ip.is_global:
         return f"{address} is not a public address"
