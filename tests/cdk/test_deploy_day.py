@@ -70,3 +70,46 @@ def test_the_operator_finds_the_secrets_in_a_stack_output(synthesized):
     same tenant -> ARN map the dispatcher reads (what `async-inference webhook-secret --secret-arns` takes)."""
     output = synthesized.json["Outputs"]["WebhookSigningSecretArns"]["Value"]
     assert json.loads(_joined(output)) == json.loads(_joined(_dispatcher_env(synthesized)["WEBHOOK_SECRET_ARNS"]))
+
+
+# --- Defect 1: the service is created after the capacity provider is associated with the cluster --------------------
+
+
+def test_the_worker_service_waits_for_the_capacity_provider_association(synthesized):
+    """GIVEN the worker service, which places its tasks through the GPU capacity provider WHEN CloudFormation creates
+    the stack THEN the service depends on the cluster's ClusterCapacityProviderAssociations (CreateService fails
+    before the association exists, and no property orders the two)."""
+    [association] = synthesized.resources("AWS::ECS::ClusterCapacityProviderAssociations")
+    [service] = synthesized.resources("AWS::ECS::Service").values()
+    depends = service.get("DependsOn", [])
+    assert association in ([depends] if isinstance(depends, str) else depends)
+
+
+# --- Defect 7: containers cannot reach the instance metadata service ------------------------------------------------
+
+
+def test_containers_cannot_take_the_instance_role_through_imds(synthesized):
+    """GIVEN the GPU instances' launch template WHEN a bridge-mode container (one hop beyond the instance) asks IMDS
+    THEN it gets no answer: IMDSv2 is required and its response hop limit is 1."""
+    [template] = synthesized.resources("AWS::EC2::LaunchTemplate").values()
+    options = template["Properties"]["LaunchTemplateData"]["MetadataOptions"]
+    assert options["HttpTokens"] == "required"
+    assert options["HttpPutResponseHopLimit"] == 1
+
+
+# --- Defect 10: every function on a supported runtime ---------------------------------------------------------------
+
+
+def test_every_function_runs_python_3_12_or_newer(synthesized):
+    """GIVEN every Lambda function of the stack, the CDK's own helper functions included WHEN reading their runtime
+    THEN each is a Python of 3.12 or newer (python3.11 runs on Amazon Linux 2, past its end of life in June 2026), and
+    the layer is built for the same Python."""
+    functions = synthesized.resources("AWS::Lambda::Function")
+    python = {lid: f["Properties"]["Runtime"] for lid, f in functions.items()
+              if f["Properties"].get("Runtime", "").startswith("python")}
+    assert len(python) >= 10  # the service's own functions are among them
+    old = {lid: r for lid, r in python.items() if tuple(int(x) for x in r.removeprefix("python").split(".")) < (3, 12)}
+    assert old == {}
+    [layer] = synthesized.resources("AWS::Lambda::LayerVersion").values()
+    layered = {f["Properties"]["Runtime"] for f in functions.values() if f["Properties"].get("Layers")}
+    assert layer["Properties"]["CompatibleRuntimes"] == sorted(layered)
