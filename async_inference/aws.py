@@ -591,12 +591,6 @@ class WorkerService:
 # --- API Gateway ----------------------------------------------------------------------------------------------------
 
 
-def secret_json(arn: str, secretsmanager: Any | None = None) -> Any:
-    """The JSON value of a Secrets Manager secret (the webhook signing secrets: ``{"tenant": "whsec_..."}``)."""
-    response = (secretsmanager or client("secretsmanager")).get_secret_value(SecretId=arn)
-    return json.loads(response["SecretString"])
-
-
 class TenantDirectory:
     """Tenant of an API Gateway API key: the key's name. Cached, since keys are not renamed."""
 

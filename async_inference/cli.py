@@ -20,8 +20,8 @@ line on stderr and an exit status:
 
 ``dlq list``, ``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
 and the queue URLs from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets), the
-signing secret's ARN from --secret-arn or WEBHOOK_SECRET_ARN (the stack output WebhookSigningSecretArn). They need
-boto3: ``pip install 'async-inference[aws]'``.
+tenants' signing-secret ARNs from --secret-arns or WEBHOOK_SECRET_ARNS (the stack output WebhookSigningSecretArns, a
+JSON object tenant -> ARN). They need boto3: ``pip install 'async-inference[aws]'``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from async_inference.client import (
     UnexpectedResponse,
     WaitTimeout,
 )
-from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL, ENV_WEBHOOK_SECRET_ARN
+from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL, ENV_WEBHOOK_SECRET_ARNS
 from async_inference.jobs import JobStatus, is_job_id
 from async_inference.batches.models import BATCH_ID_PATTERN, Batch, Page
 from async_inference.schemas import ChatCompletion, ClaimCheck, JobList, JobView
@@ -493,22 +493,29 @@ def _aws_failure(exc: Exception) -> CliError | None:
 
 
 def cmd_webhook_secret(args: argparse.Namespace) -> int:
-    """Print a tenant's webhook signing secrets (newest first), or every tenant's, from the stack's Secrets Manager
-    secret: what the operator hands the tenant to verify deliveries with."""
+    """Print a tenant's webhook signing secrets (newest first), or every tenant's, from the Secrets Manager secrets
+    the stack created for them: what the operator hands the tenant to verify deliveries with."""
     try:
-        from async_inference.aws import secret_json
+        from async_inference.aws import client
+        from async_inference.webhooks.secrets import read_tenant_secrets
     except ModuleNotFoundError as exc:
         if exc.name in ("boto3", "botocore"):
             raise CliError("webhook-secret needs boto3: pip install 'async-inference[aws]'") from exc
         raise
-    table = secret_json(args.secret_arn)
-    if not isinstance(table, dict):
-        raise CliError(f'{args.secret_arn} does not hold {{"tenant": "whsec_..."}}', EXIT_REFUSED)
-    secrets = {tenant: [value] if isinstance(value, str) else list(value) for tenant, value in sorted(table.items())}
+    try:
+        arns = json.loads(args.secret_arns)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--secret-arns is not JSON ({exc}): give the stack output WebhookSigningSecretArns") from exc
+    if not isinstance(arns, dict):
+        raise CliError('--secret-arns must be a JSON object {"tenant": "<secret ARN>"} (the stack output '
+                       "WebhookSigningSecretArns)")
+    secretsmanager = client("secretsmanager")
+    tenants = [args.tenant] if args.tenant is not None else sorted(arns)
+    try:
+        secrets = {tenant: read_tenant_secrets(arns, tenant, secretsmanager) for tenant in tenants}
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from exc
     if args.tenant is not None:
-        if args.tenant not in secrets:
-            known = ", ".join(secrets) or "none"
-            raise CliError(f"no webhook signing secret for tenant {args.tenant!r} (the secret has: {known})")
         listing: dict[str, Any] = {"tenant": args.tenant, "secrets": secrets[args.tenant]}
         _emit(args, listing, lambda: list(listing["secrets"]))
     else:
@@ -607,9 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     signing = command("webhook-secret", cmd_webhook_secret,
                       "operators: a tenant's webhook signing secret, to hand to the tenant (AWS credentials)")
     signing.add_argument("tenant", nargs="?", help="the tenant (default: every tenant)")
-    signing.add_argument("--secret-arn", default=os.environ.get(ENV_WEBHOOK_SECRET_ARN),
-                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARN),
-                         help=f"the stack output WebhookSigningSecretArn (or {ENV_WEBHOOK_SECRET_ARN})")
+    signing.add_argument("--secret-arns", default=os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
+                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
+                         help=f"the stack output WebhookSigningSecretArns (or {ENV_WEBHOOK_SECRET_ARNS})")
     signing.set_defaults(operator=True)
     return parser
 

@@ -23,7 +23,8 @@ ENV_DLQ_URL = "JOBS_DLQ_URL"
 ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 # Standard Webhooks signing secrets: in AWS a Secrets Manager secret holding {"tenant": "whsec_..."}; locally the
 # same JSON inline.
-ENV_WEBHOOK_SECRET_ARN = "WEBHOOK_SECRET_ARN"
+# tenant -> the ARN of its signing secret, as JSON (async_inference.webhooks.secrets).
+ENV_WEBHOOK_SECRET_ARNS = "WEBHOOK_SECRET_ARNS"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
 ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
 # Days the claim-check bucket keeps requests and results (its lifecycle rules): a job records when its result expires.
@@ -281,11 +282,11 @@ class DispatcherSettings(EnvSettings):
     webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
     # Unset: batch events are dropped (a stack without batches).
     batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)")
-    webhook_secret_arn: str | None = Field(
-        None, alias=ENV_WEBHOOK_SECRET_ARN, description='Secrets Manager secret holding {"tenant": "whsec_..."}'
+    webhook_secret_arns: Json[dict[str, str]] | None = Field(
+        None, alias=ENV_WEBHOOK_SECRET_ARNS, description='{"tenant": "<ARN of its Secrets Manager signing secret>"}'
     )
     webhook_secrets_json: Json[dict[str, str | list[str]]] | None = Field(
-        None, alias=ENV_WEBHOOK_SECRETS_JSON, repr=False, description='{"tenant": "whsec_..."} inline, local runs only'
+        None, alias=ENV_WEBHOOK_SECRETS_JSON, repr=False, description='{"tenant": "whsec_..."} inline, unit tests only'
     )
     allow_local_webhooks: bool = Field(
         False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
@@ -299,8 +300,8 @@ class DispatcherSettings(EnvSettings):
 
     @model_validator(mode="after")
     def _has_secrets(self) -> DispatcherSettings:
-        if self.webhook_secrets_json is None and not self.webhook_secret_arn:
-            raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARN} (or {ENV_WEBHOOK_SECRETS_JSON} locally): the tenants' "
+        if self.webhook_secrets_json is None and self.webhook_secret_arns is None:
+            raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARNS} (or {ENV_WEBHOOK_SECRETS_JSON} in tests): the tenants' "
                              "webhook signing secrets")
         return self
 

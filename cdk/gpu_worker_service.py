@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+import jsii
+from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from async_inference.config import (
     DEFAULT_TASK_PROTECTION,
@@ -241,6 +242,10 @@ class GpuWorkerService(Construct):
             # GPU the fleet may not have. Tasks go where GPU capacity is.
             availability_zone_rebalancing=ecs.AvailabilityZoneRebalancing.DISABLED,
         )
+        # CreateService with a capacity provider strategy fails ("capacity provider not associated with the cluster")
+        # when it runs before the cluster's AWS::ECS::ClusterCapacityProviderAssociations, and nothing in the
+        # properties orders the two (aws/containers-roadmap#631): the service depends on it explicitly.
+        Aspects.of(self.service).add(_AfterCapacityProviderAssociation(self.cluster))
         if task_protection != "off":
             self._allow_task_protection()
 
@@ -312,7 +317,10 @@ class GpuWorkerService(Construct):
             role=role,
             security_group=security_group,
             require_imdsv2=True,
-            http_put_response_hop_limit=2,  # containers in bridge mode are one hop further from IMDS
+            # 1: IMDS answers the instance (its ECS agent) only. Containers in bridge mode are one hop further, so
+            # they cannot take the instance role; the worker needs no instance metadata (its credentials come from
+            # the task role through the ECS agent, its region from the task definition).
+            http_put_response_hop_limit=1,
             detailed_monitoring=True,
             block_devices=[
                 ec2.BlockDevice(
@@ -361,6 +369,25 @@ class GpuWorkerService(Construct):
                 ],
             )
         )
+
+
+@jsii.implements(IAspect)
+class _AfterCapacityProviderAssociation:
+    """Makes the service it visits depend on the cluster's capacity provider association, which ``ecs.Cluster``
+    creates only at synthesis (an aspect of its own, as a child with the cluster's id), so it cannot be named when the
+    service is built."""
+
+    def __init__(self, cluster: ecs.Cluster) -> None:
+        self.cluster = cluster
+
+    def visit(self, node: IConstruct) -> None:
+        if not isinstance(node, ecs.CfnService):
+            return
+        association = self.cluster.node.try_find_child(self.cluster.node.id)
+        if not isinstance(association, ecs.CfnClusterCapacityProviderAssociations):
+            raise ValueError(f"{self.cluster.node.path} has no capacity provider association for the service to wait "
+                             "for: add the capacity provider to the cluster")
+        node.node.add_dependency(association)
 
 
 def is_arm64(instance_type: str) -> bool:

@@ -2,9 +2,14 @@
 
 The handlers (``lambdas/``) and the core package (``async_inference/``) are copied into a source asset; the
 dependencies in ``lambdas/requirements.txt`` are installed by pip *for the Lambda platform* into a layer. pydantic_core
-is compiled, so pip must fetch manylinux x86_64 wheels for CPython 3.11 whatever machine runs the synth; that is what
-the platform flags below do. The layer is cached under ``cdk.out/`` by the hash of the requirements file, so repeated
-synths (and the test session) do not re-run pip.
+is compiled, so pip must fetch manylinux x86_64 wheels for the runtime's CPython (``RUNTIME``) whatever machine runs
+the synth; that is what the platform flags below do. The layer is cached under ``cdk.out/`` by the hash of the
+requirements file, so repeated synths (and the test session) do not re-run pip.
+
+The layer's asset hash must depend on what is installed, never on where: pip writes console scripts into ``bin/``
+with the installing interpreter's absolute path in their shebang, and their hashes into ``*.dist-info/RECORD``. The
+scripts are removed (nothing in Lambda runs them) and so are their RECORD lines, so a synth from another machine or
+checkout gives the same layer, and ``cdk deploy`` publishes no new layer version and updates no function.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from constructs import Construct
 
 from cdk.nag import acknowledge
 
-RUNTIME = lambda_.Runtime.PYTHON_3_11
+# python3.12 runs on Amazon Linux 2023 (python3.11's Amazon Linux 2 reaches its end of life in June 2026). The layer is
+# built for the same CPython: pydantic_core is compiled per Python version.
+PYTHON_VERSION = "3.12"
+RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.X86_64
-_PIP_PLATFORM = ["--platform", "manylinux2014_x86_64", "--implementation", "cp", "--python-version", "3.11"]
+_PIP_PLATFORM = ["--platform", "manylinux2014_x86_64", "--implementation", "cp", "--python-version", PYTHON_VERSION]
 # The Lambda runtime ships boto3/botocore. A botocore pulled in by aws-xray-sdk would sit before the runtime's on
 # sys.path (layers come first) and pair an arbitrary botocore with the runtime's boto3, so it is removed from the layer.
 _PROVIDED_BY_RUNTIME = ("boto3", "botocore", "s3transfer")
@@ -50,10 +58,21 @@ def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
         name = entry.name.split("-")[0].lower()
         if name in _PROVIDED_BY_RUNTIME or entry.name == "bin":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for record in target.glob("*.dist-info/RECORD"):
+        _drop_outside_entries(record)
     (building / ".complete").write_text(digest)
     shutil.rmtree(layer_dir, ignore_errors=True)
     building.rename(layer_dir)
     return layer_dir
+
+
+def _drop_outside_entries(record: Path) -> None:
+    """Remove a RECORD's lines for files outside the install target (``../../bin/<script>``, deleted above): their
+    hashes cover shebangs holding the building interpreter's path, which would make the layer's hash depend on it."""
+    lines = record.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not line.startswith("../")]
+    if len(kept) != len(lines):
+        record.write_text("".join(kept))
 
 
 def _stage_sources(project_root: Path, packages: Sequence[str], cache_root: Path) -> Path:
@@ -117,7 +136,7 @@ class LambdaCode(Construct):
         timeout: Duration = Duration.seconds(30),
         memory_size: int = 512,
     ) -> lambda_.Function:
-        """A Python 3.11 function on the shared code and layer, traced with X-Ray, with its own log group."""
+        """A function of ``RUNTIME`` on the shared code and layer, traced with X-Ray, with its own log group."""
         log_group = logs.LogGroup(
             scope, f"{id}Logs", retention=self.log_retention, removal_policy=RemovalPolicy.DESTROY
         )
@@ -139,8 +158,9 @@ class LambdaCode(Construct):
         acknowledge(
             function,
             {
-                "AwsSolutions-L1": "Python 3.11 on purpose: the project's Python, and the layer is built for CPython "
-                "3.11 (pydantic_core is compiled per Python version); upgrade both together.",
+                "AwsSolutions-L1": f"{RUNTIME.name} on purpose: on Amazon Linux 2023 and supported until 2028; the "
+                "layer is built for the same CPython (pydantic_core is compiled per Python version), so the runtime "
+                "and PYTHON_VERSION change together.",
                 "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
                 "AWSLambdaBasicExecutionRole]": "The standard Lambda logging policy: CloudWatch Logs writes only.",
                 "AwsSolutions-IAM5[Resource::*]": "X-Ray tracing: xray:PutTraceSegments and PutTelemetryRecords "

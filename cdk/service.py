@@ -371,7 +371,7 @@ class AsyncInferenceService(Construct):
             lane_dead_letter_queue=self.batches.lane_dead_letter_queue,
         )
         self.webhooks = WebhookDispatch(
-            self, "Webhooks", code=code, topic=self.results.topic,
+            self, "Webhooks", code=code, topic=self.results.topic, tenants=list(props.tenants),
             # Batch webhooks: the dispatcher reads the batch's webhook and records its attempts in the batch table.
             environment={**environment, ENV_BATCH_TABLE: self.batches.table.table_name},
         )

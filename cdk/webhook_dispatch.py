@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -19,10 +20,21 @@ from cdk.nag import acknowledge
 
 # The dispatcher delivers a batch at once, each delivery with its own timeout: settings explains the figure.
 FUNCTION_TIMEOUT = Duration.seconds(settings.WEBHOOK_DISPATCHER_TIMEOUT_S)
+# Letters and digits only: 48 of them are the base64 of 36 random bytes (about 286 bits of entropy), a Standard Webhooks
+# secret once "whsec_" is put in front (async_inference.webhooks.secrets), within the 24 to 64 bytes the spec advises.
+SIGNING_SECRET_CHARS = 48
 
 
 class WebhookDispatch(Construct):
-    """A queue subscribed to the result topic (raw delivery), the dispatcher Lambda, its DLQ and the signing secret.
+    """A queue subscribed to the result topic (raw delivery), the dispatcher Lambda, its DLQ, and one signing secret
+    per tenant.
+
+    Signing secrets: each tenant gets a Secrets Manager secret whose value Secrets Manager generates at deploy
+    (``SIGNING_SECRET_CHARS`` letters and digits: ``async_inference.webhooks.secrets`` reads it as a ``whsec_``
+    secret), so the first deploy ends with every tenant's webhooks signed, and nobody has to write a value. The
+    dispatcher gets ``WEBHOOK_SECRET_ARNS`` (tenant -> ARN) and may read exactly these secrets; the stack output
+    ``WebhookSigningSecretArns`` gives the same map to the operator's ``async-inference webhook-secret``. A tenant
+    added to the context gets its secret on the next deploy; rotating one is docs/deploying.md's.
 
     Retries: after its n-th failed receive the dispatcher hides a message for ``min(WEBHOOK_BACKOFF_BASE_S * 2**(n-1),
     WEBHOOK_BACKOFF_MAX_S)`` seconds (30, 60, 120, 240, 480, 900, 900, ...). With ``WEBHOOK_MAX_RECEIVE_COUNT`` = 10
@@ -33,6 +45,7 @@ class WebhookDispatch(Construct):
 
     :param code: the shared Lambda code.
     :param topic: the result topic to subscribe to.
+    :param tenants: the tenant ids, one signing secret each.
     :param environment: the service's runtime configuration (``ServiceConfig.to_env()``) and Powertools settings.
     """
 
@@ -43,6 +56,7 @@ class WebhookDispatch(Construct):
         *,
         code: LambdaCode,
         topic: sns.ITopic,
+        tenants: Sequence[str],
         environment: Mapping[str, str],
     ) -> None:
         super().__init__(scope, id)
@@ -64,18 +78,26 @@ class WebhookDispatch(Construct):
         topic.add_subscription(
             subscriptions.SqsSubscription(self.queue, raw_message_delivery=True, filter_policy=webhook_only)
         )
-        self.signing_secrets = secretsmanager.Secret(
-            self,
-            "SigningSecrets",
-            description='Standard Webhooks signing secrets per tenant: {"<tenant>": "whsec_..."}',
-            secret_object_value={},
-        )
-        acknowledge(
-            self.signing_secrets,
-            {
-                "AwsSolutions-SMG4": "Tenants hold these signing secrets and verify with them; rotating one is a "
-                "coordinated change with the tenant, not an automatic rotation."
-            },
+        self.signing_secrets: dict[str, secretsmanager.Secret] = {}
+        for tenant in sorted(tenants):
+            secret = secretsmanager.Secret(
+                self,
+                f"SigningSecret-{tenant}",
+                description=f"Standard Webhooks signing secret of tenant {tenant} (whsec_ + this value)",
+                generate_secret_string=secretsmanager.SecretStringGenerator(
+                    password_length=SIGNING_SECRET_CHARS, exclude_punctuation=True, include_space=False
+                ),
+            )
+            acknowledge(
+                secret,
+                {
+                    "AwsSolutions-SMG4": "The tenant holds this signing secret and verifies with it; rotating it is a "
+                    "coordinated change with the tenant (docs/deploying.md), not an automatic rotation."
+                },
+            )
+            self.signing_secrets[tenant] = secret
+        self.secret_arns_json = Stack.of(self).to_json_string(
+            {tenant: secret.secret_arn for tenant, secret in self.signing_secrets.items()}
         )
         self.handler = code.new_function(
             self,
@@ -85,7 +107,7 @@ class WebhookDispatch(Construct):
             service_name="async-inference-webhooks",
             environment={
                 **environment,
-                config.ENV_WEBHOOK_SECRET_ARN: self.signing_secrets.secret_arn,
+                config.ENV_WEBHOOK_SECRET_ARNS: self.secret_arns_json,
                 config.ENV_WEBHOOK_QUEUE_URL: self.queue.queue_url,
             },
             timeout=FUNCTION_TIMEOUT,
@@ -97,8 +119,10 @@ class WebhookDispatch(Construct):
         )
 
     def grant_read_signing_secrets(self, grantee: iam.IGrantable) -> iam.Grant:
-        """secretsmanager:GetSecretValue on the signing secret: what Powertools' get_secret calls (``grant_read``
-        adds DescribeSecret, which nothing calls)."""
+        """secretsmanager:GetSecretValue on the tenants' signing secrets: what Powertools' get_secret calls
+        (``grant_read`` adds DescribeSecret, which nothing calls)."""
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["secretsmanager:GetSecretValue"], resource_arns=[self.signing_secrets.secret_arn]
+            grantee=grantee,
+            actions=["secretsmanager:GetSecretValue"],
+            resource_arns=[secret.secret_arn for secret in self.signing_secrets.values()],
         )

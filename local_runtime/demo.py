@@ -102,7 +102,8 @@ def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> b
     except WebhookVerificationError as exc:
         print(f"   FAILED: the signature did not verify: {exc}")
         return False
-    print(f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret")
+    print(f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret, which "
+          "the deploy generated (read back from Secrets Manager, as `async-inference webhook-secret` reads it)")
     print(f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
           f" result inline={'result' in payload}")
     deadline = time.monotonic() + 10

@@ -7,9 +7,10 @@ the intrinsics resolved to the local resources, plus what Lambda sets in every e
 (``LAMBDA_PROVIDED``) and the local runtime's own overrides (the moto endpoint and credentials; see
 ``local_runtime.stack``).
 
-The layer is built for Lambda's platform (manylinux x86_64, CPython 3.11). On another machine or Python its
-compiled wheels cannot load; the function then imports its dependencies from this virtualenv instead, with a
-warning: the code asset is still the deployed one, the dependency set is no longer checked.
+The layer is built for Lambda's platform: manylinux x86_64 and the CPython of the function's ``Runtime``
+(``python3.12``: ``cdk.lambda_code.RUNTIME``). On another machine or Python its compiled wheels cannot load; the
+function then imports its dependencies from this virtualenv instead, with a warning: the code asset is still the
+deployed one, the dependency set is no longer checked.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from local_runtime.template import LOCAL_REGION, TemplateError
 
 logger = logging.getLogger("local_runtime.functions")
 HOST = Path(__file__).with_name("lambda_host.py")
-# What the python3.11 Lambda runtime puts on every function's import path besides the function's own code and layers.
+# What the Python Lambda runtime puts on every function's import path besides the function's own code and layers.
 RUNTIME_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
-LAYER_PLATFORM = ("x86_64", (3, 11))
+LAYER_MACHINE = "x86_64"
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def lambda_provided(name: str, props: dict[str, Any], code_dir: Path) -> dict[st
         "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
         "AWS_LAMBDA_LOG_GROUP_NAME": str(log_group),
         "AWS_LAMBDA_LOG_STREAM_NAME": "local",
-        "AWS_EXECUTION_ENV": f"AWS_Lambda_{props.get('Runtime', 'python3.11')}",
+        "AWS_EXECUTION_ENV": f"AWS_Lambda_{props['Runtime']}",
         "LAMBDA_TASK_ROOT": str(code_dir),
         "_HANDLER": props["Handler"],
         "TZ": ":UTC",
@@ -85,9 +86,16 @@ def runtime_packages_dir(root: Path) -> Path:
     return target
 
 
-def layers_run_here() -> bool:
-    machine, python = LAYER_PLATFORM
-    return platform.machine() == machine and sys.version_info[:2] == python and sys.platform == "linux"
+def runtime_python(runtime: str) -> tuple[int, int]:
+    """The CPython version of a Lambda runtime name (``python3.12`` -> (3, 12))."""
+    major, _, minor = runtime.removeprefix("python").partition(".")
+    return int(major), int(minor)
+
+
+def layers_run_here(runtime: str) -> bool:
+    """Whether layers built for ``runtime`` (manylinux x86_64 wheels of its CPython) load in this process's Python."""
+    return (platform.machine() == LAYER_MACHINE and sys.version_info[:2] == runtime_python(runtime)
+            and sys.platform == "linux")
 
 
 class LocalFunction:
@@ -108,14 +116,15 @@ class LocalFunction:
         self.timeout_s = float(props.get("Timeout", 3))
         self.code_dir = deployment.assembly.asset_path(logical_id)
         paths = [str(self.code_dir)]
-        if layers_run_here():
+        if layers_run_here(runtime):
             for layer_arn in props.get("Layers", []):
                 layer = deployment.by_ref("AWS::Lambda::LayerVersion", layer_arn)
                 paths.append(str(deployment.assembly.asset_path(layer.logical_id) / "python"))
             paths.append(str(runtime_packages_dir(deployment.assembly.directory / ".local-lambda-runtime")))
         else:
-            logger.warning("%s: the layers are built for Lambda (manylinux x86_64, CPython 3.11), not this machine; "
-                           "using this virtualenv's packages instead", logical_id)
+            logger.warning("%s: the layers are built for Lambda (manylinux x86_64, %s), not this machine's Python "
+                           "%d.%d; using this virtualenv's packages instead", logical_id, runtime,
+                           *sys.version_info[:2])
             paths.extend(site.getsitepackages())
         self.paths = paths
         template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}

@@ -44,7 +44,7 @@ from botocore.config import Config
 
 from async_inference import config as runtime_config
 from async_inference.config import ServiceConfig
-from async_inference.webhooks.signing import new_secret
+from async_inference.webhooks.secrets import read_tenant_secrets
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
@@ -107,8 +107,9 @@ class LocalResources:
         return self.outputs["WebhookDeadLetterQueueUrl"]
 
     @property
-    def webhook_secret_arn(self) -> str:
-        return self.outputs["WebhookSigningSecretArn"]
+    def webhook_secret_arns(self) -> dict[str, str]:
+        """Tenant -> the ARN of its signing secret, which the deploy created (the output is a JSON object)."""
+        return json.loads(self.outputs["WebhookSigningSecretArns"])
 
     @property
     def batch_table_name(self) -> str:
@@ -162,9 +163,6 @@ class LocalStack:
         self._pollers: list[Any] = []
         self._servers: list[Any] = []
         self._function_log: IO[bytes] | None = None
-        # One Standard Webhooks signing secret per tenant, put into the template's signing secret at start, as an
-        # operator would (`aws secretsmanager put-secret-value`).
-        self.webhook_secrets = {tenant: new_secret() for tenant in sorted(set(self.api_keys.values()))}
 
     @classmethod
     def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalStack:
@@ -196,6 +194,14 @@ class LocalStack:
         """The environment a client process needs to use this stack (the CLI, a test, a benchmark)."""
         assert self.resources is not None, "start() first"
         return {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.moto.url, **self.resources.config.to_env()}
+
+    @property
+    def webhook_secrets(self) -> dict[str, str]:
+        """Each tenant's current signing secret, read from the Secrets Manager secret the deploy generated for it (as
+        ``async-inference webhook-secret`` reads it): what a tenant verifies its webhooks with."""
+        assert self.resources is not None, "start() first"
+        arns, secretsmanager = self.resources.webhook_secret_arns, self.client("secretsmanager")
+        return {tenant: read_tenant_secrets(arns, tenant, secretsmanager)[0] for tenant in sorted(arns)}
 
     def client(self, service: str) -> Any:
         """A boto3 client of this stack's moto server."""
@@ -250,9 +256,6 @@ class LocalStack:
                 dlq_url=outputs["DeadLetterQueueUrl"],
             ),
             outputs=outputs,
-        )
-        self.client("secretsmanager").put_secret_value(
-            SecretId=self.resources.webhook_secret_arn, SecretString=json.dumps(self.webhook_secrets)
         )
 
     def _function_overrides(self, logical_id: str) -> dict[str, str]:

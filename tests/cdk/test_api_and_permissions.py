@@ -11,6 +11,7 @@ from aws_cdk.assertions import Match
 from async_inference import config, settings
 from async_inference.schemas import ErrorResponse
 from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
+from cdk.lambda_code import RUNTIME
 
 pytestmark = pytest.mark.cdk
 
@@ -92,7 +93,7 @@ def test_functions_get_the_shared_runtime_configuration(synthesized, handler):
     expected = {config.ENV_TABLE, config.ENV_BUCKET, config.ENV_QUEUE_URL, config.ENV_TOPIC_ARN, config.ENV_DLQ_URL}
     assert expected <= set(variables)
     assert variables["POWERTOOLS_METRICS_NAMESPACE"] == settings.METRICS_NAMESPACE
-    assert function["Properties"]["Runtime"] == "python3.11"
+    assert function["Properties"]["Runtime"] == RUNTIME.name
     assert function["Properties"]["TracingConfig"] == {"Mode": "Active"}
 
 

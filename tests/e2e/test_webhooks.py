@@ -220,19 +220,20 @@ def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delive
 
 
 def test_an_operator_reads_a_tenants_signing_secret_with_the_cli(stack: LocalStack, capsys):
-    # GIVEN the stack's signing secret (the stack output WebhookSigningSecretArn), as an operator's AWS access reads it
+    # GIVEN the tenants' signing secrets the deploy generated (the stack output WebhookSigningSecretArns), as an
+    # operator's AWS access reads them
     from async_inference import cli
 
     assert stack.resources is not None
-    arn = stack.resources.webhook_secret_arn
+    arns = json.dumps(stack.resources.webhook_secret_arns)
     # WHEN the operator asks for a tenant's secret
-    assert cli.main(["webhook-secret", "tenant-a", "--secret-arn", arn]) == 0
+    assert cli.main(["webhook-secret", "tenant-a", "--secret-arns", arns]) == 0
     # THEN it prints that tenant's secret, the one deliveries are signed with
     assert capsys.readouterr().out.split() == [stack.webhook_secrets["tenant-a"]]
     # AND --json gives it for scripts
-    assert cli.main(["--json", "webhook-secret", "tenant-b", "--secret-arn", arn]) == 0
+    assert cli.main(["--json", "webhook-secret", "tenant-b", "--secret-arns", arns]) == 0
     assert json.loads(capsys.readouterr().out) == {"tenant": "tenant-b", "secrets": [stack.webhook_secrets["tenant-b"]]}
     # AND a tenant without a secret is an error that names the ones there are
-    assert cli.main(["webhook-secret", "nobody", "--secret-arn", arn]) == 2
+    assert cli.main(["webhook-secret", "nobody", "--secret-arns", arns]) == 2
     error = capsys.readouterr().err
     assert "nobody" in error and "tenant-a" in error

@@ -142,7 +142,7 @@ DISPATCHER_ENV = {"JOBS_TABLE_NAME": "jobs", "WEBHOOK_QUEUE_URL": "http://sqs/we
 def dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name, value in DISPATCHER_ENV.items():
         monkeypatch.setenv(name, value)
-    for name in ("WEBHOOK_SECRETS_JSON", "WEBHOOK_SECRET_ARN", "WEBHOOK_BACKOFF_BASE_S", "WEBHOOK_BACKOFF_MAX_S"):
+    for name in ("WEBHOOK_SECRETS_JSON", "WEBHOOK_SECRET_ARNS", "WEBHOOK_BACKOFF_BASE_S", "WEBHOOK_BACKOFF_MAX_S"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -156,24 +156,35 @@ def test_secrets_come_from_inline_json_locally(dispatcher_env: pytest.MonkeyPatc
         secrets.for_tenant("t3")
 
 
-def test_secrets_come_from_secrets_manager_through_powertools_with_caching(dispatcher_env: pytest.MonkeyPatch):
+def test_each_tenants_secret_comes_from_its_own_secret_through_powertools_with_caching(
+    dispatcher_env: pytest.MonkeyPatch,
+):
+    # GIVEN each tenant's secret ARN, as the stack sets WEBHOOK_SECRET_ARNS, and the values Secrets Manager holds: a
+    # value the deploy generated (no prefix), and one an operator rotated (a JSON list, newest first)
     monkeypatch = dispatcher_env
     calls = []
+    stored = {"arn:t1": SECRET.removeprefix("whsec_"), "arn:t2": '["whsec_bmV3", "whsec_b2xk"]'}
 
-    def get_secret(name: str, **kwargs: Any) -> dict[str, str]:
+    def get_secret(name: str, **kwargs: Any) -> str:
         calls.append((name, kwargs))
-        return {"t1": SECRET}
+        return stored[name]
 
     from aws_lambda_powertools.utilities import parameters
 
-    monkeypatch.setenv("WEBHOOK_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:webhooks")
+    monkeypatch.setenv("WEBHOOK_SECRET_ARNS", json.dumps({"t1": "arn:t1", "t2": "arn:t2"}))
     monkeypatch.setattr(parameters, "get_secret", get_secret)
-    assert TenantSecrets.from_settings(DispatcherSettings.load()).for_tenant("t1") == [SECRET]
-    assert calls == [("arn:aws:secretsmanager:us-east-1:1:secret:webhooks", {"transform": "json", "max_age": 300})]
+    secrets = TenantSecrets.from_settings(DispatcherSettings.load())
+    # WHEN the dispatcher asks for them THEN each is a whsec_ secret, newest first, read from its tenant's secret
+    assert secrets.for_tenant("t1") == [SECRET]
+    assert secrets.for_tenant("t2") == ["whsec_bmV3", "whsec_b2xk"]
+    assert calls == [("arn:t1", {"max_age": 300}), ("arn:t2", {"max_age": 300})]
+    # AND a tenant the stack made no secret for has none
+    with pytest.raises(KeyError, match="t3"):
+        secrets.for_tenant("t3")
 
 
 def test_missing_secret_configuration_fails_at_start_naming_the_variables(dispatcher_env: pytest.MonkeyPatch):
-    with pytest.raises(SettingsError, match="set WEBHOOK_SECRET_ARN \\(or WEBHOOK_SECRETS_JSON locally\\)"):
+    with pytest.raises(SettingsError, match="set WEBHOOK_SECRET_ARNS \\(or WEBHOOK_SECRETS_JSON in tests\\)"):
         DispatcherSettings.load()
 
 
@@ -316,7 +327,7 @@ class FakePoster:
 def dispatcher(store: FakeStore, poster: FakePoster, *, resolver=resolver_to(PUBLIC), secrets=None) -> Dispatcher:
     return Dispatcher(
         store=store,
-        secrets=secrets or TenantSecrets(lambda: {"t1": SECRET}),
+        secrets=secrets or TenantSecrets({"t1": SECRET}.get),
         backoff=Backoff(base_s=30, max_s=900),
         resolver=resolver,
         poster=poster,

@@ -1,0 +1,115 @@
+"""Deploy day (issue 21): what a first `cdk deploy` into a fresh account needs from the template, one test each."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.cdk.conftest import TEST_CONTEXT
+from tests.cdk.helpers import function_role, role_actions
+
+pytestmark = pytest.mark.cdk
+
+DISPATCHER = "lambdas.webhooks.handler.lambda_handler"
+
+
+def _joined(value: Any) -> str:
+    """A string property as CloudFormation would give it, each Ref written as ``<Ref:LogicalId>``."""
+    if isinstance(value, str):
+        return value
+    if "Ref" in value:
+        return f"<Ref:{value['Ref']}>"
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(_joined(part) for part in parts)
+    raise AssertionError(f"unexpected intrinsic {value}")
+
+
+def _dispatcher_env(synthesized) -> dict[str, Any]:
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": DISPATCHER}}
+    ).values()
+    return function["Properties"]["Environment"]["Variables"]
+
+
+# --- Defect 2: every tenant's webhook signing secret exists after the deploy ----------------------------------------
+
+
+def test_each_tenant_gets_a_signing_secret_generated_at_deploy(synthesized):
+    """GIVEN two tenants in context WHEN synthesized THEN each has a Secrets Manager secret whose value Secrets
+    Manager generates (letters and digits, the base64 of a Standard Webhooks secret), and no secret is deployed empty
+    for someone to fill in."""
+    secrets = synthesized.resources("AWS::SecretsManager::Secret")
+    generated = {lid: r for lid, r in secrets.items() if "GenerateSecretString" in r["Properties"]}
+    assert len(generated) == len(TEST_CONTEXT["tenants"])
+    for resource in generated.values():
+        spec = resource["Properties"]["GenerateSecretString"]
+        assert spec["ExcludePunctuation"] is True and spec.get("IncludeSpace", False) is False
+        assert spec["PasswordLength"] % 4 == 0 and spec["PasswordLength"] * 3 // 4 >= 24  # >= 24 bytes decoded
+        assert "SecretStringTemplate" not in spec
+    assert not [lid for lid, r in secrets.items() if "SecretString" in r["Properties"]]
+
+
+def test_the_dispatcher_finds_each_tenants_secret_and_may_read_exactly_those(synthesized):
+    """GIVEN the tenants' secrets WHEN reading the dispatcher THEN WEBHOOK_SECRET_ARNS maps each tenant to its own
+    secret, and its role may GetSecretValue on those secrets and nothing else of Secrets Manager."""
+    arns = json.loads(_joined(_dispatcher_env(synthesized)["WEBHOOK_SECRET_ARNS"]))
+    expected = {tenant: f"<Ref:{synthesized.logical_id(secret)}>"
+                for tenant, secret in synthesized.stack.service.webhooks.signing_secrets.items()}
+    assert arns == expected and set(arns) == set(TEST_CONTEXT["tenants"])
+    actions = role_actions(synthesized.template, function_role(synthesized.template, DISPATCHER))
+    assert sorted(a for a in actions if a.startswith("secretsmanager:")) == ["secretsmanager:GetSecretValue"]
+    assert sorted(r["Ref"] for r in actions["secretsmanager:GetSecretValue"]) == sorted(
+        v.removeprefix("<Ref:").removesuffix(">") for v in expected.values())
+
+
+def test_the_operator_finds_the_secrets_in_a_stack_output(synthesized):
+    """GIVEN the stack's outputs WHEN an operator looks for a tenant's secret THEN WebhookSigningSecretArns holds the
+    same tenant -> ARN map the dispatcher reads (what `async-inference webhook-secret --secret-arns` takes)."""
+    output = synthesized.json["Outputs"]["WebhookSigningSecretArns"]["Value"]
+    assert json.loads(_joined(output)) == json.loads(_joined(_dispatcher_env(synthesized)["WEBHOOK_SECRET_ARNS"]))
+
+
+# --- Defect 1: the service is created after the capacity provider is associated with the cluster --------------------
+
+
+def test_the_worker_service_waits_for_the_capacity_provider_association(synthesized):
+    """GIVEN the worker service, which places its tasks through the GPU capacity provider WHEN CloudFormation creates
+    the stack THEN the service depends on the cluster's ClusterCapacityProviderAssociations (CreateService fails
+    before the association exists, and no property orders the two)."""
+    [association] = synthesized.resources("AWS::ECS::ClusterCapacityProviderAssociations")
+    [service] = synthesized.resources("AWS::ECS::Service").values()
+    depends = service.get("DependsOn", [])
+    assert association in ([depends] if isinstance(depends, str) else depends)
+
+
+# --- Defect 7: containers cannot reach the instance metadata service ------------------------------------------------
+
+
+def test_containers_cannot_take_the_instance_role_through_imds(synthesized):
+    """GIVEN the GPU instances' launch template WHEN a bridge-mode container (one hop beyond the instance) asks IMDS
+    THEN it gets no answer: IMDSv2 is required and its response hop limit is 1."""
+    [template] = synthesized.resources("AWS::EC2::LaunchTemplate").values()
+    options = template["Properties"]["LaunchTemplateData"]["MetadataOptions"]
+    assert options["HttpTokens"] == "required"
+    assert options["HttpPutResponseHopLimit"] == 1
+
+
+# --- Defect 10: every function on a supported runtime ---------------------------------------------------------------
+
+
+def test_every_function_runs_python_3_12_or_newer(synthesized):
+    """GIVEN every Lambda function of the stack, the CDK's own helper functions included WHEN reading their runtime
+    THEN each is a Python of 3.12 or newer (python3.11 runs on Amazon Linux 2, past its end of life in June 2026), and
+    the layer is built for the same Python."""
+    functions = synthesized.resources("AWS::Lambda::Function")
+    python = {lid: f["Properties"]["Runtime"] for lid, f in functions.items()
+              if f["Properties"].get("Runtime", "").startswith("python")}
+    assert len(python) >= 10  # the service's own functions are among them
+    old = {lid: r for lid, r in python.items() if tuple(int(x) for x in r.removeprefix("python").split(".")) < (3, 12)}
+    assert old == {}
+    [layer] = synthesized.resources("AWS::Lambda::LayerVersion").values()
+    layered = {f["Properties"]["Runtime"] for f in functions.values() if f["Properties"].get("Layers")}
+    assert layer["Properties"]["CompatibleRuntimes"] == sorted(layered)
