@@ -347,7 +347,8 @@ def _nullable_when_optional(schema: dict[str, Any]) -> None:
     """The JSON Schema says what validation does: an optional parameter may be null (it means omitted)."""
     required = set(schema.get("required", ()))
     for name, prop in schema.get("properties", {}).items():
-        if name in required or prop.get("type") == "null" or any(s.get("type") == "null" for s in prop.get("anyOf", ())):
+        branches = prop.get("anyOf", [prop])
+        if name in required or any(branch.get("type") == "null" for branch in branches):
             continue
         keep = {k: prop.pop(k) for k in ("default", "title", "description") if k in prop}
         schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **keep}
@@ -394,7 +395,7 @@ class ChatCompletionRequest(_Strict):
                               "(0 or -1: all).")
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="vLLM extension: drop tokens below min_p "
                                 "times the likeliest token's probability.")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, description="vLLM extension: >1 "
+    repetition_penalty: float | None = Field(default=None, gt=0.0, description="vLLM extension: >1 "
                                              "discourages repeating tokens of the prompt and the output.")
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="vLLM extension: extra variables "
                                                         "for the model's chat template (e.g. enable_thinking).")
@@ -417,7 +418,8 @@ class ChatCompletionRequest(_Strict):
 
     # Refused: a text-only job cannot do them.
     audio: Annotated[None, _refused_parameter(
-        f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer")] = None
+        f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer"
+    )] = None
     web_search_options: Annotated[None, _refused_parameter(
         "web search is a tool OpenAI runs on its own servers; this deployment has none: search yourself and send the "
         "results in the messages, or declare a function tool")] = None

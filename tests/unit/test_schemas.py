@@ -79,8 +79,9 @@ def _refusal(**fields) -> tuple[str, str]:
 
 def test_every_parameter_a_text_model_honours_is_accepted_with_openais_names():
     # GIVEN a body with every honoured parameter, as the openai SDK sends them
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
     tool = {"type": "function", "function": {"name": "get_weather", "description": "d", "strict": True,
-                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+                                             "parameters": parameters}}
     body = dict(max_completion_tokens=50, temperature=0, top_p=0.5, n=3, stop=["\n"], seed=-5, presence_penalty=-2,
                 frequency_penalty=1.5, logit_bias={"50256": -100}, logprobs=True, top_logprobs=20,
                 response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"},
@@ -141,7 +142,8 @@ def test_parameters_without_effect_on_a_self_hosted_text_model_are_accepted():
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
                                                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
          "messages.0.content.1", "text-only"),
-        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+        ({"messages": [{"role": "user",
+                        "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
          "messages.0.content.0", "text-only"),
         ({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
          "messages.0.content.0", "text-only"),
@@ -173,7 +175,8 @@ def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_
         ({"logit_bias": {"1": 101}}, "logit_bias.1"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"response_format": {"name": "x", "schema": {}}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+         "response_format.json_schema.name"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
