@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag,
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -321,6 +321,24 @@ class PromptCacheOptions(_Strict):
     ttl: Literal["30m"] | None = None
 
 
+def _deployment_limit(limit: int, message: str) -> Any:
+    """At most ``limit``, a limit of this deployment rather than of OpenAI's API: the error says so and what to do.
+    The JSON Schema says ``maximum`` as a ``le`` would."""
+
+    def check(value: int) -> int:
+        if value > limit:
+            raise _refuse("deployment_limit", f"{value} is more than {message}")
+        return value
+
+    return [AfterValidator(check), Field(json_schema_extra={"maximum": limit})]
+
+
+TokenLimit = Annotated[int, Field(ge=1), *_deployment_limit(
+    settings.MAX_TOKENS_LIMIT, f"this deployment generates in one choice ({settings.MAX_TOKENS_LIMIT} tokens): ask "
+    f"for at most {settings.MAX_TOKENS_LIMIT}")]
+ChoiceCount = Annotated[int, Field(ge=1), *_deployment_limit(
+    settings.MAX_CHOICES, f"the {settings.MAX_CHOICES} choices this deployment generates for one request: send "
+    "several requests for more")]
 StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -354,6 +372,11 @@ def _nullable_when_optional(schema: dict[str, Any]) -> None:
         schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **keep}
 
 
+# The fields of the first request schema (a subset of chat.completions), which fingerprints were made of.
+_FIRST_REQUEST_FIELDS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "n"})
+_FIRST_MESSAGE_FIELDS = frozenset({"role", "content", "name"})
+
+
 class ChatCompletionRequest(_Strict):
     """``POST /v1/chat/completions`` as OpenAI takes it, less what a text-only job cannot do (refused by name).
 
@@ -366,13 +389,12 @@ class ChatCompletionRequest(_Strict):
     messages: list[ChatMessage] = Field(min_length=1, max_length=settings.MAX_MESSAGES)
 
     # Honoured: they change the answer.
-    max_tokens: int = Field(default=settings.DEFAULT_MAX_TOKENS, ge=1, le=settings.MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=settings.MAX_TOKENS_LIMIT,
-                                              description="OpenAI's newer name for max_tokens; give either, or both "
-                                              "with the same value.")
+    max_tokens: TokenLimit = settings.DEFAULT_MAX_TOKENS
+    max_completion_tokens: TokenLimit | None = Field(default=None, description="OpenAI's newer name for max_tokens; "
+                                                     "give either, or both with the same value.")
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=settings.MAX_CHOICES)
+    n: ChoiceCount = 1
     stop: StopSequence | list[StopSequence] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: Penalty = 0.0
@@ -462,12 +484,12 @@ class ChatCompletionRequest(_Strict):
             raise _field_error("top_logprobs", "top_logprobs needs logprobs: true")
         if self.tools is not None and self.functions is not None:
             raise _field_error("functions", "give tools or the legacy functions, not both (functions: use tools)")
-        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+        if self.tool_choice is not None and not self.tools:  # "none" too, as OpenAI answers
             raise _field_error("tool_choice", "tool_choice needs tools: declare the functions in tools")
         if isinstance(self.tool_choice, NamedToolChoice):
             self._check_named("tool_choice", self.tool_choice.function.name,
                               [t.function.name for t in self.tools or ()])
-        if self.function_call is not None and self.function_call != "none" and not self.functions:
+        if self.function_call is not None and not self.functions:
             raise _field_error("function_call", "function_call needs functions (or use tools and tool_choice)")
         if isinstance(self.function_call, NamedFunction):
             self._check_named("function_call", self.function_call.name, [f.name for f in self.functions or ()])
@@ -478,6 +500,21 @@ class ChatCompletionRequest(_Strict):
         if name not in declared:
             raise _field_error(field_name, f"names the function {name!r}, which is not among the declared ones "
                                f"({', '.join(map(repr, declared))})")
+
+    def canonical(self) -> dict[str, Any]:
+        """The request as JobSubmission.fingerprint() digests it: every field, defaults filled in, except that the
+        fields added when the schema grew from its first subset are left out at their defaults (and
+        max_completion_tokens always: max_tokens holds its value), so a request fingerprinted before keeps its
+        fingerprint and an Idempotency-Key retry across the upgrade still matches its job."""
+        fields = self.model_dump(mode="json")
+        for name, info in type(self).model_fields.items():
+            if name not in _FIRST_REQUEST_FIELDS and (name == "max_completion_tokens" or
+                                                      getattr(self, name) == info.get_default(call_default_factory=True)):
+                del fields[name]
+        for message in fields["messages"]:
+            for name in [n for n, value in message.items() if value is None and n not in _FIRST_MESSAGE_FIELDS]:
+                del message[name]
+        return fields
 
     # --- What the engines read -----------------------------------------------------------------------------------
 
@@ -615,6 +652,8 @@ class JobSubmission(_Strict):
         """A digest of what the submission asks for, defaults filled in: two submissions that would make the same
         job have the same fingerprint, whatever their key order, spacing or omitted defaults."""
         fields = self.model_dump(mode="json")
+        if self.request is not None:
+            fields["request"] = self.request.canonical()
         if fields["priority"] == "interactive":
             # Left out at its default, so jobs fingerprinted before priority existed still match their retries.
             del fields["priority"]

@@ -9,7 +9,7 @@ OpenAI itself would do with it (tests/conformance/openai_reference.py decides th
 - every body OpenAI would refuse is a 4xx; no body is a 5xx.
 
 Through the jobs API (``POST /v1/jobs``, over HTTP, the template's functions) and, for the bodies that came from
-users' batch files, as the lines of one batch run by a worker with the echo engine (the line's result is its 200 or
+batch files, as the lines of one batch run by a worker with the echo engine (the line's result is its 200 or
 its 400). Run with ``-s`` to see the per-parameter counts and the refused bodies.
 """
 
@@ -113,7 +113,7 @@ def test_at_least_95_percent_of_the_valid_in_scope_bodies_are_accepted(answers: 
 
 def test_the_batch_file_bodies_as_batch_lines_get_the_same_answers(stack: LocalStack, answers: list[Answer],
                                                                     worker: Any) -> None:
-    # GIVEN the bodies that came from users' batch files, as the lines of one batch input file
+    # GIVEN the bodies that came from batch files, as the lines of one batch input file
     by_id = {f"line-{a.sample.line}": a for a in answers if a.sample.from_batch_file}
     assert len(by_id) >= 80
     data = b"".join(json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT,

@@ -168,6 +168,7 @@ def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_
         ({"top_logprobs": 5}, "top_logprobs"),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "none"}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "a"}}],
           "tool_choice": {"type": "function", "function": {"name": "b"}}}, "tool_choice"),
         ({"functions": [{"name": "a"}], "function_call": {"name": "b"}}, "function_call"),
@@ -186,3 +187,23 @@ def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_
 )
 def test_what_openai_refuses_is_refused_naming_the_field(fields, field):
     assert _refusal(**fields)[0] == field
+
+
+def test_a_request_the_narrow_schema_took_keeps_its_fingerprint():
+    # GIVEN a submission as the schema before the whole chat.completions request took it, and its fingerprint then
+    # (main at 9165883: an Idempotency-Key retry across the deploy must match the job it made)
+    submission = JobSubmission.model_validate({
+        "request": {"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                               {"role": "user", "content": "hi", "name": "bob"}],
+                    "max_tokens": 5, "stop": ["x"]},
+        "metadata": {"k": "v"}})
+    # WHEN it is fingerprinted now THEN the digest is the same
+    assert submission.fingerprint() == "sha256:4130de74050e29d2a2a0ee4e291e8f7bcda49e508f3404c8059adc876ebdbe25"
+
+
+def test_max_completion_tokens_and_max_tokens_fingerprint_alike():
+    def fingerprint(**fields) -> str:
+        return JobSubmission.model_validate({"request": {"model": "m", "messages": MESSAGES, **fields}}).fingerprint()
+
+    assert fingerprint(max_completion_tokens=50) == fingerprint(max_tokens=50) != fingerprint(max_tokens=51)
+    assert fingerprint(tools=None, presence_penalty=0) == fingerprint()
