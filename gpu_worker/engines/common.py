@@ -11,7 +11,7 @@ from gpu_worker.engines.base import PromptTooLongError
 def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
     """The request's prompt as vLLM's chat endpoint builds it: the tokenizer's chat template with the assistant turn
     opened, then tokenised without adding special tokens (the template has them already)."""
-    messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    messages = request.template_messages()
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

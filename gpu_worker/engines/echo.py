@@ -37,10 +37,10 @@ class EchoEngine(Engine):
         return self._max_model_len
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
-        prompt = " ".join(m.content for m in request.messages)
+        prompt = " ".join(m.text for m in request.messages)
         prompt_tokens = len(prompt.split())
         check_context(prompt_tokens, request.max_tokens, self._max_model_len)
-        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        last_user = next((m.text for m in reversed(request.messages) if m.role == "user"), "")
         words = last_user.split()
         text = " ".join(words[: request.max_tokens])
         finish = "length" if len(words) > request.max_tokens else "stop"

@@ -103,7 +103,7 @@ class SimulatedEngine(Engine):
         await self.start()  # tolerate a caller that skipped start()
         if request_id in self._waiting or request_id in self._running:
             raise ValueError(f"request {request_id!r} is already running")
-        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        last_user = next((m.text for m in reversed(request.messages) if m.role == "user"), "")
         words = last_user.split() or ["token"]
         natural = self._output_tokens or len(words)
         seq = _Sequence(
@@ -112,7 +112,7 @@ class SimulatedEngine(Engine):
             length=min(natural, request.max_tokens),
             cut_by_max_tokens=natural > request.max_tokens,
             stops=request.stop_sequences,
-            prompt_tokens=sum(len(m.content.split()) for m in request.messages),
+            prompt_tokens=sum(len(m.text.split()) for m in request.messages),
             future=asyncio.get_running_loop().create_future(),
         )
         self._waiting[request_id] = seq
