@@ -33,7 +33,7 @@ def test_each_tenants_active_job_limit_reaches_the_api_from_the_tenants_context(
 
 def test_a_non_positive_active_job_limit_is_refused_at_synth(synth_variant):
     # WHEN a tenant's plan sets max_active_jobs to 0 THEN the app refuses to build, naming the option
-    with pytest.raises(ValueError, match="max_active_jobs"):
+    with pytest.raises(ValueError, match="max_active_jobs must be positive"):
         synth_variant(tenants={"zero": {"max_active_jobs": 0}})
 
 
@@ -49,3 +49,39 @@ def test_the_unfinished_jobs_index_is_sparse_and_keys_only_and_the_api_may_query
     # AND the API function may query it (and no other table-wide read is added for it)
     queried = json.dumps(role_actions(synthesized.template, function_role(synthesized.template, API))["dynamodb:Query"])
     assert f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}" in queried
+
+
+# --- Result-topic subscriptions by tenant ---------------------------------------------------------------------------
+
+
+def test_a_tenant_scoped_subscription_filters_on_its_tenant_and_status(synth_variant):
+    # GIVEN a subscription given to tenant acme, for its failed jobs
+    synthesized = synth_variant(
+        tenants={"acme": {}, "other": {}},
+        subscriptions=[{"protocol": "sqs", "endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+                        "tenants": ["acme"], "tenant_scoped": True, "statuses": ["failed"]}],
+    )
+    # WHEN the template is read THEN its filter policy admits acme's notifications only
+    synthesized.template.has_resource_properties("AWS::SNS::Subscription", {
+        "Endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+        "FilterPolicy": {"status": ["failed"], "tenant": ["acme"]},
+    })
+
+
+@pytest.mark.parametrize("subscription", [
+    {"tenant_scoped": True},
+    {"tenant_scoped": True, "tenants": ["acme", "other"]},
+    {"tenant_scoped": True, "tenants": []},
+])
+def test_a_tenant_scoped_subscription_without_exactly_one_tenant_is_refused(synth_variant, subscription):
+    # WHEN a tenant-scoped subscription would receive more than one tenant's results THEN the app refuses to build
+    with pytest.raises(ValueError, match="must name exactly one tenant|must be a non-empty list of tenant ids"):
+        synth_variant(tenants={"acme": {}, "other": {}}, subscriptions=[
+            {"protocol": "https", "endpoint": "https://acme.example.com/results", **subscription}])
+
+
+def test_a_subscription_naming_an_unknown_tenant_is_refused(synth_variant):
+    # WHEN a subscription filters on a tenant the stack does not have THEN the app refuses to build, naming it
+    with pytest.raises(ValueError, match=r"tenants \['ghost'\] are not among the stack's tenants"):
+        synth_variant(tenants={"acme": {}}, subscriptions=[
+            {"protocol": "https", "endpoint": "https://x.example.com/r", "tenants": ["ghost"]}])
