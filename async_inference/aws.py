@@ -64,12 +64,15 @@ def is_error(exc: BaseException, *codes: str) -> bool:
 _PK = settings.TABLE_PARTITION_KEY
 _TENANT = settings.TENANT_INDEX_PARTITION_KEY
 _SORT = settings.TENANT_INDEX_SORT_KEY
+_ACTIVE = settings.ACTIVE_JOBS_ATTRIBUTE
 
 
 def _to_item(job: Job) -> dict[str, Any]:
     item = {k: v for k, v in job.model_dump(mode="json").items() if v is not None}
     # Sort key of the tenant index: ISO timestamps sort chronologically as strings; the id breaks ties.
     item[_SORT] = f"{item['created_at']}#{job.job_id}"
+    if job.status not in FINAL_STATES:
+        item[_ACTIVE] = job.tenant  # in the index of unfinished jobs (quotas) until the write that makes it final
     return item
 
 
@@ -183,6 +186,10 @@ class JobStore:
             update += " ADD #attempts :one"
             names["#attempts"] = "attempts"
             expr_values[":one"] = 1
+        if target in FINAL_STATES:
+            # Out of the index of unfinished jobs in the same write: a tenant's quota count can never drift.
+            update += " REMOVE #active"
+            names["#active"] = _ACTIVE
         sources = sources_of(target) if only_from is None else sources_of(target) & frozenset(only_from)
         if not sources:
             raise ValueError(f"no state in {only_from} may move to {target.value}")
@@ -282,6 +289,21 @@ class JobStore:
             if not start or len(jobs) >= limit:
                 break
         return jobs, _encode_token(start)
+
+    def count_active(self, tenant: str, *, up_to: int) -> int:
+        """How many of the tenant's jobs are unfinished, counted up to ``up_to`` (reading no further)."""
+        count, start = 0, None
+        while count < up_to:
+            kwargs: dict[str, Any] = {"IndexName": settings.ACTIVE_JOBS_INDEX_NAME, "Select": "COUNT",
+                                      "KeyConditionExpression": Key(_ACTIVE).eq(tenant), "Limit": up_to - count}
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            response = self._table.query(**kwargs)
+            count += response["Count"]
+            start = response.get("LastEvaluatedKey")
+            if not start:
+                break
+        return count
 
 
 def _json_value(value: Any) -> Any:

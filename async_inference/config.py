@@ -15,6 +15,7 @@ from pydantic import Field, Json, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from async_inference import settings
+from async_inference.quotas import TenantQuota
 
 ENV_TABLE = "JOBS_TABLE_NAME"
 ENV_BUCKET = "JOBS_BUCKET_NAME"
@@ -42,6 +43,8 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 ENV_SERVED_MODELS = "SERVED_MODELS"
 # The authorizer's tenants: {"<tenant>": "<API key id>"} (the CDK sets this stack's keys).
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
+# The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (the CDK sets them from the `tenants` context).
+ENV_TENANT_QUOTAS = "TENANT_QUOTAS"
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
@@ -229,6 +232,9 @@ class ServiceSettings(EnvSettings):
     )
     batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name")
     batch_queue_url: str | None = Field(None, alias=ENV_BATCH_QUEUE_URL, description="the batch-lane queue's URL")
+    tenant_quotas: Json[dict[str, TenantQuota]] | None = Field(
+        None, alias=ENV_TENANT_QUOTAS, description='per-tenant quotas, {"tenant": {"max_active_jobs": N}}; unset: none'
+    )
     batch_control_queue_url: str | None = Field(
         None, alias=ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue's URL"
     )

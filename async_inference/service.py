@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.wake import ServiceWaker
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     ChatCompletion,
@@ -96,8 +98,11 @@ class JobService:
         idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
         payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
         lane: JobQueue | None = None,
+        quotas: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.store = store
+        # None: no quotas (a store without the index of unfinished jobs); a tenant missing from it gets the defaults.
+        self.quotas = quotas
         self.blobs = blobs
         self.queue = queue
         # The batch-lane queue, for jobs submitted with priority "batch"; None: such a job is a 400.
@@ -115,9 +120,11 @@ class JobService:
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
-                    served_models: list[str] | None = None) -> JobService:
+                    served_models: list[str] | None = None,
+                    quotas: Mapping[str, TenantQuota] | None = None) -> JobService:
         """The service over the resources ``config`` names, with one set of clients for the process;
-        ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any)."""
+        ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any); ``quotas``
+        (the TENANT_QUOTAS setting) the per-tenant limits checked at submit (None: none)."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
@@ -129,6 +136,7 @@ class JobService:
             waker=ServiceWaker.for_target(config.wake) if config.wake else None,
             payload_retention_days=config.payload_retention_days,
             lane=JobQueue(config.batch_queue_url) if config.batch_queue_url else None,
+            quotas=quotas,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -155,6 +163,7 @@ class JobService:
         request = submission.request
         if request is not None:
             self._check_model(request.model)
+        self._check_quota(tenant)
         now = utcnow()
         inline = request is not None
         key = settings.request_key(tenant, job_id) if inline else settings.upload_key(tenant, job_id)
@@ -201,6 +210,15 @@ class JobService:
         if not self.served.serves(model):
             message = self.served.not_found_message(model)
             raise ApiError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+    def _check_quota(self, tenant: str) -> None:
+        """429 quota_exceeded when the tenant has ``max_active_jobs`` unfinished jobs (async_inference.quotas)."""
+        if self.quotas is None:
+            return
+        limit = self.quotas.get(tenant, TenantQuota()).max_active_jobs
+        if self.store.count_active(tenant, up_to=limit) >= limit:
+            message = quota_exceeded_message(tenant, limit)
+            raise ApiError(429, "quota_exceeded", message, [{"field": "max_active_jobs", "message": message}])
+
     def _replay(self, existing: Job, fingerprint: str, idempotency_key: str | None) -> Submitted:
         """The answer to a request whose Idempotency-Key already has a job: that job, if the request is the same."""
         # Jobs stored before fingerprints were recorded have none: they match any retry, as they did then.

@@ -101,6 +101,12 @@ MAX_POLL_AFTER_S = 20
 
 # --- Listing --------------------------------------------------------------------------------------------------------
 TENANT_INDEX_NAME = "tenant-created-index"
+# Quotas: a tenant's unfinished jobs (awaiting_upload, queued, running) carry ACTIVE_JOBS_ATTRIBUTE (its tenant id),
+# removed by the write that makes the job final; the sparse index over it holds exactly the unfinished jobs, which
+# the API counts at submit (async_inference.quotas).
+ACTIVE_JOBS_INDEX_NAME = "tenant-active-index"
+ACTIVE_JOBS_ATTRIBUTE = "active_tenant"
+DEFAULT_MAX_ACTIVE_JOBS = 1000  # a tenant's `max_active_jobs` when its plan in the `tenants` context sets none
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 

@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_TENANT_API_KEY_IDS
+from async_inference.config import ENV_TENANT_API_KEY_IDS, ENV_TENANT_QUOTAS
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
@@ -26,20 +26,23 @@ API_SERVICE_NAME = "async-inference-api"
 
 @dataclass(frozen=True, kw_only=True)
 class TenantPlan:
-    """Throttling and quota of one tenant's usage plan.
+    """Throttling and quotas of one tenant: its usage plan's, and the API's own, checked at submit.
 
     :param rate_limit: steady requests per second. Default: 10.
     :param burst_limit: requests allowed in a burst. Default: 20.
     :param quota_per_day: requests per day. Default: 10000.
+    :param max_active_jobs: jobs awaiting upload, queued or running at once; a submit over it is a 429
+        ``quota_exceeded`` (``async_inference.quotas``). Default: ``settings.DEFAULT_MAX_ACTIVE_JOBS`` (1000).
     """
 
     rate_limit: float = 10
     burst_limit: int = 20
     quota_per_day: int = 10_000
+    max_active_jobs: int = settings.DEFAULT_MAX_ACTIVE_JOBS
 
     def __post_init__(self) -> None:
-        if self.rate_limit <= 0 or self.burst_limit < 1 or self.quota_per_day < 1:
-            raise ValueError(f"rate_limit, burst_limit and quota_per_day must be positive, got {self}")
+        if self.rate_limit <= 0 or self.burst_limit < 1 or self.quota_per_day < 1 or self.max_active_jobs < 1:
+            raise ValueError(f"rate_limit, burst_limit, quota_per_day and max_active_jobs must be positive, got {self}")
         if self.burst_limit < self.rate_limit:
             raise ValueError(f"burst_limit ({self.burst_limit}) is below rate_limit ({self.rate_limit})")
 
@@ -192,6 +195,8 @@ class IngestionApi(Construct):
         self.api_keys: dict[str, apigw.IApiKey] = {}
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
+        quotas = {tenant: {"max_active_jobs": plan.max_active_jobs} for tenant, plan in tenants.items()}
+        self.handler.add_environment(ENV_TENANT_QUOTAS, json.dumps(quotas, sort_keys=True))
         key_ids = {tenant: key.key_id for tenant, key in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         self._grant_read_api_keys(self.authorizer_function)

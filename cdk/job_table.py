@@ -41,6 +41,13 @@ class JobTable(Construct):
             sort_key=dynamodb.Attribute(name=settings.TENANT_INDEX_SORT_KEY, type=string),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+        # Quotas: a sparse index holding exactly the unfinished jobs (the code sets its key on a new job and removes
+        # it in the write that makes the job final), counted per tenant at submit. Keys only: a count reads no more.
+        self.table.add_global_secondary_index(
+            index_name=settings.ACTIVE_JOBS_INDEX_NAME,
+            partition_key=dynamodb.Attribute(name=settings.ACTIVE_JOBS_ATTRIBUTE, type=string),
+            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+        )
 
     def grant_items(self, grantee: iam.IGrantable, *actions: str) -> iam.Grant:
         """Item-level ``actions`` (GetItem, PutItem, UpdateItem, BatchGetItem) on the table itself, not its index.
@@ -50,6 +57,7 @@ class JobTable(Construct):
         return iam.Grant.add_to_principal(grantee=grantee, actions=list(actions), resource_arns=[self.table.table_arn])
 
     def grant_tenant_listing(self, grantee: iam.IGrantable) -> iam.Grant:
-        """dynamodb:Query on the tenant index only (the list endpoint)."""
-        index = f"{self.table.table_arn}/index/{settings.TENANT_INDEX_NAME}"
-        return iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"], resource_arns=[index])
+        """dynamodb:Query on the tenant index (the list endpoint) and the unfinished-jobs index (quotas) only."""
+        indexes = [f"{self.table.table_arn}/index/{name}"
+                   for name in (settings.TENANT_INDEX_NAME, settings.ACTIVE_JOBS_INDEX_NAME)]
+        return iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"], resource_arns=indexes)

@@ -69,7 +69,8 @@ class AsyncInferenceServiceProps:
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
     Notifications
-      subscriptions: subscribers of the result topic (email, https, sqs; optional status filter). Default: none.
+      subscriptions: subscribers of the result topic (email, https, sqs; optional status and tenant filters, and
+        tenant_scoped for a subscription given to a tenant). Default: none.
       websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
         with the job event topic the workers publish started and progress events to. False: neither exists, and the
         workers publish no such events (progress is still recorded on the job). Default: True.
@@ -331,7 +332,7 @@ class AsyncInferenceService(Construct):
         )
         self.jobs = JobQueue(self, "Jobs")
         self.table = JobTable(self, "JobTable", removal_policy=removal)
-        self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions)
+        self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
         runtime = ServiceConfig(
             table_name=self.table.table.table_name,

@@ -42,7 +42,7 @@ app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
 config = ServiceSettings.load()
 service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
-                                 served_models=config.served_models)
+                                 served_models=config.served_models, quotas=config.tenant_quotas)
 batch_routes.configure(config)
 app.include_router(batch_routes.router)
 
@@ -95,6 +95,8 @@ def _tenant() -> str:
             e409="`idempotency_key_in_progress`: a request with this Idempotency-Key and another body is still being "
             "processed; retry in a few seconds",
             e413="`payload_too_large`: the body is over the inline limit (use an upload job) or API Gateway's 10 MB",
+            e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs (the message names the limit), "
+            "or is over its usage plan's rate or daily quota (API Gateway)",
         ),
     },
 )

@@ -180,7 +180,8 @@ def test_job_table_is_on_demand_with_pitr_ttl_and_the_tenant_index(synthesized):
                             {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "KeyType": "RANGE"},
                         ],
                     }
-                )
+                ),
+                Match.object_like({"IndexName": settings.ACTIVE_JOBS_INDEX_NAME}),  # quotas (tests/cdk/test_security.py)
             ],
         },
     )

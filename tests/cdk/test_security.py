@@ -1,0 +1,87 @@
+"""Security defaults of the synthesized template (issue #16): per-tenant quotas reach the API from the `tenants`
+context, and the index they are counted on holds keys only."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match
+
+from async_inference import settings
+from async_inference.config import ENV_TENANT_QUOTAS
+from tests.cdk.helpers import function_role, role_actions
+
+API = "lambdas.api.handler.lambda_handler"
+
+
+def function(synthesized, handler: str) -> dict[str, Any]:
+    [found] = [r for r in synthesized.resources("AWS::Lambda::Function").values()
+               if r["Properties"].get("Handler") == handler]
+    return found
+
+
+def test_each_tenants_active_job_limit_reaches_the_api_from_the_tenants_context(synth_variant):
+    # GIVEN a tenant whose plan sets max_active_jobs, and one whose plan sets none
+    synthesized = synth_variant(tenants={"small": {"max_active_jobs": 5}, "plain": {}})
+    # WHEN the API function's environment is read
+    quotas = json.loads(function(synthesized, API)["Properties"]["Environment"]["Variables"][ENV_TENANT_QUOTAS])
+    # THEN each tenant has its limit, the default where its plan sets none
+    assert quotas == {"small": {"max_active_jobs": 5}, "plain": {"max_active_jobs": settings.DEFAULT_MAX_ACTIVE_JOBS}}
+
+
+def test_a_non_positive_active_job_limit_is_refused_at_synth(synth_variant):
+    # WHEN a tenant's plan sets max_active_jobs to 0 THEN the app refuses to build, naming the option
+    with pytest.raises(ValueError, match="max_active_jobs must be positive"):
+        synth_variant(tenants={"zero": {"max_active_jobs": 0}})
+
+
+def test_the_unfinished_jobs_index_is_sparse_and_keys_only_and_the_api_may_query_it(synthesized):
+    # GIVEN the job table WHEN its indexes are read THEN the quota index is keyed on the active attribute, keys only
+    synthesized.template.has_resource_properties("AWS::DynamoDB::Table", {
+        "GlobalSecondaryIndexes": Match.array_with([{
+            "IndexName": settings.ACTIVE_JOBS_INDEX_NAME,
+            "KeySchema": [{"AttributeName": settings.ACTIVE_JOBS_ATTRIBUTE, "KeyType": "HASH"}],
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        }]),
+    })
+    # AND the API function may query it (and no other table-wide read is added for it)
+    queried = json.dumps(role_actions(synthesized.template, function_role(synthesized.template, API))["dynamodb:Query"])
+    assert f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}" in queried
+
+
+# --- Result-topic subscriptions by tenant ---------------------------------------------------------------------------
+
+
+def test_a_tenant_scoped_subscription_filters_on_its_tenant_and_status(synth_variant):
+    # GIVEN a subscription given to tenant acme, for its failed jobs
+    synthesized = synth_variant(
+        tenants={"acme": {}, "other": {}},
+        subscriptions=[{"protocol": "sqs", "endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+                        "tenants": ["acme"], "tenant_scoped": True, "statuses": ["failed"]}],
+    )
+    # WHEN the template is read THEN its filter policy admits acme's notifications only
+    synthesized.template.has_resource_properties("AWS::SNS::Subscription", {
+        "Endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+        "FilterPolicy": {"status": ["failed"], "tenant": ["acme"]},
+    })
+
+
+@pytest.mark.parametrize("subscription", [
+    {"tenant_scoped": True},
+    {"tenant_scoped": True, "tenants": ["acme", "other"]},
+    {"tenant_scoped": True, "tenants": []},
+])
+def test_a_tenant_scoped_subscription_without_exactly_one_tenant_is_refused(synth_variant, subscription):
+    # WHEN a tenant-scoped subscription would receive more than one tenant's results THEN the app refuses to build
+    with pytest.raises(ValueError, match="must name exactly one tenant|must be a non-empty list of tenant ids"):
+        synth_variant(tenants={"acme": {}, "other": {}}, subscriptions=[
+            {"protocol": "https", "endpoint": "https://acme.example.com/results", **subscription}])
+
+
+def test_a_subscription_naming_an_unknown_tenant_is_refused(synth_variant):
+    # WHEN a subscription filters on a tenant the stack does not have THEN the app refuses to build, naming it
+    with pytest.raises(ValueError, match=r"tenants \['ghost'\] are not among the stack's tenants"):
+        synth_variant(tenants={"acme": {}}, subscriptions=[
+            {"protocol": "https", "endpoint": "https://x.example.com/r", "tenants": ["ghost"]}])
