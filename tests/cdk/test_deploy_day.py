@@ -113,3 +113,42 @@ def test_every_function_runs_python_3_12_or_newer(synthesized):
     [layer] = synthesized.resources("AWS::Lambda::LayerVersion").values()
     layered = {f["Properties"]["Runtime"] for f in functions.values() if f["Properties"].get("Layers")}
     assert layer["Properties"]["CompatibleRuntimes"] == sorted(layered)
+
+
+# --- Defects 9 and 6: the queue-driven functions ---------------------------------------------------------------------
+
+
+def _event_sources(synthesized) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """(mapping, its queue, its function) for every event source mapping on an SQS queue of the stack."""
+    queues = synthesized.resources("AWS::SQS::Queue")
+    functions = synthesized.resources("AWS::Lambda::Function")
+    found = []
+    for mapping in synthesized.resources("AWS::Lambda::EventSourceMapping").values():
+        queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+        function = mapping["Properties"]["FunctionName"]["Ref"]
+        found.append((mapping["Properties"], queues[queue]["Properties"], functions[function]["Properties"]))
+    return found
+
+
+def test_every_sqs_triggered_function_has_six_times_its_timeout_and_a_way_out(synthesized):
+    """GIVEN every event source mapping on an SQS queue WHEN its function keeps failing a message THEN the queue hides
+    each receive for at least six times the function's timeout (AWS guidance, so a throttled batch is not received
+    again while it runs), the function reports item failures (only the failing message returns), and the queue's
+    redrive moves the message on after a bounded number of receives, instead of receiving it for 14 days."""
+    mappings = _event_sources(synthesized)
+    assert len(mappings) >= 5
+    for mapping, queue, function in mappings:
+        timeout = function.get("Timeout", 3)
+        assert queue.get("VisibilityTimeout", 30) >= 6 * timeout, (mapping, queue)
+        assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"], mapping
+        assert 1 <= queue["RedrivePolicy"]["maxReceiveCount"] <= 10, queue
+
+
+def test_every_event_source_mapping_caps_its_concurrency(synthesized):
+    """GIVEN a new account's small Lambda concurrency WHEN the queues fill THEN no event source mapping may take more
+    than a few concurrent invocations (ScalingConfig.MaximumConcurrency, 2 to 1000), so the API's functions keep
+    theirs; together at most 11."""
+    caps = [mapping.get("ScalingConfig", {}).get("MaximumConcurrency") for mapping, _, _ in _event_sources(synthesized)]
+    assert None not in caps
+    assert all(2 <= cap <= 1000 for cap in caps)
+    assert sum(caps) <= 11, caps
