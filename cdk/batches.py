@@ -22,6 +22,9 @@ CONTROLLER_TIMEOUT = Duration.minutes(10)
 # invocations (AWS guidance).
 CONTROL_VISIBILITY_TIMEOUT = Duration.minutes(60)
 CONTROL_MAX_RECEIVE_COUNT = 5
+# Plans and finalizes running at once (the event source's ScalingConfig; 2 is the least Lambda takes): batches have a
+# day to finish, and the functions behind the API must keep the account's Lambda concurrency (new accounts get little).
+CONTROLLER_MAX_CONCURRENCY = 2
 
 
 class Batches(Construct):
@@ -101,7 +104,8 @@ class Batches(Construct):
         )
         # One step at a time: a plan or a finalize may take minutes, and one failing must not hold back others.
         self.controller.add_event_source(
-            event_sources.SqsEventSource(self.control_queue, batch_size=1, report_batch_item_failures=True)
+            event_sources.SqsEventSource(self.control_queue, batch_size=1, report_batch_item_failures=True,
+                                         max_concurrency=CONTROLLER_MAX_CONCURRENCY)
         )
 
     def grant_items(self, grantee: iam.IGrantable, *actions: str) -> iam.Grant:

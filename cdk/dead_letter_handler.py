@@ -9,13 +9,29 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
+from cdk.nag import acknowledge
 
 # The DLQ function's Powertools service name: the ``service`` dimension of DeadLettersUnprocessable.
 DEAD_LETTER_SERVICE_NAME = "async-inference-dlq"
+FUNCTION_TIMEOUT = Duration.seconds(30)
+# Lambda requires a queue's visibility timeout of at least its function's timeout; AWS advises six times, so that a
+# batch retried after a throttled invocation is not received again while it still runs.
+VISIBILITY_TIMEOUT = Duration.seconds(6 * 30)
+# Receives of one dead-lettered message before the handler gives up on it: it then moves to ``unhandled_queue``.
+MAX_RECEIVE_COUNT = 5
+# Concurrent invocations the event source may run (its ScalingConfig; 2 is the least Lambda takes): a DLQ has no
+# hurry, and the functions behind the API must keep the account's concurrency.
+MAXIMUM_CONCURRENCY = 2
 
 class DeadLetterHandler(Construct):
     """The Lambda that consumes the job DLQ (and the batch lane's, when given), with partial batch failures reported.
+
+    The construct decides how the queues it consumes behave as a consumer's queues: their visibility timeout is
+    ``VISIBILITY_TIMEOUT`` (six times the function's), and a message the handler fails ``MAX_RECEIVE_COUNT`` times
+    moves to ``unhandled_queue`` (alarmed by :class:`cdk.monitoring.Monitoring`) instead of being retried until the
+    DLQ's 14-day retention ends. A DLQ made by ``cdk.job_queue.secure_dead_letter_queue`` has neither until then.
 
     :param code: the shared Lambda code.
     :param dead_letter_queue: the job queue's DLQ.
@@ -31,9 +47,9 @@ class DeadLetterHandler(Construct):
         id: str,
         *,
         code: LambdaCode,
-        dead_letter_queue: sqs.IQueue,
+        dead_letter_queue: sqs.Queue,
         environment: Mapping[str, str],
-        lane_dead_letter_queue: sqs.IQueue | None = None,
+        lane_dead_letter_queue: sqs.Queue | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.service_name = DEAD_LETTER_SERVICE_NAME
@@ -44,11 +60,30 @@ class DeadLetterHandler(Construct):
             description="Fails jobs whose messages reached a DLQ, and ends dead-lettered batch chunks as error lines",
             service_name=self.service_name,
             environment=environment,
-            timeout=Duration.seconds(30),
+            timeout=FUNCTION_TIMEOUT,
+        )
+        self.unhandled_queue = secure_dead_letter_queue(self, "Unhandled")
+        acknowledge(
+            self.unhandled_queue,
+            {"AwsSolutions-SQS3": "The last queue: dead-lettered messages the DLQ handler itself could not handle, "
+             "kept for an operator (alarmed)."},
         )
         # The event source grants the function consume on the DLQ (the only permission it needs on it).
         for queue in (dead_letter_queue, lane_dead_letter_queue):
             if queue is not None:
-                self.handler.add_event_source(
-                    event_sources.SqsEventSource(queue, batch_size=10, report_batch_item_failures=True)
-                )
+                self._consume(queue)
+
+    def _consume(self, queue: sqs.Queue) -> None:
+        # The DLQ was built by its own construct before this consumer existed: its consumer settings are set here,
+        # on the queue's CloudFormation resource.
+        resource = queue.node.default_child
+        assert isinstance(resource, sqs.CfnQueue)
+        resource.visibility_timeout = int(VISIBILITY_TIMEOUT.to_seconds())
+        resource.redrive_policy = {
+            "deadLetterTargetArn": self.unhandled_queue.queue_arn,
+            "maxReceiveCount": MAX_RECEIVE_COUNT,
+        }
+        self.handler.add_event_source(
+            event_sources.SqsEventSource(queue, batch_size=10, report_batch_item_failures=True,
+                                         max_concurrency=MAXIMUM_CONCURRENCY)
+        )

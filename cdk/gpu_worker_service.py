@@ -31,6 +31,12 @@ MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
 MODELS_CONTAINER_PATH = "/models"  # where the host directory appears in the container (the image's HF_HOME is under it)
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
 WORKER_SERVICE_NAME = "async-inference-worker"
+# The ECS service's name, fixed at synth (names are unique per cluster, and the cluster is the stack's own): the
+# functions that wake the workers find the service by it (and by the cluster's name), so they never refer to the
+# service resource, and CloudFormation creates the API without waiting for the service, which on create waits for a
+# GPU instance to launch, pull the image and turn healthy. The cost: a change that replaces the service (its launch
+# type, its cluster) needs another name first, as CloudFormation replaces no custom-named resource.
+WORKER_ECS_SERVICE_NAME = "gpu-workers"
 WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
 # The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
 # loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
@@ -228,6 +234,7 @@ class GpuWorkerService(Construct):
             self,
             "Service",
             cluster=self.cluster,
+            service_name=WORKER_ECS_SERVICE_NAME,
             task_definition=self.task_definition,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Duration, Stack
+from aws_cdk import Duration, Stack, Token
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -196,7 +196,7 @@ class QueueScaling(Construct):
         """The service a submitter wakes, as ``async_inference.config.ServiceSettings`` reads it back."""
         return WakeTarget(
             cluster=self.service.cluster.cluster_name,
-            service=self.service.service_arn,
+            service=self._service_arn_by_name,
             check_interval_s=self.wake_check_interval.to_seconds(),
         )
 
@@ -207,8 +207,18 @@ class QueueScaling(Construct):
             function.add_environment(name, value)
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["ecs:DescribeServices", "ecs:UpdateService"],
-                                resources=[self.service.service_arn])
+                                resources=[self._service_arn_by_name])
         )
+
+    @property
+    def _service_arn_by_name(self) -> str:
+        """The service's ARN from its name (given at synth) and its cluster's, not its ``service_arn``: a function
+        that referred to the service would be created only once the service is, which waits for a healthy GPU task."""
+        name = self.service.node.default_child.service_name  # type: ignore[union-attr]  # the CfnService's property
+        if name is None or Token.is_unresolved(name):
+            raise ValueError("the worker service needs a service_name fixed at synth for the functions to wake it by")
+        return Stack.of(self).format_arn(service="ecs", resource="service",
+                                         resource_name=f"{self.service.cluster.cluster_name}/{name}")
 
     # --- helpers --------------------------------------------------------------------------------------------------
 

@@ -458,6 +458,7 @@ class AsyncInferenceService(Construct):
                 "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
                 "BatchLaneDeadLetterQueue": self.batches.lane_dead_letter_queue,
                 "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
+                "UnhandledDeadLetterQueue": self.dead_letters.unhandled_queue,
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,

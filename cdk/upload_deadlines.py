@@ -17,6 +17,9 @@ FUNCTION_TIMEOUT = Duration.seconds(30)
 # Lambda requires a visibility timeout of at least the function timeout; six times leaves room for throttled retries
 # (AWS guidance). An early deadline is hidden for the rest of its grace by the handler, not by this value.
 VISIBILITY_TIMEOUT = Duration.seconds(6 * 30)
+# Concurrent invocations the event source may run (its ScalingConfig; 2 is the least Lambda takes): a deadline may be
+# late by seconds, and the functions behind the API must keep the account's Lambda concurrency.
+MAX_CONCURRENCY = 2
 
 
 class UploadDeadlines(Construct):
@@ -57,5 +60,6 @@ class UploadDeadlines(Construct):
         )
         # The event source grants consuming the queue, ChangeMessageVisibility (the early-deadline hide) included.
         self.handler.add_event_source(
-            event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True)
+            event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True,
+                                         max_concurrency=MAX_CONCURRENCY)
         )

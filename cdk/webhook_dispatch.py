@@ -23,6 +23,10 @@ FUNCTION_TIMEOUT = Duration.seconds(settings.WEBHOOK_DISPATCHER_TIMEOUT_S)
 # Letters and digits only: 48 of them are the base64 of 36 random bytes (about 286 bits of entropy), a Standard Webhooks
 # secret once "whsec_" is put in front (async_inference.webhooks.secrets), within the 24 to 64 bytes the spec advises.
 SIGNING_SECRET_CHARS = 48
+# Concurrent invocations the event source may run (its ScalingConfig): each delivers a batch of WEBHOOK_BATCH_SIZE at
+# once, so 3 keep 30 deliveries in flight, and leave the account's Lambda concurrency (new accounts get little) to the
+# functions behind the API.
+MAX_CONCURRENCY = 3
 
 
 class WebhookDispatch(Construct):
@@ -114,7 +118,8 @@ class WebhookDispatch(Construct):
         )
         self.handler.add_event_source(
             event_sources.SqsEventSource(
-                self.queue, batch_size=settings.WEBHOOK_BATCH_SIZE, report_batch_item_failures=True
+                self.queue, batch_size=settings.WEBHOOK_BATCH_SIZE, report_batch_item_failures=True,
+                max_concurrency=MAX_CONCURRENCY,
             )
         )
 

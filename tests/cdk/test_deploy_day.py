@@ -113,3 +113,95 @@ def test_every_function_runs_python_3_12_or_newer(synthesized):
     [layer] = synthesized.resources("AWS::Lambda::LayerVersion").values()
     layered = {f["Properties"]["Runtime"] for f in functions.values() if f["Properties"].get("Layers")}
     assert layer["Properties"]["CompatibleRuntimes"] == sorted(layered)
+
+
+# --- Defects 9 and 6: the queue-driven functions ---------------------------------------------------------------------
+
+
+def _event_sources(synthesized) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """(mapping, its queue, its function) for every event source mapping on an SQS queue of the stack."""
+    queues = synthesized.resources("AWS::SQS::Queue")
+    functions = synthesized.resources("AWS::Lambda::Function")
+    found = []
+    for mapping in synthesized.resources("AWS::Lambda::EventSourceMapping").values():
+        queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+        function = mapping["Properties"]["FunctionName"]["Ref"]
+        found.append((mapping["Properties"], queues[queue]["Properties"], functions[function]["Properties"]))
+    return found
+
+
+def test_every_sqs_triggered_function_has_six_times_its_timeout_and_a_way_out(synthesized):
+    """GIVEN every event source mapping on an SQS queue WHEN its function keeps failing a message THEN the queue hides
+    each receive for at least six times the function's timeout (AWS guidance, so a throttled batch is not received
+    again while it runs), the function reports item failures (only the failing message returns), and the queue's
+    redrive moves the message on after a bounded number of receives, instead of receiving it for 14 days."""
+    mappings = _event_sources(synthesized)
+    assert len(mappings) >= 5
+    for mapping, queue, function in mappings:
+        timeout = function.get("Timeout", 3)
+        assert queue.get("VisibilityTimeout", 30) >= 6 * timeout, (mapping, queue)
+        assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"], mapping
+        assert 1 <= queue["RedrivePolicy"]["maxReceiveCount"] <= 10, queue
+
+
+def test_every_event_source_mapping_caps_its_concurrency(synthesized):
+    """GIVEN a new account's small Lambda concurrency WHEN the queues fill THEN no event source mapping may take more
+    than a few concurrent invocations (ScalingConfig.MaximumConcurrency, 2 to 1000), so the API's functions keep
+    theirs; together at most 11."""
+    caps = [mapping.get("ScalingConfig", {}).get("MaximumConcurrency") for mapping, _, _ in _event_sources(synthesized)]
+    assert None not in caps
+    assert all(2 <= cap <= 1000 for cap in caps)
+    assert sum(caps) <= 11, caps
+
+
+# --- Defect 5: the API does not wait for a GPU ----------------------------------------------------------------------
+
+
+def _depends_on(template_json: dict[str, Any], logical_id: str) -> set[str]:
+    """Every resource CloudFormation must create before ``logical_id`` (Ref, Fn::GetAtt, DependsOn, transitively)."""
+    resources = template_json["Resources"]
+
+    def direct(name: str) -> set[str]:
+        resource = resources[name]
+        depends = resource.get("DependsOn", [])
+        text = json.dumps(resource.get("Properties", {}))
+        refs = {other for other in resources if f'"Ref": "{other}"' in text or f'["{other}",' in text}
+        return (refs | set([depends] if isinstance(depends, str) else depends)) & set(resources)
+
+    seen: set[str] = set()
+    pending = [logical_id]
+    while pending:
+        for other in direct(pending.pop()) - seen:
+            seen.add(other)
+            pending.append(other)
+    return seen
+
+
+@pytest.mark.parametrize("handler", ["lambdas.api.handler.lambda_handler", "lambdas.upload.handler.lambda_handler",
+                                     "lambdas.batch_controller.handler.lambda_handler"])
+def test_the_functions_that_wake_the_workers_do_not_wait_for_the_worker_service(synthesized, handler):
+    """GIVEN a function that wakes the workers from zero WHEN CloudFormation creates the stack THEN nothing it needs
+    (its environment, its role's policies) waits for the ECS service, whose creation waits for a healthy GPU task:
+    it finds the service by a name fixed at synth, and its wake policy names the same ARN."""
+    template = synthesized.json
+    [(logical_id, function)] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).items()
+    [service] = synthesized.resources("AWS::ECS::Service")
+    role = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    policies = [lid for lid, p in synthesized.resources("AWS::IAM::Policy").items()
+                if {"Ref": role} in p["Properties"]["Roles"]]
+    for needed in (logical_id, *policies):
+        assert service not in _depends_on(template, needed) | {needed}, needed
+    variables = function["Properties"]["Environment"]["Variables"]
+    assert "gpu-workers" in json.dumps(variables["WORKER_SERVICE_ARN"])
+    statements = [s for lid in policies for s in template["Resources"][lid]["Properties"]["PolicyDocument"]["Statement"]
+                  if "ecs:UpdateService" in s["Action"]]
+    assert [s["Resource"] for s in statements] == [variables["WORKER_SERVICE_ARN"]]
+
+
+def test_the_api_stage_does_not_wait_for_the_worker_service(synthesized):
+    """GIVEN the REST API's stage (the API is usable once it exists) WHEN CloudFormation creates the stack THEN it
+    does not wait for the ECS service either."""
+    [service] = synthesized.resources("AWS::ECS::Service")
+    for stage in synthesized.resources("AWS::ApiGateway::Stage"):
+        assert service not in _depends_on(synthesized.json, stage)
