@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints,
+                      Tag, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
@@ -63,9 +63,15 @@ def _refuse(code: str, message: str) -> PydanticCustomError:
 TEXT_ONLY = "this deployment serves a text-only model"
 
 
+class PromptCacheBreakpoint(_Strict):
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES)]
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # a caching hint: no effect here
 
 
 class RefusalPart(_Strict):
@@ -508,8 +514,8 @@ class ChatCompletionRequest(_Strict):
         fingerprint and an Idempotency-Key retry across the upgrade still matches its job."""
         fields = self.model_dump(mode="json")
         for name, info in type(self).model_fields.items():
-            if name not in _FIRST_REQUEST_FIELDS and (name == "max_completion_tokens" or
-                                                      getattr(self, name) == info.get_default(call_default_factory=True)):
+            at_default = getattr(self, name) == info.get_default(call_default_factory=True)
+            if name not in _FIRST_REQUEST_FIELDS and (name == "max_completion_tokens" or at_default):
                 del fields[name]
         for message in fields["messages"]:
             for name in [n for n, value in message.items() if value is None and n not in _FIRST_MESSAGE_FIELDS]:
@@ -592,6 +598,14 @@ def _field_error(field_name: str, message: str) -> PydanticCustomError:
     """An error found across fields. A model validator's error is located at the model; ``ctx.field`` names the field
     to fix, and error_location() appends it."""
     return PydanticCustomError("invalid_parameter", "{message}", {"field": field_name, "message": message})
+
+
+def error_message(error: Mapping[str, Any]) -> str:
+    """What a validation error says; for a field the schema does not have, that it is unknown and where the known
+    ones are listed."""
+    if error.get("type") == "extra_forbidden":
+        return "unknown field: not a field of this API's request (GET /v1/openapi.json lists them)"
+    return str(error.get("msg", "invalid"))
 
 
 def error_location(error: Mapping[str, Any], skip: Iterable[str] = ()) -> str:

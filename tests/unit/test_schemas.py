@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from async_inference import settings
 from async_inference.schemas import ChatCompletionRequest, ClaimCheck, JobSubmission, error_location
+from async_inference.service import describe_validation_error
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -187,6 +188,13 @@ def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_
 )
 def test_what_openai_refuses_is_refused_naming_the_field(fields, field):
     assert _refusal(**fields)[0] == field
+
+
+def test_an_unknown_parameter_is_named_and_said_to_be_unknown():
+    with pytest.raises(ValidationError) as caught:
+        _request(best_of=2)
+    message, details = describe_validation_error(caught.value)
+    assert message.startswith("best_of: unknown field")
 
 
 def test_a_request_the_narrow_schema_took_keeps_its_fingerprint():
