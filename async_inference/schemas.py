@@ -415,7 +415,7 @@ class ChatCompletionRequest(_Strict):
         default=None, max_length=settings.MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    functions: list[LegacyFunction] | None = Field(default=None, min_length=1, max_length=settings.MAX_TOOLS,
+    functions: list[LegacyFunction] | None = Field(default=None, max_length=settings.MAX_TOOLS,
                                                    description="Legacy: use tools.")
     function_call: FunctionCallChoice | None = Field(default=None, description="Legacy: use tool_choice.")
     # vLLM's extensions, honoured by the engines (transformers' generate and vLLM both have them).
