@@ -358,13 +358,15 @@ def _not_streaming(value: Any) -> Any:
     return value
 
 
-def _refused_parameter(message: str) -> BeforeValidator:
+def _refused_parameter(message: str) -> Any:
+    """A parameter OpenAI takes that this deployment refuses unless null: the 400's message is the documented one."""
+
     def check(value: Any) -> Any:
         if value is not None:
             raise _refuse("unsupported_parameter", message)
         return value
 
-    return BeforeValidator(check)
+    return [BeforeValidator(check), Field(description=f"Refused (400) unless null: {message}.")]
 
 
 def _nullable_when_optional(schema: dict[str, Any]) -> None:
@@ -429,7 +431,9 @@ class ChatCompletionRequest(_Strict):
                                                         "for the model's chat template (e.g. enable_thinking).")
 
     # Accepted without effect on a self-hosted text model (README: "The request").
-    stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = False
+    stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = Field(
+        default=False, description="Only false: a job answers once, when it is done (poll GET /v1/jobs/{id}, or a "
+        "webhook or the WebSocket API tells you); true is refused (400).")
     stream_options: StreamOptions | None = None
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
@@ -445,13 +449,13 @@ class ChatCompletionRequest(_Strict):
     modalities: list[Literal["text", "audio"]] | None = None
 
     # Refused: a text-only job cannot do them.
-    audio: Annotated[None, _refused_parameter(
+    audio: Annotated[None, *_refused_parameter(
         f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer"
     )] = None
-    web_search_options: Annotated[None, _refused_parameter(
+    web_search_options: Annotated[None, *_refused_parameter(
         "web search is a tool OpenAI runs on its own servers; this deployment has none: search yourself and send the "
         "results in the messages, or declare a function tool")] = None
-    moderation: Annotated[None, _refused_parameter(
+    moderation: Annotated[None, *_refused_parameter(
         "moderation is a service OpenAI runs on its own servers; this deployment has none: omit moderation")] = None
 
     @model_validator(mode="before")

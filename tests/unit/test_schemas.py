@@ -215,3 +215,17 @@ def test_max_completion_tokens_and_max_tokens_fingerprint_alike():
 
     assert fingerprint(max_completion_tokens=50) == fingerprint(max_tokens=50) != fingerprint(max_tokens=51)
     assert fingerprint(tools=None, presence_penalty=0) == fingerprint()
+
+
+def test_every_parameter_of_openais_request_type_is_a_field_with_its_wire_name():
+    # GIVEN the parameters of the official SDK's chat.completions request type
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+
+    sdk = set(CompletionCreateParamsBase.__annotations__) | {"stream"}
+    # THEN each is a field of the request (honoured, without effect, or refused by name), none renamed
+    assert sdk <= set(ChatCompletionRequest.model_fields)
+    assert [name for name, info in ChatCompletionRequest.model_fields.items() if info.alias not in (None, name)] == []
+    # AND the JSON Schema (the OpenAPI document's) says an optional parameter may be null, and what is refused
+    properties = ChatCompletionRequest.model_json_schema()["properties"]
+    assert {"type": "null"} in properties["temperature"]["anyOf"]
+    assert properties["audio"]["description"].startswith("Refused (400)")
