@@ -582,6 +582,34 @@ class JobService:
         self.store.mark_notified([job.job_id])
 
 
+    # --- The worker's side ----------------------------------------------------------------------------------------
+
+    def lookup(self, job_id: str) -> Job | None:
+        """A job as it stands, whoever's it is (the worker's read; the API reads through ``get``)."""
+        return self.store.get(job_id)
+
+    def lookup_many(self, job_ids: list[str]) -> dict[str, Job]:
+        """Up to 100 jobs as they stand, in one request (the worker's cancellation check)."""
+        return self.store.get_many(job_ids)
+
+    def read_request(self, claim: ClaimCheck) -> bytes | None:
+        """A claim check's request body; None when it is missing or over the size limit (the job can never run)."""
+        try:
+            return self.blobs.get(claim.key, bucket=claim.bucket, max_bytes=settings.MAX_UPLOAD_BYTES)
+        except (KeyError, PayloadTooLarge):
+            return None
+
+    def start(self, job_id: str, *, started_at: dt.datetime, progress: Any) -> Job | None:
+        """Move a job to running as a worker starts it (an attempt counted); None when it may not run (cancelled,
+        final, unknown)."""
+        return self.store.transition(job_id, JobStatus.RUNNING, count_attempt=True, started_at=started_at,
+                                     progress=progress)
+
+    def record_progress(self, job_id: str, progress: Any) -> bool:
+        """Set a running job's tokens so far; False when it is no longer running."""
+        return self.store.record_progress(job_id, progress)
+
+
 def build_notification(job: Job, *, result: ChatCompletion | None, bucket: str) -> ResultNotification:
     inline = None
     if result is not None and len(result.model_dump_json()) <= settings.MAX_INLINE_RESULT_BYTES:

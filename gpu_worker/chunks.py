@@ -95,25 +95,6 @@ class BatchLedger(Protocol):
         """Count one chunk's lines, once."""
 
 
-def is_chunk(body: str) -> bool:
-    """Whether a queue message is a chunk claim check (the batch lane also carries single jobs' claim checks)."""
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(message, dict) and message.get("kind") == "batch_chunk"
-
-
-def lines_of(body: str) -> int:
-    """Engine requests a batch-lane message stands for: a chunk's lines, else 1."""
-    if is_chunk(body):
-        try:
-            return ChunkClaimCheck.model_validate_json(body).line_count
-        except ValueError:
-            pass
-    return 1
-
-
 def status_name(status: Any) -> str | None:
     """A batch status as its string (``BatchStatus`` members and plain strings alike)."""
     return None if status is None else str(getattr(status, "value", status))

@@ -10,16 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from async_inference import config as env
 from async_inference import settings
-from async_inference.config import ServiceSettings
+from async_inference.config import ServiceConfig, ServiceSettings
+from async_inference.served_models import ServedModels
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
+from gpu_worker.lanes import default_reserve
 from gpu_worker.model_source import parse_s3_uri
-from gpu_worker.task_protection import EXPIRES_IN_MINUTES
-from gpu_worker.worker import WorkerConfig
+from gpu_worker.task_protection import DEFAULT_RENEW_S, EXPIRES_IN_MINUTES
 
 EngineName = Literal["echo", "simulated", "cpu", "vllm"]  # gpu_worker.engines.ENGINE_NAMES
 
@@ -41,25 +42,14 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
 }
 
 
-class WorkerSettings(ServiceSettings, HealthSettings):
-    """The worker container's environment: the service's resources (``ServiceSettings``), the health file the health
-    check reads too (``HealthSettings``), and the worker's own."""
+class WorkerOptions(BaseModel):
+    """How the worker's loops run: every option defined once, with its variable, default and bounds. The process reads
+    them from its environment (``WorkerSettings``); tests and benchmarks give them by name (``WorkerConfig``)."""
 
-    engine: EngineName = Field(
-        alias=env.ENV_ENGINE, description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it"
-    )
+    model_config = ConfigDict(frozen=True, validate_by_name=True, arbitrary_types_allowed=True)
+
     webhook_queue_url: str | None = Field(
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
-    )
-    # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
-    batch_queue_url: str | None = Field(
-        None, alias=env.ENV_BATCH_QUEUE_URL, description='the batch-lane queue: batch chunks and "priority: batch" jobs'
-    )
-    batch_control_queue_url: str | None = Field(
-        None, alias=env.ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue, for finalize messages"
-    )
-    batch_table_name: str | None = Field(
-        None, alias=env.ENV_BATCH_TABLE, description="the batch table, where chunks are counted"
     )
     interactive_reserve: int | None = Field(
         None, ge=0, alias=env.ENV_INTERACTIVE_RESERVE,
@@ -85,28 +75,86 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         settings.RECEIVE_WAIT_TIME_S, ge=0, le=20, alias=env.ENV_RECEIVE_WAIT_S,
         description="SQS long-poll seconds, 0 to 20",
     )
+    # ECS sends SIGTERM, then SIGKILL after the task's stop timeout (120 s at most on EC2): drain inside it.
     drain_timeout_s: float = Field(
-        WorkerConfig.drain_timeout_s, ge=0, alias=env.ENV_DRAIN_TIMEOUT_S,
+        90.0, ge=0, alias=env.ENV_DRAIN_TIMEOUT_S,
         description="seconds running jobs may finish after SIGTERM",
     )
     transient_retry_delay_s: int = Field(
-        WorkerConfig.transient_retry_delay_s, ge=0, alias=env.ENV_TRANSIENT_RETRY_DELAY_S,
+        5, ge=0, alias=env.ENV_TRANSIENT_RETRY_DELAY_S,
         description="seconds before a transient fault's retry, doubled per receive",
     )
+    # A job spends part of its life in S3/DynamoDB/SNS calls; if those held engine slots, the engine would idle while
+    # they ran. None: max(10, capacity // 2). At a quarter the held budget was always full in `make bench` and the
+    # batch ran 85% full; the bench records what this default gives.
     prefetch: int | None = Field(
         None, ge=0, alias=env.ENV_PREFETCH, description="messages held beyond the engine's capacity"
     )
     task_protection_renew_s: float = Field(
-        WorkerConfig.task_protection_renew_s, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
+        DEFAULT_RENEW_S, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
         description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
     )
     task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
-        WorkerConfig.task_protection, alias=env.ENV_TASK_PROTECTION,
+        env.DEFAULT_TASK_PROTECTION, alias=env.ENV_TASK_PROTECTION,
         description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
     )
     task_protection_tokens_per_s: float = Field(
-        WorkerConfig.task_protection_tokens_per_s, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
+        env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
         description="decode tokens a second one job is expected to get, for long_jobs",
+    )
+
+
+class WorkerConfig(WorkerOptions):
+    """What a ``Worker`` runs with: its options and the resources it reaches. ``WorkerSettings.worker_config()`` builds
+    it from the environment; the options are not restated here."""
+
+    service: ServiceConfig
+    # The file the container health check reads (gpu_worker.health); None: none is kept (in-process tests, benches).
+    health_file: Path | None = None
+    # The batch lane (gpu_worker.lanes, docs/design/batches.md): its queue and the control queue that finalize
+    # messages go to. None: the worker serves the interactive lane only.
+    batch_queue_url: str | None = None
+    control_queue_url: str | None = None
+    # The model names this worker runs (SERVED_MODELS); a batch line for another is a 404 model_not_found line.
+    # None: any name.
+    served_models: ServedModels | None = None
+
+    @model_validator(mode="after")
+    def _lane_complete(self) -> WorkerConfig:
+        if (self.batch_queue_url is None) != (self.control_queue_url is None):
+            raise ValueError("batch_queue_url and control_queue_url go together: the batch lane sends each batch's "
+                             "finalize to the control queue")
+        return self
+
+    def held_messages(self, capacity: int) -> int:
+        """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
+        return capacity + (self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 2))
+
+    def reserve(self, capacity: int) -> int:
+        """Engine slots kept free for interactive jobs (``interactive_reserve``, or the default for ``capacity``)."""
+        return default_reserve(capacity) if self.interactive_reserve is None else self.interactive_reserve
+
+    def retry_delay_s(self, receive_count: int) -> int:
+        """Seconds a message stays hidden after its ``receive_count``-th receive ended in a transient fault."""
+        return min(self.transient_retry_delay_s * 2 ** max(0, receive_count - 1), self.visibility_timeout_s)
+
+
+class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
+    """The worker container's environment: the loops' options (``WorkerOptions``), the service's resources
+    (``ServiceSettings``), the health file the health check reads too (``HealthSettings``), and the worker's own."""
+
+    engine: EngineName = Field(
+        alias=env.ENV_ENGINE, description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it"
+    )
+    # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
+    batch_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_QUEUE_URL, description='the batch-lane queue: batch chunks and "priority: batch" jobs'
+    )
+    batch_control_queue_url: str | None = Field(
+        None, alias=env.ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue, for finalize messages"
+    )
+    batch_table_name: str | None = Field(
+        None, alias=env.ENV_BATCH_TABLE, description="the batch table, where chunks are counted"
     )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
@@ -186,25 +234,11 @@ class WorkerSettings(ServiceSettings, HealthSettings):
         return self
 
     def worker_config(self) -> WorkerConfig:
-        return WorkerConfig(
-            service=self.service,
-            heartbeat_interval_s=self.heartbeat_interval_s,
-            visibility_timeout_s=self.visibility_timeout_s,
-            receive_wait_s=self.receive_wait_s,
-            drain_timeout_s=self.drain_timeout_s,
-            transient_retry_delay_s=self.transient_retry_delay_s,
-            prefetch=self.prefetch,
-            webhook_queue_url=self.webhook_queue_url,
-            events_topic_arn=self.events_topic_arn,
-            progress_interval_s=self.progress_interval_s,
-            health_file=self.health_file,
-            task_protection_renew_s=self.task_protection_renew_s,
-            batch_queue_url=self.batch_queue_url,
-            control_queue_url=self.batch_control_queue_url,
-            interactive_reserve=self.interactive_reserve,
-            task_protection=self.task_protection,
-            task_protection_tokens_per_s=self.task_protection_tokens_per_s,
-        )
+        options = {name: getattr(self, name) for name in WorkerOptions.model_fields}
+        # served_models stays unset (any name), as before: the local runtime overrides SERVED_MODELS for functions
+        # only, so the task definition's model name would turn every echo-engine batch line into a 404.
+        return WorkerConfig(service=self.service, health_file=self.health_file, batch_queue_url=self.batch_queue_url,
+                            control_queue_url=self.batch_control_queue_url, **options)
 
     def engine_options(self) -> dict[str, Any]:
         """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""

@@ -194,7 +194,7 @@ class Admission:
 
 
 class HeldMessage(Protocol):
-    """What the batch budget reads of a held batch-lane message (``gpu_worker.worker.InFlight``)."""
+    """What the batch budget reads of a held batch-lane message (``gpu_worker.claims.InFlight``)."""
 
     lines: int  # engine requests the message stands for: a chunk's lines, or 1 for a job
     in_engine: bool  # its requests are waiting for slots or generating

@@ -1,4 +1,4 @@
-"""ECS task scale-in protection, through the ECS agent's endpoint, and when the worker wants it.
+"""ECS task scale-in protection: the agent's endpoint (``TaskProtection``) and when the worker holds it (``Policy``).
 
 A protected task is stopped by neither scale-in nor a deployment. What protection costs is the step-down: a task that
 is never unprotected while busy is never removed while the fleet is busy. So the worker holds it as its
@@ -22,6 +22,7 @@ import json
 import logging
 import time
 import urllib.request
+from typing import Callable, Iterable, Protocol
 
 logger = logging.getLogger("gpu_worker.task_protection")
 
@@ -71,3 +72,61 @@ def outlasts_drain(max_tokens: int, *, tokens_per_s: float, drain_timeout_s: flo
     """Whether a job that may generate ``max_tokens`` at ``tokens_per_s`` could still be running when a drain of
     ``drain_timeout_s`` ends (its prompt's prefill is a fraction of a second and not counted)."""
     return max_tokens / tokens_per_s > drain_timeout_s
+
+
+class Held(Protocol):
+    """What the policy reads of a message the worker holds (``gpu_worker.claims.InFlight``)."""
+
+    protect: bool  # its job could outlast the drain
+
+
+class Policy:
+    """When this worker holds its task protection, in its ``TASK_PROTECTION`` mode (this module's docstring).
+
+    Every change is decided and made under one lock, so that an enable and a clear racing each other (receivers,
+    finishing jobs, the heartbeat's renewal) end as the messages held at the end require."""
+
+    def __init__(self, protection: TaskProtection, *, mode: str, tokens_per_s: float, drain_timeout_s: float,
+                 renew_s: float, held: Callable[[], Iterable[Held]]) -> None:
+        self.protection = protection
+        self.mode = mode
+        self.tokens_per_s = tokens_per_s
+        self.drain_timeout_s = drain_timeout_s
+        self.renew_s = renew_s
+        self._held = held
+        self._lock = asyncio.Lock()
+
+    def is_long(self, max_tokens: int) -> bool:
+        """Whether a job of ``max_tokens`` calls for protection (``long_jobs`` mode only)."""
+        return self.mode == "long_jobs" and outlasts_drain(max_tokens, tokens_per_s=self.tokens_per_s,
+                                                           drain_timeout_s=self.drain_timeout_s)
+
+    def wants(self) -> bool:
+        """Whether the messages held now call for protection."""
+        if self.mode == "busy":
+            return any(True for _ in self._held())
+        if self.mode == "long_jobs":
+            return any(held.protect for held in self._held())
+        return False
+
+    async def received(self, count: int, *, held_before: int) -> None:
+        """Messages arrived: a ``busy`` worker that held none protects itself before it starts them."""
+        if count and not held_before and self.mode == "busy":
+            async with self._lock:
+                await self.protection.set(True)
+
+    async def sync(self) -> None:
+        """Hold protection exactly while ``wants``."""
+        async with self._lock:
+            await self.protection.set(self.wants())
+
+    async def renew(self) -> None:
+        """Keep a held protection from expiring (and retry an enable that failed); a worker whose protected jobs ended
+        meanwhile is not protected again after its clear."""
+        async with self._lock:
+            if self.wants():
+                await self.protection.set(True, renew_after_s=self.renew_s)
+
+    async def clear(self) -> None:
+        async with self._lock:
+            await self.protection.set(False)

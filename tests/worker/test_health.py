@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,7 +37,8 @@ def test_a_stale_file_is_unhealthy_with_its_age_on_one_line(tmp_path: Path):
     # THEN it fails, saying how old the file is
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1
-    assert "was last touched 120 s ago (limit 60 s)" in result.stderr
+    # (the check's own start on a loaded machine may add a second or two to the age)
+    assert re.search(r"was last touched 12[0-9] s ago \(limit 60 s\)", result.stderr), result.stderr
 
 
 def test_a_missing_file_is_unhealthy(tmp_path: Path):
