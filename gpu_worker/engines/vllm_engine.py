@@ -236,7 +236,7 @@ class VllmEngine(Engine):
         if not answered or reason not in ("stop", "length"):
             # The stream ended without a finished completion: nothing to store, but the job may succeed again.
             raise TransientEngineError(f"vLLM ended request {request_id} without a result (finish_reason={reason!r})")
-        return Generation(
+        return Generation.single(
             text="".join(pieces),
             finish_reason=reason,
             prompt_tokens=len(prompt_ids),
