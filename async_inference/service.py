@@ -31,6 +31,7 @@ from async_inference.schemas import (
     S3Location,
     Timings,
     UploadDeadline,
+    error_location,
     WebhookState,
     utcnow,
 )
@@ -56,8 +57,8 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> tuple[s
     """A one-line message naming the first bad field, and one detail per error."""
     details = []
     for error in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in error["loc"] if p not in ("function-after",))
-        field = ".".join(filter(None, [prefix, loc]))
+        loc = error_location(error)
+        field = ".".join(filter(None, [prefix, loc if loc != "(body)" else ""]))
         details.append({"field": field or "(body)", "message": error["msg"]})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
     return f"{first['field']}: {first['message']}", details

@@ -38,6 +38,10 @@ MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_STOP_SEQUENCES = 4
+MAX_CHOICES = 8  # n: the most choices one request may ask for (OpenAI takes up to 128; each is a full generation)
+MAX_TOOLS = 128  # tools (or legacy functions) one request may declare: OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # top_logprobs: OpenAI's limit
+MAX_CONTENT_PARTS = 256  # parts of one message's content
 MAX_INLINE_RESULT_BYTES = 128 * 1024  # results up to this size travel inside the SNS notification too
 
 # --- The API function ----------------------------------------------------------------------------------------------

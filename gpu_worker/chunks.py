@@ -14,8 +14,8 @@ order a crash can interrupt safely (docs/design/batches.md):
 What a line becomes (OpenAI's line format, ``BatchLineOutput``):
 
 * generated: ``response.status_code`` 200 with a chat.completion body (output part);
-* a body the request schema refuses: 400 with the message the jobs API gives (``parse_request_body``); a model this
-  worker does not serve: 404 ``model_not_found`` (error part);
+* a body the request schema refuses: 400 with the message the jobs API gives (``describe_validation_error``); a
+  model this worker does not serve: 404 ``model_not_found`` (error part);
 * not finished by the batch's deadline (``completion_window``): ``error.code`` ``batch_expired``; over the line's
   execution timeout: ``request_timeout``; refused by the engine (prompt too long): 400 (error part);
 * its batch cancelled: a line not finished is in neither part (as OpenAI leaves it); finished lines stay.
@@ -33,9 +33,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVar
 
+from pydantic import ValidationError
+
 from async_inference import settings
 from async_inference.aws import Blobs, ControlQueue
-from async_inference.batches.lines import line_id
+from async_inference.batches.lines import BatchInputLine, line_id
 from async_inference.schemas import (
     BatchControl,
     BatchLineError,
@@ -46,7 +48,7 @@ from async_inference.schemas import (
     utcnow,
 )
 from async_inference.served_models import ServedModels
-from async_inference.service import parse_request_body
+from async_inference.service import describe_validation_error
 from gpu_worker.completions import chat_completion
 from gpu_worker.engines.base import (
     Engine,
@@ -172,37 +174,34 @@ def parse_lines(claim: ChunkClaimCheck, data: bytes, served: ServedModels) -> li
     for offset, raw in enumerate(line for line in data.split(b"\n") if line.strip()):
         number = claim.first_line + offset
         try:
-            item = json.loads(raw)
-            custom_id = item["custom_id"]
-            body = item.get("body")
-        except (ValueError, KeyError, TypeError):
+            item = BatchInputLine.model_validate_json(raw)
+        except ValidationError:
             # Only a file changed after planning gets here: the line still gets a result, so that it is not lost.
-            line = ChunkLine(number=number, custom_id=f"line-{number}", line_id=line_id(claim.batch_id, f"line-{number}"))
-            line.result = failed(line, "invalid_line", f"line {number} is not a JSON object with a custom_id")
+            unknown = f"line-{number}"
+            line = ChunkLine(number=number, custom_id=unknown, line_id=line_id(claim.batch_id, unknown))
+            line.result = failed(line, "invalid_line", f"line {number} is not a batch input line (custom_id, method, "
+                                 "url, body)")
             lines.append(line)
             continue
-        line = ChunkLine(number=number, custom_id=str(custom_id), line_id=line_id(claim.batch_id, str(custom_id)))
-        request, reason = parse_request_body(json.dumps(body).encode())
-        if request is None:
-            line.result = refused(line, 400, reason, code="invalid_request", param=_first_field(reason))
-        elif not served.serves(request.model):
-            # The jobs API's check and message (async_inference.served_models), as a line's 404.
-            line.result = refused(line, 404, served.not_found_message(request.model), code="model_not_found",
-                                  param="model")
+        line = ChunkLine(number=number, custom_id=item.custom_id, line_id=line_id(claim.batch_id, item.custom_id))
+        try:
+            request = item.request()
+        except ValidationError as exc:
+            message, details = describe_validation_error(exc)
+            line.result = refused(line, 400, f"the body is not a valid chat.completions request: {message}",
+                                  code="invalid_request", param=details[0]["field"] if details else None)
         else:
-            line.request = request
+            if not served.serves(request.model):
+                # The jobs API's check and message (async_inference.served_models), as a line's 404.
+                line.result = refused(line, 404, served.not_found_message(request.model), code="model_not_found",
+                                      param="model")
+            else:
+                line.request = request
         lines.append(line)
     if len(lines) != claim.line_count:
         logger.warning("batch %s chunk %d: %d lines in its byte range, %d planned", claim.batch_id, claim.chunk,
                        len(lines), claim.line_count)
     return lines
-
-
-def _first_field(reason: str) -> str | None:
-    """The field a refusal names (``... request: messages.0.role: ...`` -> ``messages.0.role``)."""
-    _, _, rest = reason.partition("request: ")
-    field_name, colon, _ = rest.partition(": ")
-    return field_name if colon and field_name != "(body)" else None
 
 
 def encode(lines: Iterable[BatchLineOutput]) -> bytes:

@@ -1,9 +1,56 @@
-"""A batch line's id (``batch_req_...``), derived the same way by the worker that runs a line and by the DLQ handler
-that ends a chunk no worker could run, so a line has one id whoever wrote it."""
+"""A batch input line, as one pydantic model that the planner and the worker both parse with, and a batch line's id
+(``batch_req_...``), derived the same way by the worker that runs a line and by the DLQ handler that ends a chunk no
+worker could run, so a line has one id whoever wrote it."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, ValidationInfo, field_validator
+
+from async_inference.schemas import ChatCompletionRequest
+
+
+class BatchInputLine(BaseModel):
+    """One line of a batch's input file in OpenAI's format: ``{"custom_id", "method": "POST", "url", "body"}``.
+
+    The structure is what planning checks (a batch with a malformed line fails as a whole); the body stays a JSON
+    object here, because a body the request schema refuses is not structural: ``request()`` validates it as the jobs
+    API does, and the worker writes a refused body to the error file as that line's 400. The url must be the batch's
+    endpoint when the validation context names it (``{"endpoint": ...}``, as the planner validates). Other keys are
+    ignored, as OpenAI's line format has none."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    custom_id: Annotated[str, StringConstraints(min_length=1)]
+    method: Literal["POST"]
+    url: str
+    body: dict[str, Any]
+
+    @field_validator("url")
+    @classmethod
+    def _the_batch_endpoint(cls, value: str, info: ValidationInfo) -> str:
+        endpoint = (info.context or {}).get("endpoint")
+        if endpoint is not None and value != endpoint:
+            raise ValueError(f"url must be {endpoint}, the batch's endpoint")
+        return value
+
+    def request(self) -> ChatCompletionRequest:
+        """The body as a chat.completions request; a ValidationError (the jobs API's) when the schema refuses it."""
+        return ChatCompletionRequest.model_validate(self.body)
+
+
+def line_errors(exc: ValidationError) -> dict[str, Any]:
+    """The fields of a line a ValidationError of BatchInputLine names (custom_id, method, url, body), each once, with
+    the value the line had there (None when missing)."""
+    fields: dict[str, Any] = {}
+    for error in exc.errors(include_url=False):
+        loc = error.get("loc", ())
+        name = str(loc[0]) if loc else "(line)"
+        if name not in fields:
+            fields[name] = None if error["type"] == "missing" else error.get("input")
+    return fields
 
 
 def line_id(batch_id: str, custom_id: str) -> str:

@@ -12,7 +12,10 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from async_inference import settings
+from async_inference.batches.lines import BatchInputLine, line_errors
 from async_inference.batches.models import BatchError, ChunkRange
 from async_inference.served_models import ServedModels
 
@@ -100,6 +103,15 @@ def plan(chunks: Iterable[bytes], *, served: ServedModels, endpoint: str = setti
     return result
 
 
+# What a line whose structure BatchInputLine refuses is told, by the field at fault.
+_STRUCTURE_ERRORS = {
+    "custom_id": ("missing_required_parameter", "custom_id is missing or not a non-empty string"),
+    "method": ("invalid_method", "method must be POST, got {got!r}"),
+    "url": ("invalid_url", "url must be {endpoint}, the batch's endpoint, got {got!r}"),
+    "body": ("missing_required_parameter", "body is missing or not a JSON object"),
+}
+
+
 def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str, result: Plan, error) -> None:  # noqa: ANN001
     n = line.number
     try:
@@ -110,23 +122,19 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
     if not isinstance(request, dict):
         error("invalid_json_line", f"line {n} is a JSON {type(request).__name__}, not an object", n)
         return
-    custom_id = request.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        error("missing_required_parameter", f"line {n}: custom_id is missing or not a non-empty string", n, "custom_id")
-    elif custom_id in seen:
-        error("duplicate_custom_id", f"line {n}: custom_id {custom_id!r} is used by an earlier line", n, "custom_id")
-    else:
-        seen.add(custom_id)
-    if request.get("method") != "POST":
-        error("invalid_method", f"line {n}: method must be POST, got {request.get('method')!r}", n, "method")
-    if request.get("url") != endpoint:
-        error("invalid_url", f"line {n}: url must be {endpoint}, the batch's endpoint, got {request.get('url')!r}",
-              n, "url")
-    body = request.get("body")
-    if not isinstance(body, dict):
-        error("missing_required_parameter", f"line {n}: body is missing or not a JSON object", n, "body")
+    try:
+        parsed = BatchInputLine.model_validate(request, context={"endpoint": endpoint})
+    except ValidationError as exc:
+        for name, got in line_errors(exc).items():
+            code, message = _STRUCTURE_ERRORS[name]
+            error(code, f"line {n}: " + message.format(got=got, endpoint=endpoint), n, name)
         return
-    model = body.get("model")
+    if parsed.custom_id in seen:
+        error("duplicate_custom_id", f"line {n}: custom_id {parsed.custom_id!r} is used by an earlier line", n,
+              "custom_id")
+    else:
+        seen.add(parsed.custom_id)
+    model = parsed.body.get("model")
     if not isinstance(model, str):
         return  # the worker refuses the body with the jobs API's message, as a line of the error file
     if not served.serves(model):

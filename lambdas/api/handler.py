@@ -25,7 +25,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from async_inference import settings
 from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
-from async_inference.schemas import JobList, JobSubmission, JobView
+from async_inference.schemas import JobList, JobSubmission, JobView, error_location
 from async_inference.service import ApiError, JobService
 from lambdas.api import batch_routes
 from lambdas.api.tenancy import tenant_of
@@ -166,10 +166,10 @@ def _api_error(exc: ApiError) -> Response:
 def _validation_error(exc: RequestValidationError) -> Response:
     details = []
     for error in exc.errors():
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
         if error.get("type") == "json_invalid":
             return _error(400, "invalid_json", "the request body is not valid JSON: " + error.get("ctx", {}).get("error", ""))
-        details.append({"field": ".".join(loc) or "(body)", "message": error.get("msg", "invalid")})
+        field = error_location(error, skip=("body", "query", "path", "header"))
+        details.append({"field": field, "message": error.get("msg", "invalid")})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
     return _error(400, "invalid_request", f"{first['field']}: {first['message']}", details)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from pydantic import ValidationError
 
 from async_inference import settings
-from async_inference.schemas import ChatCompletionRequest, ClaimCheck, JobSubmission
+from async_inference.schemas import ChatCompletionRequest, ClaimCheck, JobSubmission, error_location
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -20,8 +21,8 @@ def test_defaults_follow_openai_and_the_shared_settings():
 
 @pytest.mark.parametrize(
     "change",
-    [{"max_tokens": "5"}, {"max_tokens": 5.0}, {"temperature": 2.5}, {"top_p": 0}, {"n": 2}, {"seed": -1},
-     {"stop": ""}, {"logprobs": True}, {"messages": [{"role": "user"}]}],
+    [{"max_tokens": "5"}, {"max_tokens": 5.0}, {"temperature": 2.5}, {"top_p": 1.5}, {"n": settings.MAX_CHOICES + 1},
+     {"seed": 2**63}, {"stop": ""}, {"logprobs": 1}, {"messages": [{"role": "user"}]}, {"best_of": 2}],
 )
 def test_invalid_or_unknown_request_fields_are_rejected(change):
     with pytest.raises(ValidationError):
@@ -59,3 +60,150 @@ def test_claim_check_is_versioned_and_small():
 def test_claim_check_refuses_a_malformed_job_id():
     with pytest.raises(ValidationError):
         ClaimCheck(job_id="job_x", tenant="t", bucket="b", key="k", deadline=dt.datetime.now(dt.timezone.utc), timeout_s=1)
+
+
+# --- OpenAI's chat.completions parameters --------------------------------------------------------------------------
+
+
+def _request(**fields):
+    return ChatCompletionRequest.model_validate_json(json.dumps({"model": "m", "messages": MESSAGES, **fields}))
+
+
+def _refusal(**fields) -> tuple[str, str]:
+    """The (field, message) a refused request names, as the API reports it."""
+    with pytest.raises(ValidationError) as caught:
+        _request(**fields)
+    error = caught.value.errors()[0]
+    return error_location(error), error["msg"]
+
+
+def test_every_parameter_a_text_model_honours_is_accepted_with_openais_names():
+    # GIVEN a body with every honoured parameter, as the openai SDK sends them
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "d", "strict": True,
+                                             "parameters": parameters}}
+    body = dict(max_completion_tokens=50, temperature=0, top_p=0.5, n=3, stop=["\n"], seed=-5, presence_penalty=-2,
+                frequency_penalty=1.5, logit_bias={"50256": -100}, logprobs=True, top_logprobs=20,
+                response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"},
+                                                                        "strict": True}},
+                tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                parallel_tool_calls=False, top_k=40, min_p=0.05, repetition_penalty=1.1,
+                chat_template_kwargs={"enable_thinking": False})
+    # WHEN it is validated
+    request = _request(**body)
+    # THEN each is kept under its wire name, max_completion_tokens gives max_tokens, and the helpers agree
+    assert (request.max_tokens, request.n, request.top_logprobs, request.top_k) == (50, 3, 20, 40)
+    assert request.json_schema == {"type": "object"}
+    assert (request.tool_mode, request.forced_function) == ("required", "get_weather")
+    # AND the stored form (a null-free dump, by wire name) validates to the same request
+    again = ChatCompletionRequest.model_validate_json(request.model_dump_json(exclude_none=True))
+    assert again == request
+    assert '"schema":{"type":"object"}' in request.model_dump_json(exclude_none=True)
+
+
+def test_messages_take_every_role_and_shape_a_text_conversation_has():
+    messages = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}], "name": "ops"},
+        {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Paris?"}]},
+        {"role": "assistant", "content": None, "refusal": None, "annotations": [],
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {"role": "function", "name": "legacy", "content": None},
+    ]
+    request = ChatCompletionRequest.model_validate_json(json.dumps({"model": "m", "messages": messages}))
+    assert request.messages[1].text == "Weather in Paris?"
+    template = request.template_messages()
+    # developer reads as system, parts as one text, tool call arguments as an object, a function result as a tool one
+    assert template[0] == {"role": "system", "content": "Be brief.", "name": "ops"}
+    assert template[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert [m["role"] for m in template] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_explicit_nulls_mean_omitted_and_stream_false_is_accepted():
+    nulls = {name: None for name in ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "tools", "tool_choice",
+                                     "response_format", "logprobs", "user", "stream", "audio", "web_search_options")}
+    assert _request(**nulls) == _request()
+    assert _request(stream=False).stream is False
+
+
+def test_parameters_without_effect_on_a_self_hosted_text_model_are_accepted():
+    _request(user="u", metadata={"k": "v"}, store=True, service_tier="auto", prompt_cache_key="k",
+             prompt_cache_retention="24h", safety_identifier="s", stream_options={"include_usage": True},
+             reasoning_effort="low", verbosity="low", modalities=["text"],
+             prediction={"type": "content", "content": "draft"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"stream": True}, "stream", "poll GET /v1/jobs/{id}"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
+                                                   {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
+         "messages.0.content.1", "text-only"),
+        ({"messages": [{"role": "user",
+                        "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+         "messages.0.content.0", "text-only"),
+        ({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
+         "messages.0.content.0", "text-only"),
+        ({"modalities": ["text", "audio"]}, "modalities", "audio output"),
+        ({"audio": {"format": "wav", "voice": "alloy"}}, "audio", "audio output"),
+        ({"web_search_options": {}}, "web_search_options", "function tool"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0", "function tool"),
+        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools.0", "function tool"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation", "omit moderation"),
+    ],
+)
+def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_do(fields, field, says):
+    named, message = _refusal(**fields)
+    assert named == field
+    assert says in message
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"max_tokens": 10, "max_completion_tokens": 20}, "max_completion_tokens"),
+        ({"top_logprobs": 5}, "top_logprobs"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "none"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "a"}}],
+          "tool_choice": {"type": "function", "function": {"name": "b"}}}, "tool_choice"),
+        ({"functions": [{"name": "a"}], "function_call": {"name": "b"}}, "function_call"),
+        ({"logit_bias": {"foo": 1}}, "logit_bias.foo.[key]"),
+        ({"logit_bias": {"1": 101}}, "logit_bias.1"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"response_format": {"name": "x", "schema": {}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+         "response_format.json_schema.name"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({"stream": "True"}, "stream"),
+        ({"usage": {"include": True}}, "usage"),
+    ],
+)
+def test_what_openai_refuses_is_refused_naming_the_field(fields, field):
+    assert _refusal(**fields)[0] == field
+
+
+def test_a_request_the_narrow_schema_took_keeps_its_fingerprint():
+    # GIVEN a submission as the schema before the whole chat.completions request took it, and its fingerprint then
+    # (main at 9165883: an Idempotency-Key retry across the deploy must match the job it made)
+    submission = JobSubmission.model_validate({
+        "request": {"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                               {"role": "user", "content": "hi", "name": "bob"}],
+                    "max_tokens": 5, "stop": ["x"]},
+        "metadata": {"k": "v"}})
+    # WHEN it is fingerprinted now THEN the digest is the same
+    assert submission.fingerprint() == "sha256:4130de74050e29d2a2a0ee4e291e8f7bcda49e508f3404c8059adc876ebdbe25"
+
+
+def test_max_completion_tokens_and_max_tokens_fingerprint_alike():
+    def fingerprint(**fields) -> str:
+        return JobSubmission.model_validate({"request": {"model": "m", "messages": MESSAGES, **fields}}).fingerprint()
+
+    assert fingerprint(max_completion_tokens=50) == fingerprint(max_tokens=50) != fingerprint(max_tokens=51)
+    assert fingerprint(tools=None, presence_penalty=0) == fingerprint()
