@@ -109,6 +109,11 @@ def error_kind(exc: BaseException, classes: list[tuple[type[BaseException], str]
     return None
 
 
+def _refusal(message: str) -> PermanentEngineError:
+    """A request vLLM refused; one too long for the context is a ``PromptTooLongError``, as the other engines say."""
+    return PromptTooLongError(message) if "maximum context length" in message else PermanentEngineError(message)
+
+
 class _CountingClient:
     """vLLM's engine client as the serving layer is given it: the same client, except that ``generate`` counts each
     request's completion tokens as they come (see the module docstring)."""
@@ -313,7 +318,7 @@ class VllmEngine(Engine):
             if kind == "fatal" or getattr(self._engine, "errored", False) is True:
                 raise FatalEngineError(f"the vLLM engine is dead: {type(exc).__name__}: {exc}") from exc
             if kind == "permanent":
-                raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
+                raise _refusal(f"vLLM refused the request: {exc}") from exc
             raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._running.pop(vllm_id, None)
@@ -332,9 +337,7 @@ class VllmEngine(Engine):
                 raise FatalEngineError(f"the vLLM engine is dead: {message}")
             if int(error.code) >= 500:
                 raise TransientEngineError(message)
-            if "context length" in error.message:
-                raise PromptTooLongError(message)
-            raise PermanentEngineError(message)
+            raise _refusal(message)
         choices = []
         for choice in response.choices:
             if choice.finish_reason not in ("stop", "length", "tool_calls"):

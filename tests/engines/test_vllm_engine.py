@@ -315,6 +315,14 @@ def test_any_error_while_the_engine_reports_itself_errored_is_fatal(run):
         run(engine.generate("job-14", chat()))
 
 
+def test_a_context_length_validation_error_is_prompt_too_long(run):
+    engine = started(run)
+    engine.chat.fail_with = ValueError("This model's maximum context length is 2048 tokens. However, your prompt "
+                                       "contains at least 2049 input tokens")
+    with pytest.raises(PromptTooLongError):
+        run(engine.generate("job-15b", chat()))
+
+
 def test_a_value_error_from_vllm_is_permanent(run):
     engine = started(run)
     engine.chat.fail_with = ValueError("top_p must be in (0, 1]")
