@@ -39,5 +39,5 @@ up: venv $(ASSEMBLY)
 clean:
 	rm -rf cdk.out .pytest_cache bench/results
 
--include gpu_worker/engines.mk
+-include checks/checks.mk
 -include bench/bench.mk

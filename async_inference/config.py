@@ -73,6 +73,7 @@ ENV_TENSOR_PARALLEL_SIZE = "TENSOR_PARALLEL_SIZE"
 ENV_DTYPE = "DTYPE"
 ENV_ENFORCE_EAGER = "ENFORCE_EAGER"
 ENV_SERVED_MODEL_NAME = "SERVED_MODEL_NAME"
+ENV_TOOL_CALL_PARSER = "TOOL_CALL_PARSER"  # vLLM's --tool-call-parser for the deployed model (hermes: Qwen2.5)
 # The worker's loop timings (defaults in async_inference.settings; the tests shorten them).
 ENV_HEARTBEAT_INTERVAL_S = "HEARTBEAT_INTERVAL_S"
 ENV_VISIBILITY_TIMEOUT_S = "VISIBILITY_TIMEOUT_S"

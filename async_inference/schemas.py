@@ -891,17 +891,49 @@ class ErrorResponse(BaseModel):
 
 
 # --- The result object: an OpenAI chat.completion with the job id ---------------------------------------------------
+# Field for field as openai-python types it (``openai.types.chat.chat_completion``, ``chat_completion_message``,
+# ``chat_completion_token_logprob``): absent values are sent as null, as OpenAI sends them, so the SDK parses the body.
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None  # a request with the legacy ``functions``: its call, instead of tools
 
 
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -911,6 +943,8 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage
+    system_fingerprint: str | None = None
+    service_tier: str | None = None
     job_id: str | None = None  # on a job's result object; a batch line's body has none
 
 

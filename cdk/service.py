@@ -24,6 +24,7 @@ from async_inference.config import (
     DEFAULT_WAKE_CHECK_INTERVAL_S,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
+    ENV_TOOL_CALL_PARSER,
     ENV_BATCH_QUEUE_URL,
     ENV_BATCH_TABLE,
     ENV_WEBHOOK_QUEUE_URL,
@@ -52,6 +53,9 @@ from cdk.websocket_push import WebSocketPush
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 MODEL_SOURCES = ("huggingface", "s3")
+# vLLM's tool-call parser for a model family (name prefix -> parser), from vLLM's tool calling docs: Qwen2.5 writes
+# Hermes-style <tool_call> blocks. A model not listed serves tool_choice auto only with tool_call_parser set.
+TOOL_CALL_PARSERS = {"Qwen/Qwen2.5-": "hermes", "Qwen/Qwen3-": "hermes", "NousResearch/Hermes-": "hermes"}
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
@@ -80,6 +84,9 @@ class AsyncInferenceServiceProps:
     Workers
       model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
         ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+      tool_call_parser: vLLM's parser that reads tool calls out of the model's text (tool_choice ``auto``). Default:
+        the one ``TOOL_CALL_PARSERS`` names for the model's family (``hermes`` for Qwen2.5), else none (tool_choice
+        ``auto`` is then refused by the workers; forced tool choices work without a parser).
       model_source: where the workers get the weights at task start. ``"huggingface"``: downloaded from the Hub over
         the NAT gateway (public models, or gated ones with ``hf_token_secret_arn``). ``"s3"``: synced from an S3 prefix
         through the VPC's S3 endpoint into ``MODEL_DIR`` on the instance's model volume, so a task restarted on the
@@ -159,6 +166,7 @@ class AsyncInferenceServiceProps:
     websocket_push: bool = True
     progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
+    tool_call_parser: str | None = None
     model_source: str = "huggingface"
     model_s3_uri: str | None = None
     hf_token_secret_arn: str | None = None
@@ -240,6 +248,12 @@ class AsyncInferenceServiceProps:
                 f"({self.worker_image_context})"
             )
         self._validate_scaling()
+
+    def effective_tool_call_parser(self) -> str | None:
+        """``tool_call_parser``, or the one ``TOOL_CALL_PARSERS`` names for ``model``."""
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser
+        return next((parser for prefix, parser in TOOL_CALL_PARSERS.items() if self.model.startswith(prefix)), None)
 
     def effective_max_num_seqs(self) -> int:
         """``max_num_seqs``, or the sizing rule's value for ``model`` on ``gpu_instance_type``."""
@@ -401,6 +415,7 @@ class AsyncInferenceService(Construct):
                 **environment,
                 "ENGINE": "vllm",
                 "MODEL": props.model,
+                **({ENV_TOOL_CALL_PARSER: parser} if (parser := props.effective_tool_call_parser()) else {}),
                 **model_environment,
                 "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
                 ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events

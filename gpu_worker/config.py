@@ -38,6 +38,7 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
         "dtype": "dtype",
         "enforce_eager": "enforce_eager",
         "served_model_name": "served_model_name",
+        "tool_call_parser": "tool_call_parser",
     },
 }
 
@@ -186,6 +187,9 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     enforce_eager: bool | None = Field(None, alias=env.ENV_ENFORCE_EAGER, description="1: no CUDA graphs")
     served_model_name: str | None = Field(
         None, alias=env.ENV_SERVED_MODEL_NAME, description="the name the model answers to"
+    )
+    tool_call_parser: str | None = Field(
+        None, alias=env.ENV_TOOL_CALL_PARSER, description="vLLM's tool-call parser for the model (hermes: Qwen2.5)"
     )
     sim_step_s: float | None = Field(None, gt=0, alias="SIM_STEP_S", description="simulated seconds per step")
     sim_output_tokens: int | None = Field(None, ge=1, alias="SIM_OUTPUT_TOKENS", description="simulated output length")

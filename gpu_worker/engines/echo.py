@@ -1,5 +1,13 @@
 """A deterministic engine for fast tests: the completion is the last user message, cut to max_tokens words.
 
+What it honours of a chat.completions request: ``max_tokens`` / ``max_completion_tokens`` (in words), ``stop``, ``n``
+(n identical choices), messages in any form (text parts are joined). Sampling parameters (temperature, top_p, top_k,
+min_p, seed, penalties, logit_bias) are accepted and change nothing: the answer is defined as the prompt's words, not
+drawn from a distribution. Tools with tool_choice ``auto`` or ``none`` are accepted (the engine never calls one, which
+``auto`` allows). Refused with a ``PermanentEngineError`` naming the parameter, because the echoed words would not be
+what it asks: ``response_format`` json_object / json_schema, a forced ``tool_choice`` (or ``function_call``), and
+``logprobs``.
+
 Tokens are whitespace-separated words. ``max_model_len`` (``ECHO_MAX_MODEL_LEN``) is enforced as the model-backed
 engines enforce theirs, so a prompt too long for the context fails the job at once; ``delay_s`` (``ECHO_DELAY_S``)
 makes each generation take that long, and ``abort`` ends a delayed generation at once. A delayed generation's
@@ -12,7 +20,8 @@ import asyncio
 import time
 
 from async_inference.schemas import ChatCompletionRequest
-from gpu_worker.engines.base import Engine, GenerationAborted, Generation
+from gpu_worker.engines.asks import asks_of, last_user_text, refuse_beyond_text, text_of
+from gpu_worker.engines.base import Completion, Engine, GenerationAborted, Generation
 from gpu_worker.engines.common import check_context
 
 DEFAULT_MAX_MODEL_LEN = 1_000_000
@@ -37,18 +46,20 @@ class EchoEngine(Engine):
         return self._max_model_len
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
-        prompt = " ".join(m.text for m in request.messages)
+        asks = asks_of(request)
+        refuse_beyond_text(asks, self.name)
+        prompt = " ".join(text_of(m.get("content")) for m in asks.messages)
         prompt_tokens = len(prompt.split())
-        check_context(prompt_tokens, request.max_tokens, self._max_model_len)
-        last_user = next((m.text for m in reversed(request.messages) if m.role == "user"), "")
-        words = last_user.split()
-        text = " ".join(words[: request.max_tokens])
-        finish = "length" if len(words) > request.max_tokens else "stop"
-        for stop in request.stop_sequences:
+        check_context(prompt_tokens, asks.max_tokens, self._max_model_len)
+        words = last_user_text(asks).split()
+        text = " ".join(words[: asks.max_tokens])
+        finish = "length" if len(words) > asks.max_tokens else "stop"
+        for stop in asks.stop:
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"
-        generation = Generation(text=text, finish_reason=finish, prompt_tokens=prompt_tokens,
-                                completion_tokens=len(text.split()))
+        tokens = len(text.split())
+        generation = Generation(choices=(Completion(text, finish),) * asks.n, prompt_tokens=prompt_tokens,
+                                completion_tokens=tokens * asks.n)
         aborted = self._aborts.setdefault(request_id, asyncio.Event())
         self._running[request_id] = (time.monotonic(), generation.completion_tokens)
         try:

@@ -13,6 +13,9 @@ asks for more tokens than the message has. Its length in tokens is
 
 ``finish_reason`` is ``"length"`` when ``max_tokens`` cut it, else ``"stop"``; a stop sequence found in the text cuts
 it there (finish ``"stop"``), as vLLM does. ``prompt_tokens`` is the number of words in all messages.
+
+Of the other request parameters it honours what the echo engine does (``gpu_worker.engines.echo``), with the same
+refusals, except ``n``: every request is one sequence, so ``n`` > 1 is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import collections
 from dataclasses import dataclass
 
 from async_inference.schemas import ChatCompletionRequest
-from gpu_worker.engines.base import Engine, Generation, GenerationAborted
+from gpu_worker.engines.asks import asks_of, last_user_text, refuse_beyond_text, text_of
+from gpu_worker.engines.base import Engine, Generation, GenerationAborted, PermanentEngineError
 
 
 @dataclass
@@ -103,16 +107,19 @@ class SimulatedEngine(Engine):
         await self.start()  # tolerate a caller that skipped start()
         if request_id in self._waiting or request_id in self._running:
             raise ValueError(f"request {request_id!r} is already running")
-        last_user = next((m.text for m in reversed(request.messages) if m.role == "user"), "")
-        words = last_user.split() or ["token"]
+        asks = asks_of(request)
+        refuse_beyond_text(asks, self.name)
+        if asks.n != 1:
+            raise PermanentEngineError("the simulated engine runs one sequence per request: n must be 1")
+        words = last_user_text(asks).split() or ["token"]
         natural = self._output_tokens or len(words)
         seq = _Sequence(
             request_id=request_id,
             words=words,
-            length=min(natural, request.max_tokens),
-            cut_by_max_tokens=natural > request.max_tokens,
-            stops=request.stop_sequences,
-            prompt_tokens=sum(len(m.text.split()) for m in request.messages),
+            length=min(natural, asks.max_tokens),
+            cut_by_max_tokens=natural > asks.max_tokens,
+            stops=asks.stop,
+            prompt_tokens=sum(len(text_of(m.get("content")).split()) for m in asks.messages),
             future=asyncio.get_running_loop().create_future(),
         )
         self._waiting[request_id] = seq
@@ -185,7 +192,7 @@ class SimulatedEngine(Engine):
         for stop in seq.stops:
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"
-        return Generation(
+        return Generation.single(
             text=text, finish_reason=finish, prompt_tokens=seq.prompt_tokens, completion_tokens=seq.length
         )
 

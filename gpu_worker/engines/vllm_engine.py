@@ -1,29 +1,46 @@
-"""The production engine: vLLM's async engine, one per process, fed one request per job.
+"""The production engine: vLLM's async engine, one per process, driven through vLLM's own OpenAI layer.
 
-vLLM batches continuously inside itself, so the adapter does no batching of its own: every ``generate`` is one vLLM
-request whose id is the job id, and the worker keeps ``capacity`` (= vLLM's ``max_num_seqs``) of them in flight so
-that the scheduler always has a full batch to choose from.
+Each job's request goes to the serving object that ``vllm run-batch`` and ``vllm serve`` hand a chat.completions
+body to (``OpenAIServingChat.create_chat_completion``), built once at start by vLLM's own ``init_app_state`` from
+run-batch's command-line defaults plus this engine's options. So the chat template (with tools), the tool-call parser,
+structured outputs (``response_format``, forced ``tool_choice``), logprobs, ``n``, penalties, ``logit_bias`` and the
+rest of the sampling parameters are vLLM's, exactly as its server honours them; the adapter only translates:
 
-The prompt is built here, not by vLLM: the engine's own tokenizer renders the chat template and the token ids are
-submitted (``TokensPrompt``), which lets the adapter refuse a prompt that cannot fit before it reaches the engine and
-report ``prompt_tokens`` exactly. vLLM is imported only in ``start`` (or by the caller who passes ``vllm_module``), so
-this module imports on machines without it.
+- in: the job's request (``async_inference.schemas.ChatCompletionRequest``, OpenAI's body) becomes vLLM's
+  ``ChatCompletionRequest``, with the served model name, the job id as ``request_id`` (vLLM's request is then
+  ``chatcmpl-<job id>``), ``tool_choice`` made explicit (OpenAI's default: ``auto`` when tools are given) and the
+  legacy ``functions`` / ``function_call`` as ``tools`` / ``tool_choice`` (vLLM has no legacy path);
+- out: vLLM's ``ChatCompletionResponse`` becomes a ``Generation``; a choice that carries tool calls has
+  finish_reason ``tool_calls`` (``function_call`` for a legacy request), whichever way the call was forced.
 
-Outputs are asked for as deltas (``RequestOutputKind.DELTA``): each ``RequestOutput`` carries the token ids and text
-generated since the one before, so the adapter knows a running request's tokens so far (``tokens_so_far``, the job's
-progress) without vLLM copying the whole completion at every step, as cumulative outputs would. vLLM merges the
-deltas a slow consumer has not read yet into one, so a busy event loop reads fewer, larger outputs.
+The tool parser is the deployed model's (``TOOL_CALL_PARSER``, e.g. ``hermes`` for Qwen2.5; the task definition sets
+it); without one, tool_choice ``auto`` is refused by vLLM with a 400, forced choices work (they are structured
+outputs). vLLM is imported only in ``start`` (or by the caller who passes ``vllm_module``), so this module imports
+on machines without it.
 
-Errors: a request that vLLM rejects (validation) is permanent; a failed generate step (vLLM's EngineGenerateError,
-"possibly recoverable") or an out-of-memory error is transient, so the job is retried. A dead engine is fatal: vLLM's
-EngineDeadError (v1, "Unrecoverable": the EngineCore process died, e.g. on a CUDA fault, and every request after it
-fails at once), AsyncEngineDeadError / MQEngineDeadError (the v0 engines), a CUDA error seen in this process (the
-CUDA context is unusable after one), or any error while the engine reports itself ``errored`` (vLLM's own API server
-shuts down on exactly these). The worker then stops and hands its jobs back for a fresh process.
+Progress: the serving layer asks the engine for the final output only (it does not stream); the engine client it is
+given (``_CountingClient``) asks for cumulative outputs instead, of which the serving layer keeps the last, the same
+final output, and counts each request's tokens as they come (``tokens_so_far``). With ``n`` > 1 the final output
+alone is asked for (vLLM gathers the n sequences into it) and the progress is not known until the end.
+
+Abort: the request's task is cancelled, as vLLM's server does when a client goes away; vLLM's engine client aborts the
+engine request on that cancellation.
+
+Errors are classified by type (the classes vLLM and torch define, and Python's own): a request vLLM refuses (its
+``VLLMClientError``, a ``ValueError`` or ``TypeError`` as its server maps them, or an error response with a 4xx code)
+is permanent; a failed generate step (``EngineGenerateError``, any ``VLLMServerError``), out of memory, a
+``RuntimeError`` or a 5xx error response is transient, so the job is retried. A dead engine is fatal: vLLM's
+``EngineDeadError`` (the EngineCore process died, e.g. on a CUDA fault, and every request after it fails at once),
+torch's ``AcceleratorError`` or a ``RuntimeError("CUDA error ...")`` (the CUDA context is unusable after one), or any
+error while the engine reports itself ``errored`` (vLLM's own API server shuts down on exactly these). The worker
+then stops and hands its jobs back for a fresh process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import builtins
+import importlib
 import inspect
 import logging
 import time
@@ -31,38 +48,90 @@ from types import ModuleType
 from typing import Any
 
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.engines.asks import asks_of
 from gpu_worker.engines.base import (
+    Completion,
     Engine,
+    FatalEngineError,
     Generation,
     GenerationAborted,
-    FatalEngineError,
     PermanentEngineError,
+    PromptTooLongError,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
     TransientEngineError,
 )
-from gpu_worker.engines.common import chat_prompt_ids, check_context
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NUM_SEQS = 64
 
-# vLLM exception classes by name, so that the mapping holds across vLLM versions that moved them between modules.
-# The most specific class decides: AsyncEngineDeadError is a RuntimeError, and fatal.
-_FATAL_ERRORS = {"EngineDeadError", "AsyncEngineDeadError", "MQEngineDeadError", "AcceleratorError"}
-_PERMANENT_ERRORS = {"VLLMValidationError", "VLLMClientError", "ValueError", "TypeError"}
-_TRANSIENT_ERRORS = {"EngineGenerateError", "OutOfMemoryError", "VLLMServerError", "RuntimeError"}
+# (module, class) -> kind; checked in this order, so the most specific class decides (EngineDeadError is a
+# VLLMServerError, and fatal). Classes a vLLM or torch version lacks are left out.
+_ERROR_CLASSES: list[tuple[str, str, str]] = [
+    ("vllm.v1.engine.exceptions", "EngineDeadError", "fatal"),
+    ("vllm.engine.async_llm_engine", "AsyncEngineDeadError", "fatal"),  # the v0 engines
+    ("vllm.engine.multiprocessing", "MQEngineDeadError", "fatal"),
+    ("torch", "AcceleratorError", "fatal"),
+    ("vllm.exceptions", "VLLMClientError", "permanent"),
+    ("builtins", "ValueError", "permanent"),
+    ("builtins", "TypeError", "permanent"),
+    ("vllm.v1.engine.exceptions", "EngineGenerateError", "transient"),
+    ("vllm.exceptions", "VLLMServerError", "transient"),
+    ("torch", "OutOfMemoryError", "transient"),
+    ("builtins", "RuntimeError", "transient"),
+]
 # torch before AcceleratorError raised CUDA faults as RuntimeError("CUDA error: ..."); they are sticky.
 _CUDA_ERROR_PREFIX = "CUDA error"
 
 
-def _error_kind(exc: BaseException) -> str | None:
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _FATAL_ERRORS:
-            return "fatal"
-        if cls.__name__ in _PERMANENT_ERRORS:
-            return "permanent"
-        if cls.__name__ in _TRANSIENT_ERRORS:
-            return "fatal" if str(exc).startswith(_CUDA_ERROR_PREFIX) else "transient"
+def error_classes() -> list[tuple[type[BaseException], str]]:
+    """The error classes this process has, with their kind (importing only modules that are there)."""
+    found: list[tuple[type[BaseException], str]] = []
+    for module_name, name, kind in _ERROR_CLASSES:
+        try:
+            module = builtins if module_name == "builtins" else importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append((cls, kind))
+    return found
+
+
+def error_kind(exc: BaseException, classes: list[tuple[type[BaseException], str]]) -> str | None:
+    for cls, kind in classes:
+        if isinstance(exc, cls):
+            if kind == "transient" and str(exc).startswith(_CUDA_ERROR_PREFIX):
+                return "fatal"
+            return kind
     return None
+
+
+def _refusal(message: str) -> PermanentEngineError:
+    """A request vLLM refused; one too long for the context is a ``PromptTooLongError``, as the other engines say."""
+    return PromptTooLongError(message) if "maximum context length" in message else PermanentEngineError(message)
+
+
+class _CountingClient:
+    """vLLM's engine client as the serving layer is given it: the same client, except that ``generate`` counts each
+    request's completion tokens as they come (see the module docstring)."""
+
+    def __init__(self, client: Any, counts: dict[str, int], output_kind: Any) -> None:
+        self._client, self._counts, self._output_kind = client, counts, output_kind
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        counted = self._output_kind is not None and getattr(sampling_params, "n", 1) == 1
+        if counted:
+            sampling_params.output_kind = self._output_kind.CUMULATIVE
+        async for output in self._client.generate(prompt, sampling_params, request_id, *args, **kwargs):
+            if counted and request_id in self._counts:
+                self._counts[request_id] = sum(len(o.token_ids) for o in output.outputs)
+            yield output
 
 
 class VllmEngine(Engine):
@@ -80,23 +149,27 @@ class VllmEngine(Engine):
         enforce_eager: bool | None = None,
         served_model_name: str | None = None,
         seed: int | None = None,
+        tool_call_parser: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         vllm_module: ModuleType | None = None,
     ) -> None:
-        """``engine_kwargs`` go to ``AsyncEngineArgs`` as they are (any option vLLM knows). ``vllm_module`` replaces
-        ``import vllm`` (tests pass a fake)."""
+        """``tool_call_parser`` is vLLM's ``--tool-call-parser`` (it also turns on ``--enable-auto-tool-choice``).
+        ``engine_kwargs`` are set on vLLM's arguments as they are (any option ``vllm run-batch`` takes, by its
+        attribute name). ``vllm_module`` replaces ``import vllm`` (tests pass a fake)."""
         if not model:
             raise ValueError("the vLLM engine needs a model (env MODEL): a Hugging Face model directory or name")
         self._model = model
+        self._served_name = served_model_name or model
         self._max_num_seqs = max_num_seqs
         self._max_model_len = max_model_len
+        self._tool_call_parser = tool_call_parser
         optional = {
             "max_model_len": max_model_len,
             "gpu_memory_utilization": gpu_memory_utilization,
             "tensor_parallel_size": tensor_parallel_size,
             "dtype": dtype,
             "enforce_eager": enforce_eager,
-            "served_model_name": served_model_name,
+            "served_model_name": [served_model_name] if served_model_name else None,
             "seed": seed,
         }
         self._engine_kwargs = {
@@ -107,8 +180,11 @@ class VllmEngine(Engine):
         }
         self._vllm = vllm_module
         self._engine: Any = None
-        self._tokenizer: Any = None
-        self._running: dict[str, int] = {}  # request id -> completion tokens so far
+        self._chat: Any = None  # vLLM's OpenAIServingChat
+        self._request_model: Any = None  # vLLM's ChatCompletionRequest
+        self._errors = error_classes()
+        self._running: dict[str, int] = {}  # vLLM request id -> completion tokens so far
+        self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
 
     @property
@@ -124,7 +200,7 @@ class VllmEngine(Engine):
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Build the engine (vLLM loads the weights and profiles memory: tens of seconds).
+        """Build the engine (vLLM loads the weights and profiles memory: tens of seconds) and its OpenAI layer.
 
         Built in the event loop's thread, as vLLM's own OpenAI server does: the engine's client binds its output
         handler and ZeroMQ sockets to the running loop."""
@@ -137,25 +213,47 @@ class VllmEngine(Engine):
                 raise PermanentEngineError("ENGINE=vllm needs the vllm package (the vllm/vllm-openai image)") from exc
             self._vllm = vllm
         started = time.monotonic()
-        args = self._vllm.AsyncEngineArgs(**self._engine_kwargs)
-        self._engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
-        tokenizer = self._engine.get_tokenizer()
-        self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+        self._engine, self._chat, self._request_model = await self._open()
         self._max_model_len, self._max_num_seqs = await self._engine_limits()
         logger.info(
-            "vllm engine: %s ready in %.1f s (max_num_seqs=%d, max_model_len=%d)",
+            "vllm engine: %s ready in %.1f s (max_num_seqs=%d, max_model_len=%d, tool parser %s)",
             self._model,
             time.monotonic() - started,
             self._max_num_seqs,
             self._max_model_len,
+            self._tool_call_parser,
         )
+
+    async def _open(self) -> tuple[Any, Any, type]:
+        """The engine client, the chat serving object and vLLM's request model, made as ``vllm run-batch`` makes
+        them: its argument parser's defaults, this engine's options set on them, ``init_app_state`` over the engine
+        client (seen through ``_CountingClient``)."""
+        from starlette.datastructures import State
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.run_batch import make_arg_parser
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmRequest
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["-i", "unused", "-o", "unused"])
+        for name, value in self._engine_kwargs.items():
+            setattr(args, name, value)
+        args.tool_call_parser = self._tool_call_parser
+        args.enable_auto_tool_choice = self._tool_call_parser is not None
+        engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs.from_cli_args(args))
+        state = State()
+        await init_app_state(self.counting_client(engine), state, args, await engine.get_supported_tasks())
+        return engine, state.openai_serving_chat, VllmRequest
+
+    def counting_client(self, engine: Any) -> _CountingClient:
+        return _CountingClient(engine, self._running, self._output_kind())
+
+    def _output_kind(self) -> Any:
+        return getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
 
     async def _engine_limits(self) -> tuple[int, int]:
         """What the engine settled on: the model's context length when none was asked, and its batch size."""
         vllm_config = getattr(self._engine, "vllm_config", None)
         model_config = getattr(self._engine, "model_config", None) or getattr(vllm_config, "model_config", None)
-        if model_config is None and hasattr(self._engine, "get_model_config"):  # vLLM before v1
-            model_config = await self._engine.get_model_config()
         max_model_len = getattr(model_config, "max_model_len", None) or self._max_model_len
         if max_model_len is None:
             raise PermanentEngineError("could not read max_model_len from the vLLM engine; set MAX_MODEL_LEN")
@@ -174,80 +272,111 @@ class VllmEngine(Engine):
 
     # -- requests --
 
-    def sampling_params(self, request: ChatCompletionRequest) -> Any:
-        """The request's sampling parameters in vLLM's terms (OpenAI semantics: temperature 0 is greedy)."""
-        options: dict[str, Any] = {
-            "n": 1,
-            "max_tokens": request.max_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-            "stop": request.stop_sequences or None,
-            "seed": request.seed,
-        }
-        kind = self._output_kind()
-        if kind is not None:  # only what is new in each output (vLLM without output kinds sends cumulative ones)
-            options["output_kind"] = kind.DELTA
-        return self._vllm.SamplingParams(**options)
-
-    def _output_kind(self) -> Any:
-        return getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
+    def vllm_body(self, request_id: str, request: ChatCompletionRequest) -> dict[str, Any]:
+        """The body vLLM's ``ChatCompletionRequest`` is made from (see the module docstring)."""
+        asks = asks_of(request)
+        body = request.model_dump(mode="json", exclude_none=True)
+        body.pop("functions", None)
+        body.pop("function_call", None)
+        body.update(model=self._served_name, request_id=request_id)
+        if asks.tools:
+            body["tools"] = [{"type": "function", "function": f.signature()["function"]} for f in asks.tools]
+            body["tool_choice"] = (
+                {"type": "function", "function": {"name": asks.forced_function}}
+                if asks.tool_choice == "function" else asks.tool_choice
+            )
+        else:
+            body.pop("tools", None)
+            body.pop("tool_choice", None)
+        return body
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         if self._engine is None:
             raise TransientEngineError("the vLLM engine is not started")
-        if request_id in self._running:
+        if request_id in self._tasks:
             raise PermanentEngineError(f"request {request_id!r} is already running")
-        prompt_ids = chat_prompt_ids(self._tokenizer, request)
-        check_context(len(prompt_ids), request.max_tokens, self.max_model_len)
-        params = self.sampling_params(request)
-        delta = self._output_kind() is not None
-        self._running[request_id] = 0
-        pieces: list[str] = []
-        reason = None
-        answered = False  # a completion output came
+        legacy = asks_of(request).legacy_functions
         try:
-            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, params, request_id):
-                completion = output.outputs[0] if output.outputs else None
-                if completion is None:
-                    continue
-                if delta:
-                    pieces.append(completion.text)
-                    self._running[request_id] += len(completion.token_ids)
-                else:
-                    pieces = [completion.text]
-                    self._running[request_id] = len(completion.token_ids)
-                reason = getattr(completion, "finish_reason", None)
-                answered = True
+            vllm_request = self._request_model.model_validate(self.vllm_body(request_id, request))
+        except ValueError as exc:  # pydantic's ValidationError: a request vLLM's schema refuses
+            raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
+        vllm_id = f"chatcmpl-{request_id}"
+        self._running[vllm_id] = 0
+        task = asyncio.ensure_future(self._chat.create_chat_completion(vllm_request))
+        self._tasks[request_id] = task
+        try:
+            response = await task
+        except asyncio.CancelledError:
+            if request_id in self._aborted:
+                raise GenerationAborted(request_id) from None
+            task.cancel()  # our caller was cancelled (a timeout in the worker): the request must not run on
+            raise
         except Exception as exc:
             if request_id in self._aborted:
                 raise GenerationAborted(request_id) from exc
-            kind = _error_kind(exc)
+            kind = error_kind(exc, self._errors)
             if kind == "fatal" or getattr(self._engine, "errored", False) is True:
                 raise FatalEngineError(f"the vLLM engine is dead: {type(exc).__name__}: {exc}") from exc
             if kind == "permanent":
-                raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
+                raise _refusal(f"vLLM refused the request: {exc}") from exc
             raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            completion_tokens = self._running.pop(request_id, 0)
+            self._running.pop(vllm_id, None)
+            self._tasks.pop(request_id, None)
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
-        if aborted or reason == "abort":
+        if aborted:
             raise GenerationAborted(request_id)
-        if not answered or reason not in ("stop", "length"):
-            # The stream ended without a finished completion: nothing to store, but the job may succeed again.
-            raise TransientEngineError(f"vLLM ended request {request_id} without a result (finish_reason={reason!r})")
+        return self._generation(request_id, response, legacy)
+
+    def _generation(self, request_id: str, response: Any, legacy: bool) -> Generation:
+        error = getattr(response, "error", None)
+        if error is not None:  # vLLM's ErrorResponse
+            message = f"vLLM refused the request ({error.code} {error.type}): {error.message}"
+            if getattr(self._engine, "errored", False) is True:
+                raise FatalEngineError(f"the vLLM engine is dead: {message}")
+            if int(error.code) >= 500:
+                raise TransientEngineError(message)
+            raise _refusal(message)
+        choices = []
+        for choice in response.choices:
+            if choice.finish_reason not in ("stop", "length", "tool_calls"):
+                # abort, error: the engine ended it without a result; the job may succeed again
+                raise TransientEngineError(
+                    f"vLLM ended request {request_id} without a result (finish_reason={choice.finish_reason!r})"
+                )
+            choices.append(self._completion(choice, legacy))
         return Generation(
-            text="".join(pieces),
-            finish_reason=reason,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=completion_tokens,
+            choices=tuple(choices),
+            prompt_tokens=response.usage.prompt_tokens,
+            completion_tokens=response.usage.completion_tokens or 0,
+            system_fingerprint=getattr(response, "system_fingerprint", None),
         )
 
+    @staticmethod
+    def _completion(choice: Any, legacy: bool) -> Completion:
+        message = choice.message
+        calls = tuple(ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                      for c in message.tool_calls or ())
+        finish = choice.finish_reason
+        if calls and finish != "length":
+            finish = "function_call" if legacy else "tool_calls"
+        logprobs = None
+        if choice.logprobs is not None and choice.logprobs.content is not None:
+            logprobs = tuple(
+                TokenLogprob(t.token, t.logprob, t.bytes,
+                             tuple(TopLogprob(a.token, a.logprob, a.bytes) for a in t.top_logprobs))
+                for t in choice.logprobs.content
+            )
+        return Completion(text=message.content, finish_reason=finish, tool_calls=calls, logprobs=logprobs,
+                          refusal=getattr(message, "refusal", None))
+
     def tokens_so_far(self, request_id: str) -> int | None:
-        return self._running.get(request_id)
+        return self._running.get(f"chatcmpl-{request_id}")
 
     async def abort(self, request_id: str) -> None:
-        if request_id not in self._running or self._engine is None:
+        task = self._tasks.get(request_id)
+        if task is None:
             return
         self._aborted.add(request_id)
-        await self._engine.abort(request_id)
+        task.cancel()  # vLLM's engine client aborts the engine request when its generate is cancelled

@@ -1,4 +1,4 @@
-"""gpu_worker/gpu_check.sh skips (exit 0, saying what is missing) where it cannot run, instead of failing."""
+"""checks/gpu_check.sh skips (exit 0, saying what is missing) where it cannot run, instead of failing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu_worker" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "checks" / "gpu_check.sh"
 
 
 def run_with_fake_nvidia_smi(tmp_path: Path, smi_exit: int) -> subprocess.CompletedProcess[str]:

