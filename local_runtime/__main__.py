@@ -37,7 +37,11 @@ def stack_from_env(**overrides: object) -> LocalStack:
 
 
 def up(outputs_file: str | None) -> int:
-    stack = stack_from_env().start()
+    try:
+        stack = stack_from_env().start()
+    except KeyboardInterrupt:  # Ctrl-C while starting: start() has stopped what it had started
+        print("interrupted while starting; stopped", flush=True)
+        return 130
     assert stack.resources is not None
     print(f"API:     {stack.api_url}", flush=True)
     if stack.ws_url:
@@ -60,16 +64,29 @@ def up(outputs_file: str | None) -> int:
                     "webhook_secrets": webhook_secrets, "log_dir": str(stack.log_dir)}
         Path(outputs_file).write_text(json.dumps(document, indent=2))
     print(f"Workers: {stack.worker_count} x engine '{stack.engine}'. Ctrl-C stops everything.", flush=True)
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    try:
-        stopped.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("stopping...", flush=True)
-        stack.stop()
+    wait_for_stop(stack)
     return 0
+
+
+def wait_for_stop(stack: LocalStack) -> None:
+    """Runs until Ctrl-C (SIGINT), SIGTERM or a closed terminal (SIGHUP), then stops the stack in order. The stack's
+    processes have process groups of their own, so a terminal's Ctrl-C reaches this process only. A second signal while
+    the workers drain kills every process at once."""
+    stopped = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stopped.is_set():
+            print("stopping at once (SIGKILL)", flush=True)
+            stack.kill()
+        stopped.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    stopped.wait()
+    print("stopping: the workers, the functions, then moto (Ctrl-C again: at once)...",
+          flush=True)
+    stack.stop()
+    print("stopped", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

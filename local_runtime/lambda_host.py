@@ -105,7 +105,9 @@ def main() -> None:
 
     # One event at a time, as one execution environment: a plain (not threading) server.
     server = HTTPServer(("127.0.0.1", args.port), Host)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Lambda ends an execution environment without running the runtime's shutdown; a full interpreter shutdown of the
+    # handler's imports costs most of a second of CPU per environment when the whole stack stops.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     print(f"ready {args.handler}", flush=True)
     server.serve_forever()
 

@@ -21,6 +21,9 @@ LOCAL_KEYS = {
 LOCAL_CREDENTIALS = {**LOCAL_KEYS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
+MOTO_STOP_S = 2.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,6 +46,7 @@ class MotoServer:
             cwd=Path(__file__).resolve().parent.parent,  # the repository root, where local_runtime imports from
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            process_group=0,  # a terminal's Ctrl-C reaches only the local runtime, which stops moto last
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -56,10 +60,16 @@ class MotoServer:
         self.stop()
         raise RuntimeError(f"moto server did not answer on {self.url} within {timeout_s} s")
 
+    def kill(self) -> None:
+        if self._process and self._process.poll() is None:
+            self._process.kill()
+
     def stop(self) -> None:
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
-                self._process.wait(timeout=10)
+                # moto joins its request threads on exit, and a long poll (ReceiveMessage) holds one for up to 20 s
+                # after its client left; its state is in memory and goes anyway.
+                self._process.wait(timeout=MOTO_STOP_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()

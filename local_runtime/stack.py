@@ -65,6 +65,12 @@ LOCAL_WEBHOOK_BACKOFF = {runtime_config.ENV_BACKOFF_BASE_S: "1", runtime_config.
 LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
 # Functions behind the REST API get this many execution environments (Lambda scales them with concurrent requests).
 API_FUNCTION_INSTANCES = 2
+# How long ``stop`` waits for an event source's delivery under way before it stops the functions anyway.
+POLLER_STOP_S = 10.0
+# How long ``stop`` lets the workers drain before it kills them. The whole stack is going, moto's in-memory queues and
+# tables with it, so a drain would hand messages back to a queue about to vanish; an idle worker would still wait out
+# its long poll (RECEIVE_WAIT_S, 20 s). A scale-in (``stop_worker``) gets the container's full stop timeout.
+WORKER_STOP_GRACE_S = 3.0
 logger = logging.getLogger("local_runtime")
 
 
@@ -155,6 +161,7 @@ class LocalStack:
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="local-stack-logs-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)  # LOCAL_LOG_DIR may name a folder not made yet
         self.served_models = served_models_for(engine, served_models)
         self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
@@ -243,7 +250,7 @@ class LocalStack:
         if unknown:
             raise TemplateError(
                 f"tenants {unknown} have no API key in {self.assembly_dir} (it has {sorted(template_tenants)}): "
-                "add them to the `tenants` context and synthesize again"
+                "add them to the `tenants` context and synthesize again (the README's 'More tenants')"
             )
         self.deployment = Deployment(assembly, self.client, api_key_values=keys_by_tenant).deploy()
         outputs = self.deployment.outputs
@@ -373,20 +380,36 @@ class LocalStack:
         self.fleet.remove(process)
 
     def stop(self) -> None:
+        """Stops everything in the order that leaves nothing talking to a stopped part: the workers' supervisor, the
+        workers (SIGTERM, then SIGKILL after ``WORKER_STOP_GRACE_S``), the event sources (a delivery under way
+        finishes), the APIs, the functions, and moto last."""
         if self.fleet is not None:
-            self.fleet.stop()
+            self.fleet.stop(grace_s=WORKER_STOP_GRACE_S)
         for poller in self._pollers:
             poller.stop()
+        for poller in self._pollers:
+            if poller.is_alive():
+                poller.join(timeout=POLLER_STOP_S)
         for server in self._servers:
             server.shutdown()
             server.server_close()
         if self.websocket is not None:
             self.websocket.stop()
         for function in self.functions.values():
+            function.terminate()  # all at once: each takes most of a second to exit
+        for function in self.functions.values():
             function.stop()
         if self._function_log is not None:
             self._function_log.close()
         self.moto.stop()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the stack now (a second Ctrl-C while ``stop`` waits on a drain)."""
+        if self.fleet is not None:
+            self.fleet.kill()
+        for function in self.functions.values():
+            function.kill()
+        self.moto.kill()
 
     def __enter__(self) -> LocalStack:
         return self.start()

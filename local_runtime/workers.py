@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -238,14 +240,28 @@ class WorkerFleet:
                     return
                 slot.check()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """The supervisor first (so that nothing is replaced), then every worker: SIGTERM, its drain, SIGKILL after the
+        container's stop timeout, or after ``grace_s``."""
         self._stopping.set()
+        if self._monitor.is_alive():
+            self._monitor.join()
         with self._lock:
-            slots, self._slots = list(self._slots), []
+            slots = list(self._slots)
         for slot in slots:
             slot.terminate()
+        deadline = None if grace_s is None else time.monotonic() + grace_s
         for slot in slots:
-            slot.wait_stopped()
+            slot.wait_stopped(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._slots = [slot for slot in self._slots if slot not in slots]
+
+    def kill(self) -> None:
+        """SIGKILL every worker now, without a drain (their messages come back after the visibility timeout). Takes
+        no lock: a signal handler calls it while ``stop`` waits."""
+        self._stopping.set()
+        for slot in list(self._slots):
+            slot.kill()
 
 
 class _Slot:
@@ -268,8 +284,10 @@ class _Slot:
         self._health_failures = 0
         self._kill_at: float | None = None
         self._next_check = self._started + float((fleet.task.health_check or {}).get("StartPeriod", 0))
+        # A process group of its own: a terminal's Ctrl-C (SIGINT to its foreground group) reaches only the local
+        # runtime, which stops the supervisor before its workers, as ECS stops a service's tasks, not the reverse.
         return subprocess.Popen(fleet.command(self._python), env=env, cwd=fleet.container_path(fleet.task.image.workdir),
-                                stdout=self._log, stderr=subprocess.STDOUT)
+                                stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
 
     def check(self) -> None:
         if not self.supervised:
@@ -277,12 +295,13 @@ class _Slot:
         code = self.process.poll()
         if code is None and self._kill_at is not None:
             if time.monotonic() >= self._kill_at:  # it did not stop within the container's stop timeout
-                self.process.kill()
+                self.kill()
             return
         if code is not None:
             logger.warning("worker %d exited with code %s; replacing it, as ECS replaces a stopped task",
                            self.process.pid, code)
-            time.sleep(REPLACE_DELAY_S)
+            if self._fleet._stopping.wait(REPLACE_DELAY_S):
+                return  # the service is being stopped: nothing is replaced any more
             self._fleet.replacements += 1
             self.process = self._spawn()
             return
@@ -309,7 +328,7 @@ class _Slot:
         try:
             done = subprocess.run(words, env=fleet.environment(self._extra_env, self._unset), capture_output=True,
                                   cwd=fleet.container_path(fleet.task.image.workdir),
-                                  timeout=float(spec.get("Timeout", 5)))
+                                  timeout=float(spec.get("Timeout", 5)), process_group=0)
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0
@@ -318,12 +337,22 @@ class _Slot:
         if self.process.poll() is None:
             self.process.terminate()
 
-    def wait_stopped(self) -> None:
+    def wait_stopped(self, timeout_s: float | None = None) -> None:
+        """Wait for the worker's exit, the container's stop timeout unless ``timeout_s``, then SIGKILL it."""
         try:
-            self.process.wait(timeout=self._fleet.task.stop_timeout_s)
+            self.process.wait(timeout=self._fleet.task.stop_timeout_s if timeout_s is None else timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.kill()
             self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group, as stopping a container kills every process in it (an engine's own
+        processes included)."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def stop(self) -> None:
         self.supervised = False
