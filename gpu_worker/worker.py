@@ -104,6 +104,7 @@ class Worker:
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
         self._handback: dict[str, QueueMessage] = {}  # messages to make visible at once at the end, by id
+        self.beats = 0  # heartbeats since start
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops (and as
         # many again for the batch lane's messages).
         held = config.held_messages(engine.capacity) * (2 if config.batch_queue_url else 1)
@@ -286,6 +287,7 @@ class Worker:
         beat that stops coming is what the container health check sees."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
+            self.beats += 1
             self.health.touch()
             await self._flush_metrics()
             flights = list(self._inflight.values())

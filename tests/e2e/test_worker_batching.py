@@ -80,6 +80,11 @@ def worker_for(engine: Engine, queue: RecordingQueue, **config: Any) -> Worker:
     return Worker(WorkerConfig(service=service_config, receive_wait_s=1, **config), engine, service=service)
 
 
+def held(worker: Worker, job_id: str) -> bool:
+    """Whether the worker still holds a message of the job (running it, or deciding what its copy comes to)."""
+    return any(flight.job_id == job_id for flight in list(worker._inflight.values()))
+
+
 def test_worker_fills_the_engine_from_a_backlog_with_batched_receives_and_deletes(stack, api):
     # GIVEN a backlog of 40 jobs and an engine that batches 16 (each generation long enough that the worker's I/O,
     # even on a loaded machine, keeps up with it)
@@ -118,7 +123,10 @@ def test_long_generation_keeps_its_message_hidden_and_runs_once(stack, api):
                     seen_by_another.append(message.message_id)
             time.sleep(0.2)
         finished_at = time.monotonic()
-        time.sleep(1.5)  # three more heartbeats with nothing in flight
+        beats = running.beats
+        while running.beats < beats + 3 and time.monotonic() < deadline:  # three more heartbeats, nothing in flight
+            time.sleep(0.05)
+        assert running.beats >= beats + 3
     # THEN nobody else saw the message, the job ran once, and the heartbeat extended it in batched calls
     assert seen_by_another == []
     final = api.get(job.job_id)
@@ -146,9 +154,10 @@ def test_job_cancelled_while_waiting_for_an_engine_slot_never_reaches_the_engine
         assert api.get(waiting.job_id).status == "queued", "held by the worker, not in the engine: still queued"
         # WHEN the client cancels the waiting job
         api.cancel(waiting.job_id)
-        while running.jobs_finished < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # the slot is free now: the waiting job would have entered the engine
+        # (its message settled, the worker holds it no more: from then on it can never reach the engine)
+        while (running.jobs_finished < 1 or held(running, waiting.job_id)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not held(running, waiting.job_id)
     # THEN the engine never saw it, and it stays cancelled; the first job was not disturbed
     assert engine.seen == [first.job_id]
     assert api.get(waiting.job_id).status == "cancelled"
@@ -167,9 +176,9 @@ def test_a_second_delivery_of_a_job_this_worker_is_running_does_not_run_it_again
         # WHEN SQS delivers its claim check again meanwhile (at-least-once delivery)
         claim = JobService.from_config(ServiceSettings.load().service).store.get(job.job_id).claim_check()
         queue.send(claim)
-        while running.jobs_finished < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        while (running.jobs_finished < 1 or held(running, job.job_id)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not held(running, job.job_id)
     # THEN the engine ran the job once, and it succeeded on its first attempt
     assert engine.seen == [job.job_id]
     final = api.get(job.job_id)
