@@ -68,6 +68,10 @@ class WorkerSettings(ServiceSettings, HealthSettings):
     events_topic_arn: str | None = Field(
         None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
     )
+    connections_table_name: str | None = Field(
+        None, alias=env.ENV_CONNECTIONS_TABLE,
+        description="the WebSocket connection table: job.progress is published only for jobs a connection follows",
+    )
     progress_interval_s: float = Field(
         settings.PROGRESS_INTERVAL_S, ge=0, alias=env.ENV_PROGRESS_INTERVAL_S,
         description="seconds between writes of a running job's tokens so far; 0: none",
@@ -196,6 +200,7 @@ class WorkerSettings(ServiceSettings, HealthSettings):
             prefetch=self.prefetch,
             webhook_queue_url=self.webhook_queue_url,
             events_topic_arn=self.events_topic_arn,
+            connections_table_name=self.connections_table_name,
             progress_interval_s=self.progress_interval_s,
             health_file=self.health_file,
             task_protection_renew_s=self.task_protection_renew_s,

@@ -49,6 +49,7 @@ from async_inference import settings
 from async_inference.aws import (
     MAX_CONCURRENT_REQUESTS,
     Blobs,
+    ConnectionStore,
     ControlQueue,
     JobEvents,
     JobQueue,
@@ -128,6 +129,8 @@ class WorkerConfig:
     webhook_queue_url: str | None = None
     # The job event topic (job.started, job.progress, for the WebSocket API); None: no such events are published.
     events_topic_arn: str | None = None
+    # The WebSocket connection table: job.progress goes out only for jobs a connection follows (None: for every job).
+    connections_table_name: str | None = None
     # Seconds between progress beats (gpu_worker.progress); 0: no progress is written or published.
     progress_interval_s: float = settings.PROGRESS_INTERVAL_S
     # A busy worker renews its ECS task protection this often (it expires after task_protection.EXPIRES_IN_MINUTES).
@@ -294,7 +297,8 @@ class Worker:
         self._control = ControlQueue(config.control_queue_url) if config.control_queue_url else None
         self._events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         self.progress = ProgressReporter(engine, self.store, self._events, interval_s=config.progress_interval_s,
-                                         io=self._io)
+                                         io=self._io, followers=ConnectionStore(config.connections_table_name)
+                                         if config.connections_table_name else None)
         self._announcements: set[asyncio.Task[None]] = set()  # started webhooks and events on their way
         self.health = HealthFile(config.health_file)
         self.metrics = metrics or WorkerMetrics(enabled=False)
