@@ -733,6 +733,28 @@ class ConnectionStore:
                                     ExpressionAttributeValues=values)
         return True
 
+    def followed(self, tenant: str, job_ids: Iterable[str]) -> set[str]:
+        """Which of the tenant's ``job_ids`` some open connection follows (by id, or all of the tenant's work): one
+        Query of the tenant index, so that a worker publishes progress events only for those."""
+        wanted = set(job_ids)
+        kwargs: dict[str, Any] = {
+            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
+            "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
+            "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())),
+            "ProjectionExpression": "#all, job_ids",
+            "ExpressionAttributeNames": {"#all": "all"},
+        }
+        found: set[str] = set()
+        while True:
+            response = self._table.query(**kwargs)
+            for item in response.get("Items", []):
+                if item.get("all"):
+                    return wanted
+                found |= wanted & set(item.get("job_ids") or ())
+            if not response.get("LastEvaluatedKey"):
+                return found
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
     def subscribers(self, tenant: str, *, job_id: str | None = None, batch_id: str | None = None) -> list[str]:
         """Ids of the tenant's open connections subscribed to the job or the batch (by id, or to all of the tenant's
         work). Only this tenant's connections are read: another tenant's never see its jobs."""

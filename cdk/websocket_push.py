@@ -152,7 +152,9 @@ class WebSocketPush(Construct):
         self.push_handler.configure_async_invoke(retry_attempts=2, max_event_age=PUSH_MAX_EVENT_AGE)
         self._subscribe(result_topic, [settings.RESULT_EVENT, *settings.BATCH_RESULT_EVENTS])
         self._subscribe(self.events_topic, list(settings.ACTIVITY_EVENTS))
-        self.worker_environment = {config.ENV_JOB_EVENTS_TOPIC_ARN: self.events_topic.topic_arn}
+        # The connection table: the workers publish job.progress only for jobs a connection follows.
+        self.worker_environment = {config.ENV_JOB_EVENTS_TOPIC_ARN: self.events_topic.topic_arn,
+                                   config.ENV_CONNECTIONS_TABLE: self.connections.table_name}
         self._grant(api_keys)
 
     def _connection_table(self) -> dynamodb.Table:
@@ -226,6 +228,12 @@ class WebSocketPush(Construct):
         )
 
     def grant_publish_events(self, grantee: iam.IGrantable) -> None:
-        """sns:Publish (PublishBatch) on the job event topic, and the two calls SNS makes on its key."""
+        """sns:Publish (PublishBatch) on the job event topic, the two calls SNS makes on its key, and dynamodb:Query
+        on the connection table's tenant index (which jobs a connection follows: ``ConnectionStore.followed``)."""
         iam.Grant.add_to_principal(grantee=grantee, actions=["sns:Publish"], resource_arns=[self.events_topic.topic_arn])
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["dynamodb:Query"],
+            resource_arns=[f"{self.connections.table_arn}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
+        )
         self._topic_key.grant(grantee, "kms:GenerateDataKey", "kms:Decrypt")

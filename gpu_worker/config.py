@@ -59,6 +59,10 @@ class WorkerOptions(BaseModel):
     events_topic_arn: str | None = Field(
         None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
     )
+    connections_table_name: str | None = Field(
+        None, alias=env.ENV_CONNECTIONS_TABLE,
+        description="the WebSocket connection table: job.progress is published only for jobs a connection follows",
+    )
     progress_interval_s: float = Field(
         settings.PROGRESS_INTERVAL_S, ge=0, alias=env.ENV_PROGRESS_INTERVAL_S,
         description="seconds between writes of a running job's tokens so far; 0: none",

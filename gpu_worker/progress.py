@@ -5,10 +5,15 @@ generated (``Engine.tokens_so_far``) and, for the jobs whose count changed since
 
 * one UpdateItem per job (``JobStore.record_progress``: ``SET progress``, conditional on the job still running), all of
   them at once on the worker's I/O pool, and
-* one PublishBatch per ten jobs on the job event topic (``job.progress``), when the worker has that topic.
+* one PublishBatch per ten jobs on the job event topic (``job.progress``), when the worker has that topic, for the
+  jobs someone follows: with the connection table (``followers``), one Query per tenant of the changed jobs finds which
+  of them an open WebSocket connection subscribed to (by id, or to all of the tenant's work), and only those are
+  published. Each published event invokes the push function: at full load, publishing every job's progress would be
+  about 27 invocations a second whether or not anyone listens, out of a new account's small Lambda concurrency.
 
-So a beat with N changed jobs costs N UpdateItems and ceil(N/10) PublishBatch requests (N is at most the engine's
-capacity), and a job that generated nothing since the last beat costs nothing. DynamoDB has no batched update:
+So a beat with N changed jobs of T tenants costs N UpdateItems, T Queries and ceil(F/10) PublishBatch requests for
+the F followed ones (N is at most the engine's capacity), and a job that generated nothing since the last beat costs
+nothing. DynamoDB has no batched update:
 BatchWriteItem replaces whole items and cannot be conditional, and PartiQL's BatchExecuteStatement (25 updates a
 request) would cut requests but not cost, since DynamoDB bills write units (one per KB of item written), not requests.
 ``BeatCount`` says what each beat sent; ``tests/worker/test_progress.py`` measures it.
@@ -21,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from async_inference.aws import JobEvents, JobStore
+from async_inference.aws import ConnectionStore, JobEvents, JobStore
 from async_inference.schemas import Job, JobActivity, JobProgress, utcnow
 from gpu_worker.engines.base import Engine
 
@@ -31,11 +36,12 @@ IO = Callable[..., Awaitable[Any]]
 
 @dataclass(frozen=True)
 class BeatCount:
-    """What one beat sent: jobs whose count changed, UpdateItem requests, PublishBatch requests."""
+    """What one beat sent: jobs whose count changed, UpdateItem requests, PublishBatch requests, follower Queries."""
 
     jobs: int = 0
     updates: int = 0
     publishes: int = 0
+    queries: int = 0
 
 
 @dataclass
@@ -45,12 +51,15 @@ class _Tracked:
 
 
 class ProgressReporter:
-    """Tracks the jobs inside the engine and reports their progress every ``interval_s`` (0: never)."""
+    """Tracks the jobs inside the engine and reports their progress every ``interval_s`` (0: never); ``followers``
+    (the connection table) narrows the published events to followed jobs (None: every running job's is published)."""
 
-    def __init__(self, engine: Engine, store: JobStore, events: JobEvents | None, *, interval_s: float, io: IO) -> None:
+    def __init__(self, engine: Engine, store: JobStore, events: JobEvents | None, *, interval_s: float, io: IO,
+                 followers: ConnectionStore | None = None) -> None:
         self.engine = engine
         self.store = store
         self.events = events
+        self.followers = followers
         self.interval_s = interval_s
         self._io = io
         self._jobs: dict[str, _Tracked] = {}
@@ -91,7 +100,9 @@ class ProgressReporter:
             elif outcome:  # False: no longer running (cancelled, or it ended between the read and the write)
                 tracked.reported = progress.completion_tokens
                 running.append((tracked, progress))
-        publishes = 0
+        publishes = queries = 0
+        if self.events is not None and running and self.followers is not None:
+            running, queries = await self._followed(running)
         if self.events is not None and running:
             activities = [
                 JobActivity(event="job.progress", job_id=t.job.job_id, tenant=t.job.tenant, model=t.job.model,
@@ -103,4 +114,23 @@ class ProgressReporter:
                 await self._io(self.events.publish_batch, activities)
             except Exception:
                 logger.exception("%d progress events not published", len(activities))
-        return BeatCount(jobs=len(changed), updates=len(changed), publishes=publishes)
+        return BeatCount(jobs=len(changed), updates=len(changed), publishes=publishes, queries=queries)
+
+    async def _followed(self, running: list[tuple[_Tracked, JobProgress]]) -> tuple[list[tuple[_Tracked, JobProgress]], int]:
+        """The entries of ``running`` whose job an open connection follows, and the Queries that took (one a tenant).
+        A failed Query publishes nothing for its tenant: the progress is on the job, and the next beat asks again."""
+        assert self.followers is not None
+        by_tenant: dict[str, list[str]] = {}
+        for tracked, _ in running:
+            by_tenant.setdefault(tracked.job.tenant, []).append(tracked.job.job_id)
+        answers = await asyncio.gather(
+            *(self._io(self.followers.followed, tenant, ids) for tenant, ids in by_tenant.items()), return_exceptions=True
+        )
+        followed: set[str] = set()
+        for tenant, answer in zip(by_tenant, answers):
+            if isinstance(answer, BaseException):
+                logger.warning("tenant %s: followers not read (%s); its progress events wait for the next beat", tenant,
+                               answer)
+            else:
+                followed |= answer
+        return [(t, p) for t, p in running if t.job.job_id in followed], len(by_tenant)

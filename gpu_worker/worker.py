@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from async_inference import settings
-from async_inference.aws import MAX_CONCURRENT_REQUESTS, ControlQueue, JobEvents, JobQueue, QueueMessage, WebhookQueue
+from async_inference.aws import (
+    MAX_CONCURRENT_REQUESTS,
+    ConnectionStore,
+    ControlQueue,
+    JobEvents,
+    JobQueue,
+    QueueMessage,
+    WebhookQueue,
+)
 from async_inference.service import JobService
 from gpu_worker.announce import Announcer
 from gpu_worker.batcher import Batcher, Slots
@@ -117,8 +125,9 @@ class Worker:
                              tokens_per_s=config.task_protection_tokens_per_s, drain_timeout_s=config.drain_timeout_s,
                              renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values())
         events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
+        followers = ConnectionStore(config.connections_table_name) if config.connections_table_name else None
         self.progress = ProgressReporter(engine, self.service, events, interval_s=config.progress_interval_s,
-                                         io=self._io)
+                                         io=self._io, followers=followers)
         self.chunks: Chunks | None = None
         if config.batch_queue_url is not None:
             assert batches is not None and config.control_queue_url is not None

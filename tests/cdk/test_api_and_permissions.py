@@ -189,11 +189,15 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
 @pytest.mark.parametrize("handler", [API, UPLOAD])
 def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_else_in_ecs(synthesized, handler):
     """GIVEN the API and upload functions (both queue jobs) WHEN reading their ECS statements THEN they may describe
-    and update exactly the worker service, by its ARN, and make no other ECS call."""
-    service = synthesized.logical_id(synthesized.stack.service.workers.service)
+    and update exactly the worker service, by its ARN (built from the service's name: tests/cdk/test_deploy_day.py),
+    and make no other ECS call."""
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+    service_arn = function["Properties"]["Environment"]["Variables"][config.ENV_WORKER_SERVICE]
     statements = [s for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
                   if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))]
-    assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": {"Ref": service}}]
+    assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": service_arn}]
+    assert "service/" in json.dumps(service_arn) and "gpu-workers" in json.dumps(service_arn)
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
@@ -205,7 +209,10 @@ def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, han
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
     env = function["Properties"]["Environment"]["Variables"]
     assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
-    assert env[config.ENV_WORKER_SERVICE] == {"Ref": synthesized.logical_id(workers.service)}
+    # The service's ARN from its cluster's name and its own, fixed at synth: no reference to the service resource.
+    assert synthesized.logical_id(workers.service) not in json.dumps(env[config.ENV_WORKER_SERVICE])
+    assert {"Ref": synthesized.logical_id(workers.cluster)} in env[config.ENV_WORKER_SERVICE]["Fn::Join"][1]
+    assert env[config.ENV_WORKER_SERVICE]["Fn::Join"][1][-1].endswith("/gpu-workers")
     assert env[config.ENV_WAKE_CHECK_INTERVAL_S] == "60"
 
 
@@ -282,6 +289,7 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
         "s3:GetObject", "s3:PutObject", "s3:ListBucket",
         "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem",
         "ecs:UpdateTaskProtection", "ecs:GetTaskProtection", *PUBLISH,
+        "dynamodb:Query",  # the WebSocket connections' tenant index: which jobs a connection follows
     }
 
 

@@ -205,3 +205,17 @@ def test_the_api_stage_does_not_wait_for_the_worker_service(synthesized):
     [service] = synthesized.resources("AWS::ECS::Service")
     for stage in synthesized.resources("AWS::ApiGateway::Stage"):
         assert service not in _depends_on(synthesized.json, stage)
+
+
+def test_the_workers_can_tell_which_jobs_a_websocket_connection_follows(synthesized):
+    """GIVEN the WebSocket push WHEN a worker reports progress THEN it knows the connection table and may Query its
+    tenant index (and nothing else of it), to publish job.progress only for followed jobs."""
+    push = synthesized.stack.service.push
+    table = synthesized.logical_id(push.connections)
+    assert synthesized.worker_environment()["CONNECTIONS_TABLE_NAME"] == {"Ref": table}
+    role = synthesized.container and synthesized.resources("AWS::ECS::TaskDefinition")
+    [task] = role.values()
+    actions = role_actions(synthesized.template, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    on_table = {a: r for a, r in actions.items() if table in json.dumps(r)}
+    assert list(on_table) == ["dynamodb:Query"]
+    assert "/index/" in json.dumps(on_table["dynamodb:Query"])
