@@ -69,6 +69,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "gpu_ami_parameter_name": _optional_str,
     "model_s3_uri": _optional_str,
     "hf_token_secret_arn": _optional_str,
+    "tool_call_parser": _optional_str,
     "create_api_gateway_cloudwatch_role": _bool,
     "destroy_data_on_delete": _bool,
     "websocket_push": _bool,

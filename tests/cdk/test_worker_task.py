@@ -79,3 +79,17 @@ def test_graviton_gpu_type_gets_an_arm64_image_on_the_given_ami(synth_variant):
     assert data["InstanceType"] == "g5g.xlarge"
     parameter = data["ImageId"]["Ref"]
     assert variant.json["Parameters"][parameter]["Default"] == "/platform/arm64-gpu-ecs-ami"
+
+
+def test_the_default_model_gets_the_hermes_tool_parser(synthesized):
+    """GIVEN the default model (Qwen2.5, which writes Hermes-style tool calls) WHEN reading the worker's environment
+    THEN vLLM is told to parse tool calls with hermes, so tool_choice auto works."""
+    assert synthesized.worker_environment()["TOOL_CALL_PARSER"] == "hermes"
+
+
+def test_a_model_without_a_known_parser_gets_none_unless_one_is_given(synth_variant):
+    """GIVEN a model no parser is known for WHEN synthesized with and without tool_call_parser THEN the worker gets
+    that parser, or no TOOL_CALL_PARSER at all (tool_choice auto is then refused by vLLM, forced calls still work)."""
+    assert "TOOL_CALL_PARSER" not in synth_variant(model="org/unknown-7b", max_num_seqs=8).worker_environment()
+    given = synth_variant(model="org/unknown-7b", max_num_seqs=8, tool_call_parser="llama3_json")
+    assert given.worker_environment()["TOOL_CALL_PARSER"] == "llama3_json"
