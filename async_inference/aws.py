@@ -592,8 +592,13 @@ def notification_attributes(notification: ResultNotification, *, has_webhook: bo
 _WAKE_CONFIG = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1, read_timeout=2)
 
 
+# The one scheduled action the wake keeps on the worker service's scalable target: the end of its hold.
+WAKE_HOLD_RELEASE = "wake-hold-release"
+
+
 class WorkerService:
-    """The GPU workers' ECS service, as the wake from zero sees it: its desired task count, read and set."""
+    """The GPU workers' ECS service, as the wake from zero sees it: its desired task count, read and set, and its
+    scaling minimum, held for a while."""
 
     def __init__(self, cluster: str, service: str, ecs: Any | None = None) -> None:
         self.cluster = cluster
@@ -608,6 +613,23 @@ class WorkerService:
 
     def set_desired_count(self, count: int) -> None:
         self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
+
+    def hold_minimum(self, minimum: int, *, release_at: dt.datetime, autoscaling: Any | None = None) -> None:
+        """Raise the service's Application Auto Scaling minimum to ``minimum`` until ``release_at`` (UTC). The release
+        (a one-time scheduled action back to 0, replacing the previous one) is put first: if the raise then fails,
+        nothing is left held."""
+        scaling = autoscaling or self._autoscaling()
+        target = {"ServiceNamespace": "ecs", "ScalableDimension": "ecs:service:DesiredCount",
+                  "ResourceId": f"service/{self.cluster.split('/')[-1]}/{self.service.split('/')[-1]}"}
+        scaling.put_scheduled_action(**target, ScheduledActionName=WAKE_HOLD_RELEASE,
+                                     Schedule=f"at({release_at.strftime('%Y-%m-%dT%H:%M:%S')})",
+                                     ScalableTargetAction={"MinCapacity": 0})
+        scaling.register_scalable_target(**target, MinCapacity=minimum)
+
+    def _autoscaling(self) -> Any:
+        if getattr(self, "_scaling", None) is None:
+            self._scaling = boto3.client("application-autoscaling", config=_WAKE_CONFIG)
+        return self._scaling
 
 
 # --- API Gateway ----------------------------------------------------------------------------------------------------

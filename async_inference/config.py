@@ -104,6 +104,11 @@ ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
 ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
 ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
 DEFAULT_WAKE_CHECK_INTERVAL_S = 60
+# The GPU Auto Scaling group whose empty instances the instance release gives back (lambdas/instance_release).
+ENV_GPU_GROUP = "GPU_AUTO_SCALING_GROUP"
+# How long a wake holds the service's scaling minimum at one task (0: no hold). See cdk/queue_scaling.py.
+ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
+DEFAULT_WAKE_HOLD_S = 300
 # Powertools' own names: the worker's EMF records use them as the Lambdas' do.
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 ENV_LOG_LEVEL = "LOG_LEVEL"
@@ -166,12 +171,14 @@ class WakeTarget:
     cluster: str
     service: str  # the service's ARN (or name)
     check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
+    hold_s: float = 0.0  # how long a wake holds the scaling minimum at one task
 
     def to_env(self) -> dict[str, str]:
         return {
             ENV_WORKER_CLUSTER: self.cluster,
             ENV_WORKER_SERVICE: self.service,
             ENV_WAKE_CHECK_INTERVAL_S: f"{self.check_interval_s:g}",
+            ENV_WAKE_HOLD_S: f"{self.hold_s:g}",
         }
 
 
@@ -249,6 +256,9 @@ class ServiceSettings(EnvSettings):
         DEFAULT_WAKE_CHECK_INTERVAL_S, gt=0, alias=ENV_WAKE_CHECK_INTERVAL_S,
         description="seconds between two wake checks of one process",
     )
+    wake_hold_s: float = Field(
+        0.0, ge=0, alias=ENV_WAKE_HOLD_S, description="seconds a wake holds the scaling minimum at one task",
+    )
 
     @model_validator(mode="after")
     def _wake_complete(self) -> ServiceSettings:
@@ -261,7 +271,7 @@ class ServiceSettings(EnvSettings):
     def wake(self) -> WakeTarget | None:
         if self.worker_cluster is None or self.worker_service is None:
             return None
-        return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s)
+        return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s, self.wake_hold_s)
     payload_retention_days: int = Field(
         settings.PAYLOAD_RETENTION_DAYS, ge=1, alias=ENV_PAYLOAD_RETENTION_DAYS,
         description="days the bucket keeps requests and results",

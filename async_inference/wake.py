@@ -8,10 +8,16 @@ One check per ``check_interval_s`` per process (a Lambda execution environment):
 DescribeServices, and one UpdateService if the desired count was 0. Environments racing each other each set the count
 to 1, never add to it. A failed check never fails the job that triggered it: the job is already queued, the failure is
 logged and counted (``settings.METRIC_WAKE_FAILURES``), and the alarms wake the service as they would without this.
+
+The hold (``hold_s``): a wake also keeps the service's scaling minimum at 1 for ``hold_s``. CloudWatch re-runs an
+alarm's Auto Scaling actions every minute the alarm stays in ALARM; the keep-alive alarm, in ALARM while the service
+sat idle, would set the count back to 0 the next minute, before SQS has published the job's minute. A minimum of 1
+makes that scale-to-zero a no-op until the hold ends (a scheduled action puts the minimum back to 0).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import os
@@ -28,13 +34,17 @@ logger = logging.getLogger("async_inference.wake")
 
 
 class ServiceWaker:
-    """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``."""
+    """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, and holds
+    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0)."""
 
-    def __init__(self, service: WorkerService, *, check_interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, service: WorkerService, *, check_interval_s: float, hold_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
         self.service = service
         self.check_interval_s = check_interval_s
+        self.hold_s = hold_s
         self._clock = clock
+        self._utcnow = utcnow
         self._next_check = -math.inf
         self.checks = 0
         self.wakes = 0
@@ -42,7 +52,8 @@ class ServiceWaker:
 
     @classmethod
     def for_target(cls, target: WakeTarget) -> ServiceWaker:
-        return cls(WorkerService(target.cluster, target.service), check_interval_s=target.check_interval_s)
+        return cls(WorkerService(target.cluster, target.service), check_interval_s=target.check_interval_s,
+                   hold_s=target.hold_s)
 
     def job_queued(self) -> bool:
         """A job was queued: wake the service if this process has not looked for ``check_interval_s``. True when
@@ -66,7 +77,19 @@ class ServiceWaker:
             return False
         self.wakes += 1
         logger.info("woke the worker service %s from zero", self.service.service)
+        self._hold()
         return True
+
+    def _hold(self) -> None:
+        """Hold the scaling minimum at 1 for ``hold_s``; a failure is logged and counted, and the wake stands."""
+        if self.hold_s <= 0:
+            return
+        try:
+            self.service.hold_minimum(1, release_at=self._utcnow() + dt.timedelta(seconds=self.hold_s))
+        except Exception as exc:
+            self.failures += 1
+            logger.warning("woke the worker service %s but could not hold its minimum (%s)", self.service.service, exc)
+            _count_failure()
 
 
 def _count_failure() -> None:

@@ -1,5 +1,5 @@
-"""Queue-driven scaling of the worker service: woken at once, out in proportion to the backlog, in one task at a time,
-to zero after a keep-alive."""
+"""Queue-driven scaling of the worker service: woken at once (and held up for a few minutes), out to what the backlog
+needs, in one task at a time, to zero after a keep-alive that only published idleness ends."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from async_inference.config import DEFAULT_WAKE_CHECK_INTERVAL_S, WakeTarget
+from async_inference.config import DEFAULT_WAKE_CHECK_INTERVAL_S, DEFAULT_WAKE_HOLD_S, WakeTarget
+from cdk.nag import acknowledge
 
 ONE_MINUTE = Duration.minutes(1)
 # The default jobs a task is sized for, in batches (max_num_seqs): a batch running plus half a batch queued. Chosen
@@ -49,15 +50,26 @@ class QueueScaling(Construct):
     tasks). ``J`` = ``jobs_per_task``.
 
     * Wake (``grant_wake``): the function that queues a job sets the desired count to 1 when it is 0, at once and
-      without CloudWatch (``async_inference.wake``); the alarms below would take 1 to 3 minutes.
-    * ``TasksShort`` (scale-out): ``CEIL(b / J) - desired >= 1`` for one minute, missing data not breaching, adds the
-      shortfall (ChangeInCapacity, one step per task up to ``max_tasks``). ``desired`` counts tasks still starting,
-      so a backlog that waits for a task already on its way adds nothing, however long the cold start.
+      without CloudWatch (``async_inference.wake``); the alarms below would take 1 to 3 minutes. It also holds the
+      scalable target's minimum at 1 for ``wake_hold`` (RegisterScalableTarget, with a scheduled action that puts the
+      minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
+      ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
+      published) would otherwise set the count straight back to 0.
+    * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
+      breaching), the count is *set* to ``n`` (ExactCapacity, one step per count up to ``max_tasks``). Setting rather
+      than adding makes the result independent of whether Container Insights has published the desired count yet:
+      while the only task still starts there may be no DesiredTaskCount (it comes from the ECS agent of an instance
+      that runs a task), ``desired`` reads 0, and an added shortfall would ask for a second task the backlog does not
+      need.
     * ``TasksSpare`` (step-down): ``desired - MAX(CEIL(b / (J x scale_in_fill)), 1) >= 1`` for
       ``scale_in_minutes``, missing data ``missing``, removes one task; never below one (``Idle`` takes the last).
     * ``Idle`` (keep-alive): ``visible + in flight + NumberOfMessagesSent (Sum)`` over every queue ``<= 0`` for
-      ``keep_alive_minutes``, missing data breaching (an idle queue publishes nothing), sets the count to 0. Any
-      message sent in a minute restarts it, even one received and finished between two samples.
+      ``keep_alive_minutes``, sets the count to 0. Only published zeros count as idle: a minute in which any queue
+      published nothing is a missing datapoint (no FILL), and missing data is not breaching, so a queue that SQS does
+      not publish (inactive for six hours, and "up to 15 minutes" after it is used again) never reads as idle and the
+      fleet never goes to zero while jobs wait unpublished. The workers poll every counted queue, which keeps each
+      active (publishing) while they run. Any message sent in a minute restarts it, even one received and finished
+      between two samples.
 
     A task stopped by the step-down gets SIGTERM and drains (the worker's ``drain_timeout_s``); ECS stops no task
     holding scale-in protection, which the worker takes only for jobs expected to outlast its drain.
@@ -75,6 +87,8 @@ class QueueScaling(Construct):
     :param scale_in_cooldown: pause after a step-down before the next. Default: 120 s.
     :param keep_alive_minutes: minutes with nothing visible, in flight or sent before scaling to zero. Default: 3.
     :param wake_check_interval: how often one process that queues jobs may check the service. Default: 60 s.
+    :param wake_hold: how long a wake holds the minimum at one task. Default: 5 minutes (the keep-alive plus two
+        minutes for the job's minute to reach the alarms).
     """
 
     def __init__(
@@ -92,6 +106,7 @@ class QueueScaling(Construct):
         scale_in_cooldown: Duration = Duration.minutes(2),
         keep_alive_minutes: int = 3,
         wake_check_interval: Duration = Duration.seconds(DEFAULT_WAKE_CHECK_INTERVAL_S),
+        wake_hold: Duration = Duration.seconds(DEFAULT_WAKE_HOLD_S),
     ) -> None:
         super().__init__(scope, id)
         counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
@@ -100,6 +115,7 @@ class QueueScaling(Construct):
         self.service = service
         self.queues = counted
         self.wake_check_interval = wake_check_interval
+        self.wake_hold = wake_hold
         self.target = appscaling.ScalableTarget(
             self,
             "TaskCount",
@@ -131,19 +147,21 @@ class QueueScaling(Construct):
         )
         with_desired = {**queue_metrics, "desired": desired}
 
+        needed = f"CEIL({backlog} / {jobs_per_task:g})"
         self.scale_out_alarm = self._alarm(
             "TasksShort",
-            f"CEIL({backlog} / {jobs_per_task:g}) - FILL(desired, 0)",
+            f"IF({needed} - FILL(desired, 0) >= 1, {needed}, 0)",
             with_desired,
-            description=f"Fewer worker tasks wanted than the backlog needs at {jobs_per_task:g} jobs a task: add them",
+            description=f"Fewer worker tasks wanted than the backlog needs at {jobs_per_task:g} jobs a task: set the "
+            "count to what it needs",
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             threshold=1,
             minutes=1,
             missing=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        scale_out = self._policy("ScaleOut", appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+        scale_out = self._policy("ScaleOut", appscaling.AdjustmentType.EXACT_CAPACITY,
                                  appscaling.MetricAggregationType.MAXIMUM, scale_out_cooldown)
-        # Bounds are relative to the threshold (1): a shortfall in [k + 1, k + 2) adds k + 1 tasks.
+        # Bounds are relative to the threshold (1): a metric (the tasks needed) in [k + 1, k + 2) sets k + 1 tasks.
         for k in range(max_tasks - 1):
             scale_out.add_adjustment(adjustment=k + 1, lower_bound=k, upper_bound=k + 1)
         scale_out.add_adjustment(adjustment=max_tasks, lower_bound=max_tasks - 1)
@@ -170,19 +188,20 @@ class QueueScaling(Construct):
             f"sent{suffix}": q.queue.metric_number_of_messages_sent(statistic="Sum", period=ONE_MINUTE)
             for suffix, q in self._suffixed()
         }
-        activity = " + ".join(
-            f"{self._filled(f'visible{s}')} + {self._filled(f'inFlight{s}')} + {self._filled(f'sent{s}')}"
-            for s, _ in self._suffixed()
-        )
+        # No FILL here: a minute any queue has not published is a missing datapoint, which CloudWatch skips when the
+        # evaluation range holds enough published ones (so the newest, not yet published minute does not count) and
+        # reads as not breaching when it does not (an inactive queue resuming: not idle).
+        activity = " + ".join(f"visible{s} + inFlight{s} + sent{s}" for s, _ in self._suffixed())
         self.idle_alarm = self._alarm(
             "Idle",
             activity,
             {**queue_metrics, **sent},
-            description=f"No job visible, in flight or sent for {keep_alive_minutes} minutes: scale workers to zero",
+            description=f"No job visible, in flight or sent for {keep_alive_minutes} published minutes: scale workers "
+            "to zero",
             comparison=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
             threshold=0,
             minutes=keep_alive_minutes,
-            missing=cloudwatch.TreatMissingData.BREACHING,
+            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
         to_zero = self._policy("ScaleToZero", appscaling.AdjustmentType.EXACT_CAPACITY,
                                appscaling.MetricAggregationType.MAXIMUM, None)
@@ -198,17 +217,31 @@ class QueueScaling(Construct):
             cluster=self.service.cluster.cluster_name,
             service=self._service_arn_by_name,
             check_interval_s=self.wake_check_interval.to_seconds(),
+            hold_s=self.wake_hold.to_seconds(),
         )
 
     def grant_wake(self, function: lambda_.Function) -> None:
-        """Let ``function`` wake the service from zero: the service in its environment, and DescribeServices and
-        UpdateService on this one service (``async_inference.wake`` makes no other ECS call)."""
+        """Let ``function`` wake the service from zero: the service in its environment, DescribeServices and
+        UpdateService on this one service (``async_inference.wake`` makes no other ECS call), and the hold:
+        RegisterScalableTarget and PutScheduledAction, on ``*`` since a template cannot name a scalable target's ARN
+        (CloudFormation returns none for AWS::ApplicationAutoScaling::ScalableTarget)."""
         for name, value in self.wake_target.to_env().items():
             function.add_environment(name, value)
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["ecs:DescribeServices", "ecs:UpdateService"],
                                 resources=[self._service_arn_by_name])
         )
+        if self.wake_hold.to_seconds() > 0:
+            function.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["application-autoscaling:RegisterScalableTarget",
+                             "application-autoscaling:PutScheduledAction"],
+                    resources=["*"],
+                )
+            )
+            acknowledge(function, {"AwsSolutions-IAM5[Resource::*]": "The wake's hold: RegisterScalableTarget and "
+                                   "PutScheduledAction on the worker service's scalable target, which CloudFormation "
+                                   "gives no ARN to name; the function only ever names that target."})
 
     @property
     def _service_arn_by_name(self) -> str:

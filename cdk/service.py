@@ -22,6 +22,7 @@ from async_inference.config import (
     DEFAULT_TASK_PROTECTION,
     DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
     DEFAULT_WAKE_CHECK_INTERVAL_S,
+    DEFAULT_WAKE_HOLD_S,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
     ENV_TOOL_CALL_PARSER,
@@ -43,6 +44,7 @@ from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
+from cdk.gpu_capacity import GpuCapacity
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
 from cdk.upload_deadlines import UploadDeadlines
@@ -122,6 +124,11 @@ class AsyncInferenceServiceProps:
       gpu_instance_warmup_seconds: after launching a GPU instance, how long ECS managed scaling waits before it
         launches another (the capacity provider's instance warm-up). Default: 120 (a GPU instance's boot; ECS's own
         default, 300, holds a second instance back 5 minutes).
+      gpu_warm_pool_instances: stopped GPU instances kept in an EC2 Auto Scaling warm pool, their volume holding the
+        image, the weights and vLLM's compile cache once they served (``cdk.gpu_capacity.GpuCapacity``); each costs
+        its EBS volume (100 GiB gp3, about $8 a month). 0: no pool. Default: ``max_gpu_instances``.
+      release_empty_gpu_instances: release a GPU instance that runs no task within a minute (drained and checked
+        first, never one with a task) instead of ECS managed scaling's 15 minutes. Default: True.
       worker_task_protection: when a worker holds ECS task scale-in protection. ``"long_jobs"``: while it runs a
         job whose max_tokens at ``worker_task_protection_tokens_per_s`` would outlast its 90 s SIGTERM drain, so
         a step-down may stop a busy task whose jobs finish or hand back within the drain; ``"busy"``: whenever it
@@ -149,6 +156,9 @@ class AsyncInferenceServiceProps:
         and it is 0, without waiting for CloudWatch (``async_inference.wake``; ecs:DescribeServices and
         ecs:UpdateService on that one service). Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
+      wake_hold_seconds: how long a wake holds the scaling minimum at one task, so that the keep-alive alarm, still in
+        ALARM from the idle minutes before, cannot set the count back to 0 (``cdk.queue_scaling``). 0: no hold.
+        Default: 300.
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
       alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
@@ -180,6 +190,8 @@ class AsyncInferenceServiceProps:
     deployment_spare_instances: int = 0
     worker_memory_reservation_mib: int = 12288
     gpu_instance_warmup_seconds: int = int(INSTANCE_WARMUP.to_seconds())
+    gpu_warm_pool_instances: int | None = None
+    release_empty_gpu_instances: bool = True
     worker_task_protection: str = DEFAULT_TASK_PROTECTION
     worker_task_protection_tokens_per_s: float = DEFAULT_TASK_PROTECTION_TOKENS_PER_S
     worker_image_context: Path = PROJECT_ROOT
@@ -193,6 +205,7 @@ class AsyncInferenceServiceProps:
     idle_minutes_before_scale_in: int = 3
     wake_from_zero: bool = True
     wake_check_interval_seconds: int = DEFAULT_WAKE_CHECK_INTERVAL_S
+    wake_hold_seconds: int = DEFAULT_WAKE_HOLD_S
     oldest_message_alarm_seconds: int = 900
     alarm_topic_arn: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
@@ -286,9 +299,14 @@ class AsyncInferenceServiceProps:
         if not 0 < self.scale_in_fill <= 1:
             raise ValueError(f"scale_in_fill ({self.scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down "
                              "would remove a task that the scale-out, at jobs_per_task, adds back")
-        for name in ("scale_out_cooldown_seconds", "scale_in_cooldown_seconds", "gpu_instance_warmup_seconds"):
+        for name in ("scale_out_cooldown_seconds", "scale_in_cooldown_seconds", "gpu_instance_warmup_seconds",
+                     "wake_hold_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        pool = self.gpu_warm_pool_instances
+        if pool is not None and not 0 <= pool <= self.max_gpu_instances:
+            raise ValueError(f"gpu_warm_pool_instances ({pool}) must lie in 0..max_gpu_instances "
+                             f"({self.max_gpu_instances}): the pool holds instances the group may start")
         if self.worker_task_protection not in TASK_PROTECTION_MODES:
             raise ValueError(f"worker_task_protection ({self.worker_task_protection!r}) must be one of "
                              f"{', '.join(TASK_PROTECTION_MODES)}")
@@ -455,6 +473,18 @@ class AsyncInferenceService(Construct):
             scale_in_cooldown=Duration.seconds(props.scale_in_cooldown_seconds),
             keep_alive_minutes=props.idle_minutes_before_scale_in,
             wake_check_interval=Duration.seconds(props.wake_check_interval_seconds),
+            wake_hold=Duration.seconds(props.wake_hold_seconds),
+        )
+        self.capacity = GpuCapacity(
+            self,
+            "GpuCapacity",
+            auto_scaling_group=self.workers.auto_scaling_group,
+            cluster=self.workers.cluster,
+            container=self.workers.container,
+            code=code,
+            warm_instances=(props.max_gpu_instances if props.gpu_warm_pool_instances is None
+                            else props.gpu_warm_pool_instances),
+            release_empty=props.release_empty_gpu_instances,
         )
         if props.wake_from_zero:
             # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).

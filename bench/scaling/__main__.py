@@ -9,6 +9,7 @@ each ``max_num_seqs``), and ends with one JSON line keyed by policy.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -22,10 +23,11 @@ from typing import Any
 from async_inference import settings
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel
+from bench.scaling.hazards import HAZARDS, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
-from bench.scaling.simulation import simulate
+from bench.scaling.simulation import Delays, simulate
 from bench.scaling.template import read
 from bench.scaling.trace import AZURE_CONVERSATION, load
 from cdk.capacity import INSTANCE_GPUS, MODELS, kv_cache_tokens, max_num_seqs, percentile_tokens
@@ -63,14 +65,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ttl-s", type=float, default=float(settings.DEFAULT_TTL_S), help="queue deadline")
     parser.add_argument("--resume-delay-s", type=float, default=figures.SQS_RESUME_DELAY_S,
                         help="extra delay before an inactive queue's metrics resume")
-    parser.add_argument("--sweep", default="16,64,sized", help="max_num_seqs values for the batch-size sweep "
-                        "('sized': the capacity rule's value), each a synthesis of the stack; empty for none")
+    parser.add_argument("--sweep", default="", help="max_num_seqs values for a batch-size sweep, e.g. 16,64,sized "
+                        "('sized': the capacity rule's value), each a synthesis of the stack (default: none)")
+    parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                        help="skip the sensitivity rows (one input changed at a time)")
     parser.add_argument("--anchor-instance-warmup-s", type=float, default=figures.INSTANCE_WARMUP_S,
                         help="the anchors' capacity provider instance warm-up (default: ECS's 300 s; the deployed "
                         "policy's is the template's)")
     parser.add_argument("--limit", type=int, help="only the first N requests (quick looks)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
+
+
+FAIR = ("deployed", "sagemaker_default", "sagemaker_tuned", "keda_default", "keda_tuned", "queue_processing_default",
+        "queue_processing_tuned")
+TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
+BRIEF = ("gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "usd_per_million_jobs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,27 +109,98 @@ def main(argv: list[str] | None = None) -> int:
     sized = max_num_seqs(model, gpu, sequence_tokens=percentile_tokens(
         [r.context_tokens + r.generated_tokens for r in requests]))
 
-    def engine(batch: int) -> EngineModel:
-        return EngineModel(model, gpu, max_num_seqs=batch, kv_cache_tokens=kv_tokens)
+    def engine(batch: int, efficiency: float = 1.0) -> EngineModel:
+        return EngineModel(model, gpu, max_num_seqs=batch, kv_cache_tokens=kv_tokens,
+                           bandwidth_efficiency=figures.BANDWIDTH_EFFICIENCY * efficiency,
+                           compute_efficiency=figures.COMPUTE_EFFICIENCY * efficiency)
 
-    common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s, resume_delay_s=args.resume_delay_s)
+    delays = Delays(sqs_resume_s=args.resume_delay_s)
+    common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s)
     print(f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
           f"{model.name} on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} (rule: {sized}); "
-          f"fleet ceiling {max_tasks} tasks; cold start on a new instance {cold.instance_boot_s + cold.fresh_task_s():.0f} s")
+          f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
+          f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
+          f"after launch, a warm-pool one {cold.warm_pool_start_s + cold.engine_start_s:.0f} s; deployed warm pool "
+          f"{cluster.warm_pool}, instance release {'on' if cluster.release_empty else 'off'}")
     keda_spec = read_scaled_object()
-    cpu_vcpus = 4.0
-    choices = dict(max_tasks=max_tasks, keda_spec=keda_spec, cpu_vcpus=cpu_vcpus,
+    choices = dict(max_tasks=max_tasks, keda_spec=keda_spec, cpu_vcpus=4.0,
                    anchor_instance_warmup_s=args.anchor_instance_warmup_s)
-    runs = {}
-    for scenario in scenarios(template, **choices):
-        t0 = time.monotonic()
-        run = simulate(scenario, requests, engine(seqs), cluster, cold, **common)
-        alarm_metrics = sum(len(a.query.stats) for a in scenario.policy.alarms) if scenario.policy else 0
-        runs[scenario.name] = (run, summarise(run, instance_type=deployed.worker.instance_type,
-                                              alarm_metrics=alarm_metrics))
-        print(f"  simulated {scenario.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    alarm_metrics = {}
+
+    def run_all(variant: dict[str, Any], only: tuple[str, ...], *, engine_model: EngineModel | None = None,
+                run_delays: Delays = delays, run_cold: figures.ColdStart = cold, run_requests=requests,
+                **more: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
+        out = {}
+        for scenario in scenarios(variant, only=only, **choices, **more):
+            t0 = time.monotonic()
+            run = simulate(scenario, run_requests, engine_model or engine(seqs), cluster, run_cold,
+                           delays=run_delays, **common)
+            metrics = sum(len(a.query.stats) for a in scenario.policy.alarms) if scenario.policy else 0
+            alarm_metrics[scenario.name] = metrics
+            out[scenario.name] = (run, summarise(run, instance_type=deployed.worker.instance_type,
+                                                 alarm_metrics=metrics, eks=scenario.eks))
+            print(f"  simulated {scenario.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        return out
+
+    runs = run_all(template, FAIR)
     results = {name: summary for name, (_, summary) in runs.items()}
     _table(results)
+
+    # --- sensitivity: one input changed at a time, the deployed policy and the tuned anchors ------------------------
+    sensitivity = []
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("SQS publication delay 60 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=60.0))),
+        ("SQS publication delay 120 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=120.0))),
+        (f"SQS resume delay {figures.SQS_RESUME_DELAY_DOCUMENTED_S:.0f} s (idle > 6 h, documented maximum)",
+         dict(run_delays=dataclasses.replace(delays, sqs_resume_s=figures.SQS_RESUME_DELAY_DOCUMENTED_S))),
+        ("Container Insights delay 60 s", dict(run_delays=dataclasses.replace(delays, insights_publication_s=60.0))),
+        ("Container Insights delay 120 s",
+         dict(run_delays=dataclasses.replace(delays, insights_publication_s=120.0))),
+        ("DesiredTaskCount published while the only task starts",
+         dict(run_delays=dataclasses.replace(delays, desired_while_starting=True))),
+        ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
+        ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
+        ("engine at half efficiency", dict(engine_model=engine(seqs, 0.5))),
+        ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
+        ("anchors on the stack's capacity layer (warm pool, release)", dict(anchors_on_stack_capacity=True)),
+    ] if args.sensitivity else []
+    for label, change in rows:
+        rerun, fill = change.pop("rerun", True), change.pop("fill_without_data", True)
+        variant_runs = _with_cloudwatch(rerun, fill, lambda: run_all(template, ("deployed", *TUNED), **change))
+        sensitivity.append({"input": label,
+                            **{name: {k: s[k] for k in BRIEF} for name, (_, s) in variant_runs.items()}})
+    # the stack's capacity choices, decided by the simulator: the deployed policy without each
+    for label, template_variant in (("deployed without warm pool", _without(template, "warm_pool")),
+                                    ("deployed without instance release", _without(template, "release")),
+                                    ("deployed without both", _without(_without(template, "warm_pool"), "release"))):
+        if not args.sensitivity:
+            break
+        variant_runs = run_all(template_variant, ("deployed",))
+        sensitivity.append({"input": label, **{n: {k: s[k] for k in BRIEF} for n, (_, s) in variant_runs.items()}})
+    if sensitivity:
+        print("\nsensitivity (GPU h / first job s / p95 wait after 15 min s / $ per M jobs):")
+        for row in sensitivity:
+            cells = "; ".join(f"{n} {v['gpu_hours']:.2f} / {v['first_job_start_s']} / {v['p95_wait_after_15min_s']} / "
+                              f"{v['usd_per_million_jobs']:.0f}" for n, v in row.items() if n != "input")
+            print(f"  {row['input']}: {cells}")
+
+    # --- hazards ------------------------------------------------------------------------------------------------------
+    hazards: dict[str, Any] = {}
+    for name in HAZARDS:
+        trace, readings = setting(name, requests)
+        outcome = {}
+        for label, variant in (("fixed", template), ("unfixed", unfixed(template))):
+            for reading in readings:
+                key = label if len(readings) == 1 else f"{label}, desired published {reading.desired_while_starting}"
+                (run, summary), = run_all(variant, ("deployed",), run_delays=reading, run_requests=trace).values()
+                outcome[key] = {"zeroed_while_jobs_wait": summary["zeroed_while_waiting"],
+                                "most_tasks_before_first_serves": summary["most_desired_before_first_task"],
+                                "first_job_start_s": summary["first_job_start_s"],
+                                "p95_wait_s": summary["p95_wait_s"]}
+        hazards[name] = outcome
+    print("\nhazards (deployed policy, fixed and with its fix undone):")
+    for name, outcome in hazards.items():
+        print(f"  {name}: " + "; ".join(f"{k}: {v}" for k, v in outcome.items()))
 
     sweep = []
     for value in [v.strip() for v in args.sweep.split(",") if v.strip()]:
@@ -131,49 +212,68 @@ def main(argv: list[str] | None = None) -> int:
             continue
         else:
             variant = synthesize(max_num_seqs=batch)
-        for scenario in scenarios(variant, **choices):
-            if scenario.name not in ("sagemaker", "deployed"):
-                continue
-            run = simulate(scenario, requests, engine(batch), cluster, cold, **common)
-            summary = summarise(run, instance_type=deployed.worker.instance_type, alarm_metrics=0)
-            sweep.append({"policy": scenario.name, "max_num_seqs": batch, **summary})
+        for name, (_, summary) in run_all(variant, ("deployed", "sagemaker_tuned"), engine_model=engine(batch)).items():
+            sweep.append({"policy": name, "max_num_seqs": batch, **summary})
     if sweep:
         print("\nbatch-size sweep (same trace, same ceiling):")
         for row in sweep:
-            print(f"  {row['policy']:<10} max_num_seqs {row['max_num_seqs']:>4}: {row['gpu_hours']:.2f} GPU h, "
-                  f"p95 wait {row['p95_wait_s']:.1f} s, ${row['cost_per_million_jobs_usd']:.0f}/M jobs")
+            print(f"  {row['policy']:<16} max_num_seqs {row['max_num_seqs']:>4}: {row['gpu_hours']:.2f} GPU h, "
+                  f"p95 wait after 15 min {row['p95_wait_after_15min_s']:.1f} s, ${row['usd_per_million_jobs']:.0f}/M")
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / f"scaling-{stamp}.png"
-    plot([run for run, _ in runs.values()], png,
+    plot([runs[n][0] for n in ("deployed", *TUNED)], png,
          f"{args.trace.name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}")
-    ratio = results["deployed"]["gpu_hours"] / results["sagemaker"]["gpu_hours"]
+    mine = results["deployed"]
+    checks = {
+        "gpu_hours_over_tuned": {n: round(mine["gpu_hours"] / results[n]["gpu_hours"], 3) for n in TUNED},
+        "p95_after_15min_not_above_tuned": all(mine["p95_wait_after_15min_s"] <= results[n]["p95_wait_after_15min_s"]
+                                               for n in TUNED),
+        "first_job_within_180_s": mine["first_job_start_s"] is not None and mine["first_job_start_s"] <= 180,
+    }
+    checks["gpu_hours_at_most_0_8_of_every_tuned"] = all(v <= 0.8 for v in checks["gpu_hours_over_tuned"].values())
     document = {
         "trace": str(args.trace), "jobs": len(requests), "max_num_seqs": seqs, "sized_max_num_seqs": sized,
-        "max_tasks": max_tasks, "cold_start": dataclasses.asdict(cold), "prices_as_of": figures.PRICE_DATE,
-        "policies": results, "sweep": sweep, "plot": str(png), "deployed_over_sagemaker_gpu_hours": ratio,
-        "elapsed_s": round(time.monotonic() - started, 1),
+        "max_tasks": max_tasks, "cold_start": dataclasses.asdict(cold), "delays": dataclasses.asdict(delays),
+        "prices_as_of": figures.PRICE_DATE, "policies": results, "sensitivity": sensitivity, "hazards": hazards,
+        "sweep": sweep, "checks": checks, "plot": str(png), "elapsed_s": round(time.monotonic() - started, 1),
     }
     (args.out / f"scaling-{stamp}.json").write_text(json.dumps(document, indent=2))
-    print(f"\ndeployed / sagemaker GPU hours: {ratio:.3f}; p95 wait {results['deployed']['p95_wait_s']} s vs "
-          f"{results['sagemaker']['p95_wait_s']} s; plot {png}")
-    for name, summary in results.items():
-        if name != "deployed":
-            summary.pop("wake_from_zero_s", None)
-            summary.pop("first_job_start_s", None)
-    print(json.dumps(results))
+    print(f"\nchecks: {json.dumps(checks)}; plot {png}")
+    print(json.dumps({"policies": {n: {k: s[k] for k in BRIEF} for n, s in results.items()}, "hazards": hazards,
+                      "checks": checks}))
     return 0
 
 
+def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
+    """Run ``body`` with CloudWatch re-running Auto Scaling actions every minute in ALARM (as documented) or only on
+    a state change, and with FILL filling periods without any datapoint or not (the sensitivity rows)."""
+    from bench.scaling import cloudwatch
+
+    cloudwatch.RERUN_ACTIONS_IN_ALARM, cloudwatch.FILL_WITHOUT_DATA = rerun, fill_without_data
+    try:
+        return body()
+    finally:
+        cloudwatch.RERUN_ACTIONS_IN_ALARM, cloudwatch.FILL_WITHOUT_DATA = True, True
+
+
+def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
+    """The template without its warm pool or its instance release (the simulator's counterfactual rows)."""
+    result = copy.deepcopy(template)
+    kind = "AWS::AutoScaling::WarmPool" if choice == "warm_pool" else "AWS::Events::Rule"
+    result["Resources"] = {k: v for k, v in result["Resources"].items() if v["Type"] != kind}
+    return result
+
+
 def _table(results: dict[str, dict[str, Any]]) -> None:
-    columns = ["gpu_hours", "p50_wait_s", "p95_wait_s", "p99_wait_s", "p95_latency_s", "expired", "unstarted",
-               "scale_events", "max_tasks", "cost_per_million_jobs_usd", "wake_from_zero_s"]
-    heads = ("GPU h", "p50 wait", "p95 wait", "p99 wait", "p95 result", "expired", "unstarted", "events", "most",
-             "$/M jobs", "wake s")
-    print(f"\n{'policy':<17}" + "".join(f"{c:>11}" for c in heads))
+    columns = ["gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "p95_wait_s", "p99_wait_s", "expired",
+               "scale_events", "max_tasks", "usd_per_million_jobs", "floor_per_million_jobs_usd"]
+    heads = ("GPU h", "1st job s", "p95>15m s", "p95 wait", "p99 wait", "expired", "events", "most", "$/M jobs",
+             "floor $/M")
+    print(f"\n{'policy':<26}" + "".join(f"{c:>11}" for c in heads))
     for name, summary in results.items():
-        print(f"{name:<17}" + "".join(f"{summary.get(c, ''):>11}" for c in columns))
+        print(f"{name:<26}" + "".join(f"{str(summary.get(c, '')):>11}" for c in columns))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,15 @@ from bench.scaling.figures import EVALUATION_RANGE_EXTRA_PERIODS
 
 OK, ALARM, INSUFFICIENT = "OK", "ALARM", "INSUFFICIENT_DATA"
 SAMPLE_INTERVAL_S = 60
+# "Except for Auto Scaling actions, the actions happen only on state transitions, and are not performed again if the
+# condition persists" (CloudWatch User Guide, "Alarm actions"): an alarm in ALARM re-runs its Auto Scaling actions every
+# period. False only for the counterfactual sensitivity row (actions on the transition into ALARM only).
+RERUN_ACTIONS_IN_ALARM = True
+# Whether FILL(m, v) gives v for a period in which no input of the expression has a datapoint (not published yet, or
+# nothing published): the reading under which "FILL(m, 0)" keeps an alarm out of INSUFFICIENT_DATA, as it is commonly
+# used. The documentation does not settle it; False is the other reading (metric math aligns on its inputs'
+# timestamps), a sensitivity row.
+FILL_WITHOUT_DATA = True
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,8 @@ class MetricQuery:
         values = {key: store.datapoint(stat, period_end, now) for key, stat in self.stats.items()}
         if self.expression is None:
             return next(iter(values.values()))
+        if not FILL_WITHOUT_DATA and all(v is None for v in values.values()):
+            return None
         return evaluate_expression(self.expression, values)
 
 
@@ -276,8 +287,11 @@ class Alarm:
     def evaluate(self, store: MetricStore, now: float) -> tuple[bool, list[float]]:
         """Update the state; True when the alarm's actions are to run now (in ALARM, at a period boundary)."""
         state, window = self.decide(self.datapoints(store, now))
-        if state != self.state:
+        changed = state != self.state
+        if changed:
             self.history.append((now, state))
         self.state = state
         due = abs(now / self.period_s - round(now / self.period_s)) * self.period_s < 1.0
+        if not RERUN_ACTIONS_IN_ALARM and not changed:
+            return False, window
         return self.state == ALARM and due and bool(self.actions), window

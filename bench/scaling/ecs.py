@@ -11,6 +11,11 @@
   instance launched within the warm-up period (300 s) blocks further scale-out; 15 datapoints below it terminate the
   empty instances (managed termination protection keeps the others). An instance bills from its launch request to
   its termination: that is a GPU hour, whether or not a task runs on it.
+* The stack's capacity choices, when its template has them: a warm pool of stopped instances (``warm_pool``) that
+  start in ``ColdStart.warm_pool_start_s`` with the image, the weights and vLLM's compile cache already on their volume
+  (a stopped instance bills only its volume); and the instance release (``release_empty``), which every
+  ``INSTANCE_RELEASE_CHECK_S`` releases the instances that run no task (back to the warm pool when there is one), never
+  one that runs a task.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Instance:
     terminated_s: float | None = None
     image_cached: bool = False
     weights_cached: bool = False
+    from_pool: bool = False
     tasks: list["Task"] = field(default_factory=list)
 
     @property
@@ -76,6 +82,8 @@ class ClusterConfig:
     weights_on_host: bool = True
     uses_task_protection: bool = True
     instance_warmup_s: float = INSTANCE_WARMUP_S
+    warm_pool: int = 0  # stopped, pre-initialized instances kept beside the group
+    release_empty: bool = False  # the stack's instance release instead of managed scaling's 15-minute scale-in
 
 
 class Cluster:
@@ -97,6 +105,9 @@ class Cluster:
         self.task_requests: list[float] = []  # times the desired count rose from zero
         self._task_ids = itertools.count()
         self._instance_ids = itertools.count()
+        self.pool = config.warm_pool  # stopped instances ready to start
+        self.pool_starts = 0
+        self.releases = 0
         self._cpr = 100.0
         self._store = MetricStore(Sources({CPR: lambda: self._cpr}))
         query = MetricQuery({"cpr": MetricStat(CPR, "Average", MANAGED_SCALING_PERIOD_S)})
@@ -255,13 +266,31 @@ class Cluster:
                     instance.terminated_s = now
         self._log()
 
+    def release_tick(self, now: float) -> None:
+        """The stack's instance release: drain every ready instance that runs no task, check again, release it (to
+        the warm pool when there is one). An instance with a task is never released."""
+        if not self.config.release_empty:
+            return
+        for instance in self.live_instances():
+            if instance.ready_s is not None and not instance.tasks:
+                instance.terminated_s = now
+                self.releases += 1
+                if self.config.warm_pool:
+                    self.pool += 1
+        self._log()
+
     def _launch(self) -> None:
-        instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance)
+        from_pool = self.pool > 0
+        instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance,
+                            image_cached=from_pool, weights_cached=from_pool, from_pool=from_pool)
+        if from_pool:
+            self.pool -= 1
+            self.pool_starts += 1
         self.instances.append(instance)
         self.env.process(self._boot(instance))
 
     def _boot(self, instance: Instance):
-        yield self.env.timeout(self.cold.instance_boot_s)
+        yield self.env.timeout(self.cold.warm_pool_start_s if instance.from_pool else self.cold.instance_boot_s)
         instance.ready_s = self.env.now
         self._place()
 

@@ -146,6 +146,8 @@ class Engine:
                 self.prefill[0][1] -= chunk * steps
                 if self.prefill[0][1] <= 1e-6:
                     job, _ = self.prefill.popleft()
+                    if job.first_token_s is None:
+                        job.first_token_s = env.now
                     # The prefill step produced the first token; the rest come one a step.
                     end = self.progress + max(0, job.generated_tokens - 1)
                     heapq.heappush(self.decoding, (end, next(self._seq), job))

@@ -21,11 +21,23 @@ SQS_METRIC_PERIOD_S = 60
 SQS_INACTIVE_AFTER_S = 6 * 3600
 # How long after a period ends its SQS datapoint is there for alarms. Not published; 0 is the most favourable value
 # for every policy that waits on CloudWatch (copilot-cli#3376 reports about 3 minutes to scale out on a 3-datapoint
-# alarm, which 0 reproduces).
+# alarm, which 0 reproduces). Sensitivity rows run 60 and 120 s.
 SQS_PUBLICATION_DELAY_S = 0.0
-# Extra time before metrics resume once an inactive queue is used again. Not published by AWS (third-party monitoring
-# notes speak of up to 15 minutes); 0 is again the value most favourable to the CloudWatch-driven policies.
+# Extra time before metrics resume once an inactive queue (six hours without activity) is used again: "up to 15
+# minutes" (SQS Developer Guide, "Monitoring Amazon SQS queues using CloudWatch", the note on inactive queues). The
+# fair table uses 0, the value most favourable to the CloudWatch-driven anchors; the hazard scenarios and a
+# sensitivity row use the documented 900 s.
 SQS_RESUME_DELAY_S = 0.0
+SQS_RESUME_DELAY_DOCUMENTED_S = 900.0
+# Container Insights (ECS/ContainerInsights DesiredTaskCount, RunningTaskCount) arrives from the ECS agent's performance
+# log events, one log stream per container instance ("AgentTelemetry-<container instance id>", CloudWatch User Guide,
+# "Container Insights performance log events for Amazon ECS"), aggregated per minute. How long after the minute it is
+# there for alarms is not published: 0 here, 60 and 120 s as sensitivity rows.
+CONTAINER_INSIGHTS_DELAY_S = 0.0
+# Whether DesiredTaskCount is published while the service's only task is still starting (no container instance yet
+# runs a task, so no agent writes a performance event for it). The documentation does not say; the simulator runs both,
+# and the fair table takes the unfavourable reading (not published) for every policy that reads it.
+DESIRED_PUBLISHED_WHILE_STARTING = False
 # CloudWatch fetches more datapoints than the alarm's evaluation periods when some are missing (its "evaluation
 # range"); for one-minute alarms with 3 evaluation periods it retrieves 5 (CloudWatch User Guide, "Using Amazon
 # CloudWatch alarms", how alarm state is evaluated when data is missing).
@@ -67,10 +79,25 @@ MODEL_DOWNLOAD_BYTES_PER_S = 2.5e9 / 8
 # torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264).
 ENGINE_START_S = 59.0
 
+# A stopped instance of an EC2 Auto Scaling warm pool keeps its EBS root volume: the image layers, the weights on the
+# host volume and vLLM's torch.compile cache (under the weights' directory) survive the stop ("Warm pools for Amazon EC2
+# Auto Scaling": instances in a Stopped pool pay only for their volumes). Starting one is a boot without the AMI's first
+# provisioning; no figure is published for a g5, so the same 120 s as a fresh launch (the conservative reading), with a
+# sensitivity row at 60 s.
+WARM_POOL_START_S = INSTANCE_BOOT_S
+# gp3 storage for a stopped instance's root volume (Amazon EBS pricing, us-east-1): $0.08 per GiB-month.
+EBS_GP3_GIB_MONTH_USD = 0.08
+# ECS managed scaling keeps an empty instance until 15 CapacityProviderReservation datapoints fall below the target;
+# the stack's instance release (cdk/instance_release.py) instead checks every minute and releases an instance that
+# runs no task (after draining it and checking again). Seconds between two checks:
+INSTANCE_RELEASE_CHECK_S = 60.0
+
 # --- Engine (roofline) -----------------------------------------------------------------------------------------------
 # Fractions of peak bandwidth and compute vLLM reaches, from one published serving table (tenstorrent/tt-inference-
 # server#143, Qwen2.5-72B on 2xH100, vLLM): decode TPOT 31.0 ms against 21.6 ms at peak bandwidth (0.70), 1,024-token
-# prefill at 7,924 tokens/s against 2 x 989 dense TFLOPS (0.58).
+# prefill at 7,924 tokens/s against 2 x 989 dense TFLOPS (0.58). Not calibrated on an A10G: no published vLLM figure
+# for Qwen2.5-1.5B on an A10G was found; the closest is on an A100 (simon-mo/vLLM-Benchmark#1: 2,195 output tokens/s
+# at 1,000 tokens in, 2,000 out; concurrency not stated). The "engine at half efficiency" sensitivity row halves both.
 BANDWIDTH_EFFICIENCY = 0.70
 COMPUTE_EFFICIENCY = 0.58
 # Tokens vLLM schedules in one step (chunked prefill budget): SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, what
@@ -110,6 +137,23 @@ LAMBDA_REQUEST_PER_MILLION = 0.20  # requests only; duration is compute and not 
 CLOUDWATCH_ALARM_METRIC_MONTH = 0.10  # standard-resolution alarm, per metric in it
 CLOUDWATCH_CUSTOM_METRIC_MONTH = 0.30
 CLOUDWATCH_PUT_PER_THOUSAND = 0.01
+# The idle floor: what the stack costs per hour with no job at all, the same for every policy on ECS (us-east-1):
+# one NAT gateway $0.045/h (Amazon VPC pricing), three interface endpoints (ECR API, ECR Docker, Logs) in two zones at
+# $0.01/h each (AWS PrivateLink pricing), and CloudWatch Logs for the flow logs and idle Lambda/worker logs, taken as
+# 1 GiB a day at $0.50/GiB ingested (0.021 $/h). KEDA on EKS pays the EKS control plane, $0.10/h (Amazon EKS pricing).
+NAT_GATEWAY_HOURLY_USD = 0.045
+INTERFACE_ENDPOINT_HOURLY_USD = 0.01
+INTERFACE_ENDPOINTS = 3 * 2
+LOGS_HOURLY_USD = 0.5 / 24
+EKS_CONTROL_PLANE_HOURLY_USD = 0.10
+
+
+def idle_floor_hourly_usd(*, eks: bool = False) -> float:
+    """The stack's cost per hour without a job (network and logs), plus EKS's control plane for the KEDA policy."""
+    floor = NAT_GATEWAY_HOURLY_USD + INTERFACE_ENDPOINT_HOURLY_USD * INTERFACE_ENDPOINTS + LOGS_HOURLY_USD
+    return floor + (EKS_CONTROL_PLANE_HOURLY_USD if eks else 0.0)
+
+
 HOURS_PER_MONTH = 730
 
 
@@ -126,6 +170,7 @@ class ColdStart:
     model_download_s: float = QWEN2_5_1_5B.weight_bytes() / MODEL_DOWNLOAD_BYTES_PER_S
     engine_start_s: float = ENGINE_START_S
     total_s: float | None = None
+    warm_pool_start_s: float = WARM_POOL_START_S  # a stopped warm-pool instance's start (its volume holds the rest)
 
     def fresh_task_s(self) -> float:
         """A task on a new instance, after the instance booted."""

@@ -18,6 +18,7 @@ class Job:
     generated_tokens: int
     deadline_s: float
     started_s: float | None = None
+    first_token_s: float | None = None
     finished_s: float | None = None
     expired: bool = False
     receives: int = 0

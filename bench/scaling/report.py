@@ -49,15 +49,41 @@ def request_cost_usd(run: Run, alarm_metrics: int) -> float:
     return total
 
 
-def summarise(run: Run, *, instance_type: str, alarm_metrics: int) -> dict[str, Any]:
+AFTER_S = 900.0  # "after the first 15 minutes": the cold start from an idle stack is reported on its own
+
+
+def first_job_start_s(run: Run) -> float | None:
+    """Submit of the first job (to an idle stack) to its first token."""
+    if not run.jobs:
+        return None
+    first = min(run.jobs, key=lambda j: j.submitted_s)
+    return None if first.first_token_s is None else first.first_token_s - first.submitted_s
+
+
+def floor_usd(run: Run, *, eks: bool = False, volume_gib: float = 100.0) -> float:
+    """The idle floor over the hours run: network, endpoints and logs (and EKS's control plane for KEDA), plus the
+    warm pool's stopped volumes."""
+    hours = run.end_s / 3600
+    pool = run.warm_pool * volume_gib * figures.EBS_GP3_GIB_MONTH_USD / figures.HOURS_PER_MONTH
+    return (figures.idle_floor_hourly_usd(eks=eks) + pool) * hours
+
+
+def summarise(run: Run, *, instance_type: str, alarm_metrics: int, eks: bool = False) -> dict[str, Any]:
     price = figures.GPU_HOURLY_USD[instance_type]
     values = waits(run)
     jobs = max(1, len(run.jobs))
     gpu_cost = run.gpu_hours * price
     requests = request_cost_usd(run, alarm_metrics)
+    floor = floor_usd(run, eks=eks)
     started = [j for j in run.jobs if j.started_s is not None]
+    start = min((j.submitted_s for j in run.jobs), default=0.0)
+    late = [w for j, w in zip((j for j in run.jobs if not j.expired), values) if j.submitted_s - start >= AFTER_S]
+    first = first_job_start_s(run)
     summary: dict[str, Any] = {
         "gpu_hours": round(run.gpu_hours, 3),
+        "first_job_start_s": None if first is None else round(first, 1),
+        "p95_wait_after_15min_s": round(percentile(late, 0.95), 2),
+        "usd_per_million_jobs": round((gpu_cost + requests + floor) / jobs * 1e6, 2),
         "p50_wait_s": round(percentile(values, 0.50), 2),
         "p95_wait_s": round(percentile(values, 0.95), 2),
         "p99_wait_s": round(percentile(values, 0.99), 2),
@@ -68,11 +94,13 @@ def summarise(run: Run, *, instance_type: str, alarm_metrics: int) -> dict[str, 
         "max_tasks": run.max_tasks,
         "cost_per_million_jobs_usd": round((gpu_cost + requests) / jobs * 1e6, 2),
         "request_cost_per_million_jobs_usd": round(requests / jobs * 1e6, 2),
+        "floor_per_million_jobs_usd": round(floor / jobs * 1e6, 2),
+        "zeroed_while_waiting": run.zeroed_while_waiting,
+        "most_desired_before_first_task": run.most_desired_before_first_task,
     }
     if run.wakes_s:
-        summary["wake_from_zero_s"] = round(max(run.wakes_s), 2)
-        first = min(started, key=lambda j: j.started_s) if started else None
-        summary["first_job_start_s"] = round(first.started_s - run.jobs[0].submitted_s, 1) if first else None
+        summary["task_requested_after_s"] = round(max(run.wakes_s), 2)
+    del started
     return summary
 
 

@@ -23,8 +23,13 @@ from bench.scaling.engine import EngineModel
 from bench.scaling.figures import (
     CPU_VCPUS_BUSY,
     CPU_VCPUS_IDLE,
+    CONTAINER_INSIGHTS_DELAY_S,
+    DESIRED_PUBLISHED_WHILE_STARTING,
     DRAIN_TIMEOUT_S,
+    INSTANCE_RELEASE_CHECK_S,
     RECEIVE_BATCH,
+    SQS_INACTIVE_AFTER_S,
+    SQS_PUBLICATION_DELAY_S,
     SQS_RESUME_DELAY_S,
     ColdStart,
 )
@@ -45,10 +50,26 @@ CPU = MetricId("AWS/ECS", "CPUUtilization")
 @dataclass(frozen=True)
 class ApiWake:
     """The API's wake from zero: on accepting a job, if the service's desired count is 0, set it to 1 at once; each
-    API instance checks at most once per ``check_interval_s`` (one call per burst, not per job)."""
+    API instance checks at most once per ``check_interval_s`` (one call per burst, not per job). With ``hold_s`` the
+    wake also raises the scalable target's minimum to 1 for that long (RegisterScalableTarget, and a scheduled action
+    that puts it back), so that no alarm re-invoking a scale-to-zero undoes it."""
 
     latency_s: float = 0.1
     check_interval_s: float = 60.0
+    hold_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Delays:
+    """When CloudWatch has what: SQS and Container Insights publication delays, the inactive queue's resume delay,
+    whether DesiredTaskCount is published while the only task starts, and how long the queue sat idle before the
+    trace (over six hours: inactive, its metrics resume ``sqs_resume_s`` after the first message)."""
+
+    sqs_publication_s: float = SQS_PUBLICATION_DELAY_S
+    sqs_resume_s: float = SQS_RESUME_DELAY_S
+    insights_publication_s: float = CONTAINER_INSIGHTS_DELAY_S
+    desired_while_starting: bool = DESIRED_PUBLISHED_WHILE_STARTING
+    queue_idle_before_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,9 @@ class Scenario:
     initial_tasks: int = 0
     cpu_vcpus: float = 4.0
     instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
+    warm_pool: int | None = None  # stopped pre-initialized instances (None: the cluster config's)
+    release_empty: bool | None = None  # the stack's instance release (None: the cluster config's)
+    eks: bool = False  # runs on EKS (its control plane is part of the idle floor)
 
 
 @dataclass
@@ -80,6 +104,11 @@ class Run:
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
     keda_polls: int = 0
     api_wake_calls: int = 0
+    zeroed_while_waiting: int = 0  # times the desired count went to 0 with jobs visible or in flight
+    most_desired_before_first_task: int = 0  # the desired count's peak before any task served
+    pool_starts: int = 0
+    releases: int = 0
+    warm_pool: int = 0
 
 
 def simulate(
@@ -91,10 +120,18 @@ def simulate(
     *,
     ttl_s: float,
     tail_s: float = 3600.0,
-    resume_delay_s: float = SQS_RESUME_DELAY_S,
+    resume_delay_s: float | None = None,
+    delays: Delays = Delays(),
 ) -> Run:
+    if resume_delay_s is not None:
+        delays = dataclasses.replace(delays, sqs_resume_s=resume_delay_s)
     env = simpy.Environment()
     queue = Queue()
+    lane = Queue()  # the other counted queues (the batch lane): empty in the trace, polled by every running worker
+    if delays.queue_idle_before_s < SQS_INACTIVE_AFTER_S:
+        for q in (queue, lane):
+            q.last_access_s = -delays.queue_idle_before_s
+            q.became_active_s = -SQS_INACTIVE_AFTER_S - delays.queue_idle_before_s
     jobs: list[Job] = []
     sent_times: list[float] = []
     workers: dict[int, Worker] = {}
@@ -141,12 +178,24 @@ def simulate(
     config = dataclasses.replace(cluster_config, uses_task_protection=scenario.task_protection != "off")
     if scenario.instance_warmup_s is not None:
         config = dataclasses.replace(config, instance_warmup_s=scenario.instance_warmup_s)
+    if scenario.warm_pool is not None:
+        config = dataclasses.replace(config, warm_pool=scenario.warm_pool)
+    if scenario.release_empty is not None:
+        config = dataclasses.replace(config, release_empty=scenario.release_empty)
     cluster = Cluster(env, config, cold, make_worker, changed)
 
     # --- metrics ---------------------------------------------------------------------------------------------------
-    def queue_published(now: float) -> bool:
-        active = queue.active(now) or bool(workers)
-        return active and now - queue.became_active_s >= resume_delay_s
+    def queue_published(now: float, q: Queue = queue) -> bool:
+        if workers:
+            q.touch(now)  # the workers' long polls are API actions on every counted queue
+        return q.active(now) and now - q.became_active_s >= delays.sqs_resume_s
+
+    def desired_published() -> float | None:
+        # Container Insights publishes nothing for a service without tasks; while the only tasks start, it publishes
+        # the desired count or not as ``delays.desired_while_starting`` says.
+        if cluster.running_count() > 0 or (delays.desired_while_starting and cluster.desired > 0):
+            return cluster.desired
+        return None
 
     busy_mark: dict[int, float] = {}
 
@@ -171,23 +220,37 @@ def simulate(
         gauges={
             VISIBLE: lambda: len(queue.visible) if queue_published(env.now) else None,
             NOT_VISIBLE: lambda: queue.in_flight if queue_published(env.now) else None,
-            DESIRED: lambda: cluster.desired,
-            RUNNING: lambda: cluster.running_count(),
+            DESIRED: desired_published,
+            RUNNING: lambda: cluster.running_count() or None,
             CPU: cpu,
         },
         counters={SENT: sent},
+        publication_delay_s=lambda m: (delays.sqs_publication_s if m.namespace == "AWS/SQS"
+                                       else delays.insights_publication_s if m.namespace == "ECS/ContainerInsights"
+                                       else 0.0),
     )
     policy = scenario.policy
-    # Queues other than the job queue (the batch lane): the trace sends them nothing, so, as SQS does for a queue
-    # idle for hours, they publish no datapoints at all.
+    # Queues other than the job queue (the batch lane): the trace sends them nothing; they publish zeros while the
+    # workers poll them (and for six hours after), nothing before.
     for alarm in policy.alarms if policy is not None else []:
         for metric in alarm.query.metrics():
             if metric.namespace == "AWS/SQS" and metric.resource:
                 if metric == MetricId(SENT.namespace, SENT.name, metric.resource):
-                    sources.counters[metric] = lambda start, end: None
+                    sources.counters[metric] = lambda start, end: 0.0 if queue_published(end, lane) else None
                 else:
-                    sources.gauges[metric] = lambda: None
+                    sources.gauges[metric] = lambda: 0.0 if queue_published(env.now, lane) else None
     store = MetricStore(sources)
+    zeroed = 0
+    peak_before_first = 0
+
+    def set_desired(count: int, cause: str = "") -> None:
+        nonlocal zeroed, peak_before_first
+        if count == 0 and cluster.desired > 0 and queue.outstanding > 0:
+            zeroed += 1
+        cluster.set_desired(count, cause)
+        if not any(t.running_s is not None for t in cluster.tasks):
+            peak_before_first = max(peak_before_first, cluster.desired)
+
     target = None
     if policy is not None:
         for alarm in policy.alarms:
@@ -195,7 +258,7 @@ def simulate(
                 if not sources.knows(metric):
                     raise ValueError(f"{scenario.name}: alarm {alarm.name} reads {metric.namespace}/{metric.name}, "
                                      "which the simulator has no source for")
-        target = ScalableTarget(policy.minimum, policy.maximum, lambda: cluster.desired, cluster.set_desired)
+        target = ScalableTarget(policy.minimum, policy.maximum, lambda: cluster.desired, set_desired)
     tracking = {p.name: p for p in (policy.tracking if policy else [])}
     keda = KedaController(scenario.keda) if scenario.keda else None
     timeline: list[tuple[float, int, int, int, int, int]] = []
@@ -238,6 +301,12 @@ def simulate(
             cluster.managed_scaling_tick(env.now)
             yield env.timeout(60.0)
 
+    def instance_release():
+        yield env.timeout(MANAGED_SCALING_PHASE_S + INSTANCE_RELEASE_CHECK_S / 2)
+        while True:
+            cluster.release_tick(env.now)
+            yield env.timeout(INSTANCE_RELEASE_CHECK_S)
+
     def keda_loop():
         nonlocal activities
         spec = scenario.keda
@@ -246,7 +315,7 @@ def simulate(
             queue.touch(env.now)  # GetQueueAttributes is an API action: the queue stays active
             replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired)
             if replicas is not None:
-                cluster.set_desired(replicas, "keda")
+                set_desired(replicas, "keda")
                 activities += 1
 
     wake_calls = 0
@@ -269,18 +338,34 @@ def simulate(
                     env.process(wake(scenario.api_wake.latency_s))
             dispatch()
 
+    hold_until = -math.inf
+
     def wake(latency: float):
+        nonlocal hold_until
         yield env.timeout(latency)
         if cluster.desired == 0:
-            cluster.set_desired(1, "api wake")
+            set_desired(1, "api wake")
+        if scenario.api_wake.hold_s and target is not None:
+            hold_until = env.now + scenario.api_wake.hold_s
+            target.minimum = max(policy.minimum, 1)
+            env.process(release_hold(hold_until))
+
+    def release_hold(at: float):
+        yield env.timeout(at - env.now)
+        if env.now >= hold_until:
+            target.minimum = policy.minimum
 
     if scenario.initial_tasks:
-        # A policy with a minimum above zero has that many warm tasks running when the trace starts.
+        # A policy with a minimum above zero has that many warm tasks running when the trace starts, whose polls kept
+        # the queues active.
         cluster.prewarm(scenario.initial_tasks)
+        for q in (queue, lane):
+            q.last_access_s, q.became_active_s = 0.0, -math.inf
 
     env.process(arrivals())
     env.process(minute())
     env.process(managed_scaling())
+    env.process(instance_release())
     if keda is not None:
         env.process(keda_loop())
     env.run(until=end_s)
@@ -301,6 +386,11 @@ def simulate(
         timeline=timeline,
         keda_polls=keda.polls if keda else 0,
         api_wake_calls=wake_calls,
+        zeroed_while_waiting=zeroed,
+        most_desired_before_first_task=peak_before_first,
+        pool_starts=cluster.pool_starts,
+        releases=cluster.releases,
+        warm_pool=config.warm_pool,
     )
 
 

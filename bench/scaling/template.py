@@ -65,10 +65,12 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class WakeSpec:
-    """The wake from zero: the functions that may set the service's desired count, and how often each checks."""
+    """The wake from zero: the functions that may set the service's desired count, how often each checks, and how
+    long a wake holds the scaling minimum at one task (0 when the template gives none, or no permission for it)."""
 
     functions: tuple[str, ...]
     check_interval_s: float
+    hold_s: float = 0.0
 
 
 @dataclass
@@ -254,7 +256,8 @@ def _worker_container(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict
 
 
 def _role_allows(template: Mapping[str, Any], role: str | None, action: str, resource_ref: str) -> bool:
-    """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names."""
+    """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names
+    (``"*"``: on every resource)."""
     for policy in _resources(template, "AWS::IAM::Policy").values():
         if role not in (_ref(r) for r in policy["Properties"].get("Roles", [])):
             continue
@@ -262,7 +265,8 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             allowed = statement.get("Effect") == "Allow" and action in actions
-            if allowed and resource_ref in (_ref(r) for r in resources):
+            named = resources if resource_ref == "*" else [_ref(r) for r in resources]
+            if allowed and resource_ref in named:
                 return True
     return False
 
@@ -270,7 +274,7 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
 def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     """The functions that wake the worker service from zero, or None when none does."""
     service_id, _ = _single(template, "AWS::ECS::Service")
-    functions, intervals = [], set()
+    functions, intervals, holds = [], set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         if _ref(variables.get(_env.ENV_WORKER_SERVICE)) != service_id:
@@ -280,17 +284,71 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
                                 "ecs:UpdateService it; the wake would fail at every check")
         functions.append(function_id)
         intervals.add(float(variables.get(_env.ENV_WAKE_CHECK_INTERVAL_S, _env.DEFAULT_WAKE_CHECK_INTERVAL_S)))
+        hold = float(variables.get(_env.ENV_WAKE_HOLD_S, 0) or 0)
+        role = _ref(function["Properties"].get("Role"))
+        if hold and not all(_role_allows(template, role, a, "*") for a in (
+                "application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")):
+            hold = 0.0  # the hold's calls would be refused: the wake stands without it
+        holds.add(hold)
     if not functions:
         return None
-    if len(intervals) != 1:
-        raise TemplateError(f"functions {functions} wake the service at different intervals {sorted(intervals)}")
-    return WakeSpec(functions=tuple(sorted(functions)), check_interval_s=intervals.pop())
+    if len(intervals) != 1 or len(holds) != 1:
+        raise TemplateError(f"functions {functions} wake the service at different intervals {sorted(intervals)} or "
+                            f"holds {sorted(holds)}")
+    return WakeSpec(functions=tuple(sorted(functions)), check_interval_s=intervals.pop(), hold_s=holds.pop())
+
+
+def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool]:
+    """The warm pool's stopped instances beside ``group_id`` (0 without one), and whether a function scheduled every
+    minute releases the group's empty instances (its GPU_AUTO_SCALING_GROUP names the group and its role may set the
+    group's desired capacity)."""
+    pool = 0
+    for pool_id, resource in _resources(template, "AWS::AutoScaling::WarmPool").items():
+        props = resource["Properties"]
+        if _ref(props.get("AutoScalingGroupName")) != group_id:
+            continue
+        if props.get("PoolState", "Stopped") != "Stopped":
+            raise TemplateError(f"{pool_id}: PoolState {props.get('PoolState')} is not modelled (Stopped only)")
+        if not props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"):
+            raise TemplateError(f"{pool_id}: without ReuseOnScaleIn an instance never returns to the pool with its "
+                                "caches; not modelled")
+        pool = int(props.get("MinSize", 0))
+    scheduled = {
+        _ref(t.get("Arn"))
+        for rule in _resources(template, "AWS::Events::Rule").values()
+        if rule["Properties"].get("ScheduleExpression") == "rate(1 minute)"
+        for t in rule["Properties"].get("Targets", [])
+    }
+    release = False
+    for function_id, function in _resources(template, "AWS::Lambda::Function").items():
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        if _ref(variables.get(_env.ENV_GPU_GROUP)) != group_id or function_id not in scheduled:
+            continue
+        role = _ref(function["Properties"].get("Role"))
+        if not _role_allows_group(template, role, group_id):
+            raise TemplateError(f"{function_id}: releases {group_id}'s instances but may not set its desired capacity")
+        release = True
+    return pool, release
+
+
+def _role_allows_group(template: Mapping[str, Any], role: str | None, group_id: str) -> bool:
+    """Whether ``role`` may call autoscaling:SetDesiredCapacity on an ARN naming ``group_id``."""
+    for policy in _resources(template, "AWS::IAM::Policy").values():
+        if role not in (_ref(r) for r in policy["Properties"].get("Roles", [])):
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if statement.get("Effect") == "Allow" and "autoscaling:SetDesiredCapacity" in actions:
+                if group_id in json.dumps(statement["Resource"]):
+                    return True
+    return False
 
 
 def read(template: Mapping[str, Any]) -> Deployed:
     """Policy, capacity and worker of the synthesized stack."""
     policy = read_policy(template)
-    _, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
+    group_id, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
+    warm_pool, release_empty = read_capacity_choices(template, group_id)
     _, provider = _single(template, "AWS::ECS::CapacityProvider")
     managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
     if managed.get("Status") != "ENABLED":
@@ -329,6 +387,8 @@ def read(template: Mapping[str, Any]) -> Deployed:
         instance_warmup_s=float(managed.get("InstanceWarmupPeriod", INSTANCE_WARMUP_S)),
         weights_on_host=weights_on_host,
         uses_task_protection=protection,
+        warm_pool=warm_pool,
+        release_empty=release_empty,
     )
     worker = WorkerSpec(
         max_num_seqs=int(env["MAX_NUM_SEQS"]),

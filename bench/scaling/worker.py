@@ -118,6 +118,7 @@ class Worker:
             leftovers = list(self.held_jobs.values())
             for job in leftovers:
                 job.started_s = None
+                job.first_token_s = None
             self.queue.release(leftovers, self.env.now)
             self.held = 0
             self.held_jobs.clear()

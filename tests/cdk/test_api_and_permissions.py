@@ -105,6 +105,8 @@ def _prefixes(resources):
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
 PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
 WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on the worker service only
+# The wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py checks the statement).
+WAKE_HOLD = ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
@@ -129,7 +131,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     actions = _function_actions(synthesized, API)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query",
-        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE,
+        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE, *WAKE_HOLD,
     }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*",
                                                   f"{settings.FILE_PREFIX}*"}
@@ -180,7 +182,7 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket", "s3:PutObject",
-        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE,
+        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE, *WAKE_HOLD,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}

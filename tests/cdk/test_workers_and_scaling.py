@@ -177,24 +177,27 @@ DESIRED = {"desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 6
 JOBS_PER_TASK = 202.5
 
 
-def test_scale_out_alarm_wants_the_backlog_in_tasks_minus_the_tasks_already_wanted(synthesized):
-    """GIVEN the scale-out alarm WHEN reading it THEN it breaches when CEIL(backlog / J) exceeds the desired count
-    (tasks still starting included) by one or more, on one minute of data, missing data not breaching."""
+def test_scale_out_alarm_reads_the_tasks_the_backlog_needs_when_more_than_wanted(synthesized):
+    """GIVEN the scale-out alarm WHEN reading it THEN its metric is n = CEIL(backlog / J) when n exceeds the desired
+    count (tasks still starting included) by one or more, else 0; it breaches at 1, on one minute of data, missing
+    data not breaching."""
     properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
-    assert _expression(properties) == f"CEIL(({BACKLOG}) / {JOBS_PER_TASK:g}) - FILL(desired, 0)"
+    needed = f"CEIL(({BACKLOG}) / {JOBS_PER_TASK:g})"
+    assert _expression(properties) == f"IF({needed} - FILL(desired, 0) >= 1, {needed}, 0)"
     assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"]) == (1, 1)
     assert properties["TreatMissingData"] == "notBreaching"
 
 
-def test_scale_out_adds_the_shortfall_one_step_per_task_with_a_one_minute_cooldown(synthesized):
-    """GIVEN the scale-out policy WHEN a shortfall of k tasks breaches THEN it adds k (ChangeInCapacity; bounds
-    relative to the threshold 1), up to the task maximum, after a 60 s cooldown."""
+def test_scale_out_sets_the_tasks_needed_one_step_per_count_with_a_one_minute_cooldown(synthesized):
+    """GIVEN the scale-out policy WHEN k tasks needed breach THEN it sets the count to k (ExactCapacity; bounds
+    relative to the threshold 1), up to the task maximum, after a 60 s cooldown: setting, not adding, so a desired
+    count Container Insights has not published yet (read as 0) cannot ask for a task twice."""
     policy = _alarm_policy(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
     config = policy["StepScalingPolicyConfiguration"]
     assert (config["AdjustmentType"], config["MetricAggregationType"], config["Cooldown"]) == (
-        "ChangeInCapacity", "Maximum", 60)
+        "ExactCapacity", "Maximum", 60)
     assert config["StepAdjustments"] == [
         {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": 1, "ScalingAdjustment": 1},
         {"MetricIntervalLowerBound": 1, "ScalingAdjustment": 2},
@@ -234,15 +237,16 @@ def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_hal
 
 def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_or_sent(synthesized):
     """GIVEN the keep-alive alarm WHEN a message is visible, in flight or was sent in a minute THEN that minute does
-    not breach; 3 idle minutes (missing data counting as idle) set the count to exactly 0."""
+    not breach; 3 published idle minutes set the count to exactly 0, and a minute any queue did not publish (no FILL:
+    missing, not breaching) never counts as idle."""
     alarm = synthesized.stack.service.scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
-    assert _expression(properties) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _expression(properties) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
     assert _stats(properties) == {**SQS_BACKLOG, **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60)
                                                     for i in (1, 2)}}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
-        3, 3, "breaching")
+        3, 3, "notBreaching")
     config = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
     assert config["AdjustmentType"] == "ExactCapacity"
     assert config["StepAdjustments"] == [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]
@@ -254,7 +258,8 @@ def test_only_the_step_down_and_the_keep_alive_remove_tasks(synthesized):
         (c["AdjustmentType"], [s["ScalingAdjustment"] for s in c["StepAdjustments"]])
         for c in (p["Properties"]["StepScalingPolicyConfiguration"]
                   for p in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values())
-        if c["AdjustmentType"] == "ExactCapacity" or any(s["ScalingAdjustment"] < 0 for s in c["StepAdjustments"])
+        if any(s["ScalingAdjustment"] < 0 for s in c["StepAdjustments"])
+        or (c["AdjustmentType"] == "ExactCapacity" and any(s["ScalingAdjustment"] == 0 for s in c["StepAdjustments"]))
     )
     assert lowering == [("ChangeInCapacity", [-1]), ("ExactCapacity", [0])]
 
@@ -335,10 +340,11 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
         return resources[stack.get_logical_id(alarm.node.default_child)]["Properties"]
 
     backlog = "(FILL(visible1, 0) + FILL(inFlight1, 0) + 0.5 * (FILL(visible2, 0) + FILL(inFlight2, 0)))"
-    assert _expression(props(scaling.scale_out_alarm)) == f"CEIL({backlog} / 24) - FILL(desired, 0)"
+    assert _expression(props(scaling.scale_out_alarm)) == (
+        f"IF(CEIL({backlog} / 24) - FILL(desired, 0) >= 1, CEIL({backlog} / 24), 0)")
     assert backlog in _expression(props(scaling.scale_in_alarm))
     idle = props(scaling.idle_alarm)
-    assert _expression(idle) == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _expression(idle) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
     queues = {m["Id"]: m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
               for m in idle["Metrics"] if "MetricStat" in m}
     jobs_id, lane_id = (stack.get_logical_id(q.node.default_child) for q in (jobs, lane))

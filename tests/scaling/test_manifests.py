@@ -74,11 +74,12 @@ def test_worker_environment_uses_the_names_the_code_reads():
 
 def test_scaled_object_mirrors_the_ecs_limits_and_reads_as_the_keda_policy():
     # GIVEN the ScaledObject WHEN the simulator reads it THEN zero to max_worker_tasks, activation on one message,
-    # in-flight counted, 15 s polling, 300 s cooldown, 5 messages a pod
+    # in-flight counted, 15 s polling, 300 s cooldown, and the tuned target: what one pod handles, its MAX_NUM_SEQS
     spec = read_scaled_object(EKS / "scaledobject.yaml")
     assert (spec.min_replicas, spec.max_replicas) == (0, cdk_json_context()["max_worker_tasks"])
     assert (spec.activation_queue_length, spec.scale_on_in_flight, spec.scale_on_delayed) == (0, True, False)
-    assert (spec.polling_interval_s, spec.cooldown_period_s, spec.queue_length) == (15, 300, 5)
+    env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (spec.polling_interval_s, spec.cooldown_period_s, spec.queue_length) == (15, 300, int(env["MAX_NUM_SEQS"]))
     trigger = by_kind("ScaledObject")["spec"]["triggers"][0]
     assert trigger["authenticationRef"]["name"] == by_kind("TriggerAuthentication")["metadata"]["name"]
     assert by_kind("ScaledObject")["spec"]["scaleTargetRef"]["name"] == by_kind("Deployment")["metadata"]["name"]

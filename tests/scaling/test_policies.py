@@ -45,7 +45,7 @@ def test_queue_scaling_keep_alive_counts_messages_sent():
     spec = scaling_policy(jobs_per_task=16, keep_alive_minutes=3)
     idle = _named(spec, "ScalingIdle")
     assert "sent" in idle.query.stats and idle.query.stats["sent"].stat == "Sum"
-    assert (idle.evaluation_periods, idle.treat_missing) == (3, "breaching")
+    assert (idle.evaluation_periods, idle.treat_missing) == (3, "notBreaching")
 
 
 def test_trace_loader_refuses_a_csv_without_the_columns(tmp_path):
@@ -67,3 +67,28 @@ def test_trace_loader_reads_seven_digit_timestamps_in_order(tmp_path):
     requests = load(path)
     assert [r.context_tokens for r in requests] == [374, 396]
     assert requests[1].arrival_s == pytest.approx(4.314579)
+
+
+def test_tuned_anchors_target_what_one_instance_handles(stack_template):
+    # GIVEN the stack (max_num_seqs 135) WHEN the anchors are built THEN each default keeps its documented value and
+    # each tuned anchor targets the per-instance capacity: SageMaker's backlog per instance, KEDA's queueLength and
+    # QueueProcessing's first step at 135
+    from bench.scaling.keda import read_scaled_object
+    from bench.scaling.policies import scenarios
+
+    built = {s.name: s for s in scenarios(stack_template, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0)}
+    capacity = 135
+
+    def tracking_target(name):
+        [tracking] = built[name].policy.tracking
+        return tracking.target
+
+    assert (tracking_target("sagemaker_default"), tracking_target("sagemaker_tuned")) == (5.0, capacity)
+    assert (built["keda_default"].keda.queue_length, built["keda_tuned"].keda.queue_length) == (5, capacity)
+
+    def first_step(name):
+        # the scale-out alarm's threshold: where its first step (+1) starts
+        return min(a.threshold for a in built[name].policy.alarms
+                   if a.comparison.startswith("Greater") and "MessagesVisible" in a.name)
+
+    assert (first_step("queue_processing_default"), first_step("queue_processing_tuned")) == (100, capacity)

@@ -37,12 +37,14 @@ def test_scalable_target_bounds_are_the_configured_task_limits(stack_template):
     assert (policy.minimum, policy.maximum) == (0, CONTEXT["max_worker_tasks"])
 
 
-def test_scale_out_reads_back_as_the_backlog_in_tasks_minus_desired_adding_the_shortfall(stack_template):
+def test_scale_out_reads_back_as_the_tasks_the_backlog_needs_set_exactly(stack_template):
     # GIVEN the stack WHEN its scale-out alarm and policy are read
     spec = read(stack_template).policy
     alarm = _alarm(spec, "TasksShort")
-    # THEN the simulator evaluates CEIL(backlog / J) - FILL(desired, 0) on one minute of Maximum datapoints
-    assert alarm.query.expression == f"CEIL({BACKLOG} / {J:g}) - FILL(desired, 0)"
+    # THEN the simulator evaluates n = CEIL(backlog / J), when n - FILL(desired, 0) >= 1, on one minute of Maximum
+    # datapoints
+    needed = f"CEIL({BACKLOG} / {J:g})"
+    assert alarm.query.expression == f"IF({needed} - FILL(desired, 0) >= 1, {needed}, 0)"
     assert {k: (s.metric.namespace, s.metric.name, s.stat, s.period_s, bool(s.metric.resource))
             for k, s in alarm.query.stats.items()} == {
         **{f"{name}{i}": ("AWS/SQS", metric, "Maximum", 60, i == 2)  # 2: the batch lane, which the trace leaves idle
@@ -53,8 +55,8 @@ def test_scale_out_reads_back_as_the_backlog_in_tasks_minus_desired_adding_the_s
     assert (alarm.threshold, alarm.comparison, alarm.evaluation_periods, alarm.treat_missing) == (
         1, "GreaterThanOrEqualToThreshold", 1, "notBreaching")
     policy = spec.steps[alarm.actions[0]]
-    assert (policy.adjustment_type, policy.cooldown_s) == ("ChangeInCapacity", PROPS.scale_out_cooldown_seconds)
-    # a shortfall of n tasks (n - 1 above the threshold) adds n, up to the ceiling
+    assert (policy.adjustment_type, policy.cooldown_s) == ("ExactCapacity", PROPS.scale_out_cooldown_seconds)
+    # n tasks needed (n - 1 above the threshold) sets n, up to the ceiling
     assert [policy.step_for(n - 1).adjustment for n in (1, 2, 5)] == [1, 2, CONTEXT["max_worker_tasks"]]
 
 
@@ -72,13 +74,16 @@ def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(
 
 
 def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(stack_template):
+    # GIVEN the stack WHEN its keep-alive is read THEN it sums every queue's metrics unfilled (a minute any queue did
+    # not publish is missing, not idle) and treats missing data as not breaching
     spec = read(stack_template).policy
     alarm = _alarm(spec, "Idle")
-    assert alarm.query.expression == " + ".join(f"FILL({m}{i}, 0)" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert alarm.query.expression == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
     assert alarm.query.stats["sent1"].stat == "Sum"
     assert alarm.query.stats["sent1"].metric.resource == "" and alarm.query.stats["sent2"].metric.resource  # the lane
     minutes = PROPS.idle_minutes_before_scale_in
-    assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "breaching")
+    assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (
+        minutes, minutes, "notBreaching")
     policy = spec.steps[alarm.actions[0]]
     assert policy.adjustment_type == "ExactCapacity"
     assert policy.step_for(0.0, upper_alarm=False).adjustment == 0
@@ -102,29 +107,33 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
     # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
-    # the service, ecs:UpdateService on it), at 60 s
+    # the service, ecs:UpdateService on it), at 60 s, each holding the minimum for the wake hold
     wake = read(stack_template).wake
     handlers = {lid: f["Properties"]["Handler"] for lid, f in stack_template["Resources"].items()
                 if lid in (wake.functions if wake else ())}
-    assert wake == WakeSpec(functions=tuple(sorted(handlers)), check_interval_s=PROPS.wake_check_interval_seconds)
+    assert wake == WakeSpec(functions=tuple(sorted(handlers)), check_interval_s=PROPS.wake_check_interval_seconds,
+                            hold_s=PROPS.wake_hold_seconds)
     assert sorted(handlers.values()) == ["lambdas.api.handler.lambda_handler",
                                          "lambdas.batch_controller.handler.lambda_handler",
                                          "lambdas.upload.handler.lambda_handler"]
 
 
 def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_template):
-    # GIVEN the stack WHEN the simulator builds its scenarios THEN "deployed" wakes at the template's interval, runs
-    # long_jobs protection at its rate and the capacity provider's warm-up; the anchors keep ECS's 300 s and no
-    # protection
+    # GIVEN the stack WHEN the simulator builds its scenarios THEN "deployed" wakes at the template's interval and
+    # hold, runs long_jobs protection at its rate, the capacity provider's warm-up, the warm pool and the release; the
+    # anchors, each at its default and its tuning, keep ECS's 300 s, no pool, no release and no protection
     deployed, *anchors = scenarios(stack_template, max_tasks=CONTEXT["max_worker_tasks"],
                                    keda_spec=read_scaled_object(), cpu_vcpus=4.0)
     assert deployed.name == "deployed" and deployed.api_wake is not None
-    assert deployed.api_wake.check_interval_s == 60
+    assert (deployed.api_wake.check_interval_s, deployed.api_wake.hold_s) == (60, PROPS.wake_hold_seconds)
     assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
         "long_jobs", 20.0, 120)
+    assert (deployed.warm_pool, deployed.release_empty) == (CONTEXT["max_gpu_instances"], True)
     assert read_policy(stack_template).alarms == deployed.policy.alarms
-    assert {(a.name, a.task_protection, a.instance_warmup_s, a.api_wake) for a in anchors} == {
-        ("queue_processing", "off", 300, None), ("sagemaker", "off", 300, None), ("keda", "off", 300, None)}
+    assert {(a.name, a.task_protection, a.instance_warmup_s, a.api_wake, a.warm_pool, a.release_empty)
+            for a in anchors} == {(f"{name}_{kind}", "off", 300, None, 0, False)
+                                  for name in ("queue_processing", "sagemaker", "keda")
+                                  for kind in ("default", "tuned")}
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):

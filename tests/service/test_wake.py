@@ -6,12 +6,13 @@ as ECS does (it places no tasks). The clock is the waker's own, so the interval 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
 
 from async_inference import settings
-from async_inference.aws import WorkerService, client
+from async_inference.aws import WAKE_HOLD_RELEASE, WorkerService, client
 from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
@@ -128,3 +129,42 @@ def _by_field(env: dict[str, str]) -> dict[str, str]:
     """ServiceSettings' field names for the environment ServiceConfig writes."""
     aliases = {f.alias: name for name, f in ServiceSettings.model_fields.items()}
     return {aliases[k]: v for k, v in env.items() if k in aliases}
+
+
+def _scaling_target(service_arn: str) -> dict:
+    return {"ServiceNamespace": "ecs", "ScalableDimension": "ecs:service:DesiredCount",
+            "ResourceId": f"service/{cluster_of(service_arn)}/{service_arn.split('/')[-1]}"}
+
+
+def test_a_wake_holds_the_scaling_minimum_and_schedules_its_end(service_arn: str):
+    # GIVEN a service at zero whose scalable target has a minimum of 0 (as the stack registers it)
+    scaling = client("application-autoscaling")
+    target = _scaling_target(service_arn)
+    scaling.register_scalable_target(**target, MinCapacity=0, MaxCapacity=2)
+    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn), check_interval_s=60, hold_s=300,
+                         clock=Clock(), utcnow=lambda: now)
+    # WHEN a job wakes it
+    assert waker.job_queued() is True
+    # THEN the minimum is 1 (an alarm re-running ScaleToZero cannot undo the wake) and a scheduled action puts it
+    # back to 0 five minutes later
+    [registered] = scaling.describe_scalable_targets(ServiceNamespace="ecs")["ScalableTargets"]
+    assert (registered["MinCapacity"], registered["MaxCapacity"], desired(service_arn)) == (1, 2, 1)
+    [action] = scaling.describe_scheduled_actions(ServiceNamespace="ecs")["ScheduledActions"]
+    assert (action["ScheduledActionName"], action["Schedule"], action["ScalableTargetAction"]["MinCapacity"]) == (
+        WAKE_HOLD_RELEASE, "at(2026-12-01T12:05:00)", 0)
+
+
+def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):
+    # GIVEN a waker whose hold will be refused (no scalable target registered for the service in moto)
+    class Refusing:
+        def put_scheduled_action(self, **kwargs):
+            raise ConnectionError("Application Auto Scaling is down")
+
+    service = WorkerService(cluster_of(service_arn), service_arn)
+    service._scaling = Refusing()
+    waker = ServiceWaker(service, check_interval_s=60, hold_s=300, clock=Clock())
+    # WHEN a job is queued THEN the service is woken, the hold's failure counted and logged
+    assert waker.job_queued() is True
+    assert (desired(service_arn), waker.failures) == (1, 1)
+    assert "could not hold its minimum" in caplog.text

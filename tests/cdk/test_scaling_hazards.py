@@ -1,0 +1,117 @@
+"""The scaling hazards' fixes and the GPU capacity choices, on the synthesized template (Template.from_stack).
+
+* the wake holds the scaling minimum (the keep-alive alarm re-runs ScaleToZero every minute it stays in ALARM);
+* the keep-alive never reads an unpublished minute as idle;
+* the scale-out sets the count it needs rather than adding to a desired count that may not be published yet;
+* a warm pool of stopped instances that keep their caches, and the release of empty instances, never one with a task.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk.assertions import Match
+
+from async_inference.config import ENV_GPU_GROUP, ENV_WAKE_HOLD_S
+from tests.cdk.helpers import role_actions
+
+
+def _function_id(synthesized, function) -> str:
+    return synthesized.logical_id(function)
+
+
+def _role_id(synthesized, function) -> str:
+    return synthesized.stack.get_logical_id(function.role.node.default_child)
+
+
+def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthesized):
+    """GIVEN the functions that wake the workers WHEN reading their environment and role THEN each holds the scaling
+    minimum for 300 s (WAKE_HOLD_S) and may RegisterScalableTarget and PutScheduledAction (the hold and its end)."""
+    service = synthesized.stack.service
+    for function in (service.api.handler, service.uploads.handler, service.batches.controller):
+        variables = synthesized.json["Resources"][_function_id(synthesized, function)]["Properties"]["Environment"][
+            "Variables"]
+        assert variables[ENV_WAKE_HOLD_S] == "300"
+        actions = role_actions(synthesized.template, _role_id(synthesized, function))
+        assert actions["application-autoscaling:RegisterScalableTarget"] == ["*"]
+        assert actions["application-autoscaling:PutScheduledAction"] == ["*"]
+
+
+def test_no_hold_no_permission(synth_variant):
+    """GIVEN wake_hold_seconds 0 WHEN synthesized THEN the API function holds nothing and may not change scaling."""
+    variant = synth_variant(wake_hold_seconds=0)
+    api = variant.stack.service.api.handler
+    variables = variant.json["Resources"][variant.logical_id(api)]["Properties"]["Environment"]["Variables"]
+    assert variables[ENV_WAKE_HOLD_S] == "0"
+    actions = role_actions(variant.template, variant.stack.get_logical_id(api.role.node.default_child))
+    assert not any(a.startswith("application-autoscaling:") for a in actions)
+
+
+def test_keep_alive_never_reads_an_unpublished_minute_as_idle(synthesized):
+    """GIVEN the keep-alive alarm WHEN reading it THEN no metric is FILLed and missing data is not breaching: a queue
+    SQS does not publish (inactive, or resuming for up to 15 minutes) never reads as idle."""
+    alarm = synthesized.stack.service.scaling.idle_alarm
+    properties = synthesized.json["Resources"][synthesized.logical_id(alarm)]["Properties"]
+    [expression] = [m["Expression"] for m in properties["Metrics"] if "Expression" in m]
+    assert "FILL" not in expression
+    assert properties["TreatMissingData"] == "notBreaching"
+
+
+def test_scale_out_sets_a_count_never_adds_one(synthesized):
+    """GIVEN the scale-out alarm's policy WHEN reading it THEN it is ExactCapacity whose steps set 1..max tasks from
+    the tasks needed (the alarm's metric), so an unpublished DesiredTaskCount cannot double a cold start's task."""
+    scaling = synthesized.stack.service.scaling
+    alarm = synthesized.json["Resources"][synthesized.logical_id(scaling.scale_out_alarm)]["Properties"]
+    [policy_ref] = alarm["AlarmActions"]
+    policy = synthesized.json["Resources"][policy_ref["Ref"]]["Properties"]["StepScalingPolicyConfiguration"]
+    assert policy["AdjustmentType"] == "ExactCapacity"
+    assert [s["ScalingAdjustment"] for s in policy["StepAdjustments"]] == [1, 2]
+
+
+def test_warm_pool_keeps_stopped_instances_that_return_on_scale_in(synthesized):
+    """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps max_gpu_instances (2) instances Stopped, reused on
+    scale-in; the ECS agent waits out the pool's initialization; vLLM's compile cache lives on the weights' volume."""
+    workers = synthesized.stack.service.workers
+    synthesized.template.has_resource_properties("AWS::AutoScaling::WarmPool", {
+        "AutoScalingGroupName": {"Ref": synthesized.logical_id(workers.auto_scaling_group)},
+        "MinSize": 2, "PoolState": "Stopped", "InstanceReusePolicy": {"ReuseOnScaleIn": True},
+    })
+    [launch] = synthesized.resources("AWS::EC2::LaunchTemplate").values()
+    assert "ECS_WARM_POOLS_CHECK=true" in json.dumps(launch["Properties"]["LaunchTemplateData"]["UserData"])
+    assert synthesized.worker_environment()["VLLM_CACHE_ROOT"].startswith("/models/")
+
+
+def test_no_warm_pool_when_asked_for_none(synth_variant):
+    """GIVEN gpu_warm_pool_instances 0 WHEN synthesized THEN there is no warm pool."""
+    synth_variant(gpu_warm_pool_instances=0).template.resource_count_is("AWS::AutoScaling::WarmPool", 0)
+
+
+def test_empty_instances_are_released_every_minute_by_protection_and_count_never_by_instance(synthesized):
+    """GIVEN the instance release WHEN reading its schedule and role THEN it runs every minute on this cluster and
+    group, may drain this cluster's instances, lift protection and lower the group's desired capacity, and may not
+    terminate an instance by id (the group's scale-in picks among unprotected instances only; ECS protects every
+    instance that runs a task)."""
+    capacity = synthesized.stack.service.capacity
+    function = capacity.release_function
+    function_id = _function_id(synthesized, function)
+    synthesized.template.has_resource_properties("AWS::Events::Rule", {
+        "ScheduleExpression": "rate(1 minute)",
+        "Targets": Match.array_with([Match.object_like({"Arn": {"Fn::GetAtt": [function_id, "Arn"]}})]),
+    })
+    variables = synthesized.json["Resources"][function_id]["Properties"]["Environment"]["Variables"]
+    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
+    assert variables[ENV_GPU_GROUP] == {"Ref": group_id}
+    actions = role_actions(synthesized.template, _role_id(synthesized, function))
+    for action in ("autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"):
+        assert group_id in json.dumps(actions[action])
+    assert "ecs:UpdateContainerInstancesState" in actions
+    assert not any("Terminate" in a for a in actions)
+
+
+def test_capacity_provider_keeps_managed_termination_protection(synthesized):
+    """GIVEN the release WHEN the capacity provider is read THEN managed termination protection stays on (ECS
+    protects an instance before it places a task there), which the release relies on."""
+    synthesized.template.has_resource_properties("AWS::ECS::CapacityProvider", {
+        "AutoScalingGroupProvider": Match.object_like({"ManagedTerminationProtection": "ENABLED"})})
+    synthesized.template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup",
+                                                 {"NewInstancesProtectedFromScaleIn": True})
