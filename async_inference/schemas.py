@@ -88,8 +88,8 @@ _NON_TEXT_PARTS = {"image_url": "an image", "input_audio": "audio", "file": "a f
 def _text_only_part(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _NON_TEXT_PARTS:
-        raise _refuse("unsupported_content", f"a {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: {TEXT_ONLY}; "
-                      "send text parts only (describe or transcribe the input as text)")
+        raise _refuse("unsupported_content", f"this {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: "
+                      f"{TEXT_ONLY}; send text parts only (describe or transcribe the input as text)")
     return value
 
 
