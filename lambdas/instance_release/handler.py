@@ -21,7 +21,7 @@ autoscaling = boto3.client("autoscaling")
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     done = release_empty_instances(ecs, autoscaling, cluster=CLUSTER, group=GROUP)
     return {"released": list(done.released), "kept": list(done.kept)}
