@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 outcome[key] = {"zeroed_while_jobs_wait": summary["zeroed_while_waiting"],
                                 "most_tasks_before_first_serves": summary["most_desired_before_first_task"],
                                 "first_job_start_s": summary["first_job_start_s"],
-                                "p95_wait_s": summary["p95_wait_s"]}
+                                "p95_wait_s": summary["p95_wait_s"], "p99_wait_s": summary["p99_wait_s"]}
         hazards[name] = outcome
     print("\nhazards (deployed policy, fixed and with its fix undone):")
     for name, outcome in hazards.items():
