@@ -110,6 +110,8 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
         "s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
         "sqs:SendMessage", *PUBLISH, *EVENT_SOURCE, *XRAY, "ecs:DescribeServices", "ecs:UpdateService",
+        # the wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py)
+        "application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction",
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
