@@ -104,8 +104,6 @@ ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
 ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
 ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
 DEFAULT_WAKE_CHECK_INTERVAL_S = 60
-# The GPU Auto Scaling group whose empty instances the instance release gives back (lambdas/instance_release).
-ENV_GPU_GROUP = "GPU_AUTO_SCALING_GROUP"
 # How long a wake holds the service's scaling minimum at one task (0: no hold). See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
 DEFAULT_WAKE_HOLD_S = 300

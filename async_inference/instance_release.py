@@ -45,6 +45,18 @@ def _describe(ecs: Any, cluster: str, arns: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def capacity_groups(ecs: Any, cluster: str) -> list[str]:
+    """The Auto Scaling groups behind the cluster's capacity providers, by name (read from ECS, so that the function
+    needs only the cluster's name)."""
+    [described] = ecs.describe_clusters(clusters=[cluster])["clusters"]
+    names = described.get("capacityProviders", [])
+    if not names:
+        return []
+    providers = ecs.describe_capacity_providers(capacityProviders=names)["capacityProviders"]
+    return [p["autoScalingGroupProvider"]["autoScalingGroupArn"].split("autoScalingGroupName/")[-1]
+            for p in providers if "autoScalingGroupProvider" in p]
+
+
 def release_empty_instances(ecs: Any, autoscaling: Any, *, cluster: str, group: str) -> Released:
     """Drain, check again and release the cluster's instances that run no task (the protocol above)."""
     arns: list[str] = []

@@ -11,7 +11,7 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from async_inference.config import ENV_GPU_GROUP, ENV_WORKER_CLUSTER
+from async_inference.config import ENV_WORKER_CLUSTER
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
@@ -77,12 +77,17 @@ class GpuCapacity(Construct):
             handler="lambdas.instance_release.handler.lambda_handler",
             description="Releases the GPU instances that run no task (drained and checked first)",
             service_name="async-inference-instance-release",
-            environment={ENV_WORKER_CLUSTER: cluster.cluster_name, ENV_GPU_GROUP: group.auto_scaling_group_name},
+            # The cluster only: the function reads its capacity providers' groups from ECS (a Ref to the group would
+            # be one more name to keep in step, and one the local runtime, which runs no group, cannot resolve).
+            environment={ENV_WORKER_CLUSTER: cluster.cluster_name},
             timeout=Duration.seconds(30),
         )
         stack = Stack.of(self)
-        function.add_to_role_policy(iam.PolicyStatement(actions=["ecs:ListContainerInstances"],
-                                                        resources=[cluster.cluster_arn]))
+        function.add_to_role_policy(iam.PolicyStatement(
+            actions=["ecs:ListContainerInstances", "ecs:DescribeClusters"], resources=[cluster.cluster_arn]))
+        function.add_to_role_policy(iam.PolicyStatement(
+            actions=["ecs:DescribeCapacityProviders"],
+            resources=[stack.format_arn(service="ecs", resource="capacity-provider", resource_name="*")]))
         function.add_to_role_policy(iam.PolicyStatement(
             actions=["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"],
             resources=[stack.format_arn(service="ecs", resource="container-instance",
@@ -102,6 +107,8 @@ class GpuCapacity(Construct):
         group_id = stack.get_logical_id(group.node.default_child)
         account = rendered_account(stack)
         acknowledge(function, {
+            f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:capacity-provider/*]":
+            "DescribeCapacityProviders, read-only, to find the cluster's group; the provider's name is generated.",
             f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:container-instance/"
             f"<{cluster_id}>/*]": "Container instance ids are assigned at launch; the statement admits only this "
             "cluster's instances, to describe them and set them DRAINING or ACTIVE.",

@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ] if args.sensitivity else []
     for label, change in rows:
         rerun, fill = change.pop("rerun", True), change.pop("fill_without_data", True)
-        variant_runs = _with_cloudwatch(rerun, fill, lambda: run_all(template, ("deployed", *TUNED), **change))
+        variant_runs = _with_cloudwatch(rerun, fill, lambda change=change: run_all(template, ("deployed", *TUNED),
+                                                                                     **change))
         sensitivity.append({"input": label,
                             **{name: {k: s[k] for k in BRIEF} for name, (_, s) in variant_runs.items()}})
     # the stack's capacity choices, decided by the simulator: the deployed policy without each
@@ -192,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         for label, variant in (("fixed", template), ("unfixed", unfixed(template))):
             for reading in readings:
                 key = label if len(readings) == 1 else f"{label}, desired published {reading.desired_while_starting}"
-                (run, summary), = run_all(variant, ("deployed",), run_delays=reading, run_requests=trace).values()
+                (_, summary), = run_all(variant, ("deployed",), run_delays=reading, run_requests=trace).values()
                 outcome[key] = {"zeroed_while_jobs_wait": summary["zeroed_while_waiting"],
                                 "most_tasks_before_first_serves": summary["most_desired_before_first_task"],
                                 "first_job_start_s": summary["first_job_start_s"],
-                                "p95_wait_s": summary["p95_wait_s"]}
+                                "p95_wait_s": summary["p95_wait_s"], "p99_wait_s": summary["p99_wait_s"]}
         hazards[name] = outcome
     print("\nhazards (deployed policy, fixed and with its fix undone):")
     for name, outcome in hazards.items():

@@ -20,10 +20,10 @@ import dataclasses
 import re
 from typing import Any
 
+from async_inference import config as _env
 from bench.scaling.figures import SQS_RESUME_DELAY_DOCUMENTED_S
 from bench.scaling.simulation import Delays
 from bench.scaling.trace import Request
-from async_inference import config as _env
 
 HAZARDS = ("wake_vs_idle_alarm", "inactive_queue_resume", "desired_unpublished_cold_start")
 

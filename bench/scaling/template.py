@@ -300,8 +300,7 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
 
 def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool]:
     """The warm pool's stopped instances beside ``group_id`` (0 without one), and whether a function scheduled every
-    minute releases the group's empty instances (its GPU_AUTO_SCALING_GROUP names the group and its role may set the
-    group's desired capacity)."""
+    minute releases the group's empty instances (its role may set the group's desired capacity)."""
     pool = 0
     for pool_id, resource in _resources(template, "AWS::AutoScaling::WarmPool").items():
         props = resource["Properties"]
@@ -321,13 +320,9 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
     }
     release = False
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
-        variables = function["Properties"].get("Environment", {}).get("Variables", {})
-        if _ref(variables.get(_env.ENV_GPU_GROUP)) != group_id or function_id not in scheduled:
-            continue
-        role = _ref(function["Properties"].get("Role"))
-        if not _role_allows_group(template, role, group_id):
-            raise TemplateError(f"{function_id}: releases {group_id}'s instances but may not set its desired capacity")
-        release = True
+        # The release function: run every minute, and its role may lower this group's desired capacity.
+        if function_id in scheduled and _role_allows_group(template, _ref(function["Properties"].get("Role")), group_id):
+            release = True
     return pool, release
 
 

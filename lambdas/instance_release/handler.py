@@ -9,13 +9,12 @@ import boto3
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from async_inference.config import ENV_GPU_GROUP, ENV_WORKER_CLUSTER
-from async_inference.instance_release import release_empty_instances
+from async_inference.config import ENV_WORKER_CLUSTER
+from async_inference.instance_release import capacity_groups, release_empty_instances
 
 logger = Logger()
 tracer = Tracer()
 CLUSTER = os.environ[ENV_WORKER_CLUSTER]
-GROUP = os.environ[ENV_GPU_GROUP]
 ecs = boto3.client("ecs")
 autoscaling = boto3.client("autoscaling")
 
@@ -23,5 +22,9 @@ autoscaling = boto3.client("autoscaling")
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    done = release_empty_instances(ecs, autoscaling, cluster=CLUSTER, group=GROUP)
-    return {"released": list(done.released), "kept": list(done.kept)}
+    released, kept = [], []
+    for group in capacity_groups(ecs, CLUSTER):
+        done = release_empty_instances(ecs, autoscaling, cluster=CLUSTER, group=group)
+        released += done.released
+        kept += done.kept
+    return {"released": released, "kept": kept}

@@ -110,7 +110,7 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
         "s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
         "sqs:SendMessage", *PUBLISH, *EVENT_SOURCE, *XRAY, "ecs:DescribeServices", "ecs:UpdateService",
-        # the wake's hold (async_inference.wake): a minimum of one task for a few minutes, then its end
+        # the wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py)
         "application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction",
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}

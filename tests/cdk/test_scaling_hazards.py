@@ -12,7 +12,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from async_inference.config import ENV_GPU_GROUP, ENV_WAKE_HOLD_S
+from async_inference.config import ENV_WAKE_HOLD_S, ENV_WORKER_CLUSTER
 from tests.cdk.helpers import role_actions
 
 
@@ -99,8 +99,9 @@ def test_empty_instances_are_released_every_minute_by_protection_and_count_never
         "Targets": Match.array_with([Match.object_like({"Arn": {"Fn::GetAtt": [function_id, "Arn"]}})]),
     })
     variables = synthesized.json["Resources"][function_id]["Properties"]["Environment"]["Variables"]
-    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
-    assert variables[ENV_GPU_GROUP] == {"Ref": group_id}
+    workers = synthesized.stack.service.workers
+    group_id = synthesized.logical_id(workers.auto_scaling_group)
+    assert variables[ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
     actions = role_actions(synthesized.template, _role_id(synthesized, function))
     for action in ("autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"):
         assert group_id in json.dumps(actions[action])

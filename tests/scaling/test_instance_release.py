@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from async_inference.instance_release import release_empty_instances
+from async_inference.instance_release import capacity_groups, release_empty_instances
 
 
 @dataclass
@@ -100,3 +100,19 @@ def test_nothing_to_release_makes_no_change():
     fake = Fake([Instance("ci/a", "i-a", running=1), Instance("ci/b", "i-b", pending=1)])
     assert release_empty_instances(fake, fake, cluster="c", group="g").released == ()
     assert (fake.calls, fake.desired) == ([], 2)
+
+
+def test_the_groups_are_read_from_the_clusters_capacity_providers():
+    # GIVEN a cluster with the GPU capacity provider (and FARGATE, which has no group) WHEN asked for its groups
+    class Ecs:
+        def describe_clusters(self, clusters):
+            return {"clusters": [{"clusterName": clusters[0], "capacityProviders": ["Gpu", "FARGATE"]}]}
+
+        def describe_capacity_providers(self, capacityProviders):
+            return {"capacityProviders": [
+                {"name": "Gpu", "autoScalingGroupProvider": {"autoScalingGroupArn":
+                 "arn:aws:autoscaling:us-east-1:111122223333:autoScalingGroup:uuid:autoScalingGroupName/gpu-asg"}},
+                {"name": "FARGATE"}]}
+
+    # THEN the GPU group's name comes back, and nothing for FARGATE
+    assert capacity_groups(Ecs(), "workers") == ["gpu-asg"]
