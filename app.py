@@ -64,6 +64,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
     "subscriptions": _subscriptions,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
+    "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
     "gpu_ami_parameter_name": _optional_str,

@@ -18,7 +18,8 @@ line on stderr and an exit status:
   70   a bug in this client
   130  interrupted
 
-``dlq list``, ``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
+``preflight`` checks an account before the first ``cdk deploy`` (``async_inference.preflight``). ``dlq list``,
+``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
 and the queue URLs from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets), the
 tenants' signing-secret ARNs from --secret-arns or WEBHOOK_SECRET_ARNS (the stack output WebhookSigningSecretArns, a
 JSON object tenant -> ARN). They need boto3: ``pip install 'async-inference[aws]'``.
@@ -524,6 +525,20 @@ def cmd_webhook_secret(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """``async_inference.preflight``: each prerequisite of a first deploy, what is missing and how to fix it."""
+    try:
+        import boto3
+    except ModuleNotFoundError as exc:
+        raise CliError("preflight needs boto3: pip install 'async-inference[aws]'") from exc
+    from async_inference import preflight
+
+    session = boto3.session.Session()
+    findings = preflight.run_checks(preflight.plan_from(args, session.region_name), session.client,
+                                    docker=not args.no_docker)
+    return preflight.report(findings)
+
+
 # --- Parser and entry point -----------------------------------------------------------------------------------------
 
 
@@ -618,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
                          required=not os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
                          help=f"the stack output WebhookSigningSecretArns (or {ENV_WEBHOOK_SECRET_ARNS})")
     signing.set_defaults(operator=True)
+
+    from async_inference import preflight
+
+    checks = command("preflight", cmd_preflight,
+                     "platform teams: check the account and this machine before the first cdk deploy (AWS credentials)")
+    preflight.add_arguments(checks)
+    checks.set_defaults(operator=True)
     return parser
 
 

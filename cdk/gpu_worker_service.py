@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jsii
@@ -62,7 +62,10 @@ class GpuWorkerService(Construct):
 
     Instances live in private subnets; S3 and DynamoDB are reached through gateway endpoints and ECR and CloudWatch
     Logs through interface endpoints, which keeps the multi-gigabyte image pulls off the NAT gateway. The NAT gateway
-    remains for SQS, SNS and the model download from Hugging Face.
+    remains for SQS, SNS and the model download from Hugging Face. With ``public_subnets`` they live in public
+    subnets instead, each with a public IPv4 address and a security group that admits nothing inbound: no NAT gateway
+    and no interface endpoints (about $77 a month at us-east-1 list prices while scaled to zero), the gateway endpoints
+    kept.
 
     The Auto Scaling group is an ``AsgCapacityProvider`` with managed scaling (instances follow the tasks to place,
     down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
@@ -115,7 +118,10 @@ class GpuWorkerService(Construct):
         expected run is its max_tokens at this rate (TASK_PROTECTION_TOKENS_PER_S). Default: 20.
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
     :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
-    :param nat_gateways: NAT gateways of the VPC. Default: 1.
+    :param nat_gateways: NAT gateways of the VPC (private subnets only). Default: 1.
+    :param public_subnets: the instances in public subnets with public IPv4 addresses, no NAT gateway and no
+        interface endpoints. Default: False.
+    :param availability_zones: the VPC's zones. Default: none, the region's first two.
     :param log_retention: worker and flow log retention. Default: one month.
     """
 
@@ -139,6 +145,8 @@ class GpuWorkerService(Construct):
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
         nat_gateways: int = 1,
+        public_subnets: bool = False,
+        availability_zones: Sequence[str] = (),
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
@@ -155,7 +163,8 @@ class GpuWorkerService(Construct):
                 f"instance_type {instance_type} is arm64 and ECS publishes its GPU-optimized AMI for x86_64 only: "
                 "give machine_image"
             )
-        self.vpc = self._vpc(nat_gateways, log_retention)
+        self.public_subnets = public_subnets
+        self.vpc = self._vpc(nat_gateways, availability_zones, log_retention)
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
         )
@@ -270,21 +279,34 @@ class GpuWorkerService(Construct):
             ENV_TASK_PROTECTION_TOKENS_PER_S: f"{self.task_protection_tokens_per_s:g}",
         }
 
-    def _vpc(self, nat_gateways: int, log_retention: logs.RetentionDays) -> ec2.Vpc:
+    def _vpc(self, nat_gateways: int, availability_zones: Sequence[str], log_retention: logs.RetentionDays) -> ec2.Vpc:
+        if self.public_subnets:
+            subnets = [ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)]
+        else:
+            subnets = [
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20),
+            ]
         vpc = ec2.Vpc(
             self,
             "Vpc",
-            max_azs=2,
-            nat_gateways=nat_gateways,
-            subnet_configuration=[
-                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
-                ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20),
-            ],
+            # Given zones, or the region's first two (which may not offer the GPU type: `async-inference preflight`).
+            **({"availability_zones": list(availability_zones)} if availability_zones else {"max_azs": 2}),
+            nat_gateways=0 if self.public_subnets else nat_gateways,
+            subnet_configuration=subnets,
             gateway_endpoints={
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
                 "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
             },
         )
+        vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
+                logs.LogGroup(self, "FlowLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY)
+            ),
+        )
+        if self.public_subnets:
+            return vpc  # ECR and CloudWatch Logs over the internet gateway: no endpoint to pay while idle
         for name, service in {
             "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
             "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
@@ -298,12 +320,6 @@ class GpuWorkerService(Construct):
                     "AwsSolutions-EC23": "Ingress is HTTPS from this VPC's own CIDR (the endpoint's default rule)."
                 },
             )
-        vpc.add_flow_log(
-            "FlowLog",
-            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
-                logs.LogGroup(self, "FlowLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY)
-            ),
-        )
         return vpc
 
     def _gpu_instances(
@@ -323,6 +339,9 @@ class GpuWorkerService(Construct):
             user_data=ec2.UserData.for_linux(),
             role=role,
             security_group=security_group,
+            # Public subnets: the instance reaches ECR, SQS, SNS and the Hub through the internet gateway with its
+            # own address; its security group admits nothing inbound.
+            associate_public_ip_address=True if self.public_subnets else None,
             require_imdsv2=True,
             # 1: IMDS answers the instance (its ECS agent) only. Containers in bridge mode are one hop further, so
             # they cannot take the instance role; the worker needs no instance metadata (its credentials come from
@@ -342,7 +361,9 @@ class GpuWorkerService(Construct):
             self,
             "GpuInstances",
             vpc=self.vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            vpc_subnets=ec2.SubnetSelection(
+                subnet_type=ec2.SubnetType.PUBLIC if self.public_subnets else ec2.SubnetType.PRIVATE_WITH_EGRESS
+            ),
             launch_template=launch_template,
             min_capacity=0,
             max_capacity=max_instances,

@@ -58,6 +58,7 @@ MODEL_SOURCES = ("huggingface", "s3")
 # vLLM's tool-call parser for a model family (name prefix -> parser), from vLLM's tool calling docs: Qwen2.5 writes
 # Hermes-style <tool_call> blocks. A model not listed serves tool_choice auto only with tool_call_parser set.
 TOOL_CALL_PARSERS = {"Qwen/Qwen2.5-": "hermes", "Qwen/Qwen3-": "hermes", "NousResearch/Hermes-": "hermes"}
+WORKER_SUBNETS = ("private", "public")
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
@@ -139,7 +140,16 @@ class AsyncInferenceServiceProps:
         bench/scaling/engine.py): jobs with max_tokens above 1,800 are protected.
       worker_image_context: Docker build context of the worker. Default: the repository root.
       worker_dockerfile: relative to the context. Default: ``"gpu_worker/Dockerfile"``.
-      nat_gateways: Default: 1.
+      nat_gateways: NAT gateways of the VPC, with ``worker_subnets="private"``. Default: 1 (one zone's: a failure of
+        that zone cuts every worker's route to SQS, SNS and the Hub; 2 removes it, for another ~$33 a month).
+      worker_subnets: where the GPU instances live. ``"private"``: private subnets; SQS, SNS and the Hugging Face Hub
+        over the NAT gateway(s), ECR and CloudWatch Logs through interface endpoints (one per zone each), S3 and
+        DynamoDB through gateway endpoints. ``"public"``: public subnets, each instance with a public IPv4 address
+        (paid only while it runs) and a security group without any inbound rule; no NAT gateway and no interface
+        endpoints, so nothing of the network is paid while scaled to zero (docs/deploying.md, "What zero costs").
+        Default: ``"private"``.
+      availability_zones: the zones of the VPC (and so of the GPU instances): ones where ``gpu_instance_type`` is
+        offered (``async-inference preflight`` lists them). Default: none, the region's first two, whatever they offer.
     Scaling (``cdk.queue_scaling.QueueScaling`` explains each alarm; docs/scaling.md the simulation behind the defaults)
       jobs_per_task: jobs (visible or in flight) one task is sized for; the scale-out keeps CEIL(backlog / this)
         tasks wanted, counting tasks still starting. Default: 1.5 x ``max_num_seqs`` (a batch plus half a batch
@@ -197,6 +207,8 @@ class AsyncInferenceServiceProps:
     worker_image_context: Path = PROJECT_ROOT
     worker_dockerfile: str = "gpu_worker/Dockerfile"
     nat_gateways: int = 1
+    worker_subnets: str = "private"
+    availability_zones: Sequence[str] = ()
     jobs_per_task: float | None = None
     scale_out_cooldown_seconds: int = 60
     scale_in_fill: float = 0.5
@@ -248,8 +260,13 @@ class AsyncInferenceServiceProps:
                 f"({settings.MAX_TTL_S // 86400} days): a queued job's request would expire before the job does"
             )
         self._validate_model_source()
-        if self.nat_gateways < 1:
-            raise ValueError("nat_gateways (0) leaves the GPU workers without a route to SQS, SNS and the model hub")
+        if self.worker_subnets not in WORKER_SUBNETS:
+            raise ValueError(f"worker_subnets ({self.worker_subnets!r}) must be one of {', '.join(WORKER_SUBNETS)}")
+        if self.worker_subnets == "private" and self.nat_gateways < 1:
+            raise ValueError(f"nat_gateways ({self.nat_gateways}) leaves the GPU workers in private subnets without a "
+                             "route to SQS, SNS and the model hub: set worker_subnets to 'public' to run without NAT")
+        if len(set(self.availability_zones)) != len(self.availability_zones):
+            raise ValueError(f"availability_zones {list(self.availability_zones)} names a zone twice")
         if not 60 <= self.oldest_message_alarm_seconds < 14 * 86400:
             raise ValueError(
                 f"oldest_message_alarm_seconds ({self.oldest_message_alarm_seconds}) must lie between 60 s and the "
@@ -453,6 +470,8 @@ class AsyncInferenceService(Construct):
             task_protection_tokens_per_s=props.worker_task_protection_tokens_per_s,
             memory_reservation_mib=props.worker_memory_reservation_mib,
             nat_gateways=props.nat_gateways,
+            public_subnets=props.worker_subnets == "public",
+            availability_zones=props.availability_zones,
             log_retention=props.log_retention,
         )
         self.scaling = QueueScaling(

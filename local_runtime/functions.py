@@ -39,6 +39,7 @@ HOST = Path(__file__).with_name("lambda_host.py")
 # What the Python Lambda runtime puts on every function's import path besides the function's own code and layers.
 RUNTIME_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
 LAYER_MACHINE = "x86_64"
+_WARNED_RUNTIMES: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,11 @@ class LocalFunction:
                 paths.append(str(deployment.assembly.asset_path(layer.logical_id) / "python"))
             paths.append(str(runtime_packages_dir(deployment.assembly.directory / ".local-lambda-runtime")))
         else:
-            logger.warning("%s: the layers are built for Lambda (manylinux x86_64, %s), not this machine's Python "
-                           "%d.%d; using this virtualenv's packages instead", logical_id, runtime,
-                           *sys.version_info[:2])
+            if runtime not in _WARNED_RUNTIMES:  # once per runtime, not once per function
+                _WARNED_RUNTIMES.add(runtime)
+                logger.warning("the functions' layers are built for Lambda (manylinux x86_64, %s), not this "
+                               "machine's Python %d.%d; the functions use this virtualenv's packages instead", runtime,
+                               *sys.version_info[:2])
             paths.extend(site.getsitepackages())
         self.paths = paths
         template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}

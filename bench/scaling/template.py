@@ -255,9 +255,21 @@ def _worker_container(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     raise TemplateError("no task definition has a container with MAX_NUM_SEQS (the GPU worker)")
 
 
-def _role_allows(template: Mapping[str, Any], role: str | None, action: str, resource_ref: str) -> bool:
-    """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names
-    (``"*"``: on every resource)."""
+def _names_service(value: Any, service_id: str, service: Mapping[str, Any]) -> bool:
+    """Whether ``value`` names the service: a Ref of it, or the ARN built from its fixed ServiceName and its cluster's
+    name (how the stack names it, so that the functions do not wait for the service: cdk/gpu_worker_service.py)."""
+    if _ref(value) == service_id:
+        return True
+    name, cluster = service["Properties"].get("ServiceName"), _ref(service["Properties"].get("Cluster"))
+    if not name or not isinstance(value, dict) or "Fn::Join" not in value:
+        return False
+    parts = value["Fn::Join"][1]
+    return {"Ref": cluster} in parts and isinstance(parts[-1], str) and parts[-1].endswith(f"/{name}")
+
+
+def _role_allows(template: Mapping[str, Any], role: str | None, action: str, resource_ref: Any) -> bool:
+    """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names (a
+    logical id, the ARN as the template writes it, or ``"*"``: on every resource)."""
     for policy in _resources(template, "AWS::IAM::Policy").values():
         if role not in (_ref(r) for r in policy["Properties"].get("Roles", [])):
             continue
@@ -265,21 +277,23 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             allowed = statement.get("Effect") == "Allow" and action in actions
-            named = resources if resource_ref == "*" else [_ref(r) for r in resources]
-            if allowed and resource_ref in named:
+            if allowed and any(resource_ref in (_ref(r), r) for r in resources):
                 return True
     return False
 
 
 def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     """The functions that wake the worker service from zero, or None when none does."""
-    service_id, _ = _single(template, "AWS::ECS::Service")
+    service_id, service = _single(template, "AWS::ECS::Service")
     functions, intervals, holds = [], set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
-        if _ref(variables.get(_env.ENV_WORKER_SERVICE)) != service_id:
+        named = variables.get(_env.ENV_WORKER_SERVICE)
+        if not _names_service(named, service_id, service):
             continue
-        if not _role_allows(template, _ref(function["Properties"].get("Role")), "ecs:UpdateService", service_id):
+        role = _ref(function["Properties"].get("Role"))
+        if not (_role_allows(template, role, "ecs:UpdateService", service_id)
+                or _role_allows(template, role, "ecs:UpdateService", named)):
             raise TemplateError(f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
                                 "ecs:UpdateService it; the wake would fail at every check")
         functions.append(function_id)

@@ -219,3 +219,56 @@ def test_the_workers_can_tell_which_jobs_a_websocket_connection_follows(synthesi
     on_table = {a: r for a, r in actions.items() if table in json.dumps(r)}
     assert list(on_table) == ["dynamodb:Query"]
     assert "/index/" in json.dumps(on_table["dynamodb:Query"])
+
+
+# --- Defect 12: the zones are the platform team's to choose ---------------------------------------------------------
+
+
+def test_the_gpu_instances_go_to_the_zones_given_in_context(synth_variant):
+    """GIVEN availability_zones in context (zones that offer the GPU type, as the preflight lists them) WHEN
+    synthesized THEN every subnet lies in one of them, and the GPU instances' group spans all of them."""
+    variant = synth_variant(availability_zones='["us-east-1c", "us-east-1d"]')
+    zones = {s["Properties"]["AvailabilityZone"] for s in variant.resources("AWS::EC2::Subnet").values()}
+    assert zones == {"us-east-1c", "us-east-1d"}
+    [group] = variant.resources("AWS::AutoScaling::AutoScalingGroup").values()
+    assert len(group["Properties"]["VPCZoneIdentifier"]) == 2
+
+
+def test_a_zone_named_twice_is_refused_naming_the_option(synth_variant):
+    with pytest.raises(Exception, match="availability_zones"):
+        synth_variant(availability_zones='["us-east-1c", "us-east-1c"]')
+
+
+# --- Defect 13: an option that pays nothing for the network while scaled to zero ------------------------------------
+
+
+def test_public_worker_subnets_remove_the_nat_gateway_and_the_interface_endpoints(synth_variant):
+    """GIVEN worker_subnets=public WHEN synthesized THEN there is no NAT gateway, no interface endpoint (the idle
+    floor's network items), the S3 and DynamoDB gateway endpoints stay (free), and the instances get public addresses
+    behind a security group without any inbound rule."""
+    variant = synth_variant(worker_subnets="public")
+    assert variant.resources("AWS::EC2::NatGateway") == {}
+    endpoints = variant.resources("AWS::EC2::VPCEndpoint").values()
+    assert sorted(e["Properties"].get("VpcEndpointType", "Gateway") for e in endpoints) == ["Gateway", "Gateway"]
+    [template] = variant.resources("AWS::EC2::LaunchTemplate").values()
+    [interface] = template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+    assert interface["AssociatePublicIpAddress"] is True
+    [group] = variant.resources("AWS::EC2::SecurityGroup").values()
+    assert "SecurityGroupIngress" not in group["Properties"]
+    assert variant.resources("AWS::EC2::SecurityGroupIngress") == {}
+    subnets = variant.resources("AWS::EC2::Subnet").values()
+    assert all(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
+
+
+def test_the_default_keeps_the_workers_private_behind_one_nat_gateway(synthesized):
+    """GIVEN the defaults WHEN synthesized THEN the instances are private: one NAT gateway, three interface endpoints
+    (ECR API, ECR Docker, CloudWatch Logs) in each of two zones; what that costs idle is in docs/deploying.md."""
+    assert len(synthesized.resources("AWS::EC2::NatGateway")) == 1
+    interface = [e for e in synthesized.resources("AWS::EC2::VPCEndpoint").values()
+                 if e["Properties"].get("VpcEndpointType") == "Interface"]
+    assert len(interface) == 3 and all(len(e["Properties"]["SubnetIds"]) == 2 for e in interface)
+
+
+def test_private_subnets_without_a_nat_gateway_are_refused_naming_the_way_out(synth_variant):
+    with pytest.raises(Exception, match="worker_subnets"):
+        synth_variant(nat_gateways=0)

@@ -1,0 +1,140 @@
+"""``async-inference preflight`` (issue 21): each prerequisite of a first deploy, checked against moto server where
+moto answers (zones and vCPUs of instance types, the CDK bootstrap stack and parameter). Where moto has no answer
+(Service Quotas knows only VPC quotas; Lambda's GetAccountSettings is not served), botocore's Stubber answers, after
+checking each answer against the API's model; the Docker checks run a stand-in ``docker`` on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from async_inference import cli, preflight
+from async_inference.preflight import Plan
+from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def client(moto: MotoServer):
+    def make(service: str):
+        return boto3.client(service, endpoint_url=moto.url, region_name=REGION,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+    return make
+
+
+def _stubbed(service: str, operation: str, response: dict, expected: dict | None = None):
+    stubbed = boto3.client(service, region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    stubber = Stubber(stubbed)
+    stubber.add_response(operation, response, expected)
+    stubber.activate()
+    return stubbed
+
+
+def _quota(value: float):
+    return _stubbed("service-quotas", "get_service_quota",
+                    {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": value}},
+                    {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"})
+
+
+def test_a_gpu_quota_below_the_instances_vcpus_is_missing_with_the_request_that_fixes_it(client):
+    # GIVEN 2 x g5.xlarge (4 vCPUs each, as EC2 describes the type) and a new account's quota of 0
+    finding = preflight.check_gpu_quota(client("ec2"), _quota(0), Plan(instances=2))
+    # THEN it is missing, and the fix asks for 8 vCPUs of the G and VT quota
+    assert not finding.ok and "need 8" in finding.detail
+    assert "--quota-code L-DB2E81BA --desired-value 8" in finding.fix
+    # AND a quota of 8 is enough
+    assert preflight.check_gpu_quota(client("ec2"), _quota(8), Plan(instances=2)).ok
+
+
+def test_a_new_accounts_lambda_concurrency_is_missing_with_the_quota_to_raise(client):
+    def settings(limit: int):
+        return _stubbed("lambda", "get_account_settings", {"AccountLimit": {"ConcurrentExecutions": limit,
+                                                                             "UnreservedConcurrentExecutions": limit}})
+    finding = preflight.check_lambda_concurrency(settings(10), Plan())
+    assert not finding.ok and "L-B99A9384" in finding.fix
+    assert preflight.check_lambda_concurrency(settings(1000), Plan()).ok
+
+
+def test_zones_that_do_not_offer_the_gpu_type_are_named_with_zones_that_do(client):
+    ec2 = client("ec2")
+    # GIVEN a zone moto says does not offer g5.xlarge (us-east-1e) among the chosen ones
+    finding = preflight.check_zones(ec2, Plan(zones=("us-east-1a", "us-east-1e")))
+    # THEN it is missing, naming the zone, and the fix is the context option with zones that offer it
+    assert not finding.ok and "us-east-1e" in finding.detail
+    assert "availability_zones" in finding.fix
+    suggested = json.loads(finding.fix.split("availability_zones='")[1].split("'")[0])
+    offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g5.xlarge"]}])
+        ["InstanceTypeOfferings"]}
+    assert suggested and set(suggested) <= offered
+    # AND without zones, the region's first two are checked (what the stack takes)
+    assert preflight.check_zones(ec2, Plan()).ok
+
+
+def test_bootstrap_is_missing_until_the_toolkit_stack_and_its_version_exist(client):
+    cloudformation, ssm = client("cloudformation"), client("ssm")
+    # GIVEN a fresh account THEN bootstrap is missing, fixed by cdk bootstrap
+    finding = preflight.check_bootstrap(cloudformation, ssm, Plan())
+    assert not finding.ok and "cdk bootstrap" in finding.fix
+    # WHEN the toolkit stack exists at an old version THEN still missing
+    cloudformation.create_stack(StackName="CDKToolkit", TemplateBody=json.dumps(
+        {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}}}))
+    ssm.put_parameter(Name="/cdk-bootstrap/hnb659fds/version", Value="5", Type="String")
+    assert not preflight.check_bootstrap(cloudformation, ssm, Plan()).ok
+    # WHEN it is bootstrapped at a current version THEN ok
+    ssm.put_parameter(Name="/cdk-bootstrap/hnb659fds/version", Value="21", Type="String", Overwrite=True)
+    assert preflight.check_bootstrap(cloudformation, ssm, Plan()).ok
+
+
+def _docker(folder: Path, monkeypatch: pytest.MonkeyPatch, platforms: str, engine_rc: int = 0) -> None:
+    """A stand-in docker first on PATH: a server version, and a buildx builder offering ``platforms``."""
+    script = folder / "bin" / "docker"
+    script.parent.mkdir(parents=True)
+    script.write_text(f"""#!/bin/sh
+case "$1" in
+  version) [ {engine_rc} -eq 0 ] && echo 27.3.1 || echo 'Cannot connect to the Docker daemon' >&2; exit {engine_rc};;
+  buildx) printf 'Name: default\\nPlatforms: {platforms}\\n';;
+esac
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_docker_and_the_image_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # GIVEN an arm64 laptop whose builder emulates amd64 THEN both pass (the build is emulated)
+    _docker(tmp_path, monkeypatch, "linux/arm64, linux/amd64*")
+    found = {f.check: f for f in preflight.check_docker(Plan(), machine="arm64")}
+    assert found["docker"].ok and found["image_platform"].ok and "emulation" in found["image_platform"].detail
+    # GIVEN a builder without amd64 THEN the image platform is missing, with QEMU or a CI runner as the fix
+    _docker(tmp_path / "native-only", monkeypatch, "linux/arm64")
+    [_, platform] = preflight.check_docker(Plan(), machine="arm64")
+    assert not platform.ok and "binfmt" in platform.fix
+
+
+def test_a_docker_engine_that_does_not_answer_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    _docker(tmp_path, monkeypatch, "linux/amd64", engine_rc=1)
+    [finding] = preflight.check_docker(Plan(), machine="x86_64")
+    assert not finding.ok and "start the Docker daemon" in finding.fix
+
+
+def test_the_cli_prints_each_missing_prerequisite_with_its_fix(moto: MotoServer, monkeypatch, capsys):
+    # GIVEN a fresh account (moto) and the CLI pointed at it
+    for name, value in {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": moto.url}.items():
+        monkeypatch.setenv(name, value)
+    # WHEN the platform team runs the preflight
+    code = cli.main(["preflight", "--no-docker", "--zones", "us-east-1a,us-east-1e"])
+    out = capsys.readouterr().out
+    # THEN it fails, and each missing prerequisite is printed with its fix: the zone and the bootstrap (moto answers
+    # both), and the two quotas moto cannot report (said, not guessed)
+    assert code == 1
+    for check in ("gpu_quota", "lambda_concurrency", "zones", "bootstrap"):
+        line = next(line for line in out.splitlines() if f" {check}:" in line)
+        assert line.startswith("MISSING"), line
+    assert out.count("fix: ") == 4
+    assert "missing: gpu_quota, lambda_concurrency, zones, bootstrap" in out
