@@ -99,8 +99,11 @@ def runs() -> Iterator[list[Run]]:
         except Exception as exc:  # a refusal is a failed case, reported with its reason
             case.error = f"{type(exc).__name__}: {exc}"
 
+    async def every() -> None:
+        await asyncio.gather(*(one(c) for c in cases))
+
     try:
-        run(asyncio.gather(*(one(c) for c in cases)))
+        run(every())
     finally:
         run(engine.close())
         loop.close()
