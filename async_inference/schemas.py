@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints,
+                      Tag, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
@@ -63,9 +63,15 @@ def _refuse(code: str, message: str) -> PydanticCustomError:
 TEXT_ONLY = "this deployment serves a text-only model"
 
 
+class PromptCacheBreakpoint(_Strict):
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES)]
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # a caching hint: no effect here
 
 
 class RefusalPart(_Strict):
@@ -82,8 +88,8 @@ _NON_TEXT_PARTS = {"image_url": "an image", "input_audio": "audio", "file": "a f
 def _text_only_part(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _NON_TEXT_PARTS:
-        raise _refuse("unsupported_content", f"a {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: {TEXT_ONLY}; "
-                      "send text parts only (describe or transcribe the input as text)")
+        raise _refuse("unsupported_content", f"this {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: "
+                      f"{TEXT_ONLY}; send text parts only (describe or transcribe the input as text)")
     return value
 
 
@@ -352,13 +358,15 @@ def _not_streaming(value: Any) -> Any:
     return value
 
 
-def _refused_parameter(message: str) -> BeforeValidator:
+def _refused_parameter(message: str) -> Any:
+    """A parameter OpenAI takes that this deployment refuses unless null: the 400's message is the documented one."""
+
     def check(value: Any) -> Any:
         if value is not None:
             raise _refuse("unsupported_parameter", message)
         return value
 
-    return BeforeValidator(check)
+    return [BeforeValidator(check), Field(description=f"Refused (400) unless null: {message}.")]
 
 
 def _nullable_when_optional(schema: dict[str, Any]) -> None:
@@ -409,7 +417,7 @@ class ChatCompletionRequest(_Strict):
         default=None, max_length=settings.MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    functions: list[LegacyFunction] | None = Field(default=None, min_length=1, max_length=settings.MAX_TOOLS,
+    functions: list[LegacyFunction] | None = Field(default=None, max_length=settings.MAX_TOOLS,
                                                    description="Legacy: use tools.")
     function_call: FunctionCallChoice | None = Field(default=None, description="Legacy: use tool_choice.")
     # vLLM's extensions, honoured by the engines (transformers' generate and vLLM both have them).
@@ -423,7 +431,9 @@ class ChatCompletionRequest(_Strict):
                                                         "for the model's chat template (e.g. enable_thinking).")
 
     # Accepted without effect on a self-hosted text model (README: "The request").
-    stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = False
+    stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = Field(
+        default=False, description="Only false: a job answers once, when it is done (poll GET /v1/jobs/{id}, or a "
+        "webhook or the WebSocket API tells you); true is refused (400).")
     stream_options: StreamOptions | None = None
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
@@ -439,13 +449,13 @@ class ChatCompletionRequest(_Strict):
     modalities: list[Literal["text", "audio"]] | None = None
 
     # Refused: a text-only job cannot do them.
-    audio: Annotated[None, _refused_parameter(
+    audio: Annotated[None, *_refused_parameter(
         f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer"
     )] = None
-    web_search_options: Annotated[None, _refused_parameter(
+    web_search_options: Annotated[None, *_refused_parameter(
         "web search is a tool OpenAI runs on its own servers; this deployment has none: search yourself and send the "
         "results in the messages, or declare a function tool")] = None
-    moderation: Annotated[None, _refused_parameter(
+    moderation: Annotated[None, *_refused_parameter(
         "moderation is a service OpenAI runs on its own servers; this deployment has none: omit moderation")] = None
 
     @model_validator(mode="before")
@@ -508,8 +518,8 @@ class ChatCompletionRequest(_Strict):
         fingerprint and an Idempotency-Key retry across the upgrade still matches its job."""
         fields = self.model_dump(mode="json")
         for name, info in type(self).model_fields.items():
-            if name not in _FIRST_REQUEST_FIELDS and (name == "max_completion_tokens" or
-                                                      getattr(self, name) == info.get_default(call_default_factory=True)):
+            at_default = getattr(self, name) == info.get_default(call_default_factory=True)
+            if name not in _FIRST_REQUEST_FIELDS and (name == "max_completion_tokens" or at_default):
                 del fields[name]
         for message in fields["messages"]:
             for name in [n for n, value in message.items() if value is None and n not in _FIRST_MESSAGE_FIELDS]:
@@ -592,6 +602,14 @@ def _field_error(field_name: str, message: str) -> PydanticCustomError:
     """An error found across fields. A model validator's error is located at the model; ``ctx.field`` names the field
     to fix, and error_location() appends it."""
     return PydanticCustomError("invalid_parameter", "{message}", {"field": field_name, "message": message})
+
+
+def error_message(error: Mapping[str, Any]) -> str:
+    """What a validation error says; for a field the schema does not have, that it is unknown and where the known
+    ones are listed."""
+    if error.get("type") == "extra_forbidden":
+        return "unknown field: not a field of this API's request (GET /v1/openapi.json lists them)"
+    return str(error.get("msg", "invalid"))
 
 
 def error_location(error: Mapping[str, Any], skip: Iterable[str] = ()) -> str:

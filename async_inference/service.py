@@ -32,6 +32,7 @@ from async_inference.schemas import (
     Timings,
     UploadDeadline,
     error_location,
+    error_message,
     WebhookState,
     utcnow,
 )
@@ -59,7 +60,7 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> tuple[s
     for error in exc.errors(include_url=False):
         loc = error_location(error)
         field = ".".join(filter(None, [prefix, loc if loc != "(body)" else ""]))
-        details.append({"field": field or "(body)", "message": error["msg"]})
+        details.append({"field": field or "(body)", "message": error_message(error)})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
     return f"{first['field']}: {first['message']}", details
 

@@ -25,7 +25,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from async_inference import settings
 from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
-from async_inference.schemas import JobList, JobSubmission, JobView, error_location
+from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
 from async_inference.service import ApiError, JobService
 from lambdas.api import batch_routes
 from lambdas.api.tenancy import tenant_of
@@ -169,7 +169,7 @@ def _validation_error(exc: RequestValidationError) -> Response:
         if error.get("type") == "json_invalid":
             return _error(400, "invalid_json", "the request body is not valid JSON: " + error.get("ctx", {}).get("error", ""))
         field = error_location(error, skip=("body", "query", "path", "header"))
-        details.append({"field": field, "message": error.get("msg", "invalid")})
+        details.append({"field": field, "message": error_message(error)})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
     return _error(400, "invalid_request", f"{first['field']}: {first['message']}", details)
 

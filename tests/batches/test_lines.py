@@ -17,7 +17,8 @@ from gpu_worker.chunks import parse_lines
 
 SERVED = ServedModels.of(["m"])
 TOOLS_BODY = {
-    "model": "m", "messages": [{"role": "developer", "content": "Use the tool."}, {"role": "user", "content": "Paris?"}],
+    "model": "m",
+    "messages": [{"role": "developer", "content": "Use the tool."}, {"role": "user", "content": "Paris?"}],
     "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
     "tool_choice": "required", "response_format": None, "max_completion_tokens": 20, "stream": False,
 }

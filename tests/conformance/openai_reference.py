@@ -10,11 +10,11 @@ Each body is one of:
   must refuse it with a 400 naming one of ``fields``;
 - ``valid``: OpenAI takes it and a text model can answer it: the service must accept it.
 
-The reference is OpenAI's API plus the extensions of vLLM's OpenAI server the service documents and its engines
-honour (``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``, with vLLM's ranges): a body that
-uses them is valid, as vLLM's server takes it. Where OpenAI's documents are silent, recorded traffic of api.openai.com in the corpus decides: an explicit null for
-any optional parameter is taken as omitted, ``name`` is taken on every message, and an assistant message sent back
-with a response's ``annotations`` is taken.
+The reference is OpenAI's API plus the extensions of vLLM's OpenAI server the service documents and its engines honour
+(``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``, with vLLM's ranges): a body that uses them is
+valid, as vLLM's server takes it. Where OpenAI's documents are silent, recorded traffic of api.openai.com in the
+corpus decides: an explicit null for any optional parameter is taken as omitted, ``name`` is taken on every message,
+and an assistant message sent back with a response's ``annotations`` is taken.
 """
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ def _check_tools(body: dict[str, Any]) -> None:
         if not tools:
             raise Invalid("tool_choice is only allowed when tools are given")
         if isinstance(choice, dict):
-            named = (choice.get(choice.get("type")) or {}).get("name") if choice.get("type") != "allowed_tools" else None
-            if choice.get("type") not in ("function", "custom", "allowed_tools") or (
-                    choice.get("type") != "allowed_tools" and named not in names):
+            kind = choice.get("type")
+            named = (choice.get(kind) or {}).get("name") if kind in ("function", "custom") else None
+            if kind not in ("function", "custom", "allowed_tools") or (kind != "allowed_tools" and named not in names):
                 raise Invalid(f"tool_choice names no declared tool: {choice!r}")
         elif choice not in ("none", "auto", "required"):
             raise Invalid(f"tool_choice must be none, auto or required, got {choice!r}")

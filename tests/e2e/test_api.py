@@ -83,6 +83,12 @@ def test_throttling_and_quota_answers_are_429_in_the_error_envelope(stack, respo
         ({"request": chat(temperature="hot")}, "request.temperature"),
         ({"request": {"model": "m", "messages": [{"role": "robot", "content": "x"}]}}, "request.messages.0.role"),
         ({"request": chat(stop=["a", "b", "c", "d", "e"])}, "request.stop"),
+        ({"request": chat(stream=True)}, "request.stream"),
+        ({"request": chat(top_logprobs=2)}, "request.top_logprobs"),
+        ({"request": chat(max_tokens=10, max_completion_tokens=20)}, "request.max_completion_tokens"),
+        ({"request": {"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}},
+         "request.messages.0.content.1"),
         ({"request": chat(), "upload": {"size_bytes": 10}}, "(body)"),
         ({}, "(body)"),
         ({"upload": {"size_bytes": settings.MAX_UPLOAD_BYTES + 1}}, "upload.size_bytes"),

@@ -56,10 +56,14 @@ def _jobs_answer(stack: LocalStack, sample: Sample) -> Answer:
 @pytest.fixture(scope="module")
 def answers(stack: LocalStack) -> list[Answer]:
     found = [_jobs_answer(stack, sample) for sample in chat_samples(MODEL)]
-    # The accepted bodies are queued jobs: take their claim checks off the shared queue, so that later tests' workers
-    # do not spend time on them.
+    # The accepted bodies are queued jobs: take their claim checks off the shared queue, so that later workers do not
+    # spend time on them. Received and deleted, not purged: SQS allows one PurgeQueue a minute, and the fuzz module
+    # purges this queue too.
     assert stack.resources is not None
-    client("sqs").purge_queue(QueueUrl=stack.resources.config.queue_url)
+    sqs, url = client("sqs"), stack.resources.config.queue_url
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages"):
+        sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                        for i, m in enumerate(messages)])
     return found
 
 

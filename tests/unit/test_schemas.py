@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from async_inference import settings
 from async_inference.schemas import ChatCompletionRequest, ClaimCheck, JobSubmission, error_location
+from async_inference.service import describe_validation_error
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -189,6 +190,13 @@ def test_what_openai_refuses_is_refused_naming_the_field(fields, field):
     assert _refusal(**fields)[0] == field
 
 
+def test_an_unknown_parameter_is_named_and_said_to_be_unknown():
+    with pytest.raises(ValidationError) as caught:
+        _request(best_of=2)
+    message, details = describe_validation_error(caught.value)
+    assert message.startswith("best_of: unknown field")
+
+
 def test_a_request_the_narrow_schema_took_keeps_its_fingerprint():
     # GIVEN a submission as the schema before the whole chat.completions request took it, and its fingerprint then
     # (main at 9165883: an Idempotency-Key retry across the deploy must match the job it made)
@@ -207,3 +215,17 @@ def test_max_completion_tokens_and_max_tokens_fingerprint_alike():
 
     assert fingerprint(max_completion_tokens=50) == fingerprint(max_tokens=50) != fingerprint(max_tokens=51)
     assert fingerprint(tools=None, presence_penalty=0) == fingerprint()
+
+
+def test_every_parameter_of_openais_request_type_is_a_field_with_its_wire_name():
+    # GIVEN the parameters of the official SDK's chat.completions request type
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+
+    sdk = set(CompletionCreateParamsBase.__annotations__) | {"stream"}
+    # THEN each is a field of the request (honoured, without effect, or refused by name), none renamed
+    assert sdk <= set(ChatCompletionRequest.model_fields)
+    assert [name for name, info in ChatCompletionRequest.model_fields.items() if info.alias not in (None, name)] == []
+    # AND the JSON Schema (the OpenAPI document's) says an optional parameter may be null, and what is refused
+    properties = ChatCompletionRequest.model_json_schema()["properties"]
+    assert {"type": "null"} in properties["temperature"]["anyOf"]
+    assert properties["audio"]["description"].startswith("Refused (400)")
