@@ -43,7 +43,7 @@ from gpu_worker.engines.asks import Asks, asks_of  # noqa: E402
 from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
 from tests.conformance.openai_reference import chat_samples  # noqa: E402
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]  # minutes on an idle 2-core machine
 
 MODEL = "SmolLM2-135M-Instruct"
 MAX_TOKENS_CAP = 256
