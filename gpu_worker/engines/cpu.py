@@ -19,6 +19,12 @@ without extra special tokens; temperature 0 is greedy; top_p keeps the smallest 
 reaches top_p; stop strings end the generation and are not part of the text; ``completion_tokens`` counts every token
 generated, the end-of-sequence token included; ``prompt_tokens + max_tokens`` must fit in ``max_model_len``.
 
+OpenAI's parameters (read by ``gpu_worker.engines.asks``; the README's "How the engines honour the request" says what
+each does here): a request is ``n`` rows of the batch; each row carries its own logits processors (``logit_bias``,
+``repetition_penalty``, presence/frequency penalties, and xgrammar's grammar mask for ``response_format`` and forced
+tool calls, compiled once per schema) and warpers (``top_k``, ``min_p``), applied to its row of the batched logits,
+so constrained and plain requests share one batch; logprobs are read from the raw logits before any of them.
+
 Seeds: each row samples with its own ``torch.Generator``, seeded from the request's ``seed``, so a seeded request is
 reproducible whatever its batch mates, as long as the batched logits equal the single ones, which they do to float32
 rounding (left padding is masked out); no separate batch is needed.
