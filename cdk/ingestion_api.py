@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, Stack
@@ -20,6 +20,7 @@ from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
+MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
 # The API function's Powertools service name: the ``service`` dimension of JobsSubmitted.
 API_SERVICE_NAME = "async-inference-api"
 
@@ -33,14 +34,22 @@ class TenantPlan:
     :param quota_per_day: requests per day. Default: 10000.
     :param max_active_jobs: jobs awaiting upload, queued or running at once; a submit over it is a 429
         ``quota_exceeded`` (``async_inference.quotas``). Default: ``settings.DEFAULT_MAX_ACTIVE_JOBS`` (1000).
+    :param api_keys: the names of the tenant's API keys, one or two (two while rotating: add the new name, deploy,
+        move the clients, remove the old name, deploy). Each is in the tenant's usage plan, and the plan's limits apply
+        per key. Default: one key named by the tenant id.
     """
 
     rate_limit: float = 10
     burst_limit: int = 20
     quota_per_day: int = 10_000
     max_active_jobs: int = settings.DEFAULT_MAX_ACTIVE_JOBS
+    api_keys: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.api_keys, str) or len(self.api_keys) > MAX_KEYS_PER_TENANT:
+            raise ValueError(f"api_keys is a list of at most {MAX_KEYS_PER_TENANT} key names, got {self.api_keys!r}")
+        for name in self.api_keys:
+            validate_tenant_id(name)  # a key name follows the tenant id's rules (it names an API Gateway key)
         if self.rate_limit <= 0 or self.burst_limit < 1 or self.quota_per_day < 1 or self.max_active_jobs < 1:
             raise ValueError(f"rate_limit, burst_limit, quota_per_day and max_active_jobs must be positive, got {self}")
         if self.burst_limit < self.rate_limit:
@@ -192,12 +201,16 @@ class IngestionApi(Construct):
         self._acknowledge_api_findings()
         self._add_gateway_responses()
         self._add_routes()
-        self.api_keys: dict[str, apigw.IApiKey] = {}
+        # tenant -> its keys (one, or two during a rotation)
+        self.api_keys: dict[str, list[apigw.IApiKey]] = {}
+        names = [name for tenant, plan in tenants.items() for name in (plan.api_keys or (tenant,))]
+        if len(names) != len(set(names)):
+            raise ValueError(f"API key names must be unique across tenants, got {sorted(names)}")
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
         quotas = {tenant: {"max_active_jobs": plan.max_active_jobs} for tenant, plan in tenants.items()}
         self.handler.add_environment(ENV_TENANT_QUOTAS, json.dumps(quotas, sort_keys=True))
-        key_ids = {tenant: key.key_id for tenant, key in self.api_keys.items()}
+        key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         self._grant_read_api_keys(self.authorizer_function)
 
@@ -260,13 +273,19 @@ class IngestionApi(Construct):
         """apigateway:GET on this API's tenant keys only, for the authorizer to read their values (``GetApiKey`` with
         ``includeValue``), not every key of the region."""
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["apigateway:GET"], resource_arns=[key.key_arn for key in self.api_keys.values()]
+            grantee=grantee, actions=["apigateway:GET"],
+            resource_arns=[key.key_arn for keys in self.api_keys.values() for key in keys]
         )
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
         # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
-        key = apigw.ApiKey(self.api, f"ApiKey-{tenant}", api_key_name=tenant, description=f"API key of tenant {tenant}")
+        keys = [
+            # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
+            apigw.ApiKey(self.api, f"ApiKey-{tenant}" if name == tenant else f"ApiKey-{tenant}-{name}", api_key_name=name,
+                         description=f"API key of tenant {tenant}")
+            for name in (plan.api_keys or (tenant,))
+        ]
         usage_plan = self.api.add_usage_plan(
             f"UsagePlan-{tenant}",
             name=f"{tenant}",
@@ -275,8 +294,9 @@ class IngestionApi(Construct):
             quota=apigw.QuotaSettings(limit=plan.quota_per_day, period=apigw.Period.DAY),
             api_stages=[apigw.UsagePlanPerApiStage(api=self.api, stage=self.api.deployment_stage)],
         )
-        usage_plan.add_api_key(key)
-        self.api_keys[tenant] = key
+        for key in keys:
+            usage_plan.add_api_key(key)
+        self.api_keys[tenant] = keys
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
