@@ -16,6 +16,7 @@ then disables the old one, with no moment when the tenant has none.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,12 @@ FetchKey = Callable[[str], "tuple[str, bool] | None"]
 class Caller:
     tenant: str
     api_key: str  # the usage plan's key: API Gateway throttles and counts the tenant's requests by it
+
+
+def key_hash(value: str) -> str:
+    """What a WebSocket connection records of the key it opened with: enough to tell whether that key is still
+    valid, never the key itself (the connection table is readable by more roles than the keys are)."""
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
 def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
@@ -72,6 +79,14 @@ class TenantKeys:
             if stale or unknown:
                 self._read(now)
             return self._by_value.get(value)
+
+    def holds(self, tenant: str, hashed: str) -> bool:
+        """Whether ``hashed`` (``key_hash``) is of a key the tenant still has, enabled (as of at most ``ttl_s`` ago)."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl_s:
+                self._read(now)
+            return any(t == tenant and key_hash(value) == hashed for value, t in self._by_value.items())
 
     def _read(self, now: float) -> None:
         by_value = {}

@@ -339,3 +339,8 @@ class PushSettings(EnvSettings):
     websocket_callback_url: str = Field(
         alias=ENV_WEBSOCKET_CALLBACK_URL, min_length=1, description="the WebSocket stage's management API URL"
     )
+    tenant_api_key_ids: Json[dict[str, str | list[str]]] | None = Field(
+        None, alias=ENV_TENANT_API_KEY_IDS,
+        description='the tenants\' API key ids, {"tenant": ["key id", ...]}: a connection whose key is no longer among '
+        "them is closed; unset: not checked",
+    )

@@ -100,6 +100,9 @@ class WebSocketPush(Construct):
         )
         self._topic_key = topic_key
 
+        key_ids = Stack.of(self).to_json_string(
+            {tenant: [key.key_id for key in keys] for tenant, keys in api_keys.items()}
+        )
         self.routes_handler = code.new_function(
             self,
             "RoutesHandler",
@@ -109,9 +112,7 @@ class WebSocketPush(Construct):
             environment={
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_TENANT_API_KEY_IDS: Stack.of(self).to_json_string(
-                    {tenant: [key.key_id for key in keys] for tenant, keys in api_keys.items()}
-                ),
+                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(10),
         )
@@ -147,6 +148,8 @@ class WebSocketPush(Construct):
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
                 config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
+                # To close, rather than tell, a connection whose key was revoked since it opened.
+                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(30),
         )
@@ -197,10 +200,10 @@ class WebSocketPush(Construct):
             actions=["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:GetItem"],
             resource_arns=[table],
         )
-        # The tenant keys' values, to know which tenant a key sent at $connect belongs to.
-        iam.Grant.add_to_principal(
-            grantee=self.routes_handler, actions=["apigateway:GET"], resource_arns=[k.key_arn for keys in api_keys.values() for k in keys]
-        )
+        # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
+        key_arns = [key.key_arn for keys in api_keys.values() for key in keys]
+        for function in (self.routes_handler, self.push_handler):
+            iam.Grant.add_to_principal(grantee=function, actions=["apigateway:GET"], resource_arns=key_arns)
         iam.Grant.add_to_principal(
             grantee=self.push_handler,
             actions=["dynamodb:Query"],
