@@ -12,6 +12,7 @@ from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from async_inference import settings
@@ -116,6 +117,10 @@ class IngestionApi(Construct):
     :param log_retention: access log retention. Default: one month.
     :param create_cloudwatch_role: create the account-wide role API Gateway logs with; set False when the account
         already has one configured. Default: True.
+    :param waf_requests_per_5_min_per_ip: associate a WAF web ACL (``web_acl``) with the stage: a rate-based rule
+        blocking an IP address over this many requests in 5 minutes (WAF's minimum is 10), AWS's IP reputation list
+        and known-bad-inputs rule groups. Not AWS's common rule set: its 8 KB body limit would block job requests.
+        None: no web ACL. Default: None.
     """
 
     def __init__(
@@ -129,8 +134,12 @@ class IngestionApi(Construct):
         stage_name: str = "prod",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         create_cloudwatch_role: bool = True,
+        waf_requests_per_5_min_per_ip: int | None = None,
     ) -> None:
         super().__init__(scope, id)
+        if waf_requests_per_5_min_per_ip is not None and waf_requests_per_5_min_per_ip < 10:
+            raise ValueError(f"waf_requests_per_5_min_per_ip must be at least 10 (WAF's minimum), got "
+                             f"{waf_requests_per_5_min_per_ip}")
         if not tenants:
             raise ValueError("tenants is empty: with API keys required on every method, nobody could call the API")
         self.service_name = API_SERVICE_NAME
@@ -213,6 +222,34 @@ class IngestionApi(Construct):
         key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         self._grant_read_api_keys(self.authorizer_function)
+        self.web_acl = self._add_web_acl(waf_requests_per_5_min_per_ip) if waf_requests_per_5_min_per_ip else None
+
+    def _add_web_acl(self, limit: int) -> wafv2.CfnWebACL:
+        def managed(name: str, priority: int) -> wafv2.CfnWebACL.RuleProperty:
+            return wafv2.CfnWebACL.RuleProperty(
+                name=name, priority=priority, override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+                statement=wafv2.CfnWebACL.StatementProperty(managed_rule_group_statement=(
+                    wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(vendor_name="AWS", name=name))),
+                visibility_config=_visibility(name),
+            )
+
+        web_acl = wafv2.CfnWebACL(
+            self, "WebAcl", scope="REGIONAL", default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            visibility_config=_visibility("AsyncInferenceApi"),
+            rules=[
+                wafv2.CfnWebACL.RuleProperty(
+                    name="RequestsPerIp", priority=0, action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+                    statement=wafv2.CfnWebACL.StatementProperty(rate_based_statement=(
+                        wafv2.CfnWebACL.RateBasedStatementProperty(limit=limit, aggregate_key_type="IP"))),
+                    visibility_config=_visibility("RequestsPerIp"),
+                ),
+                managed("AWSManagedRulesAmazonIpReputationList", 1),
+                managed("AWSManagedRulesKnownBadInputsRuleSet", 2),
+            ],
+        )
+        wafv2.CfnWebACLAssociation(self, "WebAclAssociation", resource_arn=self.api.deployment_stage.stage_arn,
+                                   web_acl_arn=web_acl.attr_arn)
+        return web_acl
 
     def _add_routes(self) -> None:
         integration = apigw.LambdaIntegration(self.handler, allow_test_invoke=False)
@@ -316,7 +353,8 @@ class IngestionApi(Construct):
             "function against the service's pydantic models (the one schema, also behind the OpenAPI document), "
             "whose 400s name the field to fix. A second, draft-4 model here answered 'Invalid request body' instead.",
             "AwsSolutions-APIG3": "No WAF in the default deployment: every method needs an API key and each tenant "
-            "has a usage plan with throttling and a daily quota; a platform team can associate its own web ACL.",
+            "has a usage plan with throttling and a daily quota; waf_requests_per_5_min_per_ip adds a web ACL, or a "
+            "platform team associates its own.",
             "AwsSolutions-APIG4": "Every method has the REQUEST authorizer, which maps the caller's API key (one "
             "per tenant, named by tenant id) to its tenant; the API Lambda scopes every read and write to it.",
             "AwsSolutions-COG4": "Machine-to-machine API for tenants' back ends, identified by API keys; no end-user "
@@ -326,3 +364,8 @@ class IngestionApi(Construct):
             "logs with; this AWS managed policy is the documented one and grants only CloudWatch Logs writes.",
         }
         acknowledge(self.api, findings)
+
+
+def _visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
+    return wafv2.CfnWebACL.VisibilityConfigProperty(cloud_watch_metrics_enabled=True, metric_name=name,
+                                                    sampled_requests_enabled=True)

@@ -118,3 +118,30 @@ def test_a_tenant_with_two_keys_has_both_in_its_usage_plan_and_both_reach_the_au
 def test_key_lists_that_cannot_hold_are_refused_at_synth(synth_variant, tenants, says):
     with pytest.raises(ValueError, match=says):
         synth_variant(tenants=tenants)
+
+
+# --- WAF (optional) --------------------------------------------------------------------------------------------------
+
+
+def test_no_web_acl_by_default(synthesized):
+    assert synthesized.resources("AWS::WAFv2::WebACL") == {}
+
+
+def test_the_waf_option_puts_a_rate_limiting_web_acl_on_the_rest_stage(synth_variant):
+    # GIVEN the option set WHEN the template is read
+    synthesized = synth_variant(waf_requests_per_5_min_per_ip=1000)
+    # THEN a regional web ACL blocks an IP over 1000 requests in 5 minutes, with AWS's reputation and bad-input groups
+    [(acl_id, acl)] = synthesized.resources("AWS::WAFv2::WebACL").items()
+    rules = {rule["Name"]: rule for rule in acl["Properties"]["Rules"]}
+    assert acl["Properties"]["Scope"] == "REGIONAL"
+    assert rules["RequestsPerIp"]["Statement"]["RateBasedStatement"] == {"Limit": 1000, "AggregateKeyType": "IP"}
+    assert set(rules) == {"RequestsPerIp", "AWSManagedRulesAmazonIpReputationList", "AWSManagedRulesKnownBadInputsRuleSet"}
+    # AND it is associated with the REST API's stage
+    [association] = synthesized.resources("AWS::WAFv2::WebACLAssociation").values()
+    assert association["Properties"]["WebACLArn"] == {"Fn::GetAtt": [acl_id, "Arn"]}
+    assert "/stages/" in json.dumps(association["Properties"]["ResourceArn"])
+
+
+def test_a_waf_limit_under_wafs_minimum_is_refused(synth_variant):
+    with pytest.raises(ValueError, match="at least 10"):
+        synth_variant(waf_requests_per_5_min_per_ip=5)
