@@ -672,6 +672,10 @@ class JobEvents:
 # --- The WebSocket API: connections and the management API ---------------------------------------------------
 
 
+class TooManyConnections(Exception):
+    """A $connect would take its tenant past settings.WS_MAX_CONNECTIONS_PER_TENANT open connections."""
+
+
 class TooManySubscriptions(Exception):
     """A subscribe message would take the connection past settings.WS_MAX_JOB_IDS_PER_CONNECTION job ids."""
 
@@ -687,9 +691,13 @@ class ConnectionStore:
     def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
         self._table = (dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)).Table(table_name)
 
-    def open(self, connection_id: str, tenant: str, key_hash: str | None = None) -> None:
+    def open(self, connection_id: str, tenant: str, key_hash: str | None = None, *,
+             max_per_tenant: int = settings.WS_MAX_CONNECTIONS_PER_TENANT) -> None:
         """Record an open connection of ``tenant``, and the hash of the key it opened with (the push drops a connection
-        whose key is revoked)."""
+        whose key is revoked). TooManyConnections when the tenant has ``max_per_tenant`` open already (counted on the
+        eventually consistent tenant index: connects racing within its lag may each pass)."""
+        if self.count(tenant, up_to=max_per_tenant) >= max_per_tenant:
+            raise TooManyConnections(f"tenant {tenant} has {max_per_tenant} open WebSocket connections, the most it may")
         now = utcnow()
         self._table.put_item(Item={
             _CONNECTION: connection_id,
@@ -701,6 +709,22 @@ class ConnectionStore:
 
     def close(self, connection_id: str) -> None:
         self._table.delete_item(Key={_CONNECTION: connection_id})
+
+    def count(self, tenant: str, *, up_to: int) -> int:
+        """The tenant's open connections (expired ones not yet deleted by TTL left out), counted up to ``up_to``."""
+        kwargs: dict[str, Any] = {
+            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME, "Select": "COUNT",
+            "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
+            "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())),
+        }
+        count = 0
+        while count < up_to:
+            response = self._table.query(**kwargs)
+            count += response["Count"]
+            if not response.get("LastEvaluatedKey"):
+                break
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return count
 
     def subscribe(self, connection_id: str, subscription: Subscription) -> bool:
         """Add the subscription's scope to the connection's; False when the connection is not (any more) open.

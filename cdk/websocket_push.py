@@ -200,6 +200,9 @@ class WebSocketPush(Construct):
             actions=["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:GetItem"],
             resource_arns=[table],
         )
+        # $connect counts the tenant's open connections (settings.WS_MAX_CONNECTIONS_PER_TENANT).
+        iam.Grant.add_to_principal(grantee=self.routes_handler, actions=["dynamodb:Query"],
+                                   resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"])
         # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
         key_arns = [key.key_arn for keys in api_keys.values() for key in keys]
         for function in (self.routes_handler, self.push_handler):

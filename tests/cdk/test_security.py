@@ -145,3 +145,14 @@ def test_the_waf_option_puts_a_rate_limiting_web_acl_on_the_rest_stage(synth_var
 def test_a_waf_limit_under_wafs_minimum_is_refused(synth_variant):
     with pytest.raises(ValueError, match="at least 10"):
         synth_variant(waf_requests_per_5_min_per_ip=5)
+
+
+def test_the_websocket_routes_may_count_a_tenants_connections_and_the_push_may_read_keys(synthesized):
+    # GIVEN the WebSocket functions WHEN their grants are read THEN $connect may query the connection tenant index (the
+    # per-tenant cap) and the push function may read the tenants' keys (to close a revoked key's connections)
+    template = synthesized.template
+    routes = role_actions(template, function_role(template, "lambdas.websocket.handler.lambda_handler"))
+    push = role_actions(template, function_role(template, "lambdas.push.handler.lambda_handler"))
+    assert settings.CONNECTION_TENANT_INDEX_NAME in json.dumps(routes["dynamodb:Query"])
+    keys = synthesized.resources("AWS::ApiGateway::ApiKey")
+    assert len(push["apigateway:GET"]) == len(keys) and all("apikeys/" in json.dumps(r) for r in push["apigateway:GET"])

@@ -9,7 +9,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.authorizer import KEYS_TTL_S, TenantKeys
-from async_inference.aws import ConnectionPoster, ConnectionStore, client
+from async_inference.aws import ConnectionPoster, ConnectionStore, TooManyConnections, client
 from async_inference.push import Pushed, Pusher, WebSocketRoutes
 from async_inference.schemas import JobEvent, Subscription
 from local_runtime.moto_server import MotoServer
@@ -83,3 +83,17 @@ def test_a_connection_whose_key_is_revoked_is_closed_at_its_tenants_next_event(c
     # AND the connection table holds a hash of each key, never the key
     items = client("dynamodb").scan(TableName=TABLE)["Items"]
     assert "old-key" not in str(items) and "new-key" not in str(items) and all("key_hash" in i for i in items)
+
+
+def test_a_tenant_at_its_connection_limit_is_refused_and_another_tenant_is_not(connections):
+    # GIVEN a tenant with 3 open connections, its limit here (settings.WS_MAX_CONNECTIONS_PER_TENANT in the stack)
+    for index in range(3):
+        connections.open(f"limited-{index}", "limited", max_per_tenant=3)
+    # WHEN it opens a fourth THEN it is refused, naming the limit; another tenant still connects
+    with pytest.raises(TooManyConnections, match="3 open WebSocket connections"):
+        connections.open("limited-3", "limited", max_per_tenant=3)
+    connections.open("other-0", "other", max_per_tenant=3)
+    # AND once one closes, it may open one again
+    connections.close("limited-0")
+    connections.open("limited-3", "limited", max_per_tenant=3)
+    assert connections.count("limited", up_to=10) == 3
