@@ -7,17 +7,25 @@ request or API Gateway answers 401 without calling the authorizer, and a request
 the gateway's TTL is 0 and the cache is this one: the tenants' key values, read from API Gateway by the keys' ids (this
 stack's keys only) and kept ``KEYS_TTL_S``; a value not among them re-reads the keys at most every ``REFRESH_MIN_S``
 (a caller cannot make each request cost an API Gateway read).
+
+Revocation bound: a key disabled or deleted in API Gateway stops authorizing, on the REST API and on WebSocket
+``$connect`` alike (both use this class), at most ``KEYS_TTL_S`` seconds later in every execution environment.
+A tenant may have several keys (``{"tenant": ["key id", ...]}``): rotation adds the new key, moves the clients over,
+then disables the old one, with no moment when the tenant has none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 BEARER = "bearer "
-KEYS_TTL_S = 300.0  # API Gateway's default authorizer TTL: a disabled key stops working within this
+# The revocation bound (docs/security.md). Each refresh reads every key of the stack once (GetApiKey per key id), per
+# execution environment: 30 s keeps that well under API Gateway's control-plane rate for dozens of tenants.
+KEYS_TTL_S = 30.0
 REFRESH_MIN_S = 10.0
 
 # key id -> (value, enabled), or None when there is no such key
@@ -28,6 +36,12 @@ FetchKey = Callable[[str], "tuple[str, bool] | None"]
 class Caller:
     tenant: str
     api_key: str  # the usage plan's key: API Gateway throttles and counts the tenant's requests by it
+
+
+def key_hash(value: str) -> str:
+    """What a WebSocket connection records of the key it opened with: enough to tell whether that key is still
+    valid, never the key itself (the connection table is readable by more roles than the keys are)."""
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
 def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
@@ -43,11 +57,12 @@ def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
 
 
 class TenantKeys:
-    """API key value -> tenant, over this stack's tenants' keys (``key_ids``: tenant -> key id)."""
+    """API key value -> tenant, over this stack's tenants' keys (``key_ids``: tenant -> its key id, or its key ids)."""
 
-    def __init__(self, key_ids: Mapping[str, str], fetch: FetchKey, *, clock: Callable[[], float] = time.monotonic,
-                 ttl_s: float = KEYS_TTL_S, refresh_min_s: float = REFRESH_MIN_S) -> None:
-        self._key_ids = dict(key_ids)
+    def __init__(self, key_ids: Mapping[str, str | Sequence[str]], fetch: FetchKey, *,
+                 clock: Callable[[], float] = time.monotonic, ttl_s: float = KEYS_TTL_S,
+                 refresh_min_s: float = REFRESH_MIN_S) -> None:
+        self._key_ids = {tenant: (ids,) if isinstance(ids, str) else tuple(ids) for tenant, ids in key_ids.items()}
         self._fetch = fetch
         self._clock = clock
         self._ttl_s = ttl_s
@@ -65,12 +80,21 @@ class TenantKeys:
                 self._read(now)
             return self._by_value.get(value)
 
+    def holds(self, tenant: str, hashed: str) -> bool:
+        """Whether ``hashed`` (``key_hash``) is of a key the tenant still has, enabled (as of at most ``ttl_s`` ago)."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl_s:
+                self._read(now)
+            return any(t == tenant and key_hash(value) == hashed for value, t in self._by_value.items())
+
     def _read(self, now: float) -> None:
         by_value = {}
-        for tenant, key_id in self._key_ids.items():
-            found = self._fetch(key_id)
-            if found is not None and found[1]:
-                by_value[found[0]] = tenant
+        for tenant, ids in self._key_ids.items():
+            for key_id in ids:
+                found = self._fetch(key_id)
+                if found is not None and found[1]:
+                    by_value[found[0]] = tenant
         self._by_value, self._read_at = by_value, now
 
     def caller(self, headers: Mapping[str, str] | None) -> Caller | None:

@@ -688,11 +688,16 @@ class JobEvents:
 # --- The WebSocket API: connections and the management API ---------------------------------------------------
 
 
+class TooManyConnections(Exception):
+    """A $connect would take its tenant past settings.WS_MAX_CONNECTIONS_PER_TENANT open connections."""
+
+
 class TooManySubscriptions(Exception):
     """A subscribe message would take the connection past settings.WS_MAX_JOB_IDS_PER_CONNECTION job ids."""
 
 
 _CONNECTION = settings.CONNECTION_TABLE_PARTITION_KEY
+_KEY_HASH = "key_hash"  # async_inference.authorizer.key_hash of the key a connection opened with
 
 
 class ConnectionStore:
@@ -702,17 +707,40 @@ class ConnectionStore:
     def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
         self._table = (dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)).Table(table_name)
 
-    def open(self, connection_id: str, tenant: str) -> None:
+    def open(self, connection_id: str, tenant: str, key_hash: str | None = None, *,
+             max_per_tenant: int = settings.WS_MAX_CONNECTIONS_PER_TENANT) -> None:
+        """Record an open connection of ``tenant``, and the hash of the key it opened with (the push drops a connection
+        whose key is revoked). TooManyConnections when the tenant has ``max_per_tenant`` open already (counted on the
+        eventually consistent tenant index: connects racing within its lag may each pass)."""
+        if self.count(tenant, up_to=max_per_tenant) >= max_per_tenant:
+            raise TooManyConnections(f"tenant {tenant} has {max_per_tenant} open WebSocket connections, the most it may")
         now = utcnow()
         self._table.put_item(Item={
             _CONNECTION: connection_id,
             settings.CONNECTION_TENANT_KEY: tenant,
             "connected_at": now.isoformat(),
             settings.CONNECTION_TTL_ATTRIBUTE: int(now.timestamp()) + settings.WS_MAX_CONNECTION_S,
+            **({_KEY_HASH: key_hash} if key_hash else {}),
         })
 
     def close(self, connection_id: str) -> None:
         self._table.delete_item(Key={_CONNECTION: connection_id})
+
+    def count(self, tenant: str, *, up_to: int) -> int:
+        """The tenant's open connections (expired ones not yet deleted by TTL left out), counted up to ``up_to``."""
+        kwargs: dict[str, Any] = {
+            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME, "Select": "COUNT",
+            "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
+            "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())),
+        }
+        count = 0
+        while count < up_to:
+            response = self._table.query(**kwargs)
+            count += response["Count"]
+            if not response.get("LastEvaluatedKey"):
+                break
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return count
 
     def subscribe(self, connection_id: str, subscription: Subscription) -> bool:
         """Add the subscription's scope to the connection's; False when the connection is not (any more) open.
@@ -780,6 +808,12 @@ class ConnectionStore:
     def subscribers(self, tenant: str, *, job_id: str | None = None, batch_id: str | None = None) -> list[str]:
         """Ids of the tenant's open connections subscribed to the job or the batch (by id, or to all of the tenant's
         work). Only this tenant's connections are read: another tenant's never see its jobs."""
+        return [connection for connection, _ in self.followers(tenant, job_id=job_id, batch_id=batch_id)]
+
+    def followers(self, tenant: str, *, job_id: str | None = None,
+                  batch_id: str | None = None) -> list[tuple[str, str | None]]:
+        """``subscribers``, each with the hash of the key its connection opened with (None: opened before keys were
+        recorded)."""
         wanted = Attr("all").eq(True)
         if job_id:
             wanted = wanted | Attr("job_ids").contains(job_id)
@@ -790,13 +824,13 @@ class ConnectionStore:
             "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
             # DynamoDB's TTL deletes an item some time after it expires: until then, it is ignored here.
             "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())) & wanted,
-            "ProjectionExpression": "#pk",
-            "ExpressionAttributeNames": {"#pk": _CONNECTION},
+            "ProjectionExpression": "#pk, #key",
+            "ExpressionAttributeNames": {"#pk": _CONNECTION, "#key": _KEY_HASH},
         }
-        found: list[str] = []
+        found: list[tuple[str, str | None]] = []
         while True:
             response = self._table.query(**kwargs)
-            found.extend(item[_CONNECTION] for item in response.get("Items", []))
+            found.extend((item[_CONNECTION], item.get(_KEY_HASH)) for item in response.get("Items", []))
             if not response.get("LastEvaluatedKey"):
                 return found
             kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
@@ -820,6 +854,14 @@ class ConnectionPoster:
                 return False
             raise
         return True
+
+    def disconnect(self, connection_id: str) -> None:
+        """Close the connection (``DELETE @connections/{id}``); one already gone is fine."""
+        try:
+            self._management.delete_connection(ConnectionId=connection_id)
+        except ClientError as exc:
+            if not is_error(exc, "GoneException"):
+                raise
 
 
 class ApiKeyValues:

@@ -41,7 +41,8 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 # The model names the deployed workers serve, as a JSON list (the CDK sets the configured model). A request for any
 # other model is a 404 model_not_found. "*" in the list accepts every name (local engines that serve any name only).
 ENV_SERVED_MODELS = "SERVED_MODELS"
-# The authorizer's tenants: {"<tenant>": "<API key id>"} (the CDK sets this stack's keys).
+# The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also
+# reads).
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
 # The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (the CDK sets them from the `tenants` context).
 ENV_TENANT_QUOTAS = "TENANT_QUOTAS"
@@ -335,8 +336,9 @@ class WebSocketSettings(EnvSettings):
     """The WebSocket routes' function ($connect, $disconnect, subscribe, $default)."""
 
     connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
-    tenant_api_key_ids: Json[dict[str, str]] = Field(
-        alias=ENV_TENANT_API_KEY_IDS, description='the tenants\' API key ids, {"tenant": "key id"} (as the authorizer\'s)'
+    tenant_api_key_ids: Json[dict[str, str | list[str]]] = Field(
+        alias=ENV_TENANT_API_KEY_IDS,
+        description='the tenants\' API key ids, {"tenant": ["key id", ...]} (as the authorizer\'s)',
     )
 
 
@@ -346,4 +348,9 @@ class PushSettings(EnvSettings):
     connections_table_name: str = Field(alias=ENV_CONNECTIONS_TABLE, description="the connection table's name")
     websocket_callback_url: str = Field(
         alias=ENV_WEBSOCKET_CALLBACK_URL, min_length=1, description="the WebSocket stage's management API URL"
+    )
+    tenant_api_key_ids: Json[dict[str, str | list[str]]] | None = Field(
+        None, alias=ENV_TENANT_API_KEY_IDS,
+        description='the tenants\' API key ids, {"tenant": ["key id", ...]}: a connection whose key is no longer among '
+        "them is closed; unset: not checked",
     )

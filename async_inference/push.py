@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from async_inference import settings
-from async_inference.authorizer import TenantKeys, presented_keys
+from async_inference.authorizer import TenantKeys, key_hash, presented_keys
 from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
 from async_inference.batches.models import BatchNotification
 from async_inference.schemas import (
@@ -67,9 +67,9 @@ class WebSocketRoutes:
         """Open the connection for its key's tenant; None (refuse it) for a missing or unknown key."""
         key = api_key_of(headers, query)
         tenant = self.tenants.tenant_of(key) if key else None
-        if tenant is None:
+        if tenant is None or key is None:
             return None
-        self.connections.open(connection_id, tenant)
+        self.connections.open(connection_id, tenant, key_hash(key))
         return tenant
 
     def disconnect(self, connection_id: str) -> None:
@@ -131,22 +131,33 @@ class PushOutcome:
     sent: int = 0
     gone: int = 0  # closed connections, now deleted
     failed: int = 0  # posts that failed otherwise (throttled, ...): logged, not retried
+    revoked: int = 0  # connections opened with a key since disabled or deleted: closed, told nothing
 
 
 class Pusher:
-    """Posts each event to the connections of its tenant that subscribed to its job, and forgets gone ones."""
+    """Posts each event to the connections of its tenant that subscribed to its job, and forgets gone ones.
 
-    def __init__(self, connections: ConnectionStore, poster: ConnectionPoster) -> None:
+    With ``keys``, a connection opened with a key that has since been disabled or deleted (as of at most
+    ``authorizer.KEYS_TTL_S`` ago) is closed instead of told: a revoked key receives no event past that bound, and its
+    connection ends at its tenant's next event (an idle one at API Gateway's idle timeout)."""
+
+    def __init__(self, connections: ConnectionStore, poster: ConnectionPoster, keys: TenantKeys | None = None) -> None:
         self.connections = connections
         self.poster = poster
+        self.keys = keys
 
     def push(self, pushed: Pushed) -> PushOutcome:
         outcome = PushOutcome()
         data = pushed.event.model_dump_json(exclude_none=True).encode()
         event = pushed.event
-        followers = (self.connections.subscribers(pushed.tenant, job_id=event.job_id) if isinstance(event, JobEvent)
-                     else self.connections.subscribers(pushed.tenant, batch_id=event.batch_id))
-        for connection_id in followers:
+        followers = (self.connections.followers(pushed.tenant, job_id=event.job_id) if isinstance(event, JobEvent)
+                     else self.connections.followers(pushed.tenant, batch_id=event.batch_id))
+        for connection_id, hashed in followers:
+            if self.keys is not None and hashed is not None and not self.keys.holds(pushed.tenant, hashed):
+                self.poster.disconnect(connection_id)
+                self.connections.close(connection_id)
+                outcome.revoked += 1
+                continue
             try:
                 if self.poster.post(connection_id, data):
                     outcome.sent += 1

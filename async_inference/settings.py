@@ -267,6 +267,9 @@ CONNECTION_TTL_ATTRIBUTE = "expires_at"
 # that long, then the push function ignores it and DynamoDB's TTL deletes it.
 WS_MAX_CONNECTION_S = 2 * 60 * 60
 WS_MAX_JOB_IDS_PER_SUBSCRIBE = 100  # one subscribe message
+# Open WebSocket connections per tenant: $connect refuses (429) beyond it, so one tenant cannot hold the stage's
+# connections (each receives its tenant's events only, so no tenant needs many).
+WS_MAX_CONNECTIONS_PER_TENANT = 100
 WS_MAX_JOB_IDS_PER_CONNECTION = 1000  # all of a connection's subscribe messages: keeps its item far below 400 KB
 WS_ROUTE_SUBSCRIBE = "subscribe"  # the route key, i.e. the "action" of a subscribe message
 WS_API_KEY_QUERY_PARAMETER = "api_key"  # browsers cannot set headers on a WebSocket handshake

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from async_inference import settings
@@ -20,6 +21,7 @@ from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
+MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
 # The API function's Powertools service name: the ``service`` dimension of JobsSubmitted.
 API_SERVICE_NAME = "async-inference-api"
 
@@ -33,14 +35,22 @@ class TenantPlan:
     :param quota_per_day: requests per day. Default: 10000.
     :param max_active_jobs: jobs awaiting upload, queued or running at once; a submit over it is a 429
         ``quota_exceeded`` (``async_inference.quotas``). Default: ``settings.DEFAULT_MAX_ACTIVE_JOBS`` (1000).
+    :param api_keys: the names of the tenant's API keys, one or two (two while rotating: add the new name, deploy,
+        move the clients, remove the old name, deploy). Each is in the tenant's usage plan, and the plan's limits apply
+        per key. Default: one key named by the tenant id.
     """
 
     rate_limit: float = 10
     burst_limit: int = 20
     quota_per_day: int = 10_000
     max_active_jobs: int = settings.DEFAULT_MAX_ACTIVE_JOBS
+    api_keys: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.api_keys, str) or len(self.api_keys) > MAX_KEYS_PER_TENANT:
+            raise ValueError(f"api_keys is a list of at most {MAX_KEYS_PER_TENANT} key names, got {self.api_keys!r}")
+        for name in self.api_keys:
+            validate_tenant_id(name)  # a key name follows the tenant id's rules (it names an API Gateway key)
         if self.rate_limit <= 0 or self.burst_limit < 1 or self.quota_per_day < 1 or self.max_active_jobs < 1:
             raise ValueError(f"rate_limit, burst_limit, quota_per_day and max_active_jobs must be positive, got {self}")
         if self.burst_limit < self.rate_limit:
@@ -107,6 +117,10 @@ class IngestionApi(Construct):
     :param log_retention: access log retention. Default: one month.
     :param create_cloudwatch_role: create the account-wide role API Gateway logs with; set False when the account
         already has one configured. Default: True.
+    :param waf_requests_per_5_min_per_ip: associate a WAF web ACL (``web_acl``) with the stage: a rate-based rule
+        blocking an IP address over this many requests in 5 minutes (WAF's minimum is 10), AWS's IP reputation list
+        and known-bad-inputs rule groups. Not AWS's common rule set: its 8 KB body limit would block job requests.
+        None: no web ACL. Default: None.
     """
 
     def __init__(
@@ -120,8 +134,12 @@ class IngestionApi(Construct):
         stage_name: str = "prod",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         create_cloudwatch_role: bool = True,
+        waf_requests_per_5_min_per_ip: int | None = None,
     ) -> None:
         super().__init__(scope, id)
+        if waf_requests_per_5_min_per_ip is not None and waf_requests_per_5_min_per_ip < 10:
+            raise ValueError(f"waf_requests_per_5_min_per_ip must be at least 10 (WAF's minimum), got "
+                             f"{waf_requests_per_5_min_per_ip}")
         if not tenants:
             raise ValueError("tenants is empty: with API keys required on every method, nobody could call the API")
         self.service_name = API_SERVICE_NAME
@@ -192,14 +210,46 @@ class IngestionApi(Construct):
         self._acknowledge_api_findings()
         self._add_gateway_responses()
         self._add_routes()
-        self.api_keys: dict[str, apigw.IApiKey] = {}
+        # tenant -> its keys (one, or two during a rotation)
+        self.api_keys: dict[str, list[apigw.IApiKey]] = {}
+        names = [name for tenant, plan in tenants.items() for name in (plan.api_keys or (tenant,))]
+        if len(names) != len(set(names)):
+            raise ValueError(f"API key names must be unique across tenants, got {sorted(names)}")
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
         quotas = {tenant: {"max_active_jobs": plan.max_active_jobs} for tenant, plan in tenants.items()}
         self.handler.add_environment(ENV_TENANT_QUOTAS, json.dumps(quotas, sort_keys=True))
-        key_ids = {tenant: key.key_id for tenant, key in self.api_keys.items()}
+        key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         self._grant_read_api_keys(self.authorizer_function)
+        self.web_acl = self._add_web_acl(waf_requests_per_5_min_per_ip) if waf_requests_per_5_min_per_ip else None
+
+    def _add_web_acl(self, limit: int) -> wafv2.CfnWebACL:
+        def managed(name: str, priority: int) -> wafv2.CfnWebACL.RuleProperty:
+            return wafv2.CfnWebACL.RuleProperty(
+                name=name, priority=priority, override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+                statement=wafv2.CfnWebACL.StatementProperty(managed_rule_group_statement=(
+                    wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(vendor_name="AWS", name=name))),
+                visibility_config=_visibility(name),
+            )
+
+        web_acl = wafv2.CfnWebACL(
+            self, "WebAcl", scope="REGIONAL", default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            visibility_config=_visibility("AsyncInferenceApi"),
+            rules=[
+                wafv2.CfnWebACL.RuleProperty(
+                    name="RequestsPerIp", priority=0, action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+                    statement=wafv2.CfnWebACL.StatementProperty(rate_based_statement=(
+                        wafv2.CfnWebACL.RateBasedStatementProperty(limit=limit, aggregate_key_type="IP"))),
+                    visibility_config=_visibility("RequestsPerIp"),
+                ),
+                managed("AWSManagedRulesAmazonIpReputationList", 1),
+                managed("AWSManagedRulesKnownBadInputsRuleSet", 2),
+            ],
+        )
+        wafv2.CfnWebACLAssociation(self, "WebAclAssociation", resource_arn=self.api.deployment_stage.stage_arn,
+                                   web_acl_arn=web_acl.attr_arn)
+        return web_acl
 
     def _add_routes(self) -> None:
         integration = apigw.LambdaIntegration(self.handler, allow_test_invoke=False)
@@ -260,13 +310,19 @@ class IngestionApi(Construct):
         """apigateway:GET on this API's tenant keys only, for the authorizer to read their values (``GetApiKey`` with
         ``includeValue``), not every key of the region."""
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["apigateway:GET"], resource_arns=[key.key_arn for key in self.api_keys.values()]
+            grantee=grantee, actions=["apigateway:GET"],
+            resource_arns=[key.key_arn for keys in self.api_keys.values() for key in keys]
         )
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
         # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
-        key = apigw.ApiKey(self.api, f"ApiKey-{tenant}", api_key_name=tenant, description=f"API key of tenant {tenant}")
+        keys = [
+            # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
+            apigw.ApiKey(self.api, f"ApiKey-{tenant}" if name == tenant else f"ApiKey-{tenant}-{name}", api_key_name=name,
+                         description=f"API key of tenant {tenant}")
+            for name in (plan.api_keys or (tenant,))
+        ]
         usage_plan = self.api.add_usage_plan(
             f"UsagePlan-{tenant}",
             name=f"{tenant}",
@@ -275,8 +331,9 @@ class IngestionApi(Construct):
             quota=apigw.QuotaSettings(limit=plan.quota_per_day, period=apigw.Period.DAY),
             api_stages=[apigw.UsagePlanPerApiStage(api=self.api, stage=self.api.deployment_stage)],
         )
-        usage_plan.add_api_key(key)
-        self.api_keys[tenant] = key
+        for key in keys:
+            usage_plan.add_api_key(key)
+        self.api_keys[tenant] = keys
 
     def _add_gateway_responses(self) -> None:
         for response_type, code in _GATEWAY_ERRORS.items():
@@ -296,7 +353,8 @@ class IngestionApi(Construct):
             "function against the service's pydantic models (the one schema, also behind the OpenAPI document), "
             "whose 400s name the field to fix. A second, draft-4 model here answered 'Invalid request body' instead.",
             "AwsSolutions-APIG3": "No WAF in the default deployment: every method needs an API key and each tenant "
-            "has a usage plan with throttling and a daily quota; a platform team can associate its own web ACL.",
+            "has a usage plan with throttling and a daily quota; waf_requests_per_5_min_per_ip adds a web ACL, or a "
+            "platform team associates its own.",
             "AwsSolutions-APIG4": "Every method has the REQUEST authorizer, which maps the caller's API key (one "
             "per tenant, named by tenant id) to its tenant; the API Lambda scopes every read and write to it.",
             "AwsSolutions-COG4": "Machine-to-machine API for tenants' back ends, identified by API keys; no end-user "
@@ -306,3 +364,8 @@ class IngestionApi(Construct):
             "logs with; this AWS managed policy is the documented one and grants only CloudWatch Logs writes.",
         }
         acknowledge(self.api, findings)
+
+
+def _visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
+    return wafv2.CfnWebACL.VisibilityConfigProperty(cloud_watch_metrics_enabled=True, metric_name=name,
+                                                    sampled_requests_enabled=True)

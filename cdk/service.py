@@ -72,6 +72,9 @@ class AsyncInferenceServiceProps:
         Default: ``{"demo": TenantPlan()}``.
       api_stage_name: Default: ``"prod"``.
       create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+      waf_requests_per_5_min_per_ip: a WAF web ACL on the REST stage that blocks an IP address over this many
+        requests in 5 minutes (authenticated or not) and requests from AWS's IP reputation list and with known bad
+        inputs; unauthenticated floods then stop before the authorizer runs. None: no web ACL. Default: None.
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
@@ -180,6 +183,7 @@ class AsyncInferenceServiceProps:
     tenants: Mapping[str, TenantPlan] = field(default_factory=lambda: {"demo": TenantPlan()})
     api_stage_name: str = "prod"
     create_api_gateway_cloudwatch_role: bool = True
+    waf_requests_per_5_min_per_ip: int | None = None
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
@@ -409,6 +413,7 @@ class AsyncInferenceService(Construct):
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
             create_cloudwatch_role=props.create_api_gateway_cloudwatch_role,
+            waf_requests_per_5_min_per_ip=props.waf_requests_per_5_min_per_ip,
         )
         self.uploads = UploadIntake(
             self, "Uploads", code=code, bucket=self.bucket.bucket,

@@ -45,6 +45,9 @@ class AsyncInferenceStack(Stack):
                 outputs["ModelBucketName"] = s.models.bucket.bucket_name
         for name, value in outputs.items():
             CfnOutput(self, name, value=value)
-        for tenant, key in s.api.api_keys.items():
+        for tenant, keys in s.api.api_keys.items():
             # The key's value stays in API Gateway: `aws apigateway get-api-key --api-key <id> --include-value`.
-            CfnOutput(self, f"ApiKeyId{tenant.replace('-', '')}", value=key.key_id, description=f"API key of {tenant}")
+            for index, key in enumerate(keys):
+                suffix = "" if index == 0 else str(index + 1)  # the first key keeps the output name it always had
+                CfnOutput(self, f"ApiKeyId{tenant.replace('-', '')}{suffix}", value=key.key_id,
+                          description=f"API key of {tenant}")

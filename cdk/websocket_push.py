@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jsii
 from aws_cdk import Duration, RemovalPolicy, Stack
@@ -62,7 +62,8 @@ class WebSocketPush(Construct):
     :param code: the shared Lambda code.
     :param result_topic: the result topic (final states).
     :param topic_key: the KMS key of the result topic; the job event topic is encrypted with it too.
-    :param api_keys: tenant -> its REST API key: the keys ``$connect`` accepts, and the tenant each one names.
+    :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts, and the
+        tenant each one names.
     :param environment: Powertools settings for the functions.
     :param stage_name: the WebSocket stage. Default: ``"prod"``.
     :param throttle_rate_limit: messages per second the stage accepts (all clients together). Default: 100.
@@ -78,7 +79,7 @@ class WebSocketPush(Construct):
         code: LambdaCode,
         result_topic: sns.ITopic,
         topic_key: kms.IKey,
-        api_keys: Mapping[str, apigw.IApiKey],
+        api_keys: Mapping[str, Sequence[apigw.IApiKey]],
         environment: Mapping[str, str],
         stage_name: str = "prod",
         throttle_rate_limit: float = 100,
@@ -99,6 +100,9 @@ class WebSocketPush(Construct):
         )
         self._topic_key = topic_key
 
+        key_ids = Stack.of(self).to_json_string(
+            {tenant: [key.key_id for key in keys] for tenant, keys in api_keys.items()}
+        )
         self.routes_handler = code.new_function(
             self,
             "RoutesHandler",
@@ -108,9 +112,7 @@ class WebSocketPush(Construct):
             environment={
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_TENANT_API_KEY_IDS: Stack.of(self).to_json_string(
-                    {tenant: key.key_id for tenant, key in api_keys.items()}
-                ),
+                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(10),
         )
@@ -146,6 +148,8 @@ class WebSocketPush(Construct):
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
                 config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
+                # To close, rather than tell, a connection whose key was revoked since it opened.
+                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(30),
         )
@@ -189,7 +193,7 @@ class WebSocketPush(Construct):
         only = {settings.EVENT_ATTRIBUTE: sns.SubscriptionFilter.string_filter(allowlist=events)}
         topic.add_subscription(subscriptions.LambdaSubscription(self.push_handler, filter_policy=only))
 
-    def _grant(self, api_keys: Mapping[str, apigw.IApiKey]) -> None:
+    def _grant(self, api_keys: Mapping[str, Sequence[apigw.IApiKey]]) -> None:
         """Each function gets exactly the calls its code makes (async_inference.aws: ConnectionStore, ApiKeyValues,
         ConnectionPoster) on the one resource it makes them on."""
         table = self.connections.table_arn
@@ -198,10 +202,13 @@ class WebSocketPush(Construct):
             actions=["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:GetItem"],
             resource_arns=[table],
         )
-        # The tenant keys' values, to know which tenant a key sent at $connect belongs to.
-        iam.Grant.add_to_principal(
-            grantee=self.routes_handler, actions=["apigateway:GET"], resource_arns=[k.key_arn for k in api_keys.values()]
-        )
+        # $connect counts the tenant's open connections (settings.WS_MAX_CONNECTIONS_PER_TENANT).
+        iam.Grant.add_to_principal(grantee=self.routes_handler, actions=["dynamodb:Query"],
+                                   resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"])
+        # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
+        key_arns = [key.key_arn for keys in api_keys.values() for key in keys]
+        for function in (self.routes_handler, self.push_handler):
+            iam.Grant.add_to_principal(grantee=function, actions=["apigateway:GET"], resource_arns=key_arns)
         iam.Grant.add_to_principal(
             grantee=self.push_handler,
             actions=["dynamodb:Query"],

@@ -15,7 +15,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
 from async_inference.authorizer import TenantKeys
-from async_inference.aws import ApiKeyValues, ConnectionStore
+from async_inference.aws import ApiKeyValues, ConnectionStore, TooManyConnections
 from async_inference.config import WebSocketSettings
 from async_inference.push import WebSocketRoutes
 
@@ -37,7 +37,11 @@ def route(event: APIGatewayProxyEvent) -> dict[str, Any]:
     connection_id, route_key = context.connection_id or "", context.route_key
     logger.append_keys(connection_id=connection_id, route=route_key)
     if route_key == "$connect":
-        tenant = routes.connect(connection_id, event.headers, event.query_string_parameters)
+        try:
+            tenant = routes.connect(connection_id, event.headers, event.query_string_parameters)
+        except TooManyConnections as exc:
+            logger.info("connection refused: %s", exc)
+            return _answer(429)
         if tenant is None:
             logger.info("connection refused: no known API key")
             return _answer(403)

@@ -156,7 +156,8 @@ def test_the_authorizer_reads_only_this_stacks_api_keys(synthesized):
     """GIVEN the authorizer's key lookup (key id -> value) WHEN reading its role's apigateway:GET THEN it names exactly
     this stack's tenant keys, not every key of the region (whose values it could read)."""
     resources = _function_actions(synthesized, AUTHORIZER)["apigateway:GET"]
-    keys = {synthesized.stack.resolve(key.key_id)["Ref"] for key in synthesized.stack.service.api.api_keys.values()}
+    keys = {synthesized.stack.resolve(key.key_id)["Ref"] for keys in synthesized.stack.service.api.api_keys.values()
+            for key in keys}
     named = {part["Ref"] for resource in resources for part in resource["Fn::Join"][1] if isinstance(part, dict)
              and "Ref" in part and part["Ref"] in synthesized.json["Resources"]}
     assert len(resources) == len(keys) == 2 and named == keys

@@ -85,3 +85,74 @@ def test_a_subscription_naming_an_unknown_tenant_is_refused(synth_variant):
     with pytest.raises(ValueError, match=r"tenants \['ghost'\] are not among the stack's tenants"):
         synth_variant(tenants={"acme": {}}, subscriptions=[
             {"protocol": "https", "endpoint": "https://x.example.com/r", "tenants": ["ghost"]}])
+
+
+# --- Keys: rotation with two keys per tenant -------------------------------------------------------------------------
+
+AUTHORIZER = "lambdas.authorizer.handler.lambda_handler"
+
+
+def test_a_tenant_with_two_keys_has_both_in_its_usage_plan_and_both_reach_the_authorizer(synth_variant):
+    # GIVEN a tenant rotating from its old key to a new one
+    synthesized = synth_variant(tenants={"acme": {"api_keys": ["acme", "acme-2026"]}, "other": {}})
+    keys = synthesized.resources("AWS::ApiGateway::ApiKey")
+    by_name = {key["Properties"]["Name"]: logical_id for logical_id, key in keys.items()}
+    # THEN both keys exist, the old one under the logical id it had before the rotation (so it is not replaced)
+    assert set(by_name) == {"acme", "acme-2026", "other"}
+    before = synth_variant(tenants={"acme": {}, "other": {}}).resources("AWS::ApiGateway::ApiKey")
+    assert by_name["acme"] in before
+    # AND both are keys of acme's usage plan
+    plan_keys = [r["Properties"]["KeyId"]["Ref"] for r in synthesized.resources("AWS::ApiGateway::UsagePlanKey").values()]
+    assert {by_name["acme"], by_name["acme-2026"], by_name["other"]} == set(plan_keys)
+    # AND the authorizer maps both ids to acme
+    ids = function(synthesized, AUTHORIZER)["Properties"]["Environment"]["Variables"]["TENANT_API_KEY_IDS"]
+    rendered = json.dumps(ids)
+    assert by_name["acme"] in rendered and by_name["acme-2026"] in rendered and '[' in rendered
+
+
+@pytest.mark.parametrize(("tenants", "says"), [
+    ({"acme": {"api_keys": ["a1", "a2", "a3"]}}, "at most 2 key names"),
+    ({"acme": {"api_keys": ["shared"]}, "other": {"api_keys": ["shared"]}}, "unique across tenants"),
+    ({"acme": {"api_keys": ["Not_Valid"]}}, "must match"),
+])
+def test_key_lists_that_cannot_hold_are_refused_at_synth(synth_variant, tenants, says):
+    with pytest.raises(ValueError, match=says):
+        synth_variant(tenants=tenants)
+
+
+# --- WAF (optional) --------------------------------------------------------------------------------------------------
+
+
+def test_no_web_acl_by_default(synthesized):
+    assert synthesized.resources("AWS::WAFv2::WebACL") == {}
+
+
+def test_the_waf_option_puts_a_rate_limiting_web_acl_on_the_rest_stage(synth_variant):
+    # GIVEN the option set WHEN the template is read
+    synthesized = synth_variant(waf_requests_per_5_min_per_ip=1000)
+    # THEN a regional web ACL blocks an IP over 1000 requests in 5 minutes, with AWS's reputation and bad-input groups
+    [(acl_id, acl)] = synthesized.resources("AWS::WAFv2::WebACL").items()
+    rules = {rule["Name"]: rule for rule in acl["Properties"]["Rules"]}
+    assert acl["Properties"]["Scope"] == "REGIONAL"
+    assert rules["RequestsPerIp"]["Statement"]["RateBasedStatement"] == {"Limit": 1000, "AggregateKeyType": "IP"}
+    assert set(rules) == {"RequestsPerIp", "AWSManagedRulesAmazonIpReputationList", "AWSManagedRulesKnownBadInputsRuleSet"}
+    # AND it is associated with the REST API's stage
+    [association] = synthesized.resources("AWS::WAFv2::WebACLAssociation").values()
+    assert association["Properties"]["WebACLArn"] == {"Fn::GetAtt": [acl_id, "Arn"]}
+    assert "/stages/" in json.dumps(association["Properties"]["ResourceArn"])
+
+
+def test_a_waf_limit_under_wafs_minimum_is_refused(synth_variant):
+    with pytest.raises(ValueError, match="at least 10"):
+        synth_variant(waf_requests_per_5_min_per_ip=5)
+
+
+def test_the_websocket_routes_may_count_a_tenants_connections_and_the_push_may_read_keys(synthesized):
+    # GIVEN the WebSocket functions WHEN their grants are read THEN $connect may query the connection tenant index (the
+    # per-tenant cap) and the push function may read the tenants' keys (to close a revoked key's connections)
+    template = synthesized.template
+    routes = role_actions(template, function_role(template, "lambdas.websocket.handler.lambda_handler"))
+    push = role_actions(template, function_role(template, "lambdas.push.handler.lambda_handler"))
+    assert settings.CONNECTION_TENANT_INDEX_NAME in json.dumps(routes["dynamodb:Query"])
+    keys = synthesized.resources("AWS::ApiGateway::ApiKey")
+    assert len(push["apigateway:GET"]) == len(keys) and all("apikeys/" in json.dumps(r) for r in push["apigateway:GET"])
