@@ -261,6 +261,10 @@ class Job(_Internal):
     notified: bool = False
     progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
     priority: JobPriority = "interactive"  # "batch": its claim check goes to the batch-lane queue
+    # The worker running the job, and until when (epoch milliseconds) its hold stands: renewed with the visibility of
+    # the job's message, so no other worker starts the job until the holder's visibility has run out (jobs.py).
+    lease_owner: str | None = None
+    lease_expires_ms: int | None = None
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:

@@ -2,7 +2,8 @@
 
 Exit status: 0 after a stop (SIGTERM/SIGINT) and its drain; 2 when the settings are missing or malformed (the message
 names the variables); 3 (``EXIT_ENGINE_DEAD``) when the engine died: the worker handed every message it held back,
-unfailed, and its supervisor (ECS, replacing the task) must start a fresh process.
+unfailed, and its supervisor (ECS, replacing the task) must start a fresh process; 4 (``EXIT_START_TIMEOUT``) when the
+model's sync and the engine's start outlasted ``WORKER_START_TIMEOUT_S`` (it held no message yet).
 """
 
 from __future__ import annotations

@@ -42,6 +42,13 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
 }
 
 
+# Seconds the model's sync and the engine's start may take before the worker gives up and exits (EXIT_START_TIMEOUT).
+# Under the health check's 300 s start period + 10 retries x 60 s (cdk/gpu_worker_service.py), after which ECS would
+# replace the task as unhealthy anyway: the worker says why first.
+ENV_START_TIMEOUT_S = "WORKER_START_TIMEOUT_S"
+DEFAULT_START_TIMEOUT_S = 840.0
+
+
 class WorkerOptions(BaseModel):
     """How the worker's loops run: every option defined once, with its variable, default and bounds. The process reads
     them from its environment (``WorkerSettings``); tests and benchmarks give them by name (``WorkerConfig``)."""
@@ -97,6 +104,10 @@ class WorkerOptions(BaseModel):
     task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
         env.DEFAULT_TASK_PROTECTION, alias=env.ENV_TASK_PROTECTION,
         description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
+    )
+    start_timeout_s: float | None = Field(
+        DEFAULT_START_TIMEOUT_S, gt=0, alias=ENV_START_TIMEOUT_S,
+        description="seconds the model sync and engine start may take before the worker exits",
     )
     task_protection_tokens_per_s: float = Field(
         env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
