@@ -16,6 +16,7 @@ from typing import Any
 
 from async_inference.config import SettingsError
 from gpu_worker.config import WorkerSettings
+from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines import make_engine
 from gpu_worker.faults import Faults
 from gpu_worker.metrics import WorkerMetrics
@@ -46,6 +47,7 @@ async def main(config: WorkerSettings) -> int:
         model_source=ModelSource(config.model_s3_uri, config.model_dir) if config.model_s3_uri and config.model_dir
         else None,
         batches=batch_store(config),
+        deployments=DeploymentWatch(config.ecs_metadata_uri, interval_s=config.deployment_check_interval_s),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,6 +16,7 @@ from async_inference import config as env
 from async_inference import settings
 from async_inference.config import ServiceConfig, ServiceSettings
 from async_inference.served_models import ServedModels
+from gpu_worker.deployments import DEFAULT_INTERVAL_S as DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
 from gpu_worker.lanes import default_reserve
@@ -169,6 +170,14 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
+    )
+    ecs_metadata_uri: str | None = Field(
+        None, alias="ECS_CONTAINER_METADATA_URI_V4",
+        description="the ECS task metadata endpoint, set by ECS in every container: tells a newer deployment apart",
+    )
+    deployment_check_interval_s: float = Field(
+        DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S, gt=0, alias="DEPLOYMENT_CHECK_INTERVAL_S",
+        description="seconds between looks for a newer deployment of the service (DescribeServices)",
     )
     worker_faults: str = Field("", alias=env.ENV_WORKER_FAULTS, description="fault injection, tests only")
     metrics_namespace: str = Field(

@@ -187,6 +187,9 @@ class Runner:
             # crash, never from a final state.
             return await self._finish(flight, claim.job_id, JobStatus.FAILED, error=reason,
                                       only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+        if self.policy.refuses(request.max_tokens):
+            # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run.
+            return Outcome.retry(self.config.visibility_timeout_s, "left to the newer deployment")
         if self.policy.is_long(request.max_tokens):
             flight.protect = True
             await self.policy.sync()

@@ -42,6 +42,7 @@ from async_inference.service import JobService
 from gpu_worker.announce import Announcer
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.chunks import BatchLedger, Chunks
+from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
 from gpu_worker.engines.base import Engine, FatalEngineError
@@ -91,9 +92,11 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         model_source: ModelSource | None = None,
         batches: BatchLedger | None = None,
+        deployments: DeploymentWatch | None = None,
     ) -> None:
         """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``); ``batches``: the
-        batch table's ``BatchStore``, which the batch lane needs (``config.batch_queue_url``)."""
+        batch table's ``BatchStore``, which the batch lane needs (``config.batch_queue_url``); ``deployments``: tells
+        whether a newer deployment waits for this task (None: never)."""
         if config.batch_queue_url is not None and batches is None:
             raise ValueError("batch_queue_url is set but no BatchStore was given: the batch lane counts chunks in it")
         self.config = config
@@ -118,7 +121,8 @@ class Worker:
         self.admission = Admission(engine.capacity, reserve=config.reserve(engine.capacity), abort=engine.abort)
         self.policy = Policy(protection or TaskProtection(None), mode=config.task_protection,
                              tokens_per_s=config.task_protection_tokens_per_s, drain_timeout_s=config.drain_timeout_s,
-                             renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values())
+                             renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values(),
+                             deployments=deployments)
         events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         self.progress = ProgressReporter(engine, self.service, events, interval_s=config.progress_interval_s,
                                          io=self._io)
@@ -303,6 +307,7 @@ class Worker:
             self.beats += 1
             self.health.touch()
             await self._flush_metrics()
+            await self.policy.watch()
             flights = list(self._inflight.values())
             if not flights:
                 continue
