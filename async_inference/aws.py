@@ -167,13 +167,21 @@ class JobStore:
         tenant: str | None = None,
         count_attempt: bool = False,
         only_from: Iterable[JobStatus] | None = None,
+        lease: tuple[str, int] | None = None,
         **fields: Any,
     ) -> Job | None:
         """Move a job to ``target`` if its current state allows it, setting ``fields``; the new job, or None when the
         move was not allowed (already final, cancelled, unknown id, or another tenant's job). ``only_from`` narrows
-        the states the move may leave (an upload expiry must not expire a job its upload just queued)."""
+        the states the move may leave (an upload expiry must not expire a job its upload just queued). ``lease``
+        (owner, milliseconds): a move to running takes the job's lease for that long, and moves a running job only
+        when its lease has lapsed or is the owner's own (async_inference/jobs.py)."""
         now = utcnow()
         values: dict[str, Any] = {"status": target.value, "updated_at": now.isoformat()}
+        now_ms = int(now.timestamp() * 1000)
+        if lease is not None:
+            if target is not JobStatus.RUNNING:
+                raise ValueError("a lease is taken by a move to running only")
+            values["lease_owner"], values["lease_expires_ms"] = lease[0], now_ms + lease[1]
         if target in FINAL_STATES:
             values["finished_at"] = now.isoformat()
             values[settings.TABLE_TTL_ATTRIBUTE] = int(now.timestamp()) + settings.JOB_RECORD_RETENTION_DAYS * 86400
@@ -194,6 +202,14 @@ class JobStore:
         if not sources:
             raise ValueError(f"no state in {only_from} may move to {target.value}")
         condition = Attr("status").is_in([s.value for s in sources])
+        if lease is not None and JobStatus.RUNNING in sources:
+            # Running already: only a holder that is gone (its lease lapsed: its messages are visible again) or this
+            # owner itself gives it up. Items from before leases have none, and move as they always did.
+            lapsed = (Attr("lease_expires_ms").not_exists() | Attr("lease_expires_ms").lt(now_ms)
+                      | Attr("lease_owner").eq(lease[0]))
+            others = [s.value for s in sources if s is not JobStatus.RUNNING]
+            running = Attr("status").eq(JobStatus.RUNNING.value) & lapsed
+            condition = (Attr("status").is_in(others) | running) if others else running
         if tenant is not None:
             condition = condition & Attr(_TENANT).eq(tenant)
         try:
@@ -210,6 +226,28 @@ class JobStore:
                 return None
             raise
         return _from_item(response["Attributes"])
+
+    def renew_leases(self, owner: str, job_ids: Iterable[str], lease_ms: int) -> list[str]:
+        """Extend ``owner``'s leases on its running jobs by ``lease_ms`` from now (one UpdateItem each: DynamoDB has no
+        batched conditional update); the ids whose lease is no longer the owner's (taken over, or the job ended)."""
+        expires_ms = int(utcnow().timestamp() * 1000) + lease_ms
+        lost: list[str] = []
+        for job_id in job_ids:
+            try:
+                self._table.update_item(
+                    Key={_PK: job_id},
+                    UpdateExpression="SET #expires = :expires",
+                    ConditionExpression="#owner = :owner AND #status = :running",
+                    ExpressionAttributeNames={"#expires": "lease_expires_ms", "#owner": "lease_owner",
+                                              "#status": "status"},
+                    ExpressionAttributeValues={":expires": expires_ms, ":owner": owner,
+                                               ":running": JobStatus.RUNNING.value},
+                )
+            except ClientError as exc:
+                if not is_error(exc, "ConditionalCheckFailedException"):
+                    raise
+                lost.append(job_id)
+        return lost
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Set fields that are not part of the state machine (notified flag, webhook attempts)."""

@@ -28,7 +28,9 @@ class JobStatus(str, enum.Enum):
 
 FINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 
-# target state -> states it may be entered from. RUNNING -> RUNNING is a redelivery after a crash.
+# target state -> states it may be entered from. RUNNING -> RUNNING is a redelivery after a crash: a worker that starts
+# a job takes a lease on it (``JobStore.transition(lease=...)``), and another worker may move it RUNNING -> RUNNING
+# only once that lease has lapsed, so a copy of a claim check cannot start the job a second time while it runs.
 ALLOWED_SOURCES: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.AWAITING_UPLOAD}),
     JobStatus.RUNNING: frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),

@@ -815,6 +815,10 @@ class Job(_Internal):
     # When the upload intake sent an upload job's one claim check (JobService.accept_upload); unset between its
     # acceptance and the send, so a redelivered event can tell an interrupted acceptance from a replayed PUT.
     claim_sent_at: dt.datetime | None = None
+    # The worker running the job, and until when (epoch milliseconds) its hold stands: renewed with the visibility of
+    # the job's message, so no other worker starts the job until the holder's visibility has run out (jobs.py).
+    lease_owner: str | None = None
+    lease_expires_ms: int | None = None
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:

@@ -599,11 +599,15 @@ class JobService:
         except (KeyError, PayloadTooLarge):
             return None
 
-    def start(self, job_id: str, *, started_at: dt.datetime, progress: Any) -> Job | None:
-        """Move a job to running as a worker starts it (an attempt counted); None when it may not run (cancelled,
-        final, unknown)."""
+    def start(self, job_id: str, *, started_at: dt.datetime, progress: Any, owner: str, lease_s: float) -> Job | None:
+        """Move a job to running as worker ``owner`` starts it (an attempt counted), with a lease of ``lease_s``;
+        None when it may not run (cancelled, final, unknown, or running under another worker's live lease)."""
         return self.store.transition(job_id, JobStatus.RUNNING, count_attempt=True, started_at=started_at,
-                                     progress=progress)
+                                     progress=progress, lease=(owner, int(lease_s * 1000)))
+
+    def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> list[str]:
+        """Extend ``owner``'s leases on its running jobs; the ids it no longer holds."""
+        return self.store.renew_leases(owner, job_ids, int(lease_s * 1000)) if job_ids else []
 
     def record_progress(self, job_id: str, progress: Any) -> bool:
         """Set a running job's tokens so far; False when it is no longer running."""

@@ -2,7 +2,8 @@
 
 Exit status: 0 after a stop (SIGTERM/SIGINT) and its drain; 2 when the settings are missing or malformed (the message
 names the variables); 3 (``EXIT_ENGINE_DEAD``) when the engine died: the worker handed every message it held back,
-unfailed, and its supervisor (ECS, replacing the task) must start a fresh process.
+unfailed, and its supervisor (ECS, replacing the task) must start a fresh process; 4 (``EXIT_START_TIMEOUT``) when the
+model's sync and the engine's start outlasted ``WORKER_START_TIMEOUT_S`` (it held no message yet).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from async_inference.config import SettingsError
 from gpu_worker.config import WorkerSettings
+from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines import make_engine
 from gpu_worker.faults import Faults
 from gpu_worker.metrics import WorkerMetrics
@@ -45,6 +47,7 @@ async def main(config: WorkerSettings) -> int:
         model_source=ModelSource(config.model_s3_uri, config.model_dir) if config.model_s3_uri and config.model_dir
         else None,
         batches=batch_store(config),
+        deployments=DeploymentWatch(config.ecs_metadata_uri, interval_s=config.deployment_check_interval_s),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -138,6 +138,7 @@ class InFlight:
     protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
     started: float = 0.0  # time.monotonic() when its generation began
     running: bool = False  # the runner has it (not a duplicate left alone)
+    leased: bool = False  # its job is running here under this worker's lease (renewed at each heartbeat)
 
     @property
     def lines(self) -> int:

@@ -16,6 +16,7 @@ from async_inference import config as env
 from async_inference import settings
 from async_inference.config import ServiceConfig, ServiceSettings
 from async_inference.served_models import ServedModels
+from gpu_worker.deployments import DEFAULT_INTERVAL_S as DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
 from gpu_worker.lanes import default_reserve
@@ -41,6 +42,13 @@ ENGINE_OPTIONS: dict[str, dict[str, str]] = {
         "tool_call_parser": "tool_call_parser",
     },
 }
+
+
+# Seconds the model's sync and the engine's start may take before the worker gives up and exits (EXIT_START_TIMEOUT).
+# Under the health check's 300 s start period + 10 retries x 60 s (cdk/gpu_worker_service.py), after which ECS would
+# replace the task as unhealthy anyway: the worker says why first.
+ENV_START_TIMEOUT_S = "WORKER_START_TIMEOUT_S"
+DEFAULT_START_TIMEOUT_S = 840.0
 
 
 class WorkerOptions(BaseModel):
@@ -103,6 +111,10 @@ class WorkerOptions(BaseModel):
         env.DEFAULT_TASK_PROTECTION, alias=env.ENV_TASK_PROTECTION,
         description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
     )
+    start_timeout_s: float | None = Field(
+        DEFAULT_START_TIMEOUT_S, gt=0, alias=ENV_START_TIMEOUT_S,
+        description="seconds the model sync and engine start may take before the worker exits",
+    )
     task_protection_tokens_per_s: float = Field(
         env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
         description="decode tokens a second one job is expected to get, for long_jobs",
@@ -163,6 +175,14 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     )
     ecs_agent_uri: str | None = Field(
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
+    )
+    ecs_metadata_uri: str | None = Field(
+        None, alias="ECS_CONTAINER_METADATA_URI_V4",
+        description="the ECS task metadata endpoint, set by ECS in every container: tells a newer deployment apart",
+    )
+    deployment_check_interval_s: float = Field(
+        DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S, gt=0, alias="DEPLOYMENT_CHECK_INTERVAL_S",
+        description="seconds between looks for a newer deployment of the service (DescribeServices)",
     )
     worker_faults: str = Field("", alias=env.ENV_WORKER_FAULTS, description="fault injection, tests only")
     metrics_namespace: str = Field(

@@ -2,20 +2,22 @@
 
 ``python3 -m gpu_worker.health`` (the task definition's health check command) exits 0 when the file that
 ``WORKER_HEALTH_FILE`` names (default ``/tmp/gpu-worker-health``) was touched within ``HEALTH_MAX_AGE_S`` seconds, and 1
-with a one-line reason otherwise. The worker touches it at every heartbeat of its event loop, so a hung loop goes
-stale; while it syncs and loads the model (minutes, with the loop blocked by vLLM's engine build) a thread keeps it
-fresh instead (``HealthFile.kept_fresh``).
+with a one-line reason otherwise. The worker touches it first once its engine has started, then at every heartbeat of
+its event loop, so a hung loop goes stale. While it syncs and loads the model nothing touches it: a task is healthy
+only with a started engine, so a deployment whose model cannot load (a gated model without its token, a CUDA
+mismatch, out of memory) never turns healthy. A start that hangs is ended by the worker itself: past
+``WORKER_START_TIMEOUT_S`` (``StartDeadline``, a thread, since vLLM builds its engine with the event loop blocked) the
+process exits with ``EXIT_START_TIMEOUT``, and ECS replaces the task and frees its GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
 from pydantic import Field
 
@@ -39,25 +41,26 @@ class HealthFile:
         except OSError as exc:  # a full or read-only disk: the health check will say so by the file's age
             logger.warning("could not touch the health file %s: %s", self.path, exc)
 
-    @contextlib.contextmanager
-    def kept_fresh(self, interval_s: float) -> Iterator[None]:
-        """Touch the file every ``interval_s`` from a thread for the duration of the block, however long the event
-        loop stays blocked in it."""
-        self.touch()
-        done = threading.Event()
 
-        def keep() -> None:
-            while not done.wait(interval_s):
-                self.touch()
+class StartDeadline:
+    """``with StartDeadline(seconds, on_expiry):`` calls ``on_expiry`` from a thread if the block has not ended within
+    ``seconds``, however long the event loop stays blocked in it (None: no deadline)."""
 
-        thread = threading.Thread(target=keep, name="health-while-starting", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
-            self.touch()
+    def __init__(self, seconds: float | None, on_expiry: Callable[[], None]) -> None:
+        self.seconds = seconds
+        self._timer = threading.Timer(seconds, on_expiry) if seconds is not None else None
+        if self._timer is not None:
+            self._timer.name = "start-deadline"
+            self._timer.daemon = True
+
+    def __enter__(self) -> StartDeadline:
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def stale_reason(path: Path, max_age_s: float, *, now: float | None = None) -> str | None:

@@ -13,13 +13,24 @@ interrupt safely: result object (written once), final state, notification. A bat
 * the engine died (``FatalEngineError``): ``hand_back``; ``engine_dead`` is set and nothing more runs here;
 * poison (not a claim): ``delete``; a claim of a kind this worker does not know (a newer producer's, mid-deploy):
   ``retry``, for a worker that knows it.
+
+One job, one execution: a worker that starts a job takes its lease (``lease_owner``, ``lease_expires_ms``) for its
+``visibility_timeout_s``, and renews it at each heartbeat, right after it extends its messages' visibility. Another
+worker that receives a copy of the claim check (a replayed upload, a redelivery) cannot start the job while the lease
+stands: the copy is hidden until the holder's execution timeout would have ended (``retry``; one receive per job's
+run, not one per visibility timeout, so a long job's copy does not reach the DLQ), and found final then. A holder that
+is gone (crashed: its messages come back after its visibility timeout) stops renewing, its lease lapses with its
+visibility, and the worker that receives the message next takes the job over. A holder that finds its lease taken
+(its heartbeat stalled past its visibility) aborts its generation and leaves its message alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+import uuid
 from typing import Any, Awaitable, Callable
 
 from async_inference.jobs import FINAL_STATES, JobStatus
@@ -55,6 +66,7 @@ from gpu_worker.task_protection import Policy
 logger = logging.getLogger("gpu_worker.runner")
 IO = Callable[..., Awaitable[Any]]
 MISSING_PAYLOAD = "the request payload is missing from S3 or over the size limit"
+SQS_MAX_VISIBILITY_S = 12 * 60 * 60  # the longest a message can be hidden
 
 
 class Runner:
@@ -84,6 +96,8 @@ class Runner:
         self.cancelled: set[str] = set()
         self.engine_dead: FatalEngineError | None = None  # set when the engine died: nothing more runs
         self.jobs_finished = 0  # jobs this worker brought to succeeded
+        self.owner = f"worker-{uuid.uuid4().hex}"  # whose leases this worker's jobs hold
+        self.lost: set[str] = set()  # jobs whose lease another worker took over while they ran here
 
     async def run(self, flight: InFlight, *, parse_error: Exception | None = None) -> Outcome:
         """Run the flight's claim to its final state; what to do with its message."""
@@ -120,13 +134,30 @@ class Runner:
                 if job.status is JobStatus.CANCELLED:
                     self.cancelled.add(job.job_id)
                     await self.engine.abort(job.job_id)
+        leased = [f.job_id for f in flights if f.job_id and f.leased]
+        for job_id in await self._io(self.service.renew_leases, self.owner, leased, self.config.visibility_timeout_s):
+            job = await self._io(self.service.lookup, job_id)
+            if job is not None and job.status is JobStatus.RUNNING and job.lease_owner != self.owner:
+                logger.warning("job %s: another worker took it over (this heartbeat was late); aborting it here",
+                               job_id)
+                self.lost.add(job_id)
+                await self.engine.abort(job_id)
         if self.chunks is not None:
             await self.chunks.check_statuses()
+
+    async def release(self, flights: list[InFlight]) -> None:
+        """Let the leases of jobs handed back lapse now, so that the next worker starts them at once."""
+        leased = [f.job_id for f in flights if f.job_id and f.leased]
+        try:
+            await self._io(self.service.renew_leases, self.owner, leased, 0)
+        except Exception:  # they lapse by themselves within the visibility timeout
+            logger.exception("could not release the leases of %d jobs handed back", len(leased))
 
     def forget(self, flight: InFlight) -> None:
         """The flight's message is settled."""
         if flight.job_id:
             self.cancelled.discard(flight.job_id)
+            self.lost.discard(flight.job_id)
 
     # --- a batch chunk ----------------------------------------------------------------------------------------------
 
@@ -156,6 +187,9 @@ class Runner:
             # crash, never from a final state.
             return await self._finish(flight, claim.job_id, JobStatus.FAILED, error=reason,
                                       only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+        if self.policy.refuses(request.max_tokens):
+            # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run.
+            return Outcome.retry(self.config.visibility_timeout_s, "left to the newer deployment")
         if self.policy.is_long(request.max_tokens):
             flight.protect = True
             await self.policy.sync()
@@ -168,6 +202,8 @@ class Runner:
             return await self._finish(flight, job, JobStatus.FAILED,
                                       error=f"execution timed out after {claim.timeout_s} s")
         if isinstance(outcome, GenerationAborted):
+            if job.job_id in self.lost:
+                return Outcome.leave("lease lost")  # its new holder finishes it; the message is not this worker's to end
             return Outcome.delete("cancelled")  # cancelled while running: the cancel stored the final state, notified
         if isinstance(outcome, PermanentEngineError):
             return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome))
@@ -220,9 +256,11 @@ class Runner:
         """Move the job to running as it takes its engine slot, and announce it; None when it may not run."""
         now = utcnow()
         job = await self._io(self.service.start, claim.job_id, started_at=now,
-                             progress=JobProgress(completion_tokens=0, updated_at=now))
+                             progress=JobProgress(completion_tokens=0, updated_at=now), owner=self.owner,
+                             lease_s=self.config.visibility_timeout_s)
         if job is None:
             return None
+        flight.leased = True
         self.announcer.started(job)
         flight.started = time.monotonic()
         self.metrics.started((utcnow() - job.created_at).total_seconds())
@@ -278,4 +316,21 @@ class Runner:
                 return self._retry(flight, "final, notification pending")
             await self._io(self.service.notify, job)
             return Outcome.delete("final, notified")
+        if job.status is JobStatus.RUNNING and job.lease_owner not in (None, self.owner):
+            return self._held_elsewhere(job)
         return self._retry(flight, f"job {job.status.value}")  # e.g. still awaiting its upload: try again later
+
+    def _held_elsewhere(self, job: Job) -> Outcome:
+        """A copy of the claim check of a job another worker runs: look again once its lease may have lapsed."""
+        now_ms = utcnow().timestamp() * 1000
+        left_s = max(0.0, ((job.lease_expires_ms or 0) - now_ms) / 1000)
+        visibility = self.config.visibility_timeout_s
+        if left_s <= visibility / 2:
+            # A lease a live holder would have renewed by now: its holder is gone (its message is coming back), so
+            # look again just after the lease lapses, and take the job over then.
+            return Outcome.retry(math.ceil(left_s) + 1, "lease lapsing")
+        # A live holder: hide the copy until the run would have timed out, so that it costs one receive per run.
+        started = job.started_at or utcnow()
+        until_s = (started - utcnow()).total_seconds() + job.timeout_s + visibility
+        logger.info("job %s runs on %s; its copy comes back in %.0f s", job.job_id, job.lease_owner, until_s)
+        return Outcome.retry(min(SQS_MAX_VISIBILITY_S, max(math.ceil(left_s) + 1, math.ceil(until_s))), "held elsewhere")

@@ -10,7 +10,10 @@ is never unprotected while busy is never removed while the fleet is busy. So the
 * ``busy``: whenever it holds a job;
 * ``off``: never.
 
-When nothing calls for it any more the protection is cleared, so the service can scale in. Protection expires by
+When nothing calls for it any more the protection is cleared, so the service can scale in. Once a newer deployment
+of the service waits for this task (``gpu_worker.deployments``), nothing calls for it: the worker clears it, renews it
+no more, and leaves long jobs (those that could outlast the drain) to the new deployment's tasks, so that ECS stops
+this task and the deployment finishes. Protection expires by
 itself (``EXPIRES_IN_MINUTES``), so a worker that holds it renews it well before then (``set(True, renew_after_s=...)``
 at its heartbeat). Outside ECS (no ``ECS_AGENT_URI``) this does nothing.
 """
@@ -22,7 +25,10 @@ import json
 import logging
 import time
 import urllib.request
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+
+if TYPE_CHECKING:
+    from gpu_worker.deployments import DeploymentWatch
 
 logger = logging.getLogger("gpu_worker.task_protection")
 
@@ -87,8 +93,10 @@ class Policy:
     finishing jobs, the heartbeat's renewal) end as the messages held at the end require."""
 
     def __init__(self, protection: TaskProtection, *, mode: str, tokens_per_s: float, drain_timeout_s: float,
-                 renew_s: float, held: Callable[[], Iterable[Held]]) -> None:
+                 renew_s: float, held: Callable[[], Iterable[Held]], deployments: DeploymentWatch | None = None
+                 ) -> None:
         self.protection = protection
+        self.deployments = deployments
         self.mode = mode
         self.tokens_per_s = tokens_per_s
         self.drain_timeout_s = drain_timeout_s
@@ -101,8 +109,28 @@ class Policy:
         return self.mode == "long_jobs" and outlasts_drain(max_tokens, tokens_per_s=self.tokens_per_s,
                                                            drain_timeout_s=self.drain_timeout_s)
 
+    @property
+    def newer_deployment(self) -> bool:
+        """Whether a newer deployment of the service waits for this task to stop."""
+        return self.deployments is not None and self.deployments.newer_waiting
+
+    def refuses(self, max_tokens: int) -> bool:
+        """Whether to leave a job of ``max_tokens`` to the newer deployment's tasks: one that could outlast the drain,
+        once a newer deployment waits."""
+        return self.newer_deployment and outlasts_drain(max_tokens, tokens_per_s=self.tokens_per_s,
+                                                        drain_timeout_s=self.drain_timeout_s)
+
+    async def watch(self) -> None:
+        """Look for a newer deployment (at the watch's own pace); clear the protection once one waits."""
+        if self.deployments is None or self.deployments.newer_waiting:
+            return
+        if await self.deployments.check():
+            await self.sync()
+
     def wants(self) -> bool:
         """Whether the messages held now call for protection."""
+        if self.newer_deployment:
+            return False
         if self.mode == "busy":
             return any(True for _ in self._held())
         if self.mode == "long_jobs":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -49,11 +50,12 @@ from async_inference.service import JobService
 from gpu_worker.announce import Announcer
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.chunks import BatchLedger, Chunks
+from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
-from gpu_worker.config import WorkerConfig
+from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
 from gpu_worker.engines.base import Engine, FatalEngineError
 from gpu_worker.faults import Faults
-from gpu_worker.health import HealthFile
+from gpu_worker.health import HealthFile, StartDeadline
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
@@ -61,12 +63,14 @@ from gpu_worker.progress import ProgressReporter
 from gpu_worker.runner import Runner
 from gpu_worker.task_protection import Policy, TaskProtection
 
-__all__ = ["EXIT_ENGINE_DEAD", "Worker", "WorkerConfig"]
+__all__ = ["EXIT_ENGINE_DEAD", "EXIT_START_TIMEOUT", "Worker", "WorkerConfig"]
 logger = logging.getLogger("gpu_worker")
 T = TypeVar("T")
 # The exit status of a worker whose engine died (``python -m gpu_worker``): its messages were handed back, and its
 # supervisor must start a fresh process. 2 is taken by bad settings (gpu_worker.__main__).
 EXIT_ENGINE_DEAD = 3
+# The exit status of a worker whose model sync and engine start outlasted ``start_timeout_s`` (gpu_worker.health).
+EXIT_START_TIMEOUT = 4
 # How long a finished claim's delete may wait for nine others. Its message is no longer extended by the heartbeat but
 # still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
 DELETE_BATCH_DELAY_S = 0.5
@@ -96,9 +100,11 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         model_source: ModelSource | None = None,
         batches: BatchLedger | None = None,
+        deployments: DeploymentWatch | None = None,
     ) -> None:
         """``model_source``: the model's files to sync before the engine starts (``MODEL_S3_URI``); ``batches``: the
-        batch table's ``BatchStore``, which the batch lane needs (``config.batch_queue_url``)."""
+        batch table's ``BatchStore``, which the batch lane needs (``config.batch_queue_url``); ``deployments``: tells
+        whether a newer deployment waits for this task (None: never)."""
         if config.batch_queue_url is not None and batches is None:
             raise ValueError("batch_queue_url is set but no BatchStore was given: the batch lane counts chunks in it")
         self.config = config
@@ -111,7 +117,7 @@ class Worker:
         self.faults.install(blobs=self.service.blobs, store=self.service.store, engine=self.engine)
         self._inflight: dict[str, InFlight] = {}  # by message id
         self._stopping = asyncio.Event()
-        self._handback: dict[str, QueueMessage] = {}  # messages to make visible at once at the end, by id
+        self._handback: dict[str, InFlight] = {}  # held messages to make visible at once at the end, by message id
         self.beats = 0  # heartbeats since start
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops (and as
         # many again for the batch lane's messages).
@@ -123,7 +129,8 @@ class Worker:
         self.admission = Admission(engine.capacity, reserve=config.reserve(engine.capacity), abort=engine.abort)
         self.policy = Policy(protection or TaskProtection(None), mode=config.task_protection,
                              tokens_per_s=config.task_protection_tokens_per_s, drain_timeout_s=config.drain_timeout_s,
-                             renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values())
+                             renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values(),
+                             deployments=deployments)
         events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         followers = ConnectionStore(config.connections_table_name) if config.connections_table_name else None
         self.progress = ProgressReporter(engine, self.service, events, interval_s=config.progress_interval_s,
@@ -174,17 +181,27 @@ class Worker:
     def stop(self) -> None:
         self._stopping.set()
 
+    def _start_timed_out(self) -> None:
+        """The model's sync or the engine's start outlasted ``start_timeout_s``: exit, holding no message, so that the
+        task is replaced and its GPU freed (the event loop may be blocked: this runs on the deadline's thread)."""
+        logger.error("the engine did not start within %g s (%s=%g); exiting with %d", self.config.start_timeout_s,
+                     ENV_START_TIMEOUT_S, self.config.start_timeout_s, EXIT_START_TIMEOUT)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_START_TIMEOUT)
+
     # --- the loops --------------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Receive and run claims until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
-        # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread keeps
-        # the health file fresh meanwhile, the heartbeat afterwards.
-        with self.health.kept_fresh(self.config.heartbeat_interval_s):
+        # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread ends a
+        # start that outlasts its deadline. The health file is touched only once the engine has started.
+        with StartDeadline(self.config.start_timeout_s, self._start_timed_out):
             if self.model_source is not None:
                 await self._io(self.model_source.sync)
             await self.engine.start()
+        self.health.touch()
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
         logger.info("worker started: engine=%s capacity=%d receivers=%d lanes=%s", self.engine.name,
                     self.engine.capacity, receivers, ",".join(self.lanes))
@@ -278,7 +295,7 @@ class Worker:
                 logger.exception("could not shorten the visibility of %s; it returns after the timeout",
                                  message.message_id)
         elif outcome.action is Action.HAND_BACK:
-            self._handback[message.message_id] = message
+            self._handback[message.message_id] = flight
             if self.engine_dead is not None:
                 self.stop()
 
@@ -299,6 +316,7 @@ class Worker:
             self.beats += 1
             self.health.touch()
             await self._flush_metrics()
+            await self.policy.watch()
             flights = list(self._inflight.values())
             if not flights:
                 continue
@@ -331,7 +349,7 @@ class Worker:
             for flight in list(self._inflight.values()):
                 if flight.in_engine and flight.task:
                     flight.task.cancel()
-                    self._handback[flight.message.message_id] = flight.message
+                    self._handback[flight.message.message_id] = flight
         pending = [f.task for f in self._inflight.values() if f.task and f.message.message_id not in self._handback]
         if pending:
             logger.info("draining %d claims for up to %.0f s", len(pending), self.config.drain_timeout_s)
@@ -342,8 +360,10 @@ class Worker:
                 flight.task.cancel()
             if flight.running and flight.job_id and self.engine_dead is None:
                 await self.engine.abort(flight.job_id)
-            self._handback[flight.message.message_id] = flight.message
+            self._handback[flight.message.message_id] = flight
         if not self._handback:
             return
         logger.info("handing back %d unfinished claims", len(self._handback))
-        await self._set_visibility(list(self._handback.values()), 0)
+        # Their jobs' leases first: the worker that receives them next starts them at once.
+        await self.runner.release(list(self._handback.values()))
+        await self._set_visibility([flight.message for flight in self._handback.values()], 0)

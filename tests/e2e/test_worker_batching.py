@@ -30,11 +30,13 @@ class RecordingQueue(JobQueue):
         self.received: list[int] = []  # messages returned per ReceiveMessage
         self.extensions: list[tuple[float, list[str], int]] = []  # (time, receipt handles, timeout)
         self.deletes: list[int] = []
+        self.bodies: list[str] = []  # every body received
 
     def receive(self, *, max_messages: int, wait_s: int, **kwargs: Any):  # type: ignore[override]
         messages = super().receive(max_messages=max_messages, wait_s=wait_s, **kwargs)
         self.receives.append(max_messages)
         self.received.append(len(messages))
+        self.bodies.extend(m.body for m in messages)
         return messages
 
     def change_visibility_batch(self, receipt_handles: list[str], timeout_s: int) -> list[str]:

@@ -1,5 +1,6 @@
-"""The container health check against a real worker: healthy while the model loads with the event loop blocked, and
-while the worker runs; unhealthy once its loop stops."""
+"""The container health check against a real worker: unhealthy while the model loads (with the event loop blocked), so
+that only a started engine makes a task healthy (issue #21, defect 3); healthy while the worker runs; unhealthy once
+its loop stops."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def healthy(path: Path) -> subprocess.CompletedProcess[str]:
                                "HEALTH_MAX_AGE_S": MAX_AGE_S})
 
 
-def test_the_worker_is_healthy_while_its_engine_loads_and_runs_and_unhealthy_when_its_loop_stops(
+def test_the_worker_is_unhealthy_while_its_engine_loads_healthy_once_it_runs_and_unhealthy_when_its_loop_stops(
     workers: FaultStack, tmp_path: Path
 ):
     # GIVEN a worker whose engine start blocks its event loop for 8 s (as vLLM's engine build does), with a health
@@ -29,14 +30,17 @@ def test_the_worker_is_healthy_while_its_engine_loads_and_runs_and_unhealthy_whe
     path = tmp_path / "health"
     worker = workers.start_worker("health", WORKER_FAULTS="slow_start=8", WORKER_HEALTH_FILE=str(path),
                                   HEALTH_MAX_AGE_S=MAX_AGE_S, HEARTBEAT_INTERVAL_S="0.5")
-    wait_until(path.exists, 20, "the health file to appear")
-    # THEN the health check passes throughout the load
-    loading_until = time.monotonic() + 6  # of the 8
+    wait_until(lambda: "the engine start blocks" in worker.log_path.read_text(), 20, "the engine start to begin")
+    # THEN the health check fails throughout the load: no engine has started
+    loading_until = time.monotonic() + 5  # of the 8
     while time.monotonic() < loading_until:
         result = healthy(path)
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 1, "healthy before the engine started"
         time.sleep(0.5)
     assert "worker started" not in worker.log_path.read_text()  # that really was during the load
+    # AND it passes once the engine has started
+    wait_until(lambda: healthy(path).returncode == 0, 20, "the health check to pass after the start")
+    assert "worker started" in worker.log_path.read_text()
     # AND while the worker runs jobs
     job_id = workers.api().submit(chat("healthy", max_tokens=1)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
