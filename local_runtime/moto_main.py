@@ -20,8 +20,10 @@ directory (a stat per service) on every request to route it; the listing is made
 
 import functools
 import logging
+import os
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from moto import backends
@@ -80,7 +82,21 @@ def list_moto_modules_once() -> None:
     backends.list_of_moto_modules = lambda: modules
 
 
+def exit_when_orphaned() -> None:
+    """Exit once the process that started this server is gone: it runs in a process group of its own (so that a
+    terminal's Ctrl-C reaches only the local runtime), so nothing else would stop it when that runtime is killed."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 if __name__ == "__main__":
+    exit_when_orphaned()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     serialize_item_writes()
     cheap_sqs_scans()
