@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
         watcher = threading.Thread(target=watch, name="soak-watch", daemon=True)
         watcher.start()
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(4)
+        try:
             job_ids = list(pool.map(submit, range(args.jobs)))
+        finally:  # on Ctrl-C the submits not started are dropped (a plain `with` ran all 10,000 before stopping)
+            pool.shutdown(cancel_futures=True)
         print(f"{time.monotonic() - started:7.1f} s all {len(job_ids)} submitted", file=sys.stderr, flush=True)
         deadline = started + args.timeout
         while inbox.notified < len(set(job_ids)) and time.monotonic() < deadline:

@@ -133,13 +133,13 @@ class LocalFunction:
         template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
         self.environment = {**lambda_provided(self.name, props, self.code_dir), **template_env, **extra_env}
         self._log = log
-        self._instances = instances
+        self.instances = instances
         self._hosts: list[_Host] = []
         self._free: Queue[_Host] = Queue()
 
     def start(self) -> LocalFunction:
         """Start the execution environments; ``wait_ready`` waits for their init (start several, then wait)."""
-        self._hosts = [_Host(self) for _ in range(self._instances)]
+        self._hosts = [_Host(self) for _ in range(self.instances)]
         return self
 
     def wait_ready(self) -> LocalFunction:

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -47,7 +48,21 @@ class TimedOut(BaseException):
     """Raised in the handler when the function's timeout passes (Lambda stops the invocation then)."""
 
 
+def exit_when_orphaned() -> None:
+    """Exit once the process that started this one is gone: it runs in a process group of its own, so nothing else
+    would stop it when the local runtime is killed outright."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def main() -> None:
+    exit_when_orphaned()
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--handler", required=True)

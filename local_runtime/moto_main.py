@@ -8,16 +8,29 @@ moto's server answers each request on a thread of its own, and its DynamoDB appl
 two UpdateItems of one item at once could lose a number ADD while keeping both set members (a batch counted
 ``completed`` with 20 of its 120 lines, tests/local/test_moto_atomicity.py). DynamoDB applies each write to an item
 atomically, so here the DynamoDB backend's writes take one lock.
+
+moto's SQS rebuilds a queue's whole attribute summary (three passes over every message it holds, in flight or not,
+each message asking the clock twice) for each message it receives and for each message sent, only to read one
+setting from it. The cost per message grows with the queue's depth, and under load a queue that falls behind (a
+function's event queue) made every request slower, so it fell further behind: the soak's rate fell from 8.5 to 2.6
+jobs/s. Here the retention check reads its one setting, and the scans ask the clock once: same answers, a cost per
+message that does not grow with the depth (tests/local/test_moto_sqs_cost.py). And moto lists its own package
+directory (a stat per service) on every request to route it; the listing is made once.
 """
 
 import functools
 import logging
+import os
 import sys
 import threading
+import time
 from typing import Any, Callable
 
+from moto import backends
+from moto.core.utils import unix_time, unix_time_millis
 from moto.dynamodb.models import DynamoDBBackend
 from moto.server import main
+from moto.sqs.models import Message, Queue, SQSBackend
 
 # The DynamoDB backend's item writes (a transaction or a batch counts as one).
 ITEM_WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
@@ -38,7 +51,54 @@ def serialize_item_writes() -> None:
         setattr(DynamoDBBackend, name, serialized(getattr(DynamoDBBackend, name)))
 
 
+def cheap_sqs_scans(patch: Callable[[Any, str, Any], None] = setattr) -> None:
+    """moto's SQS with its per-message costs independent of the queue's depth; ``patch`` sets each replacement
+    (``setattr``; a test passes its monkeypatch)."""
+
+    def is_message_valid_based_on_retention_period(self: SQSBackend, queue_name: str, message: Message) -> bool:
+        retention_s = int(self.get_queue(queue_name).message_retention_period)
+        return retention_s + message.sent_timestamp / 1000 > unix_time()  # type: ignore[operator]
+
+    def messages(self: Queue) -> list[Message]:
+        now = unix_time_millis()
+        return [m for m in self._messages if now > m.visible_at and not now < m.delayed_until]
+
+    def not_visible(self: Queue) -> int:
+        now = unix_time_millis()
+        return sum(1 for m in self._messages if not now > m.visible_at)
+
+    def delayed(self: Queue) -> int:
+        now = unix_time_millis()
+        return sum(1 for m in self._messages if now < m.delayed_until)
+
+    patch(SQSBackend, "is_message_valid_based_on_retention_period", is_message_valid_based_on_retention_period)
+    patch(Queue, "messages", property(messages))
+    patch(Queue, "approximate_number_of_messages_not_visible", property(not_visible))
+    patch(Queue, "approximate_number_of_messages_delayed", property(delayed))
+
+
+def list_moto_modules_once() -> None:
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules
+
+
+def exit_when_orphaned() -> None:
+    """Exit once the process that started this server is gone: it runs in a process group of its own (so that a
+    terminal's Ctrl-C reaches only the local runtime), so nothing else would stop it when that runtime is killed."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 if __name__ == "__main__":
+    exit_when_orphaned()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     serialize_item_writes()
+    cheap_sqs_scans()
+    list_moto_modules_once()
     main(sys.argv[1:])

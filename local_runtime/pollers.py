@@ -8,11 +8,14 @@
   ``Deployment.async_event_queue``). A failed invocation is retried ``MaximumRetryAttempts`` times (the function's
   ``AWS::Lambda::EventInvokeConfig``, default 2), then the event goes to the on-failure destination if there is one,
   and is dropped otherwise, as Lambda does. Lambda waits about a minute, then two, between the attempts; locally the
-  waits are ``LOCAL_RETRY_DELAYS_S``.
+  waits are ``LOCAL_RETRY_DELAYS_S``. The events of a batch received from that queue are invoked concurrently, one
+  per execution environment of the function, as Lambda runs asynchronous invocations side by side: one at a time,
+  the push function (two events a job) fell behind the soak, and its event queue grew by thousands.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import json
 import logging
@@ -150,30 +153,39 @@ class AsyncInvoker(_Poller):
         self.function = function
         self.max_retries = max_retries
         self._on_failure = on_failure
+        self._invocations = concurrent.futures.ThreadPoolExecutor(function.instances,
+                                                                  thread_name_prefix=f"async-{function.logical_id}")
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self._invocations.shutdown(wait=False)
 
     def handle(self, messages: list[dict[str, Any]]) -> None:
-        done = []
-        for message in messages:
-            event = json.loads(message["Body"])
-            if event.get("Event") == "s3:TestEvent":  # S3 sends it when a notification is configured
-                done.append(message["ReceiptHandle"])
-                continue
-            if event.get("Type") == "Notification":
-                event = _sns_event(event, f"{event.get('TopicArn')}:local")
-            result = self.function.invoke(event)
-            attempt = int(message["Attributes"].get("ApproximateReceiveCount", "1"))
-            if not result.error:
-                done.append(message["ReceiptHandle"])
-            elif attempt <= self.max_retries:
-                delay = LOCAL_RETRY_DELAYS_S[min(attempt, len(LOCAL_RETRY_DELAYS_S)) - 1]
-                logger.warning("%s failed (attempt %d of %d): %s; retrying in %d s", self.function.logical_id, attempt,
-                               self.max_retries + 1, result.payload.get("errorMessage"), delay)
-                self._sqs.change_message_visibility(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"],
-                                                    VisibilityTimeout=delay)
-            else:
-                self._give_up(event, result, attempt)
-                done.append(message["ReceiptHandle"])
+        done = [handle for handle in self._invocations.map(self._invoke, messages) if handle is not None]
         self.delete(done)
+
+    def _invoke(self, message: dict[str, Any]) -> str | None:
+        """One asynchronous invocation; the message's receipt handle when it is done with (delivered or given up)."""
+        event = json.loads(message["Body"])
+        if event.get("Event") == "s3:TestEvent":  # S3 sends it when a notification is configured
+            return message["ReceiptHandle"]
+        if event.get("Type") == "Notification":
+            event = _sns_event(event, f"{event.get('TopicArn')}:local")
+        result = self.function.invoke(event)
+        attempt = int(message["Attributes"].get("ApproximateReceiveCount", "1"))
+        if not result.error:
+            return message["ReceiptHandle"]
+        if attempt <= self.max_retries:
+            delay = LOCAL_RETRY_DELAYS_S[min(attempt, len(LOCAL_RETRY_DELAYS_S)) - 1]
+            logger.warning("%s failed (attempt %d of %d): %s; retrying in %d s", self.function.logical_id, attempt,
+                           self.max_retries + 1, result.payload.get("errorMessage"), delay)
+            self._sqs.change_message_visibility(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"],
+                                                VisibilityTimeout=delay)
+            return None
+        self._give_up(event, result, attempt)
+        return message["ReceiptHandle"]
 
     def _give_up(self, event: Any, result: InvokeResult, attempts: int) -> None:
         record = {

@@ -14,13 +14,16 @@ What API Gateway does before a request reaches the function, and what this does 
   checked on the template);
 * binary media types (``BinaryMediaTypes``, ``~1`` for ``/`` as CloudFormation writes them): a body whose
   Content-Type matches one reaches the function base64-encoded, as API Gateway's proxy integration sends it;
-* the request validator: required parameters (``BAD_REQUEST_PARAMETERS``) and the body against the method's model
-  for the request's content type, JSON Schema draft 4 (``BAD_REQUEST_BODY``); the payload limit, 10 MB
+* the request validator: required parameters (``BAD_REQUEST_PARAMETERS``); the payload limit, 10 MB
   (``REQUEST_TOO_LARGE``);
 * the function's answer: a proxy response is passed back; a function error is a 502 (``DEFAULT_5XX``).
 
 Every gateway-generated error is rendered from the template's ``AWS::ApiGateway::GatewayResponse`` for its type
 (falling back to ``DEFAULT_4XX``/``DEFAULT_5XX``, then to API Gateway's own ``{"message": ...}``).
+
+Not emulated, and refused by name when a template asks for it (``unsupported``): ``ANY`` methods and request body
+validation against models. The app's template uses neither (its handlers validate bodies with pydantic and answer
+with the API's own error envelope); a template that does is refused rather than served differently from AWS.
 """
 
 from __future__ import annotations
@@ -37,12 +40,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import jsonschema
-
 from local_runtime.authorizers import AuthorizerRefused, Request, RequestAuthorizer
 from local_runtime.deployer import Deployment
 from local_runtime.functions import LocalFunction
-from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION
+from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION, TemplateError
 
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # API Gateway's own limit
 # Default status and message of the gateway responses this emulates (API Gateway's documented defaults).
@@ -64,6 +65,16 @@ _DEFAULTS = {
 _FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/invocations$")
 
 
+def unsupported(method: dict[str, Any], validator: dict[str, Any]) -> str | None:
+    """What the local gateway cannot serve as API Gateway would in an ``AWS::ApiGateway::Method``'s properties (with
+    its request validator's), or None."""
+    if method.get("HttpMethod") == "ANY":
+        return "an ANY method (the local gateway routes each HTTP method the template names)"
+    if validator.get("ValidateRequestBody") and method.get("RequestModels"):
+        return "request body validation against a model (the local gateway validates parameters only)"
+    return None
+
+
 @dataclass
 class Method:
     resource_path: str  # e.g. /v1/jobs/{job_id}
@@ -71,7 +82,6 @@ class Method:
     function: LocalFunction
     api_key_required: bool
     required_parameters: list[str] = field(default_factory=list)  # method.request.header.x ...
-    body_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # content type -> JSON schema
     authorizer: RequestAuthorizer | None = None
 
     @property
@@ -131,7 +141,6 @@ class RestApi:
                 parent = physical.properties["ParentId"]
                 if parent in paths and physical.ref not in paths:
                     paths[physical.ref] = f"{paths[parent]}/{physical.properties['PathPart']}"
-        models = {p.ref: p.properties for p in deployment.of_type("AWS::ApiGateway::Model").values()}
         validators = {p.ref: p.properties for p in deployment.of_type("AWS::ApiGateway::RequestValidator").values()}
         self.methods: list[Method] = []
         for physical in deployment.of_type("AWS::ApiGateway::Method").values():
@@ -143,6 +152,9 @@ class RestApi:
                 raise ValueError(f"{physical.logical_id}: only Lambda proxy integrations run locally")
             arn = _FUNCTION_ARN.search(integration["Uri"])["arn"]  # type: ignore[index]
             validator = validators.get(props.get("RequestValidatorId"), {})
+            reason = unsupported(props, validator)
+            if reason:
+                raise TemplateError(f"{physical.logical_id}: {reason} does not run locally")
             method = Method(
                 resource_path=paths[props["ResourceId"]] or "/",
                 http_method=props["HttpMethod"],
@@ -152,8 +164,6 @@ class RestApi:
             )
             if validator.get("ValidateRequestParameters"):
                 method.required_parameters = [k for k, required in props.get("RequestParameters", {}).items() if required]
-            if validator.get("ValidateRequestBody"):
-                method.body_schemas = {ct.lower(): models[ref]["Schema"] for ct, ref in props.get("RequestModels", {}).items()}
             self.methods.append(method)
         self.stage = next((p.ref for p in deployment.of_type("AWS::ApiGateway::Stage").values()
                            if p.properties.get("RestApiId") == self.api_id), "prod")
@@ -170,7 +180,7 @@ class RestApi:
         candidates = []
         for method in self.methods:
             params = method.match(path)
-            if params is not None and method.http_method in (http_method, "ANY"):
+            if params is not None and method.http_method == http_method:
                 candidates.append((method.specificity, method, params))
         if not candidates:
             raise GatewayError("MISSING_AUTHENTICATION_TOKEN")
@@ -197,7 +207,7 @@ class RestApi:
                 if key_id is None:
                     raise GatewayError("INVALID_API_KEY")
                 identity.update(apiKey=key, apiKeyId=key_id)
-            self._validate(method, lowered, query, body)
+            self._validate(method, lowered, query)
             event = self._proxy_event(method, split.path, path_params, query, headers, body, identity, request_id)
             if authorizer is not None:
                 event["requestContext"]["authorizer"] = authorizer
@@ -211,7 +221,7 @@ class RestApi:
     def _authorize(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
                    headers: dict[str, str], identity: dict[str, Any], request_id: str) -> Any:
         assert method.authorizer is not None
-        http_method = method.http_method if method.http_method != "ANY" else "GET"
+        http_method = method.http_method
         method_arn = f"arn:aws:execute-api:{LOCAL_REGION}:{LOCAL_ACCOUNT}:{self.api_id}/{self.stage}/{http_method}{path}"
         context = {"resourcePath": method.resource_path, "httpMethod": http_method, "path": f"/{self.stage}{path}",
                    "stage": self.stage, "requestId": request_id, "accountId": LOCAL_ACCOUNT, "apiId": self.api_id,
@@ -228,7 +238,7 @@ class RestApi:
         """The answer to a body over API Gateway's payload limit (the body is never read)."""
         return self._gateway_response(GatewayError("REQUEST_TOO_LARGE"), str(uuid.uuid4()))
 
-    def _validate(self, method: Method, headers: dict[str, str], query: dict[str, list[str]], body: bytes) -> None:
+    def _validate(self, method: Method, headers: dict[str, str], query: dict[str, list[str]]) -> None:
         missing = []
         for parameter in method.required_parameters:
             _, _, where, name = parameter.split(".", 3)
@@ -237,19 +247,6 @@ class RestApi:
                 missing.append(name)
         if missing:
             raise GatewayError("BAD_REQUEST_PARAMETERS", f"Missing required request parameters: [{', '.join(missing)}]")
-        if not method.body_schemas:
-            return
-        content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        schema = method.body_schemas.get(content_type) or method.body_schemas.get("$default")
-        if schema is None:
-            return  # "If no matching content type is found, request validation is not performed."
-        try:
-            document = json.loads(body or b"{}")
-        except ValueError:
-            raise GatewayError("BAD_REQUEST_BODY", validation_errors="[Invalid JSON]") from None
-        errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(document), key=lambda e: list(e.path))
-        if errors:
-            raise GatewayError("BAD_REQUEST_BODY", validation_errors="[" + ", ".join(e.message for e in errors) + "]")
 
     def _proxy_event(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
                      headers: dict[str, str], body: bytes, identity: dict[str, Any], request_id: str) -> dict[str, Any]:
@@ -263,7 +260,7 @@ class RestApi:
         return {
             "resource": method.resource_path,
             "path": path,
-            "httpMethod": method.http_method if method.http_method != "ANY" else "GET",
+            "httpMethod": method.http_method,
             "headers": headers,
             "multiValueHeaders": {k: [v] for k, v in headers.items()},
             "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,

@@ -63,7 +63,8 @@ ANY_MODEL = ("*",)
 MIN_API_KEY_CHARS = 20  # API Gateway's own minimum
 LOCAL_WEBHOOK_BACKOFF = {runtime_config.ENV_BACKOFF_BASE_S: "1", runtime_config.ENV_BACKOFF_MAX_S: "1"}
 LOCAL_ENGINE_MODEL_VARIABLES = (runtime_config.ENV_MODEL, runtime_config.ENV_MODEL_S3_URI)
-# Functions behind the REST API get this many execution environments (Lambda scales them with concurrent requests).
+# Functions behind the REST API, and those invoked asynchronously (SNS, S3), get this many execution environments
+# (Lambda scales them with concurrent requests and events); the others, fed by one SQS poller each, one.
 API_FUNCTION_INSTANCES = 2
 # How long ``stop`` waits for an event source's delivery under way before it stops the functions anyway.
 POLLER_STOP_S = 10.0
@@ -288,11 +289,11 @@ class LocalStack:
     def _start_functions(self) -> None:
         assert self.deployment is not None
         self._function_log = open(self.log_dir / "functions.log", "ab")
-        behind_api = self._api_function_ids()
+        scaled = self._api_function_ids() | set(self.deployment.async_event_queues)
         self.functions = {
             logical_id: LocalFunction(
                 self.deployment, logical_id, extra_env=self._function_overrides(logical_id), log=self._function_log,
-                instances=API_FUNCTION_INSTANCES if logical_id in behind_api else 1,
+                instances=API_FUNCTION_INSTANCES if logical_id in scaled else 1,
             ).start()
             for logical_id in function_ids(self.deployment)
         }
