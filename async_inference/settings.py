@@ -165,6 +165,12 @@ def file_key(tenant: str, file_id: str) -> str:
     return f"{FILE_PREFIX}{tenant}/{file_id}/content"
 
 
+def batch_input_key(tenant: str, batch_id: str) -> str:
+    """A batch's own copy of its input file, taken at creation: the presigned URL that uploaded the file (valid 15
+    minutes) cannot change what the batch validates and runs. Under FILE_PREFIX: the files' lifecycle and grants."""
+    return f"{FILE_PREFIX}{tenant}/{batch_id}/input"
+
+
 def batch_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
     """Where one chunk's output or error lines live until the batch is finalized (``kind``: output or error)."""
     if kind not in ("output", "error"):

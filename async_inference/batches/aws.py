@@ -31,6 +31,17 @@ class FileObjects:
     def put(self, key: str, data: bytes) -> None:
         self._s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=JSONL)
 
+    def copy(self, source: str, target: str) -> None:
+        """A server-side copy of an object (CopyObject: up to 5 GB, far above a batch file); KeyError when the source
+        is gone."""
+        try:
+            self._s3.copy_object(Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": source},
+                                 ContentType=JSONL, MetadataDirective="REPLACE")
+        except ClientError as exc:
+            if is_error(exc, "404", "NoSuchKey", "NotFound"):
+                raise KeyError(source) from exc
+            raise
+
     def size(self, key: str) -> int | None:
         """The object's size, or None when there is no such object."""
         try:

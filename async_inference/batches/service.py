@@ -143,15 +143,21 @@ class BatchService:
         if source.awaiting_upload:
             raise _invalid("input_file_id", f"file {source.id} has not been uploaded yet: PUT its bytes to the "
                            "presigned URL first")
+        batch_id = new_batch_id()
+        input_key = settings.batch_input_key(tenant, batch_id)
+        try:
+            self.files.copy(source.key, input_key)
+        except KeyError as exc:
+            raise _invalid("input_file_id", f"file {source.id} has no content (deleted?)", 404, "not_found") from exc
         now = utcnow()
         record = BatchRecord(
-            id=new_batch_id(),
+            id=batch_id,
             tenant=tenant,
             created_at=now,
             status=BatchStatus.VALIDATING,
             endpoint=request.endpoint,
             input_file_id=source.id,
-            input_key=source.key,
+            input_key=input_key,  # the batch's own copy: a re-PUT of the file's presigned URL cannot change it
             completion_window=request.completion_window,
             deadline=now + dt.timedelta(seconds=settings.BATCH_COMPLETION_WINDOWS[request.completion_window]),
             metadata=request.metadata,
