@@ -138,7 +138,8 @@ class InFlight:
     protect: bool = False  # a job that could outlast the drain (task_protection "long_jobs")
     started: float = 0.0  # time.monotonic() when its generation began
     running: bool = False  # the runner has it (not a duplicate left alone)
-    leased: bool = False  # its job is running here under this worker's lease (renewed at each heartbeat)
+    leased: bool = False  # its job is running here under this worker's lease (renewed by the heartbeat)
+    lease_renewed: float = 0.0  # time.monotonic() when the lease was last taken or renewed
 
     @property
     def lines(self) -> int:

@@ -15,10 +15,11 @@ interrupt safely: result object (written once), final state, notification. A bat
   ``retry``, for a worker that knows it.
 
 One job, one execution: a worker that starts a job takes its lease (``lease_owner``, ``lease_expires_ms``) for its
-``visibility_timeout_s``, and renews it at each heartbeat, right after it extends its messages' visibility. Another
-worker that receives a copy of the claim check (a replayed upload, a redelivery) cannot start the job while the lease
-stands: the copy is hidden until the holder's execution timeout would have ended (``retry``; one receive per job's
-run, not one per visibility timeout, so a long job's copy does not reach the DLQ), and found final then. A holder that
+``visibility_timeout_s``, and renews it at the heartbeat, after its messages' visibility, once a third of it has
+passed. Another worker that receives a copy of the claim check (a replayed upload, a redelivery) cannot start the
+job while the lease stands: the copy is hidden until the holder's execution timeout would have ended (``retry``; one
+receive per job's run, not one per visibility timeout, so a long job's copy does not reach the DLQ), and found final
+then. A holder that
 is gone (crashed: its messages come back after its visibility timeout) stops renewing, its lease lapses with its
 visibility, and the worker that receives the message next takes the job over. A holder that finds its lease taken
 (its heartbeat stalled past its visibility) aborts its generation and leaves its message alone.
@@ -70,7 +71,7 @@ SQS_MAX_VISIBILITY_S = 12 * 60 * 60  # the longest a message can be hidden
 
 
 class Runner:
-    """Runs claims for one worker: ``run`` one to its final state, ``beat`` (the heartbeat's checks on those running)."""
+    """Runs claims for one worker: ``run`` one to its final state; ``beat``: the heartbeat's checks on those running."""
 
     def __init__(self, config: WorkerConfig, engine: Engine, *, service: JobService, admission: Admission,
                  progress: ProgressReporter, announcer: Announcer, policy: Policy, faults: Faults,
@@ -134,7 +135,14 @@ class Runner:
                 if job.status is JobStatus.CANCELLED:
                     self.cancelled.add(job.job_id)
                     await self.engine.abort(job.job_id)
-        leased = [f.job_id for f in flights if f.job_id and f.leased]
+        # Renewed once a third of the lease has passed (not at every beat): it then never has less than about half
+        # of it left while the holder lives, and a crashed holder's lapses no later than its messages' visibility.
+        now = time.monotonic()
+        due = [f for f in flights if f.job_id and f.leased
+               and now - f.lease_renewed >= self.config.visibility_timeout_s / 3]
+        for flight in due:
+            flight.lease_renewed = now
+        leased = [f.job_id for f in due if f.job_id]
         for job_id in await self._io(self.service.renew_leases, self.owner, leased, self.config.visibility_timeout_s):
             job = await self._io(self.service.lookup, job_id)
             if job is not None and job.status is JobStatus.RUNNING and job.lease_owner != self.owner:
@@ -203,7 +211,7 @@ class Runner:
                                       error=f"execution timed out after {claim.timeout_s} s")
         if isinstance(outcome, GenerationAborted):
             if job.job_id in self.lost:
-                return Outcome.leave("lease lost")  # its new holder finishes it; the message is not this worker's to end
+                return Outcome.leave("lease lost")  # its new holder ends it; the message is not this worker's to end
             return Outcome.delete("cancelled")  # cancelled while running: the cancel stored the final state, notified
         if isinstance(outcome, PermanentEngineError):
             return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome))
@@ -260,7 +268,7 @@ class Runner:
                              lease_s=self.config.visibility_timeout_s)
         if job is None:
             return None
-        flight.leased = True
+        flight.leased, flight.lease_renewed = True, time.monotonic()
         self.announcer.started(job)
         flight.started = time.monotonic()
         self.metrics.started((utcnow() - job.created_at).total_seconds())
@@ -325,7 +333,7 @@ class Runner:
         now_ms = utcnow().timestamp() * 1000
         left_s = max(0.0, ((job.lease_expires_ms or 0) - now_ms) / 1000)
         visibility = self.config.visibility_timeout_s
-        if left_s <= visibility / 2:
+        if left_s <= visibility / 4:
             # A lease a live holder would have renewed by now: its holder is gone (its message is coming back), so
             # look again just after the lease lapses, and take the job over then.
             return Outcome.retry(math.ceil(left_s) + 1, "lease lapsing")
@@ -333,4 +341,5 @@ class Runner:
         started = job.started_at or utcnow()
         until_s = (started - utcnow()).total_seconds() + job.timeout_s + visibility
         logger.info("job %s runs on %s; its copy comes back in %.0f s", job.job_id, job.lease_owner, until_s)
-        return Outcome.retry(min(SQS_MAX_VISIBILITY_S, max(math.ceil(left_s) + 1, math.ceil(until_s))), "held elsewhere")
+        hidden_s = min(SQS_MAX_VISIBILITY_S, max(math.ceil(left_s) + 1, math.ceil(until_s)))
+        return Outcome.retry(hidden_s, "held elsewhere")
