@@ -160,6 +160,24 @@ class FunctionCallOutputItem(_Strict):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
+class ReasoningText(_Strict):
+    type: Literal["summary_text", "reasoning_text"]
+    text: Text
+
+
+class ReasoningItem(_Strict):
+    """An earlier turn's reasoning, sent back with the history. Left out of the chat request: its encrypted content
+    is readable by OpenAI's models only, and chat templates drop earlier turns' reasoning (vLLM's and OpenAI's own
+    chat.completions take none)."""
+
+    type: Literal["reasoning"]
+    id: ItemId | None = None
+    summary: list[ReasoningText] = Field(default_factory=list, max_length=settings.MAX_CONTENT_PARTS)
+    content: list[ReasoningText] | None = Field(default=None, max_length=settings.MAX_CONTENT_PARTS)
+    encrypted_content: Text | None = None
+    status: ItemStatus | None = None
+
+
 def _item_kind(value: Any) -> str | None:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
     return TAG_MARK + kind if isinstance(kind, str) else None
@@ -170,19 +188,20 @@ def _known_item(value: Any) -> Any:
     if kind == "item_reference":
         raise _refuse("unsupported_item", "an item_reference refers to an item OpenAI stored; this service keeps no "
                       "items to refer to: send the item itself")
-    if isinstance(kind, str) and kind not in ("message", "function_call", "function_call_output"):
+    if isinstance(kind, str) and kind not in ("message", "function_call", "function_call_output", "reasoning"):
         raise _refuse("unsupported_item", f"a {kind!r} item cannot be run here: the input may hold message, "
-                      "function_call and function_call_output items")
+                      "function_call, function_call_output and reasoning items")
     return value
 
 
 InputItem = Annotated[
     Union[Annotated[InputMessage, Tag(TAG_MARK + "message")],  # noqa: UP007
           Annotated[FunctionCallItem, Tag(TAG_MARK + "function_call")],
-          Annotated[FunctionCallOutputItem, Tag(TAG_MARK + "function_call_output")]],
+          Annotated[FunctionCallOutputItem, Tag(TAG_MARK + "function_call_output")],
+          Annotated[ReasoningItem, Tag(TAG_MARK + "reasoning")]],
     Discriminator(_item_kind, custom_error_type="invalid_type",
                   custom_error_message="an input item needs a type among 'message', 'function_call', "
-                  "'function_call_output'"),
+                  "'function_call_output', 'reasoning'"),
     BeforeValidator(_known_item),
 ]
 Input = Annotated[
@@ -264,6 +283,24 @@ class TextConfig(_Strict):
 
 class Reasoning(_Strict):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None  # as chat's reasoning_effort
+    # A summary of reasoning items: a response here has none to summarize (no effect, as reasoning_effort for chat).
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # the older name of summary
+
+
+# ``include`` values that name data a response here never holds (no reasoning items, no hosted tool calls, no image
+# inputs): asking for them adds nothing, as OpenAI's answer for a response without them. Output logprobs would be
+# data the caller expects and does not get: refused.
+Includable = Literal["reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+                     "web_search_call.action.sources", "code_interpreter_call.outputs",
+                     "computer_call_output.output.image_url", "message.input_image.image_url"]
+
+
+def _no_logprobs(value: Any) -> Any:
+    if value == "message.output_text.logprobs":
+        raise _refuse("unsupported_parameter", "output logprobs are not returned by the Responses API here: use a "
+                      "chat.completions job (POST /v1/jobs) with logprobs: true")
+    return value
 
 
 # Parameters OpenAI takes that a background job here cannot honour, and what to do instead: a 400 names them.
@@ -275,7 +312,6 @@ REFUSED = {
     "input (the previous response's output items are valid input items)",
     "conversation": "this service keeps no conversations: send the earlier turns in input",
     "prompt": "stored prompt templates live on OpenAI's servers: send the prompt's text in instructions and input",
-    "include": "no extra output data (logprobs, encrypted reasoning, tool sources) is available: omit include",
     "max_tool_calls": "built-in tool calls are not run here, and a function call ends the response: omit "
     "max_tool_calls",
     "context_management": "context compaction is not supported: send the input to run, within the model's context",
@@ -307,6 +343,7 @@ class ResponseCreate(_Strict):
     parallel_tool_calls: bool | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
     reasoning: Reasoning | None = None
+    include: list[Annotated[Includable, BeforeValidator(_no_logprobs)]] | None = Field(default=None, max_length=16)
     truncation: Literal["disabled"] | None = Field(default=None, description="Only 'disabled' (OpenAI's default): "
                                                    "an input over the model's context fails the response.")
     # Accepted without effect, as for chat.
@@ -314,7 +351,7 @@ class ResponseCreate(_Strict):
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
     prompt_cache_key: Annotated[str, StringConstraints(max_length=1024)] | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -347,7 +384,7 @@ class ResponseCreate(_Strict):
                                "the declared tools")
         return self
 
-    def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutputItem]:
+    def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
         """The input as a list of items (a string input is one user message)."""
         if isinstance(self.input, str):
             return [InputMessage(role="user", content=self.input)]
@@ -364,6 +401,8 @@ def chat_messages(request: ResponseCreate) -> list[dict[str, Any]]:
     if request.instructions is not None:
         messages.append({"role": "system", "content": request.instructions})
     for item in request.items():
+        if isinstance(item, ReasoningItem):
+            continue  # see ReasoningItem
         if isinstance(item, FunctionCallItem):
             function = {"name": item.name, "arguments": item.arguments}
             call = {"id": item.call_id, "type": "function", "function": function}
@@ -601,7 +640,7 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
         model=request.model,
         output=output,
         parallel_tool_calls=request.parallel_tool_calls is not False,
-        reasoning=request.reasoning.model_dump() if request.reasoning else None,
+        reasoning=request.reasoning.model_dump(exclude={"generate_summary"}) if request.reasoning else None,
         temperature=request.temperature if request.temperature is not None else chat_defaults["temperature"].default,
         text=text,
         tool_choice=tool_choice,
@@ -633,7 +672,8 @@ def input_items(response_id: str, request: ResponseCreate) -> list[dict[str, Any
             body["content"] = [_output_part(part) for part in parts]
         elif isinstance(item, InputMessage) and isinstance(item.content, str):
             body["content"] = [{"type": "input_text", "text": item.content}]
-        body.setdefault("id", f"{'msg' if isinstance(item, InputMessage) else 'fc'}_{suffix}_{index}")
+        prefix = {InputMessage: "msg", ReasoningItem: "rs"}.get(type(item), "fc")
+        body.setdefault("id", f"{prefix}_{suffix}_{index}")
         body.setdefault("status", "completed")
         listed.append(body)
     return listed

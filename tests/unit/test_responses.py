@@ -139,7 +139,7 @@ def test_metadata_is_the_jobs_not_the_chat_requests():
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"store": False}, "store"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"truncation": "auto"}, "truncation"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools.0"),
@@ -238,3 +238,22 @@ def test_input_items_list_the_input_with_ids_oldest_first():
 def test_usage_comes_from_the_result_only():
     response = to_response(job(JobStatus.RUNNING, usage=Usage(prompt_tokens=1)), create())
     assert response.status == "in_progress" and response.usage is None
+
+
+def test_include_and_reasoning_summaries_that_name_nothing_a_response_here_holds_are_accepted():
+    # GIVEN include values for data no response here has (reasoning items, hosted tool results) and a reasoning
+    # summary WHEN validated THEN accepted, and the chat request is the same as without them
+    request = create(include=["reasoning.encrypted_content", "file_search_call.results"],
+                     reasoning={"effort": "low", "summary": "auto"})
+    assert to_chat_request(request) == to_chat_request(create(reasoning={"effort": "low"}))
+
+
+def test_an_earlier_turns_reasoning_item_is_accepted_and_left_out_of_the_chat_request():
+    # GIVEN a history with OpenAI's encrypted reasoning item between the turns WHEN converted THEN the chat request is
+    # the one without it (no model here can read it), and the item is still listed as input
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+             {"role": "user", "content": "again"}]
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"}
+    request = create(input=[*turns[:1], reasoning, *turns[1:]])
+    assert to_chat_request(request) == to_chat_request(create(input=turns))
+    assert [item["type"] for item in input_items(response_id_of(JOB_ID), request)][1] == "reasoning"
