@@ -64,7 +64,14 @@ class ResponseService:
         as OpenAI does; a response that ended otherwise is a 409."""
         job, original = self._get(tenant, response_id)
         if job.status is not JobStatus.CANCELLED:
-            job = self.jobs.cancel(tenant, job.job_id)
+            try:
+                job = self.jobs.cancel(tenant, job.job_id)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                ended = to_response(self.jobs.get(tenant, job.job_id), original).status
+                raise ApiError(409, "conflict", f"response {response_id} is already {ended} and cannot be "
+                               "cancelled") from exc
         return to_response(job, original)
 
     def delete(self, tenant: str, response_id: str) -> ResponseDeleted:

@@ -49,7 +49,7 @@ def test_a_response_id_in_the_path_is_a_required_parameter(synthesized):
     """GIVEN the routes under /v1/responses/{response_id} WHEN reading their request parameters THEN the id is
     required, so API Gateway's validator refuses a request without it."""
     paths = _paths(synthesized)
-    for method in synthesized.resources("AWS::ApiGateway::Method").values():
-        path = paths.get(method["Properties"]["ResourceId"].get("Ref", ""), "")
-        if path.startswith("/v1/responses/"):
-            assert method["Properties"]["RequestParameters"] == {"method.request.path.response_id": True}
+    by_id = [m for m in synthesized.resources("AWS::ApiGateway::Method").values()
+             if paths.get(m["Properties"]["ResourceId"].get("Ref", ""), "").startswith("/v1/responses/")]
+    assert len(by_id) == 4  # GET, DELETE, cancel, input_items
+    assert all(m["Properties"]["RequestParameters"] == {"method.request.path.response_id": True} for m in by_id)

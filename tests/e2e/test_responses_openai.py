@@ -61,6 +61,10 @@ def test_a_background_response_completes_with_output_text_and_usage(sdk, worker)
     assert response.usage.output_tokens == 4 and response.usage.input_tokens > 0
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
     assert response.instructions == "repeat it" and response.completed_at is not None
+    # AND a completed response cannot be cancelled: 409, which names it
+    with pytest.raises(openai.ConflictError) as caught:
+        sdk.responses.cancel(created.id)
+    assert created.id in caught.value.message and "completed" in caught.value.message
 
 
 def test_a_response_cut_at_max_output_tokens_is_incomplete(sdk, worker):
