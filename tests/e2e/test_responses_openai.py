@@ -150,3 +150,16 @@ def test_a_model_not_served_is_a_404_model_not_found(sdk):
     with pytest.raises(openai.NotFoundError) as caught:
         sdk.responses.create(model="gpt-4o", input="hi", background=True)
     assert caught.value.code == "model_not_found"
+
+
+def test_an_idempotency_key_replays_the_same_response_and_refuses_another_body(sdk):
+    # GIVEN a response created with an Idempotency-Key WHEN the same request is sent again with it THEN the same
+    # response answers; WHEN another body is sent with it THEN 422, and the first response's input is unchanged
+    key = {"Idempotency-Key": f"resp-key-{time.monotonic_ns()}"}
+    first = sdk.responses.create(model="echo-model", input="once", background=True, extra_headers=key)
+    again = sdk.responses.create(model="echo-model", input="once", background=True, extra_headers=key)
+    assert again.id == first.id
+    with pytest.raises(openai.UnprocessableEntityError):
+        sdk.responses.create(model="echo-model", input="another", background=True, extra_headers=key)
+    assert [i.content[0].text for i in sdk.responses.input_items.list(first.id)] == ["once"]
+    sdk.responses.cancel(first.id)
