@@ -142,15 +142,17 @@ class JobService:
 
     # --- API side -------------------------------------------------------------------------------------------------
 
-    def submit(self, tenant: str, submission: JobSubmission, idempotency_key: str | None) -> Submitted:
+    def submit(self, tenant: str, submission: JobSubmission, idempotency_key: str | None, *,
+               job_id: str | None = None) -> Submitted:
         """Create and queue the job (or, for an upload, create it awaiting its upload).
 
         With an Idempotency-Key, the key is bound to the first request's fingerprint: a retry of the same request
         gets the same job (``created`` False), a different request a 422. A different request that arrives while the
         first one is in progress (its body stored, its job not created yet: at most ``IDEMPOTENCY_IN_PROGRESS_S``)
         gets a 409 and may retry; the job record, created with a conditional write, is the one commit point.
+        ``job_id``: the id to create (a background response writes its own object under it first).
         """
-        job_id = new_job_id(tenant, idempotency_key)
+        job_id = job_id or new_job_id(tenant, idempotency_key)
         fingerprint = submission.fingerprint()
         if idempotency_key is not None:
             existing = self.store.get(job_id)

@@ -123,6 +123,15 @@ def request_key(tenant: str, job_id: str) -> str:
     return f"{REQUEST_PREFIX}{tenant}/{job_id}/request.json"
 
 
+RESPONSES_REQUEST_NAME = "responses.json"  # a background response's POST /v1/responses body, beside its job's request
+
+
+def responses_request_key(tenant: str, job_id: str) -> str:
+    """Where the Responses body of a response's job lives (its job runs the chat request at ``request_key``); its
+    presence is what makes the job a response."""
+    return f"{REQUEST_PREFIX}{tenant}/{job_id}/{RESPONSES_REQUEST_NAME}"
+
+
 def upload_key(tenant: str, job_id: str) -> str:
     """Where a presigned upload puts a job's request body."""
     return f"{UPLOAD_PREFIX}{tenant}/{job_id}/request.json"

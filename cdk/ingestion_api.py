@@ -19,6 +19,7 @@ from async_inference import settings
 from async_inference.config import ENV_TENANT_API_KEY_IDS, ENV_TENANT_QUOTAS
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
+from cdk.responses_routes import add_responses_routes
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
 MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
@@ -276,6 +277,7 @@ class IngestionApi(Construct):
         )
         v1.add_resource("openapi.json").add_method("GET", integration)
         self._add_openai_routes(v1, integration, validator)
+        add_responses_routes(v1, integration, validator)
 
     def _add_openai_routes(self, v1: apigw.IResource, integration: apigw.Integration,
                            validator: apigw.IRequestValidator) -> None:

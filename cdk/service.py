@@ -62,6 +62,9 @@ WORKER_SUBNETS = ("private", "public")
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
+# The Responses bodies of background responses (settings.responses_request_key), one per response, under any tenant.
+RESPONSES_BODIES = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncInferenceServiceProps:
@@ -575,6 +578,9 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(api, requests)  # inline bodies
         bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
         bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
+        # Background responses: the Responses body beside each response's job's request, read and deleted by the API.
+        bucket.grant_get(api, RESPONSES_BODIES)
+        bucket.grant_delete(api, RESPONSES_BODIES)
         queue.grant(api, "sqs:SendMessage")
         self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
         results.grant_publish(api)  # cancels and expiries notify
@@ -677,6 +683,6 @@ class AsyncInferenceService(Construct):
             f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
             "hold tenant and job ids assigned at run time."
             for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX,
-                           settings.FILE_PREFIX, settings.BATCH_PREFIX)
+                           settings.FILE_PREFIX, settings.BATCH_PREFIX, RESPONSES_BODIES)
         }
         acknowledge(self, findings)

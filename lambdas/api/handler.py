@@ -27,7 +27,7 @@ from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
 from async_inference.service import ApiError, JobService
-from lambdas.api import batch_routes
+from lambdas.api import batch_routes, response_routes
 from lambdas.api.tenancy import tenant_of
 from lambdas.api import media_type
 from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
@@ -45,6 +45,8 @@ service = JobService.from_config(config.service, allow_local_webhooks=config.all
                                  served_models=config.served_models, quotas=config.tenant_quotas)
 batch_routes.configure(config)
 app.include_router(batch_routes.router)
+response_routes.configure(service)
+app.include_router(response_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
 MAX_IDEMPOTENCY_KEY_CHARS = 255
@@ -62,7 +64,8 @@ IdempotencyKey = Annotated[
 
 
 # Routes that read a request body; the others ignore any body sent (HTTP gives a GET's body no meaning).
-_BODY_ROUTES = {("POST", "/v1/jobs"), ("POST", "/v1/batches"), ("POST", "/v1/files/uploads")}
+_BODY_ROUTES = {("POST", "/v1/jobs"), ("POST", "/v1/batches"), ("POST", "/v1/files/uploads"),
+                ("POST", response_routes.CREATE_ROUTE)}
 
 
 def _error(status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> Response:

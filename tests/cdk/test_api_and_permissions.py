@@ -28,7 +28,7 @@ def test_every_method_requires_an_api_key_checked_by_the_authorizer(synthesized)
     which gives API Gateway the key (key source AUTHORIZER), so usage plans still throttle per tenant."""
     methods = synthesized.resources("AWS::ApiGateway::Method")
     [authorizer] = synthesized.resources("AWS::ApiGateway::Authorizer")
-    assert len(methods) == 17
+    assert len(methods) == 22  # 17, and the 5 of the Responses API
     assert all(m["Properties"]["ApiKeyRequired"] is True for m in methods.values())
     assert all(m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
                for m in methods.values())
@@ -131,12 +131,14 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     actions = _function_actions(synthesized, API)
     assert set(actions) == {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query",
-        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE, *WAKE_HOLD,
+        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE,
+        *WAKE_HOLD,
     }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*",
                                                   f"{settings.FILE_PREFIX}*"}
-    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*"}
-    assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
+    responses = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"  # background responses' bodies
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*", responses}
+    assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*", responses}
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
@@ -324,6 +326,7 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
     ("principal", "prefixes"),
     [
         ("upload", [f"{settings.UPLOAD_PREFIX}*"]),
+        ("api", [f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"]),
         ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*",
                     f"{settings.FILE_PREFIX}*"]),
     ],
@@ -332,8 +335,8 @@ def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, prin
     """GIVEN s3:ListBucket (what makes a missing key a 404, not a 403) WHEN reading its statement THEN it is on the
     claim-check bucket and only for keys under the prefixes the principal reads."""
     role = (
-        function_role(synthesized.template, UPLOAD)
-        if principal == "upload"
+        function_role(synthesized.template, {"upload": UPLOAD, "api": API}[principal])
+        if principal in ("upload", "api")
         else synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
     )
     bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)

@@ -72,6 +72,11 @@ OPENAI_OPERATIONS = [
     ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
 ]
+# OpenAI's Responses API in background mode (lambdas/api/response_routes.py).
+RESPONSES_OPERATIONS = [
+    ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/responses/{response_id}/cancel"), ("GET", "/v1/responses/{response_id}/input_items"),
+]
 PARAMETERLESS = {("GET", "/v1/models")}
 
 
@@ -84,7 +89,7 @@ def error_envelope(ctx: Any, response: Any, case: Any) -> None:
 
 
 def test_the_document_has_the_operations_fuzzed_here(api_schema: Any) -> None:
-    expected = OPERATIONS + OPENAI_OPERATIONS + [("POST", "/v1/files")]
+    expected = OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS + [("POST", "/v1/files")]
     assert sorted((op.method.upper(), op.path) for op in _operations(api_schema)) == sorted(expected)
 
 
@@ -155,6 +160,11 @@ OPENAI_DOCUMENTED = {
     ("GET", "/v1/batches"): {"200", "400"},
     ("GET", "/v1/batches/{batch_id}"): {"200", "400", "404"},
     ("POST", "/v1/batches/{batch_id}/cancel"): {"200", "400", "404", "409"},
+    ("POST", "/v1/responses"): {"200", "400", "404", "409", "415", "422", "503"},
+    ("GET", "/v1/responses/{response_id}"): {"200", "400", "404", "410"},
+    ("DELETE", "/v1/responses/{response_id}"): {"200", "400", "404"},
+    ("POST", "/v1/responses/{response_id}/cancel"): {"200", "400", "404", "409"},
+    ("GET", "/v1/responses/{response_id}/input_items"): {"200", "400", "404"},
 }
 
 
@@ -196,7 +206,7 @@ def _operations(api_schema: Any) -> list[Any]:
 # strategy is drawn from inside a plain Hypothesis test.
 @pytest.mark.parametrize(("method", "path", "mode"), [
     pytest.param(method, path, mode, id=f"{method}-{path}-{'valid' if mode is GenerationMode.POSITIVE else 'invalid'}")
-    for method, path in OPERATIONS + OPENAI_OPERATIONS
+    for method, path in OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
     if not (mode is GenerationMode.NEGATIVE and (method, path) in PARAMETERLESS)  # nothing there to make invalid
 ])

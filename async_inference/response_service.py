@@ -1,0 +1,141 @@
+"""Background responses over ``JobService``: a response is a job whose original Responses body is kept beside it.
+
+Create writes the body (``settings.responses_request_key``) before the job exists, then submits the converted chat
+request as an ordinary job (same queue, claim check, worker, state and notifications); every read is the job's read
+(another tenant's id is a 404) plus that body, and the job's result object once it has succeeded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ValidationError
+
+from async_inference import settings
+from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.responses import (
+    IDEMPOTENCY_NAMESPACE,
+    InputItemList,
+    Response,
+    ResponseCreate,
+    ResponseDeleted,
+    input_items,
+    job_id_of,
+    response_id_of,
+    to_chat_request,
+    to_response,
+)
+from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
+from async_inference.service import ApiError, JobService, describe_validation_error
+
+
+class ResponseService:
+    def __init__(self, jobs: JobService) -> None:
+        self.jobs = jobs
+        self.blobs = jobs.blobs
+
+    def create(self, tenant: str, request: ResponseCreate, idempotency_key: str | None = None) -> Response:
+        """Queue the response's job; the Response as it stands (``queued``)."""
+        try:
+            chat = to_chat_request(request)
+        except ValidationError as exc:  # a limit of the chat request the Responses model does not repeat
+            message, details = describe_validation_error(exc)
+            raise ApiError(400, "invalid_request", f"the request converts to an invalid chat request: {message}",
+                           details) from exc
+        if not self.jobs.served.serves(request.model):
+            message = self.jobs.served.not_found_message(request.model)
+            raise ApiError(404, "model_not_found", message, [{"field": "model", "message": message}])
+        key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
+        job_id = new_job_id(tenant, key)
+        # Written before the job exists, so no reader sees a response's job without its body; never over an
+        # earlier request's body under the same Idempotency-Key (submit then replays or refuses that request).
+        self.blobs.put_json_once(settings.responses_request_key(tenant, job_id),
+                                 request.model_dump_json(exclude_none=True, by_alias=True).encode())
+        submission = JobSubmission(request=chat, metadata=request.metadata or {})
+        submitted = self.jobs.submit(tenant, submission, idempotency_key, job_id=job_id)
+        return to_response(submitted.job, request if submitted.created else self._original(submitted.job))
+
+    def retrieve(self, tenant: str, response_id: str) -> Response:
+        job, original = self._get(tenant, response_id)
+        return to_response(job, original, self._result(job))
+
+    def cancel(self, tenant: str, response_id: str) -> Response:
+        """Cancel a queued or running response (the worker aborts it); cancelling a cancelled one answers it again,
+        as OpenAI does; a response that ended otherwise is a 409."""
+        job, original = self._get(tenant, response_id)
+        if job.status is not JobStatus.CANCELLED:
+            try:
+                job = self.jobs.cancel(tenant, job.job_id)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                ended = to_response(self.jobs.get(tenant, job.job_id), original).status
+                raise ApiError(409, "conflict", f"response {response_id} is already {ended} and cannot be "
+                               "cancelled") from exc
+        return to_response(job, original)
+
+    def delete(self, tenant: str, response_id: str) -> ResponseDeleted:
+        """Delete a response: an unfinished one is cancelled first; its Responses body goes, so the id is a 404
+        from then on (the job's own record and objects expire as every job's do)."""
+        job, _ = self._get(tenant, response_id)
+        if job.status not in FINAL_STATES:
+            try:
+                self.jobs.cancel(tenant, job.job_id)
+            except ApiError as exc:
+                if exc.status != 409:  # 409: it ended meanwhile, nothing to stop
+                    raise
+        self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
+        return ResponseDeleted(id=response_id)
+
+    def input_items(self, tenant: str, response_id: str, *, after: str | None, limit: int,
+                    order: Literal["asc", "desc"]) -> InputItemList:
+        """The response's input items, OpenAI's cursor page (``order`` desc by default, as OpenAI's)."""
+        _, original = self._get(tenant, response_id)
+        items = input_items(response_id, original)
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise ApiError(400, "invalid_request", f"after: {after!r} is not an input item of {response_id}",
+                               [{"field": "after", "message": "not an input item of this response"}])
+            items = items[ids.index(after) + 1:]
+        page = items[:limit]
+        return InputItemList(data=page, first_id=page[0]["id"] if page else None,
+                             last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
+
+    # --- Reads ----------------------------------------------------------------------------------------------------
+
+    def _get(self, tenant: str, response_id: str) -> tuple[Job, ResponseCreate]:
+        """The tenant's response: its job and its Responses body; 404 alike for an unknown id, another tenant's, a
+        deleted response and a job that is not a response."""
+        not_found = ApiError(404, "not_found", f"no response {response_id}")
+        try:
+            job = self.jobs.get(tenant, job_id_of(response_id))
+        except (ValueError, ApiError) as exc:
+            if isinstance(exc, ApiError) and exc.status != 404:
+                raise
+            raise not_found from exc
+        try:
+            return job, self._original(job)
+        except KeyError as exc:
+            raise not_found from exc
+
+    def _original(self, job: Job) -> ResponseCreate:
+        body = self.blobs.get(settings.responses_request_key(job.tenant, job.job_id),
+                              max_bytes=settings.MAX_INLINE_REQUEST_BYTES * 2)
+        return ResponseCreate.model_validate_json(body)
+
+    def _result(self, job: Job) -> ChatCompletion | None:
+        """The job's chat.completion once it has succeeded; 410 once the bucket's retention has deleted it."""
+        if job.status is not JobStatus.SUCCEEDED or not job.result_key:
+            return None
+        expired = ApiError(410, "result_expired", f"the output of response {response_id_of(job.job_id)} expired: "
+                           f"results are kept {self.jobs.payload_retention_days} days after they are written")
+        if job.result_expires_at is not None and utcnow() >= job.result_expires_at:
+            raise expired
+        try:
+            body = self.blobs.get(job.result_key, max_bytes=settings.MAX_UPLOAD_BYTES * 4)
+        except KeyError as exc:
+            raise expired from exc
+        return ChatCompletion.model_validate_json(body)
