@@ -4,7 +4,7 @@ simulated engine, created, planned and finalized by the real API side: ``BatchSe
 settings) over the template's batch table and queues.
 
 The controller runs in this process, not in its function's process, so that its requests are counted with the rest:
-the template's mapping on the control queue is paused meanwhile (``LocalStack.event_source_paused``) and a thread
+the template's mapping on the control queue is paused meanwhile (``LocalDeployment.event_source_paused``) and a thread
 here plays it, receiving as many messages at a time as the mapping's BatchSize and deleting each once handled.
 
 - batch_requests_per_line: AWS requests per line end to end (the file upload and the batch create, the controller's
@@ -41,7 +41,7 @@ from async_inference.schemas import BatchControl
 from async_inference.served_models import ServedModels
 from gpu_worker.engines.base import Engine
 from gpu_worker.worker import Worker, WorkerConfig
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from local_runtime.worker_thread import WorkerThread
 
 # The simulated GPU of the batch runs: 64 sequences per step as in the other figures, but 20 ms a step and lines of
@@ -62,7 +62,7 @@ LONG_POLL_S = 20  # what Lambda's SQS pollers wait for a message
 class BatchBench:
     """The stack's batch resources, the API's BatchService and the controller over them."""
 
-    stack: LocalStack
+    stack: LocalDeployment
     service: BatchService
     controller: BatchController
     batch_queue_url: str
@@ -71,7 +71,7 @@ class BatchBench:
     control_batch_size: int
 
     @classmethod
-    def create(cls, stack: LocalStack) -> BatchBench:
+    def create(cls, stack: LocalDeployment) -> BatchBench:
         """Over the deployed stack's outputs; the controller with its function's environment from the template. The
         process must be a client of the stack (``stack.export_env()``)."""
         resources = stack.resources

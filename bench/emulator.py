@@ -14,15 +14,15 @@ import time
 from async_inference.aws import JobQueue, client
 from async_inference.config import ServiceSettings
 from local_runtime.moto_server import free_port
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backlog", type=int, default=640)
     args = parser.parse_args()
-    stack = LocalStack.with_tenants({"emulator-probe-key-0123": "probe"}, api_port=free_port(), moto_port=free_port(),
-                                    workers=0)
+    stack = LocalDeployment.with_tenants({"emulator-probe-key-0123": "probe"}, api_port=free_port(),
+                                         moto_port=free_port(), workers=0)
     with stack:
         stack.export_env()
         config = ServiceSettings.load().service

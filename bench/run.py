@@ -46,7 +46,7 @@ from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.worker import WorkerConfig
 from local_runtime.moto_server import free_port
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from local_runtime.worker_thread import WorkerThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -194,7 +194,7 @@ def trace_lengths(count: int) -> list[int]:
         return [int(row["GeneratedTokens"]) for row, _ in zip(rows, range(count))]
 
 
-def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_capacity: int, lengths: list[int],
+def utilisation_run(stack: LocalDeployment, api: Client, *, capacity: int, worker_capacity: int, lengths: list[int],
                     step_s: float, sample: bool) -> dict[str, Any]:
     """A backlog of jobs with these output lengths, through a worker that lets at most ``worker_capacity`` jobs into
     a simulated engine of ``capacity`` slots."""
@@ -234,7 +234,7 @@ def utilisation_run(stack: LocalStack, api: Client, *, capacity: int, worker_cap
     }
 
 
-def emulator_rate(stack: LocalStack, requests: int = 200, threads: int = 8) -> float:
+def emulator_rate(stack: LocalDeployment, requests: int = 200, threads: int = 8) -> float:
     """GetQueueAttributes calls per second that moto server answers with ``threads`` callers: the ceiling on any
     request rate measured here."""
     assert stack.resources is not None
@@ -299,7 +299,7 @@ def _operation(entry: dict[str, Any], headers: dict[str, str]) -> str:
     return f"{entry['method']} {service[0] if service else '?'}"
 
 
-def requests_run(stack: LocalStack, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
+def requests_run(stack: LocalDeployment, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
     """AWS requests per job at backlog: submit ``jobs`` jobs, then let one worker run them all. The API side's are
     the API and authorizer functions' requests, recorded by moto server (``FunctionRequests``); the worker's are
     counted in this process."""
@@ -444,7 +444,7 @@ def structured_run(prompts: list[str], max_tokens: int, rounds: int = 2) -> dict
     }
 
 
-def batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: int,
+def batch_runs(stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int,
                idle_pickup_s: float) -> dict[str, Any]:
     """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it; the
     template's controller mapping paused throughout, the bench's controller thread playing it."""
@@ -453,7 +453,7 @@ def batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: i
         return _batch_runs(stack, api, counter, lines, idle_pickup_s)
 
 
-def _batch_runs(stack: LocalStack, api: Client, counter: RequestCounter, lines: int,
+def _batch_runs(stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int,
                 idle_pickup_s: float) -> dict[str, Any]:
     from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run, interactive_run
     from gpu_worker.engines.simulated import SimulatedEngine
@@ -562,8 +562,8 @@ def main() -> None:
     os.environ["MOTO_RECORDER_FILEPATH"] = str(RESULTS / "moto-recording.jsonl")
     # The API serves any model name: the in-process workers here run the simulated and echo engines, which answer
     # whatever model a request names, and the CPU engine, whose model the efficiency run names.
-    stack = LocalStack.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0,
-                                    served_models=("*",))
+    stack = LocalDeployment.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0,
+                                         served_models=("*",))
     with stack:
         stack.export_env()
         api = Client(stack.api_url, API_KEY)

@@ -101,7 +101,7 @@ def worker(max_tokens: int) -> None:
     from async_inference.client import Client
     from async_inference.retry import Backoff
     from local_runtime.moto_server import free_port
-    from local_runtime.stack import LocalStack
+    from local_runtime.stack import LocalDeployment
 
     env = {
         "MODEL": os.environ["MODEL"],
@@ -111,7 +111,7 @@ def worker(max_tokens: int) -> None:
         "RECEIVE_WAIT_S": "1",
         **{k: os.environ[k] for k in ("DTYPE", "ENFORCE_EAGER") if os.environ.get(k)},
     }
-    stack = LocalStack(api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=env,
+    stack = LocalDeployment(api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=env,
                        worker_log=sys.stderr.fileno())
     stack.start()
     try:

@@ -281,7 +281,7 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
     try:
         from async_inference.client import Client
         from local_runtime.moto_server import free_port
-        from local_runtime.stack import LocalStack
+        from local_runtime.stack import LocalDeployment
     except ImportError as exc:
         check("worker on the local stack", False, f"local_runtime is not importable here: {exc}")
         return
@@ -299,7 +299,7 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
     }
     log_path = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-")) / "worker.log"
     with open(log_path, "ab") as log:
-        stack = LocalStack(
+        stack = LocalDeployment(
             api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=worker_env,
             worker_log=log, served_models=(SERVED_NAME,),
         )

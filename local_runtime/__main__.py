@@ -18,10 +18,10 @@ import threading
 from pathlib import Path
 
 from async_inference.config import ENV_WEBHOOK_SECRET_ARNS
-from local_runtime.stack import DEFAULT_ASSEMBLY, LocalStack, parse_api_keys
+from local_runtime.stack import DEFAULT_ASSEMBLY, LocalDeployment, parse_api_keys
 
 
-def stack_from_env(**overrides: object) -> LocalStack:
+def stack_from_env(**overrides: object) -> LocalDeployment:
     options = dict(
         assembly=Path(os.environ.get("LOCAL_ASSEMBLY") or DEFAULT_ASSEMBLY),
         api_port=int(os.environ.get("API_PORT", 8000)),
@@ -33,7 +33,7 @@ def stack_from_env(**overrides: object) -> LocalStack:
         log_dir=os.environ.get("LOCAL_LOG_DIR") or None,
     )
     options.update(overrides)
-    return LocalStack(**options)  # type: ignore[arg-type]
+    return LocalDeployment(**options)  # type: ignore[arg-type]
 
 
 def up(outputs_file: str | None) -> int:
@@ -68,7 +68,7 @@ def up(outputs_file: str | None) -> int:
     return 0
 
 
-def wait_for_stop(stack: LocalStack) -> None:
+def wait_for_stop(stack: LocalDeployment) -> None:
     """Runs until Ctrl-C (SIGINT), SIGTERM or a closed terminal (SIGHUP), then stops the stack in order. The stack's
     processes have process groups of their own, so a terminal's Ctrl-C reaches this process only. A second signal while
     the workers drain kills every process at once."""

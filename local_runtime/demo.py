@@ -15,7 +15,7 @@ from async_inference.cli import Progress
 from async_inference.client import Client
 from async_inference.webhooks.receiver import Receiver
 from local_runtime.subscribers import subscribe_queue
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 MODEL = "SmolLM2-135M-Instruct"
 INLINE_PROMPTS = [
@@ -34,7 +34,7 @@ def received_notifications(sqs: Any, url: str, expected: int, timeout_s: float =
     return found
 
 
-def run_demo(stack: LocalStack) -> int:
+def run_demo(stack: LocalDeployment) -> int:
     print(f"Starting the local stack (moto server on {stack.moto.url}, API on {stack.api_url}, engine {stack.engine})...")
     with stack:
         assert stack.resources is not None

@@ -1,7 +1,7 @@
 """The whole service on 127.0.0.1, deployed from its synthesized template and started and stopped as one.
 
-``LocalStack.start`` starts moto server, deploys the cloud assembly into it (``local_runtime.deployer``), starts every
-Python function of the template from its assets (``local_runtime.functions``) with its event sources
+``LocalDeployment.start`` starts moto server, deploys the cloud assembly into it (``local_runtime.deployer``), starts
+every Python function of the template from its assets (``local_runtime.functions``) with its event sources
 (``local_runtime.pollers``), serves the REST API (``local_runtime.rest_api``) and the WebSocket API with its
 management API (``local_runtime.websocket_api``), and runs the workers from the task definition under a supervisor
 (``local_runtime.workers``). Nothing here declares a resource: what differs from AWS is
@@ -131,7 +131,7 @@ class LocalResources:
         return self.outputs["BatchControlQueueUrl"]
 
 
-class LocalStack:
+class LocalDeployment:
     """moto server, the template deployed into it, its functions and event sources, the REST API and the workers."""
 
     def __init__(
@@ -173,7 +173,7 @@ class LocalStack:
         self._function_log: IO[bytes] | None = None
 
     @classmethod
-    def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalStack:
+    def with_tenants(cls, api_keys: dict[str, str], **options: Any) -> LocalDeployment:
         """A stack of the app synthesized for exactly the tenants of ``api_keys`` (key -> tenant), as
         ``cdk synth -c tenants=...`` would build it, in a temporary assembly directory (benchmarks, tools)."""
         from local_runtime.synth import synthesize
@@ -219,7 +219,7 @@ class LocalStack:
 
     # --- start and stop ---------------------------------------------------------------------------------------------
 
-    def start(self) -> LocalStack:
+    def start(self) -> LocalDeployment:
         assembly = Assembly.load(self.assembly_dir)
         deployable(assembly)
         self.moto.start()
@@ -412,7 +412,7 @@ class LocalStack:
             function.kill()
         self.moto.kill()
 
-    def __enter__(self) -> LocalStack:
+    def __enter__(self) -> LocalDeployment:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ import pytest
 from async_inference.client import Client
 from local_runtime.moto_server import free_port
 from local_runtime.subscribers import subscribe_queue
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
 # The model names the echo engine answers to in these tests; any other is a 404 model_not_found.
@@ -27,12 +27,12 @@ FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOU
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalDeployment]:
     logs = tmp_path_factory.mktemp("logs")
     log = open(logs / "workers.log", "ab")
-    local = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), api_keys=TENANT_KEYS,
-                       workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs,
-                       served_models=SERVED_MODELS)
+    local = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(),
+                            api_keys=TENANT_KEYS, workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs,
+                            served_models=SERVED_MODELS)
     local.start()
     # This test process is a client of the stack: boto3 clients made without an endpoint (async_inference.aws.client)
     # talk to its moto server.
@@ -46,17 +46,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Ite
 
 
 @pytest.fixture(scope="session")
-def api(stack: LocalStack) -> Client:
+def api(stack: LocalDeployment) -> Client:
     return Client(stack.api_url, "tenant-a-key-0123456789")
 
 
 @pytest.fixture(scope="session")
-def other_api(stack: LocalStack) -> Client:
+def other_api(stack: LocalDeployment) -> Client:
     return Client(stack.api_url, "tenant-b-key-0123456789")
 
 
 @pytest.fixture
-def worker(stack: LocalStack) -> Iterator[subprocess.Popen[bytes]]:
+def worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
     process = stack.start_worker()
     yield process
     if process.poll() is None:
@@ -67,7 +67,7 @@ def worker(stack: LocalStack) -> Iterator[subprocess.Popen[bytes]]:
 class Inbox:
     """An SQS queue subscribed to the result topic, as a subscriber would: notifications by job id."""
 
-    def __init__(self, stack: LocalStack, filter_policy: dict[str, Any] | None = None) -> None:
+    def __init__(self, stack: LocalDeployment, filter_policy: dict[str, Any] | None = None) -> None:
         from async_inference.aws import client
 
         assert stack.resources is not None
@@ -101,7 +101,7 @@ class Inbox:
 
 
 @pytest.fixture(scope="session")
-def inbox(stack: LocalStack) -> Inbox:
+def inbox(stack: LocalDeployment) -> Inbox:
     return Inbox(stack)
 
 
@@ -109,6 +109,6 @@ def chat(prompt: str = "hello from the tests", **overrides: Any) -> dict[str, An
     return {"model": "echo-model", "messages": [{"role": "user", "content": prompt}], **overrides}
 
 
-def worker_log(stack: LocalStack) -> str:
+def worker_log(stack: LocalDeployment) -> str:
     log = stack.worker_log
     return Path(log.name).read_text(errors="replace")[-4000:] if hasattr(log, "name") else ""

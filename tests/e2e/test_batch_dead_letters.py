@@ -13,7 +13,7 @@ from async_inference.aws import client
 from async_inference.batches.dead_letters import DEAD_LETTERED_CODE
 from async_inference.jobs import JobStatus
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 from tests.e2e.test_batches_openai import jsonl, line, settled, until, upload
 
@@ -22,11 +22,11 @@ KEY_A = next(iter(TENANT_KEYS))
 
 
 @pytest.fixture(scope="module")
-def sdk(stack: LocalStack) -> openai.OpenAI:
+def sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A, max_retries=0)
 
 
-def _lane_dlq_url(stack: LocalStack) -> str:
+def _lane_dlq_url(stack: LocalDeployment) -> str:
     """The batch lane's DLQ, as the lane's redrive policy (from the template) names it."""
     assert stack.resources is not None
     sqs = client("sqs")
@@ -35,7 +35,7 @@ def _lane_dlq_url(stack: LocalStack) -> str:
     return sqs.get_queue_url(QueueName=arn.rsplit(":", 1)[1])["QueueUrl"]
 
 
-def _dead_letter(stack: LocalStack, marker: str, count: int, timeout_s: float = 20.0) -> list[str]:
+def _dead_letter(stack: LocalDeployment, marker: str, count: int, timeout_s: float = 20.0) -> list[str]:
     """Move ``count`` lane messages whose body holds ``marker`` to the lane's DLQ, as the redrive policy moves a
     message after its last receive (the same body); every other message looked at is made visible again."""
     assert stack.resources is not None
@@ -56,7 +56,7 @@ def _dead_letter(stack: LocalStack, marker: str, count: int, timeout_s: float = 
     return moved
 
 
-def test_a_dead_lettered_chunk_becomes_error_lines_and_its_batch_completes(stack: LocalStack, sdk: openai.OpenAI):
+def test_a_dead_lettered_chunk_becomes_error_lines_and_its_batch_completes(stack: LocalDeployment, sdk: openai.OpenAI):
     # GIVEN a batch of three lines (one chunk), planned and in progress, no worker running
     source = upload(sdk, jsonl([line("a"), line("b"), line("c")]))
     batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -76,7 +76,7 @@ def test_a_dead_lettered_chunk_becomes_error_lines_and_its_batch_completes(stack
     assert all(e["id"].startswith("batch_req_") and e["response"] is None for e in errors)
 
 
-def test_a_dead_lettered_batch_priority_job_fails_with_the_dead_letter_reason(stack: LocalStack, api: Client):
+def test_a_dead_lettered_batch_priority_job_fails_with_the_dead_letter_reason(stack: LocalDeployment, api: Client):
     # GIVEN a job with priority "batch", queued on the lane, no worker running
     job = api.submit(chat("never runs", max_tokens=4), priority="batch")
     # WHEN its claim check exhausts its receives on the lane

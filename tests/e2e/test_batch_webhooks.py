@@ -13,7 +13,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference.batches.store import BatchStore
 from async_inference.webhooks.receiver import Receiver
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS
 from tests.e2e.test_batches_openai import jsonl, line, settled, upload
 
@@ -23,7 +23,7 @@ EVENT_FIELDS = {"id", "object", "type", "created_at", "data"}
 
 
 @pytest.fixture(scope="module")
-def sdk(stack: LocalStack) -> openai.OpenAI:
+def sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A, max_retries=0)
 
 
@@ -39,7 +39,7 @@ def _create(sdk: openai.OpenAI, data: bytes, webhook: dict) -> openai.types.Batc
                               extra_body={"webhook": webhook})
 
 
-def _webhook_settled(stack: LocalStack, batch_id: str, timeout_s: float = 15.0):
+def _webhook_settled(stack: LocalDeployment, batch_id: str, timeout_s: float = 15.0):
     store = BatchStore(stack.resources.batch_table_name)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -49,7 +49,7 @@ def _webhook_settled(stack: LocalStack, batch_id: str, timeout_s: float = 15.0):
         time.sleep(0.2)
 
 
-def test_a_completed_batch_posts_a_signed_batch_completed_event(stack: LocalStack, sdk, worker, receiver):
+def test_a_completed_batch_posts_a_signed_batch_completed_event(stack: LocalDeployment, sdk, worker, receiver):
     # GIVEN a batch created through the SDK with a webhook to a local receiver
     batch = _create(sdk, jsonl([line("w-1"), line("w-2")]), {"url": receiver.url})
     # WHEN a worker runs it to completed
@@ -69,7 +69,7 @@ def test_a_completed_batch_posts_a_signed_batch_completed_event(stack: LocalStac
     assert (hook.url, hook.status, [a.status_code for a in hook.attempts]) == (receiver.url, "delivered", [200])
 
 
-def test_a_batch_that_fails_validation_posts_batch_failed(stack: LocalStack, sdk, receiver):
+def test_a_batch_that_fails_validation_posts_batch_failed(stack: LocalDeployment, sdk, receiver):
     # GIVEN a batch whose input has a line that is not JSON, with a webhook WHEN the controller fails it
     batch = _create(sdk, jsonl([line("ok"), b"{not json"]), {"url": receiver.url})
     settled(sdk, batch.id, "failed")
@@ -79,7 +79,7 @@ def test_a_batch_that_fails_validation_posts_batch_failed(stack: LocalStack, sdk
     assert (payload["type"], payload["data"]) == ("batch.failed", {"id": batch.id})
 
 
-def test_an_event_the_webhook_did_not_ask_for_is_not_posted(stack: LocalStack, sdk, receiver):
+def test_an_event_the_webhook_did_not_ask_for_is_not_posted(stack: LocalDeployment, sdk, receiver):
     # GIVEN a batch whose webhook asks for batch.completed only WHEN it fails validation
     batch = _create(sdk, jsonl([b"{not json"]), {"url": receiver.url, "events": ["batch.completed"]})
     settled(sdk, batch.id, "failed")

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from async_inference.batches.store import BatchStore
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import SERVED_MODELS, TENANT_KEYS, Inbox
 
 pytestmark = pytest.mark.e2e
@@ -24,12 +24,12 @@ KEY_A, KEY_B = list(TENANT_KEYS)
 
 
 @pytest.fixture(scope="module")
-def sdk(stack: LocalStack) -> openai.OpenAI:
+def sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A, max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def other_sdk(stack: LocalStack) -> openai.OpenAI:
+def other_sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_B, max_retries=0)
 
 
@@ -340,7 +340,8 @@ def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk
     assert [e["type"] for e in events] == ["batch.completed"]
 
 
-def _write_parts(stack: LocalStack, batch_id: str, outputs: dict[int, list[dict]], errors: dict[int, list[dict]]) -> None:
+def _write_parts(stack: LocalDeployment, batch_id: str, outputs: dict[int, list[dict]],
+                 errors: dict[int, list[dict]]) -> None:
     """Each chunk's parts, written as the worker writes them (docs/design/batches.md: JSONL in OpenAI's line format,
     once, an empty part still written)."""
     from async_inference import settings

@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 pytestmark = pytest.mark.e2e
 
 
-def deployed(stack: LocalStack, resource_type: str) -> list[tuple[Any, dict[str, Any]]]:
+def deployed(stack: LocalDeployment, resource_type: str) -> list[tuple[Any, dict[str, Any]]]:
     """(physical id, resolved template properties) of each deployed resource of a type."""
     assert stack.deployment is not None
     return [(p.ref, p.properties) for p in stack.deployment.of_type(resource_type).values()]
 
 
-def test_queues_have_the_templates_attributes(stack: LocalStack):
+def test_queues_have_the_templates_attributes(stack: LocalDeployment):
     sqs = stack.client("sqs")
     queues = deployed(stack, "AWS::SQS::Queue")
     assert len(queues) >= 4
@@ -38,7 +38,7 @@ def test_queues_have_the_templates_attributes(stack: LocalStack):
             assert "RedrivePolicy" not in attributes
 
 
-def test_the_job_queue_keeps_messages_as_long_as_the_template_says(stack: LocalStack):
+def test_the_job_queue_keeps_messages_as_long_as_the_template_says(stack: LocalDeployment):
     # The hand-written local queue kept messages 4 days (SQS's default) while the template says 14.
     assert stack.resources is not None
     attributes = stack.client("sqs").get_queue_attributes(
@@ -46,7 +46,7 @@ def test_the_job_queue_keeps_messages_as_long_as_the_template_says(stack: LocalS
     assert attributes["MessageRetentionPeriod"] == str(14 * 86400)
 
 
-def test_tables_have_the_templates_keys_indexes_ttl_and_recovery(stack: LocalStack):
+def test_tables_have_the_templates_keys_indexes_ttl_and_recovery(stack: LocalDeployment):
     dynamodb = stack.client("dynamodb")
     for name, props in deployed(stack, "AWS::DynamoDB::Table"):
         table = dynamodb.describe_table(TableName=name)["Table"]
@@ -63,7 +63,7 @@ def test_tables_have_the_templates_keys_indexes_ttl_and_recovery(stack: LocalSta
         assert (recovery == "ENABLED") == expected
 
 
-def test_buckets_have_the_templates_versioning_lifecycle_cors_and_notifications(stack: LocalStack):
+def test_buckets_have_the_templates_versioning_lifecycle_cors_and_notifications(stack: LocalDeployment):
     s3 = stack.client("s3")
     for name, props in deployed(stack, "AWS::S3::Bucket"):
         versioning = s3.get_bucket_versioning(Bucket=name).get("Status")
@@ -84,7 +84,7 @@ def test_buckets_have_the_templates_versioning_lifecycle_cors_and_notifications(
     assert upload_events["Filter"]["Key"]["FilterRules"] == [{"Name": "prefix", "Value": "uploads/"}]
 
 
-def test_subscriptions_have_the_templates_filter_policies_and_raw_delivery(stack: LocalStack):
+def test_subscriptions_have_the_templates_filter_policies_and_raw_delivery(stack: LocalDeployment):
     sns = stack.client("sns")
     delivered = [(arn, props) for arn, props in deployed(stack, "AWS::SNS::Subscription") if ":skipped:" not in arn]
     assert delivered
@@ -95,7 +95,7 @@ def test_subscriptions_have_the_templates_filter_policies_and_raw_delivery(stack
         assert attributes.get("RawMessageDelivery", "false") == str(props.get("RawMessageDelivery", False)).lower()
 
 
-def test_api_keys_and_usage_plans_are_the_templates(stack: LocalStack):
+def test_api_keys_and_usage_plans_are_the_templates(stack: LocalDeployment):
     apigateway = stack.client("apigateway")
     names = {k["name"] for k in apigateway.get_api_keys()["items"] if k["enabled"]}
     assert names == {props["Name"] for _, props in deployed(stack, "AWS::ApiGateway::ApiKey")}
@@ -106,7 +106,7 @@ def test_api_keys_and_usage_plans_are_the_templates(stack: LocalStack):
         assert plan["quota"]["limit"] == props["Quota"]["Limit"]
 
 
-def test_log_groups_keep_logs_as_long_as_the_template_says(stack: LocalStack):
+def test_log_groups_keep_logs_as_long_as_the_template_says(stack: LocalDeployment):
     logs = stack.client("logs")
     for name, props in deployed(stack, "AWS::Logs::LogGroup"):
         (group,) = [g for g in logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"] if g["logGroupName"] == name]

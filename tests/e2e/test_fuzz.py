@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 
 from async_inference.aws import client
 from async_inference.schemas import ErrorResponse
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 pytestmark = pytest.mark.e2e
 FUZZ_KEY = {"x-api-key": "tenant-b-key-0123456789"}
@@ -43,7 +43,7 @@ MAX_EXAMPLES = 20  # per operation and mode: eight runs, about 20 s on two cores
 
 
 @pytest.fixture(scope="module")
-def fuzzed_stack(stack: LocalStack) -> Iterator[LocalStack]:
+def fuzzed_stack(stack: LocalDeployment) -> Iterator[LocalDeployment]:
     yield stack
     # The fuzzer submits valid jobs too: take their claim checks off the shared queue so that later tests' workers
     # do not spend time on them (PurgeQueue, once: nothing else runs while this module ends).
@@ -52,12 +52,12 @@ def fuzzed_stack(stack: LocalStack) -> Iterator[LocalStack]:
 
 
 @pytest.fixture(scope="module")
-def document(fuzzed_stack: LocalStack) -> dict[str, Any]:
+def document(fuzzed_stack: LocalDeployment) -> dict[str, Any]:
     return requests.get(f"{fuzzed_stack.api_url}/v1/openapi.json", headers=FUZZ_KEY, timeout=10).json()
 
 
 @pytest.fixture(scope="module")
-def api_schema(fuzzed_stack: LocalStack, document: dict[str, Any]) -> Any:
+def api_schema(fuzzed_stack: LocalDeployment, document: dict[str, Any]) -> Any:
     schema = schemathesis.openapi.from_dict(document, config=SchemathesisConfig.from_dict(FUZZ_AUTH))
     schema.config.update(base_url=fuzzed_stack.api_url)
     return schema
@@ -224,13 +224,13 @@ def test_no_5xx_and_every_response_matches_the_document(
     )
 
 
-def test_a_body_that_is_not_utf8_is_a_400(fuzzed_stack: LocalStack) -> None:
+def test_a_body_that_is_not_utf8_is_a_400(fuzzed_stack: LocalDeployment) -> None:
     response = requests.post(f"{fuzzed_stack.api_url}/v1/jobs", data=b"WW|\xd3\x83\xf6",
                              headers={**FUZZ_KEY, "Content-Type": "application/json"}, timeout=10)
     assert response.status_code == 400, response.text
 
 
-def test_an_idempotency_key_over_its_limit_is_a_400_naming_the_header(fuzzed_stack: LocalStack) -> None:
+def test_an_idempotency_key_over_its_limit_is_a_400_naming_the_header(fuzzed_stack: LocalDeployment) -> None:
     response = requests.post(f"{fuzzed_stack.api_url}/v1/jobs", data=json.dumps({"upload": {"size_bytes": 10}}),
                              headers={**FUZZ_KEY, "Content-Type": "application/json", "Idempotency-Key": "k" * 256},
                              timeout=10)

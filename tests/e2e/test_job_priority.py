@@ -11,7 +11,7 @@ import requests
 from async_inference.aws import client
 from async_inference.client import Client
 from async_inference.schemas import ClaimCheck
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ def _find_claim(queue_url: str, job_id: str, timeout_s: float = 15.0) -> ClaimCh
     return None
 
 
-def test_a_batch_priority_job_is_queued_on_the_batch_lane_and_runs_to_success(stack: LocalStack, api: Client):
+def test_a_batch_priority_job_is_queued_on_the_batch_lane_and_runs_to_success(stack: LocalDeployment, api: Client):
     # GIVEN no worker running WHEN a job is submitted with priority "batch"
     job = api.submit(chat("lane of its own", max_tokens=4), priority="batch")
     assert (job.status.value, job.priority) == ("queued", "batch")
@@ -57,7 +57,8 @@ def test_a_batch_priority_job_is_queued_on_the_batch_lane_and_runs_to_success(st
     assert api.result(final).choices[0].message.content == "lane of its own"
 
 
-def test_an_interactive_job_behind_a_busy_batch_lane_finishes_before_the_batch_jobs(stack: LocalStack, api: Client):
+def test_an_interactive_job_behind_a_busy_batch_lane_finishes_before_the_batch_jobs(stack: LocalDeployment,
+                                                                                    api: Client):
     # GIVEN two batch-priority jobs of 4 s each queued before one interactive job, and a worker with one engine slot
     # and no reserve: whichever lane it receives from first, the batch lane can only have the slot until the
     # interactive job asks for it
@@ -78,7 +79,7 @@ def test_an_interactive_job_behind_a_busy_batch_lane_finishes_before_the_batch_j
     assert (first.finished_at - first.started_at).total_seconds() < 2 * delay_s
 
 
-def test_an_unknown_priority_is_a_400_naming_the_field(stack: LocalStack):
+def test_an_unknown_priority_is_a_400_naming_the_field(stack: LocalDeployment):
     body = {"request": chat(), "priority": "urgent"}
     response = requests.post(f"{stack.api_url}/v1/jobs", json=body, headers={"x-api-key": KEY_A})
     assert response.status_code == 400, response.text

@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from async_inference.aws import client
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.conformance.openai_reference import CHAT, FEATURES, Sample, Verdict, chat_samples, classify
 from tests.e2e.conftest import TENANT_KEYS
 from tests.e2e.test_batches_openai import settled
@@ -45,7 +45,7 @@ class Answer:
     message: str
 
 
-def _jobs_answer(stack: LocalStack, sample: Sample) -> Answer:
+def _jobs_answer(stack: LocalDeployment, sample: Sample) -> Answer:
     response = requests.post(f"{stack.api_url}/v1/jobs", json={"request": sample.body},
                              headers={"x-api-key": KEY}, timeout=30)
     error = response.json().get("error") if response.status_code >= 400 else None
@@ -54,7 +54,7 @@ def _jobs_answer(stack: LocalStack, sample: Sample) -> Answer:
 
 
 @pytest.fixture(scope="module")
-def answers(stack: LocalStack) -> list[Answer]:
+def answers(stack: LocalDeployment) -> list[Answer]:
     found = [_jobs_answer(stack, sample) for sample in chat_samples(MODEL)]
     # The accepted bodies are queued jobs: take their claim checks off the shared queue, so that later workers do not
     # spend time on them. Received and deleted, not purged: SQS allows one PurgeQueue a minute, and the fuzz module
@@ -115,7 +115,7 @@ def test_at_least_95_percent_of_the_valid_in_scope_bodies_are_accepted(answers: 
     assert len(accepted) >= ACCEPTED_AT_LEAST * len(valid), [(a.sample.line, a.message) for a in refused]
 
 
-def test_the_batch_file_bodies_as_batch_lines_get_the_same_answers(stack: LocalStack, answers: list[Answer],
+def test_the_batch_file_bodies_as_batch_lines_get_the_same_answers(stack: LocalDeployment, answers: list[Answer],
                                                                     worker: Any) -> None:
     # GIVEN the bodies that came from batch files, as the lines of one batch input file
     by_id = {f"line-{a.sample.line}": a for a in answers if a.sample.from_batch_file}

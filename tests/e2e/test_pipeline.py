@@ -12,13 +12,13 @@ from async_inference import settings
 from async_inference.aws import client
 from async_inference.client import ApiError, Client
 from async_inference.schemas import ChatCompletion, ClaimCheck, Job
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 
 pytestmark = pytest.mark.e2e
 
 
-def stored_job(stack: LocalStack, job_id: str) -> Job:
+def stored_job(stack: LocalDeployment, job_id: str) -> Job:
     assert stack.resources is not None
     table = client("dynamodb")
     item = table.get_item(TableName=stack.resources.config.table_name, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
@@ -27,7 +27,7 @@ def stored_job(stack: LocalStack, job_id: str) -> Job:
     return Job.model_validate({k: TypeDeserializer().deserialize(v) for k, v in item["Item"].items()})
 
 
-def result_objects(stack: LocalStack, tenant: str, job_id: str) -> list[dict]:
+def result_objects(stack: LocalDeployment, tenant: str, job_id: str) -> list[dict]:
     """Every version of the job's result object: the bucket is versioned, as the template's is, so a second write of
     the result leaves a second version that this sees."""
     s3 = client("s3")
@@ -174,7 +174,7 @@ def test_job_cancelled_before_a_worker_reaches_it_never_runs(stack, api, inbox: 
     assert conflict.value.status == 409
 
 
-def _queue_depth(stack: LocalStack) -> int:
+def _queue_depth(stack: LocalDeployment) -> int:
     assert stack.resources is not None
     attributes = client("sqs").get_queue_attributes(
         QueueUrl=stack.resources.config.queue_url,

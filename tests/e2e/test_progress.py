@@ -15,7 +15,7 @@ from async_inference.jobs import JobStatus
 from async_inference.schemas import JobProgress, utcnow
 from gpu_worker.engines.echo import EchoEngine
 from gpu_worker.progress import ProgressReporter
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from local_runtime.worker_thread import WorkerThread
 from tests.e2e.conftest import chat
 from tests.e2e.test_worker_batching import RecordingQueue, worker_for
@@ -47,7 +47,7 @@ async def _io(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args))
 
 
-def test_a_beat_writes_once_per_job_whose_count_changed_and_publishes_ten_a_request(stack: LocalStack, api):
+def test_a_beat_writes_once_per_job_whose_count_changed_and_publishes_ten_a_request(stack: LocalDeployment, api):
     # GIVEN 23 running jobs in the engine, a reporter on the deployed table and job event topic
     assert stack.resources is not None
     store = JobStore(stack.resources.config.table_name)
@@ -88,7 +88,7 @@ def test_a_beat_writes_once_per_job_whose_count_changed_and_publishes_ten_a_requ
         api.cancel(job.job_id)
 
 
-def test_the_job_shows_its_tokens_so_far_while_it_runs_and_not_once_final(stack: LocalStack, api):
+def test_the_job_shows_its_tokens_so_far_while_it_runs_and_not_once_final(stack: LocalDeployment, api):
     # GIVEN a worker whose echo engine takes 3 s for a 30-word answer, with a progress beat every 0.3 s
     queue = RecordingQueue(stack.resources.config.queue_url)
     worker = worker_for(EchoEngine(delay_s=3.0), queue, progress_interval_s=0.3)

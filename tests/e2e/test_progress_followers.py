@@ -12,7 +12,7 @@ from async_inference.aws import ConnectionStore, JobEvents, JobStore
 from async_inference.jobs import JobStatus
 from async_inference.schemas import JobProgress, Subscription, utcnow
 from gpu_worker.progress import ProgressReporter
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import chat
 from tests.e2e.test_progress import Tokens, _io
 
@@ -31,7 +31,7 @@ class RecordedEvents(JobEvents):
         self.published.extend(a.job_id for a in activities)
 
 
-def test_progress_is_published_only_for_jobs_a_connection_follows(stack: LocalStack, api, other_api):
+def test_progress_is_published_only_for_jobs_a_connection_follows(stack: LocalDeployment, api, other_api):
     # GIVEN three running jobs of tenant-a, the deployed job event topic and connection table
     assert stack.resources is not None
     outputs = stack.resources.outputs

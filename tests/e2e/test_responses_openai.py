@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS
 
 pytestmark = pytest.mark.e2e
@@ -22,12 +22,12 @@ KEY_A, KEY_B = list(TENANT_KEYS)
 
 
 @pytest.fixture(scope="module")
-def sdk(stack: LocalStack) -> openai.OpenAI:
+def sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A, max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def other_sdk(stack: LocalStack) -> openai.OpenAI:
+def other_sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_B, max_retries=0)
 
 

@@ -9,13 +9,13 @@ from async_inference.aws import client
 from async_inference.client import Client
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import JobService
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 
 pytestmark = pytest.mark.e2e
 
 
-def run_worker_until(stack: LocalStack, api: Client, job_id: str) -> JobView:
+def run_worker_until(stack: LocalDeployment, api: Client, job_id: str) -> JobView:
     process = stack.start_worker()
     try:
         return api.wait(job_id, timeout_s=30)
@@ -24,7 +24,8 @@ def run_worker_until(stack: LocalStack, api: Client, job_id: str) -> JobView:
         process.wait(timeout=30)
 
 
-def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscriber(stack: LocalStack, api: Client, inbox: Inbox):
+def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscriber(stack: LocalDeployment, api: Client,
+                                                                                   inbox: Inbox):
     # GIVEN an SQS subscriber that wants failed and cancelled jobs only
     failures = Inbox(stack, filter_policy={"status": ["failed", "cancelled"]})
     # WHEN one job is cancelled and another succeeds
@@ -40,7 +41,7 @@ def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscrib
 
 
 def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that_model(
-    stack: LocalStack, api: Client, other_api: Client
+    stack: LocalDeployment, api: Client, other_api: Client
 ):
     # GIVEN a subscriber that wants tenant-b's jobs for one model
     tenant_b = Inbox(stack, filter_policy={"tenant": ["tenant-b"], "model": ["model-x"]})
@@ -59,7 +60,7 @@ def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that
 
 
 def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_result(
-    stack: LocalStack, api: Client, inbox: Inbox
+    stack: LocalDeployment, api: Client, inbox: Inbox
 ):
     # GIVEN a job whose result is well under 128 KB
     submitted = api.submit(chat("inline result please", max_tokens=3))
@@ -75,7 +76,7 @@ def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_r
     assert note.timings.run_s is not None and note.timings.queue_s is not None
 
 
-def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalStack, api: Client, inbox: Inbox):
+def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalDeployment, api: Client, inbox: Inbox):
     # GIVEN a job whose result is larger than the inline limit (4096 words of 35 characters)
     words = ["w" * 34] * settings.MAX_TOKENS_LIMIT
     submitted = api.submit(chat(" ".join(words), max_tokens=settings.MAX_TOKENS_LIMIT))
@@ -90,7 +91,7 @@ def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalStack,
 
 
 def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_the_others(
-    stack: LocalStack, api: Client, inbox: Inbox
+    stack: LocalDeployment, api: Client, inbox: Inbox
 ):
     # GIVEN two final jobs whose notifications are not yet recorded, one of them since removed from the table (TTL)
     assert stack.resources is not None

@@ -11,7 +11,7 @@ import requests
 
 from async_inference.aws import client
 from async_inference.batches.store import BatchStore
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ def line(custom_id: str, prompt: str) -> bytes:
                        "body": chat(prompt)}).encode() + b"\n"
 
 
-def test_a_re_put_of_the_input_file_after_the_batch_was_created_changes_nothing_it_runs(stack: LocalStack):
+def test_a_re_put_of_the_input_file_after_the_batch_was_created_changes_nothing_it_runs(stack: LocalDeployment):
     headers = {"x-api-key": KEY}
     original, swapped = line("a", "the checked request"), line("a", "a swapped request!!")
     assert len(original) == len(swapped)

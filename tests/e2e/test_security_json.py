@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ HUGE = "1" * 5_000
 CHAT = json.dumps(chat("hi"))
 
 
-def post(stack: LocalStack, path: str, body: str) -> requests.Response:
+def post(stack: LocalDeployment, path: str, body: str) -> requests.Response:
     return requests.post(f"{stack.api_url}{path}", data=body.encode(), timeout=30,
                          headers={"x-api-key": KEY, "content-type": "application/json"})
 
@@ -69,7 +69,7 @@ def test_a_batch_with_a_hostile_line_fails_naming_the_line(stack):
     assert error["line"] == 2 and error["code"] == "invalid_json_line" and "nested deeper than 64" in error["message"]
 
 
-def settled(stack: LocalStack, batch_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def settled(stack: LocalDeployment, batch_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         batch = requests.get(f"{stack.api_url}/v1/batches/{batch_id}", headers={"x-api-key": KEY}, timeout=30).json()

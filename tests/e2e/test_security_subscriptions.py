@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 
 pytestmark = pytest.mark.e2e
 
 
-def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_only(stack: LocalStack, api: Client,
+def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_only(stack: LocalDeployment, api: Client,
                                                                                    other_api: Client):
     # GIVEN a queue subscribed to the result topic for tenant-b only, and a queue subscribed for everyone
     tenant_b_only = Inbox(stack, filter_policy={"tenant": ["tenant-b"]})

@@ -25,7 +25,7 @@ from aws_xray_sdk.core.recorder import AWSXRayRecorder
 
 from local_runtime.functions import environment_of
 from local_runtime.lambda_host import Context
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +73,7 @@ def signed_parts(url: str) -> list[str]:
     return parts
 
 
-def function_id(stack: LocalStack, handler: str) -> str:
+def function_id(stack: LocalDeployment, handler: str) -> str:
     assert stack.deployment is not None
     [found] = [lid for lid, r in stack.deployment.assembly.of_type("AWS::Lambda::Function").items()
                if r["Properties"].get("Handler") == handler]
@@ -81,7 +81,7 @@ def function_id(stack: LocalStack, handler: str) -> str:
 
 
 @pytest.fixture
-def traced(stack: LocalStack, monkeypatch: pytest.MonkeyPatch):
+def traced(stack: LocalDeployment, monkeypatch: pytest.MonkeyPatch):
     """``traced(module)``: the function's module, imported afresh with its deployed environment, tracing to a
     recorder and logging to a buffer; call it in ``recorded.recorder``'s segment."""
     previously = global_sdk_config.sdk_enabled()
@@ -164,7 +164,7 @@ def test_presigned_upload_urls_reach_the_caller_but_no_trace_or_log(traced):
     assert recorded.secrets_in(*secrets) == [], recorded.text()[:2000]
 
 
-def test_a_websocket_connection_with_a_key_leaves_no_key_in_a_trace_or_log(traced, stack: LocalStack):
+def test_a_websocket_connection_with_a_key_leaves_no_key_in_a_trace_or_log(traced, stack: LocalDeployment):
     if stack.ws_url is None:
         pytest.skip("this template has no WebSocket API")
     # GIVEN the WebSocket routes' function, tracing

@@ -18,45 +18,45 @@ from async_inference.client import Client
 from async_inference.schemas import ChatCompletionRequest
 from local_runtime.deployer import CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
 from local_runtime.moto_server import free_port
-from local_runtime.stack import API_FUNCTION_INSTANCES, LocalStack
+from local_runtime.stack import API_FUNCTION_INSTANCES, LocalDeployment
 
 pytestmark = pytest.mark.e2e
 KEY = "wake-tenant-key-0123456789"
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalStack]:
-    stack = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), api_keys={KEY: "demo"},
-                       workers=0, engine="echo", log_dir=tmp_path_factory.mktemp("wake-logs"))
+def local(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalDeployment]:
+    stack = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(),
+                            api_keys={KEY: "demo"}, workers=0, engine="echo", log_dir=tmp_path_factory.mktemp("wake-logs"))
     stack.start()
     yield stack
     stack.stop()
 
 
-def _service(local: LocalStack) -> tuple[str, str]:
+def _service(local: LocalDeployment) -> tuple[str, str]:
     assert local.deployment is not None
     [service] = local.deployment.of_type("AWS::ECS::Service").values()
     return service.properties["Cluster"], service.ref
 
 
-def desired(local: LocalStack) -> int:
+def desired(local: LocalDeployment) -> int:
     cluster, arn = _service(local)
     return local.client("ecs").describe_services(cluster=cluster, services=[arn])["services"][0]["desiredCount"]
 
 
-def set_desired(local: LocalStack, count: int) -> None:
+def set_desired(local: LocalDeployment, count: int) -> None:
     cluster, arn = _service(local)
     local.client("ecs").update_service(cluster=cluster, service=arn, desiredCount=count)
 
 
-def submit_burst(local: LocalStack, jobs: int) -> None:
+def submit_burst(local: LocalDeployment, jobs: int) -> None:
     api = Client(local.api_url, KEY)
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "wake"}])
     for _ in range(jobs):
         api.submit(request)
 
 
-def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_service(local: LocalStack):
+def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_service(local: LocalDeployment):
     # GIVEN the template's service, which sets no DesiredCount WHEN deployed THEN it starts at CloudFormation's 1,
     # on the registered task definition
     assert desired(local) == CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
@@ -66,7 +66,7 @@ def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_serv
         "taskDefinition"]
 
 
-def test_a_burst_on_a_service_at_zero_wakes_it_once_per_environment_and_interval(local: LocalStack):
+def test_a_burst_on_a_service_at_zero_wakes_it_once_per_environment_and_interval(local: LocalDeployment):
     # GIVEN the service scaled to zero (as the keep-alive alarm would)
     set_desired(local, 0)
     # WHEN a burst of jobs arrives, enough for every API execution environment to take some

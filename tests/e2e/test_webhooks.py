@@ -19,7 +19,7 @@ from async_inference.aws import JobStore
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import build_notification
 from async_inference.webhooks.receiver import Receiver
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import chat
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ def webhook_settled(api: Client, job_id: str, *, attempts: int, timeout_s: float
 
 
 def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_notification(
-    stack: LocalStack, api: Client, worker, receiver: Receiver
+    stack: LocalDeployment, api: Client, worker, receiver: Receiver
 ):
     # GIVEN a job submitted with a webhook to a local receiver
     submitted = api.submit(chat("sign this please", max_tokens=2), webhook={"url": receiver.url, "events": ["completed"]})
@@ -95,7 +95,7 @@ def test_receiver_answering_500_twice_then_200_gets_three_attempts_and_the_job_s
 
 @pytest.mark.parametrize("receiver", [(302,) + (503,) * 20], indirect=True)
 def test_receiver_that_always_fails_ends_in_the_webhook_dlq_and_the_job_keeps_its_result(
-    stack: LocalStack, api: Client, worker, receiver: Receiver
+    stack: LocalDeployment, api: Client, worker, receiver: Receiver
 ):
     # GIVEN a receiver that redirects once, then answers 503 for ever
     submitted = api.submit(chat("nobody listens", max_tokens=2), webhook={"url": receiver.url})
@@ -155,7 +155,7 @@ def test_unsafe_webhook_urls_are_refused_with_400_naming_the_field(api: Client, 
 
 
 def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_event(
-    stack: LocalStack, api: Client, worker, receiver: Receiver
+    stack: LocalDeployment, api: Client, worker, receiver: Receiver
 ):
     # GIVEN a job that asks for both events
     submitted = api.submit(chat("tell me twice", max_tokens=2),
@@ -173,7 +173,7 @@ def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_
     assert sorted(a.event for a in job.webhook.attempts) == ["completed", "started"]
 
 
-def _webhook_queue_url(stack: LocalStack) -> str:
+def _webhook_queue_url(stack: LocalDeployment) -> str:
     """The webhook queue, as the dispatcher function's environment names it."""
     assert stack.deployment is not None
     [variables] = [f.properties["Environment"]["Variables"] for f in stack.deployment.of_type("AWS::Lambda::Function").values()
@@ -181,7 +181,7 @@ def _webhook_queue_url(stack: LocalStack) -> str:
     return variables["WEBHOOK_QUEUE_URL"]
 
 
-def _queue_notifications(stack: LocalStack, job_ids: list[str]) -> None:
+def _queue_notifications(stack: LocalDeployment, job_ids: list[str]) -> None:
     """Put the jobs' result notifications on the webhook queue in one request, as the topic delivers them."""
     assert stack.resources is not None
     store = JobStore(stack.resources.config.table_name)
@@ -192,7 +192,7 @@ def _queue_notifications(stack: LocalStack, job_ids: list[str]) -> None:
 
 
 def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delivery(
-    stack: LocalStack, api: Client, other_api: Client
+    stack: LocalDeployment, api: Client, other_api: Client
 ):
     with Receiver(hang_s=3 * settings.WEBHOOK_DELIVERY_TIMEOUT_S) as hanging, Receiver() as healthy:
         # GIVEN tenant A's jobs whose receiver hangs, and tenant B's job whose receiver answers at once
@@ -219,7 +219,7 @@ def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delive
     assert delivery.headers["webhook-id"] == f"{fast}_completed"
 
 
-def test_an_operator_reads_a_tenants_signing_secret_with_the_cli(stack: LocalStack, capsys):
+def test_an_operator_reads_a_tenants_signing_secret_with_the_cli(stack: LocalDeployment, capsys):
     # GIVEN the tenants' signing secrets the deploy generated (the stack output WebhookSigningSecretArns), as an
     # operator's AWS access reads them
     from async_inference import cli

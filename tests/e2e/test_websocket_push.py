@@ -17,7 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 from async_inference import settings
 from async_inference.client import Client, JobUpdate
 from local_runtime.moto_server import LOCAL_KEYS
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 
 pytestmark = pytest.mark.e2e
@@ -28,14 +28,14 @@ ANSWER = " ".join(f"word{i}" for i in range(30))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def slow_worker(stack: LocalStack) -> Iterator[subprocess.Popen[bytes]]:
+def slow_worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
     process = stack.start_worker(ECHO_DELAY_S="3", PROGRESS_INTERVAL_S="0.4")
     yield process
     process.terminate()
     process.wait(timeout=30)
 
 
-def socket(stack: LocalStack, key: str | None = KEY_A, *, in_query: bool = False) -> ClientConnection:
+def socket(stack: LocalDeployment, key: str | None = KEY_A, *, in_query: bool = False) -> ClientConnection:
     assert stack.ws_url is not None
     if in_query:
         return connect(f"{stack.ws_url}?{settings.WS_API_KEY_QUERY_PARAMETER}={key}", open_timeout=20)
@@ -60,7 +60,7 @@ def events_of(connection: ClientConnection, job_id: str, timeout_s: float = 60) 
     raise AssertionError(f"no final event for {job_id} within {timeout_s} s: {events}")
 
 
-def test_a_subscriber_is_told_the_start_the_progress_and_the_end_in_order(stack: LocalStack, api: Client):
+def test_a_subscriber_is_told_the_start_the_progress_and_the_end_in_order(stack: LocalDeployment, api: Client):
     # GIVEN a client connected with tenant-a's key in the x-api-key header, subscribed to all of its jobs
     with socket(stack) as connection:
         assert subscribe(connection, all=True) == {"type": "subscribed", "all": True}
@@ -78,7 +78,7 @@ def test_a_subscriber_is_told_the_start_the_progress_and_the_end_in_order(stack:
     assert api.get(job.job_id).status.value == "succeeded"
 
 
-def test_the_sdk_waits_for_a_job_over_the_websocket(stack: LocalStack, api: Client):
+def test_the_sdk_waits_for_a_job_over_the_websocket(stack: LocalDeployment, api: Client):
     # GIVEN the SDK's client with the stack's WebSocket URL
     client = Client(stack.api_url, KEY_A, ws_url=stack.ws_url)
     job = client.submit(chat(ANSWER))
@@ -95,7 +95,7 @@ def test_the_sdk_waits_for_a_job_over_the_websocket(stack: LocalStack, api: Clie
     assert [u.via for u in updates].count("poll") == 2, updates
 
 
-def test_a_connection_is_told_only_its_own_tenants_jobs_and_only_those_it_follows(stack: LocalStack, api: Client):
+def test_a_connection_is_told_only_its_own_tenants_jobs_and_only_those_it_follows(stack: LocalDeployment, api: Client):
     # GIVEN tenant-b subscribed to all of its jobs and to a job id of tenant-a, and tenant-a following one job only
     first, second = api.submit(chat("one two three")), api.submit(chat("four five six"))
     with socket(stack, KEY_B) as other, socket(stack, KEY_A) as mine:
@@ -123,13 +123,13 @@ def test_a_connection_is_told_only_its_own_tenants_jobs_and_only_those_it_follow
 
 
 @pytest.mark.parametrize("key", ["not-a-key-of-any-tenant-000", None])
-def test_an_unknown_or_missing_key_is_refused_at_connect(stack: LocalStack, key: str | None):
+def test_an_unknown_or_missing_key_is_refused_at_connect(stack: LocalDeployment, key: str | None):
     with pytest.raises(InvalidStatus) as refused:
         socket(stack, key)
     assert refused.value.response.status_code == 403
 
 
-def test_a_browser_connects_with_the_key_as_a_query_parameter(stack: LocalStack):
+def test_a_browser_connects_with_the_key_as_a_query_parameter(stack: LocalDeployment):
     with socket(stack, KEY_A, in_query=True) as connection:
         assert subscribe(connection, all=True) == {"type": "subscribed", "all": True}
 
@@ -140,14 +140,14 @@ def test_a_browser_connects_with_the_key_as_a_query_parameter(stack: LocalStack)
     ({"action": "watch", "job_ids": []}, "unknown_action", '"action": "subscribe"'),
     ("not json", "unknown_action", '"action": "subscribe"'),
 ])
-def test_a_message_that_is_not_a_subscription_is_answered_with_what_to_fix(stack: LocalStack, message, code, says):
+def test_a_message_that_is_not_a_subscription_is_answered_with_what_to_fix(stack: LocalDeployment, message, code, says):
     with socket(stack) as connection:
         connection.send(message if isinstance(message, str) else json.dumps(message))
         answer = json.loads(connection.recv(timeout=20))
     assert answer["type"] == "error" and answer["code"] == code and says in answer["message"], answer
 
 
-def test_a_connection_that_is_gone_is_forgotten_when_the_push_finds_it_closed(stack: LocalStack, api: Client):
+def test_a_connection_that_is_gone_is_forgotten_when_the_push_finds_it_closed(stack: LocalDeployment, api: Client):
     # GIVEN a connection item whose connection closed without a $disconnect (API Gateway delivers it best effort)
     assert stack.resources is not None
     table = boto3.resource("dynamodb").Table(stack.resources.outputs["ConnectionTableName"])
@@ -165,7 +165,7 @@ def test_a_connection_that_is_gone_is_forgotten_when_the_push_finds_it_closed(st
         time.sleep(0.2)
 
 
-def test_the_management_api_answers_as_api_gateway_does(stack: LocalStack):
+def test_the_management_api_answers_as_api_gateway_does(stack: LocalDeployment):
     # GIVEN the boto3 client the push function uses, pointed at the local management API
     assert stack.websocket is not None
     management = boto3.client("apigatewaymanagementapi", endpoint_url=stack.websocket.management_url,
@@ -175,7 +175,7 @@ def test_the_management_api_answers_as_api_gateway_does(stack: LocalStack):
         management.post_to_connection(ConnectionId="bm9ib2R5SGVyZQ==", Data=b"{}")
 
 
-def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalStack):
+def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalDeployment):
     # GIVEN a connection that subscribed to 1,000 job ids in ten messages of 100
     ids = [f"job_{i:032x}" for i in range(settings.WS_MAX_JOB_IDS_PER_CONNECTION + 1)]
     with socket(stack) as connection:
@@ -189,7 +189,7 @@ def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalStack):
         assert subscribe(connection, job_ids=ids[:5])["type"] == "subscribed"
 
 
-def test_a_connection_following_a_batch_is_told_its_end(stack: LocalStack):
+def test_a_connection_following_a_batch_is_told_its_end(stack: LocalDeployment):
     # GIVEN a connection that follows a batch of two lines (and another that follows all of tenant B's work)
     import openai
 

@@ -11,14 +11,15 @@ import time
 import pytest
 
 from async_inference.client import Client
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from local_runtime.workers import ECS_PROVIDED, WorkerFleet
 from tests.e2e.conftest import chat
 
 pytestmark = pytest.mark.e2e
 
 
-def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_starter(stack: LocalStack, monkeypatch):
+def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_starter(stack: LocalDeployment,
+                                                                                     monkeypatch):
     assert stack.fleet is not None
     monkeypatch.setenv("STARTER_ONLY_VARIABLE", "1")
     env = stack.fleet.environment()
@@ -38,7 +39,7 @@ def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_sta
     assert "STARTER_ONLY_VARIABLE" not in env and "VIRTUAL_ENV" not in env and "PYTEST_CURRENT_TEST" not in env
 
 
-def test_without_the_task_definitions_region_the_worker_cannot_start(stack: LocalStack, tmp_path):
+def test_without_the_task_definitions_region_the_worker_cannot_start(stack: LocalDeployment, tmp_path):
     # GIVEN the container environment without the region the task definition now sets (the deployed defect)
     assert stack.fleet is not None
     log = open(tmp_path / "worker.log", "wb")
@@ -48,7 +49,7 @@ def test_without_the_task_definitions_region_the_worker_cannot_start(stack: Loca
     assert "NoRegionError" in (tmp_path / "worker.log").read_text()
 
 
-def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: LocalStack, api: Client):
+def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: LocalDeployment, api: Client):
     assert stack.fleet is not None
     replaced_before = stack.fleet.replacements
     # GIVEN a supervised worker (as `make up` runs them)
@@ -72,7 +73,8 @@ def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: Loc
     assert replacement.poll() is not None
 
 
-def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(stack: LocalStack, api: Client, tmp_path):
+def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(stack: LocalDeployment, api: Client,
+                                                                          tmp_path):
     # GIVEN a supervised worker whose engine dies at its first generation (a CUDA fault; the replacement is healthy)
     assert stack.fleet is not None
     replaced_before = stack.fleet.replacements
@@ -93,7 +95,7 @@ def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(stack:
                 stack.stop_worker(process)
 
 
-def test_a_worker_failing_its_health_check_is_stopped_and_replaced(stack: LocalStack, tmp_path):
+def test_a_worker_failing_its_health_check_is_stopped_and_replaced(stack: LocalDeployment, tmp_path):
     # GIVEN the task definition's health check command, run every second, and a worker that stops responding (SIGSTOP
     # freezes its loops, so its health file goes stale)
     assert stack.fleet is not None and stack.fleet.task.health_check is not None

@@ -20,7 +20,7 @@ from async_inference.client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import Job
 from local_runtime.moto_server import free_port
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 from local_runtime.subscribers import subscribe_queue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +43,8 @@ class FaultStack:
 
     def __init__(self, log_dir: Path, assembly: Path) -> None:
         self.log_dir = log_dir
-        self.local = LocalStack(assembly=assembly, api_port=free_port(), moto_port=free_port(),
-                                api_keys={API_KEY: TENANT}, workers=0, engine="echo", log_dir=log_dir)
+        self.local = LocalDeployment(assembly=assembly, api_port=free_port(), moto_port=free_port(),
+                                     api_keys={API_KEY: TENANT}, workers=0, engine="echo", log_dir=log_dir)
         self.api_url = self.local.api_url
         self.moto_url = self.local.moto.url
         self.workers: list[subprocess.Popen[bytes]] = []

@@ -87,7 +87,7 @@ def test_a_stopped_sqs_event_source_can_be_joined_and_leaves_later_messages_on_t
     (poller,) = event_sources(deployment, {"Fn": function}, clients("sqs"), clients("sns"))
     poller.start()
     try:
-        # WHEN it is stopped and joined (what LocalStack.event_source_paused does; joining raised TypeError while
+        # WHEN it is stopped and joined (what LocalDeployment.event_source_paused does; joining raised TypeError while
         # the poller's stop flag shadowed Thread._stop)
         poller.stop()
         poller.join(timeout=10)

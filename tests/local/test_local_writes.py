@@ -15,7 +15,7 @@ import requests
 
 from local_runtime.deployer import Deployment
 from local_runtime.moto_server import free_port
-from local_runtime.stack import LocalStack
+from local_runtime.stack import LocalDeployment
 
 # Operations that write a value (the query Action or X-Amz-Target's operation, by prefix).
 WRITES = ("Put", "Update", "Create", "Delete", "Send", "Publish", "Tag", "Set", "BatchWrite", "Transact", "Change",
@@ -56,7 +56,7 @@ def test_starting_the_local_stack_writes_nothing_into_what_the_template_deployed
 ):
     # GIVEN moto server's recorder, switched on the moment the deploy of the template ends
     monkeypatch.setenv("MOTO_RECORDER_FILEPATH", str(tmp_path / "recording.jsonl"))
-    stack = LocalStack(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), workers=0,
+    stack = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), workers=0,
                        engine="echo", log_dir=tmp_path, api_keys={"demo-key-0123456789abcdef": "demo"})
     recorder = f"{stack.moto.url}/moto-api/recorder"
     deploy = Deployment.deploy
