@@ -397,6 +397,17 @@ class GpuWorkerService(Construct):
                 ],
             )
         )
+        # The worker asks whether a newer deployment of its own service waits (gpu_worker.deployments), so that it
+        # stops holding protection and a deploy can finish: DescribeServices on this one service only.
+        self.task_definition.task_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["ecs:DescribeServices"],
+                resources=[
+                    stack.format_arn(service="ecs", resource="service",
+                                     resource_name=f"{self.cluster.cluster_name}/{WORKER_ECS_SERVICE_NAME}")
+                ],
+            )
+        )
 
 
 @jsii.implements(IAspect)

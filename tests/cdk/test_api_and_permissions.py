@@ -295,6 +295,7 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
         "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem",
         "ecs:UpdateTaskProtection", "ecs:GetTaskProtection", *PUBLISH,
         "dynamodb:Query",  # the WebSocket connections' tenant index: which jobs a connection follows
+        "ecs:DescribeServices",  # whether a newer deployment waits (gpu_worker.deployments)
     }
 
 

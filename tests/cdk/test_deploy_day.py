@@ -221,6 +221,16 @@ def test_the_workers_can_tell_which_jobs_a_websocket_connection_follows(synthesi
     assert "/index/" in json.dumps(on_table["dynamodb:Query"])
 
 
+def test_a_worker_may_ask_whether_a_newer_deployment_of_its_own_service_waits(synthesized):
+    """GIVEN the worker task role WHEN reading its DescribeServices grant THEN it names this stack's worker service
+    only (gpu_worker.deployments: without it a worker never learns of a deployment and holds protection, defect 4)."""
+    [task] = synthesized.resources("AWS::ECS::TaskDefinition").values()
+    actions = role_actions(synthesized.template, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    [resource] = actions["ecs:DescribeServices"]
+    [service] = synthesized.resources("AWS::ECS::Service").values()
+    assert _joined(resource).endswith(f"/{service['Properties']['ServiceName']}")
+
+
 # --- Defect 12: the zones are the platform team's to choose ---------------------------------------------------------
 
 
