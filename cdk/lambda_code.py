@@ -1,10 +1,11 @@
 """The code every Lambda function of the service runs: one source asset and one dependency layer, built without Docker.
 
-The handlers (``lambdas/``) and the core package (``async_inference/``) are copied into a source asset; the
-dependencies in ``lambdas/requirements.txt`` are installed by pip *for the Lambda platform* into a layer. pydantic_core
-is compiled, so pip must fetch manylinux x86_64 wheels for CPython 3.11 whatever machine runs the synth; that is what
-the platform flags below do. The layer is cached under ``cdk.out/`` by the hash of the requirements file, so repeated
-synths (and the test session) do not re-run pip.
+The handlers (``lambdas/``), the core package (``async_inference/``) and the client package whose wire models the core
+imports (``async_inference_client/``) are copied into a source asset; the dependencies in ``lambdas/requirements.txt``
+are installed by pip *for the Lambda platform* into a layer. pydantic_core is compiled, so pip must fetch manylinux
+x86_64 wheels for CPython 3.11 whatever machine runs the synth; that is what the platform flags below do. The layer is
+cached under ``cdk.out/`` by the hash of the requirements file, so repeated synths (and the test session) do not re-run
+pip.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class LambdaCode(Construct):
     """The shared source asset and dependency layer, and a factory for functions that run them.
 
     :param project_root: repository root holding the packages and the requirements file.
-    :param packages: top-level packages copied into the source asset. Default: ``("async_inference", "lambdas")``.
+    :param packages: top-level packages copied into the source asset. Default:
+        ``("async_inference", "async_inference_client", "lambdas")``.
     :param requirements: requirements installed into the layer. Default: ``<project_root>/lambdas/requirements.txt``.
     :param cache_dir: where built layers are kept between synths. Default: ``<project_root>/cdk.out/.lambda-build``.
     :param log_retention: retention of each function's log group. Default: one month.
@@ -85,7 +87,7 @@ class LambdaCode(Construct):
         id: str,
         *,
         project_root: Path,
-        packages: Sequence[str] = ("async_inference", "lambdas"),
+        packages: Sequence[str] = ("async_inference", "async_inference_client", "lambdas"),
         requirements: Path | None = None,
         cache_dir: Path | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,

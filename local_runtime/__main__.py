@@ -47,10 +47,10 @@ def up(outputs_file: str | None) -> int:
         print(f"API key: {key}  (tenant {tenant})", flush=True)
     for tenant, secret in stack.webhook_secrets.items():
         print(f"Webhook signing secret of {tenant}: {secret}", flush=True)
-    # What the operator commands (async-inference dlq ..., webhook-secret) need to reach this stack, as in AWS the
+    # What the operator commands (python -m async_inference.cli dlq ..., webhook-secret) need to reach this stack, as in AWS the
     # operator's credentials and the stack's outputs would give them.
     operator_env = {**stack.env, ENV_WEBHOOK_SECRET_ARN: stack.resources.webhook_secret_arn}
-    print("Operator commands (async-inference dlq list, webhook-secret TENANT) need:\n  export "
+    print("Operator commands (python -m async_inference.cli dlq list, webhook-secret TENANT) need:\n  export "
           + " ".join(f"{name}={shlex.quote(value)}" for name, value in operator_env.items()), flush=True)
     print(f"Logs:    {stack.log_dir}", flush=True)
     if outputs_file:

@@ -11,8 +11,8 @@ from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from async_inference.cli import Progress
-from async_inference.client import Client
+from async_inference_client.cli import Progress
+from async_inference_client import Client
 from async_inference.webhooks.receiver import Receiver
 from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalStack

@@ -17,10 +17,10 @@ CliRun = Callable[..., subprocess.CompletedProcess[str]]
 
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
             timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m async_inference.cli ARGS`` with none of the ASYNC_INFERENCE_* variables but those in ``env``."""
+    """``python -m async_inference_client.cli ARGS`` with none of the ASYNC_INFERENCE_* variables but those in ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ASYNC_INFERENCE_")}
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "async_inference.cli", *args], env={**base, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "async_inference_client.cli", *args], env={**base, **(env or {})},
                           cwd=REPO_ROOT, input=stdin, capture_output=True, text=True, timeout=timeout_s)
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from async_inference.retry import DEFAULT_POLL, POLL_FLOOR_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
+from async_inference_client.retry import DEFAULT_POLL, POLL_FLOOR_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
 
 
 class FixedRandom(random.Random):

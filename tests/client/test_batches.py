@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from async_inference.cli import BatchProgress
-from async_inference.client import AsyncClient, BatchWaitTimeout, Client
-from async_inference.batches.models import Batch
+from async_inference_client.cli import BatchProgress
+from async_inference_client import AsyncClient, BatchWaitTimeout, Client
+from async_inference_client.models.batches import Batch
 from tests.client.fake_api import FakeApi, FakeTime, Reply, Seen
 
 KEY = "test-key-0123456789abcdef"

@@ -3,15 +3,17 @@ elsewhere."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import io
 
-from async_inference.cli import Progress
-from async_inference.client import JobUpdate
-from async_inference.jobs import JobStatus
-from async_inference.schemas import JobProgress, JobView, utcnow
+from async_inference_client.cli import Progress
+from async_inference_client import JobUpdate
+from async_inference_client.models.jobs import JobStatus
+from async_inference_client.models.jobs import JobProgress, JobView
 from tests.client.fake_api import JOB_ID, job_view
 
-NOW = utcnow()
+NOW = dt.datetime.now(dt.UTC)
 USAGE = {"prompt_tokens": 5, "completion_tokens": 30, "total_tokens": 35}
 
 

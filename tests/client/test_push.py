@@ -12,9 +12,8 @@ import pytest
 from pydantic import ValidationError
 from websockets.sync.server import ServerConnection
 
-from async_inference.client import AsyncClient, Client, JobUpdate
-from async_inference.jobs import JobStatus
-from async_inference.schemas import Subscription
+from async_inference_client import AsyncClient, Client, JobUpdate
+from async_inference_client.models.jobs import JobStatus, Subscription
 from local_runtime.moto_server import free_port
 from tests.client.fake_api import (
     JOB_ID,

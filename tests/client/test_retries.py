@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from async_inference.client import ApiError, ApiUnreachable, AsyncClient, Client
-from async_inference.retry import RetryPolicy
+from async_inference_client import ApiError, ApiUnreachable, AsyncClient, Client
+from async_inference_client.retry import RetryPolicy
 from tests.client.fake_api import JOB_ID, FakeApi, FakeTime, Reply, job_view
 from tests.client.test_backoff import FixedRandom
 

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from async_inference.client import AsyncClient, Client, JobUpdate, WaitTimeout
-from async_inference.jobs import JobStatus
-from async_inference.retry import DEFAULT_POLL, Backoff
+from async_inference_client import AsyncClient, Client, JobUpdate, WaitTimeout
+from async_inference_client.models.jobs import JobStatus
+from async_inference_client.retry import DEFAULT_POLL, Backoff
 from tests.client.fake_api import JOB_ID, FakeApi, FakeTime, Reply, Seen, completion, job_view, succeeded_view
 
 KEY = "test-key-0123456789abcdef"

@@ -33,18 +33,18 @@ def config() -> Iterator[ServiceConfig]:
         for name, value in LOCAL_CREDENTIALS.items():
             patch.setenv(name, value)
         patch.setenv("AWS_ENDPOINT_URL", server.url)
-        client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+        client("s3").create_bucket(Bucket="claim-checks")
         client("dynamodb").create_table(
-            TableName=settings.TABLE_NAME,
+            TableName="jobs",
             BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[{"AttributeName": settings.TABLE_PARTITION_KEY, "AttributeType": "S"}],
             KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
         )
         yield ServiceConfig(
-            table_name=settings.TABLE_NAME,
-            bucket_name=settings.BUCKET_NAME,
-            queue_url=client("sqs").create_queue(QueueName=settings.QUEUE_NAME)["QueueUrl"],
-            topic_arn=client("sns").create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"],
+            table_name="jobs",
+            bucket_name="claim-checks",
+            queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
+            topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
         )
     server.stop()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from tests.faults.fault_stack import FaultStack, chat
 
 pytestmark = pytest.mark.e2e
@@ -63,7 +63,8 @@ def image_copies() -> list[tuple[str, str]]:
 
 def test_the_dockerfile_copies_the_worker_packages():
     # The test below runs what these lines copy; if the image stopped copying them it would test nothing.
-    assert {destination for _, destination in image_copies()} >= {"async_inference/", "gpu_worker/"}
+    assert {destination for _, destination in image_copies()} >= {"async_inference/", "async_inference_client/",
+                                                                   "gpu_worker/"}
 
 
 def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):
