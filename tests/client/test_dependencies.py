@@ -56,3 +56,21 @@ def test_the_service_takes_its_wire_objects_from_the_client():
 
     assert schemas.JobView is jobs.JobView and schemas.ChatCompletion is chat.ChatCompletion
     assert batch_models.Batch is batches.Batch and batch_models.FileObject is batches.FileObject
+
+
+def test_no_class_of_the_service_takes_the_name_of_a_client_model_or_error():
+    # GIVEN the names of the client's wire models and errors
+    from async_inference_client import errors
+    from async_inference_client.models import batches, chat, jobs
+
+    client_names = {name for module in (errors, batches, chat, jobs) for name, value in vars(module).items()
+                    if isinstance(value, type) and value.__module__ == module.__name__}
+    assert {"ApiError", "JobView", "Batch"} <= client_names
+    # WHEN every class the service defines is listed
+    service = {}
+    for path in sorted((REPO_ROOT / "async_inference").rglob("*.py")) + sorted((REPO_ROOT / "lambdas").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                service.setdefault(node.name, []).append(path.relative_to(REPO_ROOT).as_posix())
+    # THEN none is a second definition of one of them (one model per wire object; one ApiError, the client's)
+    assert {name: service[name] for name in client_names & set(service)} == {}

@@ -16,7 +16,7 @@ from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.jobs import new_job_id
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import ApiError, JobService
+from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -79,7 +79,7 @@ def test_a_body_left_by_a_request_still_in_progress_holds_the_key_with_a_409(con
     # GIVEN a body stored just now under a key's request (its request has not created its job yet)
     request_key = leave_a_body_without_a_job(config, "in-flight", "the first")
     # WHEN a different request comes with the key
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(ServiceError) as refused:
         service(config).submit(TENANT, submission("the second"), "in-flight")
     # THEN it is told to retry, and the first body stays
     assert (refused.value.status, refused.value.code) == (409, "idempotency_key_in_progress")
