@@ -46,7 +46,9 @@ def _read_dlq(dlq: Any, limit: int) -> list[Any]:
     """Up to ``limit`` DLQ messages, each received once (hidden for DLQ_PEEK_VISIBILITY_S)."""
     messages: list[Any] = []
     while len(messages) < limit:
-        batch = dlq.receive(max_messages=min(10, limit - len(messages)), wait_s=1, visibility_timeout_s=DLQ_PEEK_VISIBILITY_S)
+        batch = dlq.receive(
+            max_messages=min(10, limit - len(messages)), wait_s=1, visibility_timeout_s=DLQ_PEEK_VISIBILITY_S
+        )
         if not batch:
             break
         messages.extend(batch)
@@ -57,10 +59,20 @@ def _describe(message: Any) -> dict[str, Any]:
     try:
         claim = ClaimCheck.model_validate_json(message.body)
     except ValidationError:
-        return {"message_id": message.message_id, "receive_count": message.receive_count, "claim_check": None,
-                "body": message.body[:200]}
-    return {"message_id": message.message_id, "receive_count": message.receive_count, "job_id": claim.job_id,
-            "tenant": claim.tenant, "model": claim.model, "deadline": claim.deadline.isoformat()}
+        return {
+            "message_id": message.message_id,
+            "receive_count": message.receive_count,
+            "claim_check": None,
+            "body": message.body[:200],
+        }
+    return {
+        "message_id": message.message_id,
+        "receive_count": message.receive_count,
+        "job_id": claim.job_id,
+        "tenant": claim.tenant,
+        "model": claim.model,
+        "deadline": claim.deadline.isoformat(),
+    }
 
 
 def _message_line(described: dict[str, Any]) -> str:
@@ -76,9 +88,16 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     messages = _read_dlq(dlq, args.limit)
     if messages:
         dlq.change_visibility_batch([m.receipt_handle for m in messages], 0)
-    listing = {"count": len(messages), "messages": [_describe(m) for m in messages]}
-    emit(args, listing, lambda: [f"{listing['count']} messages in the DLQ (listing moves none of them)"]
-          + [_message_line(m) for m in listing["messages"]])
+    described = [_describe(m) for m in messages]
+    listing = {"count": len(messages), "messages": described}
+    emit(
+        args,
+        listing,
+        lambda: (
+            [f"{len(messages)} messages in the DLQ (listing moves none of them)"]
+            + [_message_line(m) for m in described]
+        ),
+    )
     return EXIT_OK
 
 
@@ -101,12 +120,18 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
     failed = dlq.delete_batch([m.receipt_handle for m in moved]) if moved else []
     if kept:
         dlq.change_visibility_batch([m.receipt_handle for m in kept], 0)
-    outcome = {"redriven": len(moved) - len(failed), "left_in_dlq": [_describe(m) for m in kept],
-               "delete_failed": len(failed)}
-    emit(args, outcome, lambda: [f"redriven to the job queue: {outcome['redriven']}",
-                                  f"left in the DLQ (not claim checks): {len(kept)}",
-                                  *[_message_line(m) for m in outcome["left_in_dlq"]],
-                                  *([f"redriven but not deleted from the DLQ: {len(failed)}"] if failed else [])])
+    left = [_describe(m) for m in kept]
+    outcome = {"redriven": len(moved) - len(failed), "left_in_dlq": left, "delete_failed": len(failed)}
+    emit(
+        args,
+        outcome,
+        lambda: [
+            f"redriven to the job queue: {outcome['redriven']}",
+            f"left in the DLQ (not claim checks): {len(kept)}",
+            *[_message_line(m) for m in left],
+            *([f"redriven but not deleted from the DLQ: {len(failed)}"] if failed else []),
+        ],
+    )
     return EXIT_OK if not kept and not failed else EXIT_NO_RESULT
 
 
@@ -149,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, func: Callable[[argparse.Namespace], int], help_: str,
-                parent: Any = sub) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], help_: str, parent: Any = sub
+    ) -> argparse.ArgumentParser:
         found = parent.add_parser(name, help=help_, description=help_)
         found.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
         found.set_defaults(func=func)
@@ -158,21 +184,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     dlq = sub.add_parser("dlq", help="inspect and redrive the dead-letter queue")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
-    for name, func, help_ in (("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
-                              ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue")):
+    for name, func, help_ in (
+        ("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
+        ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue"),
+    ):
         operator = command(name, func, help_, parent=dlq_sub)
-        operator.add_argument("--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL))
+        operator.add_argument(
+            "--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL)
+        )
         if name == "redrive":
-            operator.add_argument("--queue-url", default=os.environ.get(ENV_QUEUE_URL),
-                                  required=not os.environ.get(ENV_QUEUE_URL))
+            operator.add_argument(
+                "--queue-url", default=os.environ.get(ENV_QUEUE_URL), required=not os.environ.get(ENV_QUEUE_URL)
+            )
         operator.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
 
-    signing = command("webhook-secret", cmd_webhook_secret,
-                      "a tenant's webhook signing secret, to hand to the tenant")
+    signing = command("webhook-secret", cmd_webhook_secret, "a tenant's webhook signing secret, to hand to the tenant")
     signing.add_argument("tenant", nargs="?", help="the tenant (default: every tenant)")
-    signing.add_argument("--secret-arn", default=os.environ.get(ENV_WEBHOOK_SECRET_ARN),
-                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARN),
-                         help=f"the stack output WebhookSigningSecretArn (or {ENV_WEBHOOK_SECRET_ARN})")
+    signing.add_argument(
+        "--secret-arn",
+        default=os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+        required=not os.environ.get(ENV_WEBHOOK_SECRET_ARN),
+        help=f"the stack output WebhookSigningSecretArn (or {ENV_WEBHOOK_SECRET_ARN})",
+    )
     return parser
 
 

@@ -30,12 +30,39 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "async_inference_client._base_client": ("ENV_API_KEY", "ENV_API_URL", "ENV_WS_URL", "JobUpdate", "OnUpdate"),
     "async_inference_client.client": ("AsyncClient", "Client"),
-    "async_inference_client.errors": ("ApiError", "ApiUnreachable", "AsyncInferenceError", "BatchWaitTimeout",
-                                      "NoResult", "SubscriptionRefused", "UnexpectedResponse", "WaitTimeout"),
+    "async_inference_client.errors": (
+        "ApiError",
+        "ApiUnreachable",
+        "AsyncInferenceError",
+        "BatchWaitTimeout",
+        "NoResult",
+        "SubscriptionRefused",
+        "UnexpectedResponse",
+        "WaitTimeout",
+    ),
     "async_inference_client.retry": ("DEFAULT_POLL", "Backoff", "RetryPolicy"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_HOME)
+__all__ = [
+    "DEFAULT_POLL",
+    "ENV_API_KEY",
+    "ENV_API_URL",
+    "ENV_WS_URL",
+    "ApiError",
+    "ApiUnreachable",
+    "AsyncClient",
+    "AsyncInferenceError",
+    "Backoff",
+    "BatchWaitTimeout",
+    "Client",
+    "JobUpdate",
+    "NoResult",
+    "OnUpdate",
+    "RetryPolicy",
+    "SubscriptionRefused",
+    "UnexpectedResponse",
+    "WaitTimeout",
+]
 
 
 def __getattr__(name: str) -> Any:

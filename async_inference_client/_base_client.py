@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx2
 import websockets.exceptions
@@ -91,6 +91,55 @@ class JobUpdate:
 OnUpdate = Callable[[JobUpdate], None]
 
 
+# --- The options of the operations: written once, taken by both clients as typed keywords ----------------------------
+
+
+class SubmitOptions(TypedDict, total=False):
+    """What ``submit()`` and ``submit_upload()`` take besides the body."""
+
+    metadata: Mapping[str, str]
+    webhook: Webhook  # a URL, or {"url": ..., "events": [...]}: the job's end is POSTed there, signed
+    idempotency_key: str  # the same key again returns the same job
+    ttl_seconds: int  # still queued after this: the job expires
+    timeout_seconds: int  # a running generation is aborted after this
+    priority: Literal["interactive", "batch"]
+
+
+class ListOptions(TypedDict, total=False):
+    """``list()``'s filters and page: pass the page's ``.next`` as ``next_token`` for the following one."""
+
+    status: JobStatus | str
+    limit: int
+    next_token: str
+
+
+class WaitOptions(TypedDict, total=False):
+    """``wait()``: give up after ``timeout_s`` (600); ``on_update`` gets each JobUpdate; ``poll`` replaces the
+    client's schedule."""
+
+    timeout_s: float
+    on_update: OnUpdate
+    poll: Backoff
+
+
+class BatchOptions(TypedDict, total=False):
+    """``create_batch()``: ``webhook`` (a URL, or ``{"url", "events"}``) is told the batch's end, as OpenAI's webhook
+    event, signed with the tenant's secret."""
+
+    metadata: Mapping[str, str]
+    completion_window: str  # "24h", the one OpenAI accepts
+    webhook: Webhook
+
+
+class BatchWaitOptions(TypedDict, total=False):
+    """``wait_batch()``: give up after ``timeout_s`` (24 h); ``on_update`` gets every view (request_counts for a
+    progress bar); ``poll`` replaces the client's schedule."""
+
+    timeout_s: float
+    on_update: Callable[[Batch], None]
+    poll: Backoff
+
+
 # --- Effects: what an operation asks its client to do ---------------------------------------------------------------
 
 
@@ -111,8 +160,16 @@ class Call:
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``httpx2.Client.request`` (and of the async one)."""
-        return {"method": self.method, "url": self.url, "headers": self.headers, "json": self.json,
-                "content": self.content, "params": self.params, "files": self.files, "data": self.data}
+        return {
+            "method": self.method,
+            "url": self.url,
+            "headers": self.headers,
+            "json": self.json,
+            "content": self.content,
+            "params": self.params,
+            "files": self.files,
+            "data": self.data,
+        }
 
 
 @dataclass(frozen=True)
@@ -227,8 +284,15 @@ class BaseClient:
 
     # --- requests ---------------------------------------------------------------------------------------------------
 
-    def _api(self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None,
-             headers: Mapping[str, str] | None = None) -> Call:
+    def _api(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Call:
         headers = {API_KEY_HEADER: self._api_key, **(headers or {})}
         resend_safe = method == "GET" or IDEMPOTENCY_KEY_HEADER in headers
         return Call(method, self.base_url + path, headers, json=body, params=params, resend_safe=resend_safe)
@@ -253,8 +317,9 @@ class BaseClient:
                     delay = self.retry.delay(attempt, retry_after=retry_after, rng=self._rng)
                 if delay is None:
                     raise ApiError(response.status_code, _body(response), retry_after=retry_after)
-                logger.info("%s %s: HTTP %d; sending again in %.2f s", call.method, call.url, response.status_code,
-                            delay)
+                logger.info(
+                    "%s %s: HTTP %d; sending again in %.2f s", call.method, call.url, response.status_code, delay
+                )
             yield Sleep(delay)
             attempt += 1
 
@@ -270,8 +335,13 @@ class BaseClient:
     def _upload_file(self, data: bytes, filename: str, purpose: str) -> Flow[FileObject]:
         if len(data) <= MAX_FILE_INLINE_BYTES:
             call = self._api("POST", "/v1/files")
-            multipart = Call(call.method, call.url, call.headers, files={"file": (filename, data, "application/jsonl")},
-                             data={"purpose": purpose})
+            multipart = Call(
+                call.method,
+                call.url,
+                call.headers,
+                files={"file": (filename, data, "application/jsonl")},
+                data={"purpose": purpose},
+            )
             return (yield from self._fetch(multipart, FileObject))
         body = {"filename": filename, "purpose": purpose, "bytes": len(data)}
         created = yield from self._fetch(self._api("POST", "/v1/files/uploads", body=body), FileUpload)
@@ -286,14 +356,16 @@ class BaseClient:
         # A presigned GET, fetched without the key.
         return (yield from self._send(Call("GET", location, {}, resend_safe=True))).content
 
-    def _create_batch(self, input_file_id: str, metadata: Mapping[str, str] | None, completion_window: str,
-                      webhook: Webhook | None) -> Flow[Batch]:
-        body: dict[str, Any] = {"input_file_id": input_file_id, "endpoint": BATCH_ENDPOINT,
-                                "completion_window": completion_window}
-        if metadata:
-            body["metadata"] = dict(metadata)
-        if webhook:
-            body["webhook"] = _webhook(webhook)
+    def _create_batch(self, input_file_id: str, options: BatchOptions) -> Flow[Batch]:
+        body: dict[str, Any] = {
+            "input_file_id": input_file_id,
+            "endpoint": BATCH_ENDPOINT,
+            "completion_window": options.get("completion_window", "24h"),
+        }
+        if options.get("metadata"):
+            body["metadata"] = dict(options["metadata"])
+        if options.get("webhook"):
+            body["webhook"] = _webhook(options["webhook"])
         return (yield from self._fetch(self._api("POST", "/v1/batches", body=body), Batch))
 
     def _get_batch(self, batch_id: str) -> Flow[Batch]:
@@ -306,8 +378,9 @@ class BaseClient:
     def _cancel_batch(self, batch_id: str) -> Flow[Batch]:
         return (yield from self._fetch(self._api("POST", f"/v1/batches/{batch_id}/cancel"), Batch))
 
-    def _wait_batch(self, batch_id: str, timeout_s: float, on_update: Callable[[Batch], None] | None,
-                    poll: Backoff | None) -> Flow[Batch]:
+    def _wait_batch(self, batch_id: str, options: BatchWaitOptions) -> Flow[Batch]:
+        timeout_s, on_update = options.get("timeout_s", 24 * 3600.0), options.get("on_update")
+        poll = options.get("poll") or self.poll
         deadline = self._clock() + timeout_s
         attempt = 0
         while True:
@@ -319,26 +392,29 @@ class BaseClient:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise BatchWaitTimeout(batch, timeout_s)
-            yield Sleep(min(remaining, poll_delay(poll or self.poll, attempt, retry_after=None, rng=self._rng)))
+            yield Sleep(min(remaining, poll_delay(poll, attempt, retry_after=None, rng=self._rng)))
             attempt += 1
 
     # --- jobs -------------------------------------------------------------------------------------------------------
 
-    def _submit(self, body: dict[str, Any], idempotency_key: str | None) -> Flow[JobView]:
-        headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else {}
+    def _submit(self, options: SubmitOptions, **source: Any) -> Flow[JobView]:
+        """``POST /v1/jobs``: ``source`` is ``request=`` (inline) or ``upload=`` (presigned)."""
+        sent_as_is = {name: value for name, value in options.items() if name not in ("idempotency_key", "webhook")}
+        body: dict[str, Any] = {name: value for name, value in sent_as_is.items() if value is not None}
+        body["metadata"] = dict(options.get("metadata") or {})
+        body.update(source)
+        if options.get("webhook"):
+            body["webhook"] = _webhook(options["webhook"])
+        key = options.get("idempotency_key")
+        headers = {IDEMPOTENCY_KEY_HEADER: key} if key else {}
         return (yield from self._fetch(self._api("POST", "/v1/jobs", body=body, headers=headers), JobView))
 
-    def _submit_inline(self, request: RequestBody, metadata: Mapping[str, str] | None, webhook: Webhook | None,
-                       idempotency_key: str | None, options: Mapping[str, Any]) -> Flow[JobView]:
-        body = _submission(metadata, webhook, options, request=_plain(request))
-        return (yield from self._submit(body, idempotency_key))
+    def _submit_inline(self, request: RequestBody, options: SubmitOptions) -> Flow[JobView]:
+        return (yield from self._submit(options, request=_plain(request)))
 
-    def _submit_upload(self, request_body: bytes | RequestBody, metadata: Mapping[str, str] | None,
-                       webhook: Webhook | None, idempotency_key: str | None,
-                       options: Mapping[str, Any]) -> Flow[JobView]:
+    def _submit_upload(self, request_body: bytes | RequestBody, options: SubmitOptions) -> Flow[JobView]:
         data = _request_bytes(request_body)
-        job = yield from self._submit(_submission(metadata, webhook, options, upload={"size_bytes": len(data)}),
-                                      idempotency_key)
+        job = yield from self._submit(options, upload={"size_bytes": len(data)})
         if job.upload is not None:  # None: an idempotent retry of a job whose upload went through
             yield from self._put(job.upload.url, job.upload.headers, data)
         return job
@@ -346,9 +422,13 @@ class BaseClient:
     def _get(self, job_id: str) -> Flow[JobView]:
         return (yield from self._fetch(self._api("GET", f"/v1/jobs/{job_id}"), JobView))
 
-    def _list(self, status: JobStatus | str | None, limit: int | None, next_token: str | None) -> Flow[JobList]:
-        params = _present(status=status.value if isinstance(status, JobStatus) else status, limit=limit,
-                          next=next_token)
+    def _list(self, options: ListOptions) -> Flow[JobList]:
+        status = options.get("status")
+        params = _present(
+            status=status.value if isinstance(status, JobStatus) else status,
+            limit=options.get("limit"),
+            next=options.get("next_token"),
+        )
         return (yield from self._fetch(self._api("GET", "/v1/jobs", params=params), JobList))
 
     def _cancel(self, job_id: str) -> Flow[JobView]:
@@ -359,20 +439,23 @@ class BaseClient:
         if view.result is not None and view.result.expires_at <= dt.datetime.now(dt.UTC):
             view = yield from self._get(view.job_id)  # a fresh presigned URL
         if view.status is not JobStatus.SUCCEEDED or view.result is None:
-            raise NoResult(f"job {view.job_id} is {view.status.value}, it has no result"
-                           + (f": {view.error}" if view.error else ""))
+            raise NoResult(
+                f"job {view.job_id} is {view.status.value}, it has no result"
+                + (f": {view.error}" if view.error else "")
+            )
         return (yield from self._fetch(Call("GET", view.result.url, {}, resend_safe=True), ChatCompletion))
 
     # --- waiting ----------------------------------------------------------------------------------------------------
 
-    def _wait(self, job_id: str, timeout_s: float, on_update: OnUpdate | None, poll: Backoff | None) -> Flow[JobView]:
+    def _wait(self, job_id: str, options: WaitOptions) -> Flow[JobView]:
+        timeout_s = options.get("timeout_s", 600.0)
         deadline = self._clock() + timeout_s
-        notify = on_update or (lambda update: None)
+        notify = options.get("on_update") or (lambda update: None)
         if self.ws_url:
             job = yield from self._wait_pushed(job_id, deadline, timeout_s, notify)
             if job is not None:
                 return job
-        return (yield from self._wait_polled(job_id, deadline, timeout_s, notify, poll or self.poll))
+        return (yield from self._wait_polled(job_id, deadline, timeout_s, notify, options.get("poll") or self.poll))
 
     def _read_job(self, job_id: str, notify: OnUpdate) -> Flow[tuple[JobView, float | None]]:
         """The job's view (told to ``notify``) and the Retry-After its GET answered with."""
@@ -381,8 +464,9 @@ class BaseClient:
         notify(JobUpdate.of_view(job))
         return job, parse_retry_after(response.headers.get("retry-after"))
 
-    def _wait_polled(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate,
-                     schedule: Backoff) -> Flow[JobView]:
+    def _wait_polled(
+        self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate, schedule: Backoff
+    ) -> Flow[JobView]:
         attempt = 0
         while True:
             job, retry_after = yield from self._read_job(job_id, notify)
@@ -394,12 +478,13 @@ class BaseClient:
             yield Sleep(min(remaining, poll_delay(schedule, attempt, retry_after=retry_after, rng=self._rng)))
             attempt += 1
 
-    def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float,
-                     notify: OnUpdate) -> Flow[JobView | None]:
+    def _wait_pushed(self, job_id: str, deadline: float, timeout_s: float, notify: OnUpdate) -> Flow[JobView | None]:
         """Follow the job over the WebSocket until it is final; None when the socket failed or closed first."""
         assert self.ws_url is not None
-        options = {"additional_headers": {API_KEY_HEADER: self._api_key},
-                   "open_timeout": max(0.1, min(WS_OPEN_TIMEOUT_S, deadline - self._clock()))}
+        options = {
+            "additional_headers": {API_KEY_HEADER: self._api_key},
+            "open_timeout": max(0.1, min(WS_OPEN_TIMEOUT_S, deadline - self._clock())),
+        }
         try:
             socket = yield Connect(self.ws_url, options)
         except SOCKET_ERRORS as exc:
@@ -483,15 +568,6 @@ def _plain(value: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
 
 def _webhook(webhook: Webhook) -> dict[str, Any]:
     return {"url": webhook} if isinstance(webhook, str) else _plain(webhook)
-
-
-def _submission(metadata: Mapping[str, str] | None, webhook: Webhook | None, options: Mapping[str, Any],
-                **source: Any) -> dict[str, Any]:
-    """The body of ``POST /v1/jobs``: ``source`` is ``request=`` (inline) or ``upload=`` (presigned)."""
-    body: dict[str, Any] = {"metadata": dict(metadata or {}), **options, **source}
-    if webhook:
-        body["webhook"] = _webhook(webhook)
-    return body
 
 
 def _request_bytes(request_body: bytes | RequestBody) -> bytes:

@@ -30,8 +30,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from pydantic import BaseModel
 from tqdm import tqdm
@@ -190,7 +191,9 @@ def _request_from(args: argparse.Namespace) -> bytes:
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
         raise CliError(f"--file {name} is not JSON: {exc}") from exc
     if not isinstance(parsed, dict):
-        raise CliError(f"--file {name} holds a JSON {type(parsed).__name__}; it must be an object (a chat.completions body)")
+        raise CliError(
+            f"--file {name} holds a JSON {type(parsed).__name__}; it must be an object (a chat.completions body)"
+        )
     return data
 
 
@@ -310,7 +313,7 @@ def _batch_lines(batch: Batch) -> list[str]:
 def _epoch(seconds: int | None) -> str | None:
     import datetime as dt
 
-    return _when(dt.datetime.fromtimestamp(seconds, dt.timezone.utc)) if seconds else None
+    return _when(dt.datetime.fromtimestamp(seconds, dt.UTC)) if seconds else None
 
 
 def _batch_list_lines(page: Page[Batch]) -> list[str]:
@@ -401,8 +404,11 @@ def common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
     parser.add_argument("--api-url", default=default(None), help=f"the API's base URL (default: ${ENV_API_URL})")
     parser.add_argument("--api-key", default=default(None), help=f"the API key (default: ${ENV_API_KEY})")
-    parser.add_argument("--ws-url", default=default(None),
-                        help=f"the WebSocket API's URL, for --wait to be told instead of polling (default: ${ENV_WS_URL})")
+    parser.add_argument(
+        "--ws-url",
+        default=default(None),
+        help=f"the WebSocket API's URL, for --wait to be told instead of polling (default: ${ENV_WS_URL})",
+    )
     parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of text")
 
 
@@ -434,8 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     wait = command("wait", cmd_wait, "wait for a job with a progress bar, print its answer")
     wait.add_argument("job_id", type=_job_id)
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (600)")
-    for name, func, help_ in (("status", cmd_status, "a job's status"), ("result", cmd_result, "a job's answer"),
-                              ("cancel", cmd_cancel, "cancel a job")):
+    for name, func, help_ in (
+        ("status", cmd_status, "a job's status"),
+        ("result", cmd_result, "a job's answer"),
+        ("cancel", cmd_cancel, "cancel a job"),
+    ):
         command(name, func, help_).add_argument("job_id", type=_job_id)
 
     listing = command("list", cmd_list, "your jobs, newest first")
@@ -450,8 +459,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit_batch.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
     submit_batch.add_argument("--wait", action="store_true", help="wait with a progress bar until the batch is final")
     submit_batch.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds --wait waits (86400)")
-    for name, func, help_ in (("status", cmd_batch_status, "a batch's status and request counts"),
-                              ("cancel", cmd_batch_cancel, "cancel a batch (finished lines are kept)")):
+    for name, func, help_ in (
+        ("status", cmd_batch_status, "a batch's status and request counts"),
+        ("cancel", cmd_batch_cancel, "cancel a batch (finished lines are kept)"),
+    ):
         command(name, func, help_, parent=batch_sub).add_argument("batch_id", type=_batch_id)
     batch_list = command("list", cmd_batch_list, "your batches, newest first", parent=batch_sub)
     batch_list.add_argument("--limit", type=int)

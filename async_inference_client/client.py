@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Unpack
 
 import httpx2
 from websockets.asyncio.client import connect as ws_connect_async
@@ -30,24 +30,26 @@ from websockets.sync.client import connect as ws_connect
 
 from async_inference_client._base_client import (
     BaseClient,
+    BatchOptions,
+    BatchWaitOptions,
     Connect,
     Disconnect,
     Effect,
     Flow,
-    OnUpdate,
+    ListOptions,
     Receive,
     RequestBody,
     Run,
     Send,
     Sleep,
+    SubmitOptions,
     T,
     Transmit,
-    Webhook,
+    WaitOptions,
 )
 from async_inference_client.models.batches import Batch, FileObject, Page
 from async_inference_client.models.chat import ChatCompletion
-from async_inference_client.models.jobs import JobList, JobStatus, JobView
-from async_inference_client.retry import Backoff
+from async_inference_client.models.jobs import JobList, JobView
 
 
 class Client(BaseClient):
@@ -112,11 +114,9 @@ class Client(BaseClient):
         """A file's bytes: the API answers with a redirect to a presigned GET, which is fetched without the key."""
         return self._run(self._file_content(file_id))
 
-    def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
-                     completion_window: str = "24h", webhook: Webhook | None = None) -> Batch:
-        """A batch over an uploaded input file; ``webhook`` (a URL, or ``{"url", "events"}``): its end is POSTed
-        there as OpenAI's webhook event, signed with the tenant's secret."""
-        return self._run(self._create_batch(input_file_id, metadata, completion_window, webhook))
+    def create_batch(self, input_file_id: str, **options: Unpack[BatchOptions]) -> Batch:
+        """A batch over an uploaded input file (options: BatchOptions)."""
+        return self._run(self._create_batch(input_file_id, options))
 
     def get_batch(self, batch_id: str) -> Batch:
         return self._run(self._get_batch(batch_id))
@@ -128,34 +128,30 @@ class Client(BaseClient):
     def cancel_batch(self, batch_id: str) -> Batch:
         return self._run(self._cancel_batch(batch_id))
 
-    def wait_batch(self, batch_id: str, *, timeout_s: float = 24 * 3600.0,
-                   on_update: Callable[[Batch], None] | None = None, poll: Backoff | None = None) -> Batch:
+    def wait_batch(self, batch_id: str, **options: Unpack[BatchWaitOptions]) -> Batch:
         """Poll until the batch is final (completed, failed, expired, cancelled); BatchWaitTimeout after
-        ``timeout_s`` (the batch goes on). ``on_update`` gets every view (request_counts for a progress bar)."""
-        return self._run(self._wait_batch(batch_id, timeout_s, on_update, poll))
+        ``timeout_s`` (the batch goes on). Options: BatchWaitOptions."""
+        return self._run(self._wait_batch(batch_id, options))
 
     # --- jobs -------------------------------------------------------------------------------------------------------
 
-    def submit(self, request: RequestBody, *, metadata: Mapping[str, str] | None = None,
-               webhook: Webhook | None = None, idempotency_key: str | None = None, **options: Any) -> JobView:
-        """Submit a chat.completions body inline; the job (status ``queued``). ``options``: ``ttl_seconds``,
-        ``timeout_seconds``, ``priority``. The same ``idempotency_key`` again returns the same job."""
-        return self._run(self._submit_inline(request, metadata, webhook, idempotency_key, options))
+    def submit(self, request: RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
+        """Submit a chat.completions body inline; the job (status ``queued``). Options: SubmitOptions; the same
+        ``idempotency_key`` again returns the same job."""
+        return self._run(self._submit_inline(request, options))
 
-    def submit_upload(self, request_body: bytes | RequestBody, *, metadata: Mapping[str, str] | None = None,
-                      webhook: Webhook | None = None, idempotency_key: str | None = None, **options: Any) -> JobView:
+    def submit_upload(self, request_body: bytes | RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
         """Create an upload job and PUT the body to its presigned URL (the claim-check path for large requests); the
         job as created (``awaiting_upload`` until the upload is checked). A retry with the same ``idempotency_key``
         after the upload went through returns the job and uploads nothing."""
-        return self._run(self._submit_upload(request_body, metadata, webhook, idempotency_key, options))
+        return self._run(self._submit_upload(request_body, options))
 
     def get(self, job_id: str) -> JobView:
         return self._run(self._get(job_id))
 
-    def list(self, *, status: JobStatus | str | None = None, limit: int | None = None,
-             next_token: str | None = None) -> JobList:
-        """One page of the tenant's jobs, newest first; pass ``.next`` as ``next_token`` for the following one."""
-        return self._run(self._list(status, limit, next_token))
+    def list(self, **options: Unpack[ListOptions]) -> JobList:
+        """One page of the tenant's jobs, newest first (options: ListOptions)."""
+        return self._run(self._list(options))
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel a job that has not finished (ApiError 409 if it has)."""
@@ -165,18 +161,16 @@ class Client(BaseClient):
         """The chat.completion of a succeeded job (a view or its id), from its presigned URL; NoResult otherwise."""
         return self._run(self._result(job))
 
-    def wait(self, job_id: str, *, timeout_s: float = 600.0, on_update: OnUpdate | None = None,
-             poll: Backoff | None = None) -> JobView:
+    def wait(self, job_id: str, **options: Unpack[WaitOptions]) -> JobView:
         """Block until the job is final; its final view. WaitTimeout after ``timeout_s`` (the job goes on).
 
         Over the WebSocket API when ``ws_url`` is set, polling otherwise or once the socket fails or closes.
-        ``on_update`` gets a JobUpdate for each poll and each event; ``poll`` replaces the client's schedule."""
-        return self._run(self._wait(job_id, timeout_s, on_update, poll))
+        ``on_update`` gets a JobUpdate for each poll and each event (options: WaitOptions)."""
+        return self._run(self._wait(job_id, options))
 
 
 class AsyncClient(BaseClient):
     """The asyncio twin of ``Client``: the same arguments and methods, each a coroutine; ``sleep`` is awaited."""
-
 
     _http: httpx2.AsyncClient
     _sleep: Callable[[float], Awaitable[None]]
@@ -226,9 +220,8 @@ class AsyncClient(BaseClient):
     async def file_content(self, file_id: str) -> bytes:
         return await self._run(self._file_content(file_id))
 
-    async def create_batch(self, input_file_id: str, *, metadata: Mapping[str, str] | None = None,
-                           completion_window: str = "24h", webhook: Webhook | None = None) -> Batch:
-        return await self._run(self._create_batch(input_file_id, metadata, completion_window, webhook))
+    async def create_batch(self, input_file_id: str, **options: Unpack[BatchOptions]) -> Batch:
+        return await self._run(self._create_batch(input_file_id, options))
 
     async def get_batch(self, batch_id: str) -> Batch:
         return await self._run(self._get_batch(batch_id))
@@ -239,27 +232,22 @@ class AsyncClient(BaseClient):
     async def cancel_batch(self, batch_id: str) -> Batch:
         return await self._run(self._cancel_batch(batch_id))
 
-    async def wait_batch(self, batch_id: str, *, timeout_s: float = 24 * 3600.0,
-                         on_update: Callable[[Batch], None] | None = None, poll: Backoff | None = None) -> Batch:
-        return await self._run(self._wait_batch(batch_id, timeout_s, on_update, poll))
+    async def wait_batch(self, batch_id: str, **options: Unpack[BatchWaitOptions]) -> Batch:
+        return await self._run(self._wait_batch(batch_id, options))
 
-    # --- jobs: as Client's ------------------------------------------------------------------------------------------
+    # --- jobs: as Client's -----------------------------------------------------------------------------------------
 
-    async def submit(self, request: RequestBody, *, metadata: Mapping[str, str] | None = None,
-                     webhook: Webhook | None = None, idempotency_key: str | None = None, **options: Any) -> JobView:
-        return await self._run(self._submit_inline(request, metadata, webhook, idempotency_key, options))
+    async def submit(self, request: RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
+        return await self._run(self._submit_inline(request, options))
 
-    async def submit_upload(self, request_body: bytes | RequestBody, *, metadata: Mapping[str, str] | None = None,
-                            webhook: Webhook | None = None, idempotency_key: str | None = None,
-                            **options: Any) -> JobView:
-        return await self._run(self._submit_upload(request_body, metadata, webhook, idempotency_key, options))
+    async def submit_upload(self, request_body: bytes | RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
+        return await self._run(self._submit_upload(request_body, options))
 
     async def get(self, job_id: str) -> JobView:
         return await self._run(self._get(job_id))
 
-    async def list(self, *, status: JobStatus | str | None = None, limit: int | None = None,
-                   next_token: str | None = None) -> JobList:
-        return await self._run(self._list(status, limit, next_token))
+    async def list(self, **options: Unpack[ListOptions]) -> JobList:
+        return await self._run(self._list(options))
 
     async def cancel(self, job_id: str) -> JobView:
         return await self._run(self._cancel(job_id))
@@ -267,6 +255,5 @@ class AsyncClient(BaseClient):
     async def result(self, job: JobView | str) -> ChatCompletion:
         return await self._run(self._result(job))
 
-    async def wait(self, job_id: str, *, timeout_s: float = 600.0, on_update: OnUpdate | None = None,
-                   poll: Backoff | None = None) -> JobView:
-        return await self._run(self._wait(job_id, timeout_s, on_update, poll))
+    async def wait(self, job_id: str, **options: Unpack[WaitOptions]) -> JobView:
+        return await self._run(self._wait(job_id, options))

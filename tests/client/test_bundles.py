@@ -19,8 +19,11 @@ CORE_MODULES = "async_inference.service, async_inference.batches.service, async_
 
 
 def _names(requirements: list[str]) -> set[str]:
-    return {re.split(r"[\s\[<>=~!;]", line.strip(), maxsplit=1)[0].lower().replace("-", "_")
-            for line in requirements if line.split("#")[0].strip()}
+    return {
+        re.split(r"[\s\[<>=~!;]", line.strip(), maxsplit=1)[0].lower().replace("-", "_")
+        for line in requirements
+        if line.split("#")[0].strip()
+    }
 
 
 def client_only_dependencies() -> set[str]:
@@ -40,8 +43,9 @@ def test_the_lambda_source_asset_runs_the_core_from_what_it_holds(tmp_path: Path
     assert "httpx2" in blocked, blocked
     script = f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); import {CORE_MODULES}"
     env = {**os.environ, "PYTHONPATH": str(staged)}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     # THEN it imports: the client package the schemas come from is in the asset, and its models need pydantic only
     assert done.returncode == 0, done.stderr
     assert (staged / "async_inference_client" / "models" / "jobs.py").is_file()

@@ -13,8 +13,17 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIENT = REPO_ROOT / "async_inference_client"
 # The top-level packages of the service, and what only the service may use.
-SERVICE_ONLY = ("async_inference", "lambdas", "gpu_worker", "cdk", "local_runtime", "boto3", "botocore",
-                "pydantic_settings", "aws_lambda_powertools")
+SERVICE_ONLY = (
+    "async_inference",
+    "lambdas",
+    "gpu_worker",
+    "cdk",
+    "local_runtime",
+    "boto3",
+    "botocore",
+    "pydantic_settings",
+    "aws_lambda_powertools",
+)
 
 
 def test_every_client_dependency_is_in_requirements_txt_with_the_same_bounds():
@@ -40,8 +49,10 @@ def test_no_client_module_imports_the_service():
 def test_importing_the_client_loads_nothing_of_the_service():
     # GIVEN the project's own venv, where boto3 and the service are importable
     # WHEN the SDK and the CLI are imported
-    script = ("import sys, async_inference_client, async_inference_client.cli\n"
-              f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {SERVICE_ONLY!r})))\n")
+    script = (
+        "import sys, async_inference_client, async_inference_client.cli\n"
+        f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {SERVICE_ONLY!r})))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     # THEN none of it was loaded
     assert done.returncode == 0, done.stderr
@@ -63,8 +74,12 @@ def test_no_class_of_the_service_takes_the_name_of_a_client_model_or_error():
     from async_inference_client import errors
     from async_inference_client.models import batches, chat, jobs
 
-    client_names = {name for module in (errors, batches, chat, jobs) for name, value in vars(module).items()
-                    if isinstance(value, type) and value.__module__ == module.__name__}
+    client_names = {
+        name
+        for module in (errors, batches, chat, jobs)
+        for name, value in vars(module).items()
+        if isinstance(value, type) and value.__module__ == module.__name__
+    }
     assert {"ApiError", "JobView", "Batch"} <= client_names
     # WHEN every class the service defines is listed
     service = {}

@@ -27,8 +27,12 @@ CACHE = REPO_ROOT / ".venv-sdk-test"
 
 
 def _pip(venv: Path, *args: str) -> None:
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           *args], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -76,10 +80,12 @@ def test_the_installed_command_prints_its_help(venv: Path, tmp_path: Path):
 
 
 def test_the_sdk_imports_with_the_client_dependencies_only(venv: Path, tmp_path: Path):
-    script = ("import importlib.util, sys\n"
-              "from async_inference_client import AsyncClient, Client\n"
-              "from async_inference_client.models.jobs import JobView\n"
-              "print(*[importlib.util.find_spec(m) is None for m in ('boto3', 'botocore', 'pydantic_settings')])\n")
+    script = (
+        "import importlib.util, sys\n"
+        "from async_inference_client import AsyncClient, Client\n"
+        "from async_inference_client.models.jobs import JobView\n"
+        "print(*[importlib.util.find_spec(m) is None for m in ('boto3', 'botocore', 'pydantic_settings')])\n"
+    )
     done = run(venv, "python", "-c", script, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "True"], "neither boto3 nor pydantic-settings is installed"
@@ -97,9 +103,11 @@ def test_the_install_pulls_only_the_client_dependencies(venv: Path, tmp_path: Pa
 
 def test_the_wheel_holds_the_client_package_only(venv: Path, tmp_path: Path):
     # WHEN the installed distribution's files are listed
-    script = ("import importlib.metadata as m, importlib.util as u\n"
-              "print(*sorted({f.parts[0] for f in m.files('async-inference-client') if f.suffix == '.py'}))\n"
-              "print(*[u.find_spec(p) is None for p in ('async_inference', 'lambdas', 'gpu_worker', 'cdk')])\n")
+    script = (
+        "import importlib.metadata as m, importlib.util as u\n"
+        "print(*sorted({f.parts[0] for f in m.files('async-inference-client') if f.suffix == '.py'}))\n"
+        "print(*[u.find_spec(p) is None for p in ('async_inference', 'lambdas', 'gpu_worker', 'cdk')])\n"
+    )
     done = run(venv, "python", "-c", script, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     packages, absent = done.stdout.splitlines()
@@ -110,8 +118,17 @@ def test_the_wheel_holds_the_client_package_only(venv: Path, tmp_path: Path):
 
 def test_the_installed_command_talks_to_an_api(venv: Path, tmp_path: Path):
     with FakeApi(lambda seen: Reply(200, job_view("running", model="m"))) as api:
-        done = run(venv, "async-inference", "--api-url", api.url, "--api-key", "k-0123456789abcdefghij",
-                   "status", JOB_ID, cwd=tmp_path)
+        done = run(
+            venv,
+            "async-inference",
+            "--api-url",
+            api.url,
+            "--api-key",
+            "k-0123456789abcdefghij",
+            "status",
+            JOB_ID,
+            cwd=tmp_path,
+        )
     assert done.returncode == 0, done.stderr
     assert "status    running" in done.stdout.splitlines()
 

@@ -9,8 +9,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_PACKAGES = ("async_inference", "async_inference_client", "gpu_worker", "lambdas")
 # The adapters aws.py's docstring names (batches/aws.py calls boto3 through aws.client()).
-ADAPTERS = {"async_inference/aws.py", "async_inference/batches/aws.py", "async_inference/batches/store.py",
-            "gpu_worker/model_source.py"}
+ADAPTERS = {
+    "async_inference/aws.py",
+    "async_inference/batches/aws.py",
+    "async_inference/batches/store.py",
+    "gpu_worker/model_source.py",
+}
 
 
 def boto3_importers() -> set[str]:
