@@ -1,8 +1,9 @@
 """The code every Lambda function of the service runs: one source asset and one dependency layer, built without Docker.
 
 The handlers (``lambdas/``), the core package (``async_inference/``) and the client package whose wire models the core
-imports (``async_inference_client/``) are copied into a source asset; the dependencies in ``lambdas/requirements.txt``
-are installed by pip *for the Lambda platform* into a layer. pydantic_core is compiled, so pip must fetch manylinux
+imports (``async_inference_client/``) are copied into a source asset; the dependencies pinned with their hashes in
+``lambdas/requirements.lock`` (compiled from ``lambdas/requirements.txt``) are installed by pip *for the Lambda
+platform*, ``--require-hashes``, into a layer. pydantic_core is compiled, so pip must fetch manylinux
 x86_64 wheels for CPython 3.11 whatever machine runs the synth; that is what the platform flags below do. The layer is
 cached under ``cdk.out/`` by the hash of the requirements file, so repeated synths (and the test session) do not re-run
 pip.
@@ -43,7 +44,8 @@ def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
     shutil.rmtree(building, ignore_errors=True)
     target = building / "python"
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    command += [*_PIP_PLATFORM, "--only-binary=:all:", "--target", str(target), "-r", str(requirements)]
+    command += [*_PIP_PLATFORM, "--only-binary=:all:", "--require-hashes", "--target", str(target)]
+    command += ["-r", str(requirements)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pip could not install {requirements} for the Lambda platform:\n{result.stderr}")
@@ -76,7 +78,8 @@ class LambdaCode(Construct):
     :param project_root: repository root holding the packages and the requirements file.
     :param packages: top-level packages copied into the source asset. Default:
         ``("async_inference", "async_inference_client", "lambdas")``.
-    :param requirements: requirements installed into the layer. Default: ``<project_root>/lambdas/requirements.txt``.
+    :param requirements: the pinned, hashed requirements installed into the layer. Default:
+        ``<project_root>/lambdas/requirements.lock``.
     :param cache_dir: where built layers are kept between synths. Default: ``<project_root>/cdk.out/.lambda-build``.
     :param log_retention: retention of each function's log group. Default: one month.
     """
@@ -95,7 +98,7 @@ class LambdaCode(Construct):
         super().__init__(scope, id)
         cache_root = cache_dir or project_root / "cdk.out" / ".lambda-build"
         cache_root.mkdir(parents=True, exist_ok=True)
-        layer_dir = _install_dependencies(requirements or project_root / "lambdas" / "requirements.txt", cache_root)
+        layer_dir = _install_dependencies(requirements or project_root / "lambdas" / "requirements.lock", cache_root)
         self.log_retention = log_retention
         self.layer = lambda_.LayerVersion(
             self,
