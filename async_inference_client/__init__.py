@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from async_inference_client._base_client import ENV_API_KEY, ENV_API_URL, ENV_WS_URL, JobUpdate, OnUpdate
+    from async_inference_client._base_client import ENV_API_KEY, ENV_API_URL, ENV_WS_URL
     from async_inference_client.client import AsyncClient, Client
     from async_inference_client.errors import (
         ApiError,
@@ -25,10 +25,12 @@ if TYPE_CHECKING:
         WaitTimeout,
     )
     from async_inference_client.retry import DEFAULT_POLL, Backoff, RetryPolicy
+    from async_inference_client.types import JobUpdate, OnUpdate
 
 # Each public name and the module that defines it.
 _EXPORTS = {
-    "async_inference_client._base_client": ("ENV_API_KEY", "ENV_API_URL", "ENV_WS_URL", "JobUpdate", "OnUpdate"),
+    "async_inference_client._base_client": ("ENV_API_KEY", "ENV_API_URL", "ENV_WS_URL"),
+    "async_inference_client.types": ("JobUpdate", "OnUpdate"),
     "async_inference_client.client": ("AsyncClient", "Client"),
     "async_inference_client.errors": (
         "ApiError",

@@ -15,14 +15,14 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypedDict, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import httpx2
 import websockets.exceptions
 from pydantic import BaseModel, ValidationError
 
+from async_inference_client._effects import Call, Connect, Disconnect, Flow, Receive, Send, Sleep, Transmit
 from async_inference_client.errors import (
     ApiError,
     ApiUnreachable,
@@ -36,8 +36,19 @@ from async_inference_client.errors import (
 from async_inference_client.limits import BATCH_ENDPOINT, MAX_FILE_INLINE_BYTES
 from async_inference_client.models.batches import Batch, FileObject, FileUpload, Page
 from async_inference_client.models.chat import ChatCompletion
-from async_inference_client.models.jobs import JobEvent, JobList, JobProgress, JobStatus, JobView, Subscription
+from async_inference_client.models.jobs import JobEvent, JobList, JobStatus, JobView, Subscription
 from async_inference_client.retry import DEFAULT_POLL, PUSH_CHECK_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
+from async_inference_client.types import (
+    BatchOptions,
+    BatchWaitOptions,
+    JobUpdate,
+    ListOptions,
+    OnUpdate,
+    RequestBody,
+    SubmitOptions,
+    WaitOptions,
+    Webhook,
+)
 
 ENV_API_URL = "ASYNC_INFERENCE_API_URL"
 ENV_API_KEY = "ASYNC_INFERENCE_API_KEY"
@@ -51,193 +62,10 @@ WS_OPEN_TIMEOUT_S = 10.0
 WS_SUBSCRIBE_REPLY_S = 5.0
 
 logger = logging.getLogger("async_inference_client")
-T = TypeVar("T")
 _Model = TypeVar("_Model", bound=BaseModel)
 # What a WebSocket that failed or closed raises: the handshake refused, the socket dropped, a bad URL, a timeout.
 SOCKET_ERRORS: tuple[type[BaseException], ...] = (OSError, websockets.exceptions.WebSocketException)
 SUBSCRIBE_ERRORS: tuple[type[BaseException], ...] = (*SOCKET_ERRORS, SubscriptionRefused)
-# What a request body may be: a JSON object as a mapping, or a pydantic model of one (the server's request models are
-# not shipped with the client; any model dumps the same way).
-RequestBody = Mapping[str, Any] | BaseModel
-Webhook = Mapping[str, Any] | BaseModel | str
-
-
-# --- What wait() reports --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobUpdate:
-    """What ``wait()`` passes to ``on_update`` each time it learns something about the job.
-
-    ``via`` says how: "poll" (a GET; ``job`` is the view it returned) or "push" (a WebSocket event). ``progress`` is a
-    running job's tokens generated so far (``{completion_tokens, updated_at}``), when the server reports it; there is
-    no fraction done, since ``max_tokens`` is a cap, not the length the job will reach."""
-
-    job_id: str
-    status: JobStatus
-    progress: JobProgress | None = None
-    via: Literal["poll", "push"] = "poll"
-    job: JobView | None = None
-
-    @classmethod
-    def of_view(cls, job: JobView) -> JobUpdate:
-        return cls(job_id=job.job_id, status=job.status, progress=job.progress, job=job)
-
-    @classmethod
-    def of_event(cls, event: JobEvent) -> JobUpdate:
-        return cls(job_id=event.job_id, status=event.status, progress=event.progress, via="push")
-
-
-OnUpdate = Callable[[JobUpdate], None]
-
-
-# --- The options of the operations: written once, taken by both clients as typed keywords ----------------------------
-
-
-class SubmitOptions(TypedDict, total=False):
-    """What ``submit()`` and ``submit_upload()`` take besides the body."""
-
-    metadata: Mapping[str, str]
-    webhook: Webhook  # a URL, or {"url": ..., "events": [...]}: the job's end is POSTed there, signed
-    idempotency_key: str  # the same key again returns the same job
-    ttl_seconds: int  # still queued after this: the job expires
-    timeout_seconds: int  # a running generation is aborted after this
-    priority: Literal["interactive", "batch"]
-
-
-class ListOptions(TypedDict, total=False):
-    """``list()``'s filters and page: pass the page's ``.next`` as ``next_token`` for the following one."""
-
-    status: JobStatus | str
-    limit: int
-    next_token: str
-
-
-class WaitOptions(TypedDict, total=False):
-    """``wait()``: give up after ``timeout_s`` (600); ``on_update`` gets each JobUpdate; ``poll`` replaces the
-    client's schedule."""
-
-    timeout_s: float
-    on_update: OnUpdate
-    poll: Backoff
-
-
-class BatchOptions(TypedDict, total=False):
-    """``create_batch()``: ``webhook`` (a URL, or ``{"url", "events"}``) is told the batch's end, as OpenAI's webhook
-    event, signed with the tenant's secret."""
-
-    metadata: Mapping[str, str]
-    completion_window: str  # "24h", the one OpenAI accepts
-    webhook: Webhook
-
-
-class BatchWaitOptions(TypedDict, total=False):
-    """``wait_batch()``: give up after ``timeout_s`` (24 h); ``on_update`` gets every view (request_counts for a
-    progress bar); ``poll`` replaces the client's schedule."""
-
-    timeout_s: float
-    on_update: Callable[[Batch], None]
-    poll: Backoff
-
-
-# --- Effects: what an operation asks its client to do ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Call:
-    """One HTTP request, as both clients send it."""
-
-    method: str
-    url: str
-    headers: dict[str, str]
-    json: Any = None
-    content: bytes | None = None
-    params: dict[str, Any] | None = None
-    files: dict[str, Any] | None = None  # multipart parts (the Files API)
-    data: dict[str, Any] | None = None  # multipart fields
-    # Whether sending it twice is harmless: only then is a request that got no answer sent again.
-    resend_safe: bool = False
-
-    def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of ``httpx2.Client.request`` (and of the async one)."""
-        return {
-            "method": self.method,
-            "url": self.url,
-            "headers": self.headers,
-            "json": self.json,
-            "content": self.content,
-            "params": self.params,
-            "files": self.files,
-            "data": self.data,
-        }
-
-
-@dataclass(frozen=True)
-class Send:
-    """Send ``call`` once; the outcome is the response (of any status)."""
-
-    call: Call
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Connect:
-    """Open a WebSocket; the outcome is the socket."""
-
-    url: str
-    options: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Transmit:
-    socket: Any
-    text: str
-
-
-@dataclass(frozen=True)
-class Receive:
-    """The socket's next message; TimeoutError when none came within ``timeout_s``."""
-
-    socket: Any
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Disconnect:
-    socket: Any
-
-
-Effect = Send | Sleep | Connect | Transmit | Receive | Disconnect
-Flow = Generator[Effect, Any, T]
-
-
-class Run(Generic[T]):
-    """One operation being carried out: ``effect`` is what it waits for until ``done``; then ``value`` is its result.
-    An effect that raised is thrown into the operation, which may handle it (a refused connection is retried)."""
-
-    effect: Effect
-    value: T
-
-    def __init__(self, flow: Flow[T]) -> None:
-        self._flow = flow
-        self.done = False
-        self.succeeded(None)
-
-    def succeeded(self, outcome: Any) -> None:
-        self._step(lambda: self._flow.send(outcome))
-
-    def failed(self, error: BaseException) -> None:
-        self._step(lambda: self._flow.throw(error))
-
-    def _step(self, advance: Callable[[], Effect]) -> None:
-        try:
-            self.effect = advance()
-        except StopIteration as stop:
-            self.done, self.value = True, stop.value
 
 
 # --- The operations -------------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 from tqdm import tqdm
 
-from async_inference_client._base_client import ENV_API_KEY, ENV_API_URL, ENV_WS_URL, JobUpdate
+from async_inference_client._base_client import ENV_API_KEY, ENV_API_URL, ENV_WS_URL
 from async_inference_client.client import Client
 from async_inference_client.errors import (
     ApiError,
@@ -50,6 +50,7 @@ from async_inference_client.errors import (
 from async_inference_client.models.batches import BATCH_ID_PATTERN, Batch, Page
 from async_inference_client.models.chat import ChatCompletion
 from async_inference_client.models.jobs import JobList, JobStatus, JobView, is_job_id
+from async_inference_client.types import JobUpdate
 
 PROG = "async-inference"
 EXIT_OK = 0

@@ -28,28 +28,19 @@ import httpx2
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
-from async_inference_client._base_client import (
-    BaseClient,
-    BatchOptions,
-    BatchWaitOptions,
-    Connect,
-    Disconnect,
-    Effect,
-    Flow,
-    ListOptions,
-    Receive,
-    RequestBody,
-    Run,
-    Send,
-    Sleep,
-    SubmitOptions,
-    T,
-    Transmit,
-    WaitOptions,
-)
+from async_inference_client._base_client import BaseClient
+from async_inference_client._effects import Connect, Disconnect, Effect, Flow, Receive, Run, Send, Sleep, T, Transmit
 from async_inference_client.models.batches import Batch, FileObject, Page
 from async_inference_client.models.chat import ChatCompletion
 from async_inference_client.models.jobs import JobList, JobView
+from async_inference_client.types import (
+    BatchOptions,
+    BatchWaitOptions,
+    ListOptions,
+    RequestBody,
+    SubmitOptions,
+    WaitOptions,
+)
 
 
 class Client(BaseClient):
