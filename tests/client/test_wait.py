@@ -66,7 +66,7 @@ def test_a_ten_minute_job_costs_about_40_polls_where_a_fixed_half_second_cost_12
     # 0.5 s fixed interval the CLI used before
     backed_off = [polls_for_a_job_of(600, seed=seed) for seed in range(10)]
     fixed = polls_for_a_job_of(600, Backoff(initial_s=0.5, multiplier=1.0, cap_s=0.5, jitter=0.0))
-    # THEN the backoff polls it 40 or 41 times (async_inference.retry's docstring quotes this), the fixed interval
+    # THEN the backoff polls it 40 or 41 times (async_inference_client.retry's docstring quotes this), the fixed interval
     # 1,201 times: 30 times the billed requests, each counted against the tenant's quota
     print(
         f"polls for a ten-minute job: {min(backed_off)}..{max(backed_off)} "
