@@ -1,4 +1,8 @@
-"""Small adapters over the AWS services the pipeline uses. The only module that calls boto3.
+"""Small adapters over the AWS services the job pipeline uses.
+
+boto3 is called from adapter modules only: this one, the batches' (``async_inference/batches/aws.py``,
+``async_inference/batches/store.py``) and the worker's model download (``gpu_worker/model_source.py``);
+``tests/unit/test_aws_adapters.py`` checks that no other module of the service imports it.
 
 Each adapter takes its boto3 client or resource in the constructor so a process builds its clients once (module level
 in a Lambda, once per worker) and tests can hand in clients pointed at a moto server. ``AWS_ENDPOINT_URL``, which
@@ -210,18 +214,6 @@ class JobStore:
                 return None
             raise
         return _from_item(response["Attributes"])
-
-    def update(self, job_id: str, **fields: Any) -> None:
-        """Set fields that are not part of the state machine (notified flag, webhook attempts)."""
-        names = {f"#{k}": k for k in fields}
-        values = {f":{k}": _json_value(v) for k, v in fields.items()}
-        self._table.update_item(
-            Key={_PK: job_id},
-            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
-            ConditionExpression=Attr(_PK).exists(),
-            ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values,
-        )
 
     def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
         """Append one delivery attempt to the job's webhook (and set its status); False when the job or its webhook
