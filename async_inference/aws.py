@@ -215,6 +215,18 @@ class JobStore:
             raise
         return _from_item(response["Attributes"])
 
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set fields that are not part of the state machine (an upload job's ``claim_sent_at``)."""
+        names = {f"#{k}": k for k in fields}
+        values = {f":{k}": _json_value(v) for k, v in fields.items()}
+        self._table.update_item(
+            Key={_PK: job_id},
+            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+            ConditionExpression=Attr(_PK).exists(),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
+
     def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any], *, status: str | None = None) -> bool:
         """Append one delivery attempt to the job's webhook (and set its status); False when the job or its webhook
         is gone."""

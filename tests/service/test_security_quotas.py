@@ -27,9 +27,9 @@ def chat() -> JobSubmission:
 @pytest.fixture(scope="module")
 def service(moto: MotoServer) -> JobService:
     string = "S"
-    client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+    client("s3").create_bucket(Bucket="claim-checks")
     client("dynamodb").create_table(
-        TableName=settings.TABLE_NAME, BillingMode="PAY_PER_REQUEST",
+        TableName="jobs", BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[{"AttributeName": name, "AttributeType": string} for name in (
             settings.TABLE_PARTITION_KEY, settings.TENANT_INDEX_PARTITION_KEY, settings.TENANT_INDEX_SORT_KEY,
             settings.ACTIVE_JOBS_ATTRIBUTE)],
@@ -43,8 +43,8 @@ def service(moto: MotoServer) -> JobService:
         ],
     )
     queue = client("sqs").create_queue(QueueName=f"jobs-{free_port()}")["QueueUrl"]
-    topic = client("sns").create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"]
-    return JobService(store=JobStore(settings.TABLE_NAME), blobs=Blobs(settings.BUCKET_NAME), queue=JobQueue(queue),
+    topic = client("sns").create_topic(Name="results")["TopicArn"]
+    return JobService(store=JobStore("jobs"), blobs=Blobs("claim-checks"), queue=JobQueue(queue),
                       notifier=Notifier(topic), quotas={LIMITED: TenantQuota(max_active_jobs=3)})
 
 
