@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv test test-fast demo up bench soak clean
+.PHONY: venv test test-fast lint demo up bench soak clean
 
 # Before the targets below: they name its cdk.out/ target.
 -include cdk/cdk.mk
@@ -28,6 +28,12 @@ test: venv
 # Everything but the tests that load the real model, synthesize the stack or build a fresh venv.
 test-fast: venv
 	$(PY) -m pytest -m "not model and not cdk and not slow"
+
+# ruff (lint and format) and mypy, as pyproject.toml configures them. CI runs it before the tests.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Both deploy the synthesized template (cdk.out/, see cdk/cdk.mk) into a local moto server.
 demo: venv $(ASSEMBLY)

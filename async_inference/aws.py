@@ -1,4 +1,8 @@
-"""Small adapters over the AWS services the pipeline uses. The only module that calls boto3.
+"""Small adapters over the AWS services the job pipeline uses.
+
+boto3 is called from adapter modules only: this one, the batches' (``async_inference/batches/aws.py``,
+``async_inference/batches/store.py``) and the worker's model download (``gpu_worker/model_source.py``);
+``tests/unit/test_aws_adapters.py`` checks that no other module of the service imports it.
 
 Each adapter takes its boto3 client or resource in the constructor so a process builds its clients once (module level
 in a Lambda, once per worker) and tests can hand in clients pointed at a moto server. ``AWS_ENDPOINT_URL``, which
@@ -250,7 +254,7 @@ class JobStore:
         return lost
 
     def update(self, job_id: str, **fields: Any) -> None:
-        """Set fields that are not part of the state machine (notified flag, webhook attempts)."""
+        """Set fields that are not part of the state machine (an upload job's ``claim_sent_at``)."""
         names = {f"#{k}": k for k in fields}
         values = {f":{k}": _json_value(v) for k, v in fields.items()}
         self._table.update_item(

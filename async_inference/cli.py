@@ -1,28 +1,12 @@
-"""Command line client: ``async-inference submit|wait|status|result|cancel|list|batch|dlq``
-(``python -m async_inference.cli``).
+"""The operator's command line: ``python -m async_inference.cli dlq list|redrive`` and ``webhook-secret``.
 
-``batch submit FILE.jsonl [--wait]`` uploads an OpenAI batch input file and creates a batch (``--wait``: a progress
-bar over its request counts until it is final); ``batch status|list|cancel|output`` follow it (docs/batches.md).
-
-The API URL and key come from --api-url / --api-key or ASYNC_INFERENCE_API_URL / ASYNC_INFERENCE_API_KEY (the local
-stack, ``make up``, serves http://127.0.0.1:8000). --ws-url or ASYNC_INFERENCE_WS_URL lets --wait be told over the
-WebSocket API instead of polling. Output is for people; --json prints the API's objects as JSON. A failure is one
-line on stderr and an exit status:
-
-  0    done
-  1    the job or batch ended without a result (failed, cancelled, expired); a redrive left messages in the DLQ
-  2    bad arguments or input
-  3    the API (or AWS) refused the request
-  4    the API (or AWS) could not be reached
-  5    --wait gave up before the job was final (the job goes on)
-  70   a bug in this client
-  130  interrupted
-
-``preflight`` checks an account before the first ``cdk deploy`` (``async_inference.preflight``). ``dlq list``,
-``dlq redrive`` and ``webhook-secret`` are operator commands: they use AWS credentials, not an API key,
-and the queue URLs from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the variables the stack sets), the
-tenants' signing-secret ARNs from --secret-arns or WEBHOOK_SECRET_ARNS (the stack output WebhookSigningSecretArns, a
-JSON object tenant -> ARN). They need boto3: ``pip install 'async-inference[aws]'``.
+These commands act on the deployed stack's resources with AWS credentials (not an API key), so they are the service's,
+not the client package's: the queue URLs come from --dlq-url / --queue-url or JOBS_DLQ_URL / JOBS_QUEUE_URL (the
+variables the stack sets), the tenants' signing-secret ARNs from --secret-arns or WEBHOOK_SECRET_ARNS (the stack output
+WebhookSigningSecretArns, a JSON object tenant -> ARN). Output, --json and exit statuses are the client command's
+(``async_inference_client.cli``); 1 also means a redrive left messages in the DLQ. A new operator command is a module
+of its own and one ``command()`` line in ``build_parser``. ``preflight`` checks an account and this machine before the
+first ``cdk deploy`` (``async_inference.preflight``).
 """
 
 from __future__ import annotations
@@ -30,366 +14,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-import time
-from pathlib import Path
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-from tqdm import tqdm
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
 
-from async_inference.client import (
-    ENV_API_KEY,
-    ENV_API_URL,
-    ENV_WS_URL,
-    ApiError,
-    ApiUnreachable,
-    BatchWaitTimeout,
-    Client,
-    JobUpdate,
-    NoResult,
-    UnexpectedResponse,
-    WaitTimeout,
-)
+from async_inference.aws import JobQueue, client
 from async_inference.config import ENV_DLQ_URL, ENV_QUEUE_URL, ENV_WEBHOOK_SECRET_ARNS
-from async_inference.jobs import JobStatus, is_job_id
-from async_inference.batches.models import BATCH_ID_PATTERN, Batch, Page
-from async_inference.schemas import ChatCompletion, ClaimCheck, JobList, JobView
-
-PROG = "async-inference"
-EXIT_OK = 0
-EXIT_NO_RESULT = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_UNREACHABLE = 4
-EXIT_WAIT_TIMEOUT = 5
-EXIT_BUG = 70
-EXIT_INTERRUPTED = 130
-
-
-class CliError(Exception):
-    """A failure to report as one line with an exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# --- Output ---------------------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """``wait()``'s ``on_update``: on a terminal, a line that counts the job's tokens as it generates them (tqdm; there
-    is no bar to fill, since a job's length is not known until it ends); one line per status change elsewhere."""
-
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._started = time.monotonic()
-        self._last: JobStatus | None = None
-        self._bar = None
-        if stream.isatty():
-            self._bar = tqdm(total=None, file=stream, leave=True, bar_format="{desc} {n} tokens {elapsed}")
-
-    def __call__(self, update: JobUpdate) -> None:
-        if self._bar is not None:
-            self._bar.set_description_str(f"{update.job_id} {update.status.value:<9}", refresh=False)
-            usage = update.job.usage if update.job is not None else None
-            if usage is not None:  # the final count
-                self._bar.n = usage.completion_tokens
-            elif update.progress is not None:
-                self._bar.n = update.progress.completion_tokens
-            self._bar.refresh()
-        elif update.status != self._last:
-            elapsed = time.monotonic() - self._started
-            self._stream.write(f"{update.job_id}  {update.status.value:<15} {elapsed:6.1f} s\n")
-            self._stream.flush()
-        self._last = update.status
-
-    def done(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def _jsonable(value: Any) -> Any:
-    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-
-
-def _emit(args: argparse.Namespace, value: Any, lines: Callable[[], list[str]]) -> None:
-    print(json.dumps(_jsonable(value), indent=2) if args.json else "\n".join(lines()))
-
-
-def _when(moment: Any) -> str | None:
-    return moment.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if moment else None
-
-
-def _job_lines(job: JobView) -> list[str]:
-    usage = job.usage
-    webhook = job.webhook
-    rows = [
-        ("job", job.job_id),
-        ("status", job.status.value),
-        ("model", job.model),
-        ("created", _when(job.created_at)),
-        ("started", _when(job.started_at)),
-        ("finished", _when(job.finished_at)),
-        ("attempts", str(job.attempts) if job.attempts else None),
-        ("error", job.error),
-        ("usage", f"{usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens" if usage else None),
-        ("result", f"ready, its URL valid until {_when(job.result.expires_at)}" if job.result else None),
-        ("upload", f"PUT to the presigned URL before {_when(job.upload.expires_at)}" if job.upload else None),
-        ("webhook", f"{webhook.url} ({webhook.status}, {len(webhook.attempts)} attempts)" if webhook else None),
-        ("metadata", ", ".join(f"{k}={v}" for k, v in job.metadata.items()) or None),
-    ]
-    return [f"{name:<9} {value}" for name, value in rows if value]
-
-
-def _list_lines(page: JobList) -> list[str]:
-    if not page.jobs:
-        return ["no jobs"]
-    lines = [f"{'JOB':<36}  {'STATUS':<15}  {'CREATED':<23}  MODEL"]
-    lines += [f"{j.job_id:<36}  {j.status.value:<15}  {_when(j.created_at):<23}  {j.model or ''}" for j in page.jobs]
-    if page.next:
-        lines.append(f"more: {PROG} list --next {page.next}")
-    return lines
-
-
-def _answer_lines(completion: ChatCompletion) -> list[str]:
-    return [choice.message.content for choice in completion.choices]
-
-
-# --- Input ----------------------------------------------------------------------------------------------------------
-
-
-def _job_id(value: str) -> str:
-    if not is_job_id(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a job id (job_ and 32 hex digits)")
-    return value
-
-
-def _metadata(pairs: list[str]) -> dict[str, str]:
-    metadata = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CliError(f"--metadata {pair!r} is not KEY=VALUE")
-        metadata[key] = value
-    return metadata
-
-
-def _request_from(args: argparse.Namespace) -> bytes:
-    """The request body: the --file as given (checked to be a JSON object), or one built from --prompt."""
-    if not args.file:
-        request: dict[str, Any] = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
-        if args.max_tokens is not None:
-            request["max_tokens"] = args.max_tokens
-        if args.temperature is not None:
-            request["temperature"] = args.temperature
-        return json.dumps(request).encode()
-    name = "stdin" if args.file == "-" else args.file
-    try:
-        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-    except OSError as exc:
-        raise CliError(f"cannot read --file {name}: {exc.strerror or exc}") from exc
-    try:
-        parsed = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
-        raise CliError(f"--file {name} is not JSON: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise CliError(f"--file {name} holds a JSON {type(parsed).__name__}; it must be an object (a chat.completions body)")
-    return data
-
-
-# --- Commands -------------------------------------------------------------------------------------------------------
-
-
-def _wait_and_show(client: Client, args: argparse.Namespace, job_id: str) -> int:
-    progress = Progress()
-    try:
-        job = client.wait(job_id, timeout_s=args.timeout, on_update=progress)
-    finally:
-        progress.done()
-    if job.status is JobStatus.SUCCEEDED:
-        completion = client.result(job)
-        _emit(args, completion, lambda: _answer_lines(completion))
-        return EXIT_OK
-    _emit(args, job, lambda: _job_lines(job))
-    return EXIT_NO_RESULT
-
-
-def cmd_submit(client: Client, args: argparse.Namespace) -> int:
-    metadata = _metadata(args.metadata)
-    body = _request_from(args)
-    options = {"metadata": metadata, "webhook": args.webhook, "idempotency_key": args.idempotency_key}
-    job = client.submit_upload(body, **options) if args.upload else client.submit(json.loads(body), **options)
-    if not args.wait:
-        _emit(args, job, lambda: _job_lines(job))
-        return EXIT_OK
-    return _wait_and_show(client, args, job.job_id)
-
-
-def cmd_wait(client: Client, args: argparse.Namespace) -> int:
-    return _wait_and_show(client, args, args.job_id)
-
-
-def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    job = client.get(args.job_id)
-    _emit(args, job, lambda: _job_lines(job))
-    return EXIT_OK
-
-
-def cmd_result(client: Client, args: argparse.Namespace) -> int:
-    completion = client.result(args.job_id)
-    _emit(args, completion, lambda: _answer_lines(completion))
-    return EXIT_OK
-
-
-def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    job = client.cancel(args.job_id)
-    _emit(args, job, lambda: _job_lines(job))
-    return EXIT_OK
-
-
-def cmd_list(client: Client, args: argparse.Namespace) -> int:
-    page = client.list(status=args.status, limit=args.limit, next_token=args.next)
-    _emit(args, page, lambda: _list_lines(page))
-    return EXIT_OK
-
-
-# --- Batches ----------------------------------------------------------------------------------------------------
-
-
-class BatchProgress:
-    """``wait_batch()``'s ``on_update``: a bar over request_counts on a terminal (tqdm), a line per change elsewhere."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        stream = stream or sys.stderr  # looked up now, not at import: the caller may have replaced it
-        self._stream = stream
-        self._last: tuple[str, int, int] | None = None
-        self._bar = tqdm(total=0, file=stream, leave=True, unit="req") if stream.isatty() else None
-
-    def __call__(self, batch: Batch) -> None:
-        counts = batch.request_counts
-        done, total = (counts.completed + counts.failed, counts.total) if counts else (0, 0)
-        if self._bar is not None:
-            self._bar.total = total
-            self._bar.n = done
-            self._bar.set_description_str(f"{batch.id} {batch.status.value:<11}", refresh=False)
-            self._bar.refresh()
-        elif (batch.status.value, done, total) != self._last:
-            failed = counts.failed if counts else 0
-            self._stream.write(f"{batch.id}  {batch.status.value:<11} {done}/{total} done, {failed} failed\n")
-            self._stream.flush()
-        self._last = (batch.status.value, done, total)
-
-    def done(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def _batch_id(value: str) -> str:
-    if not re.match(BATCH_ID_PATTERN, value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a batch id (batch_ and 32 hex digits)")
-    return value
-
-
-def _batch_lines(batch: Batch) -> list[str]:
-    counts = batch.request_counts
-    errors = batch.errors.data if batch.errors and batch.errors.data else []
-    rows = [
-        ("batch", batch.id),
-        ("status", batch.status.value),
-        ("model", batch.model),
-        ("input", batch.input_file_id),
-        ("requests", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed" if counts else None),
-        ("created", _epoch(batch.created_at)),
-        ("expires", _epoch(batch.expires_at)),
-        ("output", batch.output_file_id),
-        ("errors", batch.error_file_id),
-        ("metadata", ", ".join(f"{k}={v}" for k, v in (batch.metadata or {}).items()) or None),
-    ]
-    lines = [f"{name:<9} {value}" for name, value in rows if value]
-    lines += [f"  line {e.line}: {e.code}: {e.message}" if e.line else f"  {e.code}: {e.message}" for e in errors]
-    return lines
-
-
-def _epoch(seconds: int | None) -> str | None:
-    import datetime as dt
-
-    return _when(dt.datetime.fromtimestamp(seconds, dt.timezone.utc)) if seconds else None
-
-
-def _batch_list_lines(page: Page[Batch]) -> list[str]:
-    if not page.data:
-        return ["no batches"]
-    lines = [f"{'BATCH':<38}  {'STATUS':<11}  {'DONE':>13}  CREATED"]
-    for b in page.data:
-        counts = b.request_counts
-        done = f"{counts.completed + counts.failed}/{counts.total}" if counts else ""
-        lines.append(f"{b.id:<38}  {b.status.value:<11}  {done:>13}  {_epoch(b.created_at)}")
-    if page.has_more:
-        lines.append(f"more: {PROG} batch list --after {page.last_id}")
-    return lines
-
-
-def cmd_batch_submit(client: Client, args: argparse.Namespace) -> int:
-    name = args.file
-    try:
-        data = Path(name).read_bytes()
-    except OSError as exc:
-        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from exc
-    if not data.strip():
-        raise CliError(f"{name} is empty; a batch input file holds one JSON request per line")
-    uploaded = client.upload_file(data, filename=Path(name).name)
-    batch = client.create_batch(uploaded.id, metadata=_metadata(args.metadata))
-    if not args.wait:
-        _emit(args, batch, lambda: _batch_lines(batch))
-        return EXIT_OK
-    return _wait_batch(client, args, batch.id)
-
-
-def _wait_batch(client: Client, args: argparse.Namespace, batch_id: str) -> int:
-    progress = BatchProgress()
-    try:
-        batch = client.wait_batch(batch_id, timeout_s=args.timeout, on_update=progress)
-    finally:
-        progress.done()
-    _emit(args, batch, lambda: _batch_lines(batch))
-    return EXIT_OK if batch.status.value == "completed" else EXIT_NO_RESULT
-
-
-def cmd_batch_status(client: Client, args: argparse.Namespace) -> int:
-    batch = client.get_batch(args.batch_id)
-    _emit(args, batch, lambda: _batch_lines(batch))
-    return EXIT_OK
-
-
-def cmd_batch_list(client: Client, args: argparse.Namespace) -> int:
-    page = client.list_batches(after=args.after, limit=args.limit)
-    _emit(args, page, lambda: _batch_list_lines(page))
-    return EXIT_OK
-
-
-def cmd_batch_cancel(client: Client, args: argparse.Namespace) -> int:
-    batch = client.cancel_batch(args.batch_id)
-    _emit(args, batch, lambda: _batch_lines(batch))
-    return EXIT_OK
-
-
-def cmd_batch_output(client: Client, args: argparse.Namespace) -> int:
-    """The batch's output file (``--errors``: its error file), to stdout or ``--out``."""
-    batch = client.get_batch(args.batch_id)
-    file_id = batch.error_file_id if args.errors else batch.output_file_id
-    if file_id is None:
-        which = "error" if args.errors else "output"
-        raise CliError(f"batch {batch.id} is {batch.status.value} and has no {which} file", EXIT_NO_RESULT)
-    data = client.file_content(file_id)
-    if args.out:
-        Path(args.out).write_bytes(data)
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    return EXIT_OK
+from async_inference.schemas import ClaimCheck
+from async_inference.webhooks.secrets import read_tenant_secrets
+from async_inference_client.cli import (
+    EXIT_NO_RESULT,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    CliError,
+    Parser,
+    emit,
+    guarded,
+)
+
+PROG = "python -m async_inference.cli"
 
 
 # --- Dead-letter queue (operators) -------------------------------------------------------------------------------
@@ -398,22 +45,13 @@ def cmd_batch_output(client: Client, args: argparse.Namespace) -> int:
 DLQ_PEEK_VISIBILITY_S = 30
 
 
-def _job_queue(url: str) -> Any:
-    """The AWS adapter for one queue; imported here so that the API commands run without boto3."""
-    try:
-        from async_inference.aws import JobQueue
-    except ModuleNotFoundError as exc:
-        if exc.name in ("boto3", "botocore"):
-            raise CliError("the dlq commands need boto3: pip install 'async-inference[aws]'") from exc
-        raise
-    return JobQueue(url)
-
-
 def _read_dlq(dlq: Any, limit: int) -> list[Any]:
     """Up to ``limit`` DLQ messages, each received once (hidden for DLQ_PEEK_VISIBILITY_S)."""
     messages: list[Any] = []
     while len(messages) < limit:
-        batch = dlq.receive(max_messages=min(10, limit - len(messages)), wait_s=1, visibility_timeout_s=DLQ_PEEK_VISIBILITY_S)
+        batch = dlq.receive(
+            max_messages=min(10, limit - len(messages)), wait_s=1, visibility_timeout_s=DLQ_PEEK_VISIBILITY_S
+        )
         if not batch:
             break
         messages.extend(batch)
@@ -424,10 +62,20 @@ def _describe(message: Any) -> dict[str, Any]:
     try:
         claim = ClaimCheck.model_validate_json(message.body)
     except ValidationError:
-        return {"message_id": message.message_id, "receive_count": message.receive_count, "claim_check": None,
-                "body": message.body[:200]}
-    return {"message_id": message.message_id, "receive_count": message.receive_count, "job_id": claim.job_id,
-            "tenant": claim.tenant, "model": claim.model, "deadline": claim.deadline.isoformat()}
+        return {
+            "message_id": message.message_id,
+            "receive_count": message.receive_count,
+            "claim_check": None,
+            "body": message.body[:200],
+        }
+    return {
+        "message_id": message.message_id,
+        "receive_count": message.receive_count,
+        "job_id": claim.job_id,
+        "tenant": claim.tenant,
+        "model": claim.model,
+        "deadline": claim.deadline.isoformat(),
+    }
 
 
 def _message_line(described: dict[str, Any]) -> str:
@@ -439,13 +87,20 @@ def _message_line(described: dict[str, Any]) -> str:
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     """Print what is in the DLQ, then make it visible again (listing moves nothing)."""
-    dlq = _job_queue(args.dlq_url)
+    dlq = JobQueue(args.dlq_url)
     messages = _read_dlq(dlq, args.limit)
     if messages:
         dlq.change_visibility_batch([m.receipt_handle for m in messages], 0)
-    listing = {"count": len(messages), "messages": [_describe(m) for m in messages]}
-    _emit(args, listing, lambda: [f"{listing['count']} messages in the DLQ (listing moves none of them)"]
-          + [_message_line(m) for m in listing["messages"]])
+    described = [_describe(m) for m in messages]
+    listing = {"count": len(messages), "messages": described}
+    emit(
+        args,
+        listing,
+        lambda: (
+            [f"{len(messages)} messages in the DLQ (listing moves none of them)"]
+            + [_message_line(m) for m in described]
+        ),
+    )
     return EXIT_OK
 
 
@@ -454,7 +109,7 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
     A redriven job runs again only if it is not final yet: one whose DLQ handler already failed it stays failed (the
     worker deletes its claim check), so redrive is for messages the DLQ handler itself could not process."""
-    dlq, queue = _job_queue(args.dlq_url), _job_queue(args.queue_url)
+    dlq, queue = JobQueue(args.dlq_url), JobQueue(args.queue_url)
     messages = _read_dlq(dlq, args.limit)
     moved, kept = [], []
     for message in messages:
@@ -468,21 +123,23 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
     failed = dlq.delete_batch([m.receipt_handle for m in moved]) if moved else []
     if kept:
         dlq.change_visibility_batch([m.receipt_handle for m in kept], 0)
-    outcome = {"redriven": len(moved) - len(failed), "left_in_dlq": [_describe(m) for m in kept],
-               "delete_failed": len(failed)}
-    _emit(args, outcome, lambda: [f"redriven to the job queue: {outcome['redriven']}",
-                                  f"left in the DLQ (not claim checks): {len(kept)}",
-                                  *[_message_line(m) for m in outcome["left_in_dlq"]],
-                                  *([f"redriven but not deleted from the DLQ: {len(failed)}"] if failed else [])])
+    left = [_describe(m) for m in kept]
+    outcome = {"redriven": len(moved) - len(failed), "left_in_dlq": left, "delete_failed": len(failed)}
+    emit(
+        args,
+        outcome,
+        lambda: [
+            f"redriven to the job queue: {outcome['redriven']}",
+            f"left in the DLQ (not claim checks): {len(kept)}",
+            *[_message_line(m) for m in left],
+            *([f"redriven but not deleted from the DLQ: {len(failed)}"] if failed else []),
+        ],
+    )
     return EXIT_OK if not kept and not failed else EXIT_NO_RESULT
 
 
 def _aws_failure(exc: Exception) -> CliError | None:
     """An AWS error as one line: refused (ClientError) or not reached (no credentials, no endpoint)."""
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ModuleNotFoundError:
-        return None
     if isinstance(exc, ClientError):
         return CliError(f"AWS refused the request: {exc}", EXIT_REFUSED)
     if isinstance(exc, BotoCoreError):
@@ -496,13 +153,6 @@ def _aws_failure(exc: Exception) -> CliError | None:
 def cmd_webhook_secret(args: argparse.Namespace) -> int:
     """Print a tenant's webhook signing secrets (newest first), or every tenant's, from the Secrets Manager secrets
     the stack created for them: what the operator hands the tenant to verify deliveries with."""
-    try:
-        from async_inference.aws import client
-        from async_inference.webhooks.secrets import read_tenant_secrets
-    except ModuleNotFoundError as exc:
-        if exc.name in ("boto3", "botocore"):
-            raise CliError("webhook-secret needs boto3: pip install 'async-inference[aws]'") from exc
-        raise
     try:
         arns = json.loads(args.secret_arns)
     except json.JSONDecodeError as exc:
@@ -518,10 +168,10 @@ def cmd_webhook_secret(args: argparse.Namespace) -> int:
         raise CliError(exc.args[0]) from exc
     if args.tenant is not None:
         listing: dict[str, Any] = {"tenant": args.tenant, "secrets": secrets[args.tenant]}
-        _emit(args, listing, lambda: list(listing["secrets"]))
+        emit(args, listing, lambda: list(listing["secrets"]))
     else:
         listing = {"tenants": secrets}
-        _emit(args, listing, lambda: [f"{tenant}  {' '.join(values)}" for tenant, values in secrets.items()])
+        emit(args, listing, lambda: [f"{tenant}  {' '.join(values)}" for tenant, values in secrets.items()])
     return EXIT_OK
 
 
@@ -542,167 +192,66 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 # --- Parser and entry point -----------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (argparse's own prints the usage first)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    """The options every command takes, before or after its name."""
-    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
-    parser.add_argument("--api-url", default=default(None), help=f"the API's base URL (default: ${ENV_API_URL})")
-    parser.add_argument("--api-key", default=default(None), help=f"the API key (default: ${ENV_API_KEY})")
-    parser.add_argument("--ws-url", default=default(None),
-                        help=f"the WebSocket API's URL, for --wait to be told instead of polling (default: ${ENV_WS_URL})")
-    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of text")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(parser, top=True)
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, func: Callable[..., int], help_: str, parent: Any = sub) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], help_: str, parent: Any = sub
+    ) -> argparse.ArgumentParser:
         found = parent.add_parser(name, help=help_, description=help_)
-        _common(found, top=False)
+        found.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
         found.set_defaults(func=func)
         return found
 
-    submit = command("submit", cmd_submit, "submit a job (inline, or --upload for the presigned-upload path)")
-    source = submit.add_mutually_exclusive_group(required=True)
-    source.add_argument("--file", help="a chat.completions request body as JSON ('-' for stdin)")
-    source.add_argument("--prompt", help="a single user message")
-    submit.add_argument("--model", default="SmolLM2-135M-Instruct")
-    submit.add_argument("--max-tokens", type=int)
-    submit.add_argument("--temperature", type=float)
-    submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
-    submit.add_argument("--webhook", metavar="URL", help="https URL to notify when the job completes")
-    submit.add_argument("--idempotency-key", help="the same key again returns the same job instead of a new one")
-    submit.add_argument("--upload", action="store_true", help="send the body through a presigned S3 upload")
-    submit.add_argument("--wait", action="store_true", help="wait for the job with a progress bar, print its answer")
-    submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (600)")
-
-    wait = command("wait", cmd_wait, "wait for a job with a progress bar, print its answer")
-    wait.add_argument("job_id", type=_job_id)
-    wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (600)")
-    for name, func, help_ in (("status", cmd_status, "a job's status"), ("result", cmd_result, "a job's answer"),
-                              ("cancel", cmd_cancel, "cancel a job")):
-        command(name, func, help_).add_argument("job_id", type=_job_id)
-
-    listing = command("list", cmd_list, "your jobs, newest first")
-    listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=int)
-    listing.add_argument("--next", metavar="TOKEN", help="the token the previous page ended with")
-
-    batch = sub.add_parser("batch", help="OpenAI batches: submit a JSONL file of requests, follow it, fetch its output")
-    batch_sub = batch.add_subparsers(dest="batch_command", required=True)
-    submit_batch = command("submit", cmd_batch_submit, "upload FILE.jsonl and create a batch from it", parent=batch_sub)
-    submit_batch.add_argument("file", metavar="FILE.jsonl", help="one request per line, in OpenAI's batch format")
-    submit_batch.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
-    submit_batch.add_argument("--wait", action="store_true", help="wait with a progress bar until the batch is final")
-    submit_batch.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds --wait waits (86400)")
-    for name, func, help_ in (("status", cmd_batch_status, "a batch's status and request counts"),
-                              ("cancel", cmd_batch_cancel, "cancel a batch (finished lines are kept)")):
-        command(name, func, help_, parent=batch_sub).add_argument("batch_id", type=_batch_id)
-    batch_list = command("list", cmd_batch_list, "your batches, newest first", parent=batch_sub)
-    batch_list.add_argument("--limit", type=int)
-    batch_list.add_argument("--after", metavar="BATCH_ID", help="the last id of the previous page")
-    output = command("output", cmd_batch_output, "a batch's output file (JSONL)", parent=batch_sub)
-    output.add_argument("batch_id", type=_batch_id)
-    output.add_argument("--errors", action="store_true", help="the error file instead")
-    output.add_argument("--out", "-o", metavar="FILE", help="write there instead of stdout")
-
-    dlq = sub.add_parser("dlq", help="operators: inspect and redrive the dead-letter queue (AWS credentials)")
+    dlq = sub.add_parser("dlq", help="inspect and redrive the dead-letter queue")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
-    for name, func, help_ in (("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
-                              ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue")):
+    for name, func, help_ in (
+        ("list", cmd_dlq_list, "print the claim checks in the DLQ (moves nothing)"),
+        ("redrive", cmd_dlq_redrive, "move the DLQ's claim checks back to the job queue"),
+    ):
         operator = command(name, func, help_, parent=dlq_sub)
-        operator.add_argument("--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL))
+        operator.add_argument(
+            "--dlq-url", default=os.environ.get(ENV_DLQ_URL), required=not os.environ.get(ENV_DLQ_URL)
+        )
         if name == "redrive":
-            operator.add_argument("--queue-url", default=os.environ.get(ENV_QUEUE_URL),
-                                  required=not os.environ.get(ENV_QUEUE_URL))
+            operator.add_argument(
+                "--queue-url", default=os.environ.get(ENV_QUEUE_URL), required=not os.environ.get(ENV_QUEUE_URL)
+            )
         operator.add_argument("--limit", type=int, default=1000, help="at most this many messages (1000)")
-        operator.set_defaults(operator=True)
 
-    signing = command("webhook-secret", cmd_webhook_secret,
-                      "operators: a tenant's webhook signing secret, to hand to the tenant (AWS credentials)")
+    signing = command("webhook-secret", cmd_webhook_secret, "a tenant's webhook signing secret, to hand to the tenant")
     signing.add_argument("tenant", nargs="?", help="the tenant (default: every tenant)")
-    signing.add_argument("--secret-arns", default=os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
-                         required=not os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
-                         help=f"the stack output WebhookSigningSecretArns (or {ENV_WEBHOOK_SECRET_ARNS})")
-    signing.set_defaults(operator=True)
+    signing.add_argument(
+        "--secret-arns",
+        default=os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
+        required=not os.environ.get(ENV_WEBHOOK_SECRET_ARNS),
+        help=f"the stack output WebhookSigningSecretArns (or {ENV_WEBHOOK_SECRET_ARNS})",
+    )
 
     from async_inference import preflight
 
     checks = command("preflight", cmd_preflight,
                      "platform teams: check the account and this machine before the first cdk deploy (AWS credentials)")
     preflight.add_arguments(checks)
-    checks.set_defaults(operator=True)
     return parser
 
 
-def _client(args: argparse.Namespace) -> Client:
-    api_url = args.api_url or os.environ.get(ENV_API_URL)
-    api_key = args.api_key or os.environ.get(ENV_API_KEY)
-    if not api_url:
-        raise CliError(f"no API URL: pass --api-url or set {ENV_API_URL} (the local stack's is http://127.0.0.1:8000)")
-    if not api_key:
-        raise CliError(f"no API key: pass --api-key or set {ENV_API_KEY}")
-    return Client(api_url, api_key, ws_url=args.ws_url or os.environ.get(ENV_WS_URL) or "")
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
-
-def _run(args: argparse.Namespace) -> int:
-    if getattr(args, "operator", False):
+    def command() -> int:
         try:
-            return args.func(args)
+            return int(args.func(args))
         except Exception as exc:
             failure = _aws_failure(exc)
             if failure is None:
                 raise
             raise failure from exc
-    with _client(args) as client:
-        return args.func(client, args)
 
-
-def _fail(message: str, code: int) -> int:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except CliError as exc:
-        return _fail(str(exc), exc.code)
-    except WaitTimeout as exc:
-        return _fail(f"{exc}; it goes on: {PROG} wait {exc.job.job_id}", EXIT_WAIT_TIMEOUT)
-    except BatchWaitTimeout as exc:
-        return _fail(f"{exc}; it goes on: {PROG} batch status {exc.batch.id}", EXIT_WAIT_TIMEOUT)
-    except NoResult as exc:
-        return _fail(str(exc), EXIT_NO_RESULT)
-    except ApiError as exc:
-        return _fail(f"the API refused the request: {exc}", EXIT_REFUSED)
-    except UnexpectedResponse as exc:
-        return _fail(str(exc), EXIT_REFUSED)
-    except ApiUnreachable as exc:
-        return _fail(f"{exc} (is the API URL right, and the API up?)", EXIT_UNREACHABLE)
-    except KeyboardInterrupt:
-        return _fail("interrupted", EXIT_INTERRUPTED)
-    except BrokenPipeError:
-        # stdout closed early (| head): nothing left to say; silence the flush at exit too
-        sys.stdout = open(os.devnull, "w")
-        return EXIT_OK
-    except Exception as exc:  # a bug: still one line, never a traceback
-        return _fail(f"unexpected {type(exc).__name__}: {exc}", EXIT_BUG)
-
-
-def run() -> None:
-    """The ``async-inference`` command."""
-    sys.exit(main())
+    return guarded(command, prog=PROG)
 
 
 if __name__ == "__main__":
-    run()
+    sys.exit(main())

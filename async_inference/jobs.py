@@ -7,26 +7,14 @@ state.
 
 from __future__ import annotations
 
-import enum
-import re
 import uuid
 
-
-class JobStatus(str, enum.Enum):
-    AWAITING_UPLOAD = "awaiting_upload"
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_STATES
-
-
-FINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+# The states and the id format are part of the wire, defined in the client package; the moves between states are the
+# service's.
+from async_inference_client.models.jobs import FINAL_STATES as FINAL_STATES
+from async_inference_client.models.jobs import JOB_ID_PATTERN as JOB_ID_PATTERN
+from async_inference_client.models.jobs import JobStatus as JobStatus
+from async_inference_client.models.jobs import is_job_id as is_job_id
 
 # target state -> states it may be entered from. RUNNING -> RUNNING is a redelivery after a crash: a worker that starts
 # a job takes a lease on it (``JobStore.transition(lease=...)``), and another worker may move it RUNNING -> RUNNING
@@ -46,8 +34,6 @@ def sources_of(target: JobStatus) -> frozenset[JobStatus]:
     return ALLOWED_SOURCES[target]
 
 
-JOB_ID_PATTERN = r"^job_[0-9a-f]{32}$"
-_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 # Namespace for ids derived from (tenant, Idempotency-Key): a retried POST maps to the same job id.
 _IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0d7a52-3f5e-4d0e-9a57-0c1f3c1a9e11")
 
@@ -58,7 +44,3 @@ def new_job_id(tenant: str, idempotency_key: str | None = None) -> str:
         return f"job_{uuid.uuid4().hex}"
     name = tenant + "\x00" + idempotency_key
     return f"job_{uuid.uuid5(_IDEMPOTENCY_NAMESPACE, name).hex}"
-
-
-def is_job_id(value: str) -> bool:
-    return bool(_JOB_ID_RE.match(value))

@@ -26,7 +26,7 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
-from async_inference.service import ApiError, JobService, describe_validation_error
+from async_inference.service import ServiceError, JobService, describe_validation_error
 
 
 class ResponseService:
@@ -40,11 +40,11 @@ class ResponseService:
             chat = to_chat_request(request)
         except ValidationError as exc:  # a limit of the chat request the Responses model does not repeat
             message, details = describe_validation_error(exc)
-            raise ApiError(400, "invalid_request", f"the request converts to an invalid chat request: {message}",
+            raise ServiceError(400, "invalid_request", f"the request converts to an invalid chat request: {message}",
                            details) from exc
         if not self.jobs.served.serves(request.model):
             message = self.jobs.served.not_found_message(request.model)
-            raise ApiError(404, "model_not_found", message, [{"field": "model", "message": message}])
+            raise ServiceError(404, "model_not_found", message, [{"field": "model", "message": message}])
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
@@ -66,11 +66,11 @@ class ResponseService:
         if job.status is not JobStatus.CANCELLED:
             try:
                 job = self.jobs.cancel(tenant, job.job_id)
-            except ApiError as exc:
+            except ServiceError as exc:
                 if exc.status != 409:
                     raise
                 ended = to_response(self.jobs.get(tenant, job.job_id), original).status
-                raise ApiError(409, "conflict", f"response {response_id} is already {ended} and cannot be "
+                raise ServiceError(409, "conflict", f"response {response_id} is already {ended} and cannot be "
                                "cancelled") from exc
         return to_response(job, original)
 
@@ -81,7 +81,7 @@ class ResponseService:
         if job.status not in FINAL_STATES:
             try:
                 self.jobs.cancel(tenant, job.job_id)
-            except ApiError as exc:
+            except ServiceError as exc:
                 if exc.status != 409:  # 409: it ended meanwhile, nothing to stop
                     raise
         self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
@@ -97,7 +97,7 @@ class ResponseService:
         if after is not None:
             ids = [item["id"] for item in items]
             if after not in ids:
-                raise ApiError(400, "invalid_request", f"after: {after!r} is not an input item of {response_id}",
+                raise ServiceError(400, "invalid_request", f"after: {after!r} is not an input item of {response_id}",
                                [{"field": "after", "message": "not an input item of this response"}])
             items = items[ids.index(after) + 1:]
         page = items[:limit]
@@ -109,11 +109,11 @@ class ResponseService:
     def _get(self, tenant: str, response_id: str) -> tuple[Job, ResponseCreate]:
         """The tenant's response: its job and its Responses body; 404 alike for an unknown id, another tenant's, a
         deleted response and a job that is not a response."""
-        not_found = ApiError(404, "not_found", f"no response {response_id}")
+        not_found = ServiceError(404, "not_found", f"no response {response_id}")
         try:
             job = self.jobs.get(tenant, job_id_of(response_id))
-        except (ValueError, ApiError) as exc:
-            if isinstance(exc, ApiError) and exc.status != 404:
+        except (ValueError, ServiceError) as exc:
+            if isinstance(exc, ServiceError) and exc.status != 404:
                 raise
             raise not_found from exc
         try:
@@ -130,7 +130,7 @@ class ResponseService:
         """The job's chat.completion once it has succeeded; 410 once the bucket's retention has deleted it."""
         if job.status is not JobStatus.SUCCEEDED or not job.result_key:
             return None
-        expired = ApiError(410, "result_expired", f"the output of response {response_id_of(job.job_id)} expired: "
+        expired = ServiceError(410, "result_expired", f"the output of response {response_id_of(job.job_id)} expired: "
                            f"results are kept {self.jobs.payload_retention_days} days after they are written")
         if job.result_expires_at is not None and utcnow() >= job.result_expires_at:
             raise expired

@@ -19,24 +19,45 @@ from pydantic_core import PydanticCustomError
 from async_inference import settings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 
-SCHEMA_VERSION = "1"
+# The wire objects a client reads are defined in the client package and imported here: the API answers with the very
+# models the SDK parses. What only the service validates or stores (requests, claim checks, records) is defined below.
+from async_inference_client.models.base import SCHEMA_VERSION, StrictModel, TolerantModel
+from async_inference_client.models.chat import (  # noqa: F401 (re-exported: the service imports them from here)
+    AssistantMessage,
+    ChatCompletion,
+    Choice,
+    ChoiceLogprobs,
+    MessageFunctionCall,
+    MessageToolCall,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from async_inference_client.models.jobs import (  # noqa: F401 (re-exported: the service imports them from here)
+    EVENT_STATUS,
+    ErrorBody,
+    ErrorDetail,
+    ErrorResponse,
+    JobEvent,
+    JobEventType,
+    JobList,
+    JobPriority,
+    JobProgress,
+    JobView,
+    PresignedUpload,
+    PresignedUrl,
+    Subscription,
+    WebhookAttempt,
+    WebhookState,
+)
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-class _Strict(BaseModel):
-    """Client input: unknown fields are errors, and no silent type coercion ("5" is not an int)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _Internal(BaseModel):
-    """Messages between our own components: unknown fields are tolerated so that a newer producer does not break an
-    older consumer during a rolling deploy."""
-
-    model_config = ConfigDict(extra="ignore")
+_Strict = StrictModel  # client input
+_Internal = TolerantModel  # messages between our own components
 
 
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=settings.MAX_METADATA_KEY_CHARS)]
@@ -638,9 +659,6 @@ class WebhookSpec(_Strict):
     events: list[Literal["completed", "started"]] = Field(default_factory=lambda: ["completed"], min_length=1)
 
 
-JobPriority = Literal["interactive", "batch"]
-
-
 class JobSubmission(_Strict):
     """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
 
@@ -753,34 +771,6 @@ class UploadDeadline(_Internal):
 # --- The stored job -------------------------------------------------------------------------------------------------
 
 
-class Usage(_Internal):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class WebhookAttempt(_Internal):
-    at: dt.datetime
-    event: str | None = None  # "completed" or "started"
-    status_code: int | None = None
-    error: str | None = None
-
-
-class JobProgress(_Internal):
-    """How far a running job has got: the tokens it has generated so far, as of ``updated_at``. There is no total to
-    divide by: ``max_tokens`` is only a cap, and most jobs stop before it."""
-
-    completion_tokens: int = Field(ge=0)
-    updated_at: dt.datetime
-
-
-class WebhookState(_Internal):
-    url: str
-    events: list[str]
-    status: Literal["pending", "delivered", "failed"] = "pending"
-    attempts: list[WebhookAttempt] = Field(default_factory=list)
-
-
 class Job(_Internal):
     """A job as the state store holds it."""
 
@@ -838,120 +828,6 @@ class Job(_Internal):
         )
 
 
-# --- API responses --------------------------------------------------------------------------------------------------
-
-
-class PresignedUrl(BaseModel):
-    url: str
-    expires_at: dt.datetime
-
-
-class PresignedUpload(PresignedUrl):
-    method: Literal["PUT"] = "PUT"
-    headers: dict[str, str] = Field(description="Send exactly these headers with the PUT.")
-
-
-class JobView(BaseModel):
-    """What ``GET /v1/jobs/{id}`` returns."""
-
-    job_id: str
-    status: JobStatus
-    created_at: dt.datetime
-    started_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
-    attempts: int = 0
-    model: str | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
-    error: str | None = None
-    usage: Usage | None = None
-    result: PresignedUrl | None = None
-    result_expires_at: dt.datetime | None = Field(
-        default=None, description="When the result is deleted; a GET after that is 410 Gone."
-    )
-    upload: PresignedUpload | None = None
-    webhook: WebhookState | None = None
-    progress: JobProgress | None = Field(default=None, description="While the job runs: its tokens generated so far.")
-    priority: JobPriority = Field(default="interactive", description="The lane the job was queued in.")
-
-
-class JobList(BaseModel):
-    jobs: list[JobView]
-    next: str | None = Field(default=None, description="Pass as ?next= to get the following page.")
-
-
-class ErrorDetail(BaseModel):
-    field: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    code: str
-    message: str
-    details: list[ErrorDetail] = Field(default_factory=list)
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
-
-
-# --- The result object: an OpenAI chat.completion with the job id ---------------------------------------------------
-# Field for field as openai-python types it (``openai.types.chat.chat_completion``, ``chat_completion_message``,
-# ``chat_completion_token_logprob``): absent values are sent as null, as OpenAI sends them, so the SDK parses the body.
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None = None
-    refusal: list[TokenLogprob] | None = None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-    refusal: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    function_call: FunctionCall | None = None  # a request with the legacy ``functions``: its call, instead of tools
-
-
-class Choice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-    system_fingerprint: str | None = None
-    service_tier: str | None = None
-    job_id: str | None = None  # on a job's result object; a batch line's body has none
-
-
 # --- The notification -----------------------------------------------------------------------------------------------
 
 
@@ -993,36 +869,6 @@ class ResultNotification(_Internal):
 # --- The WebSocket API: what a client sends to be told, and what it is told -----------------------------------------
 
 
-class Subscription(_Strict):
-    """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``."""
-
-    action: Literal["subscribe"] = "subscribe"
-    job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(
-        default=None, min_length=1, max_length=settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE
-    )
-    batch_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
-    all: Literal[True] | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one_scope(self) -> Subscription:
-        if sum(scope is not None for scope in (self.job_ids, self.batch_id, self.all)) != 1:
-            raise ValueError("give exactly one of 'job_ids', 'batch_id' or 'all': true")
-        return self
-
-
-JobEventType = Literal["job.started", "job.progress", "job.completed", "job.failed", "job.cancelled", "job.expired"]
-
-# The state a job is in once an event of each type is sent. "job.completed" is the successful end.
-EVENT_STATUS: dict[str, JobStatus] = {
-    "job.started": JobStatus.RUNNING,
-    "job.progress": JobStatus.RUNNING,
-    "job.completed": JobStatus.SUCCEEDED,
-    "job.failed": JobStatus.FAILED,
-    "job.cancelled": JobStatus.CANCELLED,
-    "job.expired": JobStatus.EXPIRED,
-}
-
-
 class BatchEvent(_Internal):
     """A message the WebSocket API pushes to a connection that follows a batch (or all of its tenant's work): the
     batch ended. Its output and error files come from ``GET /v1/batches/{id}``."""
@@ -1032,24 +878,6 @@ class BatchEvent(_Internal):
     batch_id: str
     status: str
     request_counts: dict[str, int] | None = None  # total, completed, failed
-
-
-class JobEvent(_Internal):
-    """A message the WebSocket API pushes to a subscriber: a job started, made progress, or reached a final state.
-
-    An event says that something happened, not everything about the job: the result URL and the usage come from
-    ``GET /v1/jobs/{id}``. Fields other than these are tolerated, so that a newer server does not break a client.
-    """
-
-    schema_version: Literal["1"] = SCHEMA_VERSION
-    type: JobEventType
-    job_id: str = Field(pattern=JOB_ID_PATTERN)
-    progress: JobProgress | None = Field(default=None, description="job.started and job.progress: tokens so far.")
-    error: str | None = None
-
-    @property
-    def status(self) -> JobStatus:
-        return EVENT_STATUS[self.type]
 
 
 # The event type that tells a job's final status; the result notification's own ``event`` is "job.completed" for

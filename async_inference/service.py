@@ -45,7 +45,7 @@ class NotAClaimCheck(ValueError):
     """A dead-lettered message that is not a claim check: there is no job to fail; it is left for an operator."""
 
 
-class ApiError(Exception):
+class ServiceError(Exception):
     """An error the client can fix or must know about; the API turns it into a JSON 4xx/5xx."""
 
     def __init__(self, status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> None:
@@ -162,7 +162,7 @@ class JobService:
             self._check_webhook_url(submission.webhook.url)
         if submission.priority == "batch" and self.lane is None:
             message = 'this deployment has no batch lane; submit with priority "interactive"'
-            raise ApiError(400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}])
+            raise ServiceError(400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}])
         request = submission.request
         if request is not None:
             self._check_model(request.model)
@@ -212,7 +212,8 @@ class JobService:
         """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer."""
         if not self.served.serves(model):
             message = self.served.not_found_message(model)
-            raise ApiError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+            raise ServiceError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+
     def _check_quota(self, tenant: str) -> None:
         """429 quota_exceeded when the tenant has ``max_active_jobs`` unfinished jobs (async_inference.quotas)."""
         if self.quotas is None:
@@ -220,13 +221,13 @@ class JobService:
         limit = self.quotas.get(tenant, TenantQuota()).max_active_jobs
         if self.store.count_active(tenant, up_to=limit) >= limit:
             message = quota_exceeded_message(tenant, limit)
-            raise ApiError(429, "quota_exceeded", message, [{"field": "max_active_jobs", "message": message}])
+            raise ServiceError(429, "quota_exceeded", message, [{"field": "max_active_jobs", "message": message}])
 
     def _replay(self, existing: Job, fingerprint: str, idempotency_key: str | None) -> Submitted:
         """The answer to a request whose Idempotency-Key already has a job: that job, if the request is the same."""
         # Jobs stored before fingerprints were recorded have none: they match any retry, as they did then.
         if existing.request_fingerprint not in (None, fingerprint):
-            raise ApiError(
+            raise ServiceError(
                 422,
                 "idempotency_key_reused",
                 f"Idempotency-Key {idempotency_key!r} was used for a different request (job {existing.job_id}); "
@@ -258,7 +259,7 @@ class JobService:
                 break
             # Deleted, then written once: of two requests replacing a stale body at once, one writes, one gets a 409.
             self.blobs.delete(job.request_key)
-        raise ApiError(
+        raise ServiceError(
             409,
             "idempotency_key_in_progress",
             f"a request with Idempotency-Key {job.idempotency_key!r} and a different body is in progress; retry in a "
@@ -270,7 +271,7 @@ class JobService:
         try:
             check_url(url, allow_local=self.allow_local_webhooks)
         except UnsafeUrl as exc:
-            raise ApiError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
+            raise ServiceError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
 
     def _enqueue(self, job: Job) -> None:
         # A job that reached the batch lane's priority before this function had a lane (a stale configuration) still
@@ -284,7 +285,7 @@ class JobService:
             failed = self.store.transition(job.job_id, JobStatus.FAILED, error=f"could not enqueue the job: {exc}")
             if failed is not None:
                 self.notify(failed)
-            raise ApiError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+            raise ServiceError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
         if self.waker is not None:
             self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
@@ -296,7 +297,7 @@ class JobService:
             self.deadlines.schedule(job.job_id, delay_s)
         except Exception as exc:
             # Nothing is stored yet: the client retries (with its Idempotency-Key, onto the same job id).
-            raise ApiError(503, "unavailable", "the upload deadline queue is unavailable; retry the request") from exc
+            raise ServiceError(503, "unavailable", "the upload deadline queue is unavailable; retry the request") from exc
 
     def _upload_for(self, job: Job) -> PresignedUpload | None:
         """A presigned PUT for an upload job, valid until the job's upload window ends (never beyond, also for an
@@ -314,7 +315,7 @@ class JobService:
         """The tenant's job; 404 for unknown ids and for other tenants' jobs alike, so ids cannot be probed."""
         job = self.store.get(job_id)
         if job is None or job.tenant != tenant:
-            raise ApiError(404, "not_found", f"no job {job_id}")
+            raise ServiceError(404, "not_found", f"no job {job_id}")
         if job.status is JobStatus.AWAITING_UPLOAD and self._upload_grace_left_s(job) <= 0:
             job = self._expire_unuploaded(job) or self.store.get(job_id) or job
         return job
@@ -325,7 +326,7 @@ class JobService:
         job = self.get(tenant, job_id)
         expires_at = self._result_expires_at(job)
         if expires_at is not None and utcnow() >= expires_at:
-            raise ApiError(
+            raise ServiceError(
                 410,
                 "result_expired",
                 f"the result of job {job_id} expired at {expires_at.isoformat()}: results are kept "
@@ -377,16 +378,16 @@ class JobService:
         try:
             return self.store.list_for_tenant(tenant, status=status, limit=limit, next_token=next_token)
         except ValueError as exc:
-            raise ApiError(400, "invalid_request", str(exc), [{"field": "next", "message": str(exc)}]) from exc
+            raise ServiceError(400, "invalid_request", str(exc), [{"field": "next", "message": str(exc)}]) from exc
 
     def cancel(self, tenant: str, job_id: str) -> Job:
         job = self.get(tenant, job_id)
         if job.status in FINAL_STATES:
-            raise ApiError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
+            raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
         cancelled = self.finish(job, JobStatus.CANCELLED, error="cancelled by the client")
         if cancelled is None:  # it finished between our read and our write
             job = self.get(tenant, job_id)
-            raise ApiError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
+            raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
         return cancelled
 
     # --- Upload events --------------------------------------------------------------------------------------------

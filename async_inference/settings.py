@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-# --- Names (the stack lets CloudFormation pick physical names; the local runtime uses these) -----------------------
-QUEUE_NAME = "inference-jobs"
-DLQ_NAME = "inference-jobs-dlq"
-TABLE_NAME = "inference-jobs"
-RESULT_TOPIC_NAME = "inference-job-results"
-BUCKET_NAME = "inference-claim-checks"
-# Locally, S3 "object created" events reach the upload handler through this queue (moto can notify SQS, not Lambda).
-UPLOAD_EVENTS_QUEUE_NAME = "inference-upload-events"
+# The limits a client must know too (BATCH_ENDPOINT, MAX_FILE_INLINE_BYTES, WS_MAX_JOB_IDS_PER_SUBSCRIBE) are defined in
+# the client package, which ships without this module.
+from async_inference_client.limits import BATCH_ENDPOINT as BATCH_ENDPOINT
+from async_inference_client.limits import MAX_FILE_INLINE_BYTES as MAX_FILE_INLINE_BYTES
+from async_inference_client.limits import WS_MAX_JOB_IDS_PER_SUBSCRIBE as WS_MAX_JOB_IDS_PER_SUBSCRIBE
 
 # --- Queue ----------------------------------------------------------------------------------------------------------
 # The worker extends the visibility of every message it holds each HEARTBEAT_INTERVAL_S, so the timeout only has to
@@ -61,7 +58,6 @@ PRESIGNED_RESULT_EXPIRY_S = 60 * 60
 # delayed to the window's end (SQS delays at most 900 s) and the upload-deadline handler expires the job if it is still
 # awaiting its upload UPLOAD_GRACE_S after the window. The grace covers an upload that began just before the window
 # closed and its S3 event, late or retried by Lambda (twice, 1 and 2 minutes apart), before the job is expired.
-UPLOAD_DEADLINES_QUEUE_NAME = "inference-upload-deadlines"
 UPLOAD_GRACE_S = 5 * 60
 # The upload function's timeout: an acceptance (state write, then the claim check's send) that has not sent its claim
 # check this long after the state write never will (its invocation ended), so the event's redelivery sends it.
@@ -149,7 +145,6 @@ BATCH_MAX_LINES = 50_000  # OpenAI's limit per batch input file
 BATCH_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit per batch input file
 BATCH_CHUNK_LINES = 100  # lines per chunk claim check: one queue message, one ranged read, two part writes
 BATCH_COMPLETION_WINDOWS = {"24h": 24 * 60 * 60}  # what OpenAI accepts for completion_window
-BATCH_ENDPOINT = "/v1/chat/completions"
 # The batch table (cdk/batches.py declares it; async_inference/batches/store.py writes it): files and batches, one item
 # each, listed per tenant and kind ("<tenant>#file", "<tenant>#batch") newest first through the owner index.
 BATCH_TABLE_PARTITION_KEY = "id"
@@ -157,10 +152,6 @@ BATCH_OWNER_INDEX_NAME = "owner-created-index"
 BATCH_OWNER_ATTRIBUTE = "owner"
 BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
 BATCH_TTL_ATTRIBUTE = "ttl_epoch"
-# POST /v1/files carries the file through API Gateway (10 MB) and a synchronous Lambda invocation (6 MB of event,
-# the multipart body base64-encoded in it: 4/3 of its size, plus the headers): 4 MiB of file fits both with room. Larger
-# files, up to BATCH_MAX_FILE_BYTES, take the presigned-upload path (POST /v1/files/uploads, an extension).
-MAX_FILE_INLINE_BYTES = 4 * 1024 * 1024
 FILE_PURPOSES = ("batch",)  # what POST /v1/files accepts; batch_output files are written by the controller
 FILE_RETENTION_DAYS = 30  # files and batches (records and objects) are kept this long after creation
 DEFAULT_FILE_PAGE_SIZE = 10_000  # OpenAI's default and maximum for GET /v1/files
@@ -281,7 +272,6 @@ CONNECTION_TTL_ATTRIBUTE = "expires_at"
 # API Gateway closes a WebSocket connection after 2 hours (and after 10 idle minutes): a connection item is kept
 # that long, then the push function ignores it and DynamoDB's TTL deletes it.
 WS_MAX_CONNECTION_S = 2 * 60 * 60
-WS_MAX_JOB_IDS_PER_SUBSCRIBE = 100  # one subscribe message
 # Open WebSocket connections per tenant: $connect refuses (429) beyond it, so one tenant cannot hold the stage's
 # connections (each receives its tenant's events only, so no tenant needs many).
 WS_MAX_CONNECTIONS_PER_TENANT = 100

@@ -35,7 +35,7 @@ from async_inference.batches.controller import BatchController
 from async_inference.batches.models import BatchCreate, BatchRecord, BatchStatus
 from async_inference.batches.service import BatchService
 from async_inference.batches.store import BatchStore
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.config import ServiceSettings
 from async_inference.schemas import BatchControl
 from async_inference.served_models import ServedModels

@@ -40,7 +40,7 @@ import botocore.client
 import requests
 
 from async_inference.aws import client
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import Engine, Generation

@@ -1,10 +1,12 @@
 """The code every Lambda function of the service runs: one source asset and one dependency layer, built without Docker.
 
-The handlers (``lambdas/``) and the core package (``async_inference/``) are copied into a source asset; the
-dependencies in ``lambdas/requirements.txt`` are installed by pip *for the Lambda platform* into a layer. pydantic_core
-is compiled, so pip must fetch manylinux x86_64 wheels for the runtime's CPython (``RUNTIME``) whatever machine runs
-the synth; that is what the platform flags below do. The layer is cached under ``cdk.out/`` by the hash of the
-requirements file, so repeated synths (and the test session) do not re-run pip.
+The handlers (``lambdas/``), the core package (``async_inference/``) and the client package whose wire models the core
+imports (``async_inference_client/``) are copied into a source asset; the dependencies pinned with their hashes in
+``lambdas/requirements.lock`` (compiled from ``lambdas/requirements.txt``) are installed by pip *for the Lambda
+platform*, ``--require-hashes``, into a layer. pydantic_core is compiled, so pip must fetch manylinux x86_64 wheels for
+the runtime's CPython (``RUNTIME``) whatever machine runs the synth; that is what the platform flags below do. The layer
+is cached under ``cdk.out/`` by the hash of the requirements file, so repeated synths (and the test session) do not
+re-run pip.
 
 The layer's asset hash must depend on what is installed, never on where: pip writes console scripts into ``bin/``
 with the installing interpreter's absolute path in their shebang, and their hashes into ``*.dist-info/RECORD``. The
@@ -50,7 +52,8 @@ def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
     shutil.rmtree(building, ignore_errors=True)
     target = building / "python"
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    command += [*_PIP_PLATFORM, "--only-binary=:all:", "--target", str(target), "-r", str(requirements)]
+    command += [*_PIP_PLATFORM, "--only-binary=:all:", "--require-hashes", "--target", str(target)]
+    command += ["-r", str(requirements)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pip could not install {requirements} for the Lambda platform:\n{result.stderr}")
@@ -92,8 +95,10 @@ class LambdaCode(Construct):
     """The shared source asset and dependency layer, and a factory for functions that run them.
 
     :param project_root: repository root holding the packages and the requirements file.
-    :param packages: top-level packages copied into the source asset. Default: ``("async_inference", "lambdas")``.
-    :param requirements: requirements installed into the layer. Default: ``<project_root>/lambdas/requirements.txt``.
+    :param packages: top-level packages copied into the source asset. Default:
+        ``("async_inference", "async_inference_client", "lambdas")``.
+    :param requirements: the pinned, hashed requirements installed into the layer. Default:
+        ``<project_root>/lambdas/requirements.lock``.
     :param cache_dir: where built layers are kept between synths. Default: ``<project_root>/cdk.out/.lambda-build``.
     :param log_retention: retention of each function's log group. Default: one month.
     """
@@ -104,7 +109,7 @@ class LambdaCode(Construct):
         id: str,
         *,
         project_root: Path,
-        packages: Sequence[str] = ("async_inference", "lambdas"),
+        packages: Sequence[str] = ("async_inference", "async_inference_client", "lambdas"),
         requirements: Path | None = None,
         cache_dir: Path | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
@@ -112,7 +117,7 @@ class LambdaCode(Construct):
         super().__init__(scope, id)
         cache_root = cache_dir or project_root / "cdk.out" / ".lambda-build"
         cache_root.mkdir(parents=True, exist_ok=True)
-        layer_dir = _install_dependencies(requirements or project_root / "lambdas" / "requirements.txt", cache_root)
+        layer_dir = _install_dependencies(requirements or project_root / "lambdas" / "requirements.lock", cache_root)
         self.log_retention = log_retention
         self.layer = lambda_.LayerVersion(
             self,

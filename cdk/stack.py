@@ -26,7 +26,8 @@ class AsyncInferenceStack(Stack):
             "DeadLetterQueueUrl": s.jobs.dead_letter_queue.queue_url,
             "TableName": s.table.table.table_name,
             "ResultTopicArn": s.results.topic.topic_arn,
-            # {"tenant": "<ARN>"}: `async-inference webhook-secret TENANT --secret-arns '<this>'` prints its secret.
+            # {"tenant": "<ARN>"}: `python -m async_inference.cli webhook-secret TENANT --secret-arns '<this>'`
+            # prints its secret.
             "WebhookSigningSecretArns": s.webhooks.secret_arns_json,
             "WebhookDeadLetterQueueUrl": s.webhooks.dead_letter_queue.queue_url,
             "DashboardName": s.monitoring.dashboard.dashboard_name,

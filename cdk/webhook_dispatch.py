@@ -37,8 +37,9 @@ class WebhookDispatch(Construct):
     (``SIGNING_SECRET_CHARS`` letters and digits: ``async_inference.webhooks.secrets`` reads it as a ``whsec_``
     secret), so the first deploy ends with every tenant's webhooks signed, and nobody has to write a value. The
     dispatcher gets ``WEBHOOK_SECRET_ARNS`` (tenant -> ARN) and may read exactly these secrets; the stack output
-    ``WebhookSigningSecretArns`` gives the same map to the operator's ``async-inference webhook-secret``. A tenant
-    added to the context gets its secret on the next deploy; rotating one is docs/deploying.md's.
+    ``WebhookSigningSecretArns`` gives the same map to the operator's ``python -m async_inference.cli
+    webhook-secret``. A tenant added to the context gets its secret on the next deploy; rotating one is
+    docs/deploying.md's.
 
     Retries: after its n-th failed receive the dispatcher hides a message for ``min(WEBHOOK_BACKOFF_BASE_S * 2**(n-1),
     WEBHOOK_BACKOFF_MAX_S)`` seconds (30, 60, 120, 240, 480, 900, 900, ...). With ``WEBHOOK_MAX_RECEIVE_COUNT`` = 10

@@ -98,8 +98,8 @@ def worker(max_tokens: int) -> None:
         report("worker", skipped="the local stack needs moto[server], lambdas/requirements.txt and the SDK's"
                                  " dependencies (pip install -e .) in this Python")
         return
-    from async_inference.client import Client
-    from async_inference.retry import Backoff
+    from async_inference_client import Client
+    from async_inference_client.retry import Backoff
     from local_runtime.moto_server import free_port
     from local_runtime.stack import LocalDeployment
 

@@ -279,7 +279,7 @@ async def check_adapter(model_dir: Path, expected: list[Generation]) -> None:
 
 def check_worker(model_dir: Path, expected: list[Generation]) -> None:
     try:
-        from async_inference.client import Client
+        from async_inference_client import Client
         from local_runtime.moto_server import free_port
         from local_runtime.stack import LocalDeployment
     except ImportError as exc:

@@ -16,9 +16,9 @@ from async_inference.schemas import (
     ChatCompletion,
     Choice,
     ChoiceLogprobs,
-    FunctionCall,
+    MessageFunctionCall,
+    MessageToolCall,
     TokenLogprob,
-    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -31,7 +31,8 @@ def usage_of(generation: Generation) -> Usage:
 
 
 def message_of(completion: Completion) -> AssistantMessage:
-    calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in completion.tool_calls]
+    calls = [MessageToolCall(id=c.id, function=MessageFunctionCall(name=c.name, arguments=c.arguments))
+             for c in completion.tool_calls]
     if completion.finish_reason == "function_call" and calls:
         return AssistantMessage(content=completion.text or None, function_call=calls[0].function)
     return AssistantMessage(content=completion.text if completion.text or not calls else None,

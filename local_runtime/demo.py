@@ -11,8 +11,8 @@ from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from async_inference.cli import Progress
-from async_inference.client import Client
+from async_inference_client.cli import Progress
+from async_inference_client import Client
 from async_inference.webhooks.receiver import Receiver
 from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalDeployment
@@ -103,7 +103,8 @@ def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> b
         print(f"   FAILED: the signature did not verify: {exc}")
         return False
     print(f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret, which "
-          "the deploy generated (read back from Secrets Manager, as `async-inference webhook-secret` reads it)")
+          "the deploy generated (read back from Secrets Manager, as `python -m async_inference.cli webhook-secret` "
+          "reads it)")
     print(f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
           f" result inline={'result' in payload}")
     deadline = time.monotonic() + 10

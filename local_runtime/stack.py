@@ -206,7 +206,7 @@ class LocalDeployment:
     @property
     def webhook_secrets(self) -> dict[str, str]:
         """Each tenant's current signing secret, read from the Secrets Manager secret the deploy generated for it (as
-        ``async-inference webhook-secret`` reads it): what a tenant verifies its webhooks with."""
+        ``python -m async_inference.cli webhook-secret`` reads it): what a tenant verifies its webhooks with."""
         assert self.resources is not None, "start() first"
         arns, secretsmanager = self.resources.webhook_secret_arns, self.client("secretsmanager")
         return {tenant: read_tenant_secrets(arns, tenant, secretsmanager)[0] for tenant in sorted(arns)}

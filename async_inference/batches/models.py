@@ -1,22 +1,35 @@
-"""The Files and Batches APIs' objects: the wire objects (copied field for field from openai-python's
-``types/file_object.py``, ``file_deleted.py``, ``batch.py``, ``batch_error.py``, ``batch_request_counts.py`` and
-``model.py``, so the official SDK parses them unmodified), the request bodies, and the records the batch table holds.
+"""The Files and Batches APIs' request bodies and the records the batch table holds. The wire objects (openai-python's
+types, so the official SDK parses them unmodified) are the client package's, imported here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import uuid
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from async_inference import settings
 from async_inference.schemas import MetadataKey, MetadataValue, SCHEMA_VERSION, WebhookState
-
-FILE_ID_PATTERN = r"^file-[0-9a-f]{24}$"
-BATCH_ID_PATTERN = r"^batch_[0-9a-f]{32}$"
+from async_inference_client.models.batches import (  # noqa: F401 (re-exported for the service)
+    BATCH_ID_PATTERN,
+    FILE_ID_PATTERN,
+    FINAL_BATCH_STATES,
+    Batch,
+    BatchError,
+    BatchRequestCounts,
+    BatchStatus,
+    Errors,
+    FileDeleted,
+    FileObject,
+    FilePurpose,
+    FileUpload,
+    Model,
+    ModelList,
+    Page,
+    PresignedFileUpload,
+)
 
 
 def new_file_id(seed: str | None = None) -> str:
@@ -34,24 +47,6 @@ def epoch(moment: dt.datetime) -> int:
     return int(moment.timestamp())
 
 
-class BatchStatus(str, enum.Enum):
-    """OpenAI's batch states."""
-
-    VALIDATING = "validating"
-    FAILED = "failed"
-    IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
-    COMPLETED = "completed"
-    EXPIRED = "expired"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_BATCH_STATES
-
-
-FINAL_BATCH_STATES = frozenset({BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
 # target -> the states a batch may enter it from (every state write is conditional on these).
 BATCH_SOURCES: dict[BatchStatus, frozenset[BatchStatus]] = {
     BatchStatus.FAILED: frozenset({BatchStatus.VALIDATING}),
@@ -71,113 +66,6 @@ BATCH_EVENTS = {
     BatchStatus.EXPIRED: "batch.expired",
     BatchStatus.CANCELLED: "batch.cancelled",
 }
-
-
-# --- Wire objects (openai-python's types) ---------------------------------------------------------------------------
-
-FilePurpose = Literal[
-    "assistants", "assistants_output", "batch", "batch_output", "fine-tune", "fine-tune-results", "vision", "user_data"
-]
-
-
-class FileObject(BaseModel):
-    id: str
-    bytes: int
-    created_at: int
-    filename: str
-    object: Literal["file"] = "file"
-    purpose: FilePurpose
-    status: Literal["uploaded", "processed", "error"]
-    expires_at: int | None = None
-    status_details: str | None = None
-
-
-class FileDeleted(BaseModel):
-    id: str
-    deleted: bool
-    object: Literal["file"] = "file"
-
-
-class BatchError(BaseModel):
-    code: str | None = None
-    line: int | None = None
-    message: str | None = None
-    param: str | None = None
-
-
-class Errors(BaseModel):
-    data: list[BatchError] | None = None
-    object: str | None = "list"
-
-
-class BatchRequestCounts(BaseModel):
-    completed: int
-    failed: int
-    total: int
-
-
-class Batch(BaseModel):
-    id: str
-    completion_window: str
-    created_at: int
-    endpoint: str
-    input_file_id: str
-    object: Literal["batch"] = "batch"
-    status: BatchStatus
-    cancelled_at: int | None = None
-    cancelling_at: int | None = None
-    completed_at: int | None = None
-    error_file_id: str | None = None
-    errors: Errors | None = None
-    expired_at: int | None = None
-    expires_at: int | None = None
-    failed_at: int | None = None
-    finalizing_at: int | None = None
-    in_progress_at: int | None = None
-    metadata: dict[str, str] | None = None
-    model: str | None = None
-    output_file_id: str | None = None
-    request_counts: BatchRequestCounts | None = None
-
-
-class Model(BaseModel):
-    id: str
-    created: int
-    object: Literal["model"] = "model"
-    owned_by: str
-
-
-_Item = TypeVar("_Item", bound=BaseModel)
-
-
-class Page(BaseModel, Generic[_Item]):
-    """OpenAI's cursor page: pass ``last_id`` as ``after`` for the next one while ``has_more``."""
-
-    object: Literal["list"] = "list"
-    data: list[_Item]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Model]
-
-
-class PresignedFileUpload(BaseModel):
-    """Where to PUT a file's bytes (the presigned-upload extension), and until when."""
-
-    url: str
-    method: Literal["PUT"] = "PUT"
-    headers: dict[str, str]
-    expires_at: int
-
-
-class FileUpload(FileObject):
-    """``POST /v1/files/uploads``' answer: the file, and the presigned PUT for its bytes."""
-
-    upload: PresignedFileUpload
 
 
 # --- Request bodies -------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The Files and Batches APIs' side of a batch: what the API does with files and batches, whoever called it.
 
 Tenant-scoped throughout: another tenant's file or batch is a 404, exactly as an unknown id is, so ids cannot be
-probed. Errors are ``ApiError``s (the API turns them into ``{"error": {...}}`` responses).
+probed. Errors are ``ServiceError``s (the API turns them into ``{"error": {...}}`` responses).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from async_inference.batches.store import BatchStore, InvalidCursor
 from async_inference.config import ServiceSettings
 from async_inference.schemas import BatchControl, WebhookState, utcnow
 from async_inference.served_models import OWNED_BY, ServedModels
-from async_inference.service import ApiError
+from async_inference.service import ServiceError
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 CANCELLABLE = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 
 
-def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_request") -> ApiError:
-    return ApiError(status, code, f"{field}: {message}", [{"field": field, "message": message}])
+def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_request") -> ServiceError:
+    return ServiceError(status, code, f"{field}: {message}", [{"field": field, "message": message}])
 
 
 class BatchService:
@@ -69,7 +69,7 @@ class BatchService:
 
     def model(self, model_id: str) -> Model:
         if model_id not in self.served.names:
-            raise ApiError(404, "model_not_found", self.served.not_found_message(model_id))
+            raise ServiceError(404, "model_not_found", self.served.not_found_message(model_id))
         return Model(id=model_id, created=self.started_at, owned_by=OWNED_BY)
 
     # --- files ----------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ class BatchService:
         if not data:
             raise _invalid("file", "the file is empty")
         if len(data) > settings.MAX_FILE_INLINE_BYTES:
-            raise ApiError(413, "payload_too_large",
+            raise ServiceError(413, "payload_too_large",
                            f"file: {len(data)} bytes is over the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files "
                            "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
                            f"{settings.BATCH_MAX_FILE_BYTES} bytes)")
@@ -102,7 +102,7 @@ class BatchService:
     def get_file(self, tenant: str, file_id: str) -> FileRecord:
         record = self.store.get_file(file_id)
         if record is None or record.tenant != tenant:
-            raise ApiError(404, "not_found", f"No such File object: {file_id}")
+            raise ServiceError(404, "not_found", f"No such File object: {file_id}")
         if record.awaiting_upload:
             record = self._confirm_upload(record)
         return record
@@ -115,7 +115,7 @@ class BatchService:
         """A presigned GET of the file's bytes (the API redirects there: a Lambda answer holds at most 6 MB)."""
         record = self.get_file(tenant, file_id)
         if record.awaiting_upload:
-            raise ApiError(409, "conflict", f"file {file_id} has no content yet: its upload has not arrived")
+            raise ServiceError(409, "conflict", f"file {file_id} has no content yet: its upload has not arrived")
         return self.files.presign_get(record.key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S, filename=record.filename)
 
     def delete_file(self, tenant: str, file_id: str) -> FileDeleted:
@@ -135,7 +135,7 @@ class BatchService:
                 raise _invalid("webhook.url", str(exc)) from exc
         try:
             source = self.get_file(tenant, request.input_file_id)
-        except ApiError as exc:
+        except ServiceError as exc:
             raise _invalid("input_file_id", f"no file {request.input_file_id}", 404, "not_found") from exc
         if source.purpose != "batch":
             raise _invalid("input_file_id", f"file {source.id} has purpose {source.purpose!r}; a batch's input file "
@@ -171,13 +171,13 @@ class BatchService:
             # Stored but not planned: end it with a reason rather than leave it validating forever.
             self.store.transition(record.id, BatchStatus.FAILED, errors=[
                 {"code": "unavailable", "message": "the batch could not be queued for validation; create it again"}])
-            raise ApiError(503, "unavailable", "the batch control queue is unavailable; retry the request") from exc
+            raise ServiceError(503, "unavailable", "the batch control queue is unavailable; retry the request") from exc
         return record.wire()
 
     def get_batch(self, tenant: str, batch_id: str) -> BatchRecord:
         record = self.store.get_batch(batch_id)
         if record is None or record.tenant != tenant:
-            raise ApiError(404, "not_found", f"No such Batch object: {batch_id}")
+            raise ServiceError(404, "not_found", f"No such Batch object: {batch_id}")
         return record
 
     def list_batches(self, tenant: str, *, after: str | None, limit: int) -> Page[Batch]:
@@ -191,13 +191,13 @@ class BatchService:
         if record.status is BatchStatus.CANCELLING:
             return record.wire()
         if record.status not in CANCELLABLE:
-            raise ApiError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+            raise ServiceError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
         cancelled = self.store.transition(batch_id, BatchStatus.CANCELLING)
         if cancelled is None:  # it moved on between our read and our write
             record = self.get_batch(tenant, batch_id)
             if record.status is BatchStatus.CANCELLING:
                 return record.wire()
-            raise ApiError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+            raise ServiceError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
         return cancelled.wire()
 
     # --- helpers --------------------------------------------------------------------------------------------------

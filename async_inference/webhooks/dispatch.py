@@ -12,7 +12,7 @@ from typing import Any
 
 from async_inference import settings
 from async_inference.batches.models import BatchRecord
-from async_inference.schemas import Job, utcnow
+from async_inference.schemas import Job, WebhookAttempt, utcnow
 from async_inference.webhooks.backoff import Backoff
 from async_inference.webhooks.delivery import MAX_ERROR_CHARS, Poster, PostResult, post
 from async_inference.webhooks.events import EVENT_COMPLETED, QueuedEvent, parse_queued
@@ -80,19 +80,15 @@ class Dispatcher:
         status = None
         if decides_status and (result.delivered or last):
             status = "delivered" if result.delivered else "failed"
-        attempt = {"at": utcnow().isoformat(), "event": event.kind, "receive_count": receive_count}
-        if result.status_code is not None:
-            attempt["status_code"] = result.status_code
-        if result.error:
-            attempt["error"] = result.error
-        elif not result.delivered:
-            attempt["error"] = f"HTTP {result.status_code}"
-        store.record_webhook_attempt(event.job_id, attempt, status=status)
+        error = result.error or (None if result.delivered else f"HTTP {result.status_code}")
+        attempt = WebhookAttempt(at=utcnow(), event=event.kind, receive_count=receive_count,
+                                 status_code=result.status_code, error=error)
+        store.record_webhook_attempt(event.job_id, attempt.model_dump(mode="json", exclude_none=True), status=status)
         if result.delivered:
             return Outcome(done=True, reason="delivered", job_id=event.job_id)
         # After the last receive the message is not hidden: the next receive moves it to the DLQ.
         retry_in_s = 0 if last else self.backoff.delay_s(receive_count)
-        return Outcome(done=False, retry_in_s=retry_in_s, reason=attempt["error"], job_id=event.job_id)
+        return Outcome(done=False, retry_in_s=retry_in_s, reason=error or "", job_id=event.job_id)
 
     def _attempt(self, job: Job | BatchRecord, event: QueuedEvent) -> PostResult:
         assert job.webhook is not None

@@ -67,7 +67,8 @@ class TenantSecrets:
 
 def read_tenant_secrets(arns: Mapping[str, str], tenant: str, secretsmanager: Any) -> list[str]:
     """The tenant's secrets, newest first, read with ``secretsmanager`` (a boto3 client) from the secret ``arns``
-    names for it: what the operator's ``async-inference webhook-secret`` prints. KeyError for a tenant without one."""
+    names for it: what the operator's ``python -m async_inference.cli webhook-secret`` prints. KeyError for a tenant
+    without one."""
     if tenant not in arns:
         raise KeyError(f"no webhook signing secret for tenant {tenant!r} (the stack has: {', '.join(sorted(arns)) or 'none'})")
     value = secretsmanager.get_secret_value(SecretId=arns[tenant])["SecretString"]

@@ -2,7 +2,7 @@
 
 Their answers are the wire objects of ``async_inference.batches.models`` (openai-python's own field for field), so the
 official SDK pointed at ``<API>/v1`` parses them unmodified. Errors leave as the API's ``{"error": {...}}`` envelope
-(the handler maps ``ApiError`` in one place), whose ``code`` and ``message`` the SDK reads.
+(the handler maps ``ServiceError`` in one place), whose ``code`` and ``message`` the SDK reads.
 """
 
 # No `from __future__ import annotations`: Powertools reads the route signatures at run time (see handler.py).
@@ -31,7 +31,7 @@ from async_inference.batches.models import (
 from async_inference.batches.multipart import MultipartError, parse_file_form
 from async_inference.batches.service import BatchService
 from async_inference.config import ServiceSettings
-from async_inference.service import ApiError
+from async_inference.service import ServiceError
 from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
@@ -55,7 +55,7 @@ FILES_ROUTE = "/v1/files"  # the one route whose body is multipart (binary): han
 
 def _service() -> BatchService:
     if batches is None:  # no batch table in this deployment's settings
-        raise ApiError(404, "not_found", "this deployment has no batch table: the Files and Batches APIs are off")
+        raise ServiceError(404, "not_found", "this deployment has no batch table: the Files and Batches APIs are off")
     return batches
 
 
@@ -101,7 +101,7 @@ def create_file() -> Response[FileObject]:
     try:
         form = parse_file_form(router.current_event.headers.get("content-type"), _raw_body())
     except MultipartError as exc:
-        raise ApiError(400, "invalid_request", str(exc)) from exc
+        raise ServiceError(400, "invalid_request", str(exc)) from exc
     return _json(_service().create_file(tenant, filename=form.filename, purpose=form.purpose, data=form.data))
 
 

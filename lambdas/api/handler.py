@@ -26,7 +26,7 @@ from async_inference import safe_json, settings
 from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
-from async_inference.service import ApiError, JobService
+from async_inference.service import JobService, ServiceError
 from lambdas.api import batch_routes, response_routes
 from lambdas.api.tenancy import tenant_of
 from lambdas.api import media_type
@@ -162,8 +162,8 @@ def openapi():  # no return annotation: Powertools would try to validate the doc
 # --- Errors: mapped to responses in one place -----------------------------------------------------------------------
 
 
-@app.exception_handler(ApiError)
-def _api_error(exc: ApiError) -> Response:
+@app.exception_handler(ServiceError)
+def _api_error(exc: ServiceError) -> Response:
     if exc.status >= 500:
         logger.error("service unavailable", extra={"code": exc.code})
     return _error(exc.status, exc.code, exc.message, exc.details)

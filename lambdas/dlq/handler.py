@@ -5,9 +5,9 @@ priority "batch") fails its job; a chunk claim check has its lines written as er
 finalizes (``async_inference.batches.dead_letters``).
 
 A message this handler cannot process (not a claim check) is reported as a batch item failure, so it stays in the DLQ
-for an operator (`async-inference dlq list`), and is counted in ``settings.METRIC_DEAD_LETTERS_UNPROCESSABLE`` (on the
-dashboard). It comes back after the DLQ's visibility timeout, and is counted again, until an operator removes it or
-the DLQ's retention ends; the DLQ's depth alarm stays on meanwhile.
+for an operator (`python -m async_inference.cli dlq list`), and is counted in
+``settings.METRIC_DEAD_LETTERS_UNPROCESSABLE`` (on the dashboard). It comes back after the DLQ's visibility timeout, and
+is counted again, until an operator removes it or the DLQ's retention ends; the DLQ's depth alarm stays on meanwhile.
 """
 
 from __future__ import annotations

@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import boto3
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from async_inference.aws import client
 from async_inference.config import ENV_WORKER_CLUSTER
 from async_inference.instance_release import capacity_groups, release_empty_instances
 
 logger = Logger()
 tracer = Tracer()
 CLUSTER = os.environ[ENV_WORKER_CLUSTER]
-ecs = boto3.client("ecs")
-autoscaling = boto3.client("autoscaling")
+ecs = client("ecs")  # through the adapter module: the project's retry settings, and boto3 imported in one place
+autoscaling = client("autoscaling")
 
 
 @logger.inject_lambda_context

@@ -67,7 +67,8 @@ def test_the_dispatcher_finds_each_tenants_secret_and_may_read_exactly_those(syn
 
 def test_the_operator_finds_the_secrets_in_a_stack_output(synthesized):
     """GIVEN the stack's outputs WHEN an operator looks for a tenant's secret THEN WebhookSigningSecretArns holds the
-    same tenant -> ARN map the dispatcher reads (what `async-inference webhook-secret --secret-arns` takes)."""
+    same tenant -> ARN map the dispatcher reads (what `python -m async_inference.cli webhook-secret --secret-arns`
+    takes)."""
     output = synthesized.json["Outputs"]["WebhookSigningSecretArns"]["Value"]
     assert json.loads(_joined(output)) == json.loads(_joined(_dispatcher_env(synthesized)["WEBHOOK_SECRET_ARNS"]))
 

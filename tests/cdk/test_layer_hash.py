@@ -36,7 +36,7 @@ def test_the_layer_hash_is_the_same_from_two_checkouts(tmp_path: Path, monkeypat
         folder = tmp_path / checkout
         monkeypatch.setattr(sys, "executable", os.fspath(_interpreter_in(folder / ".venv")))
         # WHEN each builds the layer
-        layer = lambda_code._install_dependencies(ROOT / "lambdas" / "requirements.txt", folder / "cdk.out")
+        layer = lambda_code._install_dependencies(ROOT / "lambdas" / "requirements.lock", folder / "cdk.out")
         hashes.append(FileSystem.fingerprint(os.fspath(layer), exclude=[".complete"]))
         # (the building interpreter's path is nowhere in the layer)
         assert not [p for p in layer.rglob("*") if p.is_file() and os.fspath(folder).encode() in p.read_bytes()]

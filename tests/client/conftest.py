@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -15,13 +15,21 @@ from tests.faults.fault_stack import REPO_ROOT, FaultStack
 CliRun = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-            timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m async_inference.cli ARGS`` with none of the ASYNC_INFERENCE_* variables but those in ``env``."""
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m async_inference_client.cli ARGS`` with none of the ASYNC_INFERENCE_* variables but those in ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ASYNC_INFERENCE_")}
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "async_inference.cli", *args], env={**base, **(env or {})},
-                          cwd=REPO_ROOT, input=stdin, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "async_inference_client.cli", *args],
+        env={**base, **(env or {})},
+        cwd=REPO_ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.fixture(scope="session")

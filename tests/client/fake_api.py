@@ -8,9 +8,10 @@ import datetime as dt
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
@@ -69,15 +70,25 @@ def job_view(status: str = "running", job_id: str = JOB_ID, **extra: Any) -> dic
 
 def succeeded_view(api_url: str, job_id: str = JOB_ID) -> dict[str, Any]:
     """A succeeded job whose presigned result URL is served by the same fake API (``/results/{job_id}``)."""
-    expires = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
-    return job_view("succeeded", job_id, result={"url": f"{api_url}/results/{job_id}", "expires_at": expires},
-                    usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+    return job_view(
+        "succeeded",
+        job_id,
+        result={"url": f"{api_url}/results/{job_id}", "expires_at": expires},
+        usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    )
 
 
 def completion(job_id: str = JOB_ID, content: str = "the answer") -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "job_id": job_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "job_id": job_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
 
 
 class FakeApi:
@@ -96,15 +107,19 @@ class FakeApi:
 
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                request = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
-                               self.rfile.read(length))
+                request = Seen(
+                    self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length)
+                )
                 fake.seen.append(request)
                 reply = fake.respond(request)
                 if reply.drop:
                     self.close_connection = True
                     return
-                body = b"" if reply.body is None else (
-                    reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode())
+                body = (
+                    b""
+                    if reply.body is None
+                    else (reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode())
+                )
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -142,8 +157,12 @@ class FakePush:
     """A WebSocket server on 127.0.0.1 that hands each connection to ``converse(connection)`` and keeps what each
     client sent on connecting: its headers and its first message (the subscription)."""
 
-    def __init__(self, converse: Callable[[ServerConnection, dict[str, Any]], None], *,
-                 reply: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        converse: Callable[[ServerConnection, dict[str, Any]], None],
+        *,
+        reply: Callable[[dict[str, Any]], str | None] | None = None,
+    ) -> None:
         """``reply`` answers the subscription, as the WebSocket API does (default: ``{"type": "subscribed", ...}``;
         None from it: no answer)."""
         self.converse = converse

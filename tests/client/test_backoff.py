@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from async_inference.retry import DEFAULT_POLL, POLL_FLOOR_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
+from async_inference_client.retry import DEFAULT_POLL, POLL_FLOOR_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
 
 
 class FixedRandom(random.Random):
@@ -68,7 +68,7 @@ def test_a_schedule_that_makes_no_sense_is_refused_naming_the_option(options, na
         Backoff(**options)
 
 
-NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
 @pytest.mark.parametrize(

@@ -86,8 +86,9 @@ def test_wait_that_times_out_is_one_line_saying_the_job_goes_on_and_exit_5(on_st
     # WHEN a person submits and waits 2 s
     done = on_stack("submit", "--prompt", "nobody runs me", "--wait", "--timeout", "2")
     # THEN one line says the job is still queued and how to wait again
-    line = one_line_error(done, 5, "is still queued after 2 s", "it goes on: async-inference wait job_",
-                          after_progress=True)
+    line = one_line_error(
+        done, 5, "is still queued after 2 s", "it goes on: async-inference wait job_", after_progress=True
+    )
     job_id = line.split("async-inference wait ")[1].strip()
     # AND the job is indeed still there
     assert json.loads(on_stack("status", job_id, "--json").stdout)["status"] == "queued"

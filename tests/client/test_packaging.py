@@ -1,5 +1,5 @@
 """``pip install .`` in a fresh venv gives the ``async-inference`` command and the SDK, with the client's dependencies
-only: no boto3, nothing of the service.
+only: no boto3, no pydantic-settings, no module of the service.
 
 The venv is kept under .venv-sdk-test/<hash of pyproject.toml> (git-ignored), so only a change to the package's
 metadata pays for a fresh install; the package itself is reinstalled from this checkout on every run. CI starts
@@ -27,8 +27,12 @@ CACHE = REPO_ROOT / ".venv-sdk-test"
 
 
 def _pip(venv: Path, *args: str) -> None:
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           *args], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -37,8 +41,9 @@ def _source(tmp: Path) -> Path:
     source = tmp / "source"
     source.mkdir()
     shutil.copy(PYPROJECT, source / "pyproject.toml")
-    shutil.copytree(REPO_ROOT / "async_inference", source / "async_inference",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # The whole tree a checkout has, so that the package list in pyproject.toml, not this copy, decides what ships.
+    for folder in ("async_inference_client", "async_inference", "lambdas", "gpu_worker", "cdk"):
+        shutil.copytree(REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return source
 
 
@@ -75,25 +80,61 @@ def test_the_installed_command_prints_its_help(venv: Path, tmp_path: Path):
 
 
 def test_the_sdk_imports_with_the_client_dependencies_only(venv: Path, tmp_path: Path):
-    script = ("import importlib.util, sys\n"
-              "from async_inference.client import AsyncClient, Client\n"
-              "from async_inference.schemas import JobView\n"
-              "print(importlib.util.find_spec('boto3') is None, 'boto3' in sys.modules)\n")
+    script = (
+        "import importlib.util, sys\n"
+        "from async_inference_client import AsyncClient, Client\n"
+        "from async_inference_client.models.jobs import JobView\n"
+        "print(*[importlib.util.find_spec(m) is None for m in ('boto3', 'botocore', 'pydantic_settings')])\n"
+    )
     done = run(venv, "python", "-c", script, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False"], "boto3 is not installed, and so never imported"
+    assert done.stdout.split() == ["True", "True", "True"], "neither boto3 nor pydantic-settings is installed"
+
+
+def test_the_install_pulls_only_the_client_dependencies(venv: Path, tmp_path: Path):
+    # WHEN the fresh venv lists what pip installed into it
+    done = run(venv, "python", "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in done.stdout.split()}
+    # THEN the client and what it needs are there, and nothing of AWS or of the service's settings
+    assert {"async-inference-client", "pydantic", "httpx2", "websockets", "tqdm"} <= installed
+    assert installed & {"boto3", "botocore", "pydantic-settings", "aws-lambda-powertools", "aws-cdk-lib"} == set()
+
+
+def test_the_wheel_holds_the_client_package_only(venv: Path, tmp_path: Path):
+    # WHEN the installed distribution's files are listed
+    script = (
+        "import importlib.metadata as m, importlib.util as u\n"
+        "print(*sorted({f.parts[0] for f in m.files('async-inference-client') if f.suffix == '.py'}))\n"
+        "print(*[u.find_spec(p) is None for p in ('async_inference', 'lambdas', 'gpu_worker', 'cdk')])\n"
+    )
+    done = run(venv, "python", "-c", script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    packages, absent = done.stdout.splitlines()
+    # THEN every module it installed is the client's, and no package of the service is importable
+    assert packages.split() == ["async_inference_client"]
+    assert absent.split() == ["True"] * 4
 
 
 def test_the_installed_command_talks_to_an_api(venv: Path, tmp_path: Path):
     with FakeApi(lambda seen: Reply(200, job_view("running", model="m"))) as api:
-        done = run(venv, "async-inference", "--api-url", api.url, "--api-key", "k-0123456789abcdefghij",
-                   "status", JOB_ID, cwd=tmp_path)
+        done = run(
+            venv,
+            "async-inference",
+            "--api-url",
+            api.url,
+            "--api-key",
+            "k-0123456789abcdefghij",
+            "status",
+            JOB_ID,
+            cwd=tmp_path,
+        )
     assert done.returncode == 0, done.stderr
     assert "status    running" in done.stdout.splitlines()
 
 
-def test_the_operator_commands_say_what_to_install_without_boto3(venv: Path, tmp_path: Path):
-    done = run(venv, "async-inference", "dlq", "list", "--dlq-url", "https://sqs.example/q", cwd=tmp_path)
+def test_the_installed_command_has_no_operator_commands(venv: Path, tmp_path: Path):
+    # The AWS-side commands (DLQ, signing secrets) are the service's: `python -m async_inference.cli` in a checkout.
+    done = run(venv, "async-inference", "dlq", "list", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "async-inference: error: the dlq commands need boto3: pip install 'async-inference[aws]'"]
+    assert "invalid choice: 'dlq'" in done.stderr

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from time import monotonic
 from typing import Any
@@ -12,9 +13,8 @@ import pytest
 from pydantic import ValidationError
 from websockets.sync.server import ServerConnection
 
-from async_inference.client import AsyncClient, Client, JobUpdate
-from async_inference.jobs import JobStatus
-from async_inference.schemas import Subscription
+from async_inference_client import AsyncClient, Client, JobUpdate
+from async_inference_client.models.jobs import JobStatus, Subscription
 from local_runtime.moto_server import free_port
 from tests.client.fake_api import (
     JOB_ID,
@@ -58,6 +58,7 @@ def tell_the_whole_run(job: Job):
         job.status = "succeeded"
         connection.send(event("job.completed"))
         until_closed(connection)
+
     return converse
 
 
@@ -74,8 +75,12 @@ def test_wait_is_told_over_the_websocket_and_reads_the_job_only_around_it():
     assert push.headers[0]["x-api-key"] == KEY
     # AND it was told each step, progress included, and the end is the API's final view with the result
     assert [(u.via, u.status.value, u.progress and u.progress.completion_tokens) for u in updates] == [
-        ("poll", "queued", None), ("push", "running", None), ("push", "running", 5),
-        ("push", "succeeded", None), ("poll", "succeeded", None)]
+        ("poll", "queued", None),
+        ("push", "running", None),
+        ("push", "running", 5),
+        ("push", "succeeded", None),
+        ("poll", "succeeded", None),
+    ]
     assert final.status is JobStatus.SUCCEEDED and final.result is not None
     # AND it read the job twice (once subscribed, once at the end) and never slept to poll
     assert len(job.api.gets()) == 2 and time.sleeps == []
@@ -139,8 +144,9 @@ def test_a_silent_websocket_is_checked_with_a_get_each_push_check_interval():
     job.api.respond = respond
     push = FakePush(silent)
     with job.api, push:
-        final = Client(job.api.url, KEY, ws_url=push.url, push_check_s=0.1, sleep=time.sleep,
-                       clock=time.clock).wait(JOB_ID)
+        final = Client(job.api.url, KEY, ws_url=push.url, push_check_s=0.1, sleep=time.sleep, clock=time.clock).wait(
+            JOB_ID
+        )
         done.set()
     # THEN the client still learnt the end, by a GET after each quiet interval rather than by polling on a schedule
     assert final.status is JobStatus.SUCCEEDED
@@ -152,7 +158,7 @@ def test_other_jobs_events_and_messages_it_does_not_know_are_ignored():
 
     def noisy(connection: ServerConnection, subscription: dict[str, Any]) -> None:
         job.read.wait(10)
-        connection.send('{"type": "subscribed", "job_ids": ["%s"]}' % JOB_ID)
+        connection.send(json.dumps({"type": "subscribed", "job_ids": [JOB_ID]}))
         connection.send("not json at all")
         connection.send(event("job.completed", OTHER_JOB_ID))
         connection.send(event("job.teleported"))
@@ -162,9 +168,14 @@ def test_other_jobs_events_and_messages_it_does_not_know_are_ignored():
 
     push = FakePush(noisy)
     with job.api, push:
-        Client(job.api.url, KEY, ws_url=push.url, sleep=time.sleep, clock=time.clock).wait(JOB_ID, on_update=updates.append)
+        Client(job.api.url, KEY, ws_url=push.url, sleep=time.sleep, clock=time.clock).wait(
+            JOB_ID, on_update=updates.append
+        )
     assert [(u.via, u.job_id, u.status.value) for u in updates] == [
-        ("poll", JOB_ID, "running"), ("push", JOB_ID, "succeeded"), ("poll", JOB_ID, "succeeded")]
+        ("poll", JOB_ID, "running"),
+        ("push", JOB_ID, "succeeded"),
+        ("poll", JOB_ID, "succeeded"),
+    ]
 
 
 def test_a_job_already_final_when_subscribed_is_returned_at_once():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from async_inference.client import ApiError, ApiUnreachable, AsyncClient, Client
-from async_inference.retry import RetryPolicy
+from async_inference_client import ApiError, ApiUnreachable, AsyncClient, Client
+from async_inference_client.retry import RetryPolicy
 from tests.client.fake_api import JOB_ID, FakeApi, FakeTime, Reply, job_view
 from tests.client.test_backoff import FixedRandom
 
@@ -33,8 +33,10 @@ def serve(*replies: Reply) -> FakeApi:
 def test_429_and_503_are_sent_again_after_the_retry_after_they_carry():
     # GIVEN an API that answers 429 (Retry-After: 3), then 503 (Retry-After: 1), then the job
     time = FakeTime()
-    with serve(Reply(429, {"message": "Too Many Requests"}, {"Retry-After": "3"}),
-               Reply(503, {"error": {"code": "unavailable", "message": "retry"}}, {"Retry-After": "1"})) as api:
+    with serve(
+        Reply(429, {"message": "Too Many Requests"}, {"Retry-After": "3"}),
+        Reply(503, {"error": {"code": "unavailable", "message": "retry"}}, {"Retry-After": "1"}),
+    ) as api:
         # WHEN the client reads the job
         job = Client(api.url, KEY, sleep=time.sleep).get(JOB_ID)
     # THEN it waited exactly what the server asked, each time, and got the job on the third request
@@ -55,7 +57,7 @@ def test_refusals_without_retry_after_back_off_exponentially_with_jitter():
 
 def test_a_retry_after_given_as_an_http_date_is_honoured():
     time = FakeTime()
-    when = email.utils.format_datetime(dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30), usegmt=True)
+    when = email.utils.format_datetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30), usegmt=True)
     with serve(Reply(429, {"message": "slow down"}, {"Retry-After": when})) as api:
         Client(api.url, KEY, sleep=time.sleep).get(JOB_ID)
     # The date has a one-second resolution and the request took a moment: 28 to 30 s from the reply.
@@ -94,13 +96,22 @@ def test_a_refused_submit_is_sent_again_with_the_same_body_and_idempotency_key()
 
 def test_other_errors_are_not_retried_and_carry_the_apis_code_and_message():
     time = FakeTime()
-    body = {"error": {"code": "invalid_request", "message": "request.max_tokens: must be at most 4096",
-                      "details": [{"field": "request.max_tokens", "message": "must be at most 4096"}]}}
+    body = {
+        "error": {
+            "code": "invalid_request",
+            "message": "request.max_tokens: must be at most 4096",
+            "details": [{"field": "request.max_tokens", "message": "must be at most 4096"}],
+        }
+    }
     with serve(Reply(400, body)) as api:
         with pytest.raises(ApiError) as refused:
             Client(api.url, KEY, sleep=time.sleep).submit({"model": "m", "messages": [], "max_tokens": 10**6})
     error = refused.value
-    assert (error.status, error.code, error.message) == (400, "invalid_request", "request.max_tokens: must be at most 4096")
+    assert (error.status, error.code, error.message) == (
+        400,
+        "invalid_request",
+        "request.max_tokens: must be at most 4096",
+    )
     assert error.details == [{"field": "request.max_tokens", "message": "must be at most 4096"}]
     assert len(api.seen) == 1 and time.sleeps == []
 
@@ -137,8 +148,10 @@ def test_the_async_client_is_sent_again_after_the_same_retry_after():
         async with AsyncClient(api.url, KEY, sleep=time.async_sleep) as client:
             return (await client.get(JOB_ID)).job_id
 
-    with serve(Reply(429, {"message": "Too Many Requests"}, {"Retry-After": "4"}),
-               Reply(503, {"error": {"code": "unavailable", "message": "retry"}}, {"Retry-After": "2"})) as api:
+    with serve(
+        Reply(429, {"message": "Too Many Requests"}, {"Retry-After": "4"}),
+        Reply(503, {"error": {"code": "unavailable", "message": "retry"}}, {"Retry-After": "2"}),
+    ) as api:
         assert asyncio.run(read()) == JOB_ID
     assert time.sleeps == [4.0, 2.0] and len(api.seen) == 3
 

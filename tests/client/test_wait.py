@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from async_inference.client import AsyncClient, Client, JobUpdate, WaitTimeout
-from async_inference.jobs import JobStatus
-from async_inference.retry import DEFAULT_POLL, Backoff
+from async_inference_client import AsyncClient, Client, JobUpdate, WaitTimeout
+from async_inference_client.models.jobs import JobStatus
+from async_inference_client.retry import DEFAULT_POLL, Backoff
 from tests.client.fake_api import JOB_ID, FakeApi, FakeTime, Reply, Seen, completion, job_view, succeeded_view
 
 KEY = "test-key-0123456789abcdef"
@@ -44,7 +44,9 @@ def test_polls_back_off_from_one_second_up_to_a_twenty_second_cap():
     # 1 s, then level at the 20 s cap
     assert final.status is JobStatus.SUCCEEDED
     nominal = [DEFAULT_POLL.nominal(i) for i in range(len(time.sleeps))]
-    assert all(0.8 * n <= s <= n for s, n in zip(time.sleeps, nominal)), list(zip(time.sleeps, nominal))
+    assert all(0.8 * n <= s <= n for s, n in zip(time.sleeps, nominal, strict=True)), list(
+        zip(time.sleeps, nominal, strict=True)
+    )
     assert nominal[:4] == [1.0, 1.5, 2.25, 3.375] and max(time.sleeps) <= 20.0
     assert all(n == 20.0 for n in nominal[8:])
 
@@ -54,7 +56,8 @@ def polls_for_a_job_of(seconds: float, schedule: Backoff = DEFAULT_POLL, seed: i
     job = JobUntil(time, done_at=seconds)
     with job.api:
         Client(job.api.url, KEY, sleep=time.sleep, clock=time.clock, rng=random.Random(seed), ws_url="").wait(
-            JOB_ID, timeout_s=2 * seconds, poll=schedule)
+            JOB_ID, timeout_s=2 * seconds, poll=schedule
+        )
     return len(job.api.gets())
 
 
@@ -63,10 +66,12 @@ def test_a_ten_minute_job_costs_about_40_polls_where_a_fixed_half_second_cost_12
     # 0.5 s fixed interval the CLI used before
     backed_off = [polls_for_a_job_of(600, seed=seed) for seed in range(10)]
     fixed = polls_for_a_job_of(600, Backoff(initial_s=0.5, multiplier=1.0, cap_s=0.5, jitter=0.0))
-    # THEN the backoff polls it 40 or 41 times (async_inference.retry's docstring quotes this), the fixed interval
+    # THEN the backoff polls it 40 or 41 times (async_inference_client.retry's docstring quotes this), the fixed interval
     # 1,201 times: 30 times the billed requests, each counted against the tenant's quota
-    print(f"polls for a ten-minute job: {min(backed_off)}..{max(backed_off)} "
-          f"(mean {statistics.mean(backed_off):.1f}) with DEFAULT_POLL, {fixed} at a fixed 0.5 s")
+    print(
+        f"polls for a ten-minute job: {min(backed_off)}..{max(backed_off)} "
+        f"(mean {statistics.mean(backed_off):.1f}) with DEFAULT_POLL, {fixed} at a fixed 0.5 s"
+    )
     assert 39 <= min(backed_off) and max(backed_off) <= 42
     assert fixed == 1201
 
@@ -100,10 +105,16 @@ def test_on_update_sees_every_poll():
     views = iter([job_view("queued"), job_view("running"), job_view("running"), job_view("failed", error="boom")])
     updates: list[JobUpdate] = []
     with FakeApi(lambda seen: Reply(200, next(views))) as api:
-        final = Client(api.url, KEY, sleep=time.sleep, clock=time.clock, ws_url="").wait(JOB_ID, on_update=updates.append)
+        final = Client(api.url, KEY, sleep=time.sleep, clock=time.clock, ws_url="").wait(
+            JOB_ID, on_update=updates.append
+        )
     assert final.status is JobStatus.FAILED and final.error == "boom"
-    assert [(u.status.value, u.via) for u in updates] == [("queued", "poll"), ("running", "poll"), ("running", "poll"),
-                                                          ("failed", "poll")]
+    assert [(u.status.value, u.via) for u in updates] == [
+        ("queued", "poll"),
+        ("running", "poll"),
+        ("running", "poll"),
+        ("failed", "poll"),
+    ]
     assert updates[-1].job == final
 
 
@@ -129,5 +140,5 @@ def test_the_async_client_polls_on_the_same_schedule():
     with job.api:
         assert asyncio.run(wait()) is JobStatus.SUCCEEDED
     nominal = [DEFAULT_POLL.nominal(i) for i in range(len(time.sleeps))]
-    assert all(0.8 * n <= s <= n for s, n in zip(time.sleeps, nominal))
+    assert all(0.8 * n <= s <= n for s, n in zip(time.sleeps, nominal, strict=True))
     assert len(job.api.gets()) == len(time.sleeps) + 1

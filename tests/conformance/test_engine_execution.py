@@ -118,11 +118,12 @@ def report(name: str, results: list[tuple[Run, str | None]]) -> None:
 
 
 def first_failure(case: Run, check) -> str | None:
+    """Why the first of the case's choices that ``check(case, choice)`` rejects was rejected; None if none was."""
     if case.completion is None:
         return case.error
     for choice in case.completion.choices:
         try:
-            why = check(choice)
+            why = check(case, choice)
         except Exception as exc:  # JSON or schema error
             why = f"{type(exc).__name__}: {exc}"
         if why:
@@ -131,7 +132,7 @@ def first_failure(case: Run, check) -> str | None:
 
 
 def test_every_json_schema_body_gives_content_that_validates_against_its_schema(runs):
-    def check(choice):
+    def check(case: Run, choice):
         if choice.finish_reason != "stop":
             return f"did not finish ({choice.finish_reason})"
         jsonschema.validate(json.loads(choice.message.content), case.asks.json_schema)
@@ -143,7 +144,7 @@ def test_every_json_schema_body_gives_content_that_validates_against_its_schema(
 
 
 def test_every_json_object_body_gives_a_json_object(runs):
-    def check(choice):
+    def check(case: Run, choice):
         if choice.finish_reason != "stop":
             return f"did not finish ({choice.finish_reason})"
         return None if isinstance(json.loads(choice.message.content), dict) else "not an object"
@@ -154,7 +155,7 @@ def test_every_json_object_body_gives_a_json_object(runs):
 
 
 def test_every_forced_tool_choice_gives_tool_calls_whose_arguments_validate(runs):
-    def check(choice):
+    def check(case: Run, choice):
         legacy = case.asks.legacy_functions
         calls = [choice.message.function_call] if legacy else [c.function for c in choice.message.tool_calls or ()]
         if not calls or calls == [None]:
@@ -180,7 +181,7 @@ def test_logprobs_have_every_token_with_the_asked_alternatives(runs):
     if not cases:
         pytest.skip("no accepted corpus body asks for logprobs (tests/engines/test_cpu_openai_parameters.py does)")
 
-    def check(choice):
+    def check(case: Run, choice):
         content = choice.logprobs.content if choice.logprobs else None
         if not content:
             return "no logprobs"
@@ -198,7 +199,7 @@ def test_n_gives_n_choices(runs):
 
 
 def test_stop_sequences_are_not_in_the_text(runs):
-    def check(choice):
+    def check(case: Run, choice):
         found = [s for s in case.asks.stop if s in (choice.message.content or "")]
         return f"stop sequences in the text: {found}" if found else None
 

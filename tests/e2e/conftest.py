@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from local_runtime.moto_server import free_port
 from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalDeployment

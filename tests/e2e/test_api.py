@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from async_inference import settings
-from async_inference.client import ApiError
+from async_inference_client import ApiError
 from tests.e2e.conftest import chat
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from async_inference import settings
-from async_inference.cli import EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, main
-from async_inference.client import Client
+from async_inference_client.cli import EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, main
+from async_inference_client import Client
 from tests.e2e.conftest import TENANT_KEYS
 
 pytestmark = pytest.mark.e2e

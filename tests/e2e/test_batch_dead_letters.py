@@ -12,7 +12,7 @@ import pytest
 from async_inference.aws import client
 from async_inference.batches.dead_letters import DEAD_LETTERED_CODE
 from async_inference.jobs import JobStatus
-from async_inference.client import Client
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 from tests.e2e.test_batches_openai import jsonl, line, settled, until, upload

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from async_inference.aws import client
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.schemas import ClaimCheck
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat

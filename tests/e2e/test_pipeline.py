@@ -10,7 +10,7 @@ import requests
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference.client import ApiError, Client
+from async_inference_client import ApiError, Client
 from async_inference.schemas import ChatCompletion, ClaimCheck, Job
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat

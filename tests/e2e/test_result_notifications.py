@@ -6,7 +6,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import JobService
 from local_runtime.stack import LocalDeployment
@@ -98,7 +98,10 @@ def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_
     service = JobService.from_config(stack.resources.config)
     kept, gone = (api.cancel(api.submit(chat(text)).job_id).job_id for text in ("kept", "gone"))
     for job_id in (kept, gone):
-        service.store.update(job_id, notified=False)
+        client("dynamodb").update_item(TableName=stack.resources.config.table_name,
+                                       Key={settings.TABLE_PARTITION_KEY: {"S": job_id}},
+                                       UpdateExpression="SET notified = :no",
+                                       ExpressionAttributeValues={":no": {"BOOL": False}})
     jobs = [service.store.get(kept), service.store.get(gone)]
     client("dynamodb").delete_item(TableName=stack.resources.config.table_name,
                                    Key={settings.TABLE_PARTITION_KEY: {"S": gone}})

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from async_inference.client import Client
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 

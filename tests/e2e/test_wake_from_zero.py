@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.schemas import ChatCompletionRequest
 from local_runtime.deployer import CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
 from local_runtime.moto_server import free_port

@@ -14,7 +14,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference.client import ApiError, Client
+from async_inference_client import ApiError, Client
 from async_inference.aws import JobStore
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import build_notification

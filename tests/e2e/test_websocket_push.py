@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from async_inference import settings
-from async_inference.client import Client, JobUpdate
+from async_inference_client import Client, JobUpdate
 from local_runtime.moto_server import LOCAL_KEYS
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat

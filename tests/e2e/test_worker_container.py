@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from local_runtime.workers import ECS_PROVIDED, WorkerFleet
 from tests.e2e.conftest import chat

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from boto3.dynamodb.types import TypeDeserializer
 
 from async_inference import settings
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import Job
 from local_runtime.moto_server import free_port

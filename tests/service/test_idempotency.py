@@ -16,7 +16,7 @@ from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.jobs import new_job_id
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import ApiError, JobService
+from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -33,18 +33,18 @@ def config() -> Iterator[ServiceConfig]:
         for name, value in LOCAL_CREDENTIALS.items():
             patch.setenv(name, value)
         patch.setenv("AWS_ENDPOINT_URL", server.url)
-        client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+        client("s3").create_bucket(Bucket="claim-checks")
         client("dynamodb").create_table(
-            TableName=settings.TABLE_NAME,
+            TableName="jobs",
             BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[{"AttributeName": settings.TABLE_PARTITION_KEY, "AttributeType": "S"}],
             KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
         )
         yield ServiceConfig(
-            table_name=settings.TABLE_NAME,
-            bucket_name=settings.BUCKET_NAME,
-            queue_url=client("sqs").create_queue(QueueName=settings.QUEUE_NAME)["QueueUrl"],
-            topic_arn=client("sns").create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"],
+            table_name="jobs",
+            bucket_name="claim-checks",
+            queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
+            topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
         )
     server.stop()
 
@@ -79,7 +79,7 @@ def test_a_body_left_by_a_request_still_in_progress_holds_the_key_with_a_409(con
     # GIVEN a body stored just now under a key's request (its request has not created its job yet)
     request_key = leave_a_body_without_a_job(config, "in-flight", "the first")
     # WHEN a different request comes with the key
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(ServiceError) as refused:
         service(config).submit(TENANT, submission("the second"), "in-flight")
     # THEN it is told to retry, and the first body stays
     assert (refused.value.status, refused.value.code) == (409, "idempotency_key_in_progress")

@@ -14,7 +14,7 @@ from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.jobs import JobStatus
 from async_inference.quotas import TenantQuota
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
-from async_inference.service import ApiError, JobService
+from async_inference.service import ServiceError, JobService
 from local_runtime.moto_server import MotoServer, free_port
 
 LIMITED, OTHER = "tenant-limited", "tenant-other"
@@ -27,9 +27,9 @@ def chat() -> JobSubmission:
 @pytest.fixture(scope="module")
 def service(moto: MotoServer) -> JobService:
     string = "S"
-    client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+    client("s3").create_bucket(Bucket="claim-checks")
     client("dynamodb").create_table(
-        TableName=settings.TABLE_NAME, BillingMode="PAY_PER_REQUEST",
+        TableName="jobs", BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[{"AttributeName": name, "AttributeType": string} for name in (
             settings.TABLE_PARTITION_KEY, settings.TENANT_INDEX_PARTITION_KEY, settings.TENANT_INDEX_SORT_KEY,
             settings.ACTIVE_JOBS_ATTRIBUTE)],
@@ -43,8 +43,8 @@ def service(moto: MotoServer) -> JobService:
         ],
     )
     queue = client("sqs").create_queue(QueueName=f"jobs-{free_port()}")["QueueUrl"]
-    topic = client("sns").create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"]
-    return JobService(store=JobStore(settings.TABLE_NAME), blobs=Blobs(settings.BUCKET_NAME), queue=JobQueue(queue),
+    topic = client("sns").create_topic(Name="results")["TopicArn"]
+    return JobService(store=JobStore("jobs"), blobs=Blobs("claim-checks"), queue=JobQueue(queue),
                       notifier=Notifier(topic), quotas={LIMITED: TenantQuota(max_active_jobs=3)})
 
 
@@ -53,7 +53,7 @@ def test_a_tenant_at_its_active_job_limit_gets_a_429_naming_it_until_a_job_ends(
     jobs = [service.submit(LIMITED, chat(), None).job for _ in range(2)]
     jobs.append(service.submit(LIMITED, JobSubmission(upload=UploadSpec(size_bytes=10)), None).job)
     # WHEN it submits a fourth
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(ServiceError) as refused:
         service.submit(LIMITED, chat(), None)
     # THEN it is a 429 quota_exceeded that names the limit and its value
     assert refused.value.status == 429 and refused.value.code == "quota_exceeded"
@@ -61,7 +61,7 @@ def test_a_tenant_at_its_active_job_limit_gets_a_429_naming_it_until_a_job_ends(
     # AND once one of its jobs ends (cancelled here; any final state), it may submit one more, and only one
     service.cancel(LIMITED, jobs[0].job_id)
     assert service.submit(LIMITED, chat(), None).job.status is JobStatus.QUEUED
-    with pytest.raises(ApiError):
+    with pytest.raises(ServiceError):
         service.submit(LIMITED, chat(), None)
 
 
@@ -70,7 +70,7 @@ def test_another_tenant_is_not_held_by_the_limited_ones_jobs(service):
     for _ in range(3):
         try:
             service.submit(LIMITED, chat(), None)
-        except ApiError:
+        except ServiceError:
             break
     # WHEN another tenant, whose plan sets no limit, submits THEN it is queued (the default limit applies to it)
     assert service.store.count_active(OTHER, up_to=settings.DEFAULT_MAX_ACTIVE_JOBS) == 0

@@ -34,14 +34,14 @@ assert len(ORIGINAL) == len(SWAPPED)  # the same size: the announced size alone 
 
 @pytest.fixture(scope="module")
 def tables(moto: MotoServer) -> ServiceConfig:
-    client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+    client("s3").create_bucket(Bucket="claim-checks")
     client("dynamodb").create_table(
-        TableName=settings.TABLE_NAME, BillingMode="PAY_PER_REQUEST",
+        TableName="jobs", BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[{"AttributeName": settings.TABLE_PARTITION_KEY, "AttributeType": "S"}],
         KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
     )
-    return ServiceConfig(table_name=settings.TABLE_NAME, bucket_name=settings.BUCKET_NAME, queue_url="",
-                         topic_arn=client("sns").create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"])
+    return ServiceConfig(table_name="jobs", bucket_name="claim-checks", queue_url="",
+                         topic_arn=client("sns").create_topic(Name="results")["TopicArn"])
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ BODY = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "h
 @pytest.fixture(scope="module")
 def config(moto: MotoServer) -> ServiceConfig:
     sqs, sns, dynamodb = client("sqs"), client("sns"), client("dynamodb")
-    client("s3").create_bucket(Bucket=settings.BUCKET_NAME)
+    client("s3").create_bucket(Bucket="claim-checks")
     dynamodb.create_table(
-        TableName=settings.TABLE_NAME,
+        TableName="jobs",
         BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[
             {"AttributeName": name, "AttributeType": "S"}
@@ -55,11 +55,11 @@ def config(moto: MotoServer) -> ServiceConfig:
         ],
     )
     return ServiceConfig(
-        table_name=settings.TABLE_NAME,
-        bucket_name=settings.BUCKET_NAME,
-        queue_url=sqs.create_queue(QueueName=settings.QUEUE_NAME)["QueueUrl"],
-        topic_arn=sns.create_topic(Name=settings.RESULT_TOPIC_NAME)["TopicArn"],
-        upload_deadlines_queue_url=sqs.create_queue(QueueName=settings.UPLOAD_DEADLINES_QUEUE_NAME)["QueueUrl"],
+        table_name="jobs",
+        bucket_name="claim-checks",
+        queue_url=sqs.create_queue(QueueName="jobs")["QueueUrl"],
+        topic_arn=sns.create_topic(Name="results")["TopicArn"],
+        upload_deadlines_queue_url=sqs.create_queue(QueueName="upload-deadlines")["QueueUrl"],
     )
 
 

@@ -17,7 +17,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from async_inference import settings
 from async_inference.config import DispatcherSettings, SettingsError
 from async_inference.jobs import JobStatus
-from async_inference.schemas import Job, ResultNotification, Timings, WebhookState, utcnow
+from async_inference.schemas import Job, ResultNotification, Timings, WebhookAttempt, WebhookState, utcnow
 from async_inference.webhooks import delivery, events, signing, url_safety
 from async_inference.webhooks.__main__ import main as webhooks_main
 from async_inference.webhooks.backoff import Backoff
@@ -405,6 +405,18 @@ def test_a_tenant_without_a_secret_is_a_failed_attempt_not_an_unsigned_request()
     outcome = dispatcher(store, poster).dispatch(notification_body(store.job), receive_count=1)
     assert not outcome.done and poster.calls == []
     assert store.attempts[0][0]["error"] == "the service has no signing secret for this tenant"
+
+
+def test_the_attempt_recorded_is_what_the_webhook_attempt_model_reads_back_nothing_lost():
+    # GIVEN a receiver that answers 503 on the third receive of the delivery
+    store, poster = FakeStore(make_job()), FakePoster(PostResult(503))
+    # WHEN the dispatcher records the attempt
+    dispatcher(store, poster).dispatch(notification_body(store.job), receive_count=3)
+    [(attempt, _)] = store.attempts
+    # THEN the record is the model's own form: a reader (JobView.webhook.attempts) gets every field written
+    read = WebhookAttempt.model_validate(attempt)
+    assert read.model_dump(mode="json", exclude_none=True) == attempt
+    assert (read.event, read.receive_count, read.status_code, read.error) == ("completed", 3, 503, "HTTP 503")
 
 
 # --- The HTTP POST itself -------------------------------------------------------------------------------------------

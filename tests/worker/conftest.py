@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from tests.faults.fault_stack import FaultStack
 
 

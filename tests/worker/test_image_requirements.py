@@ -1,6 +1,7 @@
-"""The worker image's Python dependencies are gpu_worker/requirements.txt and nothing else (vLLM's image brings vLLM and
-torch, not what the worker imports). A worker started from a fresh venv made of that file alone, over a copy of exactly
-what the Dockerfile copies, must run a job: an import the image lacks fails here, not at the first deployment.
+"""The worker image's Python dependencies are gpu_worker/requirements.lock (requirements.txt pinned with hashes) and
+nothing else (vLLM's image brings vLLM and torch, not what the worker imports). A worker started from a fresh venv
+made of that file alone (``--require-hashes``, as the Dockerfile installs it), over a copy of exactly what the
+Dockerfile copies, must run a job: an import the image lacks fails here, not at the first deployment.
 
 The venv is cached under ``.venv-image-<hash>/`` (git-ignored), keyed by the requirements file and the Python version,
 so repeated runs take seconds; a clean checkout (CI) builds it from scratch.
@@ -19,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from tests.faults.fault_stack import FaultStack, chat
 
 pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "gpu_worker" / "Dockerfile"
-REQUIREMENTS = REPO_ROOT / "gpu_worker" / "requirements.txt"
+REQUIREMENTS = REPO_ROOT / "gpu_worker" / "requirements.lock"  # what the Dockerfile installs, hashes required
 IMAGE_WORKDIR = "/app"
 
 
@@ -39,8 +40,8 @@ def image_venv() -> Path:
     # Built beside its final place and renamed into it, so an interrupted build is never taken for a complete one.
     building = REPO_ROOT / f".venv-image-{key}.{uuid.uuid4().hex[:8]}"
     subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
-    subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
-                   check=True, timeout=900)
+    subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--require-hashes", "-r",
+                    str(REQUIREMENTS)], check=True, timeout=900)
     (building / ".complete").touch()
     try:
         building.rename(venv)
@@ -63,7 +64,8 @@ def image_copies() -> list[tuple[str, str]]:
 
 def test_the_dockerfile_copies_the_worker_packages():
     # The test below runs what these lines copy; if the image stopped copying them it would test nothing.
-    assert {destination for _, destination in image_copies()} >= {"async_inference/", "gpu_worker/"}
+    assert {destination for _, destination in image_copies()} >= {"async_inference/", "async_inference_client/",
+                                                                   "gpu_worker/"}
 
 
 def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):

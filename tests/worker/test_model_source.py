@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from async_inference.client import Client
+from async_inference_client import Client
 from async_inference.config import ServiceConfig, SettingsError
 from gpu_worker.config import WorkerSettings
 from gpu_worker.model_source import MANIFEST_NAME, ModelSource, parse_s3_uri

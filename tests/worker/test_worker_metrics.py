@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from async_inference import settings
-from async_inference.client import Client
+from async_inference_client import Client
 from tests.cdk.conftest import Synthesized, synthesized, worker_context  # noqa: F401 (fixtures)
 from tests.faults.fault_stack import FaultStack, chat
 

@@ -73,8 +73,8 @@ def parse_retry_after(value: str | None, *, now: dt.datetime | None = None) -> f
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT; parsedate gives a naive one for "-0000"
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - (now or dt.datetime.now(dt.UTC))).total_seconds())
 
 
 @dataclass(frozen=True)
