@@ -57,7 +57,11 @@ PROMPTS = [
     "Who wrote Hamlet? Answer briefly.",
 ]
 SERVED_NAME = "SmolLM2-135M-Instruct"
+# On the CPU backend gpu_memory_utilization is the share of the node's memory that must be free at start (0.92 by
+# default): on a shared machine it is not, and the engine refuses to start; the KV cache is VLLM_CPU_KVCACHE_SPACE.
+MEMORY_UTILIZATION = 0.2
 ENGINE_OPTIONS = {
+    "gpu_memory_utilization": MEMORY_UTILIZATION,
     "max_model_len": MAX_MODEL_LEN,
     "max_num_seqs": MAX_NUM_SEQS,
     "enforce_eager": True,
@@ -294,6 +298,7 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "MAX_NUM_SEQS": str(MAX_NUM_SEQS),
         "SERVED_MODEL_NAME": SERVED_NAME,
+        "GPU_MEMORY_UTILIZATION": str(MEMORY_UTILIZATION),
         "TOOL_CALL_PARSER": "hermes",
         "ENFORCE_EAGER": "1",
         "DTYPE": "float32",
