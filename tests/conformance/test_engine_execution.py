@@ -187,7 +187,7 @@ def test_every_forced_tool_choice_gives_tool_calls_whose_arguments_validate(runs
 
     cases = [c for c in runs if c.asks.forces_tool_call]
     assert cases
-    report("forced tool_choice", [(case, first_failure(case, check)) for case in cases])
+    report("forced tool_choice", structured_results(cases, check))
 
 
 def test_logprobs_have_every_token_with_the_asked_alternatives(runs):
