@@ -150,7 +150,8 @@ def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unch
             engine.generate("plain-mixed", plain),
             engine.generate("json-mixed", request("Describe a person.", response_format={
                 "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})),
-            engine.generate("tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required")),
+            engine.generate("tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required",
+                                                  parallel_tool_calls=False)),
         )
 
     mixed, structured, tool = run(together())
