@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints,
-                      Tag, field_validator, model_validator)
+                      Tag, field_serializer, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
@@ -864,6 +864,12 @@ class ResultNotification(_Internal):
     error: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     timings: Timings
+
+    @field_serializer("result")
+    def _result_as_stored(self, result: ChatCompletion | None) -> dict[str, Any] | None:
+        # The inline result is the stored object, nulls included (``"refusal": null``, ``"logprobs": null`` as OpenAI
+        # writes them), though the notification itself is published without its unset fields (exclude_none).
+        return None if result is None else result.model_dump(mode="json")
 
 
 # --- The WebSocket API: what a client sends to be told, and what it is told -----------------------------------------

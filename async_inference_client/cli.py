@@ -151,7 +151,15 @@ def _list_lines(page: JobList) -> list[str]:
 
 
 def _answer_lines(completion: ChatCompletion) -> list[str]:
-    return [choice.message.content for choice in completion.choices]
+    """Each choice's text, and its tool calls (a choice that only called tools has no text)."""
+    lines: list[str] = []
+    for choice in completion.choices:
+        message = choice.message
+        if message.content is not None:
+            lines.append(message.content)
+        calls = [c.function for c in message.tool_calls or ()] + ([message.function_call] if message.function_call else [])
+        lines += [f"tool call: {call.name}({call.arguments})" for call in calls]
+    return lines
 
 
 # --- Input ----------------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+
+from async_inference import settings
 from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
@@ -20,7 +22,11 @@ FUNCTION_TIMEOUT = Duration.seconds(30)
 # batch retried after a throttled invocation is not received again while it still runs.
 VISIBILITY_TIMEOUT = Duration.seconds(6 * 30)
 # Receives of one dead-lettered message before the handler gives up on it: it then moves to ``unhandled_queue``.
-MAX_RECEIVE_COUNT = 5
+HANDLER_TRIES = 5
+# A message keeps the receive count it reached in its source queue when SQS moves it to the DLQ (as moto keeps it;
+# SQS documents no reset), so the DLQ's own redrive counts on from the source's limit: with maxReceiveCount equal to
+# the source's, a dead-lettered claim check would move on to ``unhandled_queue`` at its first receive there, unhandled.
+MAX_RECEIVE_COUNT = settings.MAX_RECEIVE_COUNT + HANDLER_TRIES
 # Concurrent invocations the event source may run (its ScalingConfig; 2 is the least Lambda takes): a DLQ has no
 # hurry, and the functions behind the API must keep the account's concurrency.
 MAXIMUM_CONCURRENCY = 2

@@ -22,7 +22,8 @@ autoscaling = client("autoscaling")
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler(capture_response=False)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    released, kept = [], []
+    released: list[str] = []
+    kept: list[str] = []
     for group in capacity_groups(ecs, CLUSTER):
         done = release_empty_instances(ecs, autoscaling, cluster=CLUSTER, group=group)
         released += done.released

@@ -69,7 +69,9 @@ def test_a_message_past_its_retention_period_is_not_received(summaries: list[int
     sqs.send_message(QueueUrl=url, MessageBody="old")
     from moto.sqs.models import sqs_backends
 
-    queue = sqs_backends["123456789012"]["us-east-1"].get_queue("short")
+    # the account moto serves this process (an earlier test's environment may have set another than moto's default)
+    account = boto3.client("sts", region_name="us-east-1").get_caller_identity()["Account"]
+    queue = sqs_backends[account]["us-east-1"].get_queue("short")
     old = next(m for m in queue._messages if m.body == "old")
     old.sent_timestamp -= 120_000
 
