@@ -49,8 +49,8 @@ def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
     lowered = {k.lower(): v for k, v in (headers or {}).items() if isinstance(v, str)}
     keys = []
     authorization = lowered.get("authorization", "").strip()
-    if authorization.lower().startswith(BEARER) and authorization[len(BEARER):].strip():
-        keys.append(authorization[len(BEARER):].strip())
+    if authorization.lower().startswith(BEARER) and authorization[len(BEARER) :].strip():
+        keys.append(authorization[len(BEARER) :].strip())
     if lowered.get("x-api-key", "").strip():
         keys.append(lowered["x-api-key"].strip())
     return keys
@@ -59,9 +59,15 @@ def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
 class TenantKeys:
     """API key value -> tenant, over this stack's tenants' keys (``key_ids``: tenant -> its key id, or its key ids)."""
 
-    def __init__(self, key_ids: Mapping[str, str | Sequence[str]], fetch: FetchKey, *,
-                 clock: Callable[[], float] = time.monotonic, ttl_s: float = KEYS_TTL_S,
-                 refresh_min_s: float = REFRESH_MIN_S) -> None:
+    def __init__(
+        self,
+        key_ids: Mapping[str, str | Sequence[str]],
+        fetch: FetchKey,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ttl_s: float = KEYS_TTL_S,
+        refresh_min_s: float = REFRESH_MIN_S,
+    ) -> None:
         self._key_ids = {tenant: (ids,) if isinstance(ids, str) else tuple(ids) for tenant, ids in key_ids.items()}
         self._fetch = fetch
         self._clock = clock
@@ -75,7 +81,9 @@ class TenantKeys:
         with self._lock:
             now = self._clock()
             stale = self._read_at is None or now - self._read_at >= self._ttl_s
-            unknown = value not in self._by_value and (self._read_at is None or now - self._read_at >= self._refresh_min_s)
+            unknown = value not in self._by_value and (
+                self._read_at is None or now - self._read_at >= self._refresh_min_s
+            )
             if stale or unknown:
                 self._read(now)
             return self._by_value.get(value)

@@ -15,8 +15,9 @@ import base64
 import datetime as dt
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import boto3
 from boto3.dynamodb.conditions import Attr, Key
@@ -124,8 +125,13 @@ def append_webhook_attempt(table: Any, key: dict[str, str], attempt: dict[str, A
         names["#status"] = "status"
         values[":status"] = status
     try:
-        table.update_item(Key=key, UpdateExpression=update, ConditionExpression=Attr("webhook").exists(),
-                          ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+        table.update_item(
+            Key=key,
+            UpdateExpression=update,
+            ConditionExpression=Attr("webhook").exists(),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
     except ClientError as exc:
         if is_error(exc, "ConditionalCheckFailedException"):
             return False
@@ -209,8 +215,11 @@ class JobStore:
         if lease is not None and JobStatus.RUNNING in sources:
             # Running already: only a holder that is gone (its lease lapsed: its messages are visible again) or this
             # owner itself gives it up. Items from before leases have none, and move as they always did.
-            lapsed = (Attr("lease_expires_ms").not_exists() | Attr("lease_expires_ms").lt(now_ms)
-                      | Attr("lease_owner").eq(lease[0]))
+            lapsed = (
+                Attr("lease_expires_ms").not_exists()
+                | Attr("lease_expires_ms").lt(now_ms)
+                | Attr("lease_owner").eq(lease[0])
+            )
             others = [s.value for s in sources if s is not JobStatus.RUNNING]
             running = Attr("status").eq(JobStatus.RUNNING.value) & lapsed
             condition = (Attr("status").is_in(others) | running) if others else running
@@ -242,10 +251,16 @@ class JobStore:
                     Key={_PK: job_id},
                     UpdateExpression="SET #expires = :expires",
                     ConditionExpression="#owner = :owner AND #status = :running",
-                    ExpressionAttributeNames={"#expires": "lease_expires_ms", "#owner": "lease_owner",
-                                              "#status": "status"},
-                    ExpressionAttributeValues={":expires": expires_ms, ":owner": owner,
-                                               ":running": JobStatus.RUNNING.value},
+                    ExpressionAttributeNames={
+                        "#expires": "lease_expires_ms",
+                        "#owner": "lease_owner",
+                        "#status": "status",
+                    },
+                    ExpressionAttributeValues={
+                        ":expires": expires_ms,
+                        ":owner": owner,
+                        ":running": JobStatus.RUNNING.value,
+                    },
                 )
             except ClientError as exc:
                 if not is_error(exc, "ConditionalCheckFailedException"):
@@ -336,8 +351,12 @@ class JobStore:
         """How many of the tenant's jobs are unfinished, counted up to ``up_to`` (reading no further)."""
         count, start = 0, None
         while count < up_to:
-            kwargs: dict[str, Any] = {"IndexName": settings.ACTIVE_JOBS_INDEX_NAME, "Select": "COUNT",
-                                      "KeyConditionExpression": Key(_ACTIVE).eq(tenant), "Limit": up_to - count}
+            kwargs: dict[str, Any] = {
+                "IndexName": settings.ACTIVE_JOBS_INDEX_NAME,
+                "Select": "COUNT",
+                "KeyConditionExpression": Key(_ACTIVE).eq(tenant),
+                "Limit": up_to - count,
+            }
             if start:
                 kwargs["ExclusiveStartKey"] = start
             response = self._table.query(**kwargs)
@@ -377,12 +396,20 @@ class Blobs:
     def put_json(self, key: str, body: bytes) -> None:
         self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
 
-    def put_json_once(self, key: str, body: bytes, *, bucket: str | None = None,
-                      content_type: str = "application/json", max_bytes: int = settings.MAX_UPLOAD_BYTES) -> bytes | None:
+    def put_json_once(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        bucket: str | None = None,
+        content_type: str = "application/json",
+        max_bytes: int = settings.MAX_UPLOAD_BYTES,
+    ) -> bytes | None:
         """Write ``body`` unless the key exists (S3 conditional write); the existing object's bytes if it did."""
         try:
-            self._s3.put_object(Bucket=bucket or self.bucket, Key=key, Body=body, ContentType=content_type,
-                                IfNoneMatch="*")
+            self._s3.put_object(
+                Bucket=bucket or self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*"
+            )
         except ClientError as exc:
             if is_error(exc, "PreconditionFailed", "ConditionalRequestConflict", "412"):
                 return self.get(key, max_bytes=max_bytes, bucket=bucket)
@@ -392,7 +419,9 @@ class Blobs:
     def get_range(self, key: str, first_byte: int, last_byte: int, *, bucket: str | None = None) -> bytes:
         """Bytes ``first_byte`` to ``last_byte`` (inclusive, as an HTTP Range) of an object; KeyError when absent."""
         try:
-            response = self._s3.get_object(Bucket=bucket or self.bucket, Key=key, Range=f"bytes={first_byte}-{last_byte}")
+            response = self._s3.get_object(
+                Bucket=bucket or self.bucket, Key=key, Range=f"bytes={first_byte}-{last_byte}"
+            )
         except ClientError as exc:
             if is_error(exc, "NoSuchKey", "404", "NoSuchBucket"):
                 raise KeyError(key) from exc
@@ -447,7 +476,9 @@ class Blobs:
         return url, headers
 
     def presign_get(self, key: str, *, expires_s: int) -> str:
-        return self._s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s)
+        return self._s3.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s
+        )
 
 
 # --- SQS ------------------------------------------------------------------------------------------------------------
@@ -575,7 +606,6 @@ class Notifier:
             MessageAttributes=notification_attributes(notification, has_webhook=has_webhook),
         )
 
-
     def publish_batch(self, notifications: list[tuple[ResultNotification, bool]]) -> list[bool]:
         """Publish (notification, has_webhook) pairs in as few PublishBatch requests as SNS allows (10 entries and
         256 KB a request); whether each one was published, in order."""
@@ -595,8 +625,13 @@ class Notifier:
             self._publish_chunk(chunk, notifications, bodies, published)
         return published
 
-    def _publish_chunk(self, chunk: list[int], notifications: list[tuple[ResultNotification, bool]],
-                       bodies: list[str], published: list[bool]) -> None:
+    def _publish_chunk(
+        self,
+        chunk: list[int],
+        notifications: list[tuple[ResultNotification, bool]],
+        bodies: list[str],
+        published: list[bool],
+    ) -> None:
         entries = [
             {
                 "Id": str(i),
@@ -615,7 +650,9 @@ SNS_BATCH_ENTRIES = 10
 SNS_BATCH_BYTES = 256 * 1024
 
 
-def notification_attributes(notification: ResultNotification, *, has_webhook: bool = False) -> dict[str, dict[str, str]]:
+def notification_attributes(
+    notification: ResultNotification, *, has_webhook: bool = False
+) -> dict[str, dict[str, str]]:
     attributes = {
         "status": {"DataType": "String", "StringValue": notification.status.value},
         "tenant": {"DataType": "String", "StringValue": notification.tenant},
@@ -661,11 +698,17 @@ class WorkerService:
         (a one-time scheduled action back to 0, replacing the previous one) is put first: if the raise then fails,
         nothing is left held."""
         scaling = autoscaling or self._autoscaling()
-        target = {"ServiceNamespace": "ecs", "ScalableDimension": "ecs:service:DesiredCount",
-                  "ResourceId": f"service/{self.cluster.split('/')[-1]}/{self.service.split('/')[-1]}"}
-        scaling.put_scheduled_action(**target, ScheduledActionName=WAKE_HOLD_RELEASE,
-                                     Schedule=f"at({release_at.strftime('%Y-%m-%dT%H:%M:%S')})",
-                                     ScalableTargetAction={"MinCapacity": 0})
+        target = {
+            "ServiceNamespace": "ecs",
+            "ScalableDimension": "ecs:service:DesiredCount",
+            "ResourceId": f"service/{self.cluster.split('/')[-1]}/{self.service.split('/')[-1]}",
+        }
+        scaling.put_scheduled_action(
+            **target,
+            ScheduledActionName=WAKE_HOLD_RELEASE,
+            Schedule=f"at({release_at.strftime('%Y-%m-%dT%H:%M:%S')})",
+            ScalableTargetAction={"MinCapacity": 0},
+        )
         scaling.register_scalable_target(**target, MinCapacity=minimum)
 
     def _autoscaling(self) -> Any:
@@ -718,7 +761,11 @@ class JobEvents:
         published = [False] * len(activities)
         for start in range(0, len(activities), SNS_BATCH_ENTRIES):
             entries = [
-                {"Id": str(i), "Message": a.model_dump_json(exclude_none=True), "MessageAttributes": activity_attributes(a)}
+                {
+                    "Id": str(i),
+                    "Message": a.model_dump_json(exclude_none=True),
+                    "MessageAttributes": activity_attributes(a),
+                }
                 for i, a in enumerate(activities[start : start + SNS_BATCH_ENTRIES])
             ]
             response = self._sns.publish_batch(TopicArn=self.topic_arn, PublishBatchRequestEntries=entries)
@@ -749,21 +796,31 @@ class ConnectionStore:
     def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
         self._table = (dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)).Table(table_name)
 
-    def open(self, connection_id: str, tenant: str, key_hash: str | None = None, *,
-             max_per_tenant: int = settings.WS_MAX_CONNECTIONS_PER_TENANT) -> None:
+    def open(
+        self,
+        connection_id: str,
+        tenant: str,
+        key_hash: str | None = None,
+        *,
+        max_per_tenant: int = settings.WS_MAX_CONNECTIONS_PER_TENANT,
+    ) -> None:
         """Record an open connection of ``tenant``, and the hash of the key it opened with (the push drops a connection
         whose key is revoked). TooManyConnections when the tenant has ``max_per_tenant`` open already (counted on the
         eventually consistent tenant index: connects racing within its lag may each pass)."""
         if self.count(tenant, up_to=max_per_tenant) >= max_per_tenant:
-            raise TooManyConnections(f"tenant {tenant} has {max_per_tenant} open WebSocket connections, the most it may")
+            raise TooManyConnections(
+                f"tenant {tenant} has {max_per_tenant} open WebSocket connections, the most it may"
+            )
         now = utcnow()
-        self._table.put_item(Item={
-            _CONNECTION: connection_id,
-            settings.CONNECTION_TENANT_KEY: tenant,
-            "connected_at": now.isoformat(),
-            settings.CONNECTION_TTL_ATTRIBUTE: int(now.timestamp()) + settings.WS_MAX_CONNECTION_S,
-            **({_KEY_HASH: key_hash} if key_hash else {}),
-        })
+        self._table.put_item(
+            Item={
+                _CONNECTION: connection_id,
+                settings.CONNECTION_TENANT_KEY: tenant,
+                "connected_at": now.isoformat(),
+                settings.CONNECTION_TTL_ATTRIBUTE: int(now.timestamp()) + settings.WS_MAX_CONNECTION_S,
+                **({_KEY_HASH: key_hash} if key_hash else {}),
+            }
+        )
 
     def close(self, connection_id: str) -> None:
         self._table.delete_item(Key={_CONNECTION: connection_id})
@@ -771,7 +828,8 @@ class ConnectionStore:
     def count(self, tenant: str, *, up_to: int) -> int:
         """The tenant's open connections (expired ones not yet deleted by TTL left out), counted up to ``up_to``."""
         kwargs: dict[str, Any] = {
-            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME, "Select": "COUNT",
+            "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
+            "Select": "COUNT",
             "KeyConditionExpression": Key(settings.CONNECTION_TENANT_KEY).eq(tenant),
             "FilterExpression": Attr(settings.CONNECTION_TTL_ATTRIBUTE).gt(int(utcnow().timestamp())),
         }
@@ -819,10 +877,12 @@ class ConnectionStore:
             if len(ids) > settings.WS_MAX_JOB_IDS_PER_CONNECTION:
                 raise TooManySubscriptions(
                     f"a connection follows at most {settings.WS_MAX_JOB_IDS_PER_CONNECTION} job ids: subscribe with "
-                    "'all': true instead, or open another connection") from exc
+                    "'all': true instead, or open another connection"
+                ) from exc
             values.pop(":room", None)
-            self._table.update_item(**request, ConditionExpression="attribute_exists(#pk)",
-                                    ExpressionAttributeValues=values)
+            self._table.update_item(
+                **request, ConditionExpression="attribute_exists(#pk)", ExpressionAttributeValues=values
+            )
         return True
 
     def followed(self, tenant: str, job_ids: Iterable[str]) -> set[str]:
@@ -852,8 +912,9 @@ class ConnectionStore:
         work). Only this tenant's connections are read: another tenant's never see its jobs."""
         return [connection for connection, _ in self.followers(tenant, job_id=job_id, batch_id=batch_id)]
 
-    def followers(self, tenant: str, *, job_id: str | None = None,
-                  batch_id: str | None = None) -> list[tuple[str, str | None]]:
+    def followers(
+        self, tenant: str, *, job_id: str | None = None, batch_id: str | None = None
+    ) -> list[tuple[str, str | None]]:
         """``subscribers``, each with the hash of the key its connection opened with (None: opened before keys were
         recorded)."""
         wanted = Attr("all").eq(True)

@@ -158,8 +158,9 @@ def cmd_webhook_secret(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise CliError(f"--secret-arns is not JSON ({exc}): give the stack output WebhookSigningSecretArns") from exc
     if not isinstance(arns, dict):
-        raise CliError('--secret-arns must be a JSON object {"tenant": "<secret ARN>"} (the stack output '
-                       "WebhookSigningSecretArns)")
+        raise CliError(
+            '--secret-arns must be a JSON object {"tenant": "<secret ARN>"} (the stack output WebhookSigningSecretArns)'
+        )
     secretsmanager = client("secretsmanager")
     tenants = [args.tenant] if args.tenant is not None else sorted(arns)
     try:
@@ -184,8 +185,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from async_inference import preflight
 
     session = boto3.session.Session()
-    findings = preflight.run_checks(preflight.plan_from(args, session.region_name), session.client,
-                                    docker=not args.no_docker)
+    findings = preflight.run_checks(
+        preflight.plan_from(args, session.region_name), session.client, docker=not args.no_docker
+    )
     return preflight.report(findings)
 
 
@@ -232,8 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from async_inference import preflight
 
-    checks = command("preflight", cmd_preflight,
-                     "platform teams: check the account and this machine before the first cdk deploy (AWS credentials)")
+    checks = command(
+        "preflight",
+        cmd_preflight,
+        "platform teams: check the account and this machine before the first cdk deploy (AWS credentials)",
+    )
     preflight.add_arguments(checks)
     return parser
 

@@ -228,7 +228,9 @@ class ServiceSettings(EnvSettings):
     topic_arn: str = Field(alias=ENV_TOPIC_ARN, description="the result topic's ARN")
     dlq_url: str | None = Field(None, alias=ENV_DLQ_URL, description="the job queue's dead-letter queue URL")
     upload_deadlines_queue_url: str | None = Field(
-        None, alias=ENV_UPLOAD_DEADLINES_QUEUE_URL, description="the upload-deadline queue's URL (the API schedules there)"
+        None,
+        alias=ENV_UPLOAD_DEADLINES_QUEUE_URL,
+        description="the upload-deadline queue's URL (the API schedules there)",
     )
     allow_local_webhooks: bool = Field(
         False, alias=ENV_ALLOW_LOCAL_WEBHOOKS, description="1 lets webhooks target http://127.0.0.1; local runs only"
@@ -252,18 +254,24 @@ class ServiceSettings(EnvSettings):
         None, alias=ENV_WORKER_SERVICE, description="the worker service's ARN, woken when a job is queued"
     )
     wake_check_interval_s: float = Field(
-        DEFAULT_WAKE_CHECK_INTERVAL_S, gt=0, alias=ENV_WAKE_CHECK_INTERVAL_S,
+        DEFAULT_WAKE_CHECK_INTERVAL_S,
+        gt=0,
+        alias=ENV_WAKE_CHECK_INTERVAL_S,
         description="seconds between two wake checks of one process",
     )
     wake_hold_s: float = Field(
-        0.0, ge=0, alias=ENV_WAKE_HOLD_S, description="seconds a wake holds the scaling minimum at one task",
+        0.0,
+        ge=0,
+        alias=ENV_WAKE_HOLD_S,
+        description="seconds a wake holds the scaling minimum at one task",
     )
 
     @model_validator(mode="after")
     def _wake_complete(self) -> ServiceSettings:
         if (self.worker_cluster is None) != (self.worker_service is None):
-            raise ValueError(f"set both {ENV_WORKER_CLUSTER} and {ENV_WORKER_SERVICE} (the service to wake from zero), "
-                             "or neither")
+            raise ValueError(
+                f"set both {ENV_WORKER_CLUSTER} and {ENV_WORKER_SERVICE} (the service to wake from zero), or neither"
+            )
         return self
 
     @property
@@ -271,8 +279,11 @@ class ServiceSettings(EnvSettings):
         if self.worker_cluster is None or self.worker_service is None:
             return None
         return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s, self.wake_hold_s)
+
     payload_retention_days: int = Field(
-        settings.PAYLOAD_RETENTION_DAYS, ge=1, alias=ENV_PAYLOAD_RETENTION_DAYS,
+        settings.PAYLOAD_RETENTION_DAYS,
+        ge=1,
+        alias=ENV_PAYLOAD_RETENTION_DAYS,
         description="days the bucket keeps requests and results",
     )
 
@@ -297,7 +308,9 @@ class DispatcherSettings(EnvSettings):
     table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
     webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
     # Unset: batch events are dropped (a stack without batches).
-    batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)")
+    batch_table_name: str | None = Field(
+        None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)"
+    )
     webhook_secret_arns: Json[dict[str, str]] | None = Field(
         None, alias=ENV_WEBHOOK_SECRET_ARNS, description='{"tenant": "<ARN of its Secrets Manager signing secret>"}'
     )
@@ -317,8 +330,10 @@ class DispatcherSettings(EnvSettings):
     @model_validator(mode="after")
     def _has_secrets(self) -> DispatcherSettings:
         if self.webhook_secrets_json is None and self.webhook_secret_arns is None:
-            raise ValueError(f"set {ENV_WEBHOOK_SECRET_ARNS} (or {ENV_WEBHOOK_SECRETS_JSON} in tests): the tenants' "
-                             "webhook signing secrets")
+            raise ValueError(
+                f"set {ENV_WEBHOOK_SECRET_ARNS} (or {ENV_WEBHOOK_SECRETS_JSON} in tests): the tenants' "
+                "webhook signing secrets"
+            )
         return self
 
 
@@ -350,7 +365,8 @@ class PushSettings(EnvSettings):
         alias=ENV_WEBSOCKET_CALLBACK_URL, min_length=1, description="the WebSocket stage's management API URL"
     )
     tenant_api_key_ids: Json[dict[str, str | list[str]]] | None = Field(
-        None, alias=ENV_TENANT_API_KEY_IDS,
+        None,
+        alias=ENV_TENANT_API_KEY_IDS,
         description='the tenants\' API key ids, {"tenant": ["key id", ...]}: a connection whose key is no longer among '
         "them is closed; unset: not checked",
     )

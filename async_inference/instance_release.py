@@ -40,8 +40,9 @@ def _empty(instance: dict[str, Any]) -> bool:
 def _describe(ecs: Any, cluster: str, arns: list[str]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for start in range(0, len(arns), 100):  # DescribeContainerInstances takes 100 at a time
-        found += ecs.describe_container_instances(cluster=cluster, containerInstances=arns[start:start + 100])[
-            "containerInstances"]
+        found += ecs.describe_container_instances(cluster=cluster, containerInstances=arns[start : start + 100])[
+            "containerInstances"
+        ]
     return found
 
 
@@ -53,8 +54,11 @@ def capacity_groups(ecs: Any, cluster: str) -> list[str]:
     if not names:
         return []
     providers = ecs.describe_capacity_providers(capacityProviders=names)["capacityProviders"]
-    return [p["autoScalingGroupProvider"]["autoScalingGroupArn"].split("autoScalingGroupName/")[-1]
-            for p in providers if "autoScalingGroupProvider" in p]
+    return [
+        p["autoScalingGroupProvider"]["autoScalingGroupArn"].split("autoScalingGroupName/")[-1]
+        for p in providers
+        if "autoScalingGroupProvider" in p
+    ]
 
 
 def release_empty_instances(ecs: Any, autoscaling: Any, *, cluster: str, group: str) -> Released:
@@ -72,15 +76,19 @@ def release_empty_instances(ecs: Any, autoscaling: Any, *, cluster: str, group: 
     release = [i for i in again if _empty(i)]
     keep = [i for i in again if not _empty(i)]
     if keep:
-        ecs.update_container_instances_state(cluster=cluster, status="ACTIVE",
-                                             containerInstances=[i["containerInstanceArn"] for i in keep])
+        ecs.update_container_instances_state(
+            cluster=cluster, status="ACTIVE", containerInstances=[i["containerInstanceArn"] for i in keep]
+        )
     instance_ids = [i["ec2InstanceId"] for i in release]
     if instance_ids:
-        autoscaling.set_instance_protection(AutoScalingGroupName=group, InstanceIds=instance_ids,
-                                            ProtectedFromScaleIn=False)
+        autoscaling.set_instance_protection(
+            AutoScalingGroupName=group, InstanceIds=instance_ids, ProtectedFromScaleIn=False
+        )
         desired = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0][
-            "DesiredCapacity"]
-        autoscaling.set_desired_capacity(AutoScalingGroupName=group, HonorCooldown=False,
-                                         DesiredCapacity=max(0, desired - len(instance_ids)))
+            "DesiredCapacity"
+        ]
+        autoscaling.set_desired_capacity(
+            AutoScalingGroupName=group, HonorCooldown=False, DesiredCapacity=max(0, desired - len(instance_ids))
+        )
         logger.info("released %d empty GPU instance(s): %s", len(instance_ids), instance_ids)
     return Released(tuple(instance_ids), tuple(i["ec2InstanceId"] for i in keep))

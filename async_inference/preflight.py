@@ -88,23 +88,33 @@ def _error_code(exc: Exception) -> str:
 def check_gpu_quota(ec2: Any, quotas: Any, plan: Plan) -> Finding:
     """The G and VT vCPU quota against what ``plan.instances`` instances of the type need."""
     vcpus = ec2.describe_instance_types(InstanceTypes=[plan.instance_type])["InstanceTypes"][0]["VCpuInfo"][
-        "DefaultVCpus"]
+        "DefaultVCpus"
+    ]
     needed = vcpus * plan.instances
     try:
         value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=G_AND_VT_QUOTA_CODE)["Quota"]["Value"]
     except Exception as exc:  # an account or region Service Quotas cannot answer for: say so, do not guess
-        return Finding("gpu_quota", False, f"could not read the quota ({_error_code(exc)})",
-                       f"check 'Running On-Demand G and VT instances' ({G_AND_VT_QUOTA_CODE}) in the Service Quotas "
-                       f"console: it must be at least {needed} vCPUs")
+        return Finding(
+            "gpu_quota",
+            False,
+            f"could not read the quota ({_error_code(exc)})",
+            f"check 'Running On-Demand G and VT instances' ({G_AND_VT_QUOTA_CODE}) in the Service Quotas "
+            f"console: it must be at least {needed} vCPUs",
+        )
     if value >= needed:
-        return Finding("gpu_quota", True, f"{value:g} vCPUs of G and VT instances allowed; {plan.instances} x "
-                       f"{plan.instance_type} need {needed}")
+        return Finding(
+            "gpu_quota",
+            True,
+            f"{value:g} vCPUs of G and VT instances allowed; {plan.instances} x {plan.instance_type} need {needed}",
+        )
     return Finding(
-        "gpu_quota", False,
+        "gpu_quota",
+        False,
         f"{value:g} vCPUs of G and VT instances allowed; {plan.instances} x {plan.instance_type} ({vcpus} vCPUs each) "
         f"need {needed}: the instances would never launch and the first deploy would wait for its task",
         f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {G_AND_VT_QUOTA_CODE} "
-        f"--desired-value {needed}" + (f" --region {plan.region}" if plan.region else "")
+        f"--desired-value {needed}"
+        + (f" --region {plan.region}" if plan.region else "")
         + " (approval can take a day; or lower max_gpu_instances)",
     )
 
@@ -114,13 +124,18 @@ def check_lambda_concurrency(lambda_: Any, plan: Plan) -> Finding:
     try:
         limit = lambda_.get_account_settings()["AccountLimit"]["ConcurrentExecutions"]
     except Exception as exc:
-        return Finding("lambda_concurrency", False, f"could not read the account's Lambda settings ({_error_code(exc)})",
-                       f"check 'Concurrent executions' ({LAMBDA_CONCURRENCY_QUOTA_CODE}) in the Service Quotas console: "
-                       f"at least {plan.min_lambda_concurrency}")
+        return Finding(
+            "lambda_concurrency",
+            False,
+            f"could not read the account's Lambda settings ({_error_code(exc)})",
+            f"check 'Concurrent executions' ({LAMBDA_CONCURRENCY_QUOTA_CODE}) in the Service Quotas console: "
+            f"at least {plan.min_lambda_concurrency}",
+        )
     if limit >= plan.min_lambda_concurrency:
         return Finding("lambda_concurrency", True, f"{limit} concurrent Lambda executions")
     return Finding(
-        "lambda_concurrency", False,
+        "lambda_concurrency",
+        False,
         f"{limit} concurrent Lambda executions (a new account's): the queue-driven functions may take 11 at once, "
         f"which would throttle the API",
         f"aws service-quotas request-service-quota-increase --service-code lambda --quota-code "
@@ -139,17 +154,23 @@ def check_zones(ec2: Any, plan: Plan) -> Finding:
     else:
         zones = ec2.describe_availability_zones(Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}])
         used = sorted(z["ZoneName"] for z in zones["AvailabilityZones"] if z.get("State") == "available")[
-            :DEFAULT_ZONE_COUNT]
+            :DEFAULT_ZONE_COUNT
+        ]
         how = "the region's first two zones (no availability_zones given)"
     missing = [z for z in used if z not in offered]
     if not offered:
-        return Finding("zones", False, f"no zone of this region offers {plan.instance_type}",
-                       "choose another region or gpu_instance_type")
+        return Finding(
+            "zones",
+            False,
+            f"no zone of this region offers {plan.instance_type}",
+            "choose another region or gpu_instance_type",
+        )
     if not missing:
         return Finding("zones", True, f"{plan.instance_type} is offered in {', '.join(used)} ({how})")
     suggestion = json.dumps(offered[:DEFAULT_ZONE_COUNT])
     return Finding(
-        "zones", False,
+        "zones",
+        False,
         f"{plan.instance_type} is not offered in {', '.join(missing)} of {how}; it is in {', '.join(offered)}: "
         "the capacity provider would launch nothing there",
         f"cdk deploy -c availability_zones='{suggestion}' (or set it in cdk.json's context)",
@@ -164,8 +185,9 @@ def check_bootstrap(cloudformation: Any, ssm: Any, plan: Plan) -> Finding:
     except Exception as exc:
         if _error_code(exc) != "ValidationError":
             raise
-        return Finding("bootstrap", False, f"no {BOOTSTRAP_STACK} stack: this account and region are not bootstrapped",
-                       fix)
+        return Finding(
+            "bootstrap", False, f"no {BOOTSTRAP_STACK} stack: this account and region are not bootstrapped", fix
+        )
     if stack["StackStatus"] not in ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE"):
         return Finding("bootstrap", False, f"{BOOTSTRAP_STACK} is {stack['StackStatus']}", fix)
     name = f"/cdk-bootstrap/{plan.qualifier}/version"
@@ -176,8 +198,12 @@ def check_bootstrap(cloudformation: Any, ssm: Any, plan: Plan) -> Finding:
             raise
         return Finding("bootstrap", False, f"{BOOTSTRAP_STACK} exists but {name} does not", fix)
     if version < plan.min_bootstrap_version:
-        return Finding("bootstrap", False, f"bootstrap version {version}; the assets need {plan.min_bootstrap_version}",
-                       fix + " (updates the bootstrap stack)")
+        return Finding(
+            "bootstrap",
+            False,
+            f"bootstrap version {version}; the assets need {plan.min_bootstrap_version}",
+            fix + " (updates the bootstrap stack)",
+        )
     return Finding("bootstrap", True, f"{BOOTSTRAP_STACK} at version {version}")
 
 
@@ -191,35 +217,64 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
 def check_docker(plan: Plan, run: Runner = _run, machine: str | None = None) -> list[Finding]:
     """A Docker engine with buildx, and whether it builds the worker image's platform on this machine."""
     if shutil.which("docker") is None:
-        return [Finding("docker", False, "no docker command on PATH: cdk deploy builds the worker image with it",
-                        "install Docker (Engine or Desktop) with the buildx plugin")]
+        return [
+            Finding(
+                "docker",
+                False,
+                "no docker command on PATH: cdk deploy builds the worker image with it",
+                "install Docker (Engine or Desktop) with the buildx plugin",
+            )
+        ]
     engine = run(["docker", "version", "--format", "{{.Server.Version}}"])
     if engine.returncode != 0:
-        return [Finding("docker", False, f"the Docker engine does not answer: {engine.stderr.strip()[:200]}",
-                        "start the Docker daemon (or Docker Desktop), and check this user may use it")]
+        return [
+            Finding(
+                "docker",
+                False,
+                f"the Docker engine does not answer: {engine.stderr.strip()[:200]}",
+                "start the Docker daemon (or Docker Desktop), and check this user may use it",
+            )
+        ]
     buildx = run(["docker", "buildx", "inspect", "--bootstrap"])
     if buildx.returncode != 0:
-        return [Finding("docker", False, f"Docker {engine.stdout.strip()} has no working buildx",
-                        "install the docker-buildx plugin")]
+        return [
+            Finding(
+                "docker",
+                False,
+                f"Docker {engine.stdout.strip()} has no working buildx",
+                "install the docker-buildx plugin",
+            )
+        ]
     findings = [Finding("docker", True, f"Docker {engine.stdout.strip()} with buildx")]
     host = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(
-        (machine or platform.machine()).lower(), machine or platform.machine())
-    platforms = next((line.split(":", 1)[1] for line in buildx.stdout.splitlines()
-                      if line.strip().startswith("Platforms:")), "")
+        (machine or platform.machine()).lower(), machine or platform.machine()
+    )
+    platforms = next(
+        (line.split(":", 1)[1] for line in buildx.stdout.splitlines() if line.strip().startswith("Platforms:")), ""
+    )
     available = {p.strip().rstrip("*") for p in platforms.split(",") if p.strip()}
     if plan.image_platform == host:
         findings.append(Finding("image_platform", True, f"the worker image ({plan.image_platform}) builds natively"))
     elif plan.image_platform in available:
-        findings.append(Finding("image_platform", True, f"the worker image ({plan.image_platform}) builds under "
-                                f"emulation on this {host} machine: expect a slow first build"))
+        findings.append(
+            Finding(
+                "image_platform",
+                True,
+                f"the worker image ({plan.image_platform}) builds under "
+                f"emulation on this {host} machine: expect a slow first build",
+            )
+        )
     else:
-        findings.append(Finding(
-            "image_platform", False,
-            f"the worker image is {plan.image_platform} (for {plan.instance_type}) and this {host} machine's builder "
-            f"offers {', '.join(sorted(available)) or 'no other platform'}",
-            "docker run --privileged --rm tonistiigi/binfmt --install all (QEMU emulation), or deploy from a "
-            f"{plan.image_platform} machine (a CI runner)",
-        ))
+        findings.append(
+            Finding(
+                "image_platform",
+                False,
+                f"the worker image is {plan.image_platform} (for {plan.instance_type}) and this {host} machine's builder "
+                f"offers {', '.join(sorted(available)) or 'no other platform'}",
+                "docker run --privileged --rm tonistiigi/binfmt --install all (QEMU emulation), or deploy from a "
+                f"{plan.image_platform} machine (a CI runner)",
+            )
+        )
     return findings
 
 
@@ -238,8 +293,14 @@ def run_checks(plan: Plan, client: Callable[[str], Any], *, docker: bool = True,
             findings.append(check())
         except Exception as exc:
             said = " ".join(str(exc).split())[:200]
-            findings.append(Finding(name, False, f"could not check: {type(exc).__name__}: {said}",
-                                    "check the AWS credentials and region this command runs with"))
+            findings.append(
+                Finding(
+                    name,
+                    False,
+                    f"could not check: {type(exc).__name__}: {said}",
+                    "check the AWS credentials and region this command runs with",
+                )
+            )
     if docker:
         findings.extend(check_docker(plan, run))
     return findings
@@ -253,22 +314,30 @@ def report(findings: Sequence[Finding], out: Any = None) -> int:
         if not finding.ok and finding.fix:
             print(f"        fix: {finding.fix}", file=out)
     missing = [f.check for f in findings if not f.ok]
-    print(f"\n{len(findings) - len(missing)} of {len(findings)} checks passed" +
-          (f"; missing: {', '.join(missing)}" if missing else ": ready for cdk deploy"), file=out)
+    print(
+        f"\n{len(findings) - len(missing)} of {len(findings)} checks passed"
+        + (f"; missing: {', '.join(missing)}" if missing else ": ready for cdk deploy"),
+        file=out,
+    )
     return 1 if missing else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance-type", default="g5.xlarge", help="gpu_instance_type (g5.xlarge)")
-    parser.add_argument("--instances", type=int, default=2,
-                        help="max_gpu_instances, plus deployment_spare_instances (2)")
+    parser.add_argument(
+        "--instances", type=int, default=2, help="max_gpu_instances, plus deployment_spare_instances (2)"
+    )
     parser.add_argument("--zones", default="", help="availability_zones, comma-separated (default: the first two)")
     parser.add_argument("--no-docker", action="store_true", help="skip the Docker checks (a machine that only reads)")
 
 
 def plan_from(args: argparse.Namespace, region: str | None) -> Plan:
-    return Plan(instance_type=args.instance_type, instances=args.instances, region=region,
-                zones=tuple(z.strip() for z in args.zones.split(",") if z.strip()))
+    return Plan(
+        instance_type=args.instance_type,
+        instances=args.instances,
+        region=region,
+        zones=tuple(z.strip() for z in args.zones.split(",") if z.strip()),
+    )
 
 
 def main(argv: list[str] | None = None, client: Callable[[str], Any] | None = None) -> int:

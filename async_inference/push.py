@@ -63,7 +63,9 @@ class WebSocketRoutes:
         self.connections = connections
         self.tenants = tenants
 
-    def connect(self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None) -> str | None:
+    def connect(
+        self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None
+    ) -> str | None:
         """Open the connection for its key's tenant; None (refuse it) for a missing or unknown key."""
         key = api_key_of(headers, query)
         tenant = self.tenants.tenant_of(key) if key else None
@@ -93,7 +95,7 @@ class WebSocketRoutes:
     def default(body: str | None) -> str:
         """Any message no route takes."""
         example = json.dumps({"action": settings.WS_ROUTE_SUBSCRIBE, "job_ids": ["job_..."]})
-        return error_reply("unknown_action", f"send {example} (or \"batch_id\": ..., or \"all\": true)")
+        return error_reply("unknown_action", f'send {example} (or "batch_id": ..., or "all": true)')
 
 
 # --- Pushing events -------------------------------------------------------------------------------------------------
@@ -117,12 +119,21 @@ def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
         return Pushed(note.tenant, JobEvent(type=final, job_id=note.job_id, error=note.error)) if final else None
     if kind in settings.ACTIVITY_EVENTS:
         activity = JobActivity.model_validate_json(message)
-        return Pushed(activity.tenant, JobEvent(type=activity.event, job_id=activity.job_id, progress=activity.progress))
+        return Pushed(
+            activity.tenant, JobEvent(type=activity.event, job_id=activity.job_id, progress=activity.progress)
+        )
     if kind in settings.BATCH_RESULT_EVENTS:
         ended = BatchNotification.model_validate_json(message)
         counts = ended.batch.request_counts
-        return Pushed(ended.tenant, BatchEvent(type=ended.type, batch_id=ended.batch.id, status=ended.batch.status.value,
-                                               request_counts=counts.model_dump() if counts else None))
+        return Pushed(
+            ended.tenant,
+            BatchEvent(
+                type=ended.type,
+                batch_id=ended.batch.id,
+                status=ended.batch.status.value,
+                request_counts=counts.model_dump() if counts else None,
+            ),
+        )
     return None
 
 
@@ -150,8 +161,11 @@ class Pusher:
         outcome = PushOutcome()
         data = pushed.event.model_dump_json(exclude_none=True).encode()
         event = pushed.event
-        followers = (self.connections.followers(pushed.tenant, job_id=event.job_id) if isinstance(event, JobEvent)
-                     else self.connections.followers(pushed.tenant, batch_id=event.batch_id))
+        followers = (
+            self.connections.followers(pushed.tenant, job_id=event.job_id)
+            if isinstance(event, JobEvent)
+            else self.connections.followers(pushed.tenant, batch_id=event.batch_id)
+        )
         for connection_id, hashed in followers:
             if self.keys is not None and hashed is not None and not self.keys.holds(pushed.tenant, hashed):
                 self.poster.disconnect(connection_id)

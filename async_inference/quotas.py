@@ -24,5 +24,7 @@ class TenantQuota(BaseModel):
 
 
 def quota_exceeded_message(tenant: str, limit: int) -> str:
-    return (f"max_active_jobs: tenant {tenant} has {limit} jobs awaiting upload, queued or running, its limit; submit "
-            "again once some have finished")
+    return (
+        f"max_active_jobs: tenant {tenant} has {limit} jobs awaiting upload, queued or running, its limit; submit "
+        "again once some have finished"
+    )

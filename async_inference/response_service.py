@@ -26,7 +26,7 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
-from async_inference.service import ServiceError, JobService, describe_validation_error
+from async_inference.service import JobService, ServiceError, describe_validation_error
 
 
 class ResponseService:
@@ -40,8 +40,9 @@ class ResponseService:
             chat = to_chat_request(request)
         except ValidationError as exc:  # a limit of the chat request the Responses model does not repeat
             message, details = describe_validation_error(exc)
-            raise ServiceError(400, "invalid_request", f"the request converts to an invalid chat request: {message}",
-                           details) from exc
+            raise ServiceError(
+                400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
+            ) from exc
         if not self.jobs.served.serves(request.model):
             message = self.jobs.served.not_found_message(request.model)
             raise ServiceError(404, "model_not_found", message, [{"field": "model", "message": message}])
@@ -49,8 +50,10 @@ class ResponseService:
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
         # earlier request's body under the same Idempotency-Key (submit then replays or refuses that request).
-        self.blobs.put_json_once(settings.responses_request_key(tenant, job_id),
-                                 request.model_dump_json(exclude_none=True, by_alias=True).encode())
+        self.blobs.put_json_once(
+            settings.responses_request_key(tenant, job_id),
+            request.model_dump_json(exclude_none=True, by_alias=True).encode(),
+        )
         submission = JobSubmission(request=chat, metadata=request.metadata or {})
         submitted = self.jobs.submit(tenant, submission, idempotency_key, job_id=job_id)
         return to_response(submitted.job, request if submitted.created else self._original(submitted.job))
@@ -70,8 +73,9 @@ class ResponseService:
                 if exc.status != 409:
                     raise
                 ended = to_response(self.jobs.get(tenant, job.job_id), original).status
-                raise ServiceError(409, "conflict", f"response {response_id} is already {ended} and cannot be "
-                               "cancelled") from exc
+                raise ServiceError(
+                    409, "conflict", f"response {response_id} is already {ended} and cannot be cancelled"
+                ) from exc
         return to_response(job, original)
 
     def delete(self, tenant: str, response_id: str) -> ResponseDeleted:
@@ -87,8 +91,9 @@ class ResponseService:
         self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
         return ResponseDeleted(id=response_id)
 
-    def input_items(self, tenant: str, response_id: str, *, after: str | None, limit: int,
-                    order: Literal["asc", "desc"]) -> InputItemList:
+    def input_items(
+        self, tenant: str, response_id: str, *, after: str | None, limit: int, order: Literal["asc", "desc"]
+    ) -> InputItemList:
         """The response's input items, OpenAI's cursor page (``order`` desc by default, as OpenAI's)."""
         _, original = self._get(tenant, response_id)
         items = input_items(response_id, original)
@@ -97,12 +102,20 @@ class ResponseService:
         if after is not None:
             ids = [item["id"] for item in items]
             if after not in ids:
-                raise ServiceError(400, "invalid_request", f"after: {after!r} is not an input item of {response_id}",
-                               [{"field": "after", "message": "not an input item of this response"}])
-            items = items[ids.index(after) + 1:]
+                raise ServiceError(
+                    400,
+                    "invalid_request",
+                    f"after: {after!r} is not an input item of {response_id}",
+                    [{"field": "after", "message": "not an input item of this response"}],
+                )
+            items = items[ids.index(after) + 1 :]
         page = items[:limit]
-        return InputItemList(data=page, first_id=page[0]["id"] if page else None,
-                             last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
+        return InputItemList(
+            data=page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=len(items) > limit,
+        )
 
     # --- Reads ----------------------------------------------------------------------------------------------------
 
@@ -122,16 +135,21 @@ class ResponseService:
             raise not_found from exc
 
     def _original(self, job: Job) -> ResponseCreate:
-        body = self.blobs.get(settings.responses_request_key(job.tenant, job.job_id),
-                              max_bytes=settings.MAX_INLINE_REQUEST_BYTES * 2)
+        body = self.blobs.get(
+            settings.responses_request_key(job.tenant, job.job_id), max_bytes=settings.MAX_INLINE_REQUEST_BYTES * 2
+        )
         return ResponseCreate.model_validate_json(body)
 
     def _result(self, job: Job) -> ChatCompletion | None:
         """The job's chat.completion once it has succeeded; 410 once the bucket's retention has deleted it."""
         if job.status is not JobStatus.SUCCEEDED or not job.result_key:
             return None
-        expired = ServiceError(410, "result_expired", f"the output of response {response_id_of(job.job_id)} expired: "
-                           f"results are kept {self.jobs.payload_retention_days} days after they are written")
+        expired = ServiceError(
+            410,
+            "result_expired",
+            f"the output of response {response_id_of(job.job_id)} expired: "
+            f"results are kept {self.jobs.payload_retention_days} days after they are written",
+        )
         if job.result_expires_at is not None and utcnow() >= job.result_expires_at:
             raise expired
         try:

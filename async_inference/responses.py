@@ -83,8 +83,10 @@ _NON_TEXT_INPUTS = {"input_image": "an image", "input_file": "a file", "input_au
 def _text_only_input(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _NON_TEXT_INPUTS:
-        raise _refuse("unsupported_content", f"this {kind!r} part ({_NON_TEXT_INPUTS[kind]}) cannot be read: "
-                      f"{TEXT_ONLY}; send input_text parts only")
+        raise _refuse(
+            "unsupported_content",
+            f"this {kind!r} part ({_NON_TEXT_INPUTS[kind]}) cannot be read: {TEXT_ONLY}; send input_text parts only",
+        )
     return value
 
 
@@ -108,13 +110,17 @@ class Refusal(_Strict):
     refusal: Text
 
 
-InputPart = Annotated[_by_type(InputText, OutputText, Refusal, field="a content part"),
-                      BeforeValidator(_text_only_input)]
+InputPart = Annotated[
+    _by_type(InputText, OutputText, Refusal, field="a content part"), BeforeValidator(_text_only_input)
+]
 InputContent = Annotated[
     Annotated[Text, Tag(TAG_MARK + "str")]
     | Annotated[list[InputPart], Field(min_length=1, max_length=settings.MAX_CONTENT_PARTS), Tag(TAG_MARK + "list")],
-    Discriminator(_shape, custom_error_type="content_type",
-                  custom_error_message="content must be a string or a list of content parts"),
+    Discriminator(
+        _shape,
+        custom_error_type="content_type",
+        custom_error_message="content must be a string or a list of content parts",
+    ),
 ]
 
 
@@ -186,29 +192,41 @@ def _item_kind(value: Any) -> str | None:
 def _known_item(value: Any) -> Any:
     kind = value.get("type", "message") if isinstance(value, dict) else None
     if kind == "item_reference":
-        raise _refuse("unsupported_item", "an item_reference refers to an item OpenAI stored; this service keeps no "
-                      "items to refer to: send the item itself")
+        raise _refuse(
+            "unsupported_item",
+            "an item_reference refers to an item OpenAI stored; this service keeps no "
+            "items to refer to: send the item itself",
+        )
     if isinstance(kind, str) and kind not in ("message", "function_call", "function_call_output", "reasoning"):
-        raise _refuse("unsupported_item", f"a {kind!r} item cannot be run here: the input may hold message, "
-                      "function_call, function_call_output and reasoning items")
+        raise _refuse(
+            "unsupported_item",
+            f"a {kind!r} item cannot be run here: the input may hold message, "
+            "function_call, function_call_output and reasoning items",
+        )
     return value
 
 
 InputItem = Annotated[
-    Union[Annotated[InputMessage, Tag(TAG_MARK + "message")],  # noqa: UP007
-          Annotated[FunctionCallItem, Tag(TAG_MARK + "function_call")],
-          Annotated[FunctionCallOutputItem, Tag(TAG_MARK + "function_call_output")],
-          Annotated[ReasoningItem, Tag(TAG_MARK + "reasoning")]],
-    Discriminator(_item_kind, custom_error_type="invalid_type",
-                  custom_error_message="an input item needs a type among 'message', 'function_call', "
-                  "'function_call_output', 'reasoning'"),
+    Union[  # noqa: UP007 (a union of Annotated members, written as the schemas module writes its own)
+        Annotated[InputMessage, Tag(TAG_MARK + "message")],
+        Annotated[FunctionCallItem, Tag(TAG_MARK + "function_call")],
+        Annotated[FunctionCallOutputItem, Tag(TAG_MARK + "function_call_output")],
+        Annotated[ReasoningItem, Tag(TAG_MARK + "reasoning")],
+    ],
+    Discriminator(
+        _item_kind,
+        custom_error_type="invalid_type",
+        custom_error_message="an input item needs a type among 'message', 'function_call', "
+        "'function_call_output', 'reasoning'",
+    ),
     BeforeValidator(_known_item),
 ]
 Input = Annotated[
     Annotated[Text, Tag(TAG_MARK + "str")]
     | Annotated[list[InputItem], Field(min_length=1, max_length=settings.MAX_MESSAGES), Tag(TAG_MARK + "list")],
-    Discriminator(_shape, custom_error_type="input_type",
-                  custom_error_message="input must be a string or a list of input items"),
+    Discriminator(
+        _shape, custom_error_type="input_type", custom_error_message="input must be a string or a list of input items"
+    ),
 ]
 
 
@@ -225,11 +243,16 @@ class FunctionTool(_Strict):
 def _function_tool(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _HOSTED_TOOLS or (isinstance(kind, str) and kind.startswith(("web_search", "computer_use"))):
-        raise _refuse("unsupported_tool", f"{kind!r} is a tool OpenAI runs on its own servers; this deployment runs "
-                      "none: declare a function tool and run it yourself")
+        raise _refuse(
+            "unsupported_tool",
+            f"{kind!r} is a tool OpenAI runs on its own servers; this deployment runs "
+            "none: declare a function tool and run it yourself",
+        )
     if kind is not None and kind != "function":
-        raise _refuse("unsupported_tool", f"{kind!r} tools are not supported: declare a function tool whose "
-                      "parameters are a JSON schema")
+        raise _refuse(
+            "unsupported_tool",
+            f"{kind!r} tools are not supported: declare a function tool whose parameters are a JSON schema",
+        )
     return value
 
 
@@ -241,17 +264,22 @@ class ToolChoiceFunction(_Strict):
 def _function_tool_choice(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if isinstance(value, dict) and kind != "function":
-        raise _refuse("unsupported_tool_choice", f"tool_choice {kind!r} is not supported: send 'none', 'auto', "
-                      "'required' or {'type': 'function', 'name': ...}")
+        raise _refuse(
+            "unsupported_tool_choice",
+            f"tool_choice {kind!r} is not supported: send 'none', 'auto', "
+            "'required' or {'type': 'function', 'name': ...}",
+        )
     return value
 
 
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag(TAG_MARK + "str")]
     | Annotated[ToolChoiceFunction, BeforeValidator(_function_tool_choice), Tag(TAG_MARK + "object")],
-    Discriminator(_shape, custom_error_type="tool_choice_type",
-                  custom_error_message="tool_choice must be 'none', 'auto', 'required' or "
-                  "{'type': 'function', 'name': ...}"),
+    Discriminator(
+        _shape,
+        custom_error_type="tool_choice_type",
+        custom_error_message="tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+    ),
 ]
 
 
@@ -291,15 +319,24 @@ class Reasoning(_Strict):
 # ``include`` values that name data a response here never holds (no reasoning items, no hosted tool calls, no image
 # inputs): asking for them adds nothing, as OpenAI's answer for a response without them. Output logprobs would be
 # data the caller expects and does not get: refused.
-Includable = Literal["reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
-                     "web_search_call.action.sources", "code_interpreter_call.outputs",
-                     "computer_call_output.output.image_url", "message.input_image.image_url"]
+Includable = Literal[
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+]
 
 
 def _no_logprobs(value: Any) -> Any:
     if value == "message.output_text.logprobs":
-        raise _refuse("unsupported_parameter", "output logprobs are not returned by the Responses API here: use a "
-                      "chat.completions job (POST /v1/jobs) with logprobs: true")
+        raise _refuse(
+            "unsupported_parameter",
+            "output logprobs are not returned by the Responses API here: use a "
+            "chat.completions job (POST /v1/jobs) with logprobs: true",
+        )
     return value
 
 
@@ -338,14 +375,17 @@ class ResponseCreate(_Strict):
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     text: TextConfig | None = None
     tools: list[Annotated[FunctionTool, BeforeValidator(_function_tool)]] | None = Field(
-        default=None, max_length=settings.MAX_TOOLS)
+        default=None, max_length=settings.MAX_TOOLS
+    )
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
     reasoning: Reasoning | None = None
     include: list[Annotated[Includable, BeforeValidator(_no_logprobs)]] | None = Field(default=None, max_length=16)
-    truncation: Literal["disabled"] | None = Field(default=None, description="Only 'disabled' (OpenAI's default): "
-                                                   "an input over the model's context fails the response.")
+    truncation: Literal["disabled"] | None = Field(
+        default=None,
+        description="Only 'disabled' (OpenAI's default): an input over the model's context fails the response.",
+    )
     # Accepted without effect, as for chat.
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
@@ -363,25 +403,36 @@ class ResponseCreate(_Strict):
             if value is not None and value is not False and value != []:
                 raise _field_error(name, message)
         if data.get("truncation") == "auto":
-            raise _field_error("truncation", "truncation 'auto' would drop input items the model did not fit, "
-                               "which this service does not do: omit truncation or send 'disabled'")
+            raise _field_error(
+                "truncation",
+                "truncation 'auto' would drop input items the model did not fit, "
+                "which this service does not do: omit truncation or send 'disabled'",
+            )
         # An explicit null is the parameter left out, as OpenAI takes it; so are the refused ones sent empty.
         return {k: v for k, v in data.items() if v is not None and k not in REFUSED}
 
     @model_validator(mode="after")
     def _background_and_store(self) -> ResponseCreate:
         if self.background is not True:
-            raise _field_error("background", "this service answers asynchronously: set background: true, then poll "
-                               "GET /v1/responses/{id} (or be told by a webhook or the WebSocket API)")
+            raise _field_error(
+                "background",
+                "this service answers asynchronously: set background: true, then poll "
+                "GET /v1/responses/{id} (or be told by a webhook or the WebSocket API)",
+            )
         if self.store is False:
-            raise _field_error("store", "a background response is stored until it is retrieved (as OpenAI requires "
-                               "store for background mode): omit store or send true")
+            raise _field_error(
+                "store",
+                "a background response is stored until it is retrieved (as OpenAI requires "
+                "store for background mode): omit store or send true",
+            )
         if self.tool_choice is not None and not self.tools:
             raise _field_error("tool_choice", "tool_choice needs tools: declare the functions in tools")
         if isinstance(self.tool_choice, ToolChoiceFunction) and self.tool_choice.name not in {
-                t.name for t in self.tools or ()}:
-            raise _field_error("tool_choice", f"names the function {self.tool_choice.name!r}, which is not among "
-                               "the declared tools")
+            t.name for t in self.tools or ()
+        }:
+            raise _field_error(
+                "tool_choice", f"names the function {self.tool_choice.name!r}, which is not among the declared tools"
+            )
         return self
 
     def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
@@ -425,8 +476,16 @@ def to_chat_request(request: ResponseCreate) -> ChatCompletionRequest:
     body: dict[str, Any] = {"model": request.model, "messages": chat_messages(request)}
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "safety_identifier", "prompt_cache_key",
-                 "prompt_cache_retention", "service_tier"):
+    for name in (
+        "temperature",
+        "top_p",
+        "parallel_tool_calls",
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "service_tier",
+    ):
         if getattr(request, name) is not None:
             body[name] = getattr(request, name)
     text = request.text
@@ -439,8 +498,10 @@ def to_chat_request(request: ResponseCreate) -> ChatCompletionRequest:
         schema |= {k: v for k in ("description", "strict") if (v := getattr(text.format, k)) is not None}
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if request.tools:
-        body["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
-                         for tool in request.tools]
+        body["tools"] = [
+            {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
+            for tool in request.tools
+        ]
     if isinstance(request.tool_choice, ToolChoiceFunction):
         body["tool_choice"] = {"type": "function", "function": {"name": request.tool_choice.name}}
     elif request.tool_choice is not None:
@@ -576,8 +637,9 @@ def _seconds(moment: dt.datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
-def output_items(response_id: str, result: ChatCompletion) -> tuple[list[ResponseOutputMessage |
-                                                                          ResponseFunctionToolCall], bool]:
+def output_items(
+    response_id: str, result: ChatCompletion
+) -> tuple[list[ResponseOutputMessage | ResponseFunctionToolCall], bool]:
     """The output items of a chat.completion (its first choice), and whether it was cut at the token limit: a
     ``message`` item with the text (and a refusal), then one ``function_call`` item per tool call."""
     choice = result.choices[0]
@@ -592,12 +654,16 @@ def output_items(response_id: str, result: ChatCompletion) -> tuple[list[Respons
         parts.append(ResponseOutputRefusal(refusal=message.refusal))
     if parts or not message.tool_calls:
         parts = parts or [ResponseOutputText(text="")]
-        items.append(ResponseOutputMessage(id=f"msg_{suffix}", status="incomplete" if cut else "completed",
-                                           content=parts))
+        items.append(
+            ResponseOutputMessage(id=f"msg_{suffix}", status="incomplete" if cut else "completed", content=parts)
+        )
     calls = [(call.id, call.function) for call in message.tool_calls or ()]
     for index, (call_id, function) in enumerate(calls):
-        items.append(ResponseFunctionToolCall(id=f"fc_{suffix}_{index}", call_id=call_id, name=function.name,
-                                              arguments=function.arguments))
+        items.append(
+            ResponseFunctionToolCall(
+                id=f"fc_{suffix}_{index}", call_id=call_id, name=function.name, arguments=function.arguments
+            )
+        )
     return items, cut
 
 
@@ -646,8 +712,11 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
         tool_choice=tool_choice,
         tools=[tool.model_dump() for tool in request.tools or ()],
         top_p=request.top_p if request.top_p is not None else chat_defaults["top_p"].default,
-        usage=ResponseUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                            total_tokens=usage.total_tokens) if usage is not None else None,
+        usage=ResponseUsage(
+            input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+        )
+        if usage is not None
+        else None,
         user=request.user,
     )
 
@@ -667,8 +736,9 @@ def input_items(response_id: str, request: ResponseCreate) -> list[dict[str, Any
         body = item.model_dump(exclude_none=True)
         if isinstance(item, InputMessage) and item.role == "assistant":
             # Listed as OpenAI lists an assistant turn: an output message, text parts output_text with annotations.
-            parts = item.content if isinstance(item.content, list) else [OutputText(type="output_text",
-                                                                                      text=item.content)]
+            parts = (
+                item.content if isinstance(item.content, list) else [OutputText(type="output_text", text=item.content)]
+            )
             body["content"] = [_output_part(part) for part in parts]
         elif isinstance(item, InputMessage) and isinstance(item.content, str):
             body["content"] = [{"type": "input_text", "text": item.content}]

@@ -12,8 +12,19 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints,
-                      Tag, field_serializer, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
@@ -53,7 +64,7 @@ from async_inference_client.models.jobs import (  # noqa: F401 (re-exported: the
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 _Strict = StrictModel  # client input
@@ -102,15 +113,25 @@ class RefusalPart(_Strict):
     refusal: Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES)]
 
 
-_NON_TEXT_PARTS = {"image_url": "an image", "input_audio": "audio", "file": "a file", "input_image": "an image",
-                   "input_file": "a file", "video_url": "a video", "audio_url": "audio"}
+_NON_TEXT_PARTS = {
+    "image_url": "an image",
+    "input_audio": "audio",
+    "file": "a file",
+    "input_image": "an image",
+    "input_file": "a file",
+    "video_url": "a video",
+    "audio_url": "audio",
+}
 
 
 def _text_only_part(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _NON_TEXT_PARTS:
-        raise _refuse("unsupported_content", f"this {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: "
-                      f"{TEXT_ONLY}; send text parts only (describe or transcribe the input as text)")
+        raise _refuse(
+            "unsupported_content",
+            f"this {kind!r} part ({_NON_TEXT_PARTS[kind]}) cannot be read: "
+            f"{TEXT_ONLY}; send text parts only (describe or transcribe the input as text)",
+        )
     return value
 
 
@@ -128,9 +149,12 @@ def _by_type(*members: type[BaseModel], field: str) -> Any:
         return TAG_MARK + found if isinstance(found, str) else None
 
     return Annotated[
-        Union[tuple(Annotated[m, Tag(TAG_MARK + t)] for m, t in zip(members, types))],  # noqa: UP007
-        Discriminator(kind, custom_error_type="invalid_type",
-                      custom_error_message=f"{field} needs a type among " + ", ".join(map(repr, types))),
+        Union[tuple(Annotated[m, Tag(TAG_MARK + t)] for m, t in zip(members, types, strict=False))],  # noqa: UP007
+        Discriminator(
+            kind,
+            custom_error_type="invalid_type",
+            custom_error_message=f"{field} needs a type among " + ", ".join(map(repr, types)),
+        ),
     ]
 
 
@@ -150,8 +174,11 @@ def _shape(value: Any) -> str | None:
 Content = Annotated[
     Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES), Tag(TAG_MARK + "str")]
     | Annotated[list[ContentPart], Field(max_length=settings.MAX_CONTENT_PARTS), Tag(TAG_MARK + "list")],
-    Discriminator(_shape, custom_error_type="content_type",
-                  custom_error_message="content must be a string or a list of content parts"),
+    Discriminator(
+        _shape,
+        custom_error_type="content_type",
+        custom_error_message="content must be a string or a list of content parts",
+    ),
 ]
 
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -167,8 +194,11 @@ class FunctionCall(_Strict):
 
 def _function_tool_call(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type") not in (None, "function"):
-        raise _refuse("unsupported_tool_call", f"a {value.get('type')!r} tool call: only function tool calls are "
-                      "supported (the request's tools are function tools)")
+        raise _refuse(
+            "unsupported_tool_call",
+            f"a {value.get('type')!r} tool call: only function tool calls are "
+            "supported (the request's tools are function tools)",
+        )
     return value
 
 
@@ -180,8 +210,9 @@ class ToolCall(_Strict):
 
 def _no_audio(value: Any) -> Any:
     if value is not None:
-        raise _refuse("unsupported_parameter", f"audio cannot be referred to: {TEXT_ONLY}; send the assistant's "
-                      "words as content")
+        raise _refuse(
+            "unsupported_parameter", f"audio cannot be referred to: {TEXT_ONLY}; send the assistant's words as content"
+        )
     return value
 
 
@@ -196,7 +227,8 @@ class ChatMessage(_Strict):
     content: Content | None = None
     name: MessageName | None = None
     tool_calls: list[Annotated[ToolCall, BeforeValidator(_function_tool_call)]] | None = Field(
-        default=None, max_length=settings.MAX_TOOLS)
+        default=None, max_length=settings.MAX_TOOLS
+    )
     tool_call_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     function_call: FunctionCall | None = None
     refusal: Annotated[str, StringConstraints(max_length=settings.MAX_UPLOAD_BYTES)] | None = None
@@ -251,18 +283,33 @@ class FunctionDefinition(LegacyFunction):
     strict: bool | None = None
 
 
-_HOSTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
-                 "image_generation", "mcp", "local_shell", "retrieval"}
+_HOSTED_TOOLS = {
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "computer_use_preview",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "retrieval",
+}
 
 
 def _function_tool(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in _HOSTED_TOOLS:
-        raise _refuse("unsupported_tool", f"{kind!r} is a tool OpenAI runs on its own servers; this deployment runs "
-                      "none: declare a function tool and run it yourself")
+        raise _refuse(
+            "unsupported_tool",
+            f"{kind!r} is a tool OpenAI runs on its own servers; this deployment runs "
+            "none: declare a function tool and run it yourself",
+        )
     if kind == "custom":
-        raise _refuse("unsupported_tool", "custom (free-form text or grammar) tools are not supported: declare a "
-                      "function tool whose parameters are a JSON schema")
+        raise _refuse(
+            "unsupported_tool",
+            "custom (free-form text or grammar) tools are not supported: declare a "
+            "function tool whose parameters are a JSON schema",
+        )
     return value
 
 
@@ -285,8 +332,11 @@ class NamedToolChoice(_Strict):
 def _named_tool_choice(value: Any) -> Any:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "allowed_tools":
-        raise _refuse("unsupported_tool_choice", "allowed_tools is not supported: send only the allowed tools in "
-                      "tools, with tool_choice 'auto' or 'required'")
+        raise _refuse(
+            "unsupported_tool_choice",
+            "allowed_tools is not supported: send only the allowed tools in "
+            "tools, with tool_choice 'auto' or 'required'",
+        )
     if kind == "custom":
         raise _refuse("unsupported_tool_choice", "custom tools are not supported: name a function tool")
     return value
@@ -295,14 +345,20 @@ def _named_tool_choice(value: Any) -> Any:
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag(TAG_MARK + "str")]
     | Annotated[NamedToolChoice, BeforeValidator(_named_tool_choice), Tag(TAG_MARK + "object")],
-    Discriminator(_shape, custom_error_type="tool_choice_type",
-                  custom_error_message="tool_choice must be 'none', 'auto', 'required' or "
-                  "{'type': 'function', 'function': {'name': ...}}"),
+    Discriminator(
+        _shape,
+        custom_error_type="tool_choice_type",
+        custom_error_message="tool_choice must be 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}",
+    ),
 ]
 FunctionCallChoice = Annotated[
     Annotated[Literal["none", "auto"], Tag(TAG_MARK + "str")] | Annotated[NamedFunction, Tag(TAG_MARK + "object")],
-    Discriminator(_shape, custom_error_type="function_call_type",
-                  custom_error_message="function_call must be 'none', 'auto' or {'name': ...}"),
+    Discriminator(
+        _shape,
+        custom_error_type="function_call_type",
+        custom_error_message="function_call must be 'none', 'auto' or {'name': ...}",
+    ),
 ]
 
 
@@ -329,8 +385,9 @@ class ResponseFormatJSONSchema(_Strict):
     json_schema: JSONSchemaFormat
 
 
-ResponseFormat = _by_type(ResponseFormatText, ResponseFormatJSONObject, ResponseFormatJSONSchema,
-                          field="response_format")
+ResponseFormat = _by_type(
+    ResponseFormatText, ResponseFormatJSONObject, ResponseFormatJSONSchema, field="response_format"
+)
 
 
 class StreamOptions(_Strict):
@@ -360,12 +417,23 @@ def _deployment_limit(limit: int, message: str) -> Any:
     return [AfterValidator(check), Field(json_schema_extra={"maximum": limit})]
 
 
-TokenLimit = Annotated[int, Field(ge=1), *_deployment_limit(
-    settings.MAX_TOKENS_LIMIT, f"this deployment generates in one choice ({settings.MAX_TOKENS_LIMIT} tokens): ask "
-    f"for at most {settings.MAX_TOKENS_LIMIT}")]
-ChoiceCount = Annotated[int, Field(ge=1), *_deployment_limit(
-    settings.MAX_CHOICES, f"the {settings.MAX_CHOICES} choices this deployment generates for one request: send "
-    "several requests for more")]
+TokenLimit = Annotated[
+    int,
+    Field(ge=1),
+    *_deployment_limit(
+        settings.MAX_TOKENS_LIMIT,
+        f"this deployment generates in one choice ({settings.MAX_TOKENS_LIMIT} tokens): ask "
+        f"for at most {settings.MAX_TOKENS_LIMIT}",
+    ),
+]
+ChoiceCount = Annotated[
+    int,
+    Field(ge=1),
+    *_deployment_limit(
+        settings.MAX_CHOICES,
+        f"the {settings.MAX_CHOICES} choices this deployment generates for one request: send several requests for more",
+    ),
+]
 StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -373,9 +441,12 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 def _not_streaming(value: Any) -> Any:
     if value is True:
-        raise _refuse("unsupported_parameter", "streaming is not supported: a job answers once, when it is done; "
-                      "omit stream (or send false) and poll GET /v1/jobs/{id}, or be told by a webhook or the "
-                      "WebSocket API")
+        raise _refuse(
+            "unsupported_parameter",
+            "streaming is not supported: a job answers once, when it is done; "
+            "omit stream (or send false) and poll GET /v1/jobs/{id}, or be told by a webhook or the "
+            "WebSocket API",
+        )
     return value
 
 
@@ -419,8 +490,9 @@ class ChatCompletionRequest(_Strict):
 
     # Honoured: they change the answer.
     max_tokens: TokenLimit = settings.DEFAULT_MAX_TOKENS
-    max_completion_tokens: TokenLimit | None = Field(default=None, description="OpenAI's newer name for max_tokens; "
-                                                     "give either, or both with the same value.")
+    max_completion_tokens: TokenLimit | None = Field(
+        default=None, description="OpenAI's newer name for max_tokens; give either, or both with the same value."
+    )
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     n: ChoiceCount = 1
@@ -429,32 +501,48 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     logit_bias: dict[TokenId, Annotated[int, Field(ge=-100, le=100)]] | None = Field(
-        default=None, description="Token id (as a string) to a bias from -100 (never) to 100 (always).")
+        default=None, description="Token id (as a string) to a bias from -100 (never) to 100 (always)."
+    )
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=settings.MAX_TOP_LOGPROBS,
-                                     description="Needs logprobs: true.")
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=settings.MAX_TOP_LOGPROBS, description="Needs logprobs: true."
+    )
     response_format: ResponseFormat | None = None
     tools: list[Annotated[FunctionTool, BeforeValidator(_function_tool)]] | None = Field(
-        default=None, max_length=settings.MAX_TOOLS)
+        default=None, max_length=settings.MAX_TOOLS
+    )
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    functions: list[LegacyFunction] | None = Field(default=None, max_length=settings.MAX_TOOLS,
-                                                   description="Legacy: use tools.")
+    functions: list[LegacyFunction] | None = Field(
+        default=None, max_length=settings.MAX_TOOLS, description="Legacy: use tools."
+    )
     function_call: FunctionCallChoice | None = Field(default=None, description="Legacy: use tool_choice.")
     # vLLM's extensions, honoured by the engines (transformers' generate and vLLM both have them).
-    top_k: int | None = Field(default=None, ge=-1, description="vLLM extension: sample from the k likeliest tokens "
-                              "(0 or -1: all).")
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="vLLM extension: drop tokens below min_p "
-                                "times the likeliest token's probability.")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, description="vLLM extension: >1 "
-                                             "discourages repeating tokens of the prompt and the output.")
-    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="vLLM extension: extra variables "
-                                                        "for the model's chat template (e.g. enable_thinking).")
+    top_k: int | None = Field(
+        default=None, ge=-1, description="vLLM extension: sample from the k likeliest tokens (0 or -1: all)."
+    )
+    min_p: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="vLLM extension: drop tokens below min_p times the likeliest token's probability.",
+    )
+    repetition_penalty: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="vLLM extension: >1 discourages repeating tokens of the prompt and the output.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="vLLM extension: extra variables for the model's chat template (e.g. enable_thinking).",
+    )
 
     # Accepted without effect on a self-hosted text model (README: "The request").
     stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = Field(
-        default=False, description="Only false: a job answers once, when it is done (poll GET /v1/jobs/{id}, or a "
-        "webhook or the WebSocket API tells you); true is refused (400).")
+        default=False,
+        description="Only false: a job answers once, when it is done (poll GET /v1/jobs/{id}, or a "
+        "webhook or the WebSocket API tells you); true is refused (400).",
+    )
     stream_options: StreamOptions | None = None
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
@@ -470,14 +558,25 @@ class ChatCompletionRequest(_Strict):
     modalities: list[Literal["text", "audio"]] | None = None
 
     # Refused: a text-only job cannot do them.
-    audio: Annotated[None, *_refused_parameter(
-        f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer"
-    )] = None
-    web_search_options: Annotated[None, *_refused_parameter(
-        "web search is a tool OpenAI runs on its own servers; this deployment has none: search yourself and send the "
-        "results in the messages, or declare a function tool")] = None
-    moderation: Annotated[None, *_refused_parameter(
-        "moderation is a service OpenAI runs on its own servers; this deployment has none: omit moderation")] = None
+    audio: Annotated[
+        None,
+        *_refused_parameter(
+            f"audio output is not supported: {TEXT_ONLY}; omit audio (and 'audio' from modalities) for a text answer"
+        ),
+    ] = None
+    web_search_options: Annotated[
+        None,
+        *_refused_parameter(
+            "web search is a tool OpenAI runs on its own servers; this deployment has none: search yourself and send the "
+            "results in the messages, or declare a function tool"
+        ),
+    ] = None
+    moderation: Annotated[
+        None,
+        *_refused_parameter(
+            "moderation is a service OpenAI runs on its own servers; this deployment has none: omit moderation"
+        ),
+    ] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -499,8 +598,10 @@ class ChatCompletionRequest(_Strict):
     @classmethod
     def _text_modality(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and "audio" in value:
-            raise _refuse("unsupported_parameter", f"audio output is not supported: {TEXT_ONLY}; send modalities "
-                          "['text'] or omit it")
+            raise _refuse(
+                "unsupported_parameter",
+                f"audio output is not supported: {TEXT_ONLY}; send modalities ['text'] or omit it",
+            )
         return value
 
     @model_validator(mode="after")
@@ -508,8 +609,11 @@ class ChatCompletionRequest(_Strict):
         given = self.model_fields_set
         if self.max_completion_tokens is not None:
             if "max_tokens" in given and self.max_tokens != self.max_completion_tokens:
-                raise _field_error("max_completion_tokens", "max_tokens and max_completion_tokens differ "
-                                   f"({self.max_tokens} and {self.max_completion_tokens}); give one of them")
+                raise _field_error(
+                    "max_completion_tokens",
+                    "max_tokens and max_completion_tokens differ "
+                    f"({self.max_tokens} and {self.max_completion_tokens}); give one of them",
+                )
             self.max_tokens = self.max_completion_tokens
         if self.top_logprobs is not None and not self.logprobs:
             raise _field_error("top_logprobs", "top_logprobs needs logprobs: true")
@@ -518,8 +622,9 @@ class ChatCompletionRequest(_Strict):
         if self.tool_choice is not None and not self.tools:  # "none" too, as OpenAI answers
             raise _field_error("tool_choice", "tool_choice needs tools: declare the functions in tools")
         if isinstance(self.tool_choice, NamedToolChoice):
-            self._check_named("tool_choice", self.tool_choice.function.name,
-                              [t.function.name for t in self.tools or ()])
+            self._check_named(
+                "tool_choice", self.tool_choice.function.name, [t.function.name for t in self.tools or ()]
+            )
         if self.function_call is not None and not self.functions:
             raise _field_error("function_call", "function_call needs functions (or use tools and tool_choice)")
         if isinstance(self.function_call, NamedFunction):
@@ -529,8 +634,10 @@ class ChatCompletionRequest(_Strict):
     @staticmethod
     def _check_named(field_name: str, name: str, declared: list[str]) -> None:
         if name not in declared:
-            raise _field_error(field_name, f"names the function {name!r}, which is not among the declared ones "
-                               f"({', '.join(map(repr, declared))})")
+            raise _field_error(
+                field_name,
+                f"names the function {name!r}, which is not among the declared ones ({', '.join(map(repr, declared))})",
+            )
 
     def canonical(self) -> dict[str, Any]:
         """The request as JobSubmission.fingerprint() digests it: every field, defaults filled in, except that the
@@ -595,8 +702,10 @@ class ChatCompletionRequest(_Strict):
         call arguments parsed to objects where they are JSON."""
         out: list[dict[str, Any]] = []
         for message in self.messages:
-            item: dict[str, Any] = {"role": {"developer": "system", "function": "tool"}.get(message.role, message.role),
-                                    "content": message.text}
+            item: dict[str, Any] = {
+                "role": {"developer": "system", "function": "tool"}.get(message.role, message.role),
+                "content": message.text,
+            }
             if message.name is not None:
                 item["name"] = message.name
             if message.tool_call_id is not None:
@@ -605,9 +714,14 @@ class ChatCompletionRequest(_Strict):
             if message.function_call is not None:
                 calls.append((f"call_{len(out)}", message.function_call))
             if calls:
-                item["tool_calls"] = [{"id": call_id, "type": "function",
-                                       "function": {"name": f.name, "arguments": _maybe_json(f.arguments)}}
-                                      for call_id, f in calls]
+                item["tool_calls"] = [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": f.name, "arguments": _maybe_json(f.arguments)},
+                    }
+                    for call_id, f in calls
+                ]
             out.append(item)
         return out
 
@@ -637,17 +751,18 @@ def error_location(error: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
     """The field a validation error names, as a dotted path into the body (``request.messages.0.content.1``): union
     tags and the ``skip`` names (a framework's own: "body", "query") left out, the field of a cross-field error
     appended. "(body)" when it names no field."""
-    parts = [str(p) for p in error.get("loc", ())
-             if not (isinstance(p, str) and (p.startswith(TAG_MARK) or p in skip or p.startswith("function-")))]
+    parts = [
+        str(p)
+        for p in error.get("loc", ())
+        if not (isinstance(p, str) and (p.startswith(TAG_MARK) or p in skip or p.startswith("function-")))
+    ]
     field_name = (error.get("ctx") or {}).get("field")
     if isinstance(field_name, str):
         parts.append(field_name)
     return ".".join(parts) or "(body)"
 
 
-
 # --- Submission -----------------------------------------------------------------------------------------------------
-
 
 
 class UploadSpec(_Strict):
@@ -681,7 +796,9 @@ class JobSubmission(_Strict):
     @model_validator(mode="after")
     def _exactly_one_source(self) -> JobSubmission:
         if (self.request is None) == (self.upload is None):
-            raise ValueError("give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})")
+            raise ValueError(
+                "give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})"
+            )
         return self
 
     def fingerprint(self) -> str:

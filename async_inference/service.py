@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from async_inference import safe_json, settings
-from async_inference.config import ServiceConfig
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
-from async_inference.wake import ServiceWaker
+from async_inference.config import ServiceConfig
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.quotas import TenantQuota, quota_exceeded_message
-from async_inference.served_models import ServedModels
 from async_inference.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -33,11 +31,13 @@ from async_inference.schemas import (
     S3Location,
     Timings,
     UploadDeadline,
+    WebhookState,
     error_location,
     error_message,
-    WebhookState,
     utcnow,
 )
+from async_inference.served_models import ServedModels
+from async_inference.wake import ServiceWaker
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 
@@ -120,9 +120,14 @@ class JobService:
         self.payload_retention_days = payload_retention_days
 
     @classmethod
-    def from_config(cls, config: ServiceConfig, *, allow_local_webhooks: bool = False,
-                    served_models: list[str] | None = None,
-                    quotas: Mapping[str, TenantQuota] | None = None) -> JobService:
+    def from_config(
+        cls,
+        config: ServiceConfig,
+        *,
+        allow_local_webhooks: bool = False,
+        served_models: list[str] | None = None,
+        quotas: Mapping[str, TenantQuota] | None = None,
+    ) -> JobService:
         """The service over the resources ``config`` names, with one set of clients for the process;
         ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any); ``quotas``
         (the TENANT_QUOTAS setting) the per-tenant limits checked at submit (None: none)."""
@@ -142,8 +147,9 @@ class JobService:
 
     # --- API side -------------------------------------------------------------------------------------------------
 
-    def submit(self, tenant: str, submission: JobSubmission, idempotency_key: str | None, *,
-               job_id: str | None = None) -> Submitted:
+    def submit(
+        self, tenant: str, submission: JobSubmission, idempotency_key: str | None, *, job_id: str | None = None
+    ) -> Submitted:
         """Create and queue the job (or, for an upload, create it awaiting its upload).
 
         With an Idempotency-Key, the key is bound to the first request's fingerprint: a retry of the same request
@@ -162,7 +168,9 @@ class JobService:
             self._check_webhook_url(submission.webhook.url)
         if submission.priority == "batch" and self.lane is None:
             message = 'this deployment has no batch lane; submit with priority "interactive"'
-            raise ServiceError(400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}])
+            raise ServiceError(
+                400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}]
+            )
         request = submission.request
         if request is not None:
             self._check_model(request.model)
@@ -271,7 +279,9 @@ class JobService:
         try:
             check_url(url, allow_local=self.allow_local_webhooks)
         except UnsafeUrl as exc:
-            raise ServiceError(400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]) from exc
+            raise ServiceError(
+                400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]
+            ) from exc
 
     def _enqueue(self, job: Job) -> None:
         # A job that reached the batch lane's priority before this function had a lane (a stale configuration) still
@@ -297,7 +307,9 @@ class JobService:
             self.deadlines.schedule(job.job_id, delay_s)
         except Exception as exc:
             # Nothing is stored yet: the client retries (with its Idempotency-Key, onto the same job id).
-            raise ServiceError(503, "unavailable", "the upload deadline queue is unavailable; retry the request") from exc
+            raise ServiceError(
+                503, "unavailable", "the upload deadline queue is unavailable; retry the request"
+            ) from exc
 
     def _upload_for(self, job: Job) -> PresignedUpload | None:
         """A presigned PUT for an upload job, valid until the job's upload window ends (never beyond, also for an
@@ -374,7 +386,9 @@ class JobService:
         age_s = max((utcnow() - since).total_seconds(), 0.0)
         return min(max(1, math.ceil(age_s / settings.POLL_AFTER_FRACTION)), settings.MAX_POLL_AFTER_S)
 
-    def list(self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None) -> tuple[list[Job], str | None]:
+    def list(
+        self, tenant: str, *, status: JobStatus | None, limit: int, next_token: str | None
+    ) -> tuple[list[Job], str | None]:
         try:
             return self.store.list_for_tenant(tenant, status=status, limit=limit, next_token=next_token)
         except ValueError as exc:
@@ -419,15 +433,27 @@ class JobService:
         only_awaiting = {JobStatus.AWAITING_UPLOAD}
         request, body, reason = self._check_upload(job, key, size_bytes)
         if request is None:
-            return self._settled(job, self.finish(job, JobStatus.FAILED, only_from=only_awaiting,
-                                                  error=f"upload rejected: {reason}"))
+            return self._settled(
+                job, self.finish(job, JobStatus.FAILED, only_from=only_awaiting, error=f"upload rejected: {reason}")
+            )
         if not self.served.serves(request.model):
-            return self._settled(job, self.finish(
-                job, JobStatus.FAILED, only_from=only_awaiting, model=request.model,
-                error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}"))
+            return self._settled(
+                job,
+                self.finish(
+                    job,
+                    JobStatus.FAILED,
+                    only_from=only_awaiting,
+                    model=request.model,
+                    error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}",
+                ),
+            )
         if utcnow() > job.deadline:
-            return self._settled(job, self.finish(job, JobStatus.EXPIRED, only_from=only_awaiting,
-                                                  error="the upload arrived after the job's deadline"))
+            return self._settled(
+                job,
+                self.finish(
+                    job, JobStatus.EXPIRED, only_from=only_awaiting, error="the upload arrived after the job's deadline"
+                ),
+            )
         # The bytes checked, not the object at the upload key (a later PUT may have replaced it since the read).
         accepted_key = settings.request_key(tenant, job_id)
         self.blobs.put_json(accepted_key, body)
@@ -459,7 +485,11 @@ class JobService:
         if size_bytes > settings.MAX_UPLOAD_BYTES or size_bytes != announced:
             # Oversize or unannounced bodies are not kept: the tenant never agreed to store them.
             self.blobs.delete(key)
-            return None, b"", f"the object is {size_bytes} bytes but {announced} were announced (limit {settings.MAX_UPLOAD_BYTES})"
+            return (
+                None,
+                b"",
+                f"the object is {size_bytes} bytes but {announced} were announced (limit {settings.MAX_UPLOAD_BYTES})",
+            )
         try:
             body = self.blobs.get(key, max_bytes=settings.MAX_UPLOAD_BYTES)
         except (KeyError, PayloadTooLarge) as exc:
@@ -544,8 +574,14 @@ class JobService:
             self.notify(finished, result=result)
         return finished
 
-    def end(self, job: Job | str, target: JobStatus, *,
-            only_from: frozenset[JobStatus] | set[JobStatus] | None = None, **fields: Any) -> Job | None:
+    def end(
+        self,
+        job: Job | str,
+        target: JobStatus,
+        *,
+        only_from: frozenset[JobStatus] | set[JobStatus] | None = None,
+        **fields: Any,
+    ) -> Job | None:
         """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``).
         ``job`` may be a job id: the write needs nothing else (a worker failing a job it never started)."""
         job_id = job if isinstance(job, str) else job.job_id
@@ -562,8 +598,12 @@ class JobService:
             result = ChatCompletion.model_validate_json(stored)
             written_at = self.blobs.written_at(key) or written_at
         expires_at = settings.lifecycle_expiry(written_at, self.payload_retention_days)
-        return result, {"result_key": key, "usage": result.usage, "finish_reason": result.choices[0].finish_reason,
-                        "result_expires_at": expires_at}
+        return result, {
+            "result_key": key,
+            "usage": result.usage,
+            "finish_reason": result.choices[0].finish_reason,
+            "result_expires_at": expires_at,
+        }
 
     def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""
@@ -572,7 +612,7 @@ class JobService:
             for job, result in finished
         ]
         published = self.notifier.publish_batch(notifications)
-        done = [job.job_id for (job, _), ok in zip(finished, published) if ok]
+        done = [job.job_id for (job, _), ok in zip(finished, published, strict=False) if ok]
         if done:
             self.store.mark_notified(done)
         return published
@@ -583,7 +623,6 @@ class JobService:
         notification = build_notification(job, result=result, bucket=self.blobs.bucket)
         self.notifier.publish(notification, has_webhook=job.webhook is not None)
         self.store.mark_notified([job.job_id])
-
 
     # --- The worker's side ----------------------------------------------------------------------------------------
 
@@ -605,8 +644,14 @@ class JobService:
     def start(self, job_id: str, *, started_at: dt.datetime, progress: Any, owner: str, lease_s: float) -> Job | None:
         """Move a job to running as worker ``owner`` starts it (an attempt counted), with a lease of ``lease_s``;
         None when it may not run (cancelled, final, unknown, or running under another worker's live lease)."""
-        return self.store.transition(job_id, JobStatus.RUNNING, count_attempt=True, started_at=started_at,
-                                     progress=progress, lease=(owner, int(lease_s * 1000)))
+        return self.store.transition(
+            job_id,
+            JobStatus.RUNNING,
+            count_attempt=True,
+            started_at=started_at,
+            progress=progress,
+            lease=(owner, int(lease_s * 1000)),
+        )
 
     def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> list[str]:
         """Extend ``owner``'s leases on its running jobs; the ids it no longer holds."""

@@ -83,8 +83,8 @@ def lifecycle_expiry(written_at: dt.datetime, retention_days: int) -> dt.datetim
     """When an S3 lifecycle expiration of ``retention_days`` may delete an object written at ``written_at``: S3 adds
     the days to the object's creation time and rounds up to the next midnight UTC. The deletion itself is
     asynchronous and may come later; from this moment on the object cannot be relied on."""
-    due = (written_at + dt.timedelta(days=retention_days)).astimezone(dt.timezone.utc)
-    return dt.datetime.combine(due.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+    due = (written_at + dt.timedelta(days=retention_days)).astimezone(dt.UTC)
+    return dt.datetime.combine(due.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
 
 
 # --- Polling --------------------------------------------------------------------------------------------------------

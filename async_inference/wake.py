@@ -37,9 +37,15 @@ class ServiceWaker:
     """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, and holds
     its scaling minimum at 1 for ``hold_s`` after a wake (none when 0)."""
 
-    def __init__(self, service: WorkerService, *, check_interval_s: float, hold_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+    def __init__(
+        self,
+        service: WorkerService,
+        *,
+        check_interval_s: float,
+        hold_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
         self.service = service
         self.check_interval_s = check_interval_s
         self.hold_s = hold_s
@@ -52,8 +58,11 @@ class ServiceWaker:
 
     @classmethod
     def for_target(cls, target: WakeTarget) -> ServiceWaker:
-        return cls(WorkerService(target.cluster, target.service), check_interval_s=target.check_interval_s,
-                   hold_s=target.hold_s)
+        return cls(
+            WorkerService(target.cluster, target.service),
+            check_interval_s=target.check_interval_s,
+            hold_s=target.hold_s,
+        )
 
     def job_queued(self) -> bool:
         """A job was queued: wake the service if this process has not looked for ``check_interval_s``. True when
@@ -71,8 +80,9 @@ class ServiceWaker:
             self.service.set_desired_count(1)
         except Exception as exc:  # the job is queued already: nothing here may cost it
             self.failures += 1
-            logger.warning("could not wake the worker service %s (%s); the scaling alarms will", self.service.service,
-                           exc)
+            logger.warning(
+                "could not wake the worker service %s (%s); the scaling alarms will", self.service.service, exc
+            )
             _count_failure()
             return False
         self.wakes += 1

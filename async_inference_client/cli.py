@@ -157,7 +157,9 @@ def _answer_lines(completion: ChatCompletion) -> list[str]:
         message = choice.message
         if message.content is not None:
             lines.append(message.content)
-        calls = [c.function for c in message.tool_calls or ()] + ([message.function_call] if message.function_call else [])
+        calls = [c.function for c in message.tool_calls or ()] + (
+            [message.function_call] if message.function_call else []
+        )
         lines += [f"tool call: {call.name}({call.arguments})" for call in calls]
     return lines
 

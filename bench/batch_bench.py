@@ -25,8 +25,9 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from async_inference import settings
 from async_inference.aws import client
@@ -35,10 +36,10 @@ from async_inference.batches.controller import BatchController
 from async_inference.batches.models import BatchCreate, BatchRecord, BatchStatus
 from async_inference.batches.service import BatchService
 from async_inference.batches.store import BatchStore
-from async_inference_client import Client
 from async_inference.config import ServiceSettings
 from async_inference.schemas import BatchControl
 from async_inference.served_models import ServedModels
+from async_inference_client import Client
 from gpu_worker.engines.base import Engine
 from gpu_worker.worker import Worker, WorkerConfig
 from local_runtime.stack import LocalDeployment
@@ -78,53 +79,82 @@ class BatchBench:
         assert resources is not None and stack.deployment is not None
         function = stack.event_source_function(resources.batch_control_queue_url)
         controller_settings = ServiceSettings.load(**function.environment)
-        service = BatchService(store=BatchStore(resources.batch_table_name),
-                               files=FileObjects(resources.config.bucket_name),
-                               control=ControlQueue(resources.batch_control_queue_url),
-                               served=ServedModels.of(controller_settings.served_models))
-        mapping = next(m.properties for m in stack.deployment.of_type("AWS::Lambda::EventSourceMapping").values()
-                       if stack.deployment.function_by_arn(m.properties["FunctionName"]) == function.logical_id)
-        return cls(stack, service, BatchController.from_settings(controller_settings),
-                   resources.batch_queue_url, resources.batch_control_queue_url, resources.batch_table_name,
-                   int(mapping.get("BatchSize", 10)))
+        service = BatchService(
+            store=BatchStore(resources.batch_table_name),
+            files=FileObjects(resources.config.bucket_name),
+            control=ControlQueue(resources.batch_control_queue_url),
+            served=ServedModels.of(controller_settings.served_models),
+        )
+        mapping = next(
+            m.properties
+            for m in stack.deployment.of_type("AWS::Lambda::EventSourceMapping").values()
+            if stack.deployment.function_by_arn(m.properties["FunctionName"]) == function.logical_id
+        )
+        return cls(
+            stack,
+            service,
+            BatchController.from_settings(controller_settings),
+            resources.batch_queue_url,
+            resources.batch_control_queue_url,
+            resources.batch_table_name,
+            int(mapping.get("BatchSize", 10)),
+        )
 
     def store(self) -> BatchStore:
         return BatchStore(self.table_name)
 
     def worker(self, engine: Engine) -> WorkerThread:
-        config = WorkerConfig(service=ServiceSettings.load().service, batch_queue_url=self.batch_queue_url,
-                              control_queue_url=self.control_queue_url)
+        config = WorkerConfig(
+            service=ServiceSettings.load().service,
+            batch_queue_url=self.batch_queue_url,
+            control_queue_url=self.control_queue_url,
+        )
         return WorkerThread(Worker(config, engine, batches=self.store()))
 
     def submit(self, lengths: list[int]) -> str:
         """``POST /v1/files`` then ``POST /v1/batches``, as the API runs them; the batch's id (its plan message is on
         the control queue)."""
         lines = [
-            json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": settings.BATCH_ENDPOINT,
-                        "body": {"model": "sim", "max_tokens": n,
-                                 "messages": [{"role": "user", "content": " ".join(f"w{j}" for j in range(n))}]}})
+            json.dumps(
+                {
+                    "custom_id": f"line-{i}",
+                    "method": "POST",
+                    "url": settings.BATCH_ENDPOINT,
+                    "body": {
+                        "model": "sim",
+                        "max_tokens": n,
+                        "messages": [{"role": "user", "content": " ".join(f"w{j}" for j in range(n))}],
+                    },
+                }
+            )
             for i, n in enumerate(lengths)
         ]
         data = ("\n".join(lines) + "\n").encode()
         file = self.service.create_file(TENANT, filename="bench.jsonl", purpose="batch", data=data)
-        return self.service.create_batch(TENANT, BatchCreate(input_file_id=file.id, endpoint=settings.BATCH_ENDPOINT,
-                                                             completion_window="24h")).id
+        return self.service.create_batch(
+            TENANT, BatchCreate(input_file_id=file.id, endpoint=settings.BATCH_ENDPOINT, completion_window="24h")
+        ).id
 
     def control_until_final(self, batch_id: str, timeout_s: float) -> BatchRecord:
         """The controller's mapping: receive control messages (BatchSize at a time, long polls), hand each to the
         controller, delete it; until the batch is final."""
         sqs, deadline = client("sqs"), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            messages = sqs.receive_message(QueueUrl=self.control_queue_url, MaxNumberOfMessages=self.control_batch_size,
-                                           WaitTimeSeconds=LONG_POLL_S).get("Messages", [])
+            messages = sqs.receive_message(
+                QueueUrl=self.control_queue_url,
+                MaxNumberOfMessages=self.control_batch_size,
+                WaitTimeSeconds=LONG_POLL_S,
+            ).get("Messages", [])
             final = None
             for message in messages:
                 record = self.controller.handle(BatchControl.model_validate_json(message["Body"]))
                 if record is not None and record.id == batch_id and record.status.is_final:
                     final = record
             if messages:
-                sqs.delete_message_batch(QueueUrl=self.control_queue_url, Entries=[
-                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+                sqs.delete_message_batch(
+                    QueueUrl=self.control_queue_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+                )
             if final is not None:
                 return final
         raise TimeoutError(f"batch {batch_id} not final after {timeout_s} s")
@@ -148,8 +178,15 @@ def in_thread(name: str, fn: Callable[[], Any]) -> Any:
     return result["value"]
 
 
-def batch_run(bench: BatchBench, engine: Any, lengths: list[int], *, counter: Any | None = None,
-              api: Client | None = None, timeout_s: float = 900) -> dict[str, Any]:
+def batch_run(
+    bench: BatchBench,
+    engine: Any,
+    lengths: list[int],
+    *,
+    counter: Any | None = None,
+    api: Client | None = None,
+    timeout_s: float = 900,
+) -> dict[str, Any]:
     """One batch of lines of these output lengths, created by the API side, planned by the controller, through one
     worker with both lanes, finalized by the controller. With ``api``, interactive jobs are sent through it at a
     steady rate while the batch's chunks are still queued."""
@@ -181,8 +218,12 @@ def batch_run(bench: BatchBench, engine: Any, lengths: list[int], *, counter: An
     with bench.worker(engine) as worker:
         sender = None
         if api is not None:
-            sender = threading.Thread(target=_send_interactive, name="api-interactive",
-                                      args=(api, submitted, lambda: _received(worker) < chunks), daemon=True)
+            sender = threading.Thread(
+                target=_send_interactive,
+                name="api-interactive",
+                args=(api, submitted, lambda: _received(worker) < chunks),
+                daemon=True,
+            )
             sender.start()
         while controller.is_alive():
             samples.append((time.perf_counter() - start, engine.inner.stats.tokens, _received(worker)))
@@ -199,22 +240,36 @@ def batch_run(bench: BatchBench, engine: Any, lengths: list[int], *, counter: An
     backlogged = [s for s in samples if s[2] < chunks]
     t_end, tokens_end, _ = backlogged[-1] if backlogged else samples[-1]
     result: dict[str, Any] = {
-        "lines": len(lengths), "chunks": chunks, "tokens": engine.inner.stats.tokens,
-        "elapsed_s": round(elapsed, 3), "ceiling_tokens_per_s": ceiling,
+        "lines": len(lengths),
+        "chunks": chunks,
+        "tokens": engine.inner.stats.tokens,
+        "elapsed_s": round(elapsed, 3),
+        "ceiling_tokens_per_s": ceiling,
         "utilisation_while_backlogged": tokens_end / t_end / ceiling if t_end else None,
-        "backlogged_s": round(t_end, 3), "batch_fullness": engine.inner.stats.utilisation,
+        "backlogged_s": round(t_end, 3),
+        "batch_fullness": engine.inner.stats.utilisation,
         "preemptions": preemptions,
-        "batch": {"status": final.status.value, "completed": final.completed, "failed": final.failed,
-                  "total": final.total, "output_file_id": final.output_file_id, "error_file_id": final.error_file_id},
+        "batch": {
+            "status": final.status.value,
+            "completed": final.completed,
+            "failed": final.failed,
+            "total": final.total,
+            "output_file_id": final.output_file_id,
+            "error_file_id": final.error_file_id,
+        },
     }
     if final.status is not BatchStatus.COMPLETED or final.completed != len(lengths):
         raise RuntimeError(f"the batch ended {result['batch']}, not completed with every line")
     if counter is not None:
         by_operation = {f"{side}:{op}": n for (side, op), n in sorted(counter.counts.items())}
         sides = {side: counter.total(side) for side in ("batch_api", "batch_controller", "worker")}
-        result.update(api_requests=sides["batch_api"], controller_requests=sides["batch_controller"],
-                      worker_requests=sides["worker"], requests_per_line=sum(sides.values()) / len(lengths),
-                      by_operation=by_operation)
+        result.update(
+            api_requests=sides["batch_api"],
+            controller_requests=sides["batch_controller"],
+            worker_requests=sides["worker"],
+            requests_per_line=sum(sides.values()) / len(lengths),
+            by_operation=by_operation,
+        )
     if api is not None:
         result.update(_waits(engine, submitted))
     result["load_average"] = [load_before, os.getloadavg()[0]]
@@ -235,10 +290,14 @@ def interactive_run(bench: BatchBench, engine: Any, api: Client, seconds: float)
 
 def _waits(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
     waits = sorted(engine.started[job_id] - at for job_id, at in submitted.items() if job_id in engine.started)
-    return {"interactive_jobs": len(submitted), "interactive_started": len(waits),
-            "interactive_wait_p50_s": statistics.median(waits) if waits else None,
-            "interactive_wait_p95_s": _p95(waits), "interactive_waits_s": [round(w, 4) for w in waits],
-            "stages": _stages(engine, submitted)}
+    return {
+        "interactive_jobs": len(submitted),
+        "interactive_started": len(waits),
+        "interactive_wait_p50_s": statistics.median(waits) if waits else None,
+        "interactive_wait_p95_s": _p95(waits),
+        "interactive_waits_s": [round(w, 4) for w in waits],
+        "stages": _stages(engine, submitted),
+    }
 
 
 def _p95(values: list[float]) -> float | None:
@@ -257,7 +316,7 @@ def _stages(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
     ids = [job_id for job_id in submitted if job_id in engine.started]
     store = JobStore(ServiceSettings.load().table_name)
     for start in range(0, len(ids), 100):
-        jobs.update(store.get_many(ids[start:start + 100]))
+        jobs.update(store.get_many(ids[start : start + 100]))
     to_running, to_engine = [], []
     for job_id, job in jobs.items():
         if job.started_at is None:
@@ -265,8 +324,10 @@ def _stages(engine: Any, submitted: dict[str, float]) -> dict[str, Any]:
         running = job.started_at.timestamp() - wall_minus_perf
         to_running.append(running - submitted[job_id])
         to_engine.append(engine.started[job_id] - running)
-    return {name: {"p50_s": statistics.median(v) if v else None, "p95_s": _p95(v)}
-            for name, v in (("submit_to_running", to_running), ("running_to_engine", to_engine))}
+    return {
+        name: {"p50_s": statistics.median(v) if v else None, "p95_s": _p95(v)}
+        for name, v in (("submit_to_running", to_running), ("running_to_engine", to_engine))
+    }
 
 
 def _received(worker: Worker) -> int:
@@ -275,8 +336,11 @@ def _received(worker: Worker) -> int:
 
 def _send_interactive(api: Client, submitted: dict[str, float], batch_queued: Callable[[], bool]) -> None:
     """Interactive jobs at INTERACTIVE_RATE_PER_S while the batch still has chunks on the queue."""
-    body = {"model": "sim", "max_tokens": INTERACTIVE_TOKENS,
-            "messages": [{"role": "user", "content": " ".join(f"i{j}" for j in range(INTERACTIVE_TOKENS))}]}
+    body = {
+        "model": "sim",
+        "max_tokens": INTERACTIVE_TOKENS,
+        "messages": [{"role": "user", "content": " ".join(f"i{j}" for j in range(INTERACTIVE_TOKENS))}],
+    }
     time.sleep(2.0)  # the batch has filled the engine by now
     next_at = time.perf_counter()
     while batch_queued():

@@ -21,15 +21,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backlog", type=int, default=640)
     args = parser.parse_args()
-    stack = LocalDeployment.with_tenants({"emulator-probe-key-0123": "probe"}, api_port=free_port(),
-                                         moto_port=free_port(), workers=0)
+    stack = LocalDeployment.with_tenants(
+        {"emulator-probe-key-0123": "probe"}, api_port=free_port(), moto_port=free_port(), workers=0
+    )
     with stack:
         stack.export_env()
         config = ServiceSettings.load().service
         sqs = client("sqs")
         for _ in range(0, args.backlog, 10):
-            sqs.send_message_batch(QueueUrl=config.queue_url,
-                                   Entries=[{"Id": str(i), "MessageBody": "x" * 300} for i in range(10)])
+            sqs.send_message_batch(
+                QueueUrl=config.queue_url, Entries=[{"Id": str(i), "MessageBody": "x" * 300} for i in range(10)]
+            )
         queue = JobQueue(config.queue_url)
         latencies = []
         for _ in range(10):
@@ -38,8 +40,12 @@ def main() -> None:
             latencies.append(time.perf_counter() - start)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             start = time.perf_counter()
-            list(pool.map(lambda _: sqs.get_queue_attributes(QueueUrl=config.queue_url, AttributeNames=["QueueArn"]),
-                          range(200)))
+            list(
+                pool.map(
+                    lambda _: sqs.get_queue_attributes(QueueUrl=config.queue_url, AttributeNames=["QueueArn"]),
+                    range(200),
+                )
+            )
             rate = 200 / (time.perf_counter() - start)
     print(f"ReceiveMessage (10 messages, {args.backlog} queued): p50 {statistics.median(latencies) * 1000:.0f} ms")
     print(f"GetQueueAttributes with 8 callers: {rate:.0f} requests/s")

@@ -32,17 +32,18 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import botocore.client
 import requests
 
 from async_inference.aws import client
-from async_inference_client import Client
 from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
+from async_inference_client import Client
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.worker import WorkerConfig
 from local_runtime.moto_server import free_port
@@ -191,18 +192,30 @@ def trace_lengths(count: int) -> list[int]:
     """Output lengths of the first ``count`` requests of the Azure conversation trace."""
     with AZURE_TRACE.open() as trace:
         rows = csv.DictReader(trace)
-        return [int(row["GeneratedTokens"]) for row, _ in zip(rows, range(count))]
+        return [int(row["GeneratedTokens"]) for row, _ in zip(rows, range(count), strict=False)]
 
 
-def utilisation_run(stack: LocalDeployment, api: Client, *, capacity: int, worker_capacity: int, lengths: list[int],
-                    step_s: float, sample: bool) -> dict[str, Any]:
+def utilisation_run(
+    stack: LocalDeployment,
+    api: Client,
+    *,
+    capacity: int,
+    worker_capacity: int,
+    lengths: list[int],
+    step_s: float,
+    sample: bool,
+) -> dict[str, Any]:
     """A backlog of jobs with these output lengths, through a worker that lets at most ``worker_capacity`` jobs into
     a simulated engine of ``capacity`` slots."""
     from gpu_worker.engines.simulated import SimulatedEngine
 
     jobs = len(lengths)
     bodies = [
-        {"model": "sim", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(n))}], "max_tokens": n}
+        {
+            "model": "sim",
+            "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(n))}],
+            "max_tokens": n,
+        }
         for n in lengths
     ]
     submit_all(api, bodies)
@@ -218,19 +231,30 @@ def utilisation_run(stack: LocalDeployment, api: Client, *, capacity: int, worke
             if sample:
                 visible, in_flight = queue_depth(stack.resources.config.queue_url)
                 # The engine's own counter: tokens as each decoding step produces them, not when their job ends.
-                samples.append({"t": time.perf_counter() - start, "tokens": engine.inner.stats.tokens,
-                                "visible": visible, "in_flight": in_flight})
+                samples.append(
+                    {
+                        "t": time.perf_counter() - start,
+                        "tokens": engine.inner.stats.tokens,
+                        "visible": visible,
+                        "in_flight": in_flight,
+                    }
+                )
                 time.sleep(0.25)
             else:
                 time.sleep(0.05)
         elapsed = time.perf_counter() - start
     ceiling = capacity / step_s
     return {
-        "jobs": jobs, "tokens": engine.tokens, "elapsed_s": round(elapsed, 3), "tokens_per_s": engine.tokens / elapsed,
-        "ceiling_tokens_per_s": ceiling, "utilisation": engine.tokens / elapsed / ceiling,
+        "jobs": jobs,
+        "tokens": engine.tokens,
+        "elapsed_s": round(elapsed, 3),
+        "tokens_per_s": engine.tokens / elapsed,
+        "ceiling_tokens_per_s": ceiling,
+        "utilisation": engine.tokens / elapsed / ceiling,
         # How full the batch was over the steps the engine ran (it runs none while idle).
         "batch_fullness": engine.inner.stats.utilisation,
-        "while_backlogged": while_backlogged(samples, ceiling) if samples else None, "samples": samples,
+        "while_backlogged": while_backlogged(samples, ceiling) if samples else None,
+        "samples": samples,
     }
 
 
@@ -291,7 +315,11 @@ def _operation(entry: dict[str, Any], headers: dict[str, str]) -> str:
     if "x-amz-target" in headers:
         return headers["x-amz-target"].rsplit(".", 1)[-1]
     query = urllib.parse.parse_qs(urllib.parse.urlparse(entry["url"]).query)
-    body = base64.b64decode(entry["body"]).decode("utf-8", "replace") if entry.get("body_encoded") else entry.get("body") or ""
+    body = (
+        base64.b64decode(entry["body"]).decode("utf-8", "replace")
+        if entry.get("body_encoded")
+        else entry.get("body") or ""
+    )
     action = query.get("Action") or urllib.parse.parse_qs(body).get("Action")
     if action:
         return action[0]
@@ -321,9 +349,13 @@ def requests_run(stack: LocalDeployment, api: Client, counter: RequestCounter, j
     by_operation.update({f"api:{op}": n for op, n in sorted(function_counts.items())})
     worker_side = counter.total("worker")
     return {
-        "jobs": jobs, "api_requests": api_side, "worker_requests": worker_side,
-        "requests_per_job": (api_side + worker_side) / jobs, "worker_requests_per_job": worker_side / jobs,
-        "api_requests_per_job": api_side / jobs, "by_operation": by_operation,
+        "jobs": jobs,
+        "api_requests": api_side,
+        "worker_requests": worker_side,
+        "requests_per_job": (api_side + worker_side) / jobs,
+        "worker_requests_per_job": worker_side / jobs,
+        "api_requests_per_job": api_side / jobs,
+        "by_operation": by_operation,
     }
 
 
@@ -338,12 +370,15 @@ def pickup_run(api: Client, samples: int) -> dict[str, Any]:
         for i in range(samples):
             before = time.perf_counter()
             job_id = api.submit({"model": "echo", "messages": [{"role": "user", "content": f"ping {i}"}]}).job_id
-            wait_until(lambda: job_id in engine.started, 30, poll_s=0.005)
+            wait_until(lambda: job_id in engine.started, 30, poll_s=0.005)  # noqa: B023 (waited for at once)
             latencies.append(engine.started[job_id] - before)
-            wait_until(lambda: worker.jobs_finished >= i + 1, 30, poll_s=0.01)
+            wait_until(lambda: worker.jobs_finished >= i + 1, 30, poll_s=0.01)  # noqa: B023 (waited for at once)
             time.sleep(0.3)
-    return {"samples": [round(x, 4) for x in latencies], "p50_s": statistics.median(latencies),
-            "p90_s": sorted(latencies)[int(0.9 * (len(latencies) - 1))]}
+    return {
+        "samples": [round(x, 4) for x in latencies],
+        "p50_s": statistics.median(latencies),
+        "p90_s": sorted(latencies)[int(0.9 * (len(latencies) - 1))],
+    }
 
 
 def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str, Any]:
@@ -353,8 +388,12 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
 
     engine = make_engine("cpu")
     requests = [
-        ChatCompletionRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": p}],
-                              max_tokens=max_tokens, temperature=0)
+        ChatCompletionRequest(
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": p}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
         for p in prompts
     ]
 
@@ -380,9 +419,13 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
         pipeline_s = time.perf_counter() - start
     pipeline_tokens = timed.tokens
     return {
-        "prompts": len(prompts), "max_tokens": max_tokens,
-        "direct_tokens": direct_tokens, "direct_s": round(direct_s, 3), "direct_tokens_per_s": direct_tokens / direct_s,
-        "pipeline_tokens": pipeline_tokens, "pipeline_s": round(pipeline_s, 3),
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "direct_tokens": direct_tokens,
+        "direct_s": round(direct_s, 3),
+        "direct_tokens_per_s": direct_tokens / direct_s,
+        "pipeline_tokens": pipeline_tokens,
+        "pipeline_s": round(pipeline_s, 3),
         "pipeline_tokens_per_s": pipeline_tokens / pipeline_s,
         "efficiency": (pipeline_tokens / pipeline_s) / (direct_tokens / direct_s),
     }
@@ -390,8 +433,12 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
 
 # The structured run's schema: one free-text field, so that constrained and unconstrained answers run about as long
 # (both mostly to max_tokens) and the ratio measures the grammar's cost per token, not shorter outputs.
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
-                 "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 def structured_run(prompts: list[str], max_tokens: int, rounds: int = 2) -> dict[str, Any]:
@@ -403,13 +450,23 @@ def structured_run(prompts: list[str], max_tokens: int, rounds: int = 2) -> dict
 
     engine = make_engine("cpu")
     base = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0}
-    structured_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA,
-                                                                "strict": True}}
-    plain = [ChatCompletionRequest.model_validate({**base, "messages": [{"role": "user", "content": p}]})
-             for p in prompts]
-    structured = [r.model_copy(update={"response_format": ChatCompletionRequest.model_validate(
-        {**base, "messages": [{"role": "user", "content": "x"}], "response_format": structured_format}
-    ).response_format}) for r in plain]
+    structured_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True},
+    }
+    plain = [
+        ChatCompletionRequest.model_validate({**base, "messages": [{"role": "user", "content": p}]}) for p in prompts
+    ]
+    structured = [
+        r.model_copy(
+            update={
+                "response_format": ChatCompletionRequest.model_validate(
+                    {**base, "messages": [{"role": "user", "content": "x"}], "response_format": structured_format}
+                ).response_format
+            }
+        )
+        for r in plain
+    ]
     totals = {"plain": [0, 0.0], "structured": [0, 0.0]}
 
     async def timed(kind: str, requests: list[ChatCompletionRequest], round_: int) -> None:
@@ -436,16 +493,23 @@ def structured_run(prompts: list[str], max_tokens: int, rounds: int = 2) -> dict
     plain_rate = totals["plain"][0] / totals["plain"][1]
     structured_rate = totals["structured"][0] / totals["structured"][1]
     return {
-        "prompts": len(prompts), "max_tokens": max_tokens, "rounds": rounds,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "rounds": rounds,
         "first_request_with_the_schema_s": round(compile_s, 3),
-        "plain_tokens": totals["plain"][0], "plain_s": round(totals["plain"][1], 3), "plain_tokens_per_s": plain_rate,
-        "structured_tokens": totals["structured"][0], "structured_s": round(totals["structured"][1], 3),
-        "structured_tokens_per_s": structured_rate, "ratio": structured_rate / plain_rate,
+        "plain_tokens": totals["plain"][0],
+        "plain_s": round(totals["plain"][1], 3),
+        "plain_tokens_per_s": plain_rate,
+        "structured_tokens": totals["structured"][0],
+        "structured_s": round(totals["structured"][1], 3),
+        "structured_tokens_per_s": structured_rate,
+        "ratio": structured_rate / plain_rate,
     }
 
 
-def batch_runs(stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int,
-               idle_pickup_s: float) -> dict[str, Any]:
+def batch_runs(
+    stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int, idle_pickup_s: float
+) -> dict[str, Any]:
     """The batch alone (requests per line, utilisation), then the same batch with interactive jobs beside it; the
     template's controller mapping paused throughout, the bench's controller thread playing it."""
     assert stack.resources is not None
@@ -453,32 +517,40 @@ def batch_runs(stack: LocalDeployment, api: Client, counter: RequestCounter, lin
         return _batch_runs(stack, api, counter, lines, idle_pickup_s)
 
 
-def _batch_runs(stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int,
-                idle_pickup_s: float) -> dict[str, Any]:
+def _batch_runs(
+    stack: LocalDeployment, api: Client, counter: RequestCounter, lines: int, idle_pickup_s: float
+) -> dict[str, Any]:
     from bench.batch_bench import BATCH_MAX_TOKENS, BATCH_STEP_S, BatchBench, batch_run, interactive_run
     from gpu_worker.engines.simulated import SimulatedEngine
 
     bench = BatchBench.create(stack)
     lengths = [min(n, BATCH_MAX_TOKENS) for n in trace_lengths(lines)]
-    print(f"a {lines}-line batch alone (simulated engine, capacity 64, {BATCH_STEP_S * 1000:.0f} ms steps)...",
-          flush=True)
+    print(
+        f"a {lines}-line batch alone (simulated engine, capacity 64, {BATCH_STEP_S * 1000:.0f} ms steps)...", flush=True
+    )
     alone = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, counter=counter)
-    print(f"  {alone['requests_per_line']:.3f} AWS requests per line end to end (api {alone['api_requests']}, "
-          f"controller {alone['controller_requests']}, worker {alone['worker_requests']}); "
-          f"{alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while backlogged "
-          f"({alone['backlogged_s']:.0f} s)")
+    print(
+        f"  {alone['requests_per_line']:.3f} AWS requests per line end to end (api {alone['api_requests']}, "
+        f"controller {alone['controller_requests']}, worker {alone['worker_requests']}); "
+        f"{alone['utilisation_while_backlogged']:.3f} of the engine's ceiling while backlogged "
+        f"({alone['backlogged_s']:.0f} s)"
+    )
     print("interactive jobs at a steady rate without a batch (the control)...", flush=True)
     control = interactive_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), api, seconds=30)
-    print(f"  {control['interactive_started']} jobs: wait p50 {control['interactive_wait_p50_s'] * 1000:.0f} ms, "
-          f"p95 {control['interactive_wait_p95_s'] * 1000:.0f} ms (load average {control['load_average'][0]:.1f})")
+    print(
+        f"  {control['interactive_started']} jobs: wait p50 {control['interactive_wait_p50_s'] * 1000:.0f} ms, "
+        f"p95 {control['interactive_wait_p95_s'] * 1000:.0f} ms (load average {control['load_average'][0]:.1f})"
+    )
     print("the same jobs with the batch beside them...", flush=True)
     mixed = batch_run(bench, Timed(SimulatedEngine(capacity=64, step_s=BATCH_STEP_S)), lengths, api=api)
     goal = 2 * idle_pickup_s + BATCH_STEP_S
-    print(f"  {mixed['interactive_started']} interactive jobs: wait p50 {mixed['interactive_wait_p50_s'] * 1000:.0f} ms, "
-          f"p95 {mixed['interactive_wait_p95_s'] * 1000:.0f} ms (goal {goal * 1000:.0f} ms: 2 x idle pickup "
-          f"{idle_pickup_s * 1000:.0f} ms + one {BATCH_STEP_S * 1000:.0f} ms step); {mixed['preemptions']} batch "
-          f"lines preempted; batch at {mixed['utilisation_while_backlogged']:.3f} of the ceiling meanwhile (load "
-          f"average {mixed['load_average'][0]:.1f})")
+    print(
+        f"  {mixed['interactive_started']} interactive jobs: wait p50 {mixed['interactive_wait_p50_s'] * 1000:.0f} ms, "
+        f"p95 {mixed['interactive_wait_p95_s'] * 1000:.0f} ms (goal {goal * 1000:.0f} ms: 2 x idle pickup "
+        f"{idle_pickup_s * 1000:.0f} ms + one {BATCH_STEP_S * 1000:.0f} ms step); {mixed['preemptions']} batch "
+        f"lines preempted; batch at {mixed['utilisation_while_backlogged']:.3f} of the ceiling meanwhile (load "
+        f"average {mixed['load_average'][0]:.1f})"
+    )
     summary = {
         "batch_requests_per_line": round(alone["requests_per_line"], 4),
         "batch_engine_utilisation": round(alone["utilisation_while_backlogged"], 4),
@@ -511,7 +583,9 @@ def plot(utilisation: dict[str, Any], path: Path) -> None:
     samples = utilisation["samples"]
     t = [s["t"] for s in samples]
     rates = [0.0] + [
-        (b["tokens"] - a["tokens"]) / (b["t"] - a["t"]) for a, b in zip(samples, samples[1:]) if b["t"] > a["t"]
+        (b["tokens"] - a["tokens"]) / (b["t"] - a["t"])
+        for a, b in zip(samples, samples[1:], strict=False)
+        if b["t"] > a["t"]
     ]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(t[: len(rates)], rates, label="engine tokens/s")
@@ -529,12 +603,18 @@ def plot(utilisation: dict[str, Any], path: Path) -> None:
 
 
 def report_structured(args: argparse.Namespace) -> dict[str, Any]:
-    print(f"structured output: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}, json_schema "
-          "against unconstrained...", flush=True)
+    print(
+        f"structured output: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}, json_schema "
+        "against unconstrained...",
+        flush=True,
+    )
     structured = structured_run(sharegpt_prompts(args.prompts), args.max_tokens)
-    print(f"  unconstrained {structured['plain_tokens_per_s']:.1f} tok/s, json_schema "
-          f"{structured['structured_tokens_per_s']:.1f} tok/s: {structured['ratio']:.3f} (first request with the "
-          f"schema {structured['first_request_with_the_schema_s']:.2f} s)", flush=True)
+    print(
+        f"  unconstrained {structured['plain_tokens_per_s']:.1f} tok/s, json_schema "
+        f"{structured['structured_tokens_per_s']:.1f} tok/s: {structured['ratio']:.3f} (first request with the "
+        f"schema {structured['first_request_with_the_schema_s']:.2f} s)",
+        flush=True,
+    )
     return structured
 
 
@@ -546,14 +626,17 @@ def main() -> None:
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU-engine pipeline efficiency run")
     parser.add_argument("--batch-lines", type=int, default=5000, help="lines of the batch runs (0: skip them)")
     parser.add_argument("--only-batch", action="store_true", help="only the idle pickup and the batch runs")
-    parser.add_argument("--only-structured", action="store_true",
-                        help="only structured output against unconstrained generation on the CPU engine")
+    parser.add_argument(
+        "--only-structured",
+        action="store_true",
+        help="only structured output against unconstrained generation on the CPU engine",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.only_structured:
         structured = report_structured(args)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         (RESULTS / f"bench-structured-{stamp}.json").write_text(json.dumps({"structured": structured}, indent=2))
         print(json.dumps({"structured_output_speed_ratio": round(structured["ratio"], 4)}))
         return
@@ -562,8 +645,9 @@ def main() -> None:
     os.environ["MOTO_RECORDER_FILEPATH"] = str(RESULTS / "moto-recording.jsonl")
     # The API serves any model name: the in-process workers here run the simulated and echo engines, which answer
     # whatever model a request names, and the CPU engine, whose model the efficiency run names.
-    stack = LocalDeployment.with_tenants({API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0,
-                                         served_models=("*",))
+    stack = LocalDeployment.with_tenants(
+        {API_KEY: "bench"}, api_port=free_port(), moto_port=free_port(), workers=0, served_models=("*",)
+    )
     with stack:
         stack.export_env()
         api = Client(stack.api_url, API_KEY)
@@ -573,33 +657,45 @@ def main() -> None:
         if not args.only_batch:
             print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
             lengths = trace_lengths(args.jobs)
-            full = utilisation_run(stack, api, capacity=64, worker_capacity=64, lengths=lengths, step_s=STEP_S,
-                                   sample=True)
-            print(f"  while the backlog lasted: {full['while_backlogged']:.3f} of the ceiling; whole run with the drain "
-                  f"tail: {full['utilisation']:.3f} ({full['tokens_per_s']:.0f} of {full['ceiling_tokens_per_s']:.0f} "
-                  f"tokens/s; batch {full['batch_fullness']:.3f} full over the steps run)")
+            full = utilisation_run(
+                stack, api, capacity=64, worker_capacity=64, lengths=lengths, step_s=STEP_S, sample=True
+            )
+            print(
+                f"  while the backlog lasted: {full['while_backlogged']:.3f} of the ceiling; whole run with the drain "
+                f"tail: {full['utilisation']:.3f} ({full['tokens_per_s']:.0f} of {full['ceiling_tokens_per_s']:.0f} "
+                f"tokens/s; batch {full['batch_fullness']:.3f} full over the steps run)"
+            )
             print("one-at-a-time worker, same engine...", flush=True)
-            single = utilisation_run(stack, api, capacity=64, worker_capacity=1, lengths=lengths[:6], step_s=STEP_S,
-                                     sample=False)
-            print(f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: "
-                  f"{single['utilisation']:.4f}")
+            single = utilisation_run(
+                stack, api, capacity=64, worker_capacity=1, lengths=lengths[:6], step_s=STEP_S, sample=False
+            )
+            print(
+                f"  {single['tokens_per_s']:.1f} tokens/s of {single['ceiling_tokens_per_s']:.0f}: "
+                f"{single['utilisation']:.4f}"
+            )
             print("AWS requests per job at backlog...", flush=True)
             requests = requests_run(stack, api, counter, jobs=200)
-            print(f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
-                  f"worker {requests['worker_requests_per_job']:.2f})")
+            print(
+                f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
+                f"worker {requests['worker_requests_per_job']:.2f})"
+            )
         print("idle pickup latency...", flush=True)
         pickup = pickup_run(api, samples=15)
         print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
         batch = batch_runs(stack, api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
         efficiency = None
         if not args.skip_cpu and not args.only_batch:
-            print(f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",
-                  flush=True)
+            print(
+                f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",
+                flush=True,
+            )
             efficiency = efficiency_run(api, sharegpt_prompts(args.prompts), args.max_tokens)
-            print(f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
-                  f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}")
+            print(
+                f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
+                f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}"
+            )
         structured = report_structured(args) if not args.skip_cpu and not args.only_batch else None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     if full is not None:
         plot(full, RESULTS / f"throughput-{stamp}.png")
     summary = {
@@ -611,8 +707,17 @@ def main() -> None:
         "idle_pickup_p50_s": round(pickup["p50_s"], 4),
         **(batch["summary"] if batch else {}),
     }
-    details = {"summary": summary, "emulator_requests_per_s": moto_rate, "utilisation": full, "one_at_a_time": single, "requests": requests,
-               "pickup": pickup, "efficiency": efficiency, "structured": structured, "batch": batch}
+    details = {
+        "summary": summary,
+        "emulator_requests_per_s": moto_rate,
+        "utilisation": full,
+        "one_at_a_time": single,
+        "requests": requests,
+        "pickup": pickup,
+        "efficiency": efficiency,
+        "structured": structured,
+        "batch": batch,
+    }
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
     print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")
     print(json.dumps(summary))

@@ -37,16 +37,21 @@ from async_inference.aws import client
 from async_inference.schemas import JobSubmission
 from async_inference.service import JobService
 from local_runtime.moto_server import free_port
-from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalDeployment
+from local_runtime.subscribers import subscribe_queue
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = "soak-tenant-key-0123456789"
 TENANT = "soak"
 # The receive wait is the deployed one (20 s): at 1 s, the three workers' 15 receivers returning empty-handed were
 # about 3 moto requests a job (docs/guarantees.md).
-WORKER_ENV = {"HEARTBEAT_INTERVAL_S": "3", "VISIBILITY_TIMEOUT_S": "15", "DRAIN_TIMEOUT_S": "5",
-              "TRANSIENT_RETRY_DELAY_S": "1", "LOG_LEVEL": "WARNING"}
+WORKER_ENV = {
+    "HEARTBEAT_INTERVAL_S": "3",
+    "VISIBILITY_TIMEOUT_S": "15",
+    "DRAIN_TIMEOUT_S": "5",
+    "TRANSIENT_RETRY_DELAY_S": "1",
+    "LOG_LEVEL": "WARNING",
+}
 BATCH_GET_KEYS = 100  # DynamoDB's limit per BatchGetItem
 
 
@@ -77,15 +82,18 @@ class Inbox(threading.Thread):
             self.receive_once(wait_s=1)
 
     def receive_once(self, wait_s: int) -> int:
-        messages = self._sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                             WaitTimeSeconds=wait_s).get("Messages", [])
+        messages = self._sqs.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_s
+        ).get("Messages", [])
         for message in messages:
             body = json.loads(message["Body"])
             self.notes[body["job_id"]] += 1
             self.statuses[body["status"]] += 1
         if messages:
-            self._sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+            self._sqs.delete_message_batch(
+                QueueUrl=self.queue_url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            )
         return len(messages)
 
     def drain(self, quiet_s: float) -> None:
@@ -102,9 +110,15 @@ def final_states(table: str, job_ids: list[str]) -> tuple[Counter[str], Counter[
     """Each job's status and how many times a worker started it, read back by key."""
     dynamodb, statuses, attempts = client("dynamodb"), Counter(), Counter()
     for start in range(0, len(job_ids), BATCH_GET_KEYS):
-        keys = [{settings.TABLE_PARTITION_KEY: {"S": j}} for j in job_ids[start:start + BATCH_GET_KEYS]]
-        request = {table: {"Keys": keys, "ProjectionExpression": "#s, attempts",
-                           "ExpressionAttributeNames": {"#s": "status"}, "ConsistentRead": True}}
+        keys = [{settings.TABLE_PARTITION_KEY: {"S": j}} for j in job_ids[start : start + BATCH_GET_KEYS]]
+        request = {
+            table: {
+                "Keys": keys,
+                "ProjectionExpression": "#s, attempts",
+                "ExpressionAttributeNames": {"#s": "status"},
+                "ConsistentRead": True,
+            }
+        }
         found = 0
         while request:
             page = dynamodb.batch_get_item(RequestItems=request)
@@ -122,8 +136,11 @@ def final_states(table: str, job_ids: list[str]) -> tuple[Counter[str], Counter[
 def result_writes(bucket: str) -> Counter[str]:
     """How many times each job's result object was written: one version per write in the versioned bucket."""
     writes: Counter[str] = Counter()
-    pages = client("s3").get_paginator("list_object_versions").paginate(
-        Bucket=bucket, Prefix=f"{settings.RESULT_PREFIX}{TENANT}/")
+    pages = (
+        client("s3")
+        .get_paginator("list_object_versions")
+        .paginate(Bucket=bucket, Prefix=f"{settings.RESULT_PREFIX}{TENANT}/")
+    )
     for page in pages:
         writes.update(version["Key"].split("/")[2] for version in page.get("Versions", []))
     return writes
@@ -132,8 +149,9 @@ def result_writes(bucket: str) -> Counter[str]:
 def queue_depths(urls: dict[str, str]) -> dict[str, int]:
     sqs, depths = client("sqs"), {}
     for name, url in urls.items():
-        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
-            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]
         depths[name] = sum(int(v) for v in attributes.values())
     return depths
 
@@ -144,14 +162,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=300, help="most jobs submitted and not yet notified")
     parser.add_argument("--kill-at", type=int, default=3_000, help="SIGKILL one worker once this many are notified")
-    parser.add_argument("--rss-at", type=int, default=1_000, help="the RSS baseline is taken once this many are notified")
+    parser.add_argument(
+        "--rss-at", type=int, default=1_000, help="the RSS baseline is taken once this many are notified"
+    )
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(exist_ok=True)
     log = open(RESULTS / "soak-workers.log", "wb")
-    stack = LocalDeployment.with_tenants({KEY: TENANT}, api_port=free_port(), moto_port=free_port(), workers=0,
-                                         engine="echo", worker_env=WORKER_ENV, worker_log=log).start()
+    stack = LocalDeployment.with_tenants(
+        {KEY: TENANT},
+        api_port=free_port(),
+        moto_port=free_port(),
+        workers=0,
+        engine="echo",
+        worker_env=WORKER_ENV,
+        worker_log=log,
+    ).start()
     stack.export_env()
     started = time.monotonic()
     try:
@@ -163,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         watched = workers[0]  # never killed: its RSS is the one compared
         service = JobService.from_config(config)
         submission = JobSubmission.model_validate(
-            {"request": {"model": "echo", "max_tokens": 4, "messages": [{"role": "user", "content": "soak"}]}})
+            {"request": {"model": "echo", "max_tokens": 4, "messages": [{"role": "user", "content": "soak"}]}}
+        )
         progress: dict = {"rss_baseline": None, "killed": None}
         submitted = Counter()
         done = threading.Event()
@@ -180,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                     progress["killed"] = {"at_notified": notified, "pid": victim.pid}
                     workers.append(stack.start_worker())  # ECS would start a replacement task
                 elapsed = time.monotonic() - started
-                print(f"{elapsed:7.1f} s submitted {submitted['n']} notified {notified} "
-                      f"({notified / elapsed:.1f}/s) watched worker RSS {rss_mb(watched.pid):.1f} MB",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{elapsed:7.1f} s submitted {submitted['n']} notified {notified} "
+                    f"({notified / elapsed:.1f}/s) watched worker RSS {rss_mb(watched.pid):.1f} MB",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         def submit(_: int) -> str:
             while submitted["n"] - inbox.notified >= args.backlog:
@@ -245,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             and set(inbox.statuses) == {"succeeded"}
             and not any(depths.values())
             and progress["killed"] is not None
-            and figures["rss_growth_pct"] is not None and abs(figures["rss_growth_pct"]) <= 10
+            and figures["rss_growth_pct"] is not None
+            and abs(figures["rss_growth_pct"]) <= 10
         )
         (RESULTS / "soak.json").write_text(json.dumps(figures, indent=2) + "\n")
         print(json.dumps(figures))

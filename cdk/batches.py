@@ -47,8 +47,15 @@ class Batches(Construct):
     :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.RETAIN``.
     """
 
-    def __init__(self, scope: Construct, id: str, *, code: LambdaCode, environment: Mapping[str, str],
-                 removal_policy: RemovalPolicy = RemovalPolicy.RETAIN) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        code: LambdaCode,
+        environment: Mapping[str, str],
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
         super().__init__(scope, id)
         string = dynamodb.AttributeType.STRING
         self.table = dynamodb.Table(
@@ -104,8 +111,12 @@ class Batches(Construct):
         )
         # One step at a time: a plan or a finalize may take minutes, and one failing must not hold back others.
         self.controller.add_event_source(
-            event_sources.SqsEventSource(self.control_queue, batch_size=1, report_batch_item_failures=True,
-                                         max_concurrency=CONTROLLER_MAX_CONCURRENCY)
+            event_sources.SqsEventSource(
+                self.control_queue,
+                batch_size=1,
+                report_batch_item_failures=True,
+                max_concurrency=CONTROLLER_MAX_CONCURRENCY,
+            )
         )
 
     def grant_items(self, grantee: iam.IGrantable, *actions: str) -> iam.Grant:

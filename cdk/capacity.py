@@ -155,6 +155,8 @@ def sized_max_num_seqs(model: str, instance_type: str, *, sequence_tokens: int =
     if model not in MODELS:
         raise KeyError(f"no shape for model {model!r} in cdk.capacity.MODELS (known: {', '.join(MODELS)})")
     if instance_type not in INSTANCE_GPUS:
-        raise KeyError(f"no GPU for instance type {instance_type!r} in cdk.capacity.INSTANCE_GPUS "
-                       f"(known: {', '.join(INSTANCE_GPUS)})")
+        raise KeyError(
+            f"no GPU for instance type {instance_type!r} in cdk.capacity.INSTANCE_GPUS "
+            f"(known: {', '.join(INSTANCE_GPUS)})"
+        )
     return max_num_seqs(MODELS[model], INSTANCE_GPUS[instance_type][0], sequence_tokens=sequence_tokens)

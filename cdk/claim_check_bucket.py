@@ -70,8 +70,11 @@ class ClaimCheckBucket(Construct):
                 ),
                 # Files and batch parts: as long as their records (the batch table's TTL).
                 *(
-                    s3.LifecycleRule(id=f"expire-{prefix.rstrip('/')}", prefix=prefix,
-                                     expiration=Duration.days(settings.FILE_RETENTION_DAYS))
+                    s3.LifecycleRule(
+                        id=f"expire-{prefix.rstrip('/')}",
+                        prefix=prefix,
+                        expiration=Duration.days(settings.FILE_RETENTION_DAYS),
+                    )
                     for prefix in (settings.FILE_PREFIX, settings.BATCH_PREFIX)
                 ),
                 s3.LifecycleRule(

@@ -9,7 +9,6 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-
 from async_inference import settings
 from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
@@ -30,6 +29,7 @@ MAX_RECEIVE_COUNT = settings.MAX_RECEIVE_COUNT + HANDLER_TRIES
 # Concurrent invocations the event source may run (its ScalingConfig; 2 is the least Lambda takes): a DLQ has no
 # hurry, and the functions behind the API must keep the account's concurrency.
 MAXIMUM_CONCURRENCY = 2
+
 
 class DeadLetterHandler(Construct):
     """The Lambda that consumes the job DLQ (and the batch lane's, when given), with partial batch failures reported.
@@ -71,8 +71,10 @@ class DeadLetterHandler(Construct):
         self.unhandled_queue = secure_dead_letter_queue(self, "Unhandled")
         acknowledge(
             self.unhandled_queue,
-            {"AwsSolutions-SQS3": "The last queue: dead-lettered messages the DLQ handler itself could not handle, "
-             "kept for an operator (alarmed)."},
+            {
+                "AwsSolutions-SQS3": "The last queue: dead-lettered messages the DLQ handler itself could not handle, "
+                "kept for an operator (alarmed)."
+            },
         )
         # The event source grants the function consume on the DLQ (the only permission it needs on it).
         for queue in (dead_letter_queue, lane_dead_letter_queue):
@@ -90,6 +92,7 @@ class DeadLetterHandler(Construct):
             "maxReceiveCount": MAX_RECEIVE_COUNT,
         }
         self.handler.add_event_source(
-            event_sources.SqsEventSource(queue, batch_size=10, report_batch_item_failures=True,
-                                         max_concurrency=MAXIMUM_CONCURRENCY)
+            event_sources.SqsEventSource(
+                queue, batch_size=10, report_batch_item_failures=True, max_concurrency=MAXIMUM_CONCURRENCY
+            )
         )

@@ -83,40 +83,64 @@ class GpuCapacity(Construct):
             timeout=Duration.seconds(30),
         )
         stack = Stack.of(self)
-        function.add_to_role_policy(iam.PolicyStatement(
-            actions=["ecs:ListContainerInstances", "ecs:DescribeClusters"], resources=[cluster.cluster_arn]))
-        function.add_to_role_policy(iam.PolicyStatement(
-            actions=["ecs:DescribeCapacityProviders"],
-            resources=[stack.format_arn(service="ecs", resource="capacity-provider", resource_name="*")]))
-        function.add_to_role_policy(iam.PolicyStatement(
-            actions=["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"],
-            resources=[stack.format_arn(service="ecs", resource="container-instance",
-                                        resource_name=f"{cluster.cluster_name}/*")],
-        ))
-        function.add_to_role_policy(iam.PolicyStatement(
-            actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
-            resources=[stack.format_arn(service="autoscaling", resource="autoScalingGroup",
-                                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
-                                        arn_format=ArnFormat.COLON_RESOURCE_NAME)],
-        ))
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:ListContainerInstances", "ecs:DescribeClusters"], resources=[cluster.cluster_arn]
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:DescribeCapacityProviders"],
+                resources=[stack.format_arn(service="ecs", resource="capacity-provider", resource_name="*")],
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"],
+                resources=[
+                    stack.format_arn(
+                        service="ecs", resource="container-instance", resource_name=f"{cluster.cluster_name}/*"
+                    )
+                ],
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
+                resources=[
+                    stack.format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
         # DescribeAutoScalingGroups supports no resource-level permission; the function's own X-Ray statement already
         # acknowledges Resource::* on this role (cdk.lambda_code).
-        function.add_to_role_policy(iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingGroups"],
-                                                        resources=["*"]))
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingGroups"], resources=["*"])
+        )
         cluster_id = stack.get_logical_id(cluster.node.default_child)
         group_id = stack.get_logical_id(group.node.default_child)
         account = rendered_account(stack)
-        acknowledge(function, {
-            f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:capacity-provider/*]":
-            "DescribeCapacityProviders, read-only, to find the cluster's group; the provider's name is generated.",
-            f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:container-instance/"
-            f"<{cluster_id}>/*]": "Container instance ids are assigned at launch; the statement admits only this "
-            "cluster's instances, to describe them and set them DRAINING or ACTIVE.",
-            f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{account}:autoScalingGroup:*:"
-            f"autoScalingGroupName/<{group_id}>]": "An Auto Scaling group's ARN holds a generated id; the statement "
-            "names the one GPU group by name.",
-        })
-        events.Rule(self, "EveryMinute", schedule=events.Schedule.rate(RELEASE_EVERY),
-                    targets=[targets.LambdaFunction(function)])
+        acknowledge(
+            function,
+            {
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:capacity-provider/*]": "DescribeCapacityProviders, read-only, to find the cluster's group; the provider's name is generated.",
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:container-instance/"
+                f"<{cluster_id}>/*]": "Container instance ids are assigned at launch; the statement admits only this "
+                "cluster's instances, to describe them and set them DRAINING or ACTIVE.",
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{account}:autoScalingGroup:*:"
+                f"autoScalingGroupName/<{group_id}>]": "An Auto Scaling group's ARN holds a generated id; the statement "
+                "names the one GPU group by name.",
+            },
+        )
+        events.Rule(
+            self,
+            "EveryMinute",
+            schedule=events.Schedule.rate(RELEASE_EVERY),
+            targets=[targets.LambdaFunction(function)],
+        )
         return function
-

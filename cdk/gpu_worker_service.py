@@ -38,8 +38,7 @@ WORKER_SERVICE_NAME = "async-inference-worker"
 # GPU instance to launch, pull the image and turn healthy. The cost: a change that replaces the service (its launch
 # type, its cluster) needs another name first, as CloudFormation replaces no custom-named resource.
 WORKER_ECS_SERVICE_NAME = "gpu-workers"
-WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!async_inference_client", "!gpu_worker", "**/__pycache__",
-                        "**/*.pyc"]
+WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!async_inference_client", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
 # The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
 # loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
 HEALTH_CHECK_COMMAND = ["CMD", "python3", "-m", "gpu_worker.health"]
@@ -167,9 +166,7 @@ class GpuWorkerService(Construct):
             )
         self.public_subnets = public_subnets
         self.vpc = self._vpc(nat_gateways, availability_zones, log_retention)
-        self.cluster = ecs.Cluster(
-            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
-        )
+        self.cluster = ecs.Cluster(self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED)
         self.auto_scaling_group = self._gpu_instances(
             instance_type,
             machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
@@ -405,8 +402,11 @@ class GpuWorkerService(Construct):
             iam.PolicyStatement(
                 actions=["ecs:DescribeServices"],
                 resources=[
-                    stack.format_arn(service="ecs", resource="service",
-                                     resource_name=f"{self.cluster.cluster_name}/{WORKER_ECS_SERVICE_NAME}")
+                    stack.format_arn(
+                        service="ecs",
+                        resource="service",
+                        resource_name=f"{self.cluster.cluster_name}/{WORKER_ECS_SERVICE_NAME}",
+                    )
                 ],
             )
         )
@@ -426,8 +426,10 @@ class _AfterCapacityProviderAssociation:
             return
         association = self.cluster.node.try_find_child(self.cluster.node.id)
         if not isinstance(association, ecs.CfnClusterCapacityProviderAssociations):
-            raise ValueError(f"{self.cluster.node.path} has no capacity provider association for the service to wait "
-                             "for: add the capacity provider to the cluster")
+            raise ValueError(
+                f"{self.cluster.node.path} has no capacity provider association for the service to wait "
+                "for: add the capacity provider to the cluster"
+            )
         node.node.add_dependency(association)
 
 

@@ -139,8 +139,10 @@ class IngestionApi(Construct):
     ) -> None:
         super().__init__(scope, id)
         if waf_requests_per_5_min_per_ip is not None and waf_requests_per_5_min_per_ip < 10:
-            raise ValueError(f"waf_requests_per_5_min_per_ip must be at least 10 (WAF's minimum), got "
-                             f"{waf_requests_per_5_min_per_ip}")
+            raise ValueError(
+                f"waf_requests_per_5_min_per_ip must be at least 10 (WAF's minimum), got "
+                f"{waf_requests_per_5_min_per_ip}"
+            )
         if not tenants:
             raise ValueError("tenants is empty: with API keys required on every method, nobody could call the API")
         self.service_name = API_SERVICE_NAME
@@ -175,9 +177,7 @@ class IngestionApi(Construct):
         authorizer_resource = self.authorizer.node.default_child
         assert isinstance(authorizer_resource, apigw.CfnAuthorizer)
         authorizer_resource.add_property_deletion_override("IdentitySource")
-        access_logs = logs.LogGroup(
-            self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
-        )
+        access_logs = logs.LogGroup(self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY)
         self.api = apigw.RestApi(
             self,
             "Api",
@@ -228,28 +228,42 @@ class IngestionApi(Construct):
     def _add_web_acl(self, limit: int) -> wafv2.CfnWebACL:
         def managed(name: str, priority: int) -> wafv2.CfnWebACL.RuleProperty:
             return wafv2.CfnWebACL.RuleProperty(
-                name=name, priority=priority, override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
-                statement=wafv2.CfnWebACL.StatementProperty(managed_rule_group_statement=(
-                    wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(vendor_name="AWS", name=name))),
+                name=name,
+                priority=priority,
+                override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+                statement=wafv2.CfnWebACL.StatementProperty(
+                    managed_rule_group_statement=(
+                        wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(vendor_name="AWS", name=name)
+                    )
+                ),
                 visibility_config=_visibility(name),
             )
 
         web_acl = wafv2.CfnWebACL(
-            self, "WebAcl", scope="REGIONAL", default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            self,
+            "WebAcl",
+            scope="REGIONAL",
+            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
             visibility_config=_visibility("AsyncInferenceApi"),
             rules=[
                 wafv2.CfnWebACL.RuleProperty(
-                    name="RequestsPerIp", priority=0, action=wafv2.CfnWebACL.RuleActionProperty(block={}),
-                    statement=wafv2.CfnWebACL.StatementProperty(rate_based_statement=(
-                        wafv2.CfnWebACL.RateBasedStatementProperty(limit=limit, aggregate_key_type="IP"))),
+                    name="RequestsPerIp",
+                    priority=0,
+                    action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+                    statement=wafv2.CfnWebACL.StatementProperty(
+                        rate_based_statement=(
+                            wafv2.CfnWebACL.RateBasedStatementProperty(limit=limit, aggregate_key_type="IP")
+                        )
+                    ),
                     visibility_config=_visibility("RequestsPerIp"),
                 ),
                 managed("AWSManagedRulesAmazonIpReputationList", 1),
                 managed("AWSManagedRulesKnownBadInputsRuleSet", 2),
             ],
         )
-        wafv2.CfnWebACLAssociation(self, "WebAclAssociation", resource_arn=self.api.deployment_stage.stage_arn,
-                                   web_acl_arn=web_acl.attr_arn)
+        wafv2.CfnWebACLAssociation(
+            self, "WebAclAssociation", resource_arn=self.api.deployment_stage.stage_arn, web_acl_arn=web_acl.attr_arn
+        )
         return web_acl
 
     def _add_routes(self) -> None:
@@ -279,8 +293,9 @@ class IngestionApi(Construct):
         self._add_openai_routes(v1, integration, validator)
         add_responses_routes(v1, integration, validator)
 
-    def _add_openai_routes(self, v1: apigw.IResource, integration: apigw.Integration,
-                           validator: apigw.IRequestValidator) -> None:
+    def _add_openai_routes(
+        self, v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator
+    ) -> None:
         """/v1/models, the Files API and the Batches API (lambdas/api/batch_routes.py)."""
         models = v1.add_resource("models")
         models.add_method("GET", integration)
@@ -312,8 +327,9 @@ class IngestionApi(Construct):
         """apigateway:GET on this API's tenant keys only, for the authorizer to read their values (``GetApiKey`` with
         ``includeValue``), not every key of the region."""
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["apigateway:GET"],
-            resource_arns=[key.key_arn for keys in self.api_keys.values() for key in keys]
+            grantee=grantee,
+            actions=["apigateway:GET"],
+            resource_arns=[key.key_arn for keys in self.api_keys.values() for key in keys],
         )
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
@@ -321,8 +337,12 @@ class IngestionApi(Construct):
         # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
         keys = [
             # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
-            apigw.ApiKey(self.api, f"ApiKey-{tenant}" if name == tenant else f"ApiKey-{tenant}-{name}", api_key_name=name,
-                         description=f"API key of tenant {tenant}")
+            apigw.ApiKey(
+                self.api,
+                f"ApiKey-{tenant}" if name == tenant else f"ApiKey-{tenant}-{name}",
+                api_key_name=name,
+                description=f"API key of tenant {tenant}",
+            )
             for name in (plan.api_keys or (tenant,))
         ]
         usage_plan = self.api.add_usage_plan(
@@ -369,5 +389,6 @@ class IngestionApi(Construct):
 
 
 def _visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
-    return wafv2.CfnWebACL.VisibilityConfigProperty(cloud_watch_metrics_enabled=True, metric_name=name,
-                                                    sampled_requests_enabled=True)
+    return wafv2.CfnWebACL.VisibilityConfigProperty(
+        cloud_watch_metrics_enabled=True, metric_name=name, sampled_requests_enabled=True
+    )

@@ -50,8 +50,9 @@ class JobQueue(Construct):
         )
 
 
-def secure_queue(scope: Construct, id: str, *, dead_letter_queue: sqs.IQueue, max_receive_count: int,
-                 **options: Any) -> sqs.Queue:
+def secure_queue(
+    scope: Construct, id: str, *, dead_letter_queue: sqs.IQueue, max_receive_count: int, **options: Any
+) -> sqs.Queue:
     """A queue with the service's defaults (SSE-SQS, TLS only) that moves a message to ``dead_letter_queue`` after
     ``max_receive_count`` receives; ``options`` are ``sqs.Queue``'s (visibility timeout, long polling, retention)."""
     return sqs.Queue(

@@ -58,6 +58,8 @@ class JobTable(Construct):
 
     def grant_tenant_listing(self, grantee: iam.IGrantable) -> iam.Grant:
         """dynamodb:Query on the tenant index (the list endpoint) and the unfinished-jobs index (quotas) only."""
-        indexes = [f"{self.table.table_arn}/index/{name}"
-                   for name in (settings.TENANT_INDEX_NAME, settings.ACTIVE_JOBS_INDEX_NAME)]
+        indexes = [
+            f"{self.table.table_arn}/index/{name}"
+            for name in (settings.TENANT_INDEX_NAME, settings.ACTIVE_JOBS_INDEX_NAME)
+        ]
         return iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"], resource_arns=indexes)

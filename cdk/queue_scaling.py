@@ -110,8 +110,14 @@ class QueueScaling(Construct):
     ) -> None:
         super().__init__(scope, id)
         counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
-        validate(counted, jobs_per_task=jobs_per_task, max_tasks=max_tasks, scale_in_fill=scale_in_fill,
-                 scale_in_minutes=scale_in_minutes, keep_alive_minutes=keep_alive_minutes)
+        validate(
+            counted,
+            jobs_per_task=jobs_per_task,
+            max_tasks=max_tasks,
+            scale_in_fill=scale_in_fill,
+            scale_in_minutes=scale_in_minutes,
+            keep_alive_minutes=keep_alive_minutes,
+        )
         self.service = service
         self.queues = counted
         self.wake_check_interval = wake_check_interval
@@ -159,8 +165,12 @@ class QueueScaling(Construct):
             minutes=1,
             missing=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        scale_out = self._policy("ScaleOut", appscaling.AdjustmentType.EXACT_CAPACITY,
-                                 appscaling.MetricAggregationType.MAXIMUM, scale_out_cooldown)
+        scale_out = self._policy(
+            "ScaleOut",
+            appscaling.AdjustmentType.EXACT_CAPACITY,
+            appscaling.MetricAggregationType.MAXIMUM,
+            scale_out_cooldown,
+        )
         # Bounds are relative to the threshold (1): a metric (the tasks needed) in [k + 1, k + 2) sets k + 1 tasks.
         for k in range(max_tasks - 1):
             scale_out.add_adjustment(adjustment=k + 1, lower_bound=k, upper_bound=k + 1)
@@ -179,8 +189,12 @@ class QueueScaling(Construct):
             minutes=scale_in_minutes,
             missing=cloudwatch.TreatMissingData.MISSING,
         )
-        scale_in = self._policy("ScaleIn", appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-                                appscaling.MetricAggregationType.MINIMUM, scale_in_cooldown)
+        scale_in = self._policy(
+            "ScaleIn",
+            appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+            appscaling.MetricAggregationType.MINIMUM,
+            scale_in_cooldown,
+        )
         scale_in.add_adjustment(adjustment=-1, lower_bound=0)
         self.scale_in_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(scale_in))
 
@@ -203,8 +217,9 @@ class QueueScaling(Construct):
             minutes=keep_alive_minutes,
             missing=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        to_zero = self._policy("ScaleToZero", appscaling.AdjustmentType.EXACT_CAPACITY,
-                               appscaling.MetricAggregationType.MAXIMUM, None)
+        to_zero = self._policy(
+            "ScaleToZero", appscaling.AdjustmentType.EXACT_CAPACITY, appscaling.MetricAggregationType.MAXIMUM, None
+        )
         to_zero.add_adjustment(adjustment=0, upper_bound=0)
         self.idle_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(to_zero))
 
@@ -228,20 +243,28 @@ class QueueScaling(Construct):
         for name, value in self.wake_target.to_env().items():
             function.add_environment(name, value)
         function.add_to_role_policy(
-            iam.PolicyStatement(actions=["ecs:DescribeServices", "ecs:UpdateService"],
-                                resources=[self._service_arn_by_name])
+            iam.PolicyStatement(
+                actions=["ecs:DescribeServices", "ecs:UpdateService"], resources=[self._service_arn_by_name]
+            )
         )
         if self.wake_hold.to_seconds() > 0:
             function.add_to_role_policy(
                 iam.PolicyStatement(
-                    actions=["application-autoscaling:RegisterScalableTarget",
-                             "application-autoscaling:PutScheduledAction"],
+                    actions=[
+                        "application-autoscaling:RegisterScalableTarget",
+                        "application-autoscaling:PutScheduledAction",
+                    ],
                     resources=["*"],
                 )
             )
-            acknowledge(function, {"AwsSolutions-IAM5[Resource::*]": "The wake's hold: RegisterScalableTarget and "
-                                   "PutScheduledAction on the worker service's scalable target, which CloudFormation "
-                                   "gives no ARN to name; the function only ever names that target."})
+            acknowledge(
+                function,
+                {
+                    "AwsSolutions-IAM5[Resource::*]": "The wake's hold: RegisterScalableTarget and "
+                    "PutScheduledAction on the worker service's scalable target, which CloudFormation "
+                    "gives no ARN to name; the function only ever names that target."
+                },
+            )
 
     @property
     def _service_arn_by_name(self) -> str:
@@ -250,8 +273,9 @@ class QueueScaling(Construct):
         name = self.service.node.default_child.service_name  # type: ignore[union-attr]  # the CfnService's property
         if name is None or Token.is_unresolved(name):
             raise ValueError("the worker service needs a service_name fixed at synth for the functions to wake it by")
-        return Stack.of(self).format_arn(service="ecs", resource="service",
-                                         resource_name=f"{self.service.cluster.cluster_name}/{name}")
+        return Stack.of(self).format_arn(
+            service="ecs", resource="service", resource_name=f"{self.service.cluster.cluster_name}/{name}"
+        )
 
     # --- helpers --------------------------------------------------------------------------------------------------
 
@@ -273,18 +297,30 @@ class QueueScaling(Construct):
         terms = []
         for suffix, counted in self._suffixed():
             metrics[f"visible{suffix}"] = counted.queue.metric_approximate_number_of_messages_visible(
-                statistic="Maximum", period=ONE_MINUTE)
+                statistic="Maximum", period=ONE_MINUTE
+            )
             metrics[f"inFlight{suffix}"] = counted.queue.metric_approximate_number_of_messages_not_visible(
-                statistic="Maximum", period=ONE_MINUTE)
+                statistic="Maximum", period=ONE_MINUTE
+            )
             term = f"{self._filled(f'visible{suffix}')} + {self._filled(f'inFlight{suffix}')}"
             terms.append(term if counted.weight == 1 else f"{counted.weight:g} * ({term})")
         return f"({' + '.join(terms)})", metrics
 
-    def _alarm(self, id: str, expression: str, metrics: dict[str, cloudwatch.IMetric], *, description: str,
-               comparison: cloudwatch.ComparisonOperator, threshold: float, minutes: int,
-               missing: cloudwatch.TreatMissingData) -> cloudwatch.Alarm:
-        return cloudwatch.MathExpression(expression=expression, using_metrics=metrics, period=ONE_MINUTE,
-                                         label=id).create_alarm(
+    def _alarm(
+        self,
+        id: str,
+        expression: str,
+        metrics: dict[str, cloudwatch.IMetric],
+        *,
+        description: str,
+        comparison: cloudwatch.ComparisonOperator,
+        threshold: float,
+        minutes: int,
+        missing: cloudwatch.TreatMissingData,
+    ) -> cloudwatch.Alarm:
+        return cloudwatch.MathExpression(
+            expression=expression, using_metrics=metrics, period=ONE_MINUTE, label=id
+        ).create_alarm(
             self,
             id,
             alarm_description=description,
@@ -295,21 +331,41 @@ class QueueScaling(Construct):
             treat_missing_data=missing,
         )
 
-    def _policy(self, id: str, adjustment: appscaling.AdjustmentType, aggregation: appscaling.MetricAggregationType,
-                cooldown: Duration | None) -> appscaling.StepScalingAction:
-        return appscaling.StepScalingAction(self, id, scaling_target=self.target, adjustment_type=adjustment,
-                                            metric_aggregation_type=aggregation, cooldown=cooldown)
+    def _policy(
+        self,
+        id: str,
+        adjustment: appscaling.AdjustmentType,
+        aggregation: appscaling.MetricAggregationType,
+        cooldown: Duration | None,
+    ) -> appscaling.StepScalingAction:
+        return appscaling.StepScalingAction(
+            self,
+            id,
+            scaling_target=self.target,
+            adjustment_type=adjustment,
+            metric_aggregation_type=aggregation,
+            cooldown=cooldown,
+        )
 
 
-def validate(queues: Sequence[CountedQueue], *, jobs_per_task: float, max_tasks: int, scale_in_fill: float,
-             scale_in_minutes: int, keep_alive_minutes: int) -> None:
+def validate(
+    queues: Sequence[CountedQueue],
+    *,
+    jobs_per_task: float,
+    max_tasks: int,
+    scale_in_fill: float,
+    scale_in_minutes: int,
+    keep_alive_minutes: int,
+) -> None:
     """Reject options that could not scale the service (ValueError naming them)."""
     if not queues:
         raise ValueError("queues is empty: nothing would ever scale the workers out")
     if len(queues) * METRICS_PER_QUEUE > MAX_ALARM_METRICS:
-        raise ValueError(f"queues ({len(queues)}) need {len(queues) * METRICS_PER_QUEUE} metrics in the keep-alive "
-                         f"alarm; CloudWatch allows {MAX_ALARM_METRICS}: count at most "
-                         f"{MAX_ALARM_METRICS // METRICS_PER_QUEUE} queues")
+        raise ValueError(
+            f"queues ({len(queues)}) need {len(queues) * METRICS_PER_QUEUE} metrics in the keep-alive "
+            f"alarm; CloudWatch allows {MAX_ALARM_METRICS}: count at most "
+            f"{MAX_ALARM_METRICS // METRICS_PER_QUEUE} queues"
+        )
     if any(q.weight <= 0 for q in queues):
         raise ValueError(f"queue weights {[q.weight for q in queues]} must be positive: a message is work")
     if jobs_per_task < 1:
@@ -317,8 +373,10 @@ def validate(queues: Sequence[CountedQueue], *, jobs_per_task: float, max_tasks:
     if max_tasks < 1:
         raise ValueError(f"max_tasks ({max_tasks}) must be at least 1")
     if not 0 < scale_in_fill <= 1:
-        raise ValueError(f"scale_in_fill ({scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down would remove "
-                         "a task that the scale-out (at jobs_per_task) adds back")
+        raise ValueError(
+            f"scale_in_fill ({scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down would remove "
+            "a task that the scale-out (at jobs_per_task) adds back"
+        )
     for name, minutes in (("scale_in_minutes", scale_in_minutes), ("keep_alive_minutes", keep_alive_minutes)):
         if minutes < 1:
             raise ValueError(f"{name} ({minutes}) must be at least 1")

@@ -66,9 +66,7 @@ class TopicSubscription:
         known = {s.value for s in JobStatus}
         unknown = sorted(set(self.statuses or ()) - known)
         if unknown or (self.statuses is not None and not self.statuses):
-            raise ValueError(
-                f"subscription {self.endpoint!r}: statuses {unknown or '[]'} not among {sorted(known)}"
-            )
+            raise ValueError(f"subscription {self.endpoint!r}: statuses {unknown or '[]'} not among {sorted(known)}")
 
 
 class ResultTopics(Construct):
@@ -83,14 +81,22 @@ class ResultTopics(Construct):
     :param tenants: the stack's tenant ids: a subscription naming another is refused. Default: not checked.
     """
 
-    def __init__(self, scope: Construct, id: str, *, subscriptions: Sequence[TopicSubscription] = (),
-                 tenants: Collection[str] | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        subscriptions: Sequence[TopicSubscription] = (),
+        tenants: Collection[str] | None = None,
+    ) -> None:
         super().__init__(scope, id)
         for spec in subscriptions:
             unknown = sorted(set(spec.tenants or ()) - set(tenants)) if tenants is not None else []
             if unknown:
-                raise ValueError(f"subscription {spec.endpoint!r}: tenants {unknown} are not among the stack's "
-                                 f"tenants {sorted(tenants or ())}")
+                raise ValueError(
+                    f"subscription {spec.endpoint!r}: tenants {unknown} are not among the stack's "
+                    f"tenants {sorted(tenants or ())}"
+                )
         # A key of our own (not alias/aws/sns): grant_publish can then name this one key in each publisher's policy.
         self.key = kms.Key(self, "TopicKey", description="Encrypts job result notifications", enable_key_rotation=True)
         self.topic = sns.Topic(

@@ -23,11 +23,11 @@ from async_inference.config import (
     DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
     DEFAULT_WAKE_CHECK_INTERVAL_S,
     DEFAULT_WAKE_HOLD_S,
+    ENV_BATCH_QUEUE_URL,
+    ENV_BATCH_TABLE,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
     ENV_TOOL_CALL_PARSER,
-    ENV_BATCH_QUEUE_URL,
-    ENV_BATCH_TABLE,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
     ServiceConfig,
@@ -36,6 +36,7 @@ from cdk import capacity
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
+from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
@@ -44,7 +45,6 @@ from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge
-from cdk.gpu_capacity import GpuCapacity
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
 from cdk.upload_deadlines import UploadDeadlines
@@ -232,8 +232,15 @@ class AsyncInferenceServiceProps:
 
     def validate(self) -> None:
         """Raise ValueError naming the options that cannot hold together."""
-        positive = ("gpus_per_instance", "max_gpu_instances", "max_worker_tasks", "retention_days",
-                    "scale_in_minutes", "idle_minutes_before_scale_in", "wake_check_interval_seconds")
+        positive = (
+            "gpus_per_instance",
+            "max_gpu_instances",
+            "max_worker_tasks",
+            "retention_days",
+            "scale_in_minutes",
+            "idle_minutes_before_scale_in",
+            "wake_check_interval_seconds",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -270,8 +277,10 @@ class AsyncInferenceServiceProps:
         if self.worker_subnets not in WORKER_SUBNETS:
             raise ValueError(f"worker_subnets ({self.worker_subnets!r}) must be one of {', '.join(WORKER_SUBNETS)}")
         if self.worker_subnets == "private" and self.nat_gateways < 1:
-            raise ValueError(f"nat_gateways ({self.nat_gateways}) leaves the GPU workers in private subnets without a "
-                             "route to SQS, SNS and the model hub: set worker_subnets to 'public' to run without NAT")
+            raise ValueError(
+                f"nat_gateways ({self.nat_gateways}) leaves the GPU workers in private subnets without a "
+                "route to SQS, SNS and the model hub: set worker_subnets to 'public' to run without NAT"
+            )
         if len(set(self.availability_zones)) != len(self.availability_zones):
             raise ValueError(f"availability_zones {list(self.availability_zones)} names a zone twice")
         if not 60 <= self.oldest_message_alarm_seconds < 14 * 86400:
@@ -321,22 +330,33 @@ class AsyncInferenceServiceProps:
         if self.effective_jobs_per_task() < 1:
             raise ValueError(f"jobs_per_task must be at least 1, got {self.effective_jobs_per_task():g}")
         if not 0 < self.scale_in_fill <= 1:
-            raise ValueError(f"scale_in_fill ({self.scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down "
-                             "would remove a task that the scale-out, at jobs_per_task, adds back")
-        for name in ("scale_out_cooldown_seconds", "scale_in_cooldown_seconds", "gpu_instance_warmup_seconds",
-                     "wake_hold_seconds"):
+            raise ValueError(
+                f"scale_in_fill ({self.scale_in_fill:g}) must lie in (0, 1]: above 1 the step-down "
+                "would remove a task that the scale-out, at jobs_per_task, adds back"
+            )
+        for name in (
+            "scale_out_cooldown_seconds",
+            "scale_in_cooldown_seconds",
+            "gpu_instance_warmup_seconds",
+            "wake_hold_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
         pool = self.gpu_warm_pool_instances
         if pool is not None and not 0 <= pool <= self.max_gpu_instances:
-            raise ValueError(f"gpu_warm_pool_instances ({pool}) must lie in 0..max_gpu_instances "
-                             f"({self.max_gpu_instances}): the pool holds instances the group may start")
+            raise ValueError(
+                f"gpu_warm_pool_instances ({pool}) must lie in 0..max_gpu_instances "
+                f"({self.max_gpu_instances}): the pool holds instances the group may start"
+            )
         if self.worker_task_protection not in TASK_PROTECTION_MODES:
-            raise ValueError(f"worker_task_protection ({self.worker_task_protection!r}) must be one of "
-                             f"{', '.join(TASK_PROTECTION_MODES)}")
+            raise ValueError(
+                f"worker_task_protection ({self.worker_task_protection!r}) must be one of "
+                f"{', '.join(TASK_PROTECTION_MODES)}"
+            )
         if self.worker_task_protection_tokens_per_s <= 0:
-            raise ValueError(f"worker_task_protection_tokens_per_s ({self.worker_task_protection_tokens_per_s:g}) "
-                             "must be positive")
+            raise ValueError(
+                f"worker_task_protection_tokens_per_s ({self.worker_task_protection_tokens_per_s:g}) must be positive"
+            )
 
     def _validate_model_source(self) -> None:
         if self.model_source not in MODEL_SOURCES:
@@ -400,8 +420,11 @@ class AsyncInferenceService(Construct):
         ).to_env()
         # The workers serve props.model under that name (vLLM's served_model_name defaults to it): every function
         # checks requests against it, so a job or batch line for another model is a 404, not served by this one.
-        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
-                       ENV_SERVED_MODELS: json.dumps([props.model])}
+        environment = {
+            **runtime,
+            "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
+            ENV_SERVED_MODELS: json.dumps([props.model]),
+        }
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
@@ -419,17 +442,27 @@ class AsyncInferenceService(Construct):
             waf_requests_per_5_min_per_ip=props.waf_requests_per_5_min_per_ip,
         )
         self.uploads = UploadIntake(
-            self, "Uploads", code=code, bucket=self.bucket.bucket,
+            self,
+            "Uploads",
+            code=code,
+            bucket=self.bucket.bucket,
             # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
             environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.lane_queue.queue_url},
         )
         self.dead_letters = DeadLetterHandler(
-            self, "DeadLetters", code=code, dead_letter_queue=self.jobs.dead_letter_queue,
+            self,
+            "DeadLetters",
+            code=code,
+            dead_letter_queue=self.jobs.dead_letter_queue,
             environment={**environment, **self.batches.environment},
             lane_dead_letter_queue=self.batches.lane_dead_letter_queue,
         )
         self.webhooks = WebhookDispatch(
-            self, "Webhooks", code=code, topic=self.results.topic, tenants=list(props.tenants),
+            self,
+            "Webhooks",
+            code=code,
+            topic=self.results.topic,
+            tenants=list(props.tenants),
             # Batch webhooks: the dispatcher reads the batch's webhook and records its attempts in the batch table.
             environment={**environment, ENV_BATCH_TABLE: self.batches.table.table_name},
         )
@@ -509,8 +542,9 @@ class AsyncInferenceService(Construct):
             cluster=self.workers.cluster,
             container=self.workers.container,
             code=code,
-            warm_instances=(props.max_gpu_instances if props.gpu_warm_pool_instances is None
-                            else props.gpu_warm_pool_instances),
+            warm_instances=(
+                props.max_gpu_instances if props.gpu_warm_pool_instances is None else props.gpu_warm_pool_instances
+            ),
             release_empty=props.release_empty_gpu_instances,
         )
         if props.wake_from_zero:
@@ -650,8 +684,11 @@ class AsyncInferenceService(Construct):
         bucket.grant_get(controller, files, parts)
         bucket.grant_put(controller, files)
         bucket.grant_delete(controller, files)  # an output file that came out empty
-        iam.Grant.add_to_principal(grantee=controller, actions=["s3:AbortMultipartUpload"],
-                                   resource_arns=[bucket.bucket.arn_for_objects(f"{files}*")])
+        iam.Grant.add_to_principal(
+            grantee=controller,
+            actions=["s3:AbortMultipartUpload"],
+            resource_arns=[bucket.bucket.arn_for_objects(f"{files}*")],
+        )
         batches.lane_queue.grant(controller, "sqs:SendMessage")
         self.results.grant_publish(controller)
 
@@ -682,7 +719,13 @@ class AsyncInferenceService(Construct):
         findings = {
             f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
             "hold tenant and job ids assigned at run time."
-            for prefix in (settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX,
-                           settings.FILE_PREFIX, settings.BATCH_PREFIX, RESPONSES_BODIES)
+            for prefix in (
+                settings.REQUEST_PREFIX,
+                settings.UPLOAD_PREFIX,
+                settings.RESULT_PREFIX,
+                settings.FILE_PREFIX,
+                settings.BATCH_PREFIX,
+                RESPONSES_BODIES,
+            )
         }
         acknowledge(self, findings)

@@ -13,9 +13,7 @@ from cdk.service import AsyncInferenceService, AsyncInferenceServiceProps
 class AsyncInferenceStack(Stack):
     """Places :class:`AsyncInferenceService` and exports where its endpoints and resources are."""
 
-    def __init__(
-        self, scope: Construct, id: str, *, props: AsyncInferenceServiceProps, **stack_kwargs: Any
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: AsyncInferenceServiceProps, **stack_kwargs: Any) -> None:
         super().__init__(scope, id, **stack_kwargs)
         self.service = AsyncInferenceService(self, "Service", props=props)
         s = self.service
@@ -50,5 +48,9 @@ class AsyncInferenceStack(Stack):
             # The key's value stays in API Gateway: `aws apigateway get-api-key --api-key <id> --include-value`.
             for index, key in enumerate(keys):
                 suffix = "" if index == 0 else str(index + 1)  # the first key keeps the output name it always had
-                CfnOutput(self, f"ApiKeyId{tenant.replace('-', '')}{suffix}", value=key.key_id,
-                          description=f"API key of {tenant}")
+                CfnOutput(
+                    self,
+                    f"ApiKeyId{tenant.replace('-', '')}{suffix}",
+                    value=key.key_id,
+                    description=f"API key of {tenant}",
+                )

@@ -60,6 +60,7 @@ class UploadDeadlines(Construct):
         )
         # The event source grants consuming the queue, ChangeMessageVisibility (the early-deadline hide) included.
         self.handler.add_event_source(
-            event_sources.SqsEventSource(self.queue, batch_size=10, report_batch_item_failures=True,
-                                         max_concurrency=MAX_CONCURRENCY)
+            event_sources.SqsEventSource(
+                self.queue, batch_size=10, report_batch_item_failures=True, max_concurrency=MAX_CONCURRENCY
+            )
         )

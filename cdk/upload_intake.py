@@ -60,8 +60,10 @@ class UploadIntake(Construct):
         self.failure_queue = secure_dead_letter_queue(self, "FailureQueue")
         acknowledge(
             self.failure_queue,
-            {"AwsSolutions-SQS3": "This queue is itself a dead-letter destination: the upload function's on-failure "
-             "destination for S3 events that exhausted their retries."},
+            {
+                "AwsSolutions-SQS3": "This queue is itself a dead-letter destination: the upload function's on-failure "
+                "destination for S3 events that exhausted their retries."
+            },
         )
         self.handler.configure_async_invoke(
             on_failure=destinations.SqsDestination(self.failure_queue),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration, Stack
@@ -119,7 +118,9 @@ class WebhookDispatch(Construct):
         )
         self.handler.add_event_source(
             event_sources.SqsEventSource(
-                self.queue, batch_size=settings.WEBHOOK_BATCH_SIZE, report_batch_item_failures=True,
+                self.queue,
+                batch_size=settings.WEBHOOK_BATCH_SIZE,
+                report_batch_item_failures=True,
                 max_concurrency=MAX_CONCURRENCY,
             )
         )

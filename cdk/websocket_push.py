@@ -95,7 +95,10 @@ class WebSocketPush(Construct):
             )
         self.connections = self._connection_table()
         self.events_topic = sns.Topic(
-            self, "JobEventTopic", display_name="Inference job events: started, progress", master_key=topic_key,
+            self,
+            "JobEventTopic",
+            display_name="Inference job events: started, progress",
+            master_key=topic_key,
             enforce_ssl=True,
         )
         self._topic_key = topic_key
@@ -157,8 +160,10 @@ class WebSocketPush(Construct):
         self._subscribe(result_topic, [settings.RESULT_EVENT, *settings.BATCH_RESULT_EVENTS])
         self._subscribe(self.events_topic, list(settings.ACTIVITY_EVENTS))
         # The connection table: the workers publish job.progress only for jobs a connection follows.
-        self.worker_environment = {config.ENV_JOB_EVENTS_TOPIC_ARN: self.events_topic.topic_arn,
-                                   config.ENV_CONNECTIONS_TABLE: self.connections.table_name}
+        self.worker_environment = {
+            config.ENV_JOB_EVENTS_TOPIC_ARN: self.events_topic.topic_arn,
+            config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
+        }
         self._grant(api_keys)
 
     def _connection_table(self) -> dynamodb.Table:
@@ -203,8 +208,11 @@ class WebSocketPush(Construct):
             resource_arns=[table],
         )
         # $connect counts the tenant's open connections (settings.WS_MAX_CONNECTIONS_PER_TENANT).
-        iam.Grant.add_to_principal(grantee=self.routes_handler, actions=["dynamodb:Query"],
-                                   resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"])
+        iam.Grant.add_to_principal(
+            grantee=self.routes_handler,
+            actions=["dynamodb:Query"],
+            resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
+        )
         # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
         key_arns = [key.key_arn for keys in api_keys.values() for key in keys]
         for function in (self.routes_handler, self.push_handler):
@@ -221,8 +229,7 @@ class WebSocketPush(Construct):
             self.push_handler,
             {
                 f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'execute-api')}:{rendered_account(stack)}:"
-                f"<{stack.get_logical_id(self.api.node.default_child)}>/{self.stage.stage_name}/*/@connections/*]":
-                "Connections of this API's stage only: their ids are assigned by API Gateway at run time.",
+                f"<{stack.get_logical_id(self.api.node.default_child)}>/{self.stage.stage_name}/*/@connections/*]": "Connections of this API's stage only: their ids are assigned by API Gateway at run time.",
             },
         )
         acknowledge(
@@ -237,7 +244,9 @@ class WebSocketPush(Construct):
     def grant_publish_events(self, grantee: iam.IGrantable) -> None:
         """sns:Publish (PublishBatch) on the job event topic, the two calls SNS makes on its key, and dynamodb:Query
         on the connection table's tenant index (which jobs a connection follows: ``ConnectionStore.followed``)."""
-        iam.Grant.add_to_principal(grantee=grantee, actions=["sns:Publish"], resource_arns=[self.events_topic.topic_arn])
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=["sns:Publish"], resource_arns=[self.events_topic.topic_arn]
+        )
         iam.Grant.add_to_principal(
             grantee=grantee,
             actions=["dynamodb:Query"],

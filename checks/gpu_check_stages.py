@@ -53,8 +53,9 @@ def offline(max_tokens: int) -> None:
     tok = llm.get_tokenizer()
     # The prompts exactly as the adapter builds them (chat template, no extra special tokens).
     ids = [
-        tok.encode(tok.apply_chat_template(messages(p), add_generation_prompt=True, tokenize=False),
-                   add_special_tokens=False)
+        tok.encode(
+            tok.apply_chat_template(messages(p), add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )
         for p in prompts()
     ]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -62,8 +63,12 @@ def offline(max_tokens: int) -> None:
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": i} for i in ids], params)
     seconds = time.perf_counter() - t0
-    report("offline", seconds=seconds, tokens=sum(len(o.outputs[0].token_ids) for o in outs),
-           texts=[o.outputs[0].text for o in outs])
+    report(
+        "offline",
+        seconds=seconds,
+        tokens=sum(len(o.outputs[0].token_ids) for o in outs),
+        texts=[o.outputs[0].text for o in outs],
+    )
 
 
 async def adapter(max_tokens: int) -> None:
@@ -87,16 +92,23 @@ async def adapter(max_tokens: int) -> None:
     t0 = time.perf_counter()
     generations = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     seconds = time.perf_counter() - t0
-    report("adapter", seconds=seconds, tokens=sum(g.completion_tokens for g in generations),
-           texts=[g.text for g in generations])
+    report(
+        "adapter",
+        seconds=seconds,
+        tokens=sum(g.completion_tokens for g in generations),
+        texts=[g.text for g in generations],
+    )
     await engine.close()
 
 
 def worker(max_tokens: int) -> None:
     """The real worker process on the local stack (moto server, API, pollers): jobs in through HTTP, results out."""
     if any(importlib.util.find_spec(m) is None for m in ("moto", "standardwebhooks", "httpx2", "websockets", "tqdm")):
-        report("worker", skipped="the local stack needs moto[server], lambdas/requirements.txt and the SDK's"
-                                 " dependencies (pip install -e .) in this Python")
+        report(
+            "worker",
+            skipped="the local stack needs moto[server], lambdas/requirements.txt and the SDK's"
+            " dependencies (pip install -e .) in this Python",
+        )
         return
     from async_inference_client import Client
     from async_inference_client.retry import Backoff
@@ -111,22 +123,35 @@ def worker(max_tokens: int) -> None:
         "RECEIVE_WAIT_S": "1",
         **{k: os.environ[k] for k in ("DTYPE", "ENFORCE_EAGER") if os.environ.get(k)},
     }
-    stack = LocalDeployment(api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=env,
-                       worker_log=sys.stderr.fileno())
+    stack = LocalDeployment(
+        api_port=free_port(),
+        moto_port=free_port(),
+        workers=1,
+        engine="vllm",
+        worker_env=env,
+        worker_log=sys.stderr.fileno(),
+    )
     stack.start()
     try:
         api = Client(stack.api_url, next(iter(stack.api_keys)))
         body = {"model": "m", "messages": messages("Hello"), "max_tokens": 8, "temperature": 0}
         api.wait(api.submit(body).job_id, timeout_s=300)  # the engine has started once this job is done
         t0 = time.perf_counter()
-        jobs = [api.submit({"model": "m", "messages": messages(p), "max_tokens": max_tokens, "temperature": 0})
-                for p in prompts()]
+        jobs = [
+            api.submit({"model": "m", "messages": messages(p), "max_tokens": max_tokens, "temperature": 0})
+            for p in prompts()
+        ]
         every_200_ms = Backoff(initial_s=0.2, multiplier=1.0, cap_s=0.2, jitter=0.0)  # timed: poll tightly
         finals = [api.wait(j.job_id, timeout_s=300, poll=every_200_ms) for j in jobs]
         seconds = time.perf_counter() - t0
         done = [f for f in finals if f.status == "succeeded"]
-        report("worker", seconds=seconds, tokens=sum(f.usage.completion_tokens for f in done),
-               succeeded=len(done), jobs=len(finals))
+        report(
+            "worker",
+            seconds=seconds,
+            tokens=sum(f.usage.completion_tokens for f in done),
+            succeeded=len(done),
+            jobs=len(finals),
+        )
     finally:
         stack.stop()
 

@@ -82,35 +82,78 @@ WEATHER = {
     "additionalProperties": False,
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Current time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 # The new parameters: (name, request body fields); each result is checked by check_parameters.
 PARAMETER_CASES = [
-    ("response_format json_schema", {
-        "messages": [{"role": "user", "content": "Describe a person as JSON with name, age and city."}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
-                                                                   "strict": True}}}),
+    (
+        "response_format json_schema",
+        {
+            "messages": [{"role": "user", "content": "Describe a person as JSON with name, age and city."}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+            },
+        },
+    ),
     # Any object: a short one asked for, and room to close it (an open-ended object from a 135M model can run past
     # any limit, and a cut object is the documented answer at the limit, not a defect).
-    ("response_format json_object", {
-        "messages": [{"role": "user", "content": "Reply with a JSON object with one key, colour, naming a colour."}],
-        "response_format": {"type": "json_object"}, "max_tokens": 256}),
-    ("tool_choice named function", {
-        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+    (
+        "response_format json_object",
+        {
+            "messages": [
+                {"role": "user", "content": "Reply with a JSON object with one key, colour, naming a colour."}
+            ],
+            "response_format": {"type": "json_object"},
+            "max_tokens": 256,
+        },
+    ),
+    (
+        "tool_choice named function",
+        {
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+    ),
     # One call: with parallel calls allowed a small model chains calls until max_tokens (seen on vLLM).
-    ("tool_choice required", {
-        "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
-        "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}),
-    ("legacy function_call", {
-        "messages": [{"role": "user", "content": "What is the weather in Rome?"}],
-        "functions": [t["function"] for t in TOOLS], "function_call": {"name": "get_weather"}}),
-    ("logprobs top_logprobs=3", {
-        "messages": [{"role": "user", "content": PROMPTS[0]}], "logprobs": True, "top_logprobs": 3}),
+    (
+        "tool_choice required",
+        {
+            "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+    ),
+    (
+        "legacy function_call",
+        {
+            "messages": [{"role": "user", "content": "What is the weather in Rome?"}],
+            "functions": [t["function"] for t in TOOLS],
+            "function_call": {"name": "get_weather"},
+        },
+    ),
+    (
+        "logprobs top_logprobs=3",
+        {"messages": [{"role": "user", "content": PROMPTS[0]}], "logprobs": True, "top_logprobs": 3},
+    ),
     ("n=3", {"messages": [{"role": "user", "content": "Name a colour."}], "n": 3, "temperature": 1.0, "seed": 7}),
 ]
 
@@ -147,7 +190,9 @@ def check_parameters(where: str, name: str, fields: dict, completion) -> None:
     try:
         if "response_format" in fields:
             value = json.loads(first.message.content)
-            jsonschema.validate(value, fields["response_format"].get("json_schema", {}).get("schema", {"type": "object"}))
+            jsonschema.validate(
+                value, fields["response_format"].get("json_schema", {}).get("schema", {"type": "object"})
+            )
             ok, detail = first.finish_reason == "stop" and isinstance(value, dict), first.message.content
         elif "tools" in fields:
             calls = first.message.tool_calls or []
@@ -165,8 +210,9 @@ def check_parameters(where: str, name: str, fields: dict, completion) -> None:
             detail = f"{first.finish_reason}: {call}"
         elif fields.get("logprobs"):
             content = first.logprobs.content if first.logprobs else []
-            ok = (len(content) == completion.usage.completion_tokens
-                  and all(len(t.top_logprobs) == fields["top_logprobs"] for t in content))
+            ok = len(content) == completion.usage.completion_tokens and all(
+                len(t.top_logprobs) == fields["top_logprobs"] for t in content
+            )
             detail = f"{len(content)} tokens, first {content[0].model_dump() if content else None}"
         else:
             ok = len(choices) == fields["n"] and [c.index for c in choices] == list(range(fields["n"]))
@@ -213,7 +259,7 @@ async def check_adapter(model_dir: Path, expected: list[Generation]) -> None:
         elapsed = time.monotonic() - t0
         tokens = sum(g.completion_tokens for g in greedy)
         print(f"vLLM greedy batch: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s", flush=True)
-        for prompt, got, want in zip(PROMPTS, greedy, expected):
+        for prompt, got, want in zip(PROMPTS, greedy, expected, strict=False):
             check(
                 f"greedy equals transformers: {prompt!r}",
                 got.text == want.text and got.finish_reason == want.finish_reason,
@@ -275,8 +321,9 @@ async def check_adapter(model_dir: Path, expected: list[Generation]) -> None:
 
         for i, (name, fields) in enumerate(PARAMETER_CASES):
             generation = await engine.generate(f"param-{i}", parameter_request(fields))
-            check_parameters("adapter", name, fields, chat_completion(generation, completion_id="chatcmpl-x",
-                                                                      model=SERVED_NAME))
+            check_parameters(
+                "adapter", name, fields, chat_completion(generation, completion_id="chatcmpl-x", model=SERVED_NAME)
+            )
     finally:
         await engine.close()
 
@@ -308,8 +355,13 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
     log_path = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-")) / "worker.log"
     with open(log_path, "ab") as log:
         stack = LocalDeployment(
-            api_port=free_port(), moto_port=free_port(), workers=1, engine="vllm", worker_env=worker_env,
-            worker_log=log, served_models=(SERVED_NAME,),
+            api_port=free_port(),
+            moto_port=free_port(),
+            workers=1,
+            engine="vllm",
+            worker_env=worker_env,
+            worker_log=log,
+            served_models=(SERVED_NAME,),
         )
         stack.start()
         try:
@@ -317,19 +369,37 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
             api = Client(stack.api_url, key)
             started = time.monotonic()
             jobs = [
-                api.submit({"model": SERVED_NAME, "messages": [{"role": "user", "content": p}],
-                            "max_tokens": GREEDY_TOKENS, "temperature": 0})
+                api.submit(
+                    {
+                        "model": SERVED_NAME,
+                        "messages": [{"role": "user", "content": p}],
+                        "max_tokens": GREEDY_TOKENS,
+                        "temperature": 0,
+                    }
+                )
                 for p in PROMPTS
             ]
-            stop_job = api.submit({"model": SERVED_NAME, "temperature": 0, "stop": [" is"],
-                                   "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": GREEDY_TOKENS})
-            parameter_jobs = [api.submit(parameter_request(fields).model_dump(mode="json", exclude_none=True))
-                              for _, fields in PARAMETER_CASES]
+            stop_job = api.submit(
+                {
+                    "model": SERVED_NAME,
+                    "temperature": 0,
+                    "stop": [" is"],
+                    "messages": [{"role": "user", "content": PROMPTS[0]}],
+                    "max_tokens": GREEDY_TOKENS,
+                }
+            )
+            parameter_jobs = [
+                api.submit(parameter_request(fields).model_dump(mode="json", exclude_none=True))
+                for _, fields in PARAMETER_CASES
+            ]
             finals = [api.wait(j.job_id, timeout_s=600) for j in [*jobs, stop_job]]
             parameter_finals = [api.wait(j.job_id, timeout_s=600) for j in parameter_jobs]
-            print(f"worker: {len(finals)} jobs final {time.monotonic() - started:.1f} s after submit "
-                  f"(includes the vLLM engine start)", flush=True)
-            for prompt, job, want in zip(PROMPTS, finals, expected):
+            print(
+                f"worker: {len(finals)} jobs final {time.monotonic() - started:.1f} s after submit "
+                f"(includes the vLLM engine start)",
+                flush=True,
+            )
+            for prompt, job, want in zip(PROMPTS, finals, expected, strict=False):
                 if job.status != "succeeded":
                     check(f"worker job {prompt!r}", False, f"{job.status.value}: {job.error}")
                     continue
@@ -337,18 +407,22 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
                 choice = result.choices[0]
                 check(
                     f"worker job equals transformers greedy: {prompt!r}",
-                    choice.message.content == want.text and choice.finish_reason == want.finish_reason
+                    choice.message.content == want.text
+                    and choice.finish_reason == want.finish_reason
                     and result.usage.completion_tokens == want.completion_tokens,
                     f"{choice.message.content!r} ({choice.finish_reason}, usage {result.usage.model_dump()})",
                 )
             stop_final = finals[-1]
             if stop_final.status == "succeeded":
                 choice = api.result(stop_final).choices[0]
-                check("worker job with a stop string", choice.message.content == "The capital of France"
-                      and choice.finish_reason == "stop", repr(choice))
+                check(
+                    "worker job with a stop string",
+                    choice.message.content == "The capital of France" and choice.finish_reason == "stop",
+                    repr(choice),
+                )
             else:
                 check("worker job with a stop string", False, f"{stop_final.status.value}: {stop_final.error}")
-            for (name, fields), job in zip(PARAMETER_CASES, parameter_finals):
+            for (name, fields), job in zip(PARAMETER_CASES, parameter_finals, strict=False):
                 if job.status != "succeeded":
                     check(f"worker: {name}", False, f"{job.status.value}: {job.error}")
                 else:

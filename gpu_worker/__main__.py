@@ -44,7 +44,8 @@ async def main(config: WorkerSettings) -> int:
         protection=TaskProtection(config.ecs_agent_uri),
         faults=Faults.parse(config.worker_faults),
         metrics=WorkerMetrics(config.metrics_namespace),
-        model_source=ModelSource(config.model_s3_uri, config.model_dir) if config.model_s3_uri and config.model_dir
+        model_source=ModelSource(config.model_s3_uri, config.model_dir)
+        if config.model_s3_uri and config.model_dir
         else None,
         batches=batch_store(config),
         deployments=DeploymentWatch(config.ecs_metadata_uri, interval_s=config.deployment_check_interval_s),

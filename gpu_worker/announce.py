@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from async_inference.aws import JobEvents, WebhookQueue
 from async_inference.schemas import ChatCompletion, Job, JobActivity
@@ -28,8 +29,7 @@ NOTIFY_BATCH_DELAY_S = 0.1
 class Announcer:
     """Announces the starts and ends of jobs: ``started`` (fire and forget), ``finished`` (published or not)."""
 
-    def __init__(self, service: JobService, *, webhooks: WebhookQueue | None, events: JobEvents | None,
-                 io: IO) -> None:
+    def __init__(self, service: JobService, *, webhooks: WebhookQueue | None, events: JobEvents | None, io: IO) -> None:
         """``webhooks``: where started webhooks go (None: jobs that ask for one do not get it, logged); ``events``:
         the job event topic (None: no job.started events)."""
         self.service = service
@@ -63,10 +63,16 @@ class Announcer:
             else:  # never raises: a lost "started" must not cost the run
                 await self._io(started_event, job, self._webhooks)
         if self._events is not None:
-            await self._activities.add(JobActivity(
-                event="job.started", job_id=job.job_id, tenant=job.tenant, model=job.model, started_at=job.started_at,
-                progress=job.progress,
-            ))
+            await self._activities.add(
+                JobActivity(
+                    event="job.started",
+                    job_id=job.job_id,
+                    tenant=job.tenant,
+                    model=job.model,
+                    started_at=job.started_at,
+                    progress=job.progress,
+                )
+            )
 
     async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)

@@ -4,7 +4,8 @@ turns one request per item (an SQS delete, an SNS publish) into one batch reques
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 class Slots:
@@ -35,8 +36,13 @@ class Batcher:
     item's result, which callers that must know (was my notification published?) await.
     """
 
-    def __init__(self, flush: Callable[[list[Any]], Awaitable[list[Any] | None]], *, max_size: int = 10,
-                 max_delay_s: float = 0.05):
+    def __init__(
+        self,
+        flush: Callable[[list[Any]], Awaitable[list[Any] | None]],
+        *,
+        max_size: int = 10,
+        max_delay_s: float = 0.05,
+    ):
         self._flush = flush
         self._max_size = max_size
         self._max_delay_s = max_delay_s

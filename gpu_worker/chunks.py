@@ -28,10 +28,10 @@ finalize send per batch.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -121,9 +121,11 @@ def request_id(line: ChunkLine) -> str:
 def refused(line: ChunkLine, status_code: int, message: str, *, code: str, param: str | None = None) -> BatchLineOutput:
     """An error line with a response, as the API would have answered the request (OpenAI's error object)."""
     error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-    return BatchLineOutput(id=line.line_id, custom_id=line.custom_id,
-                           response=BatchLineResponse(status_code=status_code, request_id=request_id(line),
-                                                      body={"error": error}))
+    return BatchLineOutput(
+        id=line.line_id,
+        custom_id=line.custom_id,
+        response=BatchLineResponse(status_code=status_code, request_id=request_id(line), body={"error": error}),
+    )
 
 
 def failed(line: ChunkLine, code: str, message: str) -> BatchLineOutput:
@@ -137,10 +139,14 @@ def expired(line: ChunkLine) -> BatchLineOutput:
 
 def succeeded(line: ChunkLine, generation: Generation) -> BatchLineOutput:
     assert line.request is not None
-    completion = chat_completion(generation, completion_id="chatcmpl-" + line.line_id.removeprefix("batch_req_"),
-                                 model=line.request.model).model_dump(mode="json", exclude={"job_id"})
-    return BatchLineOutput(id=line.line_id, custom_id=line.custom_id,
-                           response=BatchLineResponse(status_code=200, request_id=request_id(line), body=completion))
+    completion = chat_completion(
+        generation, completion_id="chatcmpl-" + line.line_id.removeprefix("batch_req_"), model=line.request.model
+    ).model_dump(mode="json", exclude={"job_id"})
+    return BatchLineOutput(
+        id=line.line_id,
+        custom_id=line.custom_id,
+        response=BatchLineResponse(status_code=200, request_id=request_id(line), body=completion),
+    )
 
 
 def is_output(line: BatchLineOutput) -> bool:
@@ -160,8 +166,9 @@ def parse_lines(claim: ChunkClaimCheck, data: bytes, served: ServedModels) -> li
             # Only a file changed after planning gets here: the line still gets a result, so that it is not lost.
             unknown = f"line-{number}"
             line = ChunkLine(number=number, custom_id=unknown, line_id=line_id(claim.batch_id, unknown))
-            line.result = failed(line, "invalid_line", f"line {number} is not a batch input line (custom_id, method, "
-                                 "url, body)")
+            line.result = failed(
+                line, "invalid_line", f"line {number} is not a batch input line (custom_id, method, url, body)"
+            )
             lines.append(line)
             continue
         line = ChunkLine(number=number, custom_id=item.custom_id, line_id=line_id(claim.batch_id, item.custom_id))
@@ -169,19 +176,30 @@ def parse_lines(claim: ChunkClaimCheck, data: bytes, served: ServedModels) -> li
             request = item.request()
         except ValidationError as exc:
             message, details = describe_validation_error(exc)
-            line.result = refused(line, 400, f"the body is not a valid chat.completions request: {message}",
-                                  code="invalid_request", param=details[0]["field"] if details else None)
+            line.result = refused(
+                line,
+                400,
+                f"the body is not a valid chat.completions request: {message}",
+                code="invalid_request",
+                param=details[0]["field"] if details else None,
+            )
         else:
             if not served.serves(request.model):
                 # The jobs API's check and message (async_inference.served_models), as a line's 404.
-                line.result = refused(line, 404, served.not_found_message(request.model), code="model_not_found",
-                                      param="model")
+                line.result = refused(
+                    line, 404, served.not_found_message(request.model), code="model_not_found", param="model"
+                )
             else:
                 line.request = request
         lines.append(line)
     if len(lines) != claim.line_count:
-        logger.warning("batch %s chunk %d: %d lines in its byte range, %d planned", claim.batch_id, claim.chunk,
-                       len(lines), claim.line_count)
+        logger.warning(
+            "batch %s chunk %d: %d lines in its byte range, %d planned",
+            claim.batch_id,
+            claim.chunk,
+            len(lines),
+            claim.line_count,
+        )
     return lines
 
 
@@ -224,7 +242,7 @@ class ChunkRun:
             if line.result is None:
                 self.tasks[line.line_id] = asyncio.create_task(self._line(line))
         try:
-            results = dict(zip(self.tasks, await asyncio.gather(*self.tasks.values())))
+            results = dict(zip(self.tasks, await asyncio.gather(*self.tasks.values()), strict=False))
         except BaseException:
             for task in self.tasks.values():
                 task.cancel()
@@ -238,11 +256,16 @@ class ChunkRun:
         if self.stopped is not None:
             return
         self.stopped = reason
-        logger.info("batch %s chunk %d: %s; stopping %d lines", self.claim.batch_id, self.claim.chunk,
-                    "cancelled" if reason == CANCEL else "expired", sum(not t.done() for t in self.tasks.values()))
-        for line_id, task in self.tasks.items():
-            if line_id in self.running:
-                await self.engine.abort(line_id)
+        logger.info(
+            "batch %s chunk %d: %s; stopping %d lines",
+            self.claim.batch_id,
+            self.claim.chunk,
+            "cancelled" if reason == CANCEL else "expired",
+            sum(not t.done() for t in self.tasks.values()),
+        )
+        for running_id, task in self.tasks.items():
+            if running_id in self.running:
+                await self.engine.abort(running_id)
             elif not task.done():
                 task.cancel()
 
@@ -276,8 +299,9 @@ class ChunkRun:
                             continue
                         self.running.add(line.line_id)
                         try:
-                            generation = await asyncio.wait_for(self.engine.generate(line.line_id, line.request),
-                                                                timeout=self.claim.timeout_s)
+                            generation = await asyncio.wait_for(
+                                self.engine.generate(line.line_id, line.request), timeout=self.claim.timeout_s
+                            )
                         except GenerationAborted:
                             if self.stopped is None and not slot.preempted:
                                 raise
@@ -285,7 +309,9 @@ class ChunkRun:
                             continue
                         except TimeoutError:
                             await self.engine.abort(line.line_id)
-                            return failed(line, "request_timeout", f"execution timed out after {self.claim.timeout_s} s")
+                            return failed(
+                                line, "request_timeout", f"execution timed out after {self.claim.timeout_s} s"
+                            )
                         except PermanentEngineError as exc:
                             return refused(line, 400, str(exc), code="invalid_request")
                         except TransientEngineError as exc:
@@ -314,9 +340,19 @@ class ChunkRun:
 class Chunks:
     """Runs chunk claim checks for a worker, and checks the statuses of the batches it holds chunks of."""
 
-    def __init__(self, *, engine: Engine, admission: Admission, blobs: Blobs, ledger: BatchLedger,
-                 control: ControlQueue, io: Callable[..., Awaitable[Any]], faults: Faults,
-                 retry_delay_s: Callable[[int], float], served_models: ServedModels | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        admission: Admission,
+        blobs: Blobs,
+        ledger: BatchLedger,
+        control: ControlQueue,
+        io: Callable[..., Awaitable[Any]],
+        faults: Faults,
+        retry_delay_s: Callable[[int], float],
+        served_models: ServedModels | None = None,
+    ) -> None:
         self.engine = engine
         self.admission = admission
         self.blobs = blobs
@@ -331,8 +367,9 @@ class Chunks:
         self.chunks_done = 0
         self.finalizes_sent = 0
 
-    async def run(self, claim: ChunkClaimCheck, *, receive_count: int = 1,
-                  entered: Callable[[], None] = lambda: None) -> bool:
+    async def run(
+        self, claim: ChunkClaimCheck, *, receive_count: int = 1, entered: Callable[[], None] = lambda: None
+    ) -> bool:
         """Run a chunk to its recorded count; True when the message is done with, False to leave it for redelivery.
         ``entered`` is called once the chunk's lines wait for engine slots (or need none)."""
         ident = f"{claim.batch_id}/{claim.chunk}"
@@ -351,8 +388,14 @@ class Chunks:
         if body is None:
             outputs = await self._outputs(claim, mode, entered)
             body = encode(outputs)
-            stood = await self._io(self.blobs.put_json_once, results_key, body, bucket=claim.bucket,
-                                   content_type=JSONL, max_bytes=MAX_RESULTS_BYTES)
+            stood = await self._io(
+                self.blobs.put_json_once,
+                results_key,
+                body,
+                bucket=claim.bucket,
+                content_type=JSONL,
+                max_bytes=MAX_RESULTS_BYTES,
+            )
             if stood is not None:
                 body = stood  # another run of this chunk stored its results first: they stand
             self.faults.at("after_chunk_results", ident)
@@ -368,13 +411,15 @@ class Chunks:
         except KeyError:
             return None
 
-    async def _outputs(self, claim: ChunkClaimCheck, mode: str | None,
-                       entered: Callable[[], None]) -> list[BatchLineOutput]:
+    async def _outputs(
+        self, claim: ChunkClaimCheck, mode: str | None, entered: Callable[[], None]
+    ) -> list[BatchLineOutput]:
         if mode == CANCEL:
             entered()
             return []  # cancelled before it ran: its lines are in neither part
-        data = await self._io(self.blobs.get_range, claim.input_key, claim.start_byte, claim.end_byte,
-                              bucket=claim.bucket)
+        data = await self._io(
+            self.blobs.get_range, claim.input_key, claim.start_byte, claim.end_byte, bucket=claim.bucket
+        )
         lines = parse_lines(claim, data, self.served_models)
         if mode == EXPIRE or utcnow() >= claim.deadline:
             entered()
@@ -394,17 +439,26 @@ class Chunks:
         for kind, part in (("output", outputs), ("error", errors)):
             key = settings.batch_part_key(claim.tenant, claim.batch_id, claim.chunk, kind)
             # Cut from the results that stand, so a part written by an earlier run has the same bytes.
-            await self._io(self.blobs.put_json_once, key, encode(part), bucket=claim.bucket, content_type=JSONL,
-                           max_bytes=MAX_RESULTS_BYTES)
+            await self._io(
+                self.blobs.put_json_once,
+                key,
+                encode(part),
+                bucket=claim.bucket,
+                content_type=JSONL,
+                max_bytes=MAX_RESULTS_BYTES,
+            )
             if kind == "output":
                 self.faults.at("between_parts", ident)
-        recorded = await self._io(self.ledger.record_chunk, claim.batch_id, claim.chunk,
-                                  completed=len(outputs), failed=len(errors))
+        recorded = await self._io(
+            self.ledger.record_chunk, claim.batch_id, claim.chunk, completed=len(outputs), failed=len(errors)
+        )
         self.faults.at("after_chunk_recorded", ident)
         if recorded.all_counted:
             # Also sent by a redelivery that finds every chunk counted: a crash may have come before this send, and
             # finalize is idempotent.
-            await self._io(self.control.send, BatchControl(kind="finalize", batch_id=claim.batch_id, tenant=claim.tenant))
+            await self._io(
+                self.control.send, BatchControl(kind="finalize", batch_id=claim.batch_id, tenant=claim.tenant)
+            )
             self.finalizes_sent += 1
         self.chunks_done += 1
 

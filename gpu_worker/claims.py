@@ -18,7 +18,7 @@ import enum
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
 
@@ -40,10 +40,7 @@ def _kind(value: Any) -> str | None:
 
 # One member per kind of claim; a new kind is one more line here (and its handler in gpu_worker.runner).
 Claim = Annotated[
-    Union[
-        Annotated[ClaimCheck, Tag(JOB)],
-        Annotated[ChunkClaimCheck, Tag(BATCH_CHUNK)],
-    ],
+    Annotated[ClaimCheck, Tag(JOB)] | Annotated[ChunkClaimCheck, Tag(BATCH_CHUNK)],
     Discriminator(_kind),
 ]
 KINDS = frozenset({JOB, BATCH_CHUNK})

@@ -26,31 +26,46 @@ from gpu_worker.engines.base import Completion, Generation
 
 
 def usage_of(generation: Generation) -> Usage:
-    return Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
-                 total_tokens=generation.prompt_tokens + generation.completion_tokens)
+    return Usage(
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
+        total_tokens=generation.prompt_tokens + generation.completion_tokens,
+    )
 
 
 def message_of(completion: Completion) -> AssistantMessage:
-    calls = [MessageToolCall(id=c.id, function=MessageFunctionCall(name=c.name, arguments=c.arguments))
-             for c in completion.tool_calls]
+    calls = [
+        MessageToolCall(id=c.id, function=MessageFunctionCall(name=c.name, arguments=c.arguments))
+        for c in completion.tool_calls
+    ]
     if completion.finish_reason == "function_call" and calls:
         return AssistantMessage(content=completion.text or None, function_call=calls[0].function)
-    return AssistantMessage(content=completion.text if completion.text or not calls else None,
-                            refusal=completion.refusal, tool_calls=calls or None)
+    return AssistantMessage(
+        content=completion.text if completion.text or not calls else None,
+        refusal=completion.refusal,
+        tool_calls=calls or None,
+    )
 
 
 def logprobs_of(completion: Completion) -> ChoiceLogprobs | None:
     if completion.logprobs is None:
         return None
-    return ChoiceLogprobs(content=[
-        TokenLogprob(token=t.token, logprob=t.logprob, bytes=t.bytes,
-                     top_logprobs=[TopLogprob(token=a.token, logprob=a.logprob, bytes=a.bytes) for a in t.top_logprobs])
-        for t in completion.logprobs
-    ])
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprob(
+                token=t.token,
+                logprob=t.logprob,
+                bytes=t.bytes,
+                top_logprobs=[TopLogprob(token=a.token, logprob=a.logprob, bytes=a.bytes) for a in t.top_logprobs],
+            )
+            for t in completion.logprobs
+        ]
+    )
 
 
-def chat_completion(generation: Generation, *, completion_id: str, model: str,
-                    job_id: str | None = None) -> ChatCompletion:
+def chat_completion(
+    generation: Generation, *, completion_id: str, model: str, job_id: str | None = None
+) -> ChatCompletion:
     """``completion_id`` is ``chatcmpl-...``; ``job_id`` is set on a job's result object (a batch line's body has
     none)."""
     return ChatCompletion(

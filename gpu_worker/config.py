@@ -61,40 +61,57 @@ class WorkerOptions(BaseModel):
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
     )
     interactive_reserve: int | None = Field(
-        None, ge=0, alias=env.ENV_INTERACTIVE_RESERVE,
+        None,
+        ge=0,
+        alias=env.ENV_INTERACTIVE_RESERVE,
         description="engine slots batch lines leave free for interactive jobs (default: 1 per 64 slots, at least 1)",
     )
     events_topic_arn: str | None = Field(
         None, alias=env.ENV_JOB_EVENTS_TOPIC_ARN, description="the job event topic, for job.started and job.progress"
     )
     connections_table_name: str | None = Field(
-        None, alias=env.ENV_CONNECTIONS_TABLE,
+        None,
+        alias=env.ENV_CONNECTIONS_TABLE,
         description="the WebSocket connection table: job.progress is published only for jobs a connection follows",
     )
     progress_interval_s: float = Field(
-        settings.PROGRESS_INTERVAL_S, ge=0, alias=env.ENV_PROGRESS_INTERVAL_S,
+        settings.PROGRESS_INTERVAL_S,
+        ge=0,
+        alias=env.ENV_PROGRESS_INTERVAL_S,
         description="seconds between writes of a running job's tokens so far; 0: none",
     )
     # --- the loops
     heartbeat_interval_s: float = Field(
-        settings.HEARTBEAT_INTERVAL_S, gt=0, alias=env.ENV_HEARTBEAT_INTERVAL_S,
+        settings.HEARTBEAT_INTERVAL_S,
+        gt=0,
+        alias=env.ENV_HEARTBEAT_INTERVAL_S,
         description="seconds between visibility extensions of held messages",
     )
     visibility_timeout_s: int = Field(
-        settings.VISIBILITY_TIMEOUT_S, ge=0, le=12 * 60 * 60, alias=env.ENV_VISIBILITY_TIMEOUT_S,
+        settings.VISIBILITY_TIMEOUT_S,
+        ge=0,
+        le=12 * 60 * 60,
+        alias=env.ENV_VISIBILITY_TIMEOUT_S,
         description="seconds a received message stays hidden without a heartbeat",
     )
     receive_wait_s: int = Field(
-        settings.RECEIVE_WAIT_TIME_S, ge=0, le=20, alias=env.ENV_RECEIVE_WAIT_S,
+        settings.RECEIVE_WAIT_TIME_S,
+        ge=0,
+        le=20,
+        alias=env.ENV_RECEIVE_WAIT_S,
         description="SQS long-poll seconds, 0 to 20",
     )
     # ECS sends SIGTERM, then SIGKILL after the task's stop timeout (120 s at most on EC2): drain inside it.
     drain_timeout_s: float = Field(
-        90.0, ge=0, alias=env.ENV_DRAIN_TIMEOUT_S,
+        90.0,
+        ge=0,
+        alias=env.ENV_DRAIN_TIMEOUT_S,
         description="seconds running jobs may finish after SIGTERM",
     )
     transient_retry_delay_s: int = Field(
-        5, ge=0, alias=env.ENV_TRANSIENT_RETRY_DELAY_S,
+        5,
+        ge=0,
+        alias=env.ENV_TRANSIENT_RETRY_DELAY_S,
         description="seconds before a transient fault's retry, doubled per receive",
     )
     # A job spends part of its life in S3/DynamoDB/SNS calls; if those held engine slots, the engine would idle while
@@ -104,19 +121,27 @@ class WorkerOptions(BaseModel):
         None, ge=0, alias=env.ENV_PREFETCH, description="messages held beyond the engine's capacity"
     )
     task_protection_renew_s: float = Field(
-        DEFAULT_RENEW_S, gt=0, lt=EXPIRES_IN_MINUTES * 60, alias=env.ENV_TASK_PROTECTION_RENEW_S,
+        DEFAULT_RENEW_S,
+        gt=0,
+        lt=EXPIRES_IN_MINUTES * 60,
+        alias=env.ENV_TASK_PROTECTION_RENEW_S,
         description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
     )
     task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
-        env.DEFAULT_TASK_PROTECTION, alias=env.ENV_TASK_PROTECTION,
+        env.DEFAULT_TASK_PROTECTION,
+        alias=env.ENV_TASK_PROTECTION,
         description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",
     )
     start_timeout_s: float | None = Field(
-        DEFAULT_START_TIMEOUT_S, gt=0, alias=ENV_START_TIMEOUT_S,
+        DEFAULT_START_TIMEOUT_S,
+        gt=0,
+        alias=ENV_START_TIMEOUT_S,
         description="seconds the model sync and engine start may take before the worker exits",
     )
     task_protection_tokens_per_s: float = Field(
-        env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S, gt=0, alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
+        env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
+        gt=0,
+        alias=env.ENV_TASK_PROTECTION_TOKENS_PER_S,
         description="decode tokens a second one job is expected to get, for long_jobs",
     )
 
@@ -139,13 +164,17 @@ class WorkerConfig(WorkerOptions):
     @model_validator(mode="after")
     def _lane_complete(self) -> WorkerConfig:
         if (self.batch_queue_url is None) != (self.control_queue_url is None):
-            raise ValueError("batch_queue_url and control_queue_url go together: the batch lane sends each batch's "
-                             "finalize to the control queue")
+            raise ValueError(
+                "batch_queue_url and control_queue_url go together: the batch lane sends each batch's "
+                "finalize to the control queue"
+            )
         return self
 
     def held_messages(self, capacity: int) -> int:
         """How many messages a worker holds at most: the engine's capacity plus the prefetch."""
-        return capacity + (self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 2))
+        return capacity + (
+            self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 2)
+        )
 
     def reserve(self, capacity: int) -> int:
         """Engine slots kept free for interactive jobs (``interactive_reserve``, or the default for ``capacity``)."""
@@ -161,7 +190,8 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     (``ServiceSettings``), the health file the health check reads too (``HealthSettings``), and the worker's own."""
 
     engine: EngineName = Field(
-        alias=env.ENV_ENGINE, description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it"
+        alias=env.ENV_ENGINE,
+        description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it",
     )
     # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
     batch_queue_url: str | None = Field(
@@ -177,16 +207,21 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
         None, alias=env.ENV_ECS_AGENT_URI, description="the ECS agent's endpoint, set by ECS in every task"
     )
     ecs_metadata_uri: str | None = Field(
-        None, alias="ECS_CONTAINER_METADATA_URI_V4",
+        None,
+        alias="ECS_CONTAINER_METADATA_URI_V4",
         description="the ECS task metadata endpoint, set by ECS in every container: tells a newer deployment apart",
     )
     deployment_check_interval_s: float = Field(
-        DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S, gt=0, alias="DEPLOYMENT_CHECK_INTERVAL_S",
+        DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S,
+        gt=0,
+        alias="DEPLOYMENT_CHECK_INTERVAL_S",
         description="seconds between looks for a newer deployment of the service (DescribeServices)",
     )
     worker_faults: str = Field("", alias=env.ENV_WORKER_FAULTS, description="fault injection, tests only")
     metrics_namespace: str = Field(
-        settings.METRICS_NAMESPACE, min_length=1, alias=env.ENV_METRICS_NAMESPACE,
+        settings.METRICS_NAMESPACE,
+        min_length=1,
+        alias=env.ENV_METRICS_NAMESPACE,
         description="the CloudWatch namespace of the worker's EMF records",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias=env.ENV_LOG_LEVEL)
@@ -206,7 +241,9 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, alias=env.ENV_GPU_MEMORY_UTILIZATION, description="fraction of GPU memory vLLM may take"
     )
-    tensor_parallel_size: int | None = Field(None, ge=1, alias=env.ENV_TENSOR_PARALLEL_SIZE, description="GPUs per engine")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, alias=env.ENV_TENSOR_PARALLEL_SIZE, description="GPUs per engine"
+    )
     dtype: str | None = Field(None, alias=env.ENV_DTYPE, description="auto | float16 | bfloat16 | float32")
     enforce_eager: bool | None = Field(None, alias=env.ENV_ENFORCE_EAGER, description="1: no CUDA graphs")
     served_model_name: str | None = Field(
@@ -240,33 +277,52 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
-        batch = {env.ENV_BATCH_QUEUE_URL: self.batch_queue_url, env.ENV_BATCH_CONTROL_QUEUE_URL:
-                 self.batch_control_queue_url, env.ENV_BATCH_TABLE: self.batch_table_name}
+        batch = {
+            env.ENV_BATCH_QUEUE_URL: self.batch_queue_url,
+            env.ENV_BATCH_CONTROL_QUEUE_URL: self.batch_control_queue_url,
+            env.ENV_BATCH_TABLE: self.batch_table_name,
+        }
         if any(batch.values()) and not all(batch.values()):
             missing = ", ".join(name for name, value in batch.items() if not value)
             raise ValueError(f"the batch lane needs {', '.join(batch)} together; {missing} not set")
-        if self.interactive_reserve is not None and self.max_num_seqs is not None \
-                and self.interactive_reserve >= self.max_num_seqs:
-            raise ValueError(f"{env.ENV_INTERACTIVE_RESERVE}={self.interactive_reserve} must be below "
-                             f"{env.ENV_MAX_NUM_SEQS}={self.max_num_seqs}: batch lines need at least one engine slot")
+        if (
+            self.interactive_reserve is not None
+            and self.max_num_seqs is not None
+            and self.interactive_reserve >= self.max_num_seqs
+        ):
+            raise ValueError(
+                f"{env.ENV_INTERACTIVE_RESERVE}={self.interactive_reserve} must be below "
+                f"{env.ENV_MAX_NUM_SEQS}={self.max_num_seqs}: batch lines need at least one engine slot"
+            )
         if self.model_s3_uri and self.model_dir is None:
-            raise ValueError(f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
-                             "model's files are synced to")
+            raise ValueError(
+                f"{env.ENV_MODEL_S3_URI} is set but {env.ENV_MODEL_DIR} is not: set the directory the "
+                "model's files are synced to"
+            )
         if self.heartbeat_interval_s >= self.health_max_age_s:
-            raise ValueError(f"{env.ENV_HEARTBEAT_INTERVAL_S}={self.heartbeat_interval_s:g} must be below "
-                             f"{env.ENV_HEALTH_MAX_AGE_S}={self.health_max_age_s:g}: each heartbeat keeps the health "
-                             "file fresh")
+            raise ValueError(
+                f"{env.ENV_HEARTBEAT_INTERVAL_S}={self.heartbeat_interval_s:g} must be below "
+                f"{env.ENV_HEALTH_MAX_AGE_S}={self.health_max_age_s:g}: each heartbeat keeps the health "
+                "file fresh"
+            )
         if self.engine == "vllm" and not (self.model or self.model_s3_uri):
-            raise ValueError(f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id, "
-                             "a model directory, or MODEL_S3_URI)")
+            raise ValueError(
+                f"{env.ENV_MODEL} is not set: {env.ENV_ENGINE}=vllm needs the model (a Hugging Face id, "
+                "a model directory, or MODEL_S3_URI)"
+            )
         return self
 
     def worker_config(self) -> WorkerConfig:
         options = {name: getattr(self, name) for name in WorkerOptions.model_fields}
         # served_models stays unset (any name), as before: the local runtime overrides SERVED_MODELS for functions
         # only, so the task definition's model name would turn every echo-engine batch line into a 404.
-        return WorkerConfig(service=self.service, health_file=self.health_file, batch_queue_url=self.batch_queue_url,
-                            control_queue_url=self.batch_control_queue_url, **options)
+        return WorkerConfig(
+            service=self.service,
+            health_file=self.health_file,
+            batch_queue_url=self.batch_queue_url,
+            control_queue_url=self.batch_control_queue_url,
+            **options,
+        )
 
     def engine_options(self) -> dict[str, Any]:
         """``make_engine``'s options for ``engine``: the variables that engine takes and that are set."""

@@ -21,7 +21,8 @@ import json
 import logging
 import time
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("gpu_worker.deployments")
 DEFAULT_INTERVAL_S = 60.0
@@ -36,8 +37,14 @@ def task_metadata(metadata_uri: str) -> dict[str, Any]:
 class DeploymentWatch:
     """Says whether a newer deployment of this task's service waits (``newer_waiting``), asking every ``interval_s``."""
 
-    def __init__(self, metadata_uri: str | None, *, ecs: Any | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-                 metadata: Callable[[str], dict[str, Any]] = task_metadata) -> None:
+    def __init__(
+        self,
+        metadata_uri: str | None,
+        *,
+        ecs: Any | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        metadata: Callable[[str], dict[str, Any]] = task_metadata,
+    ) -> None:
         """``metadata_uri``: ``ECS_CONTAINER_METADATA_URI_V4`` (None outside ECS: never waiting); ``ecs``: an ECS
         client (made on first use)."""
         self._uri = metadata_uri

@@ -36,16 +36,25 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from botocore.exceptions import ClientError
 
 from gpu_worker.engines.base import FatalEngineError, TransientEngineError
 
-POINTS = ("before_engine", "after_result_write", "after_state_write", "before_delete",
-          "in_chunk", "after_chunk_results", "between_parts", "after_chunk_recorded")
+POINTS = (
+    "before_engine",
+    "after_result_write",
+    "after_state_write",
+    "before_delete",
+    "in_chunk",
+    "after_chunk_results",
+    "between_parts",
+    "after_chunk_recorded",
+)
 ALWAYS = sys.maxsize
 logger = logging.getLogger("gpu_worker.faults")
 
@@ -89,8 +98,14 @@ class Faults:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.crash_at or self.s3_get_fails or self.ddb_write_fails or self.engine_oom or self.engine_dead
-                    or self.slow_start)
+        return bool(
+            self.crash_at
+            or self.s3_get_fails
+            or self.ddb_write_fails
+            or self.engine_oom
+            or self.engine_dead
+            or self.slow_start
+        )
 
     def at(self, point: str, job_id: str) -> None:
         """Called by the worker at each named point of a job (or chunk, ``batch_id/chunk``); dies here if told to."""
@@ -144,20 +159,27 @@ class Faults:
 
         return dying
 
-    def _failing(self, call: Callable[..., Any], name: str, times: int, error: Callable[[], Exception], *,
-                 is_async: bool = False) -> Callable[..., Any]:
+    def _failing(
+        self, call: Callable[..., Any], name: str, times: int, error: Callable[[], Exception], *, is_async: bool = False
+    ) -> Callable[..., Any]:
         """``call``, except that its first ``times`` calls per first argument (a job id or key) raise ``error()``."""
 
         def should_fail(args: tuple[Any, ...]) -> bool:
             key = (name, str(args[0]) if args else "")
             self._seen[key] += 1
             if self._seen[key] <= times:
-                logger.warning("fault injection: %s fails (%d of %s) for %s", name, self._seen[key],
-                               "always" if times == ALWAYS else times, key[1])
+                logger.warning(
+                    "fault injection: %s fails (%d of %s) for %s",
+                    name,
+                    self._seen[key],
+                    "always" if times == ALWAYS else times,
+                    key[1],
+                )
                 return True
             return False
 
         if is_async:
+
             async def failing_async(*args: Any, **kwargs: Any) -> Any:
                 if should_fail(args):
                     raise error()

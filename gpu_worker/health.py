@@ -16,8 +16,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import Field
 
@@ -84,7 +84,9 @@ class HealthSettings(EnvSettings):
         Path(env.DEFAULT_HEALTH_FILE), alias=env.ENV_HEALTH_FILE, description="the file the worker keeps fresh"
     )
     health_max_age_s: float = Field(
-        env.DEFAULT_HEALTH_MAX_AGE_S, gt=0, alias=env.ENV_HEALTH_MAX_AGE_S,
+        env.DEFAULT_HEALTH_MAX_AGE_S,
+        gt=0,
+        alias=env.ENV_HEALTH_MAX_AGE_S,
         description="seconds after which a stale health file fails the health check",
     )
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from async_inference import settings
 
@@ -211,9 +212,16 @@ class BatchBudget:
     single jobs ten.
     """
 
-    def __init__(self, admission: Admission, *, ahead: int, max_messages: int,
-                 held: Callable[[], Iterable[HeldMessage]], stopping: Callable[[], bool] = lambda: False,
-                 poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        *,
+        ahead: int,
+        max_messages: int,
+        held: Callable[[], Iterable[HeldMessage]],
+        stopping: Callable[[], bool] = lambda: False,
+        poll_s: float = 0.02,
+    ) -> None:
         """``held``: the batch-lane messages the worker holds; ``stopping``: True once the worker stops receiving
         (``take`` then returns 0 at once instead of waiting for lines to drain)."""
         self._admission = admission

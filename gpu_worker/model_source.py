@@ -81,8 +81,15 @@ class ModelSource:
                 report.downloaded.append(relative)
                 report.bytes_downloaded += size
         self._write_manifest({relative: etag for relative, (_, _, etag) in objects.items()})
-        logger.info("model files from %s in %s: %d downloaded (%.1f MB), %d kept, in %.1f s", self.uri, self.directory,
-                    len(report.downloaded), report.bytes_downloaded / 1e6, len(report.kept), time.monotonic() - started)
+        logger.info(
+            "model files from %s in %s: %d downloaded (%.1f MB), %d kept, in %.1f s",
+            self.uri,
+            self.directory,
+            len(report.downloaded),
+            report.bytes_downloaded / 1e6,
+            len(report.kept),
+            time.monotonic() - started,
+        )
         return report
 
     def _list(self) -> dict[str, tuple[str, int, str]]:
@@ -93,7 +100,7 @@ class ModelSource:
                 key = item["Key"]
                 if key.endswith("/"):
                     continue
-                relative = PurePosixPath(key[len(self.prefix):])
+                relative = PurePosixPath(key[len(self.prefix) :])
                 if relative.is_absolute() or ".." in relative.parts:
                     raise ValueError(f"s3://{self.bucket}/{key} would be written outside {self.directory}")
                 objects[str(relative)] = (key, int(item["Size"]), item["ETag"])

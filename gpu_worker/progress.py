@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from async_inference.aws import ConnectionStore, JobEvents, JobStore
 from async_inference.schemas import Job, JobActivity, JobProgress, utcnow
@@ -54,8 +55,16 @@ class ProgressReporter:
     """Tracks the jobs inside the engine and reports their progress every ``interval_s`` (0: never); ``followers``
     (the connection table) narrows the published events to followed jobs (None: every running job's is published)."""
 
-    def __init__(self, engine: Engine, store: JobStore, events: JobEvents | None, *, interval_s: float, io: IO,
-                 followers: ConnectionStore | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: JobStore,
+        events: JobEvents | None,
+        *,
+        interval_s: float,
+        io: IO,
+        followers: ConnectionStore | None = None,
+    ) -> None:
         self.engine = engine
         self.store = store
         self.events = events
@@ -94,9 +103,11 @@ class ProgressReporter:
             return_exceptions=True,
         )
         running = []
-        for (tracked, progress), outcome in zip(changed, written):
+        for (tracked, progress), outcome in zip(changed, written, strict=False):
             if isinstance(outcome, BaseException):
-                logger.warning("job %s: progress not written (%s); the next beat tries again", tracked.job.job_id, outcome)
+                logger.warning(
+                    "job %s: progress not written (%s); the next beat tries again", tracked.job.job_id, outcome
+                )
             elif outcome:  # False: no longer running (cancelled, or it ended between the read and the write)
                 tracked.reported = progress.completion_tokens
                 running.append((tracked, progress))
@@ -105,8 +116,14 @@ class ProgressReporter:
             running, queries = await self._followed(running)
         if self.events is not None and running:
             activities = [
-                JobActivity(event="job.progress", job_id=t.job.job_id, tenant=t.job.tenant, model=t.job.model,
-                            started_at=t.job.started_at, progress=progress)
+                JobActivity(
+                    event="job.progress",
+                    job_id=t.job.job_id,
+                    tenant=t.job.tenant,
+                    model=t.job.model,
+                    started_at=t.job.started_at,
+                    progress=progress,
+                )
                 for t, progress in running
             ]
             publishes = -(-len(activities) // 10)
@@ -116,7 +133,9 @@ class ProgressReporter:
                 logger.exception("%d progress events not published", len(activities))
         return BeatCount(jobs=len(changed), updates=len(changed), publishes=publishes, queries=queries)
 
-    async def _followed(self, running: list[tuple[_Tracked, JobProgress]]) -> tuple[list[tuple[_Tracked, JobProgress]], int]:
+    async def _followed(
+        self, running: list[tuple[_Tracked, JobProgress]]
+    ) -> tuple[list[tuple[_Tracked, JobProgress]], int]:
         """The entries of ``running`` whose job an open connection follows, and the Queries that took (one a tenant).
         A failed Query publishes nothing for its tenant: the progress is on the job, and the next beat asks again."""
         assert self.followers is not None
@@ -124,13 +143,15 @@ class ProgressReporter:
         for tracked, _ in running:
             by_tenant.setdefault(tracked.job.tenant, []).append(tracked.job.job_id)
         answers = await asyncio.gather(
-            *(self._io(self.followers.followed, tenant, ids) for tenant, ids in by_tenant.items()), return_exceptions=True
+            *(self._io(self.followers.followed, tenant, ids) for tenant, ids in by_tenant.items()),
+            return_exceptions=True,
         )
         followed: set[str] = set()
-        for tenant, answer in zip(by_tenant, answers):
+        for tenant, answer in zip(by_tenant, answers, strict=False):
             if isinstance(answer, BaseException):
-                logger.warning("tenant %s: followers not read (%s); its progress events wait for the next beat", tenant,
-                               answer)
+                logger.warning(
+                    "tenant %s: followers not read (%s); its progress events wait for the next beat", tenant, answer
+                )
             else:
                 followed |= answer
         return [(t, p) for t, p in running if t.job.job_id in followed], len(by_tenant)

@@ -32,7 +32,8 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
@@ -73,9 +74,21 @@ SQS_MAX_VISIBILITY_S = 12 * 60 * 60  # the longest a message can be hidden
 class Runner:
     """Runs claims for one worker: ``run`` one to its final state; ``beat``: the heartbeat's checks on those running."""
 
-    def __init__(self, config: WorkerConfig, engine: Engine, *, service: JobService, admission: Admission,
-                 progress: ProgressReporter, announcer: Announcer, policy: Policy, faults: Faults,
-                 metrics: WorkerMetrics, chunks: Chunks | None, io: IO) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        engine: Engine,
+        *,
+        service: JobService,
+        admission: Admission,
+        progress: ProgressReporter,
+        announcer: Announcer,
+        policy: Policy,
+        faults: Faults,
+        metrics: WorkerMetrics,
+        chunks: Chunks | None,
+        io: IO,
+    ) -> None:
         self.config = config
         self.engine = engine
         self.service = service
@@ -104,8 +117,9 @@ class Runner:
         """Run the flight's claim to its final state; what to do with its message."""
         if flight.claim is None:
             if isinstance(parse_error, UnknownKind):
-                logger.error("message %s: %s; leaving it for a worker that runs it", flight.message.message_id,
-                             parse_error)
+                logger.error(
+                    "message %s: %s; leaving it for a worker that runs it", flight.message.message_id, parse_error
+                )
                 return self._retry(flight, "unknown kind")
             logger.error("poison message %s is not a claim check; deleting it", flight.message.message_id)
             return Outcome.delete("poison")
@@ -138,16 +152,20 @@ class Runner:
         # Renewed once a third of the lease has passed (not at every beat): it then never has less than about half
         # of it left while the holder lives, and a crashed holder's lapses no later than its messages' visibility.
         now = time.monotonic()
-        due = [f for f in flights if f.job_id and f.leased
-               and now - f.lease_renewed >= self.config.visibility_timeout_s / 3]
+        due = [
+            f
+            for f in flights
+            if f.job_id and f.leased and now - f.lease_renewed >= self.config.visibility_timeout_s / 3
+        ]
         for flight in due:
             flight.lease_renewed = now
         leased = [f.job_id for f in due if f.job_id]
         for job_id in await self._io(self.service.renew_leases, self.owner, leased, self.config.visibility_timeout_s):
             job = await self._io(self.service.lookup, job_id)
             if job is not None and job.status is JobStatus.RUNNING and job.lease_owner != self.owner:
-                logger.warning("job %s: another worker took it over (this heartbeat was late); aborting it here",
-                               job_id)
+                logger.warning(
+                    "job %s: another worker took it over (this heartbeat was late); aborting it here", job_id
+                )
                 self.lost.add(job_id)
                 await self.engine.abort(job_id)
         if self.chunks is not None:
@@ -193,8 +211,9 @@ class Runner:
         if request is None:
             # It never ran (attempts counts runs): failed from queued, or from running for a redelivery after a
             # crash, never from a final state.
-            return await self._finish(flight, claim.job_id, JobStatus.FAILED, error=reason,
-                                      only_from={JobStatus.QUEUED, JobStatus.RUNNING})
+            return await self._finish(
+                flight, claim.job_id, JobStatus.FAILED, error=reason, only_from={JobStatus.QUEUED, JobStatus.RUNNING}
+            )
         if self.policy.refuses(request.max_tokens):
             # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run.
             return Outcome.retry(self.config.visibility_timeout_s, "left to the newer deployment")
@@ -207,8 +226,9 @@ class Runner:
             return await self._not_runnable(flight, claim.job_id)
         if isinstance(outcome, asyncio.TimeoutError):
             await self.engine.abort(job.job_id)
-            return await self._finish(flight, job, JobStatus.FAILED,
-                                      error=f"execution timed out after {claim.timeout_s} s")
+            return await self._finish(
+                flight, job, JobStatus.FAILED, error=f"execution timed out after {claim.timeout_s} s"
+            )
         if isinstance(outcome, GenerationAborted):
             if job.job_id in self.lost:
                 return Outcome.leave("lease lost")  # its new holder ends it; the message is not this worker's to end
@@ -220,12 +240,17 @@ class Runner:
             return self._retry(flight, "transient engine fault")
         assert isinstance(outcome, Generation)
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - flight.started)
-        completion = chat_completion(outcome, completion_id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
-                                     model=job.model or "", job_id=job.job_id)
+        completion = chat_completion(
+            outcome,
+            completion_id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
+            model=job.model or "",
+            job_id=job.job_id,
+        )
         return await self._finish(flight, job, JobStatus.SUCCEEDED, result=completion)
 
-    async def _in_engine(self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
-                         ) -> tuple[Job | None, Generation | BaseException | None]:
+    async def _in_engine(
+        self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
+    ) -> tuple[Job | None, Generation | BaseException | None]:
         """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
         and generate; the job and the generation or the engine error that ended it. The slot is free again before
         the result is stored. The execution timeout counts from the start of the generation."""
@@ -246,13 +271,14 @@ class Runner:
                         try:
                             if job.job_id in self.cancelled:
                                 raise GenerationAborted(job.job_id)
-                            generation = await asyncio.wait_for(self.engine.generate(job.job_id, request),
-                                                                timeout=claim.timeout_s)
+                            generation = await asyncio.wait_for(
+                                self.engine.generate(job.job_id, request), timeout=claim.timeout_s
+                            )
                             return job, generation
                         except GenerationAborted as exc:
                             if not slot.preempted:  # cancelled, not preempted for an interactive job
                                 return job, exc
-                        except (asyncio.TimeoutError, PermanentEngineError, TransientEngineError) as exc:
+                        except (TimeoutError, PermanentEngineError, TransientEngineError) as exc:
                             return job, exc
                         finally:
                             self.progress.forget(job.job_id)
@@ -263,9 +289,14 @@ class Runner:
     async def _start_running(self, claim: ClaimCheck, flight: InFlight) -> Job | None:
         """Move the job to running as it takes its engine slot, and announce it; None when it may not run."""
         now = utcnow()
-        job = await self._io(self.service.start, claim.job_id, started_at=now,
-                             progress=JobProgress(completion_tokens=0, updated_at=now), owner=self.owner,
-                             lease_s=self.config.visibility_timeout_s)
+        job = await self._io(
+            self.service.start,
+            claim.job_id,
+            started_at=now,
+            progress=JobProgress(completion_tokens=0, updated_at=now),
+            owner=self.owner,
+            lease_s=self.config.visibility_timeout_s,
+        )
         if job is None:
             return None
         flight.leased, flight.lease_renewed = True, time.monotonic()
@@ -275,8 +306,15 @@ class Runner:
         self.faults.at("before_engine", job.job_id)
         return job
 
-    async def _finish(self, flight: InFlight, job: Job | str, target: JobStatus, *,
-                      result: ChatCompletion | None = None, **fields: Any) -> Outcome:
+    async def _finish(
+        self,
+        flight: InFlight,
+        job: Job | str,
+        target: JobStatus,
+        *,
+        result: ChatCompletion | None = None,
+        **fields: Any,
+    ) -> Outcome:
         """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
         final state, notification (batched). ``job`` is the job, or its id for one that never ran (a payload it
         cannot run with: a result needs the job)."""

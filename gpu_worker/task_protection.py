@@ -25,7 +25,8 @@ import json
 import logging
 import time
 import urllib.request
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gpu_worker.deployments import DeploymentWatch
@@ -92,9 +93,17 @@ class Policy:
     Every change is decided and made under one lock, so that an enable and a clear racing each other (receivers,
     finishing jobs, the heartbeat's renewal) end as the messages held at the end require."""
 
-    def __init__(self, protection: TaskProtection, *, mode: str, tokens_per_s: float, drain_timeout_s: float,
-                 renew_s: float, held: Callable[[], Iterable[Held]], deployments: DeploymentWatch | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        protection: TaskProtection,
+        *,
+        mode: str,
+        tokens_per_s: float,
+        drain_timeout_s: float,
+        renew_s: float,
+        held: Callable[[], Iterable[Held]],
+        deployments: DeploymentWatch | None = None,
+    ) -> None:
         self.protection = protection
         self.deployments = deployments
         self.mode = mode
@@ -106,8 +115,9 @@ class Policy:
 
     def is_long(self, max_tokens: int) -> bool:
         """Whether a job of ``max_tokens`` calls for protection (``long_jobs`` mode only)."""
-        return self.mode == "long_jobs" and outlasts_drain(max_tokens, tokens_per_s=self.tokens_per_s,
-                                                           drain_timeout_s=self.drain_timeout_s)
+        return self.mode == "long_jobs" and outlasts_drain(
+            max_tokens, tokens_per_s=self.tokens_per_s, drain_timeout_s=self.drain_timeout_s
+        )
 
     @property
     def newer_deployment(self) -> bool:
@@ -117,8 +127,9 @@ class Policy:
     def refuses(self, max_tokens: int) -> bool:
         """Whether to leave a job of ``max_tokens`` to the newer deployment's tasks: one that could outlast the drain,
         once a newer deployment waits."""
-        return self.newer_deployment and outlasts_drain(max_tokens, tokens_per_s=self.tokens_per_s,
-                                                        drain_timeout_s=self.drain_timeout_s)
+        return self.newer_deployment and outlasts_drain(
+            max_tokens, tokens_per_s=self.tokens_per_s, drain_timeout_s=self.drain_timeout_s
+        )
 
     async def watch(self) -> None:
         """Look for a newer deployment (at the watch's own pace); clear the protection once one waits."""

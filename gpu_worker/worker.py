@@ -33,8 +33,9 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from async_inference import settings
 from async_inference.aws import (
@@ -50,9 +51,9 @@ from async_inference.service import JobService
 from gpu_worker.announce import Announcer
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.chunks import BatchLedger, Chunks
-from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
+from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines.base import Engine, FatalEngineError
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile, StartDeadline
@@ -127,33 +128,63 @@ class Worker:
         )
         # Jobs and batch lines inside the engine, interactive first (gpu_worker.lanes).
         self.admission = Admission(engine.capacity, reserve=config.reserve(engine.capacity), abort=engine.abort)
-        self.policy = Policy(protection or TaskProtection(None), mode=config.task_protection,
-                             tokens_per_s=config.task_protection_tokens_per_s, drain_timeout_s=config.drain_timeout_s,
-                             renew_s=config.task_protection_renew_s, held=lambda: self._inflight.values(),
-                             deployments=deployments)
+        self.policy = Policy(
+            protection or TaskProtection(None),
+            mode=config.task_protection,
+            tokens_per_s=config.task_protection_tokens_per_s,
+            drain_timeout_s=config.drain_timeout_s,
+            renew_s=config.task_protection_renew_s,
+            held=lambda: self._inflight.values(),
+            deployments=deployments,
+        )
         events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         followers = ConnectionStore(config.connections_table_name) if config.connections_table_name else None
-        self.progress = ProgressReporter(engine, self.service, events, interval_s=config.progress_interval_s,
-                                         io=self._io, followers=followers)
+        self.progress = ProgressReporter(
+            engine, self.service, events, interval_s=config.progress_interval_s, io=self._io, followers=followers
+        )
         self.chunks: Chunks | None = None
         if config.batch_queue_url is not None:
             assert batches is not None and config.control_queue_url is not None
-            self.chunks = Chunks(engine=engine, admission=self.admission, blobs=self.service.blobs, ledger=batches,
-                                 control=ControlQueue(config.control_queue_url), io=self._io, faults=self.faults,
-                                 retry_delay_s=config.retry_delay_s, served_models=config.served_models)
+            self.chunks = Chunks(
+                engine=engine,
+                admission=self.admission,
+                blobs=self.service.blobs,
+                ledger=batches,
+                control=ControlQueue(config.control_queue_url),
+                io=self._io,
+                faults=self.faults,
+                retry_delay_s=config.retry_delay_s,
+                served_models=config.served_models,
+            )
         self.runner = Runner(
-            config, engine, service=self.service, admission=self.admission, progress=self.progress,
-            announcer=Announcer(self.service, events=events, io=self._io,
-                                webhooks=WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None),
-            policy=self.policy, faults=self.faults, metrics=self.metrics, chunks=self.chunks, io=self._io,
+            config,
+            engine,
+            service=self.service,
+            admission=self.admission,
+            progress=self.progress,
+            announcer=Announcer(
+                self.service,
+                events=events,
+                io=self._io,
+                webhooks=WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None,
+            ),
+            policy=self.policy,
+            faults=self.faults,
+            metrics=self.metrics,
+            chunks=self.chunks,
+            io=self._io,
         )
-        self.lanes = {INTERACTIVE: self._lane(INTERACTIVE, self.service.queue,
-                                              Slots(config.held_messages(engine.capacity)))}
+        self.lanes = {
+            INTERACTIVE: self._lane(INTERACTIVE, self.service.queue, Slots(config.held_messages(engine.capacity)))
+        }
         if config.batch_queue_url is not None:
-            budget = BatchBudget(self.admission, ahead=engine.capacity,
-                                 max_messages=config.held_messages(engine.capacity),
-                                 held=lambda: [f for f in self._inflight.values() if f.lane == BATCH],
-                                 stopping=self._stopping.is_set)
+            budget = BatchBudget(
+                self.admission,
+                ahead=engine.capacity,
+                max_messages=config.held_messages(engine.capacity),
+                held=lambda: [f for f in self._inflight.values() if f.lane == BATCH],
+                stopping=self._stopping.is_set,
+            )
             self.lanes[BATCH] = self._lane(BATCH, JobQueue(config.batch_queue_url), budget)
 
     def _lane(self, name: str, queue: JobQueue, held: Slots | BatchBudget) -> Lane:
@@ -184,8 +215,13 @@ class Worker:
     def _start_timed_out(self) -> None:
         """The model's sync or the engine's start outlasted ``start_timeout_s``: exit, holding no message, so that the
         task is replaced and its GPU freed (the event loop may be blocked: this runs on the deadline's thread)."""
-        logger.error("the engine did not start within %g s (%s=%g); exiting with %d", self.config.start_timeout_s,
-                     ENV_START_TIMEOUT_S, self.config.start_timeout_s, EXIT_START_TIMEOUT)
+        logger.error(
+            "the engine did not start within %g s (%s=%g); exiting with %d",
+            self.config.start_timeout_s,
+            ENV_START_TIMEOUT_S,
+            self.config.start_timeout_s,
+            EXIT_START_TIMEOUT,
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(EXIT_START_TIMEOUT)
@@ -203,8 +239,13 @@ class Worker:
             await self.engine.start()
         self.health.touch()
         receivers = max(1, min(4, -(-self.engine.capacity // settings.RECEIVE_BATCH_SIZE)))
-        logger.info("worker started: engine=%s capacity=%d receivers=%d lanes=%s", self.engine.name,
-                    self.engine.capacity, receivers, ",".join(self.lanes))
+        logger.info(
+            "worker started: engine=%s capacity=%d receivers=%d lanes=%s",
+            self.engine.name,
+            self.engine.capacity,
+            receivers,
+            ",".join(self.lanes),
+        )
         heartbeat = asyncio.create_task(self._heartbeat())
         progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
         try:
@@ -270,8 +311,9 @@ class Worker:
         flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(flight, lane)))
 
     async def _settle(self, flight: InFlight, lane: Lane, parse_error: Exception | None) -> None:
-        if flight.claim is not None and any(other.running and other.ident == flight.ident
-                                            for other in self._inflight.values() if other is not flight):
+        if flight.claim is not None and any(
+            other.running and other.ident == flight.ident for other in self._inflight.values() if other is not flight
+        ):
             # SQS delivered the message again while this worker still runs its claim (delivery is at least once).
             # Leave this copy be: it reappears after its visibility timeout, finds the claim done, and is deleted.
             logger.info("%s: duplicate delivery while it runs here; leaving the copy", flight.ident)
@@ -292,8 +334,9 @@ class Worker:
             try:
                 await self._io(lane.queue.change_visibility_batch, [message.receipt_handle], outcome.retry_in_s)
             except Exception:
-                logger.exception("could not shorten the visibility of %s; it returns after the timeout",
-                                 message.message_id)
+                logger.exception(
+                    "could not shorten the visibility of %s; it returns after the timeout", message.message_id
+                )
         elif outcome.action is Action.HAND_BACK:
             self._handback[message.message_id] = flight
             if self.engine_dead is not None:
@@ -336,8 +379,11 @@ class Worker:
         """ChangeMessageVisibilityBatch for messages of either lane, each on its own queue (messages without a queue
         are the job queue's)."""
         for lane in self.lanes.values():
-            handles = [m.receipt_handle for m in messages
-                       if m.queue_url == lane.queue.url or (lane.name == INTERACTIVE and m.queue_url is None)]
+            handles = [
+                m.receipt_handle
+                for m in messages
+                if m.queue_url == lane.queue.url or (lane.name == INTERACTIVE and m.queue_url is None)
+            ]
             if handles:
                 await self._io(lane.queue.change_visibility_batch, handles, timeout_s)
 

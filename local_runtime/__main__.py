@@ -55,13 +55,21 @@ def up(outputs_file: str | None) -> int:
     # What the operator commands (python -m async_inference.cli dlq ..., webhook-secret) need to reach this stack, as in
     # AWS the operator's credentials and the stack's outputs would give them.
     operator_env = {**stack.env, ENV_WEBHOOK_SECRET_ARNS: json.dumps(stack.resources.webhook_secret_arns)}
-    print("Operator commands (python -m async_inference.cli dlq list, webhook-secret TENANT) need:\n  export "
-          + " ".join(f"{name}={shlex.quote(value)}" for name, value in operator_env.items()), flush=True)
+    print(
+        "Operator commands (python -m async_inference.cli dlq list, webhook-secret TENANT) need:\n  export "
+        + " ".join(f"{name}={shlex.quote(value)}" for name, value in operator_env.items()),
+        flush=True,
+    )
     print(f"Logs:    {stack.log_dir}", flush=True)
     if outputs_file:
-        document = {"outputs": stack.resources.outputs, "api_url": stack.api_url, "ws_url": stack.ws_url,
-                    "aws_endpoint_url": stack.moto.url,
-                    "webhook_secrets": webhook_secrets, "log_dir": str(stack.log_dir)}
+        document = {
+            "outputs": stack.resources.outputs,
+            "api_url": stack.api_url,
+            "ws_url": stack.ws_url,
+            "aws_endpoint_url": stack.moto.url,
+            "webhook_secrets": webhook_secrets,
+            "log_dir": str(stack.log_dir),
+        }
         Path(outputs_file).write_text(json.dumps(document, indent=2))
     print(f"Workers: {stack.worker_count} x engine '{stack.engine}'. Ctrl-C stops everything.", flush=True)
     wait_for_stop(stack)
@@ -83,8 +91,7 @@ def wait_for_stop(stack: LocalDeployment) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     stopped.wait()
-    print("stopping: the workers, the functions, then moto (Ctrl-C again: at once)...",
-          flush=True)
+    print("stopping: the workers, the functions, then moto (Ctrl-C again: at once)...", flush=True)
     stack.stop()
     print("stopped", flush=True)
 

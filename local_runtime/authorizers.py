@@ -61,8 +61,13 @@ class Request:
 
 
 class RequestAuthorizer:
-    def __init__(self, logical_id: str, properties: dict[str, Any], function: LocalFunction,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logical_id: str,
+        properties: dict[str, Any],
+        function: LocalFunction,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if properties.get("Type") != "REQUEST":
             raise ValueError(f"{logical_id}: only REQUEST authorizers run locally, not {properties.get('Type')}")
         self.logical_id = logical_id
@@ -74,8 +79,10 @@ class RequestAuthorizer:
             if not _SOURCE.match(source):
                 raise ValueError(f"{logical_id}: identity source {source!r} is not one the local gateway reads")
         if self.ttl_s > 0 and not self.identity_sources:
-            raise ValueError(f"{logical_id}: caching is on (TTL {self.ttl_s} s) but no identity source is given, "
-                             "which API Gateway refuses")
+            raise ValueError(
+                f"{logical_id}: caching is on (TTL {self.ttl_s} s) but no identity source is given, "
+                "which API Gateway refuses"
+            )
         self._clock = clock
         self._cache: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -119,7 +126,11 @@ class RequestAuthorizer:
             if isinstance(result.payload, dict) and result.payload.get("errorMessage") == "Unauthorized":
                 raise AuthorizerRefused("UNAUTHORIZED")
             raise AuthorizerRefused("AUTHORIZER_FAILURE")
-        if not isinstance(result.payload, dict) or "policyDocument" not in result.payload or "principalId" not in result.payload:
+        if (
+            not isinstance(result.payload, dict)
+            or "policyDocument" not in result.payload
+            or "principalId" not in result.payload
+        ):
             raise AuthorizerRefused("AUTHORIZER_CONFIGURATION_ERROR")
         return result.payload
 
@@ -162,5 +173,6 @@ class RequestAuthorizer:
         if not isinstance(context, dict) or any(isinstance(v, (dict, list)) for v in context.values()):
             raise AuthorizerRefused("AUTHORIZER_CONFIGURATION_ERROR")  # context values must be flat
         key = answer.get("usageIdentifierKey")
-        return Authorized(principal_id=str(answer["principalId"]), context=context,
-                          usage_identifier_key=str(key) if key else None)
+        return Authorized(
+            principal_id=str(answer["principalId"]), context=context, usage_identifier_key=str(key) if key else None
+        )

@@ -11,11 +11,11 @@ from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from async_inference_client.cli import Progress
-from async_inference_client import Client
 from async_inference.webhooks.receiver import Receiver
-from local_runtime.subscribers import subscribe_queue
+from async_inference_client import Client
+from async_inference_client.cli import Progress
 from local_runtime.stack import LocalDeployment
+from local_runtime.subscribers import subscribe_queue
 
 MODEL = "SmolLM2-135M-Instruct"
 INLINE_PROMPTS = [
@@ -35,27 +35,45 @@ def received_notifications(sqs: Any, url: str, expected: int, timeout_s: float =
 
 
 def run_demo(stack: LocalDeployment) -> int:
-    print(f"Starting the local stack (moto server on {stack.moto.url}, API on {stack.api_url}, engine {stack.engine})...")
+    print(
+        f"Starting the local stack (moto server on {stack.moto.url}, API on {stack.api_url}, engine {stack.engine})..."
+    )
     with stack:
         assert stack.resources is not None
-        notifications_url = subscribe_queue(stack.resources.config.topic_arn, "demo-notifications",
-                                            sqs=stack.client("sqs"), sns=stack.client("sns"))
+        notifications_url = subscribe_queue(
+            stack.resources.config.topic_arn, "demo-notifications", sqs=stack.client("sqs"), sns=stack.client("sns")
+        )
         api_key = next(iter(stack.api_keys))
         api = Client(stack.api_url, api_key)
         receiver = Receiver().start()  # stands in for a product team's webhook endpoint
 
         jobs = []
         for i, prompt in enumerate(INLINE_PROMPTS):
-            request = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64, "temperature": 0}
+            request = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 64,
+                "temperature": 0,
+            }
             webhook = {"url": receiver.url, "events": ["completed"]} if i == 0 else None
             job = api.submit(request, metadata={"path": "inline"}, webhook=webhook)
-            print(f"submitted {job.job_id} inline          -> {job.status.value}" + (f" (webhook {receiver.url})" if webhook else ""))
+            print(
+                f"submitted {job.job_id} inline          -> {job.status.value}"
+                + (f" (webhook {receiver.url})" if webhook else "")
+            )
             jobs.append((job.job_id, prompt))
         body = json.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": UPLOAD_PROMPT}], "max_tokens": 64, "temperature": 0}
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": UPLOAD_PROMPT}],
+                "max_tokens": 64,
+                "temperature": 0,
+            }
         ).encode()
         job = api.submit_upload(body, metadata={"path": "upload"})
-        print(f"submitted {job.job_id} by upload       -> {job.status.value} (PUT {len(body)} bytes to the presigned URL)")
+        print(
+            f"submitted {job.job_id} by upload       -> {job.status.value} (PUT {len(body)} bytes to the presigned URL)"
+        )
         jobs.append((job.job_id, UPLOAD_PROMPT))
 
         print("waiting for the worker (the first job also waits for the model to load)...")
@@ -73,20 +91,27 @@ def run_demo(stack: LocalDeployment) -> int:
             if final.status == "succeeded":
                 completion = api.result(final)
                 print(f"   answer: {completion.choices[0].message.content.strip()}")
-                print(f"   usage:  {completion.usage.model_dump()}  finish_reason={completion.choices[0].finish_reason}")
+                print(
+                    f"   usage:  {completion.usage.model_dump()}  finish_reason={completion.choices[0].finish_reason}"
+                )
             else:
                 print(f"   error:  {final.error}")
 
         print("\nSNS notifications received by an SQS subscriber:")
         for note in received_notifications(stack.client("sqs"), notifications_url, expected=len(finals)):
             location = note.get("result_location") or {}
-            print(f"   {note['job_id']} status={note['status']} tenant={note['tenant']} result=s3://{location.get('bucket')}/{location.get('key')}")
+            print(
+                f"   {note['job_id']} status={note['status']} tenant={note['tenant']} result=s3://{location.get('bucket')}/{location.get('key')}"
+            )
 
         webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
         receiver.stop()
 
     ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok
-    print("\ndemo " + ("succeeded: every job finished with a result, and the webhook verified" if ok else "FAILED: see above"))
+    print(
+        "\ndemo "
+        + ("succeeded: every job finished with a result, and the webhook verified" if ok else "FAILED: see above")
+    )
     return 0 if ok else 1
 
 
@@ -102,11 +127,15 @@ def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> b
     except WebhookVerificationError as exc:
         print(f"   FAILED: the signature did not verify: {exc}")
         return False
-    print(f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret, which "
-          "the deploy generated (read back from Secrets Manager, as `python -m async_inference.cli webhook-secret` "
-          "reads it)")
-    print(f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
-          f" result inline={'result' in payload}")
+    print(
+        f"   webhook-id={delivery.headers['webhook-id']} signature verified with the tenant's whsec_ secret, which "
+        "the deploy generated (read back from Secrets Manager, as `python -m async_inference.cli webhook-secret` "
+        "reads it)"
+    )
+    print(
+        f"   body: event={payload['event']} job_id={payload['job_id']} status={payload['status']}"
+        f" result inline={'result' in payload}"
+    )
     deadline = time.monotonic() + 10
     state = api.get(job_id).webhook
     while state.status == "pending" and time.monotonic() < deadline:

@@ -187,12 +187,16 @@ def _bucket(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     name = props.get("BucketName") or d.name_for(logical_id, limit=63, lower=True)
     s3.create_bucket(Bucket=name)
     if "VersioningConfiguration" in props:
-        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": props["VersioningConfiguration"]["Status"]})
+        s3.put_bucket_versioning(
+            Bucket=name, VersioningConfiguration={"Status": props["VersioningConfiguration"]["Status"]}
+        )
     if "BucketEncryption" in props:
         rules = [
             {
                 "ApplyServerSideEncryptionByDefault": {
-                    k: v for k, v in rule["ServerSideEncryptionByDefault"].items() if k in ("SSEAlgorithm", "KMSMasterKeyID")
+                    k: v
+                    for k, v in rule["ServerSideEncryptionByDefault"].items()
+                    if k in ("SSEAlgorithm", "KMSMasterKeyID")
                 },
                 **({"BucketKeyEnabled": rule["BucketKeyEnabled"]} if "BucketKeyEnabled" in rule else {}),
             }
@@ -201,10 +205,14 @@ def _bucket(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
         s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={"Rules": rules})
     if "LifecycleConfiguration" in props:
         s3.put_bucket_lifecycle_configuration(
-            Bucket=name, LifecycleConfiguration={"Rules": [_lifecycle_rule(r) for r in props["LifecycleConfiguration"]["Rules"]]}
+            Bucket=name,
+            LifecycleConfiguration={"Rules": [_lifecycle_rule(r) for r in props["LifecycleConfiguration"]["Rules"]]},
         )
     if "CorsConfiguration" in props:
-        s3.put_bucket_cors(Bucket=name, CORSConfiguration={"CORSRules": [_cors_rule(r) for r in props["CorsConfiguration"]["CorsRules"]]})
+        s3.put_bucket_cors(
+            Bucket=name,
+            CORSConfiguration={"CORSRules": [_cors_rule(r) for r in props["CorsConfiguration"]["CorsRules"]]},
+        )
     if "PublicAccessBlockConfiguration" in props:
         s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=props["PublicAccessBlockConfiguration"])
     if "OwnershipControls" in props:
@@ -229,7 +237,11 @@ def _bucket(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
 
 def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
     """An AWS::S3::Bucket lifecycle rule (CloudFormation's shape) as PutBucketLifecycleConfiguration takes it."""
-    out: dict[str, Any] = {"ID": rule.get("Id", ""), "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
+    out: dict[str, Any] = {
+        "ID": rule.get("Id", ""),
+        "Status": rule["Status"],
+        "Filter": {"Prefix": rule.get("Prefix", "")},
+    }
     expiration = {}
     if "ExpirationInDays" in rule:
         expiration["Days"] = rule["ExpirationInDays"]
@@ -249,8 +261,14 @@ def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cors_rule(rule: dict[str, Any]) -> dict[str, Any]:
-    renames = {"AllowedHeaders": "AllowedHeaders", "AllowedMethods": "AllowedMethods", "AllowedOrigins": "AllowedOrigins",
-               "ExposedHeaders": "ExposeHeaders", "MaxAge": "MaxAgeSeconds", "Id": "ID"}
+    renames = {
+        "AllowedHeaders": "AllowedHeaders",
+        "AllowedMethods": "AllowedMethods",
+        "AllowedOrigins": "AllowedOrigins",
+        "ExposedHeaders": "ExposeHeaders",
+        "MaxAge": "MaxAgeSeconds",
+        "Id": "ID",
+    }
     return {renames[k]: v for k, v in rule.items() if k in renames}
 
 
@@ -265,7 +283,9 @@ def _apply_notifications(d: Deployment, bucket: str, configuration: dict[str, An
     for entry in configuration.get("LambdaFunctionConfigurations", []):
         function = d.function_by_arn(entry["LambdaFunctionArn"])
         queue_url = d.async_event_queue(function)
-        queue_arn = d.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        queue_arn = d.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
         queue_entry = {"QueueArn": queue_arn, "Events": entry["Events"]}
         if "Filter" in entry:
             queue_entry["Filter"] = entry["Filter"]
@@ -323,8 +343,11 @@ def _queue_policy(d: Deployment, logical_id: str, props: dict[str, Any]) -> Phys
 
 def _topic(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     name = props.get("TopicName") or d.name_for(logical_id, limit=251 if props.get("FifoTopic") else 256)
-    attributes = {k: _attribute(props[k]) for k in ("DisplayName", "KmsMasterKeyId", "FifoTopic",
-                                                    "ContentBasedDeduplication", "SignatureVersion") if k in props}
+    attributes = {
+        k: _attribute(props[k])
+        for k in ("DisplayName", "KmsMasterKeyId", "FifoTopic", "ContentBasedDeduplication", "SignatureVersion")
+        if k in props
+    }
     arn = d.client("sns").create_topic(Name=name, Attributes=attributes)["TopicArn"]
     for subscription in props.get("Subscription", []):
         _subscribe(d, f"{logical_id}Inline", {"TopicArn": arn, **subscription})
@@ -333,8 +356,9 @@ def _topic(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
 
 def _topic_policy(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     for arn in props["Topics"]:
-        d.client("sns").set_topic_attributes(TopicArn=arn, AttributeName="Policy",
-                                             AttributeValue=json.dumps(props["PolicyDocument"]))
+        d.client("sns").set_topic_attributes(
+            TopicArn=arn, AttributeName="Policy", AttributeValue=json.dumps(props["PolicyDocument"])
+        )
     return Physical(logical_id, "AWS::SNS::TopicPolicy", ref=d.name_for(logical_id))
 
 
@@ -364,17 +388,29 @@ def _subscribe(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physica
         # moto cannot run the function: the topic delivers to the function's local event queue instead, and the
         # local runtime invokes the function with the SNS event Lambda would send.
         queue_url = d.async_event_queue(d.function_by_arn(endpoint))
-        endpoint = d.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        endpoint = d.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
         protocol = "sqs"
         attributes.pop("RawMessageDelivery", None)
     elif protocol in SKIPPED_SUBSCRIPTION_PROTOCOLS:
-        logger.info("subscription %s (%s) not delivered locally: %s", logical_id, protocol, SKIPPED_SUBSCRIPTION_PROTOCOLS[protocol])
+        logger.info(
+            "subscription %s (%s) not delivered locally: %s",
+            logical_id,
+            protocol,
+            SKIPPED_SUBSCRIPTION_PROTOCOLS[protocol],
+        )
         return Physical(logical_id, "AWS::SNS::Subscription", ref=_arn("sns", f"skipped:{logical_id}"))
     elif protocol == "sqs" and not _is_local_queue(d, endpoint):
         logger.info("subscription %s: queue %s belongs to another account; not delivered locally", logical_id, endpoint)
         return Physical(logical_id, "AWS::SNS::Subscription", ref=_arn("sns", f"skipped:{logical_id}"))
-    arn = sns.subscribe(TopicArn=props["TopicArn"], Protocol=protocol, Endpoint=endpoint, Attributes=attributes,
-                        ReturnSubscriptionArn=True)["SubscriptionArn"]
+    arn = sns.subscribe(
+        TopicArn=props["TopicArn"],
+        Protocol=protocol,
+        Endpoint=endpoint,
+        Attributes=attributes,
+        ReturnSubscriptionArn=True,
+    )["SubscriptionArn"]
     return Physical(logical_id, "AWS::SNS::Subscription", ref=arn, attributes={"Arn": arn})
 
 
@@ -402,8 +438,10 @@ def _table(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
         request["StreamSpecification"] = {"StreamEnabled": True, **props["StreamSpecification"]}
     if "SSESpecification" in props:
         sse = props["SSESpecification"]
-        request["SSESpecification"] = {"Enabled": sse.get("SSEEnabled", False),
-                                       **({"SSEType": sse["SSEType"]} if "SSEType" in sse else {})}
+        request["SSESpecification"] = {
+            "Enabled": sse.get("SSEEnabled", False),
+            **({"SSEType": sse["SSEType"]} if "SSEType" in sse else {}),
+        }
     dynamodb = d.client("dynamodb")
     description = dynamodb.create_table(**request)["TableDescription"]
     if "TimeToLiveSpecification" in props:
@@ -427,8 +465,12 @@ def _key(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     metadata = kms.create_key(**request)["KeyMetadata"]
     if props.get("EnableKeyRotation"):
         kms.enable_key_rotation(KeyId=metadata["KeyId"])
-    return Physical(logical_id, "AWS::KMS::Key", ref=metadata["KeyId"],
-                    attributes={"Arn": metadata["Arn"], "KeyId": metadata["KeyId"]})
+    return Physical(
+        logical_id,
+        "AWS::KMS::Key",
+        ref=metadata["KeyId"],
+        attributes={"Arn": metadata["Arn"], "KeyId": metadata["KeyId"]},
+    )
 
 
 def _secret(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
@@ -462,8 +504,9 @@ def _log_group(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physica
     logs.create_log_group(logGroupName=name)
     if "RetentionInDays" in props:
         logs.put_retention_policy(logGroupName=name, retentionInDays=int(props["RetentionInDays"]))
-    return Physical(logical_id, "AWS::Logs::LogGroup", ref=name,
-                    attributes={"Arn": _arn("logs", f"log-group:{name}:*")})
+    return Physical(
+        logical_id, "AWS::Logs::LogGroup", ref=name, attributes={"Arn": _arn("logs", f"log-group:{name}:*")}
+    )
 
 
 # --- API Gateway ----------------------------------------------------------------------------------------------------
@@ -541,8 +584,16 @@ def _ecs_request(value: Any) -> Any:
     return value
 
 
-_TASK_DEFINITION_REQUEST = ("ContainerDefinitions", "Volumes", "NetworkMode", "TaskRoleArn", "ExecutionRoleArn", "Cpu",
-                            "Memory", "PlacementConstraints")
+_TASK_DEFINITION_REQUEST = (
+    "ContainerDefinitions",
+    "Volumes",
+    "NetworkMode",
+    "TaskRoleArn",
+    "ExecutionRoleArn",
+    "Cpu",
+    "Memory",
+    "PlacementConstraints",
+)
 
 
 def _task_definition(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
@@ -569,8 +620,12 @@ def _service(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
         if key in props:
             request[_lower_first(key)] = props[key]
     service = d.client("ecs").create_service(**request)["service"]
-    return Physical(logical_id, "AWS::ECS::Service", ref=service["serviceArn"],
-                    attributes={"ServiceArn": service["serviceArn"], "Name": service["serviceName"]})
+    return Physical(
+        logical_id,
+        "AWS::ECS::Service",
+        ref=service["serviceArn"],
+        attributes={"ServiceArn": service["serviceArn"], "Name": service["serviceName"]},
+    )
 
 
 # --- Emulated: run by the local runtime from the template -----------------------------------------------------------
@@ -606,7 +661,9 @@ def _websocket_api(d: Deployment, logical_id: str, props: dict[str, Any]) -> Phy
     like (ten lowercase letters and digits), stable for a stack and logical id."""
     api_id = hashlib.sha1(f"{d.stack_name}/{logical_id}".encode()).hexdigest()[:10]
     endpoint = f"wss://{api_id}.execute-api.{LOCAL_REGION}.amazonaws.com"
-    return Physical(logical_id, "AWS::ApiGatewayV2::Api", ref=api_id, attributes={"ApiId": api_id, "ApiEndpoint": endpoint})
+    return Physical(
+        logical_id, "AWS::ApiGatewayV2::Api", ref=api_id, attributes={"ApiId": api_id, "ApiEndpoint": endpoint}
+    )
 
 
 # --- The table ------------------------------------------------------------------------------------------------------
@@ -664,24 +721,30 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     # cannot run here: what checks each instead
     "AWS::CDK::Metadata": _skip("CDK's own usage metadata; nothing to run", "tests/local/test_deployer_coverage.py"),
     "AWS::Lambda::Permission": _skip(
-        "resource policies: the local runtime invokes functions itself and moto enforces no IAM", _API_TEST),
+        "resource policies: the local runtime invokes functions itself and moto enforces no IAM", _API_TEST
+    ),
     "AWS::IAM::Role": _skip("moto enforces no IAM: each principal's grants are checked on the template", _API_TEST),
     "AWS::IAM::Policy": _skip("as AWS::IAM::Role", _API_TEST),
     "AWS::IAM::InstanceProfile": _skip("GPU instances do not run here", _WORKERS_TEST),
     "AWS::S3::BucketPolicy": _skip(
         "the local endpoint is plain HTTP and moto enforces bucket policies, so the TLS-only deny would refuse every "
-        "call; the policy (TLS only, presigned-URL expiry) is checked on the template", _STORAGE_TEST),
+        "call; the policy (TLS only, presigned-URL expiry) is checked on the template",
+        _STORAGE_TEST,
+    ),
     "AWS::ApiGateway::Account": _skip("account-wide CloudWatch role for API Gateway logs", _API_TEST),
     "AWS::CloudWatch::Alarm": _skip("moto emits no SQS metrics, so no alarm could ever change state", _NOTIFY_TEST),
     "AWS::CloudWatch::Dashboard": _skip("nothing to render locally", _NOTIFY_TEST),
     "AWS::ApplicationAutoScaling::ScalableTarget": _skip(
         "scaling acts on CloudWatch alarms and an ECS service, neither of which runs here; the local runtime runs "
-        "WORKERS workers", _WORKERS_TEST),
+        "WORKERS workers",
+        _WORKERS_TEST,
+    ),
     "AWS::ApplicationAutoScaling::ScalingPolicy": _skip("as ScalableTarget", _WORKERS_TEST),
     "AWS::AutoScaling::AutoScalingGroup": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::AutoScaling::WarmPool": _skip("no EC2 instances here", _WORKERS_TEST),
-    "AWS::Events::Rule": _skip("its one target, the GPU instance release, acts on EC2 instances; none here",
-                               _WORKERS_TEST),
+    "AWS::Events::Rule": _skip(
+        "its one target, the GPU instance release, acts on EC2 instances; none here", _WORKERS_TEST
+    ),
     "AWS::ECS::CapacityProvider": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::ECS::ClusterCapacityProviderAssociations": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::EC2::VPC": _skip("processes share 127.0.0.1; no network to build", _WORKERS_TEST),
@@ -733,21 +796,60 @@ SKIPPED_PROPERTIES: dict[tuple[str, str], str] = {
 
 # Properties each deploy handler applies (the coverage test compares the template with these and the list above).
 APPLIED_PROPERTIES: dict[str, set[str]] = {
-    "AWS::S3::Bucket": {"BucketName", "VersioningConfiguration", "BucketEncryption", "LifecycleConfiguration",
-                        "CorsConfiguration", "PublicAccessBlockConfiguration", "OwnershipControls",
-                        "NotificationConfiguration", "Tags"},
-    "Custom::S3BucketNotifications": {"ServiceToken", "BucketName", "NotificationConfiguration", "Managed",
-                                      "SkipDestinationValidation"},
+    "AWS::S3::Bucket": {
+        "BucketName",
+        "VersioningConfiguration",
+        "BucketEncryption",
+        "LifecycleConfiguration",
+        "CorsConfiguration",
+        "PublicAccessBlockConfiguration",
+        "OwnershipControls",
+        "NotificationConfiguration",
+        "Tags",
+    },
+    "Custom::S3BucketNotifications": {
+        "ServiceToken",
+        "BucketName",
+        "NotificationConfiguration",
+        "Managed",
+        "SkipDestinationValidation",
+    },
     "AWS::SQS::Queue": {"QueueName", "RedrivePolicy", "RedriveAllowPolicy", *_QUEUE_ATTRIBUTES},
     "AWS::SQS::QueuePolicy": {"Queues", "PolicyDocument"},
-    "AWS::SNS::Topic": {"TopicName", "Subscription", "DisplayName", "KmsMasterKeyId", "FifoTopic",
-                        "ContentBasedDeduplication", "SignatureVersion"},
+    "AWS::SNS::Topic": {
+        "TopicName",
+        "Subscription",
+        "DisplayName",
+        "KmsMasterKeyId",
+        "FifoTopic",
+        "ContentBasedDeduplication",
+        "SignatureVersion",
+    },
     "AWS::SNS::TopicPolicy": {"Topics", "PolicyDocument"},
-    "AWS::SNS::Subscription": {"TopicArn", "Protocol", "Endpoint", "RawMessageDelivery", "FilterPolicy",
-                               "FilterPolicyScope", "RedrivePolicy", "DeliveryPolicy", "Region"},
-    "AWS::DynamoDB::Table": {"TableName", "AttributeDefinitions", "KeySchema", "BillingMode", "ProvisionedThroughput",
-                             "GlobalSecondaryIndexes", "LocalSecondaryIndexes", "StreamSpecification",
-                             "SSESpecification", "TimeToLiveSpecification", "PointInTimeRecoverySpecification"},
+    "AWS::SNS::Subscription": {
+        "TopicArn",
+        "Protocol",
+        "Endpoint",
+        "RawMessageDelivery",
+        "FilterPolicy",
+        "FilterPolicyScope",
+        "RedrivePolicy",
+        "DeliveryPolicy",
+        "Region",
+    },
+    "AWS::DynamoDB::Table": {
+        "TableName",
+        "AttributeDefinitions",
+        "KeySchema",
+        "BillingMode",
+        "ProvisionedThroughput",
+        "GlobalSecondaryIndexes",
+        "LocalSecondaryIndexes",
+        "StreamSpecification",
+        "SSESpecification",
+        "TimeToLiveSpecification",
+        "PointInTimeRecoverySpecification",
+    },
     "AWS::KMS::Key": {"Description", "KeyUsage", "KeySpec", "EnableKeyRotation"},
     "AWS::SecretsManager::Secret": {"Name", "Description", "SecretString", "GenerateSecretString"},
     "AWS::Logs::LogGroup": {"LogGroupName", "RetentionInDays"},
@@ -757,8 +859,16 @@ APPLIED_PROPERTIES: dict[str, set[str]] = {
     "AWS::ApiGateway::UsagePlanKey": {"UsagePlanId", "KeyId", "KeyType"},
     "AWS::ECS::Cluster": {"ClusterName", "ClusterSettings", "Tags"},
     "AWS::ECS::TaskDefinition": {"Family", *_TASK_DEFINITION_REQUEST},
-    "AWS::ECS::Service": {"Cluster", "ServiceName", "TaskDefinition", "DesiredCount", "SchedulingStrategy",
-                          "LaunchType", "PlatformVersion", "PropagateTags"},
+    "AWS::ECS::Service": {
+        "Cluster",
+        "ServiceName",
+        "TaskDefinition",
+        "DesiredCount",
+        "SchedulingStrategy",
+        "LaunchType",
+        "PlatformVersion",
+        "PropagateTags",
+    },
 }
 
 
@@ -773,7 +883,10 @@ def deployable(assembly: Assembly) -> None:
         if RESOURCE_TYPES[resource_type][0] != "deploy":
             continue
         for name in resource.get("Properties", {}):
-            if name not in APPLIED_PROPERTIES.get(resource_type, set()) and (resource_type, name) not in SKIPPED_PROPERTIES:
+            if (
+                name not in APPLIED_PROPERTIES.get(resource_type, set())
+                and (resource_type, name) not in SKIPPED_PROPERTIES
+            ):
                 problems.append(f"{logical_id}: property {resource_type}.{name} is neither applied nor skipped")
     if problems:
         raise TemplateError("the local runtime cannot deploy this template as it is:\n  " + "\n  ".join(problems))

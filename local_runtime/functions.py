@@ -95,16 +95,26 @@ def runtime_python(runtime: str) -> tuple[int, int]:
 
 def layers_run_here(runtime: str) -> bool:
     """Whether layers built for ``runtime`` (manylinux x86_64 wheels of its CPython) load in this process's Python."""
-    return (platform.machine() == LAYER_MACHINE and sys.version_info[:2] == runtime_python(runtime)
-            and sys.platform == "linux")
+    return (
+        platform.machine() == LAYER_MACHINE
+        and sys.version_info[:2] == runtime_python(runtime)
+        and sys.platform == "linux"
+    )
 
 
 class LocalFunction:
     """One function of the template: ``instances`` execution environments, each a host process, one event each at
     a time."""
 
-    def __init__(self, deployment: Deployment, logical_id: str, *, extra_env: dict[str, str],
-                 instances: int = 1, log: IO[bytes] | int | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        logical_id: str,
+        *,
+        extra_env: dict[str, str],
+        instances: int = 1,
+        log: IO[bytes] | int | None = None,
+    ) -> None:
         physical = deployment.resources[logical_id]
         props = physical.properties
         runtime = props.get("Runtime", "")
@@ -125,9 +135,12 @@ class LocalFunction:
         else:
             if runtime not in _WARNED_RUNTIMES:  # once per runtime, not once per function
                 _WARNED_RUNTIMES.add(runtime)
-                logger.warning("the functions' layers are built for Lambda (manylinux x86_64, %s), not this "
-                               "machine's Python %d.%d; the functions use this virtualenv's packages instead", runtime,
-                               *sys.version_info[:2])
+                logger.warning(
+                    "the functions' layers are built for Lambda (manylinux x86_64, %s), not this "
+                    "machine's Python %d.%d; the functions use this virtualenv's packages instead",
+                    runtime,
+                    *sys.version_info[:2],
+                )
             paths.extend(site.getsitepackages())
         self.paths = paths
         template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
@@ -188,20 +201,34 @@ class _Host:
     def _start(self) -> None:
         f = self._function
         self.port = free_port()
-        command = [sys.executable, "-I", "-S", "-u", str(HOST), "--port", str(self.port), "--handler", f.handler,
-                   "--timeout", str(f.timeout_s)]
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-u",
+            str(HOST),
+            "--port",
+            str(self.port),
+            "--handler",
+            f.handler,
+            "--timeout",
+            str(f.timeout_s),
+        ]
         for path in f.paths:
             command += ["--path", path]
         # A process group of its own: a terminal's Ctrl-C reaches only the local runtime, which stops it in order.
-        self.process = subprocess.Popen(command, env=f.environment, stdout=f._log, stderr=subprocess.STDOUT,
-                                        process_group=0)
+        self.process = subprocess.Popen(
+            command, env=f.environment, stdout=f._log, stderr=subprocess.STDOUT, process_group=0
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"function {self._function.logical_id} exited during init "
-                                   f"(code {self.process.returncode}); its log has the error")
+                raise RuntimeError(
+                    f"function {self._function.logical_id} exited during init "
+                    f"(code {self.process.returncode}); its log has the error"
+                )
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
                 connection.request("GET", "/ready")
@@ -214,8 +241,11 @@ class _Host:
     def invoke(self, event: Any) -> InvokeResult:
         with self._lock:
             if self.process.poll() is not None:
-                logger.warning("%s: execution environment exited (code %s); starting a new one",
-                               self._function.logical_id, self.process.returncode)
+                logger.warning(
+                    "%s: execution environment exited (code %s); starting a new one",
+                    self._function.logical_id,
+                    self.process.returncode,
+                )
                 self._start()
                 self.wait_ready()
             body = json.dumps(event).encode()
@@ -226,8 +256,13 @@ class _Host:
                 payload = json.loads(response.read() or b"null")
                 return InvokeResult(payload=payload, error=response.getheader("X-Amz-Function-Error") is not None)
             except (OSError, http.client.HTTPException) as exc:
-                return InvokeResult(payload={"errorMessage": f"the execution environment failed: {exc}",
-                                             "errorType": "Runtime.ExitError"}, error=True)
+                return InvokeResult(
+                    payload={
+                        "errorMessage": f"the execution environment failed: {exc}",
+                        "errorType": "Runtime.ExitError",
+                    },
+                    error=True,
+                )
             finally:
                 connection.close()
 
@@ -254,9 +289,11 @@ def function_ids(deployment: Deployment) -> list[str]:
     found = []
     for logical_id, physical in deployment.of_type("AWS::Lambda::Function").items():
         resource = deployment.assembly.resources[logical_id]
-        if str(physical.properties.get("Runtime", "")).startswith("python") and "aws:asset:path" in resource.get(
-            "Metadata", {}
-        ) and not _is_custom_resource_handler(deployment, logical_id):
+        if (
+            str(physical.properties.get("Runtime", "")).startswith("python")
+            and "aws:asset:path" in resource.get("Metadata", {})
+            and not _is_custom_resource_handler(deployment, logical_id)
+        ):
             found.append(logical_id)
     return sorted(found)
 

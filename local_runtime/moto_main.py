@@ -24,7 +24,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from moto import backends
 from moto.core.utils import unix_time, unix_time_millis

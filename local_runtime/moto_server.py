@@ -51,7 +51,9 @@ class MotoServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"moto server exited with code {self._process.returncode} (is port {self.port} free?)")
+                raise RuntimeError(
+                    f"moto server exited with code {self._process.returncode} (is port {self.port} free?)"
+                )
             try:
                 urllib.request.urlopen(f"{self.url}/moto-api/data.json", timeout=1).read()
                 return self

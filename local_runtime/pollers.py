@@ -21,7 +21,8 @@ import json
 import logging
 import threading
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from local_runtime.deployer import Deployment
 from local_runtime.functions import InvokeResult, LocalFunction
@@ -46,8 +47,11 @@ class _Poller(threading.Thread):
         while not self._stopping.is_set():
             try:
                 messages = self._sqs.receive_message(
-                    QueueUrl=self.queue_url, MaxNumberOfMessages=self._batch_size, WaitTimeSeconds=1,
-                    AttributeNames=["All"], MessageAttributeNames=["All"],
+                    QueueUrl=self.queue_url,
+                    MaxNumberOfMessages=self._batch_size,
+                    WaitTimeSeconds=1,
+                    AttributeNames=["All"],
+                    MessageAttributeNames=["All"],
                 ).get("Messages", [])
                 if messages:
                     self.handle(messages)
@@ -98,8 +102,16 @@ def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
 
 
 class SqsEventSource(_Poller):
-    def __init__(self, sqs: Any, function: LocalFunction, *, queue_url: str, queue_arn: str, batch_size: int,
-                 report_batch_item_failures: bool) -> None:
+    def __init__(
+        self,
+        sqs: Any,
+        function: LocalFunction,
+        *,
+        queue_url: str,
+        queue_arn: str,
+        batch_size: int,
+        report_batch_item_failures: bool,
+    ) -> None:
         super().__init__(f"esm-{function.logical_id}", sqs, queue_url, batch_size)
         self.function = function
         self.queue_arn = queue_arn
@@ -108,8 +120,12 @@ class SqsEventSource(_Poller):
     def handle(self, messages: list[dict[str, Any]]) -> None:
         result = self.function.invoke(sqs_event(messages, self.queue_arn))
         if result.error:
-            logger.warning("%s failed on a batch of %d: %s; it returns after the visibility timeout",
-                           self.function.logical_id, len(messages), result.payload.get("errorMessage"))
+            logger.warning(
+                "%s failed on a batch of %d: %s; it returns after the visibility timeout",
+                self.function.logical_id,
+                len(messages),
+                result.payload.get("errorMessage"),
+            )
             return
         failed: set[str] = set()
         if self.report_batch_item_failures and isinstance(result.payload, dict):
@@ -147,14 +163,22 @@ class AsyncInvoker(_Poller):
     """Asynchronous invocations of ``function`` from its local event queue, with Lambda's retries and on-failure
     destination."""
 
-    def __init__(self, sqs: Any, function: LocalFunction, *, queue_url: str, max_retries: int,
-                 on_failure: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(
+        self,
+        sqs: Any,
+        function: LocalFunction,
+        *,
+        queue_url: str,
+        max_retries: int,
+        on_failure: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
         super().__init__(f"async-{function.logical_id}", sqs, queue_url)
         self.function = function
         self.max_retries = max_retries
         self._on_failure = on_failure
-        self._invocations = concurrent.futures.ThreadPoolExecutor(function.instances,
-                                                                  thread_name_prefix=f"async-{function.logical_id}")
+        self._invocations = concurrent.futures.ThreadPoolExecutor(
+            function.instances, thread_name_prefix=f"async-{function.logical_id}"
+        )
 
     def run(self) -> None:
         try:
@@ -179,10 +203,17 @@ class AsyncInvoker(_Poller):
             return message["ReceiptHandle"]
         if attempt <= self.max_retries:
             delay = LOCAL_RETRY_DELAYS_S[min(attempt, len(LOCAL_RETRY_DELAYS_S)) - 1]
-            logger.warning("%s failed (attempt %d of %d): %s; retrying in %d s", self.function.logical_id, attempt,
-                           self.max_retries + 1, result.payload.get("errorMessage"), delay)
-            self._sqs.change_message_visibility(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"],
-                                                VisibilityTimeout=delay)
+            logger.warning(
+                "%s failed (attempt %d of %d): %s; retrying in %d s",
+                self.function.logical_id,
+                attempt,
+                self.max_retries + 1,
+                result.payload.get("errorMessage"),
+                delay,
+            )
+            self._sqs.change_message_visibility(
+                QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=delay
+            )
             return None
         self._give_up(event, result, attempt)
         return message["ReceiptHandle"]
@@ -190,7 +221,7 @@ class AsyncInvoker(_Poller):
     def _give_up(self, event: Any, result: InvokeResult, attempts: int) -> None:
         record = {
             "version": "1.0",
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "timestamp": dt.datetime.now(dt.UTC).isoformat(),
             "requestContext": {
                 "requestId": str(uuid.uuid4()),
                 "functionArn": f"{self.function.arn}:$LATEST",
@@ -202,11 +233,15 @@ class AsyncInvoker(_Poller):
             "responsePayload": result.payload,
         }
         if self._on_failure is None:
-            logger.error("%s failed %d times; no on-failure destination, the event is dropped",
-                         self.function.logical_id, attempts)
+            logger.error(
+                "%s failed %d times; no on-failure destination, the event is dropped",
+                self.function.logical_id,
+                attempts,
+            )
             return
-        logger.error("%s failed %d times; the event goes to its on-failure destination", self.function.logical_id,
-                     attempts)
+        logger.error(
+            "%s failed %d times; the event goes to its on-failure destination", self.function.logical_id, attempts
+        )
         self._on_failure(record)
 
 
@@ -217,12 +252,18 @@ def event_sources(deployment: Deployment, functions: dict[str, LocalFunction], s
         props = mapping.properties
         function = functions[deployment.function_by_arn(props["FunctionName"])]
         source_arn = props["EventSourceArn"]
-        queue = next((q for q in deployment.of_type("AWS::SQS::Queue").values() if q.attributes["Arn"] == source_arn), None)
+        queue = next(
+            (q for q in deployment.of_type("AWS::SQS::Queue").values() if q.attributes["Arn"] == source_arn), None
+        )
         if queue is None:
             raise ValueError(f"event source {source_arn} of {function.logical_id}: only SQS sources run locally")
         pollers.append(
             SqsEventSource(
-                sqs, function, queue_url=queue.ref, queue_arn=source_arn, batch_size=int(props.get("BatchSize", 10)),
+                sqs,
+                function,
+                queue_url=queue.ref,
+                queue_arn=source_arn,
+                batch_size=int(props.get("BatchSize", 10)),
                 report_batch_item_failures="ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
             )
         )
@@ -235,7 +276,9 @@ def event_sources(deployment: Deployment, functions: dict[str, LocalFunction], s
         destination = config.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination")
         pollers.append(
             AsyncInvoker(
-                sqs, functions[logical_id], queue_url=queue_url,
+                sqs,
+                functions[logical_id],
+                queue_url=queue_url,
                 max_retries=int(config.get("MaximumRetryAttempts", DEFAULT_ASYNC_RETRIES)),
                 on_failure=_destination(deployment, destination, sqs, sns) if destination else None,
             )

@@ -131,11 +131,15 @@ class RestApi:
         for logical_id, physical in deployment.of_type("AWS::ApiGateway::Authorizer").items():
             if physical.properties["RestApiId"] == self.api_id:
                 uri = _FUNCTION_ARN.search(physical.properties["AuthorizerUri"])["arn"]  # type: ignore[index]
-                authorizers[physical.ref] = RequestAuthorizer(logical_id, physical.properties,
-                                                              functions[deployment.function_by_arn(uri)])
+                authorizers[physical.ref] = RequestAuthorizer(
+                    logical_id, physical.properties, functions[deployment.function_by_arn(uri)]
+                )
         paths = {api.attributes["RootResourceId"]: ""}
-        resources = {lid: p for lid, p in deployment.of_type("AWS::ApiGateway::Resource").items()
-                     if p.properties["RestApiId"] == self.api_id}
+        resources = {
+            lid: p
+            for lid, p in deployment.of_type("AWS::ApiGateway::Resource").items()
+            if p.properties["RestApiId"] == self.api_id
+        }
         while len(paths) <= len(resources):  # parents before children
             for physical in resources.values():
                 parent = physical.properties["ParentId"]
@@ -163,10 +167,18 @@ class RestApi:
                 authorizer=authorizers[props["AuthorizerId"]] if props.get("AuthorizationType") == "CUSTOM" else None,
             )
             if validator.get("ValidateRequestParameters"):
-                method.required_parameters = [k for k, required in props.get("RequestParameters", {}).items() if required]
+                method.required_parameters = [
+                    k for k, required in props.get("RequestParameters", {}).items() if required
+                ]
             self.methods.append(method)
-        self.stage = next((p.ref for p in deployment.of_type("AWS::ApiGateway::Stage").values()
-                           if p.properties.get("RestApiId") == self.api_id), "prod")
+        self.stage = next(
+            (
+                p.ref
+                for p in deployment.of_type("AWS::ApiGateway::Stage").values()
+                if p.properties.get("RestApiId") == self.api_id
+            ),
+            "prod",
+        )
         self.gateway_responses = {
             p.properties["ResponseType"]: p.properties
             for p in deployment.of_type("AWS::ApiGateway::GatewayResponse").values()
@@ -187,7 +199,9 @@ class RestApi:
         _, method, params = max(candidates, key=lambda c: c[0])
         return method, params
 
-    def handle(self, http_method: str, target: str, headers: dict[str, str], body: bytes, source_ip: str) -> tuple[int, dict[str, str], bytes]:
+    def handle(
+        self, http_method: str, target: str, headers: dict[str, str], body: bytes, source_ip: str
+    ) -> tuple[int, dict[str, str], bytes]:
         request_id = str(uuid.uuid4())
         try:
             split = urlsplit(target)
@@ -218,19 +232,44 @@ class RestApi:
         except GatewayError as error:
             return self._gateway_response(error, request_id)
 
-    def _authorize(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
-                   headers: dict[str, str], identity: dict[str, Any], request_id: str) -> Any:
+    def _authorize(
+        self,
+        method: Method,
+        path: str,
+        path_params: dict[str, str],
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        identity: dict[str, Any],
+        request_id: str,
+    ) -> Any:
         assert method.authorizer is not None
         http_method = method.http_method
-        method_arn = f"arn:aws:execute-api:{LOCAL_REGION}:{LOCAL_ACCOUNT}:{self.api_id}/{self.stage}/{http_method}{path}"
-        context = {"resourcePath": method.resource_path, "httpMethod": http_method, "path": f"/{self.stage}{path}",
-                   "stage": self.stage, "requestId": request_id, "accountId": LOCAL_ACCOUNT, "apiId": self.api_id,
-                   "identity": identity}
+        method_arn = (
+            f"arn:aws:execute-api:{LOCAL_REGION}:{LOCAL_ACCOUNT}:{self.api_id}/{self.stage}/{http_method}{path}"
+        )
+        context = {
+            "resourcePath": method.resource_path,
+            "httpMethod": http_method,
+            "path": f"/{self.stage}{path}",
+            "stage": self.stage,
+            "requestId": request_id,
+            "accountId": LOCAL_ACCOUNT,
+            "apiId": self.api_id,
+            "identity": identity,
+        }
         try:
-            return method.authorizer.authorize(Request(
-                method_arn=method_arn, resource=method.resource_path, path=path, http_method=http_method,
-                headers=headers, query=query, path_parameters=path_params, request_context=context,
-            ))
+            return method.authorizer.authorize(
+                Request(
+                    method_arn=method_arn,
+                    resource=method.resource_path,
+                    path=path,
+                    http_method=http_method,
+                    headers=headers,
+                    query=query,
+                    path_parameters=path_params,
+                    request_context=context,
+                )
+            )
         except AuthorizerRefused as refused:
             raise GatewayError(refused.response_type, refused.message) from None
 
@@ -242,14 +281,29 @@ class RestApi:
         missing = []
         for parameter in method.required_parameters:
             _, _, where, name = parameter.split(".", 3)
-            present = headers.get(name.lower()) if where == "header" else (query.get(name) or [""])[0] if where == "querystring" else "path"
+            present = (
+                headers.get(name.lower())
+                if where == "header"
+                else (query.get(name) or [""])[0]
+                if where == "querystring"
+                else "path"
+            )
             if not present:
                 missing.append(name)
         if missing:
             raise GatewayError("BAD_REQUEST_PARAMETERS", f"Missing required request parameters: [{', '.join(missing)}]")
 
-    def _proxy_event(self, method: Method, path: str, path_params: dict[str, str], query: dict[str, list[str]],
-                     headers: dict[str, str], body: bytes, identity: dict[str, Any], request_id: str) -> dict[str, Any]:
+    def _proxy_event(
+        self,
+        method: Method,
+        path: str,
+        path_params: dict[str, str],
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        body: bytes,
+        identity: dict[str, Any],
+        request_id: str,
+    ) -> dict[str, Any]:
         content_type = {k.lower(): v for k, v in headers.items()}.get("content-type", "").split(";")[0].strip().lower()
         try:
             if self._is_binary(content_type):
@@ -317,8 +371,11 @@ class RestApi:
             body = template
             for name in sorted(context, key=len, reverse=True):
                 body = body.replace(name, context[name])
-        headers = {"Content-Type": "application/json", "x-amzn-RequestId": request_id,
-                   "x-amzn-ErrorType": _ERROR_TYPES.get(error.response_type, "")}
+        headers = {
+            "Content-Type": "application/json",
+            "x-amzn-RequestId": request_id,
+            "x-amzn-ErrorType": _ERROR_TYPES.get(error.response_type, ""),
+        }
         for name, value in (spec.get("ResponseParameters") or {}).items():
             headers[name.removeprefix("gatewayresponse.header.")] = str(value).strip("'")
         return status, headers, body.encode()
@@ -356,7 +413,9 @@ class _ApiKeys:
                 planned = set()
                 for plan in self._apigateway.get_usage_plans()["items"]:
                     if any(stage.get("apiId") == self._api_id for stage in plan.get("apiStages", [])):
-                        planned |= {k["id"] for k in self._apigateway.get_usage_plan_keys(usagePlanId=plan["id"])["items"]}
+                        planned |= {
+                            k["id"] for k in self._apigateway.get_usage_plan_keys(usagePlanId=plan["id"])["items"]
+                        }
                 items = self._apigateway.get_api_keys(includeValues=True)["items"]
                 self._by_value = {k["value"]: k["id"] for k in items if k.get("enabled", True) and k["id"] in planned}
             return self._by_value.get(value)
@@ -376,8 +435,9 @@ def serve(api: RestApi, host: str, port: int) -> ThreadingHTTPServer:
                 status, headers, data = api.too_large()
             else:
                 body = self.rfile.read(length) if length else b""
-                status, headers, data = api.handle(self.command, self.path, dict(self.headers.items()), body,
-                                                   self.client_address[0])
+                status, headers, data = api.handle(
+                    self.command, self.path, dict(self.headers.items()), body, self.client_address[0]
+                )
             self.send_response(status)
             for name, value in headers.items():
                 if name.lower() not in ("content-length", "connection", "transfer-encoding"):

@@ -34,10 +34,11 @@ import os
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 import boto3
 from botocore.config import Config
@@ -214,8 +215,13 @@ class LocalDeployment:
     def client(self, service: str) -> Any:
         """A boto3 client of this stack's moto server."""
         config = Config(s3={"addressing_style": "path"}, signature_version="s3v4") if service == "s3" else None
-        return boto3.client(service, endpoint_url=self.moto.url, region_name=LOCAL_REGION, config=config,
-                            **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+        return boto3.client(
+            service,
+            endpoint_url=self.moto.url,
+            region_name=LOCAL_REGION,
+            config=config,
+            **{k.lower(): v for k, v in LOCAL_KEYS.items()},
+        )
 
     # --- start and stop ---------------------------------------------------------------------------------------------
 
@@ -282,8 +288,13 @@ class LocalDeployment:
         return overrides
 
     def _worker_overrides(self) -> dict[str, str]:
-        overrides = {**LOCAL_KEYS, "AWS_ENDPOINT_URL": self.moto.url, runtime_config.ENV_ENGINE: self.engine,
-                     "MODEL_CACHE_DIR": str(REPO_ROOT / ".model-cache"), **self.worker_env}
+        overrides = {
+            **LOCAL_KEYS,
+            "AWS_ENDPOINT_URL": self.moto.url,
+            runtime_config.ENV_ENGINE: self.engine,
+            "MODEL_CACHE_DIR": str(REPO_ROOT / ".model-cache"),
+            **self.worker_env,
+        }
         return overrides
 
     def _start_functions(self) -> None:
@@ -292,7 +303,10 @@ class LocalDeployment:
         scaled = self._api_function_ids() | set(self.deployment.async_event_queues)
         self.functions = {
             logical_id: LocalFunction(
-                self.deployment, logical_id, extra_env=self._function_overrides(logical_id), log=self._function_log,
+                self.deployment,
+                logical_id,
+                extra_env=self._function_overrides(logical_id),
+                log=self._function_log,
                 instances=API_FUNCTION_INSTANCES if logical_id in scaled else 1,
             ).start()
             for logical_id in function_ids(self.deployment)
@@ -319,13 +333,22 @@ class LocalDeployment:
 
     def _serve_websocket(self) -> None:
         assert self.deployment is not None
-        apis = [lid for lid, p in self.deployment.of_type("AWS::ApiGatewayV2::Api").items()
-                if p.properties.get("ProtocolType") == "WEBSOCKET"]
+        apis = [
+            lid
+            for lid, p in self.deployment.of_type("AWS::ApiGatewayV2::Api").items()
+            if p.properties.get("ProtocolType") == "WEBSOCKET"
+        ]
         if len(apis) > 1:
             raise TemplateError(f"the local runtime serves one WebSocket API; the template has {len(apis)}")
         if apis:
-            self.websocket = WebSocketApi(self.deployment, apis[0], self.functions, host="127.0.0.1",
-                                          port=self.ws_port, management_port=self.ws_management_port).start()
+            self.websocket = WebSocketApi(
+                self.deployment,
+                apis[0],
+                self.functions,
+                host="127.0.0.1",
+                port=self.ws_port,
+                management_port=self.ws_management_port,
+            ).start()
 
     # --- event sources ----------------------------------------------------------------------------------------------
 
@@ -356,8 +379,11 @@ class LocalDeployment:
             yield function
         finally:
             assert self.deployment is not None
-            fresh = [p for p in event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
-                     if isinstance(p, SqsEventSource) and p.queue_url == queue_url]
+            fresh = [
+                p
+                for p in event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
+                if isinstance(p, SqsEventSource) and p.queue_url == queue_url
+            ]
             for poller in fresh:
                 poller.start()
             self._pollers.extend(fresh)
@@ -368,9 +394,15 @@ class LocalDeployment:
     def workers(self) -> list[subprocess.Popen[bytes]]:
         return self.fleet.processes if self.fleet else []
 
-    def start_worker(self, *, supervised: bool = False, log: IO[bytes] | int | None = None,
-                     unset: tuple[str, ...] = (), python: str | None = None,
-                     **extra_env: str) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self,
+        *,
+        supervised: bool = False,
+        log: IO[bytes] | int | None = None,
+        unset: tuple[str, ...] = (),
+        python: str | None = None,
+        **extra_env: str,
+    ) -> subprocess.Popen[bytes]:
         """One more worker from the task definition (plus ``extra_env``); tests stop it themselves unless it is
         ``supervised`` (then it is replaced whenever it exits, as ECS replaces a task)."""
         assert self.fleet is not None, "start() first"

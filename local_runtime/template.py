@@ -151,9 +151,7 @@ class Resolver:
         self._template = template
         self._ref = ref
         self._get_att = get_att
-        self._parameters = {
-            name: spec.get("Default") for name, spec in template.get("Parameters", {}).items()
-        }
+        self._parameters = {name: spec.get("Default") for name, spec in template.get("Parameters", {}).items()}
 
     def __call__(self, value: Any) -> Any:
         return self.resolve(value)
@@ -164,7 +162,7 @@ class Resolver:
         if not isinstance(value, dict):
             return value
         if len(value) == 1:
-            (name, argument), = value.items()
+            ((name, argument),) = value.items()
             function = self._FUNCTIONS.get(name)
             if function is not None:
                 return function(self, argument)
@@ -233,7 +231,7 @@ class Resolver:
 
     def _evaluate(self, spec: Any) -> Any:
         if isinstance(spec, dict) and len(spec) == 1:
-            (name, argument), = spec.items()
+            ((name, argument),) = spec.items()
             if name == "Fn::Equals":
                 left, right = (self._evaluate(a) for a in argument)
                 return left == right

@@ -58,7 +58,7 @@ def _now_ms() -> int:
 
 def _request_time(epoch_ms: int) -> str:
     """API Gateway's ``requestTime``: 01/Dec/2026:11:38:14 +0000."""
-    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.timezone.utc).strftime("%d/%b/%Y:%H:%M:%S +0000")
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC).strftime("%d/%b/%Y:%H:%M:%S +0000")
 
 
 def new_connection_id() -> str:
@@ -82,8 +82,16 @@ class WebSocketApi:
     """One ``AWS::ApiGatewayV2::Api`` of the deployment (protocol WEBSOCKET), its routes integrated with local
     functions: ``start`` serves the connections on ``port`` and the management API on ``management_port``."""
 
-    def __init__(self, deployment: Deployment, api_logical_id: str, functions: dict[str, LocalFunction], *,
-                 host: str, port: int, management_port: int) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        api_logical_id: str,
+        functions: dict[str, LocalFunction],
+        *,
+        host: str,
+        port: int,
+        management_port: int,
+    ) -> None:
         api = deployment.resources[api_logical_id]
         props = api.properties
         if props.get("ProtocolType") != "WEBSOCKET":
@@ -92,10 +100,15 @@ class WebSocketApi:
         self.host, self.port, self.management_port = host, port, management_port
         self.route_selection = props.get("RouteSelectionExpression", "$request.body.action")
         if not self.route_selection.startswith("$request.body."):
-            raise TemplateError(f"{api_logical_id}: route selection {self.route_selection!r} does not run locally "
-                                "(only $request.body.<field>)")
-        integrations = {p.ref: p.properties for p in deployment.of_type("AWS::ApiGatewayV2::Integration").values()
-                        if p.properties.get("ApiId") == self.api_id}
+            raise TemplateError(
+                f"{api_logical_id}: route selection {self.route_selection!r} does not run locally "
+                "(only $request.body.<field>)"
+            )
+        integrations = {
+            p.ref: p.properties
+            for p in deployment.of_type("AWS::ApiGatewayV2::Integration").values()
+            if p.properties.get("ApiId") == self.api_id
+        }
         self.routes: dict[str, LocalFunction] = {}
         self.route_ids: dict[str, str] = {}
         for physical in deployment.of_type("AWS::ApiGatewayV2::Route").values():
@@ -111,11 +124,16 @@ class WebSocketApi:
             arn = _FUNCTION_ARN.search(integration["IntegrationUri"])["arn"]  # type: ignore[index]
             self.routes[key] = functions[deployment.function_by_arn(arn)]
             self.route_ids[physical.ref] = key
-        self.responding = {self.route_ids[p.properties["RouteId"]]
-                           for p in deployment.of_type("AWS::ApiGatewayV2::RouteResponse").values()
-                           if p.properties.get("RouteId") in self.route_ids}
-        stages = [p.ref for p in deployment.of_type("AWS::ApiGatewayV2::Stage").values()
-                  if p.properties.get("ApiId") == self.api_id]
+        self.responding = {
+            self.route_ids[p.properties["RouteId"]]
+            for p in deployment.of_type("AWS::ApiGatewayV2::RouteResponse").values()
+            if p.properties.get("RouteId") in self.route_ids
+        }
+        stages = [
+            p.ref
+            for p in deployment.of_type("AWS::ApiGatewayV2::Stage").values()
+            if p.properties.get("ApiId") == self.api_id
+        ]
         if len(stages) != 1:
             raise TemplateError(f"{api_logical_id}: the local runtime serves one stage; the template has {len(stages)}")
         self.stage = stages[0]
@@ -174,6 +192,7 @@ class WebSocketApi:
             self._management.shutdown()
             self._management.server_close()
         if self._loop is not None and self._server is not None:
+
             async def close() -> None:
                 assert self._server is not None
                 self._server.close()
@@ -197,8 +216,17 @@ class WebSocketApi:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._invocations, function.invoke, event)
 
-    def _context(self, connection_id: str, connected_at: int, route_key: str, event_type: str, *,
-                 source_ip: str, user_agent: str | None, **extra: Any) -> dict[str, Any]:
+    def _context(
+        self,
+        connection_id: str,
+        connected_at: int,
+        route_key: str,
+        event_type: str,
+        *,
+        source_ip: str,
+        user_agent: str | None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         now = _now_ms()
         request_id = base64.b64encode(os.urandom(6)).decode()
         return {
@@ -232,14 +260,23 @@ class WebSocketApi:
             "multiValueHeaders": {name: request.headers.get_all(name) for name in headers},
             "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,
             "multiValueQueryStringParameters": query or None,
-            "requestContext": self._context(connection_id, connected_at, "$connect", "CONNECT",
-                                            source_ip=connection.remote_address[0], user_agent=headers.get("User-Agent")),
+            "requestContext": self._context(
+                connection_id,
+                connected_at,
+                "$connect",
+                "CONNECT",
+                source_ip=connection.remote_address[0],
+                user_agent=headers.get("User-Agent"),
+            ),
             "isBase64Encoded": False,
         }
         result = await self._invoke("$connect", event)
         if result is not None:
-            status = 500 if result.error or not isinstance(result.payload, dict) else int(
-                result.payload.get("statusCode", 200))
+            status = (
+                500
+                if result.error or not isinstance(result.payload, dict)
+                else int(result.payload.get("statusCode", 200))
+            )
             if not 200 <= status < 300:
                 return connection.respond(status, "Internal server error\n" if status == 500 else "Forbidden\n")
         self._ids[connection.id] = (connection_id, connected_at)
@@ -248,8 +285,13 @@ class WebSocketApi:
     async def _handle(self, connection: ServerConnection) -> None:
         connection_id, connected_at = self._ids.pop(connection.id)
         request = connection.request
-        opened = _Open(connection, connection_id, connected_at, source_ip=connection.remote_address[0],
-                       user_agent=request.headers.get("User-Agent") if request else None)
+        opened = _Open(
+            connection,
+            connection_id,
+            connected_at,
+            source_ip=connection.remote_address[0],
+            user_agent=request.headers.get("User-Agent") if request else None,
+        )
         self._open[connection_id] = opened
         try:
             async for message in connection:
@@ -262,9 +304,15 @@ class WebSocketApi:
             event = {
                 "headers": {},
                 "requestContext": self._context(
-                    connection_id, connected_at, "$disconnect", "DISCONNECT", source_ip=opened.source_ip,
-                    user_agent=opened.user_agent, disconnectStatusCode=connection.close_code or 1006,
-                    disconnectReason=connection.close_reason or ""),
+                    connection_id,
+                    connected_at,
+                    "$disconnect",
+                    "DISCONNECT",
+                    source_ip=opened.source_ip,
+                    user_agent=opened.user_agent,
+                    disconnectStatusCode=connection.close_code or 1006,
+                    disconnectReason=connection.close_reason or "",
+                ),
                 "isBase64Encoded": False,
             }
             await self._invoke("$disconnect", event)
@@ -281,15 +329,24 @@ class WebSocketApi:
 
     async def _message(self, opened: _Open, body: str) -> None:
         route_key = self.select_route(body)
-        context = self._context(opened.connection_id, opened.connected_at, route_key, "MESSAGE",
-                                source_ip=opened.source_ip, user_agent=opened.user_agent,
-                                messageId=base64.b64encode(os.urandom(6)).decode())
+        context = self._context(
+            opened.connection_id,
+            opened.connected_at,
+            route_key,
+            "MESSAGE",
+            source_ip=opened.source_ip,
+            user_agent=opened.user_agent,
+            messageId=base64.b64encode(os.urandom(6)).decode(),
+        )
         event = {"requestContext": context, "body": body, "isBase64Encoded": False}
         result = await self._invoke(route_key, event)
         if result is None or result.error:
             message = "Forbidden" if result is None else "Internal server error"
-            await opened.connection.send(json.dumps(
-                {"message": message, "connectionId": opened.connection_id, "requestId": context["requestId"]}))
+            await opened.connection.send(
+                json.dumps(
+                    {"message": message, "connectionId": opened.connection_id, "requestId": context["requestId"]}
+                )
+            )
             return
         if route_key in self.responding and isinstance(result.payload, dict) and result.payload.get("body"):
             await opened.connection.send(str(result.payload["body"]))
@@ -315,9 +372,12 @@ class WebSocketApi:
         opened = self._open.get(connection_id)
         if opened is None:
             return None
-        iso = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()  # noqa: E731
-        return {"connectedAt": iso(opened.connected_at), "lastActiveAt": iso(opened.last_active_at),
-                "identity": {"sourceIp": opened.source_ip, "userAgent": opened.user_agent}}
+        iso = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()  # noqa: E731
+        return {
+            "connectedAt": iso(opened.connected_at),
+            "lastActiveAt": iso(opened.last_active_at),
+            "identity": {"sourceIp": opened.source_ip, "userAgent": opened.user_agent},
+        }
 
     def close(self, connection_id: str) -> bool:
         opened = self._open.get(connection_id)
@@ -336,7 +396,7 @@ def _management_server(api: WebSocketApi, host: str, port: int) -> ThreadingHTTP
         def _connection_id(self) -> str | None:
             path = urlsplit(self.path).path
             prefix = f"/{api.stage}/@connections/"
-            return unquote(path[len(prefix):]) if path.startswith(prefix) and len(path) > len(prefix) else None
+            return unquote(path[len(prefix) :]) if path.startswith(prefix) and len(path) > len(prefix) else None
 
         def _answer(self, status: int, body: Any = None, error_type: str | None = None) -> None:
             data = b"" if body is None else json.dumps(body).encode()
@@ -352,8 +412,9 @@ def _management_server(api: WebSocketApi, host: str, port: int) -> ThreadingHTTP
         def _route(self) -> str | None:
             connection_id = self._connection_id()
             if connection_id is None:
-                self._answer(404, {"message": f"no route: use /{api.stage}/@connections/{{connectionId}}"},
-                             "NotFoundException")
+                self._answer(
+                    404, {"message": f"no route: use /{api.stage}/@connections/{{connectionId}}"}, "NotFoundException"
+                )
             return connection_id
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name

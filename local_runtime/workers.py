@@ -156,8 +156,16 @@ def _image_asset(deployment: Deployment, image: str) -> tuple[Path, str]:
 class WorkerFleet:
     """Worker processes from the task definition, each in a slot that the supervisor keeps filled."""
 
-    def __init__(self, task: TaskDefinition, *, environment: dict[str, str], volumes_dir: Path,
-                 unset: tuple[str, ...] = (), log: IO[bytes] | int | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        task: TaskDefinition,
+        *,
+        environment: dict[str, str],
+        volumes_dir: Path,
+        unset: tuple[str, ...] = (),
+        log: IO[bytes] | int | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.task = task
         self._unset = unset
         self.python = python
@@ -177,18 +185,24 @@ class WorkerFleet:
         is a directory of ``volumes_dir``."""
         workdir = self.task.image.workdir.rstrip("/")
         if workdir and (path == workdir or path.startswith(workdir + "/")):
-            return str(self.task.image.directory) + path[len(workdir):]
+            return str(self.task.image.directory) + path[len(workdir) :]
         for mount, volume in self.task.mounts.items():
             if path == mount or path.startswith(mount.rstrip("/") + "/"):
                 local = self._volumes_dir / volume
                 local.mkdir(parents=True, exist_ok=True)
-                return str(local) + path[len(mount.rstrip("/")):]
+                return str(local) + path[len(mount.rstrip("/")) :]
         return path
 
     def environment(self, extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
         image_env = {k: self._map_paths(v) for k, v in self.task.image.environment.items()}
-        env = {**CONTAINER_BASE_ENV, **image_env, **self.task.environment, **ECS_PROVIDED, **self._environment,
-               **(extra or {})}
+        env = {
+            **CONTAINER_BASE_ENV,
+            **image_env,
+            **self.task.environment,
+            **ECS_PROVIDED,
+            **self._environment,
+            **(extra or {}),
+        }
         return {k: v for k, v in env.items() if k not in self._unset and k not in unset}
 
     def _map_paths(self, value: str) -> str:
@@ -206,8 +220,15 @@ class WorkerFleet:
         self._monitor.start()
         return self
 
-    def add(self, *, supervised: bool = True, log: IO[bytes] | int | None = None, unset: tuple[str, ...] = (),
-            python: str | None = None, **extra_env: str) -> subprocess.Popen[bytes]:
+    def add(
+        self,
+        *,
+        supervised: bool = True,
+        log: IO[bytes] | int | None = None,
+        unset: tuple[str, ...] = (),
+        python: str | None = None,
+        **extra_env: str,
+    ) -> subprocess.Popen[bytes]:
         """Start one more worker; a supervised one is replaced when it exits, an unsupervised one (for tests that
         decide when a worker runs) is not. ``log``: where its output goes (default: the fleet's); ``unset``:
         variables to leave out of its environment; ``python``: the interpreter standing in for the image's (default:
@@ -267,8 +288,16 @@ class WorkerFleet:
 class _Slot:
     """One task of the service: its current process, replaced when it exits or fails its health check."""
 
-    def __init__(self, fleet: WorkerFleet, *, supervised: bool, extra_env: dict[str, str],
-                 log: IO[bytes] | int | None, unset: tuple[str, ...] = (), python: str | None = None) -> None:
+    def __init__(
+        self,
+        fleet: WorkerFleet,
+        *,
+        supervised: bool,
+        extra_env: dict[str, str],
+        log: IO[bytes] | int | None,
+        unset: tuple[str, ...] = (),
+        python: str | None = None,
+    ) -> None:
         self._fleet = fleet
         self._unset = unset
         self._python = python or fleet.python
@@ -286,8 +315,14 @@ class _Slot:
         self._next_check = self._started + float((fleet.task.health_check or {}).get("StartPeriod", 0))
         # A process group of its own: a terminal's Ctrl-C (SIGINT to its foreground group) reaches only the local
         # runtime, which stops the supervisor before its workers, as ECS stops a service's tasks, not the reverse.
-        return subprocess.Popen(fleet.command(self._python), env=env, cwd=fleet.container_path(fleet.task.image.workdir),
-                                stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
+        return subprocess.Popen(
+            fleet.command(self._python),
+            env=env,
+            cwd=fleet.container_path(fleet.task.image.workdir),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
 
     def check(self) -> None:
         if not self.supervised:
@@ -298,8 +333,9 @@ class _Slot:
                 self.kill()
             return
         if code is not None:
-            logger.warning("worker %d exited with code %s; replacing it, as ECS replaces a stopped task",
-                           self.process.pid, code)
+            logger.warning(
+                "worker %d exited with code %s; replacing it, as ECS replaces a stopped task", self.process.pid, code
+            )
             if self._fleet._stopping.wait(REPLACE_DELAY_S):
                 return  # the service is being stopped: nothing is replaced any more
             self._fleet.replacements += 1
@@ -313,8 +349,11 @@ class _Slot:
                 return
             self._health_failures += 1
             if self._health_failures >= int(spec.get("Retries", 3)):
-                logger.warning("worker %d failed its health check %d times; stopping and replacing it",
-                               self.process.pid, self._health_failures)
+                logger.warning(
+                    "worker %d failed its health check %d times; stopping and replacing it",
+                    self.process.pid,
+                    self._health_failures,
+                )
                 self.terminate()
                 self._kill_at = time.monotonic() + self._fleet.task.stop_timeout_s
 
@@ -326,9 +365,14 @@ class _Slot:
         fleet = self._fleet
         words = [self._python if word in ("python", "python3") else word for word in words]
         try:
-            done = subprocess.run(words, env=fleet.environment(self._extra_env, self._unset), capture_output=True,
-                                  cwd=fleet.container_path(fleet.task.image.workdir),
-                                  timeout=float(spec.get("Timeout", 5)), process_group=0)
+            done = subprocess.run(
+                words,
+                env=fleet.environment(self._extra_env, self._unset),
+                capture_output=True,
+                cwd=fleet.container_path(fleet.task.image.workdir),
+                timeout=float(spec.get("Timeout", 5)),
+                process_group=0,
+            )
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0

@@ -35,8 +35,13 @@ class FileObjects:
         """A server-side copy of an object (CopyObject: up to 5 GB, far above a batch file); KeyError when the source
         is gone."""
         try:
-            self._s3.copy_object(Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": source},
-                                 ContentType=JSONL, MetadataDirective="REPLACE")
+            self._s3.copy_object(
+                Bucket=self.bucket,
+                Key=target,
+                CopySource={"Bucket": self.bucket, "Key": source},
+                ContentType=JSONL,
+                MetadataDirective="REPLACE",
+            )
         except ClientError as exc:
             if is_error(exc, "404", "NoSuchKey", "NotFound"):
                 raise KeyError(source) from exc
@@ -83,8 +88,11 @@ class FileObjects:
     def presign_get(self, key: str, *, expires_s: int, filename: str) -> str:
         return self._s3.generate_presigned_url(
             "get_object",
-            Params={"Bucket": self.bucket, "Key": key,
-                    "ResponseContentDisposition": f'attachment; filename="{filename}"'},
+            Params={
+                "Bucket": self.bucket,
+                "Key": key,
+                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+            },
             ExpiresIn=expires_s,
         )
 
@@ -130,8 +138,9 @@ class _Queue:
         """SendMessageBatch, 10 a request; raises when any entry fails (the caller's message is then redelivered and
         sends them all again: duplicates are harmless to its consumers)."""
         for start in range(0, len(bodies), SQS_BATCH_ENTRIES):
-            entries = [{"Id": str(i), "MessageBody": body}
-                       for i, body in enumerate(bodies[start : start + SQS_BATCH_ENTRIES])]
+            entries = [
+                {"Id": str(i), "MessageBody": body} for i, body in enumerate(bodies[start : start + SQS_BATCH_ENTRIES])
+            ]
             failed = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries).get("Failed", [])
             if failed:
                 raise RuntimeError(f"{len(failed)} of {len(entries)} messages not sent to {self.url}: {failed[0]}")
@@ -168,6 +177,8 @@ class BatchNotifier:
         }
         if notification.batch.model:
             attributes["model"] = {"DataType": "String", "StringValue": notification.batch.model}
-        self._sns.publish(TopicArn=self.topic_arn, Message=notification.model_dump_json(exclude_none=True),
-                          MessageAttributes=attributes)
-
+        self._sns.publish(
+            TopicArn=self.topic_arn,
+            Message=notification.model_dump_json(exclude_none=True),
+            MessageAttributes=attributes,
+        )

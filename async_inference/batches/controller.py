@@ -50,8 +50,16 @@ class _Counted:
 
 
 class BatchController:
-    def __init__(self, *, store: BatchStore, files: FileObjects, chunks: ChunkQueue, notifier: BatchNotifier,
-                 served: ServedModels, waker: ServiceWaker | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: BatchStore,
+        files: FileObjects,
+        chunks: ChunkQueue,
+        notifier: BatchNotifier,
+        served: ServedModels,
+        waker: ServiceWaker | None = None,
+    ) -> None:
         self.store = store
         # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
         self.waker = waker
@@ -65,10 +73,14 @@ class BatchController:
         """The controller over the resources the settings name, with one set of clients for the process."""
         if not config.batch_table_name or not config.batch_queue_url:
             raise SettingsError(f"the batch controller needs {ENV_BATCH_TABLE} and {ENV_BATCH_QUEUE_URL}")
-        return cls(store=BatchStore(config.batch_table_name), files=FileObjects(config.bucket_name),
-                   chunks=ChunkQueue(config.batch_queue_url), notifier=BatchNotifier(config.topic_arn),
-                   served=ServedModels.of(config.served_models),
-                   waker=ServiceWaker.for_target(config.wake) if config.wake else None)
+        return cls(
+            store=BatchStore(config.batch_table_name),
+            files=FileObjects(config.bucket_name),
+            chunks=ChunkQueue(config.batch_queue_url),
+            notifier=BatchNotifier(config.topic_arn),
+            served=ServedModels.of(config.served_models),
+            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
+        )
 
     def handle(self, control: BatchControl) -> BatchRecord | None:
         return self.plan(control.batch_id) if control.kind == "plan" else self.finalize(control.batch_id)
@@ -104,16 +116,27 @@ class BatchController:
             return planning.plan(self.files.stream(record.input_key), served=self.served, endpoint=record.endpoint)
         except KeyError:
             found = planning.Plan()
-            found.errors.append(planning.BatchError(code="file_not_found", message=f"the input file "
-                                                    f"{record.input_file_id} has no content (deleted?)"))
+            found.errors.append(
+                planning.BatchError(
+                    code="file_not_found", message=f"the input file {record.input_file_id} has no content (deleted?)"
+                )
+            )
             return found
 
     def _claims(self, record: BatchRecord) -> list[ChunkClaimCheck]:
         return [
             ChunkClaimCheck(
-                batch_id=record.id, tenant=record.tenant, bucket=self.files.bucket, input_key=record.input_key,
-                chunk=index, start_byte=chunk.start_byte, end_byte=chunk.end_byte, first_line=chunk.first_line,
-                line_count=chunk.line_count, model=record.model, deadline=record.deadline,
+                batch_id=record.id,
+                tenant=record.tenant,
+                bucket=self.files.bucket,
+                input_key=record.input_key,
+                chunk=index,
+                start_byte=chunk.start_byte,
+                end_byte=chunk.end_byte,
+                first_line=chunk.first_line,
+                line_count=chunk.line_count,
+                model=record.model,
+                deadline=record.deadline,
                 timeout_s=settings.DEFAULT_EXECUTION_TIMEOUT_S,
             )
             for index, chunk in enumerate(record.chunks)
@@ -145,7 +168,8 @@ class BatchController:
         else:
             target = BatchStatus.COMPLETED
         final = self.store.transition(
-            batch_id, target,
+            batch_id,
+            target,
             output_file_id=outputs[0].id if outputs else None,
             error_file_id=errors[0].id if errors else None,
         )
@@ -166,8 +190,13 @@ class BatchController:
             return None
         now = utcnow()
         file = FileRecord(
-            id=file_id, tenant=record.tenant, created_at=now, bytes=counted.bytes, purpose="batch_output",
-            filename=f"{record.id}_{kind}.jsonl", key=key,
+            id=file_id,
+            tenant=record.tenant,
+            created_at=now,
+            bytes=counted.bytes,
+            purpose="batch_output",
+            filename=f"{record.id}_{kind}.jsonl",
+            key=key,
             expires_at=now + dt.timedelta(days=settings.FILE_RETENTION_DAYS),
         )
         self.store.create(file)  # False on a second finalize: the record is there already
@@ -196,10 +225,17 @@ class BatchController:
         """Publish the batch's end, then record that it went out (a crash in between re-sends it: subscribers see it at
         least once and dedupe on the event id, which is the same for every send)."""
         event = BATCH_EVENTS[record.status]
-        self.notifier.publish(BatchNotification(
-            id=f"evt_{record.id.removeprefix('batch_')}", type=event,  # type: ignore[arg-type]
-            created_at=epoch(utcnow()), data={"id": record.id}, tenant=record.tenant, batch=record.wire(),
-        ), has_webhook=record.webhook is not None and event in record.webhook.events)
+        self.notifier.publish(
+            BatchNotification(
+                id=f"evt_{record.id.removeprefix('batch_')}",
+                type=event,  # type: ignore[arg-type]
+                created_at=epoch(utcnow()),
+                data={"id": record.id},
+                tenant=record.tenant,
+                batch=record.wire(),
+            ),
+            has_webhook=record.webhook is not None and event in record.webhook.events,
+        )
         self.store.mark_notified(record.id)
 
 

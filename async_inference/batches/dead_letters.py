@@ -84,13 +84,23 @@ class ChunkDeadLetters:
         for kind, part in (("output", outputs), ("error", errors)):
             key = settings.batch_part_key(claim.tenant, claim.batch_id, claim.chunk, kind)
             # Written once: parts a worker wrote before it failed stand (they came from the same results).
-            self.blobs.put_json_once(key, _encode(part), bucket=claim.bucket, content_type=JSONL,
-                                     max_bytes=MAX_RESULTS_BYTES)
+            self.blobs.put_json_once(
+                key, _encode(part), bucket=claim.bucket, content_type=JSONL, max_bytes=MAX_RESULTS_BYTES
+            )
         recorded = self.store.record_chunk(claim.batch_id, claim.chunk, completed=len(outputs), failed=len(errors))
-        logger.warning("batch %s chunk %d dead-lettered after %d receives: %d error lines", claim.batch_id,
-                       claim.chunk, receive_count, len(errors))
-        return ChunkEnded(counted=recorded.counted, completed=len(outputs), failed=len(errors),
-                          finalize_sent=self._finalize_if_done(claim, recorded.all_counted))
+        logger.warning(
+            "batch %s chunk %d dead-lettered after %d receives: %d error lines",
+            claim.batch_id,
+            claim.chunk,
+            receive_count,
+            len(errors),
+        )
+        return ChunkEnded(
+            counted=recorded.counted,
+            completed=len(outputs),
+            failed=len(errors),
+            finalize_sent=self._finalize_if_done(claim, recorded.all_counted),
+        )
 
     def _finalize_if_done(self, claim: ChunkClaimCheck, all_counted: bool) -> bool:
         if all_counted:
@@ -108,8 +118,10 @@ class ChunkDeadLetters:
     def _error_lines(self, claim: ChunkClaimCheck, receive_count: int) -> list[BatchLineOutput]:
         """One error line per input line of the chunk's byte range, named by its custom_id."""
         data = self.blobs.get_range(claim.input_key, claim.start_byte, claim.end_byte, bucket=claim.bucket)
-        message = (f"this request was not run: the chunk of {claim.line_count} lines holding it failed in the workers "
-                   f"{receive_count} times and was dead-lettered")
+        message = (
+            f"this request was not run: the chunk of {claim.line_count} lines holding it failed in the workers "
+            f"{receive_count} times and was dead-lettered"
+        )
         lines = []
         for offset, raw in enumerate(line for line in data.split(b"\n") if line.strip()):
             number = claim.first_line + offset
@@ -117,8 +129,13 @@ class ChunkDeadLetters:
                 custom_id = str(json.loads(raw)["custom_id"])
             except (ValueError, KeyError, TypeError):
                 custom_id = f"line-{number}"  # as the worker names a line it cannot read
-            lines.append(BatchLineOutput(id=line_id(claim.batch_id, custom_id), custom_id=custom_id,
-                                         error=BatchLineError(code=DEAD_LETTERED_CODE, message=message)))
+            lines.append(
+                BatchLineOutput(
+                    id=line_id(claim.batch_id, custom_id),
+                    custom_id=custom_id,
+                    error=BatchLineError(code=DEAD_LETTERED_CODE, message=message),
+                )
+            )
         return lines
 
 

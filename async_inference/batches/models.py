@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from async_inference import settings
-from async_inference.schemas import MetadataKey, MetadataValue, SCHEMA_VERSION, WebhookState
+from async_inference.schemas import SCHEMA_VERSION, MetadataKey, MetadataValue, WebhookState
 from async_inference_client.models.batches import (  # noqa: F401 (re-exported for the service)
     BATCH_ID_PATTERN,
     FILE_ID_PATTERN,
@@ -84,7 +84,8 @@ class BatchWebhookSpec(_Strict):
 
     url: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
     events: list[BatchEvent] = Field(
-        default_factory=lambda: list(BATCH_EVENTS.values()), min_length=1,
+        default_factory=lambda: list(BATCH_EVENTS.values()),
+        min_length=1,
         description="The events to deliver. Default: all four.",
     )
 

@@ -21,10 +21,18 @@ class FileForm:
 
 def parse_file_form(content_type: str | None, body: bytes) -> FileForm:
     """The ``file`` and ``purpose`` of a multipart/form-data body; MultipartError when either is missing."""
-    if not content_type or not content_type.lower().startswith("multipart/form-data") or "boundary=" not in content_type:
-        raise MultipartError("send the file as multipart/form-data with a 'file' part and a 'purpose' field "
-                             "(as the openai SDK's files.create does)")
-    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if (
+        not content_type
+        or not content_type.lower().startswith("multipart/form-data")
+        or "boundary=" not in content_type
+    ):
+        raise MultipartError(
+            "send the file as multipart/form-data with a 'file' part and a 'purpose' field "
+            "(as the openai SDK's files.create does)"
+        )
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+    )
     if not message.is_multipart():
         raise MultipartError("the multipart/form-data body could not be read: check its boundary")
     fields: dict[str, tuple[str | None, bytes]] = {}

@@ -57,9 +57,15 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[_Line]:
         yield _Line(number, offset, offset + len(buffer) - 1, buffer)
 
 
-def plan(chunks: Iterable[bytes], *, served: ServedModels, endpoint: str = settings.BATCH_ENDPOINT,
-         chunk_lines: int = settings.BATCH_CHUNK_LINES, max_lines: int = settings.BATCH_MAX_LINES,
-         max_errors: int = settings.BATCH_MAX_ERRORS) -> Plan:
+def plan(
+    chunks: Iterable[bytes],
+    *,
+    served: ServedModels,
+    endpoint: str = settings.BATCH_ENDPOINT,
+    chunk_lines: int = settings.BATCH_CHUNK_LINES,
+    max_lines: int = settings.BATCH_MAX_LINES,
+    max_errors: int = settings.BATCH_MAX_ERRORS,
+) -> Plan:
     """Validate a batch input file (JSONL in OpenAI's format) and cut it into chunks of ``chunk_lines`` lines."""
     result = Plan()
     seen: set[str] = set()
@@ -71,8 +77,14 @@ def plan(chunks: Iterable[bytes], *, served: ServedModels, endpoint: str = setti
 
     def close_chunk() -> None:
         if current:
-            result.chunks.append(ChunkRange(start_byte=current[0].start, end_byte=current[-1].end,
-                                            first_line=current[0].number, line_count=len(current)))
+            result.chunks.append(
+                ChunkRange(
+                    start_byte=current[0].start,
+                    end_byte=current[-1].end,
+                    first_line=current[0].number,
+                    line_count=len(current),
+                )
+            )
             current.clear()
 
     blank: _Line | None = None
@@ -85,8 +97,11 @@ def plan(chunks: Iterable[bytes], *, served: ServedModels, endpoint: str = setti
             blank = None
         result.total += 1
         if result.total > max_lines:
-            error("too_many_requests", f"the file has more than {max_lines} lines, the most one batch may hold",
-                  line.number)
+            error(
+                "too_many_requests",
+                f"the file has more than {max_lines} lines, the most one batch may hold",
+                line.number,
+            )
             break
         _check_line(line, seen, served, endpoint, result, error)
         if len(result.errors) >= max_errors:
@@ -116,7 +131,11 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
     try:
         request = safe_json.loads(line.text)
     except safe_json.UnsafeJson as exc:
-        error("invalid_json_line", f"line {n} is not valid JSON" if exc.msg.startswith("not valid") else f"line {n}: {exc}", n)
+        error(
+            "invalid_json_line",
+            f"line {n} is not valid JSON" if exc.msg.startswith("not valid") else f"line {n}: {exc}",
+            n,
+        )
         return
     if not isinstance(request, dict):
         error("invalid_json_line", f"line {n} is a JSON {type(request).__name__}, not an object", n)
@@ -129,8 +148,12 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
             error(code, f"line {n}: " + message.format(got=got, endpoint=endpoint), n, name)
         return
     if parsed.custom_id in seen:
-        error("duplicate_custom_id", f"line {n}: custom_id {parsed.custom_id!r} is used by an earlier line", n,
-              "custom_id")
+        error(
+            "duplicate_custom_id",
+            f"line {n}: custom_id {parsed.custom_id!r} is used by an earlier line",
+            n,
+            "custom_id",
+        )
     else:
         seen.add(parsed.custom_id)
     model = parsed.body.get("model")
@@ -141,5 +164,9 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
     elif result.model is None:
         result.model = model
     elif model != result.model:
-        error("mismatched_model", f"line {n}: model {model!r} differs from {result.model!r} of the earlier lines; "
-              "a batch runs one model", n, "body.model")
+        error(
+            "mismatched_model",
+            f"line {n}: model {model!r} differs from {result.model!r} of the earlier lines; a batch runs one model",
+            n,
+            "body.model",
+        )

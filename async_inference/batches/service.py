@@ -43,8 +43,16 @@ def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_r
 
 
 class BatchService:
-    def __init__(self, *, store: BatchStore, files: FileObjects, control: ControlQueue, served: ServedModels,
-                 started_at: int | None = None, allow_local_webhooks: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        store: BatchStore,
+        files: FileObjects,
+        control: ControlQueue,
+        served: ServedModels,
+        started_at: int | None = None,
+        allow_local_webhooks: bool = False,
+    ) -> None:
         self.store = store
         self.allow_local_webhooks = allow_local_webhooks
         self.files = files
@@ -57,15 +65,21 @@ class BatchService:
         """The service over the resources the settings name; None when the stack has no batches configured."""
         if not config.batch_table_name or not config.batch_control_queue_url:
             return None
-        return cls(store=BatchStore(config.batch_table_name), files=FileObjects(config.bucket_name),
-                   control=ControlQueue(config.batch_control_queue_url), served=ServedModels.of(config.served_models),
-                   allow_local_webhooks=config.allow_local_webhooks)
+        return cls(
+            store=BatchStore(config.batch_table_name),
+            files=FileObjects(config.bucket_name),
+            control=ControlQueue(config.batch_control_queue_url),
+            served=ServedModels.of(config.served_models),
+            allow_local_webhooks=config.allow_local_webhooks,
+        )
 
     # --- models ---------------------------------------------------------------------------------------------------
 
     def models(self) -> ModelList:
         """The served models in OpenAI's list shape (``created``: when this API instance started, as vLLM answers)."""
-        return ModelList(data=[Model(id=name, created=self.started_at, owned_by=OWNED_BY) for name in self.served.names])
+        return ModelList(
+            data=[Model(id=name, created=self.started_at, owned_by=OWNED_BY) for name in self.served.names]
+        )
 
     def model(self, model_id: str) -> Model:
         if model_id not in self.served.names:
@@ -80,10 +94,13 @@ class BatchService:
         if not data:
             raise _invalid("file", "the file is empty")
         if len(data) > settings.MAX_FILE_INLINE_BYTES:
-            raise ServiceError(413, "payload_too_large",
-                           f"file: {len(data)} bytes is over the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files "
-                           "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
-                           f"{settings.BATCH_MAX_FILE_BYTES} bytes)")
+            raise ServiceError(
+                413,
+                "payload_too_large",
+                f"file: {len(data)} bytes is over the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files "
+                "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
+                f"{settings.BATCH_MAX_FILE_BYTES} bytes)",
+            )
         record = self._new_file(tenant, filename=filename, purpose=purpose, size=len(data))
         self.files.put(record.key, data)  # the bytes before the record: no file is ever listed without its bytes
         self.store.create(record)
@@ -92,8 +109,13 @@ class BatchService:
     def create_upload(self, tenant: str, request: FileUploadRequest) -> FileUpload:
         """A file whose bytes the client PUTs to a presigned URL (the extension for files over the inline limit)."""
         expires_s = settings.PRESIGNED_UPLOAD_EXPIRY_S
-        record = self._new_file(tenant, filename=request.filename, purpose=request.purpose, size=request.bytes,
-                                upload_expires_at=utcnow() + dt.timedelta(seconds=expires_s))
+        record = self._new_file(
+            tenant,
+            filename=request.filename,
+            purpose=request.purpose,
+            size=request.bytes,
+            upload_expires_at=utcnow() + dt.timedelta(seconds=expires_s),
+        )
         self.store.create(record)
         url, headers = self.files.presign_put(record.key, size_bytes=request.bytes, expires_s=expires_s)
         upload = PresignedFileUpload(url=url, headers=headers, expires_at=epoch(record.upload_expires_at or utcnow()))
@@ -107,7 +129,9 @@ class BatchService:
             record = self._confirm_upload(record)
         return record
 
-    def list_files(self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None) -> Page[FileObject]:
+    def list_files(
+        self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None
+    ) -> Page[FileObject]:
         records = self._list(tenant, "file", after=after, limit=limit, ascending=order == "asc", purpose=purpose)
         return self._page([r.wire() for r in records[0]], records[1])  # type: ignore[union-attr]
 
@@ -116,7 +140,9 @@ class BatchService:
         record = self.get_file(tenant, file_id)
         if record.awaiting_upload:
             raise ServiceError(409, "conflict", f"file {file_id} has no content yet: its upload has not arrived")
-        return self.files.presign_get(record.key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S, filename=record.filename)
+        return self.files.presign_get(
+            record.key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S, filename=record.filename
+        )
 
     def delete_file(self, tenant: str, file_id: str) -> FileDeleted:
         record = self.get_file(tenant, file_id)
@@ -138,11 +164,15 @@ class BatchService:
         except ServiceError as exc:
             raise _invalid("input_file_id", f"no file {request.input_file_id}", 404, "not_found") from exc
         if source.purpose != "batch":
-            raise _invalid("input_file_id", f"file {source.id} has purpose {source.purpose!r}; a batch's input file "
-                           "must be uploaded with purpose 'batch'")
+            raise _invalid(
+                "input_file_id",
+                f"file {source.id} has purpose {source.purpose!r}; a batch's input file "
+                "must be uploaded with purpose 'batch'",
+            )
         if source.awaiting_upload:
-            raise _invalid("input_file_id", f"file {source.id} has not been uploaded yet: PUT its bytes to the "
-                           "presigned URL first")
+            raise _invalid(
+                "input_file_id", f"file {source.id} has not been uploaded yet: PUT its bytes to the presigned URL first"
+            )
         batch_id = new_batch_id()
         input_key = settings.batch_input_key(tenant, batch_id)
         try:
@@ -162,15 +192,21 @@ class BatchService:
             deadline=now + dt.timedelta(seconds=settings.BATCH_COMPLETION_WINDOWS[request.completion_window]),
             metadata=request.metadata,
             webhook=WebhookState(url=request.webhook.url, events=list(request.webhook.events))
-            if request.webhook else None,
+            if request.webhook
+            else None,
         )
         self.store.create(record)
         try:
             self.control.send(BatchControl(kind="plan", batch_id=record.id, tenant=tenant))
         except Exception as exc:
             # Stored but not planned: end it with a reason rather than leave it validating forever.
-            self.store.transition(record.id, BatchStatus.FAILED, errors=[
-                {"code": "unavailable", "message": "the batch could not be queued for validation; create it again"}])
+            self.store.transition(
+                record.id,
+                BatchStatus.FAILED,
+                errors=[
+                    {"code": "unavailable", "message": "the batch could not be queued for validation; create it again"}
+                ],
+            )
             raise ServiceError(503, "unavailable", "the batch control queue is unavailable; retry the request") from exc
         return record.wire()
 
@@ -205,15 +241,23 @@ class BatchService:
     @staticmethod
     def _check_purpose(purpose: str) -> None:
         if purpose not in settings.FILE_PURPOSES:
-            raise _invalid("purpose", f"{purpose!r} is not supported here; use one of {', '.join(settings.FILE_PURPOSES)}")
+            raise _invalid(
+                "purpose", f"{purpose!r} is not supported here; use one of {', '.join(settings.FILE_PURPOSES)}"
+            )
 
     @staticmethod
-    def _new_file(tenant: str, *, filename: str, purpose: str, size: int,
-                  upload_expires_at: dt.datetime | None = None) -> FileRecord:
+    def _new_file(
+        tenant: str, *, filename: str, purpose: str, size: int, upload_expires_at: dt.datetime | None = None
+    ) -> FileRecord:
         now = utcnow()
         file_id = new_file_id()
         return FileRecord(
-            id=file_id, tenant=tenant, created_at=now, bytes=size, filename=filename, purpose=purpose,  # type: ignore[arg-type]
+            id=file_id,
+            tenant=tenant,
+            created_at=now,
+            bytes=size,
+            filename=filename,
+            purpose=purpose,  # type: ignore[arg-type]
             key=settings.file_key(tenant, file_id),
             expires_at=now + dt.timedelta(days=settings.FILE_RETENTION_DAYS),
             upload_expires_at=upload_expires_at,
@@ -226,8 +270,16 @@ class BatchService:
             return record
         return self.store.confirm_upload(record.id) or record
 
-    def _list(self, tenant: str, kind: str, *, after: str | None, limit: int, ascending: bool = False,
-              purpose: str | None = None) -> tuple[list, bool]:  # type: ignore[type-arg]
+    def _list(
+        self,
+        tenant: str,
+        kind: str,
+        *,
+        after: str | None,
+        limit: int,
+        ascending: bool = False,
+        purpose: str | None = None,
+    ) -> tuple[list, bool]:  # type: ignore[type-arg]
         try:
             return self.store.list(tenant, kind, limit=limit, after=after, ascending=ascending, purpose=purpose)  # type: ignore[arg-type]
         except InvalidCursor as exc:
@@ -235,6 +287,6 @@ class BatchService:
 
     @staticmethod
     def _page(items: list, more: bool) -> Page:  # type: ignore[type-arg]
-        return Page(data=items, first_id=items[0].id if items else None, last_id=items[-1].id if items else None,
-                    has_more=more)
-
+        return Page(
+            data=items, first_id=items[0].id if items else None, last_id=items[-1].id if items else None, has_more=more
+        )

@@ -7,9 +7,10 @@ methods, ``statuses`` and ``record_chunk`` (docs/design/batches.md); the API and
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import boto3
 from boto3.dynamodb.conditions import Attr, Key
@@ -66,11 +67,14 @@ def _plain(value: Any) -> Any:
 
 
 def _item(record: FileRecord | BatchRecord) -> dict[str, Any]:
-    item = {k: v for k, v in record.model_dump(mode="json", exclude={"counted_chunks"}).items()
-            if v is not None and v != [] and v != {}}
+    item = {
+        k: v
+        for k, v in record.model_dump(mode="json", exclude={"counted_chunks"}).items()
+        if v is not None and v != [] and v != {}
+    }
     item[_OWNER] = owner_of(record.tenant, record.kind)
     # Newest first down to the microsecond (objects created in the same second keep their order); the id breaks ties.
-    item[_SORT] = f"{record.created_at.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%S.%f}#{record.id}"
+    item[_SORT] = f"{record.created_at.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%S.%f}#{record.id}"
     item[_TTL] = epoch(record.created_at) + settings.FILE_RETENTION_DAYS * 86400
     return item
 
@@ -130,10 +134,20 @@ class BatchStore:
                 Key={_PK: batch_id},
                 UpdateExpression="ADD #completed :completed, #failed :failed, #counted :chunk SET #updated = :now",
                 ConditionExpression="attribute_exists(#id) AND (attribute_not_exists(#counted) OR NOT contains(#counted, :n))",
-                ExpressionAttributeNames={"#id": _PK, "#completed": "completed", "#failed": "failed",
-                                          "#counted": "counted_chunks", "#updated": "updated_at"},
-                ExpressionAttributeValues={":completed": completed, ":failed": failed, ":chunk": {chunk}, ":n": chunk,
-                                           ":now": utcnow().isoformat()},
+                ExpressionAttributeNames={
+                    "#id": _PK,
+                    "#completed": "completed",
+                    "#failed": "failed",
+                    "#counted": "counted_chunks",
+                    "#updated": "updated_at",
+                },
+                ExpressionAttributeValues={
+                    ":completed": completed,
+                    ":failed": failed,
+                    ":chunk": {chunk},
+                    ":n": chunk,
+                    ":now": utcnow().isoformat(),
+                },
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
@@ -178,13 +192,18 @@ class BatchStore:
         item = self._get(batch_id)
         return self._batch(item) if item and item.get("kind") == "batch" else None
 
-    def transition(self, batch_id: str, target: BatchStatus, *, only_from: Iterable[BatchStatus] | None = None,
-                   **fields: Any) -> BatchRecord | None:
+    def transition(
+        self, batch_id: str, target: BatchStatus, *, only_from: Iterable[BatchStatus] | None = None, **fields: Any
+    ) -> BatchRecord | None:
         """Move a batch to ``target`` if its current state allows it, setting ``fields``; the new record, or None when
         the move was not allowed. ``<target>_at`` is set to now unless it is set already (a repeated finalizing)."""
         now = utcnow().isoformat()
         sources = BATCH_SOURCES[target] if only_from is None else BATCH_SOURCES[target] & frozenset(only_from)
-        values: dict[str, Any] = {"status": target.value, "updated_at": now, **{k: _value(v) for k, v in fields.items()}}
+        values: dict[str, Any] = {
+            "status": target.value,
+            "updated_at": now,
+            **{k: _value(v) for k, v in fields.items()},
+        }
         if target in FINAL_BATCH_STATES:
             values["notified"] = False
         names = {f"#{k}": k for k in values}
@@ -208,11 +227,17 @@ class BatchStore:
             raise
         return self._batch(response["Attributes"])
 
-    def record_plan(self, batch_id: str, *, total: int, model: str | None, chunks: list[ChunkRange]) -> BatchRecord | None:
+    def record_plan(
+        self, batch_id: str, *, total: int, model: str | None, chunks: list[ChunkRange]
+    ) -> BatchRecord | None:
         """Record a validated input's line count, model and chunks, once, while the batch is still validating; the
         batch as it stands, or None when it left ``validating`` (cancelled meanwhile)."""
-        values: dict[str, Any] = {":total": total, ":count": len(chunks), ":validating": BatchStatus.VALIDATING.value,
-                                  ":chunks": [c.model_dump() for c in chunks]}
+        values: dict[str, Any] = {
+            ":total": total,
+            ":count": len(chunks),
+            ":validating": BatchStatus.VALIDATING.value,
+            ":chunks": [c.model_dump() for c in chunks],
+        }
         update = "SET #total = :total, #count = :count, #chunks = :chunks"
         names = {"#total": "total", "#count": "chunk_count", "#chunks": "chunks", "#status": "status"}
         if model is not None:
@@ -250,8 +275,16 @@ class BatchStore:
 
     # --- listing --------------------------------------------------------------------------------------------------
 
-    def list(self, tenant: str, kind: Kind, *, limit: int, after: str | None = None, ascending: bool = False,
-             purpose: str | None = None) -> tuple[list[FileRecord | BatchRecord], bool]:
+    def list(
+        self,
+        tenant: str,
+        kind: Kind,
+        *,
+        limit: int,
+        after: str | None = None,
+        ascending: bool = False,
+        purpose: str | None = None,
+    ) -> tuple[list[FileRecord | BatchRecord], bool]:
         """A page of the tenant's files or batches, newest first (``ascending``: oldest first), starting after the
         object ``after``; and whether more follow. InvalidCursor when ``after`` is not one of the tenant's."""
         start = None

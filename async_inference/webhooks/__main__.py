@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m async_inference.webhooks", description="Verify, receive or sign per-job webhooks."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("verify", help="verify one delivery; prints its payload, exit 1 when it does not verify")
+    check = commands.add_parser(
+        "verify", help="verify one delivery; prints its payload, exit 1 when it does not verify"
+    )
     check.add_argument("--secret", required=True, help="your whsec_... signing secret")
     check.add_argument("--id", required=True, help="the webhook-id header")
     check.add_argument("--timestamp", required=True, help="the webhook-timestamp header")
@@ -29,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("receive", help="listen on 127.0.0.1 and print each delivery that verifies")
     serve.add_argument("--secret", required=True)
     serve.add_argument("--port", type=int, default=8081)
-    serve.add_argument("--save-dir", type=Path, help="write each body to DIR/<webhook-id>.json and print the verify "
-                       "command that checks it")
+    serve.add_argument(
+        "--save-dir",
+        type=Path,
+        help="write each body to DIR/<webhook-id>.json and print the verify command that checks it",
+    )
     commands.add_parser("new-secret", help="print a fresh whsec_... secret")
     args = parser.parse_args(argv)
 
@@ -71,9 +76,21 @@ def _verify_command(args: argparse.Namespace, delivery: Delivery) -> str:
     headers = {name.lower(): value for name, value in delivery.headers.items()}
     body = args.save_dir / f"{Path(headers.get('webhook-id', 'delivery')).name}.json"
     body.write_bytes(delivery.body)
-    words = [sys.executable, "-m", "async_inference.webhooks", "verify", "--secret", args.secret,
-             "--id", headers.get("webhook-id", ""), "--timestamp", headers.get("webhook-timestamp", ""),
-             "--signature", headers.get("webhook-signature", ""), str(body)]
+    words = [
+        sys.executable,
+        "-m",
+        "async_inference.webhooks",
+        "verify",
+        "--secret",
+        args.secret,
+        "--id",
+        headers.get("webhook-id", ""),
+        "--timestamp",
+        headers.get("webhook-timestamp", ""),
+        "--signature",
+        headers.get("webhook-signature", ""),
+        str(body),
+    ]
     return " ".join(shlex.quote(word) for word in words)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import urllib3
 
@@ -38,14 +39,23 @@ def post(target: Target, headers: dict[str, str], body: bytes, *, ca_certs: str 
     common: dict[str, Any] = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1)
     if target.scheme == "https":
         pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
-            **common, server_hostname=target.host, assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=ca_certs
+            **common,
+            server_hostname=target.host,
+            assert_hostname=target.host,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=ca_certs,
         )
     else:
         pool = urllib3.HTTPConnectionPool(**common)
     request_headers = {**headers, "Host": target.host_header, "User-Agent": "async-inference-webhooks/1"}
     try:
         response = pool.urlopen(
-            "POST", target.path, body=body, headers=request_headers, redirect=False, preload_content=False,
+            "POST",
+            target.path,
+            body=body,
+            headers=request_headers,
+            redirect=False,
+            preload_content=False,
             assert_same_host=False,
         )
         response.release_conn()  # the body is never read: a receiver cannot make us download anything

@@ -81,8 +81,9 @@ class Dispatcher:
         if decides_status and (result.delivered or last):
             status = "delivered" if result.delivered else "failed"
         error = result.error or (None if result.delivered else f"HTTP {result.status_code}")
-        attempt = WebhookAttempt(at=utcnow(), event=event.kind, receive_count=receive_count,
-                                 status_code=result.status_code, error=error)
+        attempt = WebhookAttempt(
+            at=utcnow(), event=event.kind, receive_count=receive_count, status_code=result.status_code, error=error
+        )
         store.record_webhook_attempt(event.job_id, attempt.model_dump(mode="json", exclude_none=True), status=status)
         if result.delivered:
             return Outcome(done=True, reason="delivered", job_id=event.job_id)

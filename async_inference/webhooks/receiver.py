@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterable
+from typing import Any
 
 from standardwebhooks import WebhookVerificationError
 
@@ -29,8 +30,9 @@ class Receiver:
     delivery at once and answers only that many seconds later (a slow endpoint). For local runs, demos and tests.
     """
 
-    def __init__(self, *, port: int = 0, statuses: Iterable[int] = (), secret: str | None = None,
-                 hang_s: float = 0) -> None:
+    def __init__(
+        self, *, port: int = 0, statuses: Iterable[int] = (), secret: str | None = None, hang_s: float = 0
+    ) -> None:
         self.deliveries: list[Delivery] = []
         self._statuses = list(statuses)
         self._secret = secret

@@ -11,14 +11,15 @@ signing secret").
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from async_inference.config import DispatcherSettings
 
 SECRET_CACHE_S = 300  # a rotated secret is picked up within this long
 PREFIX = "whsec_"
 
-SecretValue = Union[str, list[str]]
+SecretValue = str | list[str]
 
 
 def parse_secret_value(value: SecretValue) -> list[str]:
@@ -70,6 +71,8 @@ def read_tenant_secrets(arns: Mapping[str, str], tenant: str, secretsmanager: An
     names for it: what the operator's ``python -m async_inference.cli webhook-secret`` prints. KeyError for a tenant
     without one."""
     if tenant not in arns:
-        raise KeyError(f"no webhook signing secret for tenant {tenant!r} (the stack has: {', '.join(sorted(arns)) or 'none'})")
+        raise KeyError(
+            f"no webhook signing secret for tenant {tenant!r} (the stack has: {', '.join(sorted(arns)) or 'none'})"
+        )
     value = secretsmanager.get_secret_value(SecretId=arns[tenant])["SecretString"]
     return parse_secret_value(value)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import secrets as _secrets
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from standardwebhooks import Webhook
 
@@ -17,7 +18,9 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(_secrets.token_bytes(32)).decode()
 
 
-def signed_headers(secrets: Iterable[str], msg_id: str, body: str, *, timestamp: dt.datetime | None = None) -> dict[str, str]:
+def signed_headers(
+    secrets: Iterable[str], msg_id: str, body: str, *, timestamp: dt.datetime | None = None
+) -> dict[str, str]:
     """The ``webhook-*`` headers for ``body``. During a rotation the tenant has two secrets: one signature each,
     space-separated, so a receiver holding either one verifies."""
     timestamp = timestamp or utcnow()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 MAX_URL_CHARS = 2048  # the same bound as schemas.WebhookSpec.url

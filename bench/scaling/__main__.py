@@ -51,34 +51,69 @@ def synthesize(**options: Any) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, default=AZURE_CONVERSATION, help="CSV with TIMESTAMP, ContextTokens, "
-                        "GeneratedTokens (default: the Azure LLM inference conversation trace)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=AZURE_CONVERSATION,
+        help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens (default: the Azure LLM inference conversation trace)",
+    )
     parser.add_argument("--template", type=Path, help="synthesized template JSON (default: synthesize the app)")
     parser.add_argument("--max-tasks", type=int, help="fleet ceiling for every policy (default: the template's)")
-    parser.add_argument("--max-num-seqs", type=int, help="sequences a task batches (default: the template's; "
-                        "another value synthesizes the stack with it)")
-    parser.add_argument("--cold-start-s", type=float, help="a measured cold start, instance launch to serving, "
-                        "replacing the modelled boot + pull + download + engine start")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="sequences a task batches (default: the template's; another value synthesizes the stack with it)",
+    )
+    parser.add_argument(
+        "--cold-start-s",
+        type=float,
+        help="a measured cold start, instance launch to serving, "
+        "replacing the modelled boot + pull + download + engine start",
+    )
     parser.add_argument("--tail-s", type=float, default=3600.0, help="simulated time after the last submission")
     parser.add_argument("--ttl-s", type=float, default=float(settings.DEFAULT_TTL_S), help="queue deadline")
-    parser.add_argument("--resume-delay-s", type=float, default=figures.SQS_RESUME_DELAY_S,
-                        help="extra delay before an inactive queue's metrics resume")
-    parser.add_argument("--sweep", default="", help="max_num_seqs values for a batch-size sweep, e.g. 16,64,sized "
-                        "('sized': the capacity rule's value), each a synthesis of the stack (default: none)")
-    parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
-                        help="skip the sensitivity rows (one input changed at a time)")
-    parser.add_argument("--anchor-instance-warmup-s", type=float, default=figures.INSTANCE_WARMUP_S,
-                        help="the anchors' capacity provider instance warm-up (default: ECS's 300 s; the deployed "
-                        "policy's is the template's)")
+    parser.add_argument(
+        "--resume-delay-s",
+        type=float,
+        default=figures.SQS_RESUME_DELAY_S,
+        help="extra delay before an inactive queue's metrics resume",
+    )
+    parser.add_argument(
+        "--sweep",
+        default="",
+        help="max_num_seqs values for a batch-size sweep, e.g. 16,64,sized "
+        "('sized': the capacity rule's value), each a synthesis of the stack (default: none)",
+    )
+    parser.add_argument(
+        "--no-sensitivity",
+        dest="sensitivity",
+        action="store_false",
+        help="skip the sensitivity rows (one input changed at a time)",
+    )
+    parser.add_argument(
+        "--anchor-instance-warmup-s",
+        type=float,
+        default=figures.INSTANCE_WARMUP_S,
+        help="the anchors' capacity provider instance warm-up (default: ECS's 300 s; the deployed "
+        "policy's is the template's)",
+    )
     parser.add_argument("--limit", type=int, help="only the first N requests (quick looks)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
 
-FAIR = ("deployed", "sagemaker_default", "sagemaker_tuned", "keda_default", "keda_tuned", "queue_processing_default",
-        "queue_processing_tuned")
+FAIR = (
+    "deployed",
+    "sagemaker_default",
+    "sagemaker_tuned",
+    "keda_default",
+    "keda_tuned",
+    "queue_processing_default",
+    "queue_processing_tuned",
+)
 TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
 BRIEF = ("gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "usd_per_million_jobs")
 
@@ -93,52 +128,78 @@ def main(argv: list[str] | None = None) -> int:
     deployed = read(template)
     if args.max_num_seqs and args.max_num_seqs != deployed.worker.max_num_seqs:
         if args.template:
-            raise SystemExit(f"--max-num-seqs {args.max_num_seqs} differs from the template's "
-                             f"{deployed.worker.max_num_seqs}: without --template the stack is synthesized with it")
+            raise SystemExit(
+                f"--max-num-seqs {args.max_num_seqs} differs from the template's "
+                f"{deployed.worker.max_num_seqs}: without --template the stack is synthesized with it"
+            )
         template = synthesize(max_num_seqs=args.max_num_seqs)
         deployed = read(template)
     model = MODELS[deployed.worker.model]
     gpu, gpus = INSTANCE_GPUS[deployed.worker.instance_type]
     seqs = deployed.worker.max_num_seqs
     max_tasks = args.max_tasks or deployed.policy.maximum
-    cluster = dataclasses.replace(deployed.cluster, max_instances=max(max_tasks, deployed.cluster.max_instances)
-                                  if args.max_tasks else deployed.cluster.max_instances)
-    cold = figures.ColdStart(model_download_s=model.weight_bytes() / figures.MODEL_DOWNLOAD_BYTES_PER_S,
-                             total_s=args.cold_start_s)
+    cluster = dataclasses.replace(
+        deployed.cluster,
+        max_instances=max(max_tasks, deployed.cluster.max_instances)
+        if args.max_tasks
+        else deployed.cluster.max_instances,
+    )
+    cold = figures.ColdStart(
+        model_download_s=model.weight_bytes() / figures.MODEL_DOWNLOAD_BYTES_PER_S, total_s=args.cold_start_s
+    )
     kv_tokens = kv_cache_tokens(model, gpu)
-    sized = max_num_seqs(model, gpu, sequence_tokens=percentile_tokens(
-        [r.context_tokens + r.generated_tokens for r in requests]))
+    sized = max_num_seqs(
+        model, gpu, sequence_tokens=percentile_tokens([r.context_tokens + r.generated_tokens for r in requests])
+    )
 
     def engine(batch: int, efficiency: float = 1.0) -> EngineModel:
-        return EngineModel(model, gpu, max_num_seqs=batch, kv_cache_tokens=kv_tokens,
-                           bandwidth_efficiency=figures.BANDWIDTH_EFFICIENCY * efficiency,
-                           compute_efficiency=figures.COMPUTE_EFFICIENCY * efficiency)
+        return EngineModel(
+            model,
+            gpu,
+            max_num_seqs=batch,
+            kv_cache_tokens=kv_tokens,
+            bandwidth_efficiency=figures.BANDWIDTH_EFFICIENCY * efficiency,
+            compute_efficiency=figures.COMPUTE_EFFICIENCY * efficiency,
+        )
 
     delays = Delays(sqs_resume_s=args.resume_delay_s)
     common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s)
-    print(f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
-          f"{model.name} on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} (rule: {sized}); "
-          f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
-          f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
-          f"after launch, a warm-pool one {cold.warm_pool_start_s + cold.engine_start_s:.0f} s; deployed warm pool "
-          f"{cluster.warm_pool}, instance release {'on' if cluster.release_empty else 'off'}")
+    print(
+        f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
+        f"{model.name} on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} (rule: {sized}); "
+        f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
+        f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
+        f"after launch, a warm-pool one {cold.warm_pool_start_s + cold.engine_start_s:.0f} s; deployed warm pool "
+        f"{cluster.warm_pool}, instance release {'on' if cluster.release_empty else 'off'}"
+    )
     keda_spec = read_scaled_object()
-    choices = dict(max_tasks=max_tasks, keda_spec=keda_spec, cpu_vcpus=4.0,
-                   anchor_instance_warmup_s=args.anchor_instance_warmup_s)
+    choices = dict(
+        max_tasks=max_tasks, keda_spec=keda_spec, cpu_vcpus=4.0, anchor_instance_warmup_s=args.anchor_instance_warmup_s
+    )
     alarm_metrics = {}
 
-    def run_all(variant: dict[str, Any], only: tuple[str, ...], *, engine_model: EngineModel | None = None,
-                run_delays: Delays = delays, run_cold: figures.ColdStart = cold, run_requests=requests,
-                **more: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
+    def run_all(
+        variant: dict[str, Any],
+        only: tuple[str, ...],
+        *,
+        engine_model: EngineModel | None = None,
+        run_delays: Delays = delays,
+        run_cold: figures.ColdStart = cold,
+        run_requests=requests,
+        **more: Any,
+    ) -> dict[str, tuple[Any, dict[str, Any]]]:
         out = {}
         for scenario in scenarios(variant, only=only, **choices, **more):
             t0 = time.monotonic()
-            run = simulate(scenario, run_requests, engine_model or engine(seqs), cluster, run_cold,
-                           delays=run_delays, **common)
+            run = simulate(
+                scenario, run_requests, engine_model or engine(seqs), cluster, run_cold, delays=run_delays, **common
+            )
             metrics = sum(len(a.query.stats) for a in scenario.policy.alarms) if scenario.policy else 0
             alarm_metrics[scenario.name] = metrics
-            out[scenario.name] = (run, summarise(run, instance_type=deployed.worker.instance_type,
-                                                 alarm_metrics=metrics, eks=scenario.eks))
+            out[scenario.name] = (
+                run,
+                summarise(run, instance_type=deployed.worker.instance_type, alarm_metrics=metrics, eks=scenario.eks),
+            )
             print(f"  simulated {scenario.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         return out
 
@@ -148,32 +209,49 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- sensitivity: one input changed at a time, the deployed policy and the tuned anchors ------------------------
     sensitivity = []
-    rows: list[tuple[str, dict[str, Any]]] = [
-        ("SQS publication delay 60 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=60.0))),
-        ("SQS publication delay 120 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=120.0))),
-        (f"SQS resume delay {figures.SQS_RESUME_DELAY_DOCUMENTED_S:.0f} s (idle > 6 h, documented maximum)",
-         dict(run_delays=dataclasses.replace(delays, sqs_resume_s=figures.SQS_RESUME_DELAY_DOCUMENTED_S))),
-        ("Container Insights delay 60 s", dict(run_delays=dataclasses.replace(delays, insights_publication_s=60.0))),
-        ("Container Insights delay 120 s",
-         dict(run_delays=dataclasses.replace(delays, insights_publication_s=120.0))),
-        ("DesiredTaskCount published while the only task starts",
-         dict(run_delays=dataclasses.replace(delays, desired_while_starting=True))),
-        ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
-        ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
-        ("engine at half efficiency", dict(engine_model=engine(seqs, 0.5))),
-        ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
-        ("anchors on the stack's capacity layer (warm pool, release)", dict(anchors_on_stack_capacity=True)),
-    ] if args.sensitivity else []
+    rows: list[tuple[str, dict[str, Any]]] = (
+        [
+            ("SQS publication delay 60 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=60.0))),
+            ("SQS publication delay 120 s", dict(run_delays=dataclasses.replace(delays, sqs_publication_s=120.0))),
+            (
+                f"SQS resume delay {figures.SQS_RESUME_DELAY_DOCUMENTED_S:.0f} s (idle > 6 h, documented maximum)",
+                dict(run_delays=dataclasses.replace(delays, sqs_resume_s=figures.SQS_RESUME_DELAY_DOCUMENTED_S)),
+            ),
+            (
+                "Container Insights delay 60 s",
+                dict(run_delays=dataclasses.replace(delays, insights_publication_s=60.0)),
+            ),
+            (
+                "Container Insights delay 120 s",
+                dict(run_delays=dataclasses.replace(delays, insights_publication_s=120.0)),
+            ),
+            (
+                "DesiredTaskCount published while the only task starts",
+                dict(run_delays=dataclasses.replace(delays, desired_while_starting=True)),
+            ),
+            ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
+            ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
+            ("engine at half efficiency", dict(engine_model=engine(seqs, 0.5))),
+            ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
+            ("anchors on the stack's capacity layer (warm pool, release)", dict(anchors_on_stack_capacity=True)),
+        ]
+        if args.sensitivity
+        else []
+    )
     for label, change in rows:
         rerun, fill = change.pop("rerun", True), change.pop("fill_without_data", True)
-        variant_runs = _with_cloudwatch(rerun, fill, lambda change=change: run_all(template, ("deployed", *TUNED),
-                                                                                     **change))
-        sensitivity.append({"input": label,
-                            **{name: {k: s[k] for k in BRIEF} for name, (_, s) in variant_runs.items()}})
+        variant_runs = _with_cloudwatch(
+            rerun, fill, lambda change=change: run_all(template, ("deployed", *TUNED), **change)
+        )
+        sensitivity.append(
+            {"input": label, **{name: {k: s[k] for k in BRIEF} for name, (_, s) in variant_runs.items()}}
+        )
     # the stack's capacity choices, decided by the simulator: the deployed policy without each
-    for label, template_variant in (("deployed without warm pool", _without(template, "warm_pool")),
-                                    ("deployed without instance release", _without(template, "release")),
-                                    ("deployed without both", _without(_without(template, "warm_pool"), "release"))):
+    for label, template_variant in (
+        ("deployed without warm pool", _without(template, "warm_pool")),
+        ("deployed without instance release", _without(template, "release")),
+        ("deployed without both", _without(_without(template, "warm_pool"), "release")),
+    ):
         if not args.sensitivity:
             break
         variant_runs = run_all(template_variant, ("deployed",))
@@ -181,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     if sensitivity:
         print("\nsensitivity (GPU h / first job s / p95 wait after 15 min s / $ per M jobs):")
         for row in sensitivity:
-            cells = "; ".join(f"{n} {v['gpu_hours']:.2f} / {v['first_job_start_s']} / {v['p95_wait_after_15min_s']} / "
-                              f"{v['usd_per_million_jobs']:.0f}" for n, v in row.items() if n != "input")
+            cells = "; ".join(
+                f"{n} {v['gpu_hours']:.2f} / {v['first_job_start_s']} / {v['p95_wait_after_15min_s']} / "
+                f"{v['usd_per_million_jobs']:.0f}"
+                for n, v in row.items()
+                if n != "input"
+            )
             print(f"  {row['input']}: {cells}")
 
     # --- hazards ------------------------------------------------------------------------------------------------------
@@ -193,11 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         for label, variant in (("fixed", template), ("unfixed", unfixed(template))):
             for reading in readings:
                 key = label if len(readings) == 1 else f"{label}, desired published {reading.desired_while_starting}"
-                (_, summary), = run_all(variant, ("deployed",), run_delays=reading, run_requests=trace).values()
-                outcome[key] = {"zeroed_while_jobs_wait": summary["zeroed_while_waiting"],
-                                "most_tasks_before_first_serves": summary["most_desired_before_first_task"],
-                                "first_job_start_s": summary["first_job_start_s"],
-                                "p95_wait_s": summary["p95_wait_s"], "p99_wait_s": summary["p99_wait_s"]}
+                ((_, summary),) = run_all(variant, ("deployed",), run_delays=reading, run_requests=trace).values()
+                outcome[key] = {
+                    "zeroed_while_jobs_wait": summary["zeroed_while_waiting"],
+                    "most_tasks_before_first_serves": summary["most_desired_before_first_task"],
+                    "first_job_start_s": summary["first_job_start_s"],
+                    "p95_wait_s": summary["p95_wait_s"],
+                    "p99_wait_s": summary["p99_wait_s"],
+                }
         hazards[name] = outcome
     print("\nhazards (deployed policy, fixed and with its fix undone):")
     for name, outcome in hazards.items():
@@ -218,32 +303,56 @@ def main(argv: list[str] | None = None) -> int:
     if sweep:
         print("\nbatch-size sweep (same trace, same ceiling):")
         for row in sweep:
-            print(f"  {row['policy']:<16} max_num_seqs {row['max_num_seqs']:>4}: {row['gpu_hours']:.2f} GPU h, "
-                  f"p95 wait after 15 min {row['p95_wait_after_15min_s']:.1f} s, ${row['usd_per_million_jobs']:.0f}/M")
+            print(
+                f"  {row['policy']:<16} max_num_seqs {row['max_num_seqs']:>4}: {row['gpu_hours']:.2f} GPU h, "
+                f"p95 wait after 15 min {row['p95_wait_after_15min_s']:.1f} s, ${row['usd_per_million_jobs']:.0f}/M"
+            )
 
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / f"scaling-{stamp}.png"
-    plot([runs[n][0] for n in ("deployed", *TUNED)], png,
-         f"{args.trace.name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}")
+    plot(
+        [runs[n][0] for n in ("deployed", *TUNED)],
+        png,
+        f"{args.trace.name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}",
+    )
     mine = results["deployed"]
     checks = {
         "gpu_hours_over_tuned": {n: round(mine["gpu_hours"] / results[n]["gpu_hours"], 3) for n in TUNED},
-        "p95_after_15min_not_above_tuned": all(mine["p95_wait_after_15min_s"] <= results[n]["p95_wait_after_15min_s"]
-                                               for n in TUNED),
+        "p95_after_15min_not_above_tuned": all(
+            mine["p95_wait_after_15min_s"] <= results[n]["p95_wait_after_15min_s"] for n in TUNED
+        ),
         "first_job_within_180_s": mine["first_job_start_s"] is not None and mine["first_job_start_s"] <= 180,
     }
     checks["gpu_hours_at_most_0_8_of_every_tuned"] = all(v <= 0.8 for v in checks["gpu_hours_over_tuned"].values())
     document = {
-        "trace": str(args.trace), "jobs": len(requests), "max_num_seqs": seqs, "sized_max_num_seqs": sized,
-        "max_tasks": max_tasks, "cold_start": dataclasses.asdict(cold), "delays": dataclasses.asdict(delays),
-        "prices_as_of": figures.PRICE_DATE, "policies": results, "sensitivity": sensitivity, "hazards": hazards,
-        "sweep": sweep, "checks": checks, "plot": str(png), "elapsed_s": round(time.monotonic() - started, 1),
+        "trace": str(args.trace),
+        "jobs": len(requests),
+        "max_num_seqs": seqs,
+        "sized_max_num_seqs": sized,
+        "max_tasks": max_tasks,
+        "cold_start": dataclasses.asdict(cold),
+        "delays": dataclasses.asdict(delays),
+        "prices_as_of": figures.PRICE_DATE,
+        "policies": results,
+        "sensitivity": sensitivity,
+        "hazards": hazards,
+        "sweep": sweep,
+        "checks": checks,
+        "plot": str(png),
+        "elapsed_s": round(time.monotonic() - started, 1),
     }
     (args.out / f"scaling-{stamp}.json").write_text(json.dumps(document, indent=2))
     print(f"\nchecks: {json.dumps(checks)}; plot {png}")
-    print(json.dumps({"policies": {n: {k: s[k] for k in BRIEF} for n, s in results.items()}, "hazards": hazards,
-                      "checks": checks}))
+    print(
+        json.dumps(
+            {
+                "policies": {n: {k: s[k] for k in BRIEF} for n, s in results.items()},
+                "hazards": hazards,
+                "checks": checks,
+            }
+        )
+    )
     return 0
 
 
@@ -268,10 +377,30 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
 
 
 def _table(results: dict[str, dict[str, Any]]) -> None:
-    columns = ["gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "p95_wait_s", "p99_wait_s", "expired",
-               "scale_events", "max_tasks", "usd_per_million_jobs", "floor_per_million_jobs_usd"]
-    heads = ("GPU h", "1st job s", "p95>15m s", "p95 wait", "p99 wait", "expired", "events", "most", "$/M jobs",
-             "floor $/M")
+    columns = [
+        "gpu_hours",
+        "first_job_start_s",
+        "p95_wait_after_15min_s",
+        "p95_wait_s",
+        "p99_wait_s",
+        "expired",
+        "scale_events",
+        "max_tasks",
+        "usd_per_million_jobs",
+        "floor_per_million_jobs_usd",
+    ]
+    heads = (
+        "GPU h",
+        "1st job s",
+        "p95>15m s",
+        "p95 wait",
+        "p99 wait",
+        "expired",
+        "events",
+        "most",
+        "$/M jobs",
+        "floor $/M",
+    )
     print(f"\n{'policy':<26}" + "".join(f"{c:>11}" for c in heads))
     for name, summary in results.items():
         print(f"{name:<26}" + "".join(f"{str(summary.get(c, '')):>11}" for c in columns))

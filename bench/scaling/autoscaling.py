@@ -69,8 +69,9 @@ class StepPolicy:
     def step_for(self, breach: float, upper_alarm: bool = True) -> Step | None:
         return next((s for s in self.steps if s.holds(breach, upper_alarm)), None)
 
-    def propose(self, window: Sequence[float], threshold: float, current: int, now: float,
-                upper_alarm: bool = True) -> int | None:
+    def propose(
+        self, window: Sequence[float], threshold: float, current: int, now: float, upper_alarm: bool = True
+    ) -> int | None:
         """The capacity this invocation asks for, or None (no step, or held by a cooldown)."""
         if not window:
             return None

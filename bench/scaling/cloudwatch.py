@@ -126,8 +126,14 @@ def aggregate(stat: str, values: Sequence[float]) -> float:
 # --- Metric math ------------------------------------------------------------------------------------------------------
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_COMPARE = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Eq: operator.eq,
-            ast.NotEq: operator.ne}
+_COMPARE = {
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 
 
 def _translate(expression: str) -> str:

@@ -53,7 +53,7 @@ class Instance:
     image_cached: bool = False
     weights_cached: bool = False
     from_pool: bool = False
-    tasks: list["Task"] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
 
     @property
     def free_gpus(self) -> int:
@@ -89,8 +89,14 @@ class ClusterConfig:
 class Cluster:
     """One ECS service on one capacity provider's Auto Scaling group."""
 
-    def __init__(self, env: simpy.Environment, config: ClusterConfig, cold: ColdStart,
-                 make_worker: Callable[[Task], Worker], on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        config: ClusterConfig,
+        cold: ColdStart,
+        make_worker: Callable[[Task], Worker],
+        on_change: Callable[[], None],
+    ) -> None:
         self.env = env
         self.config = config
         self.cold = cold
@@ -111,10 +117,24 @@ class Cluster:
         self._cpr = 100.0
         self._store = MetricStore(Sources({CPR: lambda: self._cpr}))
         query = MetricQuery({"cpr": MetricStat(CPR, "Average", MANAGED_SCALING_PERIOD_S)})
-        self.scale_out_alarm = Alarm("ManagedScalingHigh", query, config.target_capacity, "GreaterThanThreshold",
-                                     MANAGED_SCALING_OUT_DATAPOINTS, MANAGED_SCALING_OUT_DATAPOINTS, actions=("out",))
-        self.scale_in_alarm = Alarm("ManagedScalingLow", query, config.target_capacity, "LessThanThreshold",
-                                    MANAGED_SCALING_IN_DATAPOINTS, MANAGED_SCALING_IN_DATAPOINTS, actions=("in",))
+        self.scale_out_alarm = Alarm(
+            "ManagedScalingHigh",
+            query,
+            config.target_capacity,
+            "GreaterThanThreshold",
+            MANAGED_SCALING_OUT_DATAPOINTS,
+            MANAGED_SCALING_OUT_DATAPOINTS,
+            actions=("out",),
+        )
+        self.scale_in_alarm = Alarm(
+            "ManagedScalingLow",
+            query,
+            config.target_capacity,
+            "LessThanThreshold",
+            MANAGED_SCALING_IN_DATAPOINTS,
+            MANAGED_SCALING_IN_DATAPOINTS,
+            actions=("in",),
+        )
 
     # --- counts ---------------------------------------------------------------------------------------------------
 
@@ -129,8 +149,11 @@ class Cluster:
 
     def _log(self) -> None:
         now = self.env.now
-        for log, value in ((self.desired_log, self.desired), (self.running_log, self.running_count()),
-                           (self.instance_log, len(self.live_instances()))):
+        for log, value in (
+            (self.desired_log, self.desired),
+            (self.running_log, self.running_count()),
+            (self.instance_log, len(self.live_instances())),
+        ):
             if log[-1][1] != value:
                 log.append((now, value))
 
@@ -215,8 +238,14 @@ class Cluster:
     def prewarm(self, count: int) -> None:
         """Start the run with ``count`` tasks running on ready instances that hold the image and the weights."""
         for _ in range(count):
-            instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance,
-                                ready_s=self.env.now, image_cached=True, weights_cached=True)
+            instance = Instance(
+                next(self._instance_ids),
+                self.env.now,
+                self.config.gpus_per_instance,
+                ready_s=self.env.now,
+                image_cached=True,
+                weights_cached=True,
+            )
             self.instances.append(instance)
             task = Task(next(self._task_ids), self.env.now, state="RUNNING", instance=instance, running_s=self.env.now)
             instance.tasks.append(task)
@@ -281,8 +310,14 @@ class Cluster:
 
     def _launch(self) -> None:
         from_pool = self.pool > 0
-        instance = Instance(next(self._instance_ids), self.env.now, self.config.gpus_per_instance,
-                            image_cached=from_pool, weights_cached=from_pool, from_pool=from_pool)
+        instance = Instance(
+            next(self._instance_ids),
+            self.env.now,
+            self.config.gpus_per_instance,
+            image_cached=from_pool,
+            weights_cached=from_pool,
+            from_pool=from_pool,
+        )
         if from_pool:
             self.pool -= 1
             self.pool_starts += 1
@@ -295,5 +330,7 @@ class Cluster:
         self._place()
 
     def gpu_hours(self, end_s: float) -> float:
-        return sum(((i.terminated_s if i.terminated_s is not None else end_s) - i.requested_s)
-                   for i in self.instances) / 3600.0
+        return (
+            sum(((i.terminated_s if i.terminated_s is not None else end_s) - i.requested_s) for i in self.instances)
+            / 3600.0
+        )

@@ -42,7 +42,9 @@ class EngineModel:
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     compute_efficiency: float = COMPUTE_EFFICIENCY
 
-    def step_s(self, batch: int, context_tokens: float, prefill_tokens: float = 0.0, prefill_context: float = 0.0) -> float:
+    def step_s(
+        self, batch: int, context_tokens: float, prefill_tokens: float = 0.0, prefill_context: float = 0.0
+    ) -> float:
         """Seconds for one step with ``batch`` decoding sequences holding ``context_tokens`` in all, plus
         ``prefill_tokens`` of prefill whose attention spans ``prefill_context`` tokens on average."""
         m = self.model
@@ -62,8 +64,13 @@ class Engine:
     """One task's engine. ``submit`` hands it a job (admitted as soon as a sequence slot and KV room are free);
     ``on_done(job)`` runs when the job's last token is out. ``busy`` tells whether it has work (for CPU use)."""
 
-    def __init__(self, env: simpy.Environment, model: EngineModel, on_start: Callable[[Job], None],
-                 on_done: Callable[[Job], None]) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        model: EngineModel,
+        on_start: Callable[[Job], None],
+        on_done: Callable[[Job], None],
+    ) -> None:
         self.env = env
         self.model = model
         self.on_start = on_start

@@ -42,67 +42,84 @@ CDK_JSON = Path(__file__).resolve().parents[2] / "cdk.json"
 
 
 def _metric(id_: str, namespace: str, name: str, stat: str = "Maximum", period: int = 60) -> dict[str, Any]:
-    return {"Id": id_, "MetricStat": {"Metric": {"Namespace": namespace, "MetricName": name}, "Stat": stat,
-                                      "Period": period}, "ReturnData": False}
+    return {
+        "Id": id_,
+        "MetricStat": {"Metric": {"Namespace": namespace, "MetricName": name}, "Stat": stat, "Period": period},
+        "ReturnData": False,
+    }
 
 
 def _sqs(stat: str = "Maximum") -> list[dict[str, Any]]:
-    return [_metric("visible", "AWS/SQS", "ApproximateNumberOfMessagesVisible", stat),
-            _metric("inFlight", "AWS/SQS", "ApproximateNumberOfMessagesNotVisible", stat)]
+    return [
+        _metric("visible", "AWS/SQS", "ApproximateNumberOfMessagesVisible", stat),
+        _metric("inFlight", "AWS/SQS", "ApproximateNumberOfMessagesNotVisible", stat),
+    ]
 
 
 def _target(maximum: int, minimum: int = 0) -> dict[str, Any]:
-    return {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
-            "Properties": {"MinCapacity": minimum, "MaxCapacity": maximum, **ECS_TARGET}}
+    return {
+        "Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+        "Properties": {"MinCapacity": minimum, "MaxCapacity": maximum, **ECS_TARGET},
+    }
 
 
 def sagemaker_resources(max_tasks: int, target: float = 5.0) -> dict[str, Any]:
     backlog_per_instance = {
-        "Metrics": [*_sqs("Average"), _metric("instances", "ECS/ContainerInsights", "RunningTaskCount", "Average"),
-                    {"Id": "e1", "Expression": "(visible + inFlight) / instances", "ReturnData": True}]
+        "Metrics": [
+            *_sqs("Average"),
+            _metric("instances", "ECS/ContainerInsights", "RunningTaskCount", "Average"),
+            {"Id": "e1", "Expression": "(visible + inFlight) / instances", "ReturnData": True},
+        ]
     }
-    return {"Resources": {
-        "Target": _target(max_tasks),
-        "BacklogTracking": {
-            "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
-            "Properties": {
-                "PolicyType": "TargetTrackingScaling",
-                "ScalingTargetId": {"Ref": "Target"},
-                "TargetTrackingScalingPolicyConfiguration": {
-                    "TargetValue": float(target),
-                    "CustomizedMetricSpecification": backlog_per_instance,
+    return {
+        "Resources": {
+            "Target": _target(max_tasks),
+            "BacklogTracking": {
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
+                "Properties": {
+                    "PolicyType": "TargetTrackingScaling",
+                    "ScalingTargetId": {"Ref": "Target"},
+                    "TargetTrackingScalingPolicyConfiguration": {
+                        "TargetValue": float(target),
+                        "CustomizedMetricSpecification": backlog_per_instance,
+                    },
                 },
             },
-        },
-        "HasBacklogWithoutCapacityScalingPolicy": {
-            "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
-            "Properties": {
-                "PolicyType": "StepScaling",
-                "ScalingTargetId": {"Ref": "Target"},
-                "StepScalingPolicyConfiguration": {
-                    "AdjustmentType": "ChangeInCapacity",
-                    "MetricAggregationType": "Average",
-                    "Cooldown": 300,
-                    "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}],
+            "HasBacklogWithoutCapacityScalingPolicy": {
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
+                "Properties": {
+                    "PolicyType": "StepScaling",
+                    "ScalingTargetId": {"Ref": "Target"},
+                    "StepScalingPolicyConfiguration": {
+                        "AdjustmentType": "ChangeInCapacity",
+                        "MetricAggregationType": "Average",
+                        "Cooldown": 300,
+                        "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}],
+                    },
                 },
             },
-        },
-        "HasBacklogWithoutCapacityAlarm": {
-            "Type": "AWS::CloudWatch::Alarm",
-            "Properties": {
-                "Metrics": [*_sqs("Average"),
-                            _metric("instances", "ECS/ContainerInsights", "RunningTaskCount", "Average"),
-                            {"Id": "e1", "Expression": "IF(FILL(instances, 0) == 0 AND (visible + inFlight) > 0, 1, 0)",
-                             "ReturnData": True}],
-                "Threshold": 1,
-                "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-                "EvaluationPeriods": 2,
-                "DatapointsToAlarm": 2,
-                "TreatMissingData": "missing",
-                "AlarmActions": [{"Ref": "HasBacklogWithoutCapacityScalingPolicy"}],
+            "HasBacklogWithoutCapacityAlarm": {
+                "Type": "AWS::CloudWatch::Alarm",
+                "Properties": {
+                    "Metrics": [
+                        *_sqs("Average"),
+                        _metric("instances", "ECS/ContainerInsights", "RunningTaskCount", "Average"),
+                        {
+                            "Id": "e1",
+                            "Expression": "IF(FILL(instances, 0) == 0 AND (visible + inFlight) > 0, 1, 0)",
+                            "ReturnData": True,
+                        },
+                    ],
+                    "Threshold": 1,
+                    "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+                    "EvaluationPeriods": 2,
+                    "DatapointsToAlarm": 2,
+                    "TreatMissingData": "missing",
+                    "AlarmActions": [{"Ref": "HasBacklogWithoutCapacityScalingPolicy"}],
+                },
             },
-        },
-    }}
+        }
+    }
 
 
 def queue_processing_template(max_tasks: int, cpu_units: int, per_instance: float | None = None) -> dict[str, Any]:
@@ -110,9 +127,9 @@ def queue_processing_template(max_tasks: int, cpu_units: int, per_instance: floa
     messages a task (tuned), synthesized (max raised to the common ceiling; the container reserves the instance's CPU
     so that CPUUtilization has a denominator)."""
     from aws_cdk import App, Stack
+    from aws_cdk import aws_applicationautoscaling as appscaling
     from aws_cdk import aws_ec2 as ec2
     from aws_cdk import aws_ecs as ecs
-    from aws_cdk import aws_applicationautoscaling as appscaling
     from aws_cdk import aws_ecs_patterns as patterns
     from aws_cdk.assertions import Template
 
@@ -133,7 +150,9 @@ def queue_processing_template(max_tasks: int, cpu_units: int, per_instance: floa
             cpu=cpu_units,
             gpu_count=1,
             max_scaling_capacity=max_tasks,
-            scaling_steps=None if per_instance is None else [
+            scaling_steps=None
+            if per_instance is None
+            else [
                 appscaling.ScalingInterval(upper=0, change=-1),
                 appscaling.ScalingInterval(lower=per_instance, change=+1),
                 appscaling.ScalingInterval(lower=5 * per_instance, change=+5),
@@ -168,30 +187,53 @@ def scenarios(
     policy = deployed.policy
     policy.maximum = max_tasks
     capacity = deployed.worker.max_num_seqs  # C: what one task (one instance) handles at once
-    wake = (ApiWake(check_interval_s=deployed.wake.check_interval_s, hold_s=deployed.wake.hold_s)
-            if deployed.wake else None)
-    anchor: dict[str, Any] = dict(task_protection="off", instance_warmup_s=anchor_instance_warmup_s, warm_pool=0,
-                                  release_empty=False)
+    wake = (
+        ApiWake(check_interval_s=deployed.wake.check_interval_s, hold_s=deployed.wake.hold_s) if deployed.wake else None
+    )
+    anchor: dict[str, Any] = dict(
+        task_protection="off", instance_warmup_s=anchor_instance_warmup_s, warm_pool=0, release_empty=False
+    )
     if anchors_on_stack_capacity:
-        anchor.update(instance_warmup_s=deployed.cluster.instance_warmup_s, warm_pool=deployed.cluster.warm_pool,
-                      release_empty=deployed.cluster.release_empty)
+        anchor.update(
+            instance_warmup_s=deployed.cluster.instance_warmup_s,
+            warm_pool=deployed.cluster.warm_pool,
+            release_empty=deployed.cluster.release_empty,
+        )
 
     def wanted(name: str) -> bool:
         return only is None or name in only
 
     built = []
     if wanted("deployed"):
-        built.append(Scenario("deployed", policy=policy, api_wake=wake, task_protection=deployed.worker.task_protection,
-                              protection_tokens_per_s=deployed.worker.task_protection_tokens_per_s,
-                              instance_warmup_s=deployed.cluster.instance_warmup_s,
-                              warm_pool=deployed.cluster.warm_pool, release_empty=deployed.cluster.release_empty))
+        built.append(
+            Scenario(
+                "deployed",
+                policy=policy,
+                api_wake=wake,
+                task_protection=deployed.worker.task_protection,
+                protection_tokens_per_s=deployed.worker.task_protection_tokens_per_s,
+                instance_warmup_s=deployed.cluster.instance_warmup_s,
+                warm_pool=deployed.cluster.warm_pool,
+                release_empty=deployed.cluster.release_empty,
+            )
+        )
     for name, target in (("sagemaker_default", 5.0), ("sagemaker_tuned", float(capacity))):
         if wanted(name):
             built.append(Scenario(name, policy=read_policy(sagemaker_resources(max_tasks, target)), **anchor))
-    defaults = KedaSpec(polling_interval_s=30, cooldown_period_s=300, min_replicas=0, max_replicas=max_tasks,
-                        queue_length=5, activation_queue_length=0, scale_on_in_flight=True, scale_on_delayed=False)
-    for name, spec in (("keda_default", defaults), ("keda_tuned", dataclasses.replace(keda_spec,
-                                                                                        max_replicas=max_tasks))):
+    defaults = KedaSpec(
+        polling_interval_s=30,
+        cooldown_period_s=300,
+        min_replicas=0,
+        max_replicas=max_tasks,
+        queue_length=5,
+        activation_queue_length=0,
+        scale_on_in_flight=True,
+        scale_on_delayed=False,
+    )
+    for name, spec in (
+        ("keda_default", defaults),
+        ("keda_tuned", dataclasses.replace(keda_spec, max_replicas=max_tasks)),
+    ):
         if wanted(name):
             built.append(Scenario(name, keda=spec, eks=True, **anchor))
     for name, per_instance in (("queue_processing_default", None), ("queue_processing_tuned", float(capacity))):

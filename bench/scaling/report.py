@@ -77,7 +77,11 @@ def summarise(run: Run, *, instance_type: str, alarm_metrics: int, eks: bool = F
     floor = floor_usd(run, eks=eks)
     started = [j for j in run.jobs if j.started_s is not None]
     start = min((j.submitted_s for j in run.jobs), default=0.0)
-    late = [w for j, w in zip((j for j in run.jobs if not j.expired), values) if j.submitted_s - start >= AFTER_S]
+    late = [
+        w
+        for j, w in zip((j for j in run.jobs if not j.expired), values, strict=False)
+        if j.submitted_s - start >= AFTER_S
+    ]
     first = first_job_start_s(run)
     summary: dict[str, Any] = {
         "gpu_hours": round(run.gpu_hours, 3),
@@ -114,18 +118,24 @@ def plot(runs: list[Run], path: Path, title: str) -> None:
     fig, axes = plt.subplots(len(runs), 1, sharex=True, sharey=True, figsize=(11, 2.2 * len(runs)), squeeze=False)
     depth_max = max((v + f for run in runs for _, _, _, v, f, _ in run.timeline), default=1)
     task_max = max((max(d, i) for run in runs for _, d, _, _, _, i in run.timeline), default=1)
-    for ax, run in zip(axes[:, 0], runs):
+    for ax, run in zip(axes[:, 0], runs, strict=False):
         minutes = [t / 60 for t, *_ in run.timeline]
         ax.step(minutes, [d for _, d, *_ in run.timeline], where="post", label="desired tasks", color="tab:blue")
-        ax.step(minutes, [r for _, _, r, *_ in run.timeline], where="post", label="running tasks",
-                color="tab:green")
-        ax.step(minutes, [i for *_, i in run.timeline], where="post", label="GPU instances", color="tab:red",
-                linestyle=":")
+        ax.step(minutes, [r for _, _, r, *_ in run.timeline], where="post", label="running tasks", color="tab:green")
+        ax.step(
+            minutes, [i for *_, i in run.timeline], where="post", label="GPU instances", color="tab:red", linestyle=":"
+        )
         ax.set_ylim(0, task_max + 0.5)
         ax.set_ylabel(run.scenario, rotation=0, ha="right", va="center")
         depth = ax.twinx()
-        depth.fill_between(minutes, [v + f for *_, v, f, _ in run.timeline], step="post", alpha=0.2, color="grey",
-                           label="visible + in flight")
+        depth.fill_between(
+            minutes,
+            [v + f for *_, v, f, _ in run.timeline],
+            step="post",
+            alpha=0.2,
+            color="grey",
+            label="visible + in flight",
+        )
         depth.set_ylim(0, depth_max * 1.05)
     axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
     axes[-1, 0].set_xlabel("minutes since the first job")

@@ -21,9 +21,9 @@ from bench.scaling.cloudwatch import MetricId, MetricStore, Sources
 from bench.scaling.ecs import MANAGED_SCALING_PHASE_S, Cluster, ClusterConfig, Task
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import (
+    CONTAINER_INSIGHTS_DELAY_S,
     CPU_VCPUS_BUSY,
     CPU_VCPUS_IDLE,
-    CONTAINER_INSIGHTS_DELAY_S,
     DESIRED_PUBLISHED_WHILE_STARTING,
     DRAIN_TIMEOUT_S,
     INSTANCE_RELEASE_CHECK_S,
@@ -166,9 +166,18 @@ def simulate(
         def done(job: Job, now: float) -> None:
             job.finished_s = now
 
-        worker = Worker(env, f"task-{task.index:04d}", queue, engine, changed, stopped, started, done,
-                        protection=scenario.task_protection,
-                        long_job_tokens=scenario.protection_tokens_per_s * DRAIN_TIMEOUT_S)
+        worker = Worker(
+            env,
+            f"task-{task.index:04d}",
+            queue,
+            engine,
+            changed,
+            stopped,
+            started,
+            done,
+            protection=scenario.task_protection,
+            long_job_tokens=scenario.protection_tokens_per_s * DRAIN_TIMEOUT_S,
+        )
         workers[task.index] = worker
         return worker
 
@@ -225,9 +234,13 @@ def simulate(
             CPU: cpu,
         },
         counters={SENT: sent},
-        publication_delay_s=lambda m: (delays.sqs_publication_s if m.namespace == "AWS/SQS"
-                                       else delays.insights_publication_s if m.namespace == "ECS/ContainerInsights"
-                                       else 0.0),
+        publication_delay_s=lambda m: (
+            delays.sqs_publication_s
+            if m.namespace == "AWS/SQS"
+            else delays.insights_publication_s
+            if m.namespace == "ECS/ContainerInsights"
+            else 0.0
+        ),
     )
     policy = scenario.policy
     # Queues other than the job queue (the batch lane): the trace sends them nothing; they publish zeros while the
@@ -256,8 +269,10 @@ def simulate(
         for alarm in policy.alarms:
             for metric in alarm.query.metrics():
                 if not sources.knows(metric):
-                    raise ValueError(f"{scenario.name}: alarm {alarm.name} reads {metric.namespace}/{metric.name}, "
-                                     "which the simulator has no source for")
+                    raise ValueError(
+                        f"{scenario.name}: alarm {alarm.name} reads {metric.namespace}/{metric.name}, "
+                        "which the simulator has no source for"
+                    )
         target = ScalableTarget(policy.minimum, policy.maximum, lambda: cluster.desired, set_desired)
     tracking = {p.name: p for p in (policy.tracking if policy else [])}
     keda = KedaController(scenario.keda) if scenario.keda else None
@@ -284,16 +299,29 @@ def simulate(
                             owner: object = tt
                         else:
                             step: StepPolicy = policy.steps[action]
-                            capacity = step.propose(window, alarm.threshold, cluster.desired, now,
-                                                    upper_alarm=alarm.comparison.startswith("Greater"))
+                            capacity = step.propose(
+                                window,
+                                alarm.threshold,
+                                cluster.desired,
+                                now,
+                                upper_alarm=alarm.comparison.startswith("Greater"),
+                            )
                             owner = step
                         if capacity is not None:
                             proposals.append((owner, capacity, f"{alarm.name} -> {action}"))
                 before = len(target.activities)
                 target.apply(proposals, now)
                 activities += len(target.activities) - before
-            timeline.append((now, cluster.desired, cluster.running_count(), len(queue.visible), queue.in_flight,
-                             len(cluster.live_instances())))
+            timeline.append(
+                (
+                    now,
+                    cluster.desired,
+                    cluster.running_count(),
+                    len(queue.visible),
+                    queue.in_flight,
+                    len(cluster.live_instances()),
+                )
+            )
 
     def managed_scaling():
         yield env.timeout(MANAGED_SCALING_PHASE_S)

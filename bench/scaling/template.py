@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from async_inference import config as _env
 from bench.scaling.autoscaling import Step, StepPolicy, TargetTrackingPolicy
 from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat
 from bench.scaling.ecs import ClusterConfig
-from async_inference import config as _env
 from bench.scaling.figures import DEFAULT_COOLDOWN_S, INSTANCE_WARMUP_S
 from cdk.capacity import INSTANCE_GPUS
 
@@ -116,8 +116,9 @@ def _other_queues(template: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(_resources(template, "AWS::SQS::Queue")) - {job_queue}
 
 
-def _query(where: str, props: Mapping[str, Any], default_period: int = 60,
-           others: frozenset[str] = frozenset()) -> MetricQuery:
+def _query(
+    where: str, props: Mapping[str, Any], default_period: int = 60, others: frozenset[str] = frozenset()
+) -> MetricQuery:
     """A single metric (Namespace/MetricName/Statistic/Period) or a ``Metrics`` list with one returned expression."""
     if "Metrics" in props:
         stats: dict[str, MetricStat] = {}
@@ -173,7 +174,8 @@ def _tracking(policy_id: str, config: Mapping[str, Any]) -> TargetTrackingPolicy
             # Target tracking's metric data queries nest the stat one level deeper than alarms' do.
             metrics = [
                 {**e, "MetricStat": {**e["MetricStat"], "Period": e["MetricStat"].get("Period", 60)}}
-                if "MetricStat" in e else e
+                if "MetricStat" in e
+                else e
                 for e in spec["Metrics"]
             ]
             query = _query(policy_id, {"Metrics": metrics})
@@ -194,13 +196,16 @@ def _tracking(policy_id: str, config: Mapping[str, Any]) -> TargetTrackingPolicy
 def read_policy(template: Mapping[str, Any]) -> PolicySpec:
     """The one ECS scalable target's policies and the alarms that drive them."""
     targets = {
-        k: v for k, v in _resources(template, "AWS::ApplicationAutoScaling::ScalableTarget").items()
+        k: v
+        for k, v in _resources(template, "AWS::ApplicationAutoScaling::ScalableTarget").items()
         if v["Properties"].get("ScalableDimension") == "ecs:service:DesiredCount"
     }
     if len(targets) != 1:
         raise TemplateError(f"expected one ECS ScalableTarget (ecs:service:DesiredCount), found {len(targets)}")
     target_id, target = next(iter(targets.items()))
-    spec = PolicySpec(minimum=int(target["Properties"]["MinCapacity"]), maximum=int(target["Properties"]["MaxCapacity"]))
+    spec = PolicySpec(
+        minimum=int(target["Properties"]["MinCapacity"]), maximum=int(target["Properties"]["MaxCapacity"])
+    )
     others = _other_queues(template)
     for policy_id, policy in _resources(template, "AWS::ApplicationAutoScaling::ScalingPolicy").items():
         props = policy["Properties"]
@@ -292,23 +297,31 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
         if not _names_service(named, service_id, service):
             continue
         role = _ref(function["Properties"].get("Role"))
-        if not (_role_allows(template, role, "ecs:UpdateService", service_id)
-                or _role_allows(template, role, "ecs:UpdateService", named)):
-            raise TemplateError(f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
-                                "ecs:UpdateService it; the wake would fail at every check")
+        if not (
+            _role_allows(template, role, "ecs:UpdateService", service_id)
+            or _role_allows(template, role, "ecs:UpdateService", named)
+        ):
+            raise TemplateError(
+                f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
+                "ecs:UpdateService it; the wake would fail at every check"
+            )
         functions.append(function_id)
         intervals.add(float(variables.get(_env.ENV_WAKE_CHECK_INTERVAL_S, _env.DEFAULT_WAKE_CHECK_INTERVAL_S)))
         hold = float(variables.get(_env.ENV_WAKE_HOLD_S, 0) or 0)
         role = _ref(function["Properties"].get("Role"))
-        if hold and not all(_role_allows(template, role, a, "*") for a in (
-                "application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")):
+        if hold and not all(
+            _role_allows(template, role, a, "*")
+            for a in ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
+        ):
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
     if not functions:
         return None
     if len(intervals) != 1 or len(holds) != 1:
-        raise TemplateError(f"functions {functions} wake the service at different intervals {sorted(intervals)} or "
-                            f"holds {sorted(holds)}")
+        raise TemplateError(
+            f"functions {functions} wake the service at different intervals {sorted(intervals)} or "
+            f"holds {sorted(holds)}"
+        )
     return WakeSpec(functions=tuple(sorted(functions)), check_interval_s=intervals.pop(), hold_s=holds.pop())
 
 
@@ -323,8 +336,9 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
         if props.get("PoolState", "Stopped") != "Stopped":
             raise TemplateError(f"{pool_id}: PoolState {props.get('PoolState')} is not modelled (Stopped only)")
         if not props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"):
-            raise TemplateError(f"{pool_id}: without ReuseOnScaleIn an instance never returns to the pool with its "
-                                "caches; not modelled")
+            raise TemplateError(
+                f"{pool_id}: without ReuseOnScaleIn an instance never returns to the pool with its caches; not modelled"
+            )
         pool = int(props.get("MinSize", 0))
     scheduled = {
         _ref(t.get("Arn"))
@@ -335,7 +349,9 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
     release = False
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         # The release function: run every minute, and its role may lower this group's desired capacity.
-        if function_id in scheduled and _role_allows_group(template, _ref(function["Properties"].get("Role")), group_id):
+        if function_id in scheduled and _role_allows_group(
+            template, _ref(function["Properties"].get("Role")), group_id
+        ):
             release = True
     return pool, release
 
@@ -361,7 +377,9 @@ def read(template: Mapping[str, Any]) -> Deployed:
     _, provider = _single(template, "AWS::ECS::CapacityProvider")
     managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
     if managed.get("Status") != "ENABLED":
-        raise TemplateError("AWS::ECS::CapacityProvider: ManagedScaling is not ENABLED; instances would not follow tasks")
+        raise TemplateError(
+            "AWS::ECS::CapacityProvider: ManagedScaling is not ENABLED; instances would not follow tasks"
+        )
     _, launch = _single(template, "AWS::EC2::LaunchTemplate")
     instance_type = launch["Properties"]["LaunchTemplateData"]["InstanceType"]
     task_def, container = _worker_container(template)
@@ -379,8 +397,9 @@ def read(template: Mapping[str, Any]) -> Deployed:
     )
     mode = str(env.get(_env.ENV_TASK_PROTECTION) or _env.DEFAULT_TASK_PROTECTION)
     if mode not in _env.TASK_PROTECTION_MODES:
-        raise TemplateError(f"the worker's {_env.ENV_TASK_PROTECTION} is {mode!r}, not one of "
-                            f"{', '.join(_env.TASK_PROTECTION_MODES)}")
+        raise TemplateError(
+            f"the worker's {_env.ENV_TASK_PROTECTION} is {mode!r}, not one of {', '.join(_env.TASK_PROTECTION_MODES)}"
+        )
     if not may_protect:
         mode = "off"  # the worker's calls to the agent would be refused
     protection = mode != "off"
@@ -405,7 +424,8 @@ def read(template: Mapping[str, Any]) -> Deployed:
         instance_type=str(instance_type),
         stop_timeout_s=container.get("StopTimeout"),
         task_protection=mode,
-        task_protection_tokens_per_s=float(env.get(_env.ENV_TASK_PROTECTION_TOKENS_PER_S)
-                                           or _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S),
+        task_protection_tokens_per_s=float(
+            env.get(_env.ENV_TASK_PROTECTION_TOKENS_PER_S) or _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
+        ),
     )
     return Deployed(policy=policy, cluster=cluster, worker=worker, wake=read_wake(template))

@@ -10,8 +10,10 @@ from pathlib import Path
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _ROOT = Path(__file__).resolve().parents[2]
 # shared/ sits beside the main checkout, and two levels up from a worktree.
-SHARED_DATA = next((p / "shared" / "data" for p in (_ROOT.parent, _ROOT.parent.parent) if (p / "shared").is_dir()),
-                   _ROOT.parent / "shared" / "data")
+SHARED_DATA = next(
+    (p / "shared" / "data" for p in (_ROOT.parent, _ROOT.parent.parent) if (p / "shared").is_dir()),
+    _ROOT.parent / "shared" / "data",
+)
 AZURE_CONVERSATION = SHARED_DATA / "AzureLLMInferenceTrace_conv_2023.csv"
 
 

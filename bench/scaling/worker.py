@@ -27,10 +27,20 @@ def held_messages(capacity: int) -> int:
 
 
 class Worker:
-    def __init__(self, env: simpy.Environment, name: str, queue: Queue, engine_model: EngineModel,
-                 on_change: Callable[[], None], on_stopped: Callable[["Worker"], None],
-                 record_start: Callable[[Job, float], None], record_done: Callable[[Job, float], None],
-                 *, protection: str = "busy", long_job_tokens: float = math.inf) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        name: str,
+        queue: Queue,
+        engine_model: EngineModel,
+        on_change: Callable[[], None],
+        on_stopped: Callable[[Worker], None],
+        record_start: Callable[[Job, float], None],
+        record_done: Callable[[Job, float], None],
+        *,
+        protection: str = "busy",
+        long_job_tokens: float = math.inf,
+    ) -> None:
         """``protection``: busy, long_jobs or off; ``long_job_tokens``: tokens beyond which a job is long."""
         self.env = env
         self.protection = protection

@@ -107,12 +107,19 @@ class Asks:
             calls = {
                 "type": "array",
                 "minItems": 1,
-                "items": {"anyOf": [
-                    {"type": "object", "properties": {"name": {"type": "string", "enum": [f.name]},
-                                                      "parameters": f.parameters or {"type": "object"}},
-                     "required": ["name", "parameters"]}
-                    for f in self.tools
-                ]},
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string", "enum": [f.name]},
+                                "parameters": f.parameters or {"type": "object"},
+                            },
+                            "required": ["name", "parameters"],
+                        }
+                        for f in self.tools
+                    ]
+                },
             }
             if not self.parallel_tool_calls:
                 calls["maxItems"] = 1
@@ -161,8 +168,9 @@ def asks_of(request: ChatCompletionRequest) -> Asks:
     elif response_format.get("type") == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
     if schema is not None and tool_choice in ("required", "function"):
-        raise PermanentEngineError("response_format and a forced tool_choice both constrain the whole output: "
-                                   "use one of them")
+        raise PermanentEngineError(
+            "response_format and a forced tool_choice both constrain the whole output: use one of them"
+        )
 
     stop = body.get("stop") or []
     try:
@@ -199,11 +207,15 @@ def asks_of(request: ChatCompletionRequest) -> Asks:
 def refuse_beyond_text(asks: Asks, engine: str) -> None:
     """For the test engines, which answer with words of the prompt: refuse what would make that answer wrong (a
     JSON format, a forced tool call, logprobs of a model), naming the parameter."""
-    for asked, name in ((asks.json_schema is not None, "response_format"), (asks.forces_tool_call, "tool_choice"),
-                        (asks.logprobs, "logprobs")):
+    for asked, name in (
+        (asks.json_schema is not None, "response_format"),
+        (asks.forces_tool_call, "tool_choice"),
+        (asks.logprobs, "logprobs"),
+    ):
         if asked:
-            raise PermanentEngineError(f"the {engine} engine cannot honour {name}: it only repeats the prompt's words; "
-                                       "use ENGINE=cpu or vllm")
+            raise PermanentEngineError(
+                f"the {engine} engine cannot honour {name}: it only repeats the prompt's words; use ENGINE=cpu or vllm"
+            )
 
 
 def last_user_text(asks: Asks) -> str:

@@ -12,7 +12,6 @@ from typing import Literal
 
 from async_inference.schemas import ChatCompletionRequest
 
-
 FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
@@ -128,7 +127,7 @@ class Engine(abc.ABC):
     def max_model_len(self) -> int:
         """Context length in tokens (prompt + completion)."""
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 (optional hook)
         """Load weights, warm up. Called once before the first ``generate``."""
 
     @abc.abstractmethod
@@ -136,7 +135,7 @@ class Engine(abc.ABC):
         """Run one chat request to completion. Raises ``PermanentEngineError``, ``TransientEngineError``,
         ``FatalEngineError`` or ``GenerationAborted``."""
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str) -> None:  # noqa: B027 (optional hook)
         """Stop a running request; its ``generate`` raises ``GenerationAborted``. Unknown ids are ignored."""
 
     def tokens_so_far(self, request_id: str) -> int | None:
@@ -144,5 +143,5 @@ class Engine(abc.ABC):
         engine cannot tell. Cheap and non-blocking: the worker reads it for every running job at each progress beat."""
         return None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook)
         """Release the engine's resources."""

@@ -243,12 +243,10 @@ class _Batch:
 
         width = max(self.mask.shape[1], mask.shape[1])
         pad_self, pad_new = width - self.mask.shape[1], width - mask.shape[1]
-        for mine, theirs in zip(self.cache.layers, cache.layers):
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=False):
             # keys and values are (batch, heads, length, head_dim): pad the length on the left with masked zeros
             mine.keys = torch.cat([F.pad(mine.keys, (0, 0, pad_self, 0)), F.pad(theirs.keys, (0, 0, pad_new, 0))])
-            mine.values = torch.cat(
-                [F.pad(mine.values, (0, 0, pad_self, 0)), F.pad(theirs.values, (0, 0, pad_new, 0))]
-            )
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, pad_self, 0)), F.pad(theirs.values, (0, 0, pad_new, 0))])
         self.mask = torch.cat([F.pad(self.mask, (pad_self, 0)), F.pad(mask, (pad_new, 0))])
         self.positions = torch.cat([self.positions, positions])
         self.rows = self.rows + list(rows)
@@ -405,8 +403,9 @@ class CpuEngine(Engine):
                 f"logit_bias names token ids {bad} outside this model's vocabulary (0..{self._vocab_size - 1})"
             )
 
-    def _row(self, row_id: str, index: int, asks: Asks, prompt_ids: list[int], grammar: Any,
-             loop: asyncio.AbstractEventLoop) -> _Row:
+    def _row(
+        self, row_id: str, index: int, asks: Asks, prompt_ids: list[int], grammar: Any, loop: asyncio.AbstractEventLoop
+    ) -> _Row:
         """Choice ``index`` of a request: its own generator (a seeded request's choice i uses seed + i, as vLLM
         seeds the n samples of one request) and its own processors (a grammar matcher holds per-row state)."""
         import torch
@@ -647,7 +646,7 @@ class CpuEngine(Engine):
         top: tuple[TopLogprob, ...] = ()
         if row.top_logprobs:
             values, ids = torch.topk(logprobs, row.top_logprobs)
-            top = tuple(self._top(int(i), float(v)) for v, i in zip(values, ids))
+            top = tuple(self._top(int(i), float(v)) for v, i in zip(values, ids, strict=False))
         chosen = self._top(token, float(logprobs[token]))
         row.logprobs.append(TokenLogprob(chosen.token, chosen.logprob, chosen.bytes, top))
 

@@ -21,7 +21,7 @@ import time
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.asks import asks_of, last_user_text, refuse_beyond_text, text_of
-from gpu_worker.engines.base import Completion, Engine, GenerationAborted, Generation
+from gpu_worker.engines.base import Completion, Engine, Generation, GenerationAborted
 from gpu_worker.engines.common import check_context
 
 DEFAULT_MAX_MODEL_LEN = 1_000_000
@@ -58,15 +58,16 @@ class EchoEngine(Engine):
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"
         tokens = len(text.split())
-        generation = Generation(choices=(Completion(text, finish),) * asks.n, prompt_tokens=prompt_tokens,
-                                completion_tokens=tokens * asks.n)
+        generation = Generation(
+            choices=(Completion(text, finish),) * asks.n, prompt_tokens=prompt_tokens, completion_tokens=tokens * asks.n
+        )
         aborted = self._aborts.setdefault(request_id, asyncio.Event())
         self._running[request_id] = (time.monotonic(), generation.completion_tokens)
         try:
             if self._delay_s:
                 try:
                     await asyncio.wait_for(aborted.wait(), timeout=self._delay_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             if aborted.is_set():
                 raise GenerationAborted(request_id)

@@ -22,7 +22,7 @@ class PresenceFrequencyPenalty(LogitsProcessor):
         self.presence, self.frequency, self.prompt_len = presence, frequency, prompt_len
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        generated = input_ids[0, self.prompt_len:]
+        generated = input_ids[0, self.prompt_len :]
         if generated.numel() == 0:
             return scores
         counts = torch.bincount(generated, minlength=scores.shape[-1])[: scores.shape[-1]].to(scores.dtype)

@@ -71,8 +71,14 @@ DEFAULT_MAX_NUM_SEQS = 64
 #   (vLLM's default, `auto`, pins the call's envelope only, and a model then writes any arguments);
 # - structured outputs are compact JSON, as on the CPU engine: free whitespace between tokens lets a small model
 #   indent until max_tokens cuts the object.
-VLLM_ARGS = ["--tool-strict-level", "parameter", "--structured-outputs-config.backend", "xgrammar",
-             "--structured-outputs-config.disable_any_whitespace", "true"]
+VLLM_ARGS = [
+    "--tool-strict-level",
+    "parameter",
+    "--structured-outputs-config.backend",
+    "xgrammar",
+    "--structured-outputs-config.disable_any_whitespace",
+    "true",
+]
 
 # (module, class) -> kind; checked in this order, so the most specific class decides (EngineDeadError is a
 # VLLMServerError, and fatal). Classes a vLLM or torch version lacks are left out.
@@ -290,7 +296,8 @@ class VllmEngine(Engine):
             body["tools"] = [{"type": "function", "function": f.signature()["function"]} for f in asks.tools]
             body["tool_choice"] = (
                 {"type": "function", "function": {"name": asks.forced_function}}
-                if asks.tool_choice == "function" else asks.tool_choice
+                if asks.tool_choice == "function"
+                else asks.tool_choice
             )
         else:
             body.pop("tools", None)
@@ -363,20 +370,27 @@ class VllmEngine(Engine):
     @staticmethod
     def _completion(choice: Any, legacy: bool) -> Completion:
         message = choice.message
-        calls = tuple(ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
-                      for c in message.tool_calls or ())
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in message.tool_calls or ()
+        )
         finish = choice.finish_reason
         if calls and finish != "length":
             finish = "function_call" if legacy else "tool_calls"
         logprobs = None
         if choice.logprobs is not None and choice.logprobs.content is not None:
             logprobs = tuple(
-                TokenLogprob(t.token, t.logprob, t.bytes,
-                             tuple(TopLogprob(a.token, a.logprob, a.bytes) for a in t.top_logprobs))
+                TokenLogprob(
+                    t.token, t.logprob, t.bytes, tuple(TopLogprob(a.token, a.logprob, a.bytes) for a in t.top_logprobs)
+                )
                 for t in choice.logprobs.content
             )
-        return Completion(text=message.content, finish_reason=finish, tool_calls=calls, logprobs=logprobs,
-                          refusal=getattr(message, "refusal", None))
+        return Completion(
+            text=message.content,
+            finish_reason=finish,
+            tool_calls=calls,
+            logprobs=logprobs,
+            refusal=getattr(message, "refusal", None),
+        )
 
     def tokens_so_far(self, request_id: str) -> int | None:
         return self._running.get(f"chatcmpl-{request_id}")

@@ -8,7 +8,7 @@ official SDK pointed at ``<API>/v1`` parses them unmodified. Errors leave as the
 # No `from __future__ import annotations`: Powertools reads the route signatures at run time (see handler.py).
 import base64
 from http import HTTPStatus
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
@@ -44,9 +44,10 @@ def configure(config: ServiceSettings) -> None:
     global batches
     batches = BatchService.from_settings(config)
 
+
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="A file id as returned by POST /v1/files.")]
 BatchId = Annotated[str, Path(pattern=BATCH_ID_PATTERN, description="A batch id as returned by POST /v1/batches.")]
-After = Annotated[Optional[str], Query(min_length=1, max_length=64, description="The last id of the previous page.")]
+After = Annotated[str | None, Query(min_length=1, max_length=64, description="The last id of the previous page.")]
 NO_MODEL = "`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)"
 NO_FILE = "`not_found`: no such file of yours"
 NO_BATCH = "`not_found`: no such batch of yours"
@@ -76,15 +77,21 @@ def _raw_body() -> bytes:
 # --- Models ---------------------------------------------------------------------------------------------------------
 
 
-@router.get("/v1/models", summary="The models this deployment serves (OpenAI's list shape)",
-            responses={200: ok("The served models", ModelList), **error_responses()})
+@router.get(
+    "/v1/models",
+    summary="The models this deployment serves (OpenAI's list shape)",
+    responses={200: ok("The served models", ModelList), **error_responses()},
+)
 def list_models() -> Response[ModelList]:
     _tenant()
     return _json(_service().models())
 
 
-@router.get("/v1/models/<model_id>", summary="One served model",
-            responses={200: ok("The model", Model), **error_responses(400, e404=NO_MODEL)})
+@router.get(
+    "/v1/models/<model_id>",
+    summary="One served model",
+    responses={200: ok("The model", Model), **error_responses(400, e404=NO_MODEL)},
+)
 def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]:
     _tenant()
     return _json(_service().model(model_id))
@@ -93,9 +100,16 @@ def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]
 # --- Files ----------------------------------------------------------------------------------------------------------
 
 
-@router.post(FILES_ROUTE, summary="Upload a batch input file (multipart/form-data: file, purpose=batch)",
-             responses={200: ok("The file", FileObject), **error_responses(
-                 400, e413=f"`payload_too_large`: over {settings.MAX_FILE_INLINE_BYTES} bytes; use POST /v1/files/uploads")})
+@router.post(
+    FILES_ROUTE,
+    summary="Upload a batch input file (multipart/form-data: file, purpose=batch)",
+    responses={
+        200: ok("The file", FileObject),
+        **error_responses(
+            400, e413=f"`payload_too_large`: over {settings.MAX_FILE_INLINE_BYTES} bytes; use POST /v1/files/uploads"
+        ),
+    },
+)
 def create_file() -> Response[FileObject]:
     tenant = _tenant()
     try:
@@ -105,44 +119,64 @@ def create_file() -> Response[FileObject]:
     return _json(_service().create_file(tenant, filename=form.filename, purpose=form.purpose, data=form.data))
 
 
-@router.post("/v1/files/uploads", summary="Create a file whose bytes you PUT to a presigned URL (files over 4 MiB)",
-             responses={201: ok("The file, with its presigned upload", FileUpload), **error_responses(400, 415)})
+@router.post(
+    "/v1/files/uploads",
+    summary="Create a file whose bytes you PUT to a presigned URL (files over 4 MiB)",
+    responses={201: ok("The file, with its presigned upload", FileUpload), **error_responses(400, 415)},
+)
 def create_file_upload(request: Annotated[FileUploadRequest, Body()]) -> Response[FileUpload]:
     return _json(_service().create_upload(_tenant(), request), HTTPStatus.CREATED)
 
 
-@router.get(FILES_ROUTE, summary="Your files, newest first (OpenAI's after/limit pagination)",
-            responses={200: ok("A page of files", Page[FileObject]), **error_responses(400)})
+@router.get(
+    FILES_ROUTE,
+    summary="Your files, newest first (OpenAI's after/limit pagination)",
+    responses={200: ok("A page of files", Page[FileObject]), **error_responses(400)},
+)
 def list_files(
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=settings.DEFAULT_FILE_PAGE_SIZE)] = settings.DEFAULT_FILE_PAGE_SIZE,
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
-    purpose: Annotated[Optional[str], Query(max_length=64)] = None,
+    purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response[Page[FileObject]]:
     page = _service().list_files(_tenant(), after=after, limit=limit, order=order, purpose=purpose)
     return _json(page)
 
 
-@router.get("/v1/files/<file_id>", summary="A file",
-            responses={200: ok("The file", FileObject), **error_responses(400, e404=NO_FILE)})
+@router.get(
+    "/v1/files/<file_id>",
+    summary="A file",
+    responses={200: ok("The file", FileObject), **error_responses(400, e404=NO_FILE)},
+)
 def get_file(file_id: FileId) -> Response[FileObject]:
     return _json(_service().get_file(_tenant(), file_id).wire())
 
 
-@router.get("/v1/files/<file_id>/content", summary="A file's bytes: a redirect to a presigned GET",
-            responses={302: {"description": "The presigned GET of the file's bytes, in Location",
-                             "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}}},
-                       **error_responses(400, e404=NO_FILE, e409="`conflict`: the file's upload has not arrived")})
+@router.get(
+    "/v1/files/<file_id>/content",
+    summary="A file's bytes: a redirect to a presigned GET",
+    responses={
+        302: {
+            "description": "The presigned GET of the file's bytes, in Location",
+            "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}},
+        },
+        **error_responses(400, e404=NO_FILE, e409="`conflict`: the file's upload has not arrived"),
+    },
+)
 def get_file_content(file_id: FileId):  # no return annotation: the answer is a redirect, not a model
     # A redirect, not the bytes: a Lambda answer holds at most 6 MB; the SDK follows redirects (and drops its
     # Authorization header when the redirect leaves this origin).
     url = _service().content_url(_tenant(), file_id)
-    return Response(status_code=HTTPStatus.FOUND, headers={"Location": url}, content_type=content_types.TEXT_PLAIN,
-                    body="")
+    return Response(
+        status_code=HTTPStatus.FOUND, headers={"Location": url}, content_type=content_types.TEXT_PLAIN, body=""
+    )
 
 
-@router.delete("/v1/files/<file_id>", summary="Delete a file",
-               responses={200: ok("The deleted file", FileDeleted), **error_responses(400, e404=NO_FILE)})
+@router.delete(
+    "/v1/files/<file_id>",
+    summary="Delete a file",
+    responses={200: ok("The deleted file", FileDeleted), **error_responses(400, e404=NO_FILE)},
+)
 def delete_file(file_id: FileId) -> Response[FileDeleted]:
     return _json(_service().delete_file(_tenant(), file_id))
 
@@ -150,15 +184,23 @@ def delete_file(file_id: FileId) -> Response[FileDeleted]:
 # --- Batches --------------------------------------------------------------------------------------------------------
 
 
-@router.post("/v1/batches", summary="Create a batch from an uploaded input file",
-             responses={200: ok("The batch, validating", Batch), **error_responses(
-                 400, 415, 503, e404="`not_found`: no such input file of yours")})
+@router.post(
+    "/v1/batches",
+    summary="Create a batch from an uploaded input file",
+    responses={
+        200: ok("The batch, validating", Batch),
+        **error_responses(400, 415, 503, e404="`not_found`: no such input file of yours"),
+    },
+)
 def create_batch(request: Annotated[BatchCreate, Body()]) -> Response[Batch]:
     return _json(_service().create_batch(_tenant(), request))
 
 
-@router.get("/v1/batches", summary="Your batches, newest first (OpenAI's after/limit pagination)",
-            responses={200: ok("A page of batches", Page[Batch]), **error_responses(400)})
+@router.get(
+    "/v1/batches",
+    summary="Your batches, newest first (OpenAI's after/limit pagination)",
+    responses={200: ok("A page of batches", Page[Batch]), **error_responses(400)},
+)
 def list_batches(
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=settings.MAX_BATCH_PAGE_SIZE)] = settings.DEFAULT_BATCH_PAGE_SIZE,
@@ -166,15 +208,23 @@ def list_batches(
     return _json(_service().list_batches(_tenant(), after=after, limit=limit))
 
 
-@router.get("/v1/batches/<batch_id>", summary="A batch",
-            responses={200: ok("The batch", Batch), **error_responses(400, e404=NO_BATCH)})
+@router.get(
+    "/v1/batches/<batch_id>",
+    summary="A batch",
+    responses={200: ok("The batch", Batch), **error_responses(400, e404=NO_BATCH)},
+)
 def get_batch(batch_id: BatchId) -> Response[Batch]:
     return _json(_service().get_batch(_tenant(), batch_id).wire())
 
 
-@router.post("/v1/batches/<batch_id>/cancel", summary="Cancel a batch: its running lines stop, finished ones are kept",
-             responses={200: ok("The batch, cancelling", Batch), **error_responses(
-                 400, e404=NO_BATCH, e409="`conflict`: the batch is already final")})
+@router.post(
+    "/v1/batches/<batch_id>/cancel",
+    summary="Cancel a batch: its running lines stop, finished ones are kept",
+    responses={
+        200: ok("The batch, cancelling", Batch),
+        **error_responses(400, e404=NO_BATCH, e409="`conflict`: the batch is already final"),
+    },
+)
 def cancel_batch(batch_id: BatchId) -> Response[Batch]:
     return _json(_service().cancel_batch(_tenant(), batch_id))
 
@@ -182,4 +232,3 @@ def cancel_batch(batch_id: BatchId) -> Response[Batch]:
 def is_file_upload(event: dict[str, Any]) -> bool:
     """Whether ``event`` is a POST /v1/files (multipart, up to settings.MAX_FILE_INLINE_BYTES of file)."""
     return event.get("httpMethod") == "POST" and event.get("resource", event.get("path")) == FILES_ROUTE
-

@@ -10,8 +10,9 @@ as ``{"error": {"code", "message", "details"}}``; no exception text or stack tra
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -27,10 +28,9 @@ from async_inference.config import ServiceSettings
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
 from async_inference.service import JobService, ServiceError
-from lambdas.api import batch_routes, response_routes
-from lambdas.api.tenancy import tenant_of
-from lambdas.api import media_type
+from lambdas.api import batch_routes, media_type, response_routes
 from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
+from lambdas.api.tenancy import tenant_of
 
 logger = Logger()
 tracer = Tracer()
@@ -41,8 +41,12 @@ app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=safe
 app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
 config = ServiceSettings.load()
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
-                                 served_models=config.served_models, quotas=config.tenant_quotas)
+service = JobService.from_config(
+    config.service,
+    allow_local_webhooks=config.allow_local_webhooks,
+    served_models=config.served_models,
+    quotas=config.tenant_quotas,
+)
 batch_routes.configure(config)
 app.include_router(batch_routes.router)
 response_routes.configure(service)
@@ -52,7 +56,7 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as ret
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 FORM_OVERHEAD_BYTES = 16 * 1024  # a multipart body's boundaries and part headers around the file
 IdempotencyKey = Annotated[
-    Optional[str],
+    str | None,
     Header(
         alias="idempotency-key",
         min_length=1,
@@ -64,8 +68,12 @@ IdempotencyKey = Annotated[
 
 
 # Routes that read a request body; the others ignore any body sent (HTTP gives a GET's body no meaning).
-_BODY_ROUTES = {("POST", "/v1/jobs"), ("POST", "/v1/batches"), ("POST", "/v1/files/uploads"),
-                ("POST", response_routes.CREATE_ROUTE)}
+_BODY_ROUTES = {
+    ("POST", "/v1/jobs"),
+    ("POST", "/v1/batches"),
+    ("POST", "/v1/files/uploads"),
+    ("POST", response_routes.CREATE_ROUTE),
+}
 
 
 def _error(status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> Response:
@@ -93,7 +101,10 @@ def _tenant() -> str:
         202: ok("Queued (an inline `request`)", JobView),
         201: ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),
         **error_responses(
-            400, 415, 422, 503,
+            400,
+            415,
+            422,
+            503,
             e404="`model_not_found`: the request names a model this deployment does not serve (GET /v1/models)",
             e409="`idempotency_key_in_progress`: a request with this Idempotency-Key and another body is still being "
             "processed; retry in a few seconds",
@@ -104,7 +115,9 @@ def _tenant() -> str:
     },
 )
 @tracer.capture_method(capture_response=False)
-def create_job(submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None) -> Response[JobView]:
+def create_job(
+    submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None
+) -> Response[JobView]:
     submitted = service.submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
@@ -132,9 +145,9 @@ def get_job(job_id: JobId) -> Response[JobView]:
 )
 @tracer.capture_method(capture_response=False)
 def list_jobs(
-    status: Annotated[Optional[JobStatus], Query()] = None,
+    status: Annotated[JobStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=settings.MAX_PAGE_SIZE)] = settings.DEFAULT_PAGE_SIZE,
-    next: Annotated[Optional[str], Query(max_length=2048)] = None,
+    next: Annotated[str | None, Query(max_length=2048)] = None,
 ) -> Response[JobList]:
     jobs, token = service.list(_tenant(), status=status, limit=limit, next_token=next)
     return _json(HTTPStatus.OK, JobList(jobs=[service.view(j) for j in jobs], next=token))
@@ -143,8 +156,10 @@ def list_jobs(
 @app.post(
     "/v1/jobs/<job_id>/cancel",
     summary="Cancel a job that has not finished",
-    responses={200: ok("The cancelled job", JobView),
-               **error_responses(400, 404, e409="`conflict`: the job is already final")},
+    responses={
+        200: ok("The cancelled job", JobView),
+        **error_responses(400, 404, e409="`conflict`: the job is already final"),
+    },
 )
 @tracer.capture_method(capture_response=False)
 def cancel_job(job_id: JobId) -> Response[JobView]:
@@ -153,9 +168,11 @@ def cancel_job(job_id: JobId) -> Response[JobView]:
 
 @app.get("/v1/openapi.json", summary="This API's OpenAPI document", include_in_schema=False)
 def openapi():  # no return annotation: Powertools would try to validate the document against it
-    document = served(app.get_openapi_json_schema(
-        title="Async inference API", version="1", security_schemes=SECURITY_SCHEMES, security=SECURITY
-    ))
+    document = served(
+        app.get_openapi_json_schema(
+            title="Async inference API", version="1", security_schemes=SECURITY_SCHEMES, security=SECURITY
+        )
+    )
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=json.dumps(document))
 
 
@@ -212,12 +229,16 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     if batch_routes.is_file_upload(event):
         body = event.get("body") or ""
         try:
-            raw_size = len(base64.b64decode(body, validate=True)) if event.get("isBase64Encoded") else len(body.encode())
+            raw_size = (
+                len(base64.b64decode(body, validate=True)) if event.get("isBase64Encoded") else len(body.encode())
+            )
         except binascii.Error:
             return _raw_error(400, "invalid_request", "the request body is not valid base64")
         if raw_size > settings.MAX_FILE_INLINE_BYTES + FORM_OVERHEAD_BYTES:
-            message = (f"the file is larger than the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files takes; use "
-                       "POST /v1/files/uploads (a presigned PUT) for large files")
+            message = (
+                f"the file is larger than the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files takes; use "
+                "POST /v1/files/uploads (a presigned PUT) for large files"
+            )
             return _raw_error(413, "payload_too_large", message)
         return handler(event, context)
     if (event.get("httpMethod"), event.get("resource")) not in _BODY_ROUTES:
@@ -228,7 +249,9 @@ def body_checks(handler: Callable[..., Any], event: dict[str, Any], context: Lam
     except binascii.Error:
         return _raw_error(400, "invalid_request", "the request body is not valid base64")
     if len(raw) > settings.MAX_INLINE_REQUEST_BYTES:
-        message = f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
+        message = (
+            f"the body is larger than {settings.MAX_INLINE_REQUEST_BYTES} bytes; use an upload job for large requests"
+        )
         return _raw_error(413, "payload_too_large", message)
     unsupported = media_type.normalize(event)
     if unsupported is not None:

@@ -34,7 +34,11 @@ def refusal(content_type: str | None, *, has_body: bool) -> str | None:
         return None
     media, *parameters = [part.strip() for part in content_type.split(";")]  # type: ignore[union-attr]
     if not is_json(media):
-        return f"the request body must be JSON: send Content-Type: {JSON} (got {media or content_type!r})" if has_body else None
+        return (
+            f"the request body must be JSON: send Content-Type: {JSON} (got {media or content_type!r})"
+            if has_body
+            else None
+        )
     for parameter in parameters:
         name, _, value = parameter.partition("=")
         if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in _UTF8_CHARSETS:

@@ -97,9 +97,9 @@ def _referenced(root: Any, schemas: dict[str, Any]) -> set[str]:
         node = pending.pop()
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix):] not in found:
-                found.add(ref[len(prefix):])
-                pending.append(schemas.get(ref[len(prefix):], {}))
+            if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix) :] not in found:
+                found.add(ref[len(prefix) :])
+                pending.append(schemas.get(ref[len(prefix) :], {}))
             pending.extend(node.values())
         elif isinstance(node, list):
             pending.extend(node)

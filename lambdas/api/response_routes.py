@@ -6,7 +6,7 @@ the API's ``{"error": {...}}`` envelope, mapped in one place by the handler.
 """
 
 # No `from __future__ import annotations`: Powertools reads the route signatures at run time (see handler.py).
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from aws_lambda_powertools.event_handler import Response as HttpResponse
 from aws_lambda_powertools.event_handler import content_types
@@ -29,8 +29,9 @@ router = Router()
 responses: ResponseService | None = None  # set once by configure(), over the handler's JobService
 CREATE_ROUTE = "/v1/responses"  # a route with a JSON body: handler.body_checks sizes and types it
 
-ResponseId = Annotated[str, Path(pattern=RESPONSE_ID_PATTERN, description="A response id as POST /v1/responses "
-                                 "returned it.")]
+ResponseId = Annotated[
+    str, Path(pattern=RESPONSE_ID_PATTERN, description="A response id as POST /v1/responses returned it.")
+]
 NO_RESPONSE = "`not_found`: no such response of yours"
 
 
@@ -59,43 +60,64 @@ def _tenant() -> str:
     "status is final. A request without `background: true` is a 400 that says to set it; `stream: true`, "
     "`previous_response_id`, `conversation`, hosted tools and other parameters this service cannot honour are 400s "
     "that name them (docs/design/responses.md).",
-    responses={200: ok("The response, queued", Response), **error_responses(
-        400, 415, 422, 503,
-        e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)",
-        e409="`idempotency_key_in_progress`: a request with this Idempotency-Key is still being processed",
-        e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs, or is over its usage plan")},
+    responses={
+        200: ok("The response, queued", Response),
+        **error_responses(
+            400,
+            415,
+            422,
+            503,
+            e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)",
+            e409="`idempotency_key_in_progress`: a request with this Idempotency-Key is still being processed",
+            e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs, or is over its usage plan",
+        ),
+    },
 )
 def create_response(
     request: Annotated[ResponseCreate, Body()],
-    idempotency_key: Annotated[Optional[str], Header(alias="idempotency-key", min_length=1, max_length=255)] = None,
+    idempotency_key: Annotated[str | None, Header(alias="idempotency-key", min_length=1, max_length=255)] = None,
 ) -> HttpResponse[Response]:
     return _json(_service().create(_tenant(), request, idempotency_key))
 
 
-@router.get("/v1/responses/<response_id>", summary="A background response: its status and, once final, its output",
-            responses={200: ok("The response", Response), **error_responses(400, 410, e404=NO_RESPONSE)})
+@router.get(
+    "/v1/responses/<response_id>",
+    summary="A background response: its status and, once final, its output",
+    responses={200: ok("The response", Response), **error_responses(400, 410, e404=NO_RESPONSE)},
+)
 def get_response(response_id: ResponseId) -> HttpResponse[Response]:
     return _json(_service().retrieve(_tenant(), response_id))
 
 
-@router.post("/v1/responses/<response_id>/cancel", summary="Cancel a queued or running background response",
-             responses={200: ok("The response, cancelled", Response), **error_responses(
-                 400, e404=NO_RESPONSE, e409="`conflict`: the response already ended (completed, failed)")})
+@router.post(
+    "/v1/responses/<response_id>/cancel",
+    summary="Cancel a queued or running background response",
+    responses={
+        200: ok("The response, cancelled", Response),
+        **error_responses(400, e404=NO_RESPONSE, e409="`conflict`: the response already ended (completed, failed)"),
+    },
+)
 def cancel_response(response_id: ResponseId) -> HttpResponse[Response]:
     return _json(_service().cancel(_tenant(), response_id))
 
 
-@router.delete("/v1/responses/<response_id>", summary="Delete a response (an unfinished one is cancelled first)",
-               responses={200: ok("The deleted response", ResponseDeleted), **error_responses(400, e404=NO_RESPONSE)})
+@router.delete(
+    "/v1/responses/<response_id>",
+    summary="Delete a response (an unfinished one is cancelled first)",
+    responses={200: ok("The deleted response", ResponseDeleted), **error_responses(400, e404=NO_RESPONSE)},
+)
 def delete_response(response_id: ResponseId) -> HttpResponse[ResponseDeleted]:
     return _json(_service().delete(_tenant(), response_id))
 
 
-@router.get("/v1/responses/<response_id>/input_items", summary="The response's input items (OpenAI's cursor page)",
-            responses={200: ok("A page of input items", InputItemList), **error_responses(400, e404=NO_RESPONSE)})
+@router.get(
+    "/v1/responses/<response_id>/input_items",
+    summary="The response's input items (OpenAI's cursor page)",
+    responses={200: ok("A page of input items", InputItemList), **error_responses(400, e404=NO_RESPONSE)},
+)
 def list_input_items(
     response_id: ResponseId,
-    after: Annotated[Optional[str], Query(min_length=1, max_length=256)] = None,
+    after: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
 ) -> HttpResponse[InputItemList]:

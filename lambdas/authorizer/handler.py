@@ -40,8 +40,13 @@ def lambda_handler(event: APIGatewayAuthorizerRequestEvent, context: LambdaConte
         raise Exception("Unauthorized")  # API Gateway's word for a 401: this exact message
     arn = event.parsed_arn
     response = APIGatewayAuthorizerResponse(
-        principal_id=caller.tenant, region=arn.region, aws_account_id=arn.aws_account_id, api_id=arn.api_id,
-        stage=arn.stage, context={"tenant": caller.tenant}, usage_identifier_key=caller.api_key,
+        principal_id=caller.tenant,
+        region=arn.region,
+        aws_account_id=arn.aws_account_id,
+        api_id=arn.api_id,
+        stage=arn.stage,
+        context={"tenant": caller.tenant},
+        usage_identifier_key=caller.api_key,
         partition=arn.partition,
     )
     response.allow_all_routes()

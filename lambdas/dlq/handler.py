@@ -35,9 +35,15 @@ processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failu
 config = ServiceSettings.load()
 service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
 # None without the batch resources: a chunk is then left in the DLQ, as any message this handler cannot process.
-chunks = (ChunkDeadLetters(store=BatchStore(config.batch_table_name), blobs=Blobs(config.bucket_name),
-                           control=ControlQueue(config.batch_control_queue_url))
-          if config.batch_table_name and config.batch_control_queue_url else None)
+chunks = (
+    ChunkDeadLetters(
+        store=BatchStore(config.batch_table_name),
+        blobs=Blobs(config.bucket_name),
+        control=ControlQueue(config.batch_control_queue_url),
+    )
+    if config.batch_table_name and config.batch_control_queue_url
+    else None
+)
 
 
 @tracer.capture_method(capture_response=False)
@@ -49,8 +55,10 @@ def record_handler(record: SQSRecord) -> None:
         job = service.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
     except NotAClaimCheck as exc:
         metrics.add_metric(name=settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, unit=MetricUnit.Count, value=1)
-        logger.error("a DLQ message that is not a claim check stays in the DLQ",
-                     extra={"message_id": record.message_id, "reason": str(exc)})
+        logger.error(
+            "a DLQ message that is not a claim check stays in the DLQ",
+            extra={"message_id": record.message_id, "reason": str(exc)},
+        )
         raise
     logger.info("dead letter handled", extra={"job_id": job.job_id if job else None})
 
@@ -61,11 +69,15 @@ def _chunk(record: SQSRecord) -> None:
         ended = chunks.end(record.body, settings.MAX_RECEIVE_COUNT)
     except ValueError as exc:
         metrics.add_metric(name=settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, unit=MetricUnit.Count, value=1)
-        logger.error("a DLQ message that is not a chunk claim check stays in the DLQ",
-                     extra={"message_id": record.message_id, "reason": str(exc)})
+        logger.error(
+            "a DLQ message that is not a chunk claim check stays in the DLQ",
+            extra={"message_id": record.message_id, "reason": str(exc)},
+        )
         raise
-    logger.info("dead-lettered chunk handled", extra={"counted": ended.counted, "failed_lines": ended.failed,
-                                                      "finalize_sent": ended.finalize_sent})
+    logger.info(
+        "dead-lettered chunk handled",
+        extra={"counted": ended.counted, "failed_lines": ended.failed, "finalize_sent": ended.finalize_sent},
+    )
 
 
 @logger.inject_lambda_context

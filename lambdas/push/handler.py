@@ -42,5 +42,7 @@ def lambda_handler(event: SNSEvent, context: LambdaContext) -> dict[str, Any]:
             continue
         outcome = pusher.push(pushed)
         told = {key: told[key] + getattr(outcome, key) for key in told}
-        logger.info("pushed", extra={**pushed.event.model_dump(include={"job_id", "batch_id", "type"}), **vars(outcome)})
+        logger.info(
+            "pushed", extra={**pushed.event.model_dump(include={"job_id", "batch_id", "type"}), **vars(outcome)}
+        )
     return told

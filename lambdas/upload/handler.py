@@ -15,8 +15,9 @@ from async_inference.service import JobService
 logger = Logger()
 tracer = Tracer()
 config = ServiceSettings.load()
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks,
-                                 served_models=config.served_models)
+service = JobService.from_config(
+    config.service, allow_local_webhooks=config.allow_local_webhooks, served_models=config.served_models
+)
 
 
 @tracer.capture_method(capture_response=False)

@@ -60,14 +60,20 @@ def deliver(record: SQSRecord) -> None:
     # The job id goes on this record's lines only (extra), not on the logger: the next record is another job's.
     if outcome.done:
         # Most events are for jobs without a webhook, and every attempt is recorded on its job: debug is enough.
-        logger.debug("webhook event done",
-                     extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count})
+        logger.debug(
+            "webhook event done",
+            extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count},
+        )
         return
     queue.hide(record.receipt_handle, outcome.retry_in_s)
     logger.warning(
         "webhook delivery failed",
-        extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count,
-               "retry_in_s": outcome.retry_in_s},
+        extra={
+            "job_id": outcome.job_id,
+            "reason": outcome.reason,
+            "receive_count": receive_count,
+            "retry_in_s": outcome.retry_in_s,
+        },
     )
     raise DeliveryFailed(outcome.reason)
 

@@ -23,8 +23,9 @@ logger = Logger()
 tracer = Tracer()
 config = WebSocketSettings.load()
 # The same key lookup as the REST API's authorizer: this stack's tenant keys, read by id, cached.
-routes = WebSocketRoutes(ConnectionStore(config.connections_table_name),
-                         TenantKeys(config.tenant_api_key_ids, ApiKeyValues()))
+routes = WebSocketRoutes(
+    ConnectionStore(config.connections_table_name), TenantKeys(config.tenant_api_key_ids, ApiKeyValues())
+)
 
 
 def _answer(status: int, body: str | None = None) -> dict[str, Any]:

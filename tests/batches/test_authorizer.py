@@ -32,15 +32,18 @@ class Clock:
         return self.now
 
 
-@pytest.mark.parametrize(("headers", "keys"), [
-    ({"Authorization": "Bearer k1"}, ["k1"]),
-    ({"authorization": "bearer k1"}, ["k1"]),
-    ({"x-api-key": "k2"}, ["k2"]),
-    ({"Authorization": "Bearer k1", "X-Api-Key": "k2"}, ["k1", "k2"]),
-    ({"Authorization": "Basic k1"}, []),
-    ({"Authorization": "Bearer "}, []),
-    ({}, []),
-])
+@pytest.mark.parametrize(
+    ("headers", "keys"),
+    [
+        ({"Authorization": "Bearer k1"}, ["k1"]),
+        ({"authorization": "bearer k1"}, ["k1"]),
+        ({"x-api-key": "k2"}, ["k2"]),
+        ({"Authorization": "Bearer k1", "X-Api-Key": "k2"}, ["k1", "k2"]),
+        ({"Authorization": "Basic k1"}, []),
+        ({"Authorization": "Bearer "}, []),
+        ({}, []),
+    ],
+)
 def test_the_keys_a_request_presents(headers, keys):
     assert presented_keys(headers) == keys
 
@@ -96,20 +99,42 @@ ARN = "arn:aws:execute-api:us-east-1:123456789012:api/prod/GET/v1/jobs"
 
 
 def allow(resource: str = "arn:aws:execute-api:us-east-1:123456789012:api/prod/*/*", effect: str = "Allow") -> dict:
-    return {"principalId": "t", "context": {"tenant": "t"}, "usageIdentifierKey": "key",
-            "policyDocument": {"Version": "2012-10-17",
-                               "Statement": [{"Action": "execute-api:Invoke", "Effect": effect, "Resource": [resource]}]}}
+    return {
+        "principalId": "t",
+        "context": {"tenant": "t"},
+        "usageIdentifierKey": "key",
+        "policyDocument": {
+            "Version": "2012-10-17",
+            "Statement": [{"Action": "execute-api:Invoke", "Effect": effect, "Resource": [resource]}],
+        },
+    }
 
 
 def request(headers: dict[str, str] | None = None) -> Request:
-    return Request(method_arn=ARN, resource="/v1/jobs", path="/v1/jobs", http_method="GET", headers=headers or {},
-                   query={}, path_parameters={}, request_context={"stage": "prod"})
+    return Request(
+        method_arn=ARN,
+        resource="/v1/jobs",
+        path="/v1/jobs",
+        http_method="GET",
+        headers=headers or {},
+        query={},
+        path_parameters={},
+        request_context={"stage": "prod"},
+    )
 
 
 def test_with_caching_a_missing_identity_source_is_401_without_a_call_and_results_are_cached_per_value():
     function, clock = Function(allow()), Clock()
-    authorizer = RequestAuthorizer("A", {"Type": "REQUEST", "IdentitySource": "method.request.header.Authorization",
-                                         "AuthorizerResultTtlInSeconds": 60}, function, clock=clock)  # type: ignore[arg-type]
+    authorizer = RequestAuthorizer(
+        "A",
+        {
+            "Type": "REQUEST",
+            "IdentitySource": "method.request.header.Authorization",
+            "AuthorizerResultTtlInSeconds": 60,
+        },
+        function,
+        clock=clock,
+    )  # type: ignore[arg-type]
     with pytest.raises(AuthorizerRefused) as refused:
         authorizer.authorize(request({"x-api-key": "key"}))
     assert refused.value.response_type == "UNAUTHORIZED" and function.events == []
@@ -132,13 +157,16 @@ def test_without_caching_every_request_calls_the_function_whatever_its_headers()
     assert [e["headers"] for e in function.events] == [{}, {"x-api-key": "k"}, {"Authorization": "Bearer k"}]
 
 
-@pytest.mark.parametrize(("function", "response_type"), [
-    (Function({"errorMessage": "Unauthorized"}, error=True), "UNAUTHORIZED"),
-    (Function({"errorMessage": "boom"}, error=True), "AUTHORIZER_FAILURE"),
-    (Function({"principalId": "t"}), "AUTHORIZER_CONFIGURATION_ERROR"),
-    (Function(allow(effect="Deny")), "ACCESS_DENIED"),
-    (Function(allow(resource="arn:aws:execute-api:us-east-1:123456789012:api/prod/POST/*")), "ACCESS_DENIED"),
-])
+@pytest.mark.parametrize(
+    ("function", "response_type"),
+    [
+        (Function({"errorMessage": "Unauthorized"}, error=True), "UNAUTHORIZED"),
+        (Function({"errorMessage": "boom"}, error=True), "AUTHORIZER_FAILURE"),
+        (Function({"principalId": "t"}), "AUTHORIZER_CONFIGURATION_ERROR"),
+        (Function(allow(effect="Deny")), "ACCESS_DENIED"),
+        (Function(allow(resource="arn:aws:execute-api:us-east-1:123456789012:api/prod/POST/*")), "ACCESS_DENIED"),
+    ],
+)
 def test_refusals_are_the_gateway_responses_api_gateway_gives(function, response_type):
     authorizer = RequestAuthorizer("A", {"Type": "REQUEST", "AuthorizerResultTtlInSeconds": 0}, function)  # type: ignore[arg-type]
     with pytest.raises(AuthorizerRefused) as refused:

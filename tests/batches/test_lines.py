@@ -20,7 +20,10 @@ TOOLS_BODY = {
     "model": "m",
     "messages": [{"role": "developer", "content": "Use the tool."}, {"role": "user", "content": "Paris?"}],
     "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
-    "tool_choice": "required", "response_format": None, "max_completion_tokens": 20, "stream": False,
+    "tool_choice": "required",
+    "response_format": None,
+    "max_completion_tokens": 20,
+    "stream": False,
 }
 
 
@@ -30,9 +33,19 @@ def line(custom_id: str, body: dict, **changes) -> dict:
 
 def chunk(*rows: dict) -> tuple[ChunkClaimCheck, bytes]:
     data = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
-    claim = ChunkClaimCheck(batch_id="batch_1", tenant="t", bucket="b", input_key="k", chunk=0, start_byte=0,
-                            end_byte=len(data) - 1, first_line=1, line_count=len(rows),
-                            deadline=dt.datetime.now(dt.timezone.utc), timeout_s=60)
+    claim = ChunkClaimCheck(
+        batch_id="batch_1",
+        tenant="t",
+        bucket="b",
+        input_key="k",
+        chunk=0,
+        start_byte=0,
+        end_byte=len(data) - 1,
+        first_line=1,
+        line_count=len(rows),
+        deadline=dt.datetime.now(dt.UTC),
+        timeout_s=60,
+    )
     return claim, data
 
 
@@ -48,8 +61,18 @@ def test_a_lines_body_is_the_request_the_jobs_api_would_take():
 
 def test_the_worker_parses_each_line_once_into_its_request_or_a_400_naming_the_field():
     # GIVEN a chunk of a line the schema takes and a line with an image part (a text-only model cannot read it)
-    image = {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}
+    image = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                ],
+            }
+        ],
+    }
     claim, data = chunk(line("tools", TOOLS_BODY), line("image", image))
     # WHEN the worker parses the chunk
     tools, refused = parse_lines(claim, data, SERVED)
@@ -69,7 +92,10 @@ def test_planning_reports_every_structural_fault_of_a_line_by_field():
     result = plan([json.dumps(bad).encode() + b"\n"], served=SERVED)
     # THEN each fault is an error naming its field, and nothing runs
     assert sorted((e.code, e.param) for e in result.errors) == [
-        ("invalid_method", "method"), ("invalid_url", "url"), ("missing_required_parameter", "body")]
+        ("invalid_method", "method"),
+        ("invalid_url", "url"),
+        ("missing_required_parameter", "body"),
+    ]
     assert result.chunks == []
 
 

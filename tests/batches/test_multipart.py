@@ -19,10 +19,13 @@ def test_file_and_purpose_come_back_byte_for_byte_binary_included():
     assert (form.filename, form.data, form.purpose) == ("in.jsonl", payload, "batch")
 
 
-@pytest.mark.parametrize(("files", "data", "field"), [
-    ({}, {"purpose": "batch"}, "file"),
-    ({"file": ("in.jsonl", b"x")}, {}, "purpose"),
-])
+@pytest.mark.parametrize(
+    ("files", "data", "field"),
+    [
+        ({}, {"purpose": "batch"}, "file"),
+        ({"file": ("in.jsonl", b"x")}, {}, "purpose"),
+    ],
+)
 def test_a_missing_part_names_it(files, data, field):
     content_type, body = sdk_body(files or {"other": ("x", b"y")}, data)
     with pytest.raises(MultipartError, match=f"^{field}:"):

@@ -13,8 +13,12 @@ SERVED = ServedModels.of(["m"])
 
 
 def line(custom_id: str, **changes) -> dict:
-    request = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-               "body": {"model": "m", "messages": [{"role": "user", "content": custom_id}]}}
+    request = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": custom_id}]},
+    }
     request.update(changes)
     return request
 
@@ -61,7 +65,9 @@ def test_an_empty_file_fails():
 
 def test_a_body_the_schema_would_refuse_is_not_structural():
     # max_tokens 0 and no messages: the worker answers that line with a 400 in the error file
-    found = plan([jsonl(line("a", body={"model": "m", "max_tokens": 0}), line("b", body={"messages": []}))], served=SERVED)
+    found = plan(
+        [jsonl(line("a", body={"model": "m", "max_tokens": 0}), line("b", body={"messages": []}))], served=SERVED
+    )
     assert found.ok and found.total == 2
 
 

@@ -12,10 +12,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 import botocore.client
@@ -101,9 +102,12 @@ class BatchStack:
         self.control_queue_url = resources.batch_control_queue_url
         # The clients below are built without an endpoint: the bstack fixture points the process at moto.
         self.store = BatchStore(self.table_name)
-        self.service = BatchService(store=self.store, files=FileObjects(self.config.bucket_name),
-                                    control=ControlQueue(self.control_queue_url),
-                                    served=ServedModels.of(fstack.local.served_models))
+        self.service = BatchService(
+            store=self.store,
+            files=FileObjects(self.config.bucket_name),
+            control=ControlQueue(self.control_queue_url),
+            served=ServedModels.of(fstack.local.served_models),
+        )
 
     # --- driving ----------------------------------------------------------------------------------------------------
 
@@ -112,12 +116,15 @@ class BatchStack:
         on the control queue). ``completion_window_s``: the deadline the API gives it, in place of OpenAI's 24 h."""
         data = b"\n".join(input_lines) + b"\n"
         file = self.service.create_file(TENANT, filename="input.jsonl", purpose="batch", data=data)
-        window = (mock.patch.dict(settings.BATCH_COMPLETION_WINDOWS, {"24h": completion_window_s})
-                  if completion_window_s is not None else nullcontext())
+        window = (
+            mock.patch.dict(settings.BATCH_COMPLETION_WINDOWS, {"24h": completion_window_s})
+            if completion_window_s is not None
+            else nullcontext()
+        )
         with window:
-            batch = self.service.create_batch(TENANT, BatchCreate(input_file_id=file.id,
-                                                                  endpoint=settings.BATCH_ENDPOINT,
-                                                                  completion_window="24h"))
+            batch = self.service.create_batch(
+                TENANT, BatchCreate(input_file_id=file.id, endpoint=settings.BATCH_ENDPOINT, completion_window="24h")
+            )
         record = self.store.get_batch(batch.id)
         assert record is not None
         return record
@@ -136,8 +143,13 @@ class BatchStack:
 
     def worker_config(self, **overrides: Any) -> WorkerConfig:
         options: dict[str, Any] = dict(
-            service=self.config, receive_wait_s=1, heartbeat_interval_s=0.2, visibility_timeout_s=5,
-            drain_timeout_s=2, transient_retry_delay_s=0, batch_queue_url=self.batch_queue_url,
+            service=self.config,
+            receive_wait_s=1,
+            heartbeat_interval_s=0.2,
+            visibility_timeout_s=5,
+            drain_timeout_s=2,
+            transient_retry_delay_s=0,
+            batch_queue_url=self.batch_queue_url,
             control_queue_url=self.control_queue_url,
         )
         options.update(overrides)
@@ -153,11 +165,13 @@ class BatchStack:
         bodies: dict[str, str] = {}
         deadline = time.monotonic() + 10
         while len(bodies) < batch.chunks and time.monotonic() < deadline:
-            for message in self.sqs.receive_message(QueueUrl=self.batch_queue_url, MaxNumberOfMessages=10,
-                                                    VisibilityTimeout=30, WaitTimeSeconds=1).get("Messages", []):
+            for message in self.sqs.receive_message(
+                QueueUrl=self.batch_queue_url, MaxNumberOfMessages=10, VisibilityTimeout=30, WaitTimeSeconds=1
+            ).get("Messages", []):
                 bodies[message["MessageId"]] = message["Body"]
-                self.sqs.change_message_visibility(QueueUrl=self.batch_queue_url,
-                                                   ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+                self.sqs.change_message_visibility(
+                    QueueUrl=self.batch_queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+                )
         assert len(bodies) == batch.chunks, f"{len(bodies)} of {batch.chunks} chunk claim checks found queued"
         return sorted(bodies.values(), key=lambda b: json.loads(b)["chunk"])
 
@@ -176,14 +190,17 @@ class BatchStack:
             if record.status in statuses:
                 return record
             if record.status.is_final or time.monotonic() > deadline:
-                raise AssertionError(f"batch {batch_id} is {record.status.value} (errors {record.errors}), not one of "
-                                     f"{[s.value for s in statuses]}")
+                raise AssertionError(
+                    f"batch {batch_id} is {record.status.value} (errors {record.errors}), not one of "
+                    f"{[s.value for s in statuses]}"
+                )
             time.sleep(0.1)
 
     def wait_final(self, batch: Submitted, timeout_s: float = 60.0) -> BatchRecord:
         """The batch once the controller has finalized it (completed, cancelled or expired)."""
-        return self.wait_status(batch.batch_id, BatchStatus.COMPLETED, BatchStatus.CANCELLED, BatchStatus.EXPIRED,
-                                timeout_s=timeout_s)
+        return self.wait_status(
+            batch.batch_id, BatchStatus.COMPLETED, BatchStatus.CANCELLED, BatchStatus.EXPIRED, timeout_s=timeout_s
+        )
 
     def file_lines(self, file_id: str | None) -> list[dict[str, Any]]:
         """A batch output or error file's lines, read as the Files API serves them (none for no file)."""
@@ -224,8 +241,9 @@ class BatchStack:
         """Delete what a test left on the batch lane (the control queue is the deployed controller's to empty)."""
         deadline = time.monotonic() + 5
         while self.fstack.queue_depth(self.batch_queue_url) and time.monotonic() < deadline:
-            for message in self.sqs.receive_message(QueueUrl=self.batch_queue_url, MaxNumberOfMessages=10,
-                                                    WaitTimeSeconds=1).get("Messages", []):
+            for message in self.sqs.receive_message(
+                QueueUrl=self.batch_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+            ).get("Messages", []):
                 self.sqs.delete_message(QueueUrl=self.batch_queue_url, ReceiptHandle=message["ReceiptHandle"])
 
 

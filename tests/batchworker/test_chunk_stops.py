@@ -34,8 +34,9 @@ class Counting(SimulatedEngine):
 def mixed(short: int, long: int, prefix: str = "") -> list[bytes]:
     """``short`` lines of 2 tokens, then ``long`` lines of LONG tokens (the simulated engine answers with as many
     tokens as the prompt has words, up to max_tokens)."""
-    return ([input_line(f"{prefix}short-{i}", body("a b", max_tokens=2)) for i in range(short)]
-            + [input_line(f"{prefix}long-{i}", body("x " * LONG, max_tokens=LONG)) for i in range(long)])
+    return [input_line(f"{prefix}short-{i}", body("a b", max_tokens=2)) for i in range(short)] + [
+        input_line(f"{prefix}long-{i}", body("x " * LONG, max_tokens=LONG)) for i in range(long)
+    ]
 
 
 def wait(condition: Any, timeout_s: float, what: str) -> None:

@@ -26,8 +26,11 @@ pytestmark = pytest.mark.e2e
 
 def finalizes_sent(requests: AwsRequests, stack: BatchStack) -> list[BatchControl]:
     """The control messages the worker sent."""
-    return [BatchControl.model_validate_json(params["MessageBody"]) for op, params, _ in requests.calls
-            if op == "SendMessage" and params["QueueUrl"] == stack.control_queue_url]
+    return [
+        BatchControl.model_validate_json(params["MessageBody"])
+        for op, params, _ in requests.calls
+        if op == "SendMessage" and params["QueueUrl"] == stack.control_queue_url
+    ]
 
 
 def test_a_batch_runs_to_one_part_pair_per_chunk_and_one_finalize(batches: BatchStack):
@@ -41,7 +44,8 @@ def test_a_batch_runs_to_one_part_pair_per_chunk_and_one_finalize(batches: Batch
     record = batches.wait_final(batch)
     # THEN the worker told the controller once, and the controller completed the batch
     assert [(f.kind, f.batch_id, f.tenant) for f in finalizes_sent(requests, batches)] == [
-        ("finalize", batch.batch_id, batch.tenant)]
+        ("finalize", batch.batch_id, batch.tenant)
+    ]
     assert record.status is BatchStatus.COMPLETED
     # AND every line is in the output file, once, in input order, as an OpenAI batch output line; no error file
     outputs, errors = batches.files(record)
@@ -96,7 +100,8 @@ def test_a_line_for_a_model_the_worker_does_not_serve_is_a_404_model_not_found_l
     assert {line["response"]["status_code"] for line in errors} == {404}
     assert {line["response"]["body"]["error"]["code"] for line in errors} == {"model_not_found"}
     assert {line["response"]["body"]["error"]["message"] for line in errors} == {
-        ServedModels.of([MODEL]).not_found_message("gpt-unknown")}
+        ServedModels.of([MODEL]).not_found_message("gpt-unknown")
+    }
 
 
 def test_each_part_is_written_once_even_when_its_chunk_is_delivered_again(batches: BatchStack):
@@ -144,9 +149,12 @@ def test_a_chunk_costs_a_bounded_number_of_requests_whatever_its_lines(batches: 
     def for_the_batch(operation: str, params: dict[str, Any], result: Any) -> bool:
         if operation == "ReceiveMessage":  # an empty long poll is idle time, not the batch's work
             return params["QueueUrl"] == batches.batch_queue_url and bool(result.get("Messages"))
-        return (params.get("QueueUrl") in batch_urls or params.get("TableName") == batches.table_name
-                or batches.table_name in params.get("RequestItems", {})
-                or str(params.get("Key", "")).startswith((settings.BATCH_PREFIX, batch.input_key)))
+        return (
+            params.get("QueueUrl") in batch_urls
+            or params.get("TableName") == batches.table_name
+            or batches.table_name in params.get("RequestItems", {})
+            or str(params.get("Key", "")).startswith((settings.BATCH_PREFIX, batch.input_key))
+        )
 
     # WHEN a worker runs it
     with AwsRequests().installed() as requests, batches.worker(EchoEngine(capacity=32)):
@@ -182,8 +190,9 @@ def test_a_chunk_sent_before_its_batch_left_validating_runs(batches: BatchStack)
     local = batches.fstack.local
     with local.event_source_paused(batches.control_queue_url) as function:
         created = batches.create(lines(30))
-        (message,) = batches.sqs.receive_message(QueueUrl=batches.control_queue_url, WaitTimeSeconds=5,
-                                                 VisibilityTimeout=60).get("Messages", [])
+        (message,) = batches.sqs.receive_message(
+            QueueUrl=batches.control_queue_url, WaitTimeSeconds=5, VisibilityTimeout=60
+        ).get("Messages", [])
         control = BatchControl.model_validate_json(message["Body"])
         assert (control.kind, control.batch_id) == ("plan", created.id)
         config = ServiceSettings.load(**function.environment)
@@ -192,8 +201,9 @@ def test_a_chunk_sent_before_its_batch_left_validating_runs(batches: BatchStack)
         with pytest.raises(ConnectionError):
             controller.handle(control)
         # the failed delivery leaves the plan message on the queue, to come back
-        batches.sqs.change_message_visibility(QueueUrl=batches.control_queue_url,
-                                              ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+        batches.sqs.change_message_visibility(
+            QueueUrl=batches.control_queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+        )
         record = batches.record(created.id)
         assert record.status is BatchStatus.VALIDATING and record.planned
         batch = batches.submitted(record)
@@ -218,15 +228,23 @@ def test_a_chunk_running_longer_than_the_visibility_timeout_is_kept_hidden_and_r
     prompt = " ".join(f"w{i}" for i in range(200))  # 200 tokens at 20 ms a step
     batch = batches.submit([input_line(f"slow-{i}", body(prompt, max_tokens=200)) for i in range(10)])
     # WHEN it runs them
-    with AwsRequests().installed() as requests, \
-            batches.worker(SimulatedEngine(capacity=16, step_s=0.02), visibility_timeout_s=2) as worker:
+    with (
+        AwsRequests().installed() as requests,
+        batches.worker(SimulatedEngine(capacity=16, step_s=0.02), visibility_timeout_s=2) as worker,
+    ):
         record = batches.wait_final(batch, timeout_s=30)
         started = worker.chunks.chunks_started if worker.chunks else None
     # THEN the heartbeat kept the chunk hidden: it was received once and run once, its visibility extended meanwhile
-    received = [len(result["Messages"]) for op, params, result in requests.calls if op == "ReceiveMessage"
-                and params["QueueUrl"] == batches.batch_queue_url and result.get("Messages")]
-    extended = [params["Entries"] for op, params, _ in requests.calls if op == "ChangeMessageVisibilityBatch"
-                and params["QueueUrl"] == batches.batch_queue_url]
+    received = [
+        len(result["Messages"])
+        for op, params, result in requests.calls
+        if op == "ReceiveMessage" and params["QueueUrl"] == batches.batch_queue_url and result.get("Messages")
+    ]
+    extended = [
+        params["Entries"]
+        for op, params, _ in requests.calls
+        if op == "ChangeMessageVisibilityBatch" and params["QueueUrl"] == batches.batch_queue_url
+    ]
     assert received == [1] and started == 1
     assert len(extended) >= 4
     # AND every line is in the output file once

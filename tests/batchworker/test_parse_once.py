@@ -51,8 +51,9 @@ def test_each_message_of_either_lane_is_parsed_once(batches: BatchStack, monkeyp
         deadline = time.monotonic() + 60
         while (worker.jobs_finished < 3 or not batches.record(batch).all_counted) and time.monotonic() < deadline:
             time.sleep(0.1)
-    received = [m["Body"] for op, _, result in requests.calls if op == "ReceiveMessage"
-                for m in result.get("Messages", [])]
+    received = [
+        m["Body"] for op, _, result in requests.calls if op == "ReceiveMessage" for m in result.get("Messages", [])
+    ]
     # THEN every job ran and every chunk was counted
     assert worker.jobs_finished == 3 and batches.record(batch).all_counted
     assert sum(1 for body in received if any(job_id in body for job_id in job_ids)) == 3

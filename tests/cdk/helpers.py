@@ -63,7 +63,7 @@ def dependency_cycle(template_json: dict[str, Any]) -> list[str] | None:
         state[node] = 1
         for nxt in edges[node]:
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                return path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
             if nxt not in state and (cycle := visit(nxt, path + [nxt])):
                 return cycle
         state[node] = 2
@@ -113,6 +113,6 @@ def dashboard_metrics(template: Template, namespace: str) -> list[tuple[str, dic
         for entry in widget.get("properties", {}).get("metrics", []):
             fields, options = (entry[:-1], entry[-1]) if isinstance(entry[-1], dict) else (entry, {})
             if len(fields) >= 2 and fields[0] == namespace:
-                dimensions = dict(zip(fields[2::2], fields[3::2]))
+                dimensions = dict(zip(fields[2::2], fields[3::2], strict=False))
                 found.append((fields[1], dimensions, options.get("stat", "Average")))
     return found

@@ -10,8 +10,8 @@ from aws_cdk.assertions import Match
 
 from async_inference import config, settings
 from async_inference.schemas import ErrorResponse
-from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 from cdk.lambda_code import RUNTIME
+from tests.cdk.helpers import dependency_cycle, function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
 
@@ -30,8 +30,10 @@ def test_every_method_requires_an_api_key_checked_by_the_authorizer(synthesized)
     [authorizer] = synthesized.resources("AWS::ApiGateway::Authorizer")
     assert len(methods) == 22  # 17, and the 5 of the Responses API
     assert all(m["Properties"]["ApiKeyRequired"] is True for m in methods.values())
-    assert all(m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
-               for m in methods.values())
+    assert all(
+        m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
+        for m in methods.values()
+    )
     synthesized.template.has_resource_properties("AWS::ApiGateway::RestApi", {"ApiKeySourceType": "AUTHORIZER"})
 
 
@@ -62,14 +64,26 @@ def test_submission_body_has_one_schema_the_functions(synthesized):
 
 @pytest.mark.parametrize(
     "response_type",
-    ["INVALID_API_KEY", "MISSING_AUTHENTICATION_TOKEN", "THROTTLED", "QUOTA_EXCEEDED", "REQUEST_TOO_LARGE",
-     "BAD_REQUEST_PARAMETERS", "ACCESS_DENIED", "DEFAULT_4XX", "DEFAULT_5XX"],
+    [
+        "INVALID_API_KEY",
+        "MISSING_AUTHENTICATION_TOKEN",
+        "THROTTLED",
+        "QUOTA_EXCEEDED",
+        "REQUEST_TOO_LARGE",
+        "BAD_REQUEST_PARAMETERS",
+        "ACCESS_DENIED",
+        "DEFAULT_4XX",
+        "DEFAULT_5XX",
+    ],
 )
 def test_gateway_errors_are_json_in_the_api_error_shape(synthesized, response_type):
     """GIVEN a missing/invalid key, throttling, a quota, an unknown route or a body too large WHEN API Gateway answers
     THEN the body, rendered with a message, is exactly the API's {"error": {"code", "message", "details"}}."""
-    [response] = [r["Properties"] for r in synthesized.template.find_resources("AWS::ApiGateway::GatewayResponse").values()
-                  if r["Properties"]["ResponseType"] == response_type]
+    [response] = [
+        r["Properties"]
+        for r in synthesized.template.find_resources("AWS::ApiGateway::GatewayResponse").values()
+        if r["Properties"]["ResponseType"] == response_type
+    ]
     rendered = response["ResponseTemplates"]["application/json"].replace("$context.error.messageString", '"Forbidden"')
     assert json.loads(rendered) == {"error": {"code": ANY, "message": ANY, "details": []}}
     assert ErrorResponse.model_validate_json(rendered).error.message
@@ -109,7 +123,11 @@ WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on
 WAKE_HOLD = ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
-    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:GetQueueUrl",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
 }
 
 # What aws-cdk-lib's SqsDestination grants a function on its on-failure queue (Lambda itself needs SendMessage).
@@ -121,7 +139,9 @@ def _function_actions(synthesized, handler):
 
 
 def _worker_actions(synthesized):
-    return role_actions(synthesized.template, synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role))
+    return role_actions(
+        synthesized.template, synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+    )
 
 
 def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
@@ -130,12 +150,26 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     sends, notifications; no API key reads (the authorizer gives it the tenant)."""
     actions = _function_actions(synthesized, API)
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query",
-        "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket", "sqs:SendMessage", *PUBLISH, *XRAY, *WAKE,
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:Query",
+        "s3:PutObject",
+        "s3:GetObject",
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        "sqs:SendMessage",
+        *PUBLISH,
+        *XRAY,
+        *WAKE,
         *WAKE_HOLD,
     }
-    assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*",
-                                                  f"{settings.FILE_PREFIX}*"}
+    assert _prefixes(actions["s3:PutObject"]) == {
+        f"{settings.REQUEST_PREFIX}*",
+        f"{settings.UPLOAD_PREFIX}*",
+        f"{settings.FILE_PREFIX}*",
+    }
     responses = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"  # background responses' bodies
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*", responses}
     assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*", responses}
@@ -147,21 +181,33 @@ def test_api_queries_only_the_tenant_index(synthesized):
     table = synthesized.logical_id(synthesized.stack.service.table.table)
     batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
     resources = _function_actions(synthesized, API)["dynamodb:Query"]
-    assert sorted(map(str, resources)) == sorted(map(str, [
-        {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]},
-        {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
-        {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
-    ]))
+    assert sorted(map(str, resources)) == sorted(
+        map(
+            str,
+            [
+                {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]},
+                {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
+                {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
+            ],
+        )
+    )
 
 
 def test_the_authorizer_reads_only_this_stacks_api_keys(synthesized):
     """GIVEN the authorizer's key lookup (key id -> value) WHEN reading its role's apigateway:GET THEN it names exactly
     this stack's tenant keys, not every key of the region (whose values it could read)."""
     resources = _function_actions(synthesized, AUTHORIZER)["apigateway:GET"]
-    keys = {synthesized.stack.resolve(key.key_id)["Ref"] for keys in synthesized.stack.service.api.api_keys.values()
-            for key in keys}
-    named = {part["Ref"] for resource in resources for part in resource["Fn::Join"][1] if isinstance(part, dict)
-             and "Ref" in part and part["Ref"] in synthesized.json["Resources"]}
+    keys = {
+        synthesized.stack.resolve(key.key_id)["Ref"]
+        for keys in synthesized.stack.service.api.api_keys.values()
+        for key in keys
+    }
+    named = {
+        part["Ref"]
+        for resource in resources
+        for part in resource["Fn::Join"][1]
+        if isinstance(part, dict) and "Ref" in part and part["Ref"] in synthesized.json["Resources"]
+    }
     assert len(resources) == len(keys) == 2 and named == keys
 
 
@@ -184,8 +230,18 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     and touches job items only."""
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:DeleteObject", "s3:ListBucket", "s3:PutObject",
-        "sqs:SendMessage", *PUBLISH, *DESTINATION, *XRAY, *WAKE, *WAKE_HOLD,
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "s3:GetObject",
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "sqs:SendMessage",
+        *PUBLISH,
+        *DESTINATION,
+        *XRAY,
+        *WAKE,
+        *WAKE_HOLD,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}
@@ -197,10 +253,14 @@ def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_e
     and update exactly the worker service, by its ARN (built from the service's name: tests/cdk/test_deploy_day.py),
     and make no other ECS call."""
     [function] = synthesized.template.find_resources(
-        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
     service_arn = function["Properties"]["Environment"]["Variables"][config.ENV_WORKER_SERVICE]
-    statements = [s for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
-                  if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))]
+    statements = [
+        s
+        for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
+        if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))
+    ]
     assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": service_arn}]
     assert "service/" in json.dumps(service_arn) and "gpu-workers" in json.dumps(service_arn)
 
@@ -211,7 +271,8 @@ def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, han
     interval are set, by the names async_inference.config reads."""
     workers = synthesized.stack.service.workers
     [function] = synthesized.template.find_resources(
-        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
     env = function["Properties"]["Environment"]["Variables"]
     assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
     # The service's ARN from its cluster's name and its own, fixed at synth: no reference to the service resource.
@@ -240,8 +301,11 @@ def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesiz
     (claim checks of jobs with priority "batch") and to its on-failure queue (Lambda delivers failed events with the
     function's role)."""
     service = synthesized.stack.service
-    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.uploads.failure_queue),
-              synthesized.logical_id(service.batches.lane_queue)}
+    queues = {
+        synthesized.logical_id(service.jobs.queue),
+        synthesized.logical_id(service.uploads.failure_queue),
+        synthesized.logical_id(service.batches.lane_queue),
+    }
     sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
     assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
 
@@ -252,8 +316,15 @@ def test_dlq_role_touches_no_job_payloads(synthesized):
     request or result."""
     actions = _function_actions(synthesized, DLQ)
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
-        "s3:GetObject", "s3:ListBucket", "s3:PutObject", "sqs:SendMessage",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        *PUBLISH,
+        *EVENT_SOURCE,
+        *XRAY,
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "sqs:SendMessage",
     }
     objects = {r["Fn::Join"][1][-1].lstrip("/") for r in actions["s3:GetObject"] + actions["s3:PutObject"]}
     assert objects == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
@@ -264,9 +335,12 @@ def test_api_sends_to_the_job_queues_the_deadline_queue_and_the_control_queue_on
     (each upload job's deadline), the batch control queue (plan steps) and the batch lane (jobs with priority
     "batch")."""
     service = synthesized.stack.service
-    queues = {synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.upload_deadlines.queue),
-              synthesized.logical_id(service.batches.control_queue),
-              synthesized.logical_id(service.batches.lane_queue)}
+    queues = {
+        synthesized.logical_id(service.jobs.queue),
+        synthesized.logical_id(service.upload_deadlines.queue),
+        synthesized.logical_id(service.batches.control_queue),
+        synthesized.logical_id(service.batches.lane_queue),
+    }
     assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
 
 
@@ -274,7 +348,11 @@ def test_deadline_role_expires_jobs_and_notifies_only(synthesized):
     """GIVEN the upload-deadline function WHEN listing its actions THEN it consumes (and hides) its queue's messages,
     reads and updates job items and notifies; no S3."""
     assert set(_function_actions(synthesized, DEADLINES)) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", *PUBLISH, *EVENT_SOURCE, *XRAY,
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        *PUBLISH,
+        *EVENT_SOURCE,
+        *XRAY,
     }
 
 
@@ -282,7 +360,11 @@ def test_webhook_role_reads_its_secret_and_publishes_nothing(synthesized):
     """GIVEN the webhook function's role WHEN listing its actions THEN it reads the secret's value (only), records
     attempts on jobs, consumes its queue; no S3, no publish."""
     assert set(_function_actions(synthesized, WEBHOOKS)) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", "secretsmanager:GetSecretValue", *EVENT_SOURCE, *XRAY,
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "secretsmanager:GetSecretValue",
+        *EVENT_SOURCE,
+        *XRAY,
     }
 
 
@@ -290,10 +372,19 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
     """GIVEN the worker task role WHEN listing its actions THEN they are the worker's calls, and no Scan, DeleteItem,
     BatchWriteItem, DeleteObject or queue-wide reads."""
     assert set(_worker_actions(synthesized)) == {
-        "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage",
-        "s3:GetObject", "s3:PutObject", "s3:ListBucket",
-        "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem",
-        "ecs:UpdateTaskProtection", "ecs:GetTaskProtection", *PUBLISH,
+        "sqs:ReceiveMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:DeleteMessage",
+        "sqs:SendMessage",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:ListBucket",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:BatchGetItem",
+        "ecs:UpdateTaskProtection",
+        "ecs:GetTaskProtection",
+        *PUBLISH,
         "dynamodb:Query",  # the WebSocket connections' tenant index: which jobs a connection follows
         "ecs:DescribeServices",  # whether a newer deployment waits (gpu_worker.deployments)
     }
@@ -304,7 +395,9 @@ def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
     run wrote is read back) and batch input files, and writes under results/ and batch parts only."""
     actions = _worker_actions(synthesized)
     assert _prefixes(actions["s3:GetObject"]) == {
-        f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*",
+        f"{settings.REQUEST_PREFIX}*",
+        f"{settings.UPLOAD_PREFIX}*",
+        f"{settings.RESULT_PREFIX}*",
         f"{settings.FILE_PREFIX}*",
     }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
@@ -328,8 +421,15 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
     [
         ("upload", [f"{settings.UPLOAD_PREFIX}*"]),
         ("api", [f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"]),
-        ("worker", [f"{settings.REQUEST_PREFIX}*", f"{settings.UPLOAD_PREFIX}*", f"{settings.RESULT_PREFIX}*",
-                    f"{settings.FILE_PREFIX}*"]),
+        (
+            "worker",
+            [
+                f"{settings.REQUEST_PREFIX}*",
+                f"{settings.UPLOAD_PREFIX}*",
+                f"{settings.RESULT_PREFIX}*",
+                f"{settings.FILE_PREFIX}*",
+            ],
+        ),
     ],
 )
 def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, principal, prefixes):
@@ -366,8 +466,11 @@ def test_a_path_no_method_serves_is_a_404_not_found(synthesized):
     gateway responses THEN it answers 404 with the not_found code."""
     synthesized.template.has_resource_properties(
         "AWS::ApiGateway::GatewayResponse",
-        {"ResponseType": "MISSING_AUTHENTICATION_TOKEN", "StatusCode": "404",
-         "ResponseTemplates": {"application/json": Match.string_like_regexp('"code": "not_found"')}},
+        {
+            "ResponseType": "MISSING_AUTHENTICATION_TOKEN",
+            "StatusCode": "404",
+            "ResponseTemplates": {"application/json": Match.string_like_regexp('"code": "not_found"')},
+        },
     )
 
 

@@ -15,7 +15,9 @@ UPLOAD = "lambdas.upload.handler.lambda_handler"
 
 
 def _variables(synthesized, handler):
-    [function] = synthesized.template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
     return function["Properties"]["Environment"]["Variables"]
 
 
@@ -39,8 +41,9 @@ DLQ = "lambdas.dlq.handler.lambda_handler"
 
 
 def _function_id(synthesized, handler):
-    [logical_id] = synthesized.template.find_resources("AWS::Lambda::Function",
-                                                       {"Properties": {"Handler": handler}}).keys()
+    [logical_id] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).keys()
     return logical_id
 
 
@@ -48,11 +51,14 @@ def test_the_dlq_handler_consumes_the_batch_lanes_dlq_with_partial_failures(synt
     """GIVEN the batch lane's DLQ WHEN reading the event source mappings THEN the DLQ handler consumes it, reporting
     failures per item (a message it cannot process stays for an operator)."""
     lane_dlq = synthesized.logical_id(synthesized.stack.service.batches.lane_dead_letter_queue)
-    synthesized.template.has_resource_properties("AWS::Lambda::EventSourceMapping", {
-        "EventSourceArn": {"Fn::GetAtt": [lane_dlq, "Arn"]},
-        "FunctionName": {"Ref": _function_id(synthesized, DLQ)},
-        "FunctionResponseTypes": ["ReportBatchItemFailures"],
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {
+            "EventSourceArn": {"Fn::GetAtt": [lane_dlq, "Arn"]},
+            "FunctionName": {"Ref": _function_id(synthesized, DLQ)},
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+        },
+    )
 
 
 def test_the_dlq_handler_knows_the_batch_table_and_the_control_queue(synthesized):

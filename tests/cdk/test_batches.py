@@ -21,7 +21,11 @@ AUTHORIZER = "lambdas.authorizer.handler.lambda_handler"
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
 PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}
 EVENT_SOURCE = {
-    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:GetQueueUrl",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
 }
 
 
@@ -30,25 +34,36 @@ def _prefixes(resources):
 
 
 def _function(synthesized, handler):
-    [function] = synthesized.template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": handler}}).values()
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
     return function
 
 
 def test_the_batch_table_is_keyed_listed_per_owner_and_expires(synthesized):
     """GIVEN the batch table WHEN reading it THEN its key, owner index and TTL are the names the store writes, and it is
     on-demand, encrypted and point-in-time recoverable."""
-    synthesized.template.has_resource_properties("AWS::DynamoDB::Table", {
-        "KeySchema": [{"AttributeName": settings.BATCH_TABLE_PARTITION_KEY, "KeyType": "HASH"}],
-        "BillingMode": "PAY_PER_REQUEST",
-        "SSESpecification": {"SSEEnabled": True},
-        "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
-        "TimeToLiveSpecification": {"AttributeName": settings.BATCH_TTL_ATTRIBUTE, "Enabled": True},
-        "GlobalSecondaryIndexes": [Match.object_like({
-            "IndexName": settings.BATCH_OWNER_INDEX_NAME,
-            "KeySchema": [{"AttributeName": settings.BATCH_OWNER_ATTRIBUTE, "KeyType": "HASH"},
-                          {"AttributeName": settings.BATCH_CREATED_KEY_ATTRIBUTE, "KeyType": "RANGE"}],
-        })],
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": [{"AttributeName": settings.BATCH_TABLE_PARTITION_KEY, "KeyType": "HASH"}],
+            "BillingMode": "PAY_PER_REQUEST",
+            "SSESpecification": {"SSEEnabled": True},
+            "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+            "TimeToLiveSpecification": {"AttributeName": settings.BATCH_TTL_ATTRIBUTE, "Enabled": True},
+            "GlobalSecondaryIndexes": [
+                Match.object_like(
+                    {
+                        "IndexName": settings.BATCH_OWNER_INDEX_NAME,
+                        "KeySchema": [
+                            {"AttributeName": settings.BATCH_OWNER_ATTRIBUTE, "KeyType": "HASH"},
+                            {"AttributeName": settings.BATCH_CREATED_KEY_ATTRIBUTE, "KeyType": "RANGE"},
+                        ],
+                    }
+                )
+            ],
+        },
+    )
 
 
 def test_the_batch_lane_redrives_to_its_dlq_with_the_job_queues_timings(synthesized):
@@ -56,11 +71,16 @@ def test_the_batch_lane_redrives_to_its_dlq_with_the_job_queues_timings(synthesi
     heartbeat), and a chunk that keeps failing moves to its own DLQ after MAX_RECEIVE_COUNT receives."""
     service = synthesized.stack.service
     dlq = synthesized.logical_id(service.batches.lane_dead_letter_queue)
-    [lane] = [r for lid, r in synthesized.resources("AWS::SQS::Queue").items()
-              if lid == synthesized.logical_id(service.batches.lane_queue)]
+    [lane] = [
+        r
+        for lid, r in synthesized.resources("AWS::SQS::Queue").items()
+        if lid == synthesized.logical_id(service.batches.lane_queue)
+    ]
     assert lane["Properties"]["VisibilityTimeout"] == settings.VISIBILITY_TIMEOUT_S
-    assert lane["Properties"]["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq, "Arn"]},
-                                                   "maxReceiveCount": settings.MAX_RECEIVE_COUNT}
+    assert lane["Properties"]["RedrivePolicy"] == {
+        "deadLetterTargetArn": {"Fn::GetAtt": [dlq, "Arn"]},
+        "maxReceiveCount": settings.MAX_RECEIVE_COUNT,
+    }
     assert lane["Properties"]["SqsManagedSseEnabled"] is True
 
 
@@ -69,10 +89,14 @@ def test_the_controller_takes_one_control_step_at_a_time_with_partial_failures(s
     and reports failures per item, and the control queue redrives after CONTROL_MAX_RECEIVE_COUNT receives."""
     service = synthesized.stack.service
     control = synthesized.logical_id(service.batches.control_queue)
-    synthesized.template.has_resource_properties("AWS::Lambda::EventSourceMapping", {
-        "EventSourceArn": {"Fn::GetAtt": [control, "Arn"]}, "BatchSize": 1,
-        "FunctionResponseTypes": ["ReportBatchItemFailures"],
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {
+            "EventSourceArn": {"Fn::GetAtt": [control, "Arn"]},
+            "BatchSize": 1,
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+        },
+    )
     queue = synthesized.json["Resources"][control]["Properties"]
     assert queue["RedrivePolicy"]["maxReceiveCount"] == CONTROL_MAX_RECEIVE_COUNT
     assert queue["VisibilityTimeout"] >= 6 * _function(synthesized, CONTROLLER)["Properties"]["Timeout"]
@@ -92,8 +116,9 @@ def test_api_and_controller_get_the_batch_resources_and_the_served_model(synthes
     control queue, and the served model (cdk.json's ``model``) that requests are checked against."""
     variables = _function(synthesized, handler)["Properties"]["Environment"]["Variables"]
     assert {config.ENV_BATCH_TABLE, config.ENV_BATCH_QUEUE_URL, config.ENV_BATCH_CONTROL_QUEUE_URL} <= set(variables)
-    assert json.loads(variables[config.ENV_SERVED_MODELS]) == [synthesized.stack.node.try_get_context("model")
-                                                              or "Qwen/Qwen2.5-1.5B-Instruct"]
+    assert json.loads(variables[config.ENV_SERVED_MODELS]) == [
+        synthesized.stack.node.try_get_context("model") or "Qwen/Qwen2.5-1.5B-Instruct"
+    ]
 
 
 def test_the_worker_gets_the_batch_lane_and_the_control_queue(synthesized):
@@ -107,11 +132,23 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
     no Scan."""
     actions = role_actions(synthesized.template, function_role(synthesized.template, CONTROLLER))
     assert set(actions) == {
-        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-        "s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-        "sqs:SendMessage", *PUBLISH, *EVENT_SOURCE, *XRAY, "ecs:DescribeServices", "ecs:UpdateService",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "sqs:SendMessage",
+        *PUBLISH,
+        *EVENT_SOURCE,
+        *XRAY,
+        "ecs:DescribeServices",
+        "ecs:UpdateService",
         # the wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py)
-        "application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction",
+        "application-autoscaling:RegisterScalableTarget",
+        "application-autoscaling:PutScheduledAction",
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
@@ -124,7 +161,9 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
 def test_the_controller_lists_only_the_prefixes_it_reads(synthesized):
     role = function_role(synthesized.template, CONTROLLER)
     [statement] = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]
-    assert statement["Condition"] == {"StringLike": {"s3:prefix": [f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"]}}
+    assert statement["Condition"] == {
+        "StringLike": {"s3:prefix": [f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"]}
+    }
 
 
 def test_the_authorizer_is_not_cached_by_the_gateway_and_needs_no_identity_source(synthesized):
@@ -147,23 +186,39 @@ def test_the_authorizer_knows_this_stacks_keys_by_id(synthesized):
 
 
 def test_a_missing_or_unknown_key_is_a_401_that_says_how_to_send_one(synthesized):
-    synthesized.template.has_resource_properties("AWS::ApiGateway::GatewayResponse", {
-        "ResponseType": "UNAUTHORIZED",
-        "ResponseTemplates": {"application/json": Match.string_like_regexp(r'"code": "invalid_api_key".*Bearer')},
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::ApiGateway::GatewayResponse",
+        {
+            "ResponseType": "UNAUTHORIZED",
+            "ResponseTemplates": {"application/json": Match.string_like_regexp(r'"code": "invalid_api_key".*Bearer')},
+        },
+    )
 
 
 def test_multipart_bodies_reach_the_function_as_binary(synthesized):
     """GIVEN POST /v1/files (multipart, possibly binary) WHEN reading the REST API THEN multipart/form-data is a binary
     media type, written with CloudFormation's ~1 for the slash."""
-    synthesized.template.has_resource_properties("AWS::ApiGateway::RestApi", {"BinaryMediaTypes": ["multipart~1form-data"]})
+    synthesized.template.has_resource_properties(
+        "AWS::ApiGateway::RestApi", {"BinaryMediaTypes": ["multipart~1form-data"]}
+    )
 
 
 @pytest.mark.parametrize("prefix", [settings.FILE_PREFIX, settings.BATCH_PREFIX])
 def test_files_and_parts_expire_with_their_records(synthesized, prefix):
-    synthesized.template.has_resource_properties("AWS::S3::Bucket", {"LifecycleConfiguration": {"Rules": Match.array_with([
-        Match.object_like({"Prefix": prefix, "ExpirationInDays": settings.FILE_RETENTION_DAYS, "Status": "Enabled"})
-    ])}})
+    synthesized.template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [
+                        Match.object_like(
+                            {"Prefix": prefix, "ExpirationInDays": settings.FILE_RETENTION_DAYS, "Status": "Enabled"}
+                        )
+                    ]
+                )
+            }
+        },
+    )
 
 
 def test_the_stack_outputs_the_batch_resources(synthesized):

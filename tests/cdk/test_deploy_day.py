@@ -56,13 +56,16 @@ def test_the_dispatcher_finds_each_tenants_secret_and_may_read_exactly_those(syn
     """GIVEN the tenants' secrets WHEN reading the dispatcher THEN WEBHOOK_SECRET_ARNS maps each tenant to its own
     secret, and its role may GetSecretValue on those secrets and nothing else of Secrets Manager."""
     arns = json.loads(_joined(_dispatcher_env(synthesized)["WEBHOOK_SECRET_ARNS"]))
-    expected = {tenant: f"<Ref:{synthesized.logical_id(secret)}>"
-                for tenant, secret in synthesized.stack.service.webhooks.signing_secrets.items()}
+    expected = {
+        tenant: f"<Ref:{synthesized.logical_id(secret)}>"
+        for tenant, secret in synthesized.stack.service.webhooks.signing_secrets.items()
+    }
     assert arns == expected and set(arns) == set(TEST_CONTEXT["tenants"])
     actions = role_actions(synthesized.template, function_role(synthesized.template, DISPATCHER))
     assert sorted(a for a in actions if a.startswith("secretsmanager:")) == ["secretsmanager:GetSecretValue"]
     assert sorted(r["Ref"] for r in actions["secretsmanager:GetSecretValue"]) == sorted(
-        v.removeprefix("<Ref:").removesuffix(">") for v in expected.values())
+        v.removeprefix("<Ref:").removesuffix(">") for v in expected.values()
+    )
 
 
 def test_the_operator_finds_the_secrets_in_a_stack_output(synthesized):
@@ -106,8 +109,11 @@ def test_every_function_runs_python_3_12_or_newer(synthesized):
     THEN each is a Python of 3.12 or newer (python3.11 runs on Amazon Linux 2, past its end of life in June 2026), and
     the layer is built for the same Python."""
     functions = synthesized.resources("AWS::Lambda::Function")
-    python = {lid: f["Properties"]["Runtime"] for lid, f in functions.items()
-              if f["Properties"].get("Runtime", "").startswith("python")}
+    python = {
+        lid: f["Properties"]["Runtime"]
+        for lid, f in functions.items()
+        if f["Properties"].get("Runtime", "").startswith("python")
+    }
     assert len(python) >= 10  # the service's own functions are among them
     old = {lid: r for lid, r in python.items() if tuple(int(x) for x in r.removeprefix("python").split(".")) < (3, 12)}
     assert old == {}
@@ -178,25 +184,37 @@ def _depends_on(template_json: dict[str, Any], logical_id: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("handler", ["lambdas.api.handler.lambda_handler", "lambdas.upload.handler.lambda_handler",
-                                     "lambdas.batch_controller.handler.lambda_handler"])
+@pytest.mark.parametrize(
+    "handler",
+    [
+        "lambdas.api.handler.lambda_handler",
+        "lambdas.upload.handler.lambda_handler",
+        "lambdas.batch_controller.handler.lambda_handler",
+    ],
+)
 def test_the_functions_that_wake_the_workers_do_not_wait_for_the_worker_service(synthesized, handler):
     """GIVEN a function that wakes the workers from zero WHEN CloudFormation creates the stack THEN nothing it needs
     (its environment, its role's policies) waits for the ECS service, whose creation waits for a healthy GPU task:
     it finds the service by a name fixed at synth, and its wake policy names the same ARN."""
     template = synthesized.json
     [(logical_id, function)] = synthesized.template.find_resources(
-        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}).items()
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).items()
     [service] = synthesized.resources("AWS::ECS::Service")
     role = function["Properties"]["Role"]["Fn::GetAtt"][0]
-    policies = [lid for lid, p in synthesized.resources("AWS::IAM::Policy").items()
-                if {"Ref": role} in p["Properties"]["Roles"]]
+    policies = [
+        lid for lid, p in synthesized.resources("AWS::IAM::Policy").items() if {"Ref": role} in p["Properties"]["Roles"]
+    ]
     for needed in (logical_id, *policies):
         assert service not in _depends_on(template, needed) | {needed}, needed
     variables = function["Properties"]["Environment"]["Variables"]
     assert "gpu-workers" in json.dumps(variables["WORKER_SERVICE_ARN"])
-    statements = [s for lid in policies for s in template["Resources"][lid]["Properties"]["PolicyDocument"]["Statement"]
-                  if "ecs:UpdateService" in s["Action"]]
+    statements = [
+        s
+        for lid in policies
+        for s in template["Resources"][lid]["Properties"]["PolicyDocument"]["Statement"]
+        if "ecs:UpdateService" in s["Action"]
+    ]
     assert [s["Resource"] for s in statements] == [variables["WORKER_SERVICE_ARN"]]
 
 
@@ -275,8 +293,11 @@ def test_the_default_keeps_the_workers_private_behind_one_nat_gateway(synthesize
     """GIVEN the defaults WHEN synthesized THEN the instances are private: one NAT gateway, three interface endpoints
     (ECR API, ECR Docker, CloudWatch Logs) in each of two zones; what that costs idle is in docs/deploying.md."""
     assert len(synthesized.resources("AWS::EC2::NatGateway")) == 1
-    interface = [e for e in synthesized.resources("AWS::EC2::VPCEndpoint").values()
-                 if e["Properties"].get("VpcEndpointType") == "Interface"]
+    interface = [
+        e
+        for e in synthesized.resources("AWS::EC2::VPCEndpoint").values()
+        if e["Properties"].get("VpcEndpointType") == "Interface"
+    ]
     assert len(interface) == 3 and all(len(e["Properties"]["SubnetIds"]) == 2 for e in interface)
 
 

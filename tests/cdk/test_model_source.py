@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from async_inference import config
 from tests.cdk.helpers import denies_insecure_transport, policy_of, role_actions, role_statements
 
@@ -26,7 +27,8 @@ def _task_role_resources(variant, action):
 def _execution_role_statements(variant, action):
     role = variant.logical_id(variant.stack.service.workers.task_definition.execution_role)
     return [
-        s for s in role_statements(variant.template, role)
+        s
+        for s in role_statements(variant.template, role)
         if action in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
     ]
 
@@ -59,7 +61,10 @@ def test_s3_source_without_a_uri_creates_a_private_encrypted_tls_only_bucket(syn
     bucket = variant.logical_id(variant.stack.service.models.bucket)
     properties = variant.json["Resources"][bucket]["Properties"]
     assert properties["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
     }
     assert properties["BucketEncryption"] == {
         "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]

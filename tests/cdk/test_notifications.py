@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from async_inference import settings
 from tests.cdk.helpers import dashboard_metrics
 
@@ -100,8 +101,11 @@ def test_dashboard_plots_exactly_the_metrics_the_api_the_dlq_handler_and_the_wor
 
 @pytest.mark.parametrize(
     ("names", "service"),
-    [(settings.WORKER_METRICS, "async-inference-worker"), (settings.API_METRICS, "async-inference-api"),
-     (settings.DEAD_LETTER_METRICS, "async-inference-dlq")],
+    [
+        (settings.WORKER_METRICS, "async-inference-worker"),
+        (settings.API_METRICS, "async-inference-api"),
+        (settings.DEAD_LETTER_METRICS, "async-inference-dlq"),
+    ],
 )
 def test_dashboard_reads_each_metric_under_its_emitters_service_dimension(synthesized, names, service):
     """GIVEN Powertools adds the dimension service=POWERTOOLS_SERVICE_NAME WHEN reading the dashboard THEN each
@@ -138,15 +142,23 @@ def test_a_metric_named_in_settings_without_a_plot_is_refused(monkeypatch):
 )
 def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, statistics):
     """GIVEN a count or a duration WHEN reading its plots THEN counts are summed and durations show mean and p90."""
-    found = {stat for plotted, _, stat in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)
-             if plotted == name}
+    found = {
+        stat
+        for plotted, _, stat in dashboard_metrics(synthesized.template, settings.METRICS_NAMESPACE)
+        if plotted == name
+    }
     assert found == statistics
 
 
 @pytest.mark.parametrize(
     "attribute",
-    ["jobs.dead_letter_queue", "webhooks.dead_letter_queue", "results.subscription_dead_letter_queue",
-     "uploads.failure_queue", "upload_deadlines.dead_letter_queue"],
+    [
+        "jobs.dead_letter_queue",
+        "webhooks.dead_letter_queue",
+        "results.subscription_dead_letter_queue",
+        "uploads.failure_queue",
+        "upload_deadlines.dead_letter_queue",
+    ],
 )
 def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
@@ -190,8 +202,12 @@ def test_dispatcher_has_time_for_a_full_batch_of_slow_receivers(synthesized):
     timeout = function["Properties"]["Timeout"]
     assert timeout == settings.WEBHOOK_DISPATCHER_TIMEOUT_S
     assert timeout >= 3 * (settings.WEBHOOK_CONNECT_TIMEOUT_S + settings.WEBHOOK_DELIVERY_TIMEOUT_S)
-    [mapping] = [m["Properties"] for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
-                 if m["Properties"]["FunctionName"] == {"Ref": synthesized.logical_id(synthesized.stack.service.webhooks.handler)}]
+    [mapping] = [
+        m["Properties"]
+        for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"]
+        == {"Ref": synthesized.logical_id(synthesized.stack.service.webhooks.handler)}
+    ]
     assert mapping["BatchSize"] == settings.WEBHOOK_BATCH_SIZE
     queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
     visibility = synthesized.template.to_json()["Resources"][queue]["Properties"]["VisibilityTimeout"]

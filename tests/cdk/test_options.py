@@ -150,7 +150,9 @@ def test_planned_tokens_with_a_given_batch_are_rejected_naming_both(worker_conte
 
 def test_a_model_the_rule_cannot_size_asks_for_max_num_seqs(worker_context):
     """GIVEN a model cdk.capacity has no shape for and no max_num_seqs WHEN validating THEN the error says to set it."""
-    with pytest.raises(ValueError, match=r"max_num_seqs is not set and cannot be sized: .*meta-llama.*set max_num_seqs"):
+    with pytest.raises(
+        ValueError, match=r"max_num_seqs is not set and cannot be sized: .*meta-llama.*set max_num_seqs"
+    ):
         _props(worker_context, model="meta-llama/Llama-3.1-8B-Instruct").validate()
     _props(worker_context, model="meta-llama/Llama-3.1-8B-Instruct", max_num_seqs=32).validate()
 
@@ -180,8 +182,14 @@ def test_more_queues_than_one_alarm_can_read_are_rejected():
     with pytest.raises(ValueError, match=r"queues \(4\) need 12 metrics .* CloudWatch allows 10"):
         validate(queues, jobs_per_task=24, max_tasks=2, scale_in_fill=0.5, scale_in_minutes=3, keep_alive_minutes=3)
     with pytest.raises(ValueError, match="weights"):
-        validate([CountedQueue(queue=None, weight=0)], jobs_per_task=24, max_tasks=2,  # type: ignore[arg-type]
-                 scale_in_fill=0.5, scale_in_minutes=3, keep_alive_minutes=3)
+        validate(
+            [CountedQueue(queue=None, weight=0)],
+            jobs_per_task=24,
+            max_tasks=2,  # type: ignore[arg-type]
+            scale_in_fill=0.5,
+            scale_in_minutes=3,
+            keep_alive_minutes=3,
+        )
 
 
 def test_the_retired_scale_out_steps_option_is_refused_naming_its_replacement(worker_context):

@@ -30,14 +30,23 @@ def test_the_responses_routes_exist_and_reach_the_api_function(synthesized):
     each a Lambda proxy to the API function (the function that also serves the jobs routes)."""
     paths = _paths(synthesized)
     methods = synthesized.resources("AWS::ApiGateway::Method").values()
-    routes = {(m["Properties"]["HttpMethod"], paths.get(m["Properties"]["ResourceId"].get("Ref", ""), "/"))
-              for m in methods}
-    expected = {("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
-                ("DELETE", "/v1/responses/{response_id}"), ("POST", "/v1/responses/{response_id}/cancel"),
-                ("GET", "/v1/responses/{response_id}/input_items")}
+    routes = {
+        (m["Properties"]["HttpMethod"], paths.get(m["Properties"]["ResourceId"].get("Ref", ""), "/")) for m in methods
+    }
+    expected = {
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/{response_id}"),
+        ("DELETE", "/v1/responses/{response_id}"),
+        ("POST", "/v1/responses/{response_id}/cancel"),
+        ("GET", "/v1/responses/{response_id}/input_items"),
+    }
     assert expected <= routes
-    [jobs_post] = [m for m in methods if paths.get(m["Properties"]["ResourceId"].get("Ref", "")) == "/v1/jobs"
-                   and m["Properties"]["HttpMethod"] == "POST"]
+    [jobs_post] = [
+        m
+        for m in methods
+        if paths.get(m["Properties"]["ResourceId"].get("Ref", "")) == "/v1/jobs"
+        and m["Properties"]["HttpMethod"] == "POST"
+    ]
     for method in methods:
         route = (method["Properties"]["HttpMethod"], paths.get(method["Properties"]["ResourceId"].get("Ref", "")))
         if route in expected:
@@ -49,7 +58,10 @@ def test_a_response_id_in_the_path_is_a_required_parameter(synthesized):
     """GIVEN the routes under /v1/responses/{response_id} WHEN reading their request parameters THEN the id is
     required, so API Gateway's validator refuses a request without it."""
     paths = _paths(synthesized)
-    by_id = [m for m in synthesized.resources("AWS::ApiGateway::Method").values()
-             if paths.get(m["Properties"]["ResourceId"].get("Ref", ""), "").startswith("/v1/responses/")]
+    by_id = [
+        m
+        for m in synthesized.resources("AWS::ApiGateway::Method").values()
+        if paths.get(m["Properties"]["ResourceId"].get("Ref", ""), "").startswith("/v1/responses/")
+    ]
     assert len(by_id) == 4  # GET, DELETE, cancel, input_items
     assert all(m["Properties"]["RequestParameters"] == {"method.request.path.response_id": True} for m in by_id)

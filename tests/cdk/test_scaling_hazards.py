@@ -30,7 +30,8 @@ def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthe
     service = synthesized.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = synthesized.json["Resources"][_function_id(synthesized, function)]["Properties"]["Environment"][
-            "Variables"]
+            "Variables"
+        ]
         assert variables[ENV_WAKE_HOLD_S] == "300"
         actions = role_actions(synthesized.template, _role_id(synthesized, function))
         assert actions["application-autoscaling:RegisterScalableTarget"] == ["*"]
@@ -72,10 +73,15 @@ def test_warm_pool_keeps_stopped_instances_that_return_on_scale_in(synthesized):
     """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps max_gpu_instances (2) instances Stopped, reused on
     scale-in; the ECS agent waits out the pool's initialization; vLLM's compile cache lives on the weights' volume."""
     workers = synthesized.stack.service.workers
-    synthesized.template.has_resource_properties("AWS::AutoScaling::WarmPool", {
-        "AutoScalingGroupName": {"Ref": synthesized.logical_id(workers.auto_scaling_group)},
-        "MinSize": 2, "PoolState": "Stopped", "InstanceReusePolicy": {"ReuseOnScaleIn": True},
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::AutoScaling::WarmPool",
+        {
+            "AutoScalingGroupName": {"Ref": synthesized.logical_id(workers.auto_scaling_group)},
+            "MinSize": 2,
+            "PoolState": "Stopped",
+            "InstanceReusePolicy": {"ReuseOnScaleIn": True},
+        },
+    )
     [launch] = synthesized.resources("AWS::EC2::LaunchTemplate").values()
     assert "ECS_WARM_POOLS_CHECK=true" in json.dumps(launch["Properties"]["LaunchTemplateData"]["UserData"])
     assert synthesized.worker_environment()["VLLM_CACHE_ROOT"].startswith("/models/")
@@ -94,10 +100,13 @@ def test_empty_instances_are_released_every_minute_by_protection_and_count_never
     capacity = synthesized.stack.service.capacity
     function = capacity.release_function
     function_id = _function_id(synthesized, function)
-    synthesized.template.has_resource_properties("AWS::Events::Rule", {
-        "ScheduleExpression": "rate(1 minute)",
-        "Targets": Match.array_with([Match.object_like({"Arn": {"Fn::GetAtt": [function_id, "Arn"]}})]),
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::Events::Rule",
+        {
+            "ScheduleExpression": "rate(1 minute)",
+            "Targets": Match.array_with([Match.object_like({"Arn": {"Fn::GetAtt": [function_id, "Arn"]}})]),
+        },
+    )
     variables = synthesized.json["Resources"][function_id]["Properties"]["Environment"]["Variables"]
     workers = synthesized.stack.service.workers
     group_id = synthesized.logical_id(workers.auto_scaling_group)
@@ -112,7 +121,10 @@ def test_empty_instances_are_released_every_minute_by_protection_and_count_never
 def test_capacity_provider_keeps_managed_termination_protection(synthesized):
     """GIVEN the release WHEN the capacity provider is read THEN managed termination protection stays on (ECS
     protects an instance before it places a task there), which the release relies on."""
-    synthesized.template.has_resource_properties("AWS::ECS::CapacityProvider", {
-        "AutoScalingGroupProvider": Match.object_like({"ManagedTerminationProtection": "ENABLED"})})
-    synthesized.template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup",
-                                                 {"NewInstancesProtectedFromScaleIn": True})
+    synthesized.template.has_resource_properties(
+        "AWS::ECS::CapacityProvider",
+        {"AutoScalingGroupProvider": Match.object_like({"ManagedTerminationProtection": "ENABLED"})},
+    )
+    synthesized.template.has_resource_properties(
+        "AWS::AutoScaling::AutoScalingGroup", {"NewInstancesProtectedFromScaleIn": True}
+    )

@@ -17,8 +17,9 @@ API = "lambdas.api.handler.lambda_handler"
 
 
 def function(synthesized, handler: str) -> dict[str, Any]:
-    [found] = [r for r in synthesized.resources("AWS::Lambda::Function").values()
-               if r["Properties"].get("Handler") == handler]
+    [found] = [
+        r for r in synthesized.resources("AWS::Lambda::Function").values() if r["Properties"].get("Handler") == handler
+    ]
     return found
 
 
@@ -39,13 +40,20 @@ def test_a_non_positive_active_job_limit_is_refused_at_synth(synth_variant):
 
 def test_the_unfinished_jobs_index_is_sparse_and_keys_only_and_the_api_may_query_it(synthesized):
     # GIVEN the job table WHEN its indexes are read THEN the quota index is keyed on the active attribute, keys only
-    synthesized.template.has_resource_properties("AWS::DynamoDB::Table", {
-        "GlobalSecondaryIndexes": Match.array_with([{
-            "IndexName": settings.ACTIVE_JOBS_INDEX_NAME,
-            "KeySchema": [{"AttributeName": settings.ACTIVE_JOBS_ATTRIBUTE, "KeyType": "HASH"}],
-            "Projection": {"ProjectionType": "KEYS_ONLY"},
-        }]),
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "GlobalSecondaryIndexes": Match.array_with(
+                [
+                    {
+                        "IndexName": settings.ACTIVE_JOBS_INDEX_NAME,
+                        "KeySchema": [{"AttributeName": settings.ACTIVE_JOBS_ATTRIBUTE, "KeyType": "HASH"}],
+                        "Projection": {"ProjectionType": "KEYS_ONLY"},
+                    }
+                ]
+            ),
+        },
+    )
     # AND the API function may query it (and no other table-wide read is added for it)
     queried = json.dumps(role_actions(synthesized.template, function_role(synthesized.template, API))["dynamodb:Query"])
     assert f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}" in queried
@@ -58,33 +66,50 @@ def test_a_tenant_scoped_subscription_filters_on_its_tenant_and_status(synth_var
     # GIVEN a subscription given to tenant acme, for its failed jobs
     synthesized = synth_variant(
         tenants={"acme": {}, "other": {}},
-        subscriptions=[{"protocol": "sqs", "endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
-                        "tenants": ["acme"], "tenant_scoped": True, "statuses": ["failed"]}],
+        subscriptions=[
+            {
+                "protocol": "sqs",
+                "endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+                "tenants": ["acme"],
+                "tenant_scoped": True,
+                "statuses": ["failed"],
+            }
+        ],
     )
     # WHEN the template is read THEN its filter policy admits acme's notifications only
-    synthesized.template.has_resource_properties("AWS::SNS::Subscription", {
-        "Endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
-        "FilterPolicy": {"status": ["failed"], "tenant": ["acme"]},
-    })
+    synthesized.template.has_resource_properties(
+        "AWS::SNS::Subscription",
+        {
+            "Endpoint": "arn:aws:sqs:us-east-1:111122223333:acme-results",
+            "FilterPolicy": {"status": ["failed"], "tenant": ["acme"]},
+        },
+    )
 
 
-@pytest.mark.parametrize("subscription", [
-    {"tenant_scoped": True},
-    {"tenant_scoped": True, "tenants": ["acme", "other"]},
-    {"tenant_scoped": True, "tenants": []},
-])
+@pytest.mark.parametrize(
+    "subscription",
+    [
+        {"tenant_scoped": True},
+        {"tenant_scoped": True, "tenants": ["acme", "other"]},
+        {"tenant_scoped": True, "tenants": []},
+    ],
+)
 def test_a_tenant_scoped_subscription_without_exactly_one_tenant_is_refused(synth_variant, subscription):
     # WHEN a tenant-scoped subscription would receive more than one tenant's results THEN the app refuses to build
     with pytest.raises(ValueError, match="must name exactly one tenant|must be a non-empty list of tenant ids"):
-        synth_variant(tenants={"acme": {}, "other": {}}, subscriptions=[
-            {"protocol": "https", "endpoint": "https://acme.example.com/results", **subscription}])
+        synth_variant(
+            tenants={"acme": {}, "other": {}},
+            subscriptions=[{"protocol": "https", "endpoint": "https://acme.example.com/results", **subscription}],
+        )
 
 
 def test_a_subscription_naming_an_unknown_tenant_is_refused(synth_variant):
     # WHEN a subscription filters on a tenant the stack does not have THEN the app refuses to build, naming it
     with pytest.raises(ValueError, match=r"tenants \['ghost'\] are not among the stack's tenants"):
-        synth_variant(tenants={"acme": {}}, subscriptions=[
-            {"protocol": "https", "endpoint": "https://x.example.com/r", "tenants": ["ghost"]}])
+        synth_variant(
+            tenants={"acme": {}},
+            subscriptions=[{"protocol": "https", "endpoint": "https://x.example.com/r", "tenants": ["ghost"]}],
+        )
 
 
 # --- Keys: rotation with two keys per tenant -------------------------------------------------------------------------
@@ -102,19 +127,24 @@ def test_a_tenant_with_two_keys_has_both_in_its_usage_plan_and_both_reach_the_au
     before = synth_variant(tenants={"acme": {}, "other": {}}).resources("AWS::ApiGateway::ApiKey")
     assert by_name["acme"] in before
     # AND both are keys of acme's usage plan
-    plan_keys = [r["Properties"]["KeyId"]["Ref"] for r in synthesized.resources("AWS::ApiGateway::UsagePlanKey").values()]
+    plan_keys = [
+        r["Properties"]["KeyId"]["Ref"] for r in synthesized.resources("AWS::ApiGateway::UsagePlanKey").values()
+    ]
     assert {by_name["acme"], by_name["acme-2026"], by_name["other"]} == set(plan_keys)
     # AND the authorizer maps both ids to acme
     ids = function(synthesized, AUTHORIZER)["Properties"]["Environment"]["Variables"]["TENANT_API_KEY_IDS"]
     rendered = json.dumps(ids)
-    assert by_name["acme"] in rendered and by_name["acme-2026"] in rendered and '[' in rendered
+    assert by_name["acme"] in rendered and by_name["acme-2026"] in rendered and "[" in rendered
 
 
-@pytest.mark.parametrize(("tenants", "says"), [
-    ({"acme": {"api_keys": ["a1", "a2", "a3"]}}, "at most 2 key names"),
-    ({"acme": {"api_keys": ["shared"]}, "other": {"api_keys": ["shared"]}}, "unique across tenants"),
-    ({"acme": {"api_keys": ["Not_Valid"]}}, "must match"),
-])
+@pytest.mark.parametrize(
+    ("tenants", "says"),
+    [
+        ({"acme": {"api_keys": ["a1", "a2", "a3"]}}, "at most 2 key names"),
+        ({"acme": {"api_keys": ["shared"]}, "other": {"api_keys": ["shared"]}}, "unique across tenants"),
+        ({"acme": {"api_keys": ["Not_Valid"]}}, "must match"),
+    ],
+)
 def test_key_lists_that_cannot_hold_are_refused_at_synth(synth_variant, tenants, says):
     with pytest.raises(ValueError, match=says):
         synth_variant(tenants=tenants)
@@ -135,7 +165,11 @@ def test_the_waf_option_puts_a_rate_limiting_web_acl_on_the_rest_stage(synth_var
     rules = {rule["Name"]: rule for rule in acl["Properties"]["Rules"]}
     assert acl["Properties"]["Scope"] == "REGIONAL"
     assert rules["RequestsPerIp"]["Statement"]["RateBasedStatement"] == {"Limit": 1000, "AggregateKeyType": "IP"}
-    assert set(rules) == {"RequestsPerIp", "AWSManagedRulesAmazonIpReputationList", "AWSManagedRulesKnownBadInputsRuleSet"}
+    assert set(rules) == {
+        "RequestsPerIp",
+        "AWSManagedRulesAmazonIpReputationList",
+        "AWSManagedRulesKnownBadInputsRuleSet",
+    }
     # AND it is associated with the REST API's stage
     [association] = synthesized.resources("AWS::WAFv2::WebACLAssociation").values()
     assert association["Properties"]["WebACLArn"] == {"Fn::GetAtt": [acl_id, "Arn"]}

@@ -119,17 +119,26 @@ def test_payloads_expire_after_the_configured_retention(synthesized, prefix):
 def test_functions_and_workers_read_the_retention_the_bucket_expires_results_after(synthesized):
     """GIVEN the results' lifecycle rule WHEN reading every function's and the worker's environment THEN they carry its
     days, from which a job records when its result expires (and a GET after that is a 410)."""
-    [bucket] = [b for b in synthesized.resources("AWS::S3::Bucket").values()
-                if "CorsConfiguration" in b["Properties"]]
-    [days] = [rule["ExpirationInDays"] for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]
-              if rule.get("Prefix") == settings.RESULT_PREFIX]
+    [bucket] = [b for b in synthesized.resources("AWS::S3::Bucket").values() if "CorsConfiguration" in b["Properties"]]
+    [days] = [
+        rule["ExpirationInDays"]
+        for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]
+        if rule.get("Prefix") == settings.RESULT_PREFIX
+    ]
     functions = synthesized.resources("AWS::Lambda::Function").values()
     # every function that reads jobs (the authorizer reads API keys, the WebSocket functions connections: neither
     # reads a job)
-    service_functions = [f for f in functions if config.ENV_TABLE in f["Properties"].get("Environment", {}).get(
-        "Variables", {})]
+    service_functions = [
+        f for f in functions if config.ENV_TABLE in f["Properties"].get("Environment", {}).get("Variables", {})
+    ]
     assert {f["Properties"]["Handler"].split(".")[1] for f in service_functions} >= {
-        "api", "upload", "dlq", "batch_controller", "webhooks", "upload_deadlines"}
+        "api",
+        "upload",
+        "dlq",
+        "batch_controller",
+        "webhooks",
+        "upload_deadlines",
+    }
     for function in service_functions:
         assert function["Properties"]["Environment"]["Variables"][config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
     assert synthesized.worker_environment()[config.ENV_PAYLOAD_RETENTION_DAYS] == str(days)
@@ -181,7 +190,9 @@ def test_job_table_is_on_demand_with_pitr_ttl_and_the_tenant_index(synthesized):
                         ],
                     }
                 ),
-                Match.object_like({"IndexName": settings.ACTIVE_JOBS_INDEX_NAME}),  # quotas (tests/cdk/test_security.py)
+                Match.object_like(
+                    {"IndexName": settings.ACTIVE_JOBS_INDEX_NAME}
+                ),  # quotas (tests/cdk/test_security.py)
             ],
         },
     )
@@ -190,9 +201,7 @@ def test_job_table_is_on_demand_with_pitr_ttl_and_the_tenant_index(synthesized):
 def test_result_topic_is_encrypted_with_its_own_key(synthesized):
     """GIVEN the result topic WHEN reading it THEN a KMS key encrypts it."""
     key = synthesized.logical_id(synthesized.stack.service.results.key)
-    synthesized.template.has_resource_properties(
-        "AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key, "Arn"]}}
-    )
+    synthesized.template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key, "Arn"]}})
 
 
 def test_result_topic_refuses_requests_without_tls(synthesized):
@@ -264,7 +273,9 @@ def test_upload_deadline_function_consumes_its_queue_reporting_item_failures(syn
     assert function["Handler"] == "lambdas.upload_deadlines.handler.lambda_handler"
 
 
-@pytest.mark.parametrize("handler", ["lambdas.api.handler.lambda_handler", "lambdas.upload_deadlines.handler.lambda_handler"])
+@pytest.mark.parametrize(
+    "handler", ["lambdas.api.handler.lambda_handler", "lambdas.upload_deadlines.handler.lambda_handler"]
+)
 def test_the_api_and_the_deadline_function_know_the_deadline_queue(synthesized, handler):
     """GIVEN the API schedules deadlines and the function hides early ones WHEN reading their environment THEN both
     have the upload-deadline queue's URL."""

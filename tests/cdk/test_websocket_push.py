@@ -34,7 +34,9 @@ def test_the_websocket_api_routes_on_the_messages_action(synthesized):
 @pytest.mark.parametrize("route_key", ["$connect", "$disconnect", "$default", settings.WS_ROUTE_SUBSCRIBE])
 def test_each_route_is_integrated_with_the_routes_function(synthesized, route_key):
     """GIVEN a route of the protocol WHEN reading it THEN it is a Lambda proxy integration of the routes function."""
-    [route] = synthesized.template.find_resources("AWS::ApiGatewayV2::Route", {"Properties": {"RouteKey": route_key}}).values()
+    [route] = synthesized.template.find_resources(
+        "AWS::ApiGatewayV2::Route", {"Properties": {"RouteKey": route_key}}
+    ).values()
     integration_id = route["Properties"]["Target"]["Fn::Join"][1][1]["Ref"]
     integration = synthesized.resources("AWS::ApiGatewayV2::Integration")[integration_id]["Properties"]
     assert integration["IntegrationType"] == "AWS_PROXY"
@@ -57,7 +59,9 @@ def test_connect_authenticates_with_the_tenants_api_keys(synthesized):
     """GIVEN $connect WHEN reading the routes function THEN it knows every tenant key's id and may read those keys
     (and no other API Gateway resource) to tell a key's tenant."""
     keys = synthesized.resources("AWS::ApiGateway::ApiKey")
-    [function] = synthesized.template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": ROUTES}}).values()
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": ROUTES}}
+    ).values()
     ids = function["Properties"]["Environment"]["Variables"][config.ENV_TENANT_API_KEY_IDS]
     assert {part["Ref"] for part in ids["Fn::Join"][1] if isinstance(part, dict)} == set(keys)
     gets = role_actions(synthesized.template, function_role(synthesized.template, ROUTES))["apigateway:GET"]
@@ -70,15 +74,21 @@ def test_the_connection_table_expires_connections_and_lists_them_per_tenant(synt
     synthesized.template.has_resource(
         "AWS::DynamoDB::Table",
         {
-            "Properties": Match.object_like({
-                "KeySchema": [{"AttributeName": settings.CONNECTION_TABLE_PARTITION_KEY, "KeyType": "HASH"}],
-                "TimeToLiveSpecification": {"AttributeName": settings.CONNECTION_TTL_ATTRIBUTE, "Enabled": True},
-                "GlobalSecondaryIndexes": [Match.object_like({
-                    "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
-                    "KeySchema": [{"AttributeName": settings.CONNECTION_TENANT_KEY, "KeyType": "HASH"}],
-                })],
-                "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
-            }),
+            "Properties": Match.object_like(
+                {
+                    "KeySchema": [{"AttributeName": settings.CONNECTION_TABLE_PARTITION_KEY, "KeyType": "HASH"}],
+                    "TimeToLiveSpecification": {"AttributeName": settings.CONNECTION_TTL_ATTRIBUTE, "Enabled": True},
+                    "GlobalSecondaryIndexes": [
+                        Match.object_like(
+                            {
+                                "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
+                                "KeySchema": [{"AttributeName": settings.CONNECTION_TENANT_KEY, "KeyType": "HASH"}],
+                            }
+                        )
+                    ],
+                    "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                }
+            ),
         },
     )
     assert table in synthesized.resources("AWS::DynamoDB::Table")
@@ -118,17 +128,26 @@ def test_the_job_event_topic_is_encrypted_and_tls_only(synthesized):
     service = synthesized.stack.service
     topic = synthesized.resources("AWS::SNS::Topic")[synthesized.logical_id(service.push.events_topic)]
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [synthesized.logical_id(service.results.key), "Arn"]}
-    policies = [p for p in synthesized.resources("AWS::SNS::TopicPolicy").values()
-                if {"Ref": synthesized.logical_id(service.push.events_topic)} in p["Properties"]["Topics"]]
-    assert any(s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
-               for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"])
+    policies = [
+        p
+        for p in synthesized.resources("AWS::SNS::TopicPolicy").values()
+        if {"Ref": synthesized.logical_id(service.push.events_topic)} in p["Properties"]["Topics"]
+    ]
+    assert any(
+        s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        for p in policies
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    )
 
 
 def test_manage_connections_is_the_push_functions_on_this_stage_only(synthesized):
     """GIVEN the push function WHEN reading its role THEN execute-api:ManageConnections names this API's stage's
     connections and nothing else."""
-    statements = [s for s in role_statements(synthesized.template, function_role(synthesized.template, PUSH))
-                  if s["Action"] == "execute-api:ManageConnections"]
+    statements = [
+        s
+        for s in role_statements(synthesized.template, function_role(synthesized.template, PUSH))
+        if s["Action"] == "execute-api:ManageConnections"
+    ]
     [statement] = statements
     parts = statement["Resource"]["Fn::Join"][1]
     assert {"Ref": _api_id(synthesized)} in parts
@@ -155,7 +174,9 @@ def test_the_push_function_reads_the_tenant_index_and_deletes_gone_connections(s
 
 def test_the_push_function_posts_to_the_stages_callback_url(synthesized):
     """GIVEN the push function WHEN reading its environment THEN the management endpoint is the stage's URL."""
-    [function] = synthesized.template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": PUSH}}).values()
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": PUSH}}
+    ).values()
     url = function["Properties"]["Environment"]["Variables"][config.ENV_WEBSOCKET_CALLBACK_URL]
     assert url["Fn::Join"][1][0] == "https://" and {"Ref": _api_id(synthesized)} in url["Fn::Join"][1]
 
@@ -165,8 +186,11 @@ def test_stale_events_are_not_retried_for_long(synthesized):
     minutes: a client that missed it reads the job at its next check."""
     synthesized.template.has_resource_properties(
         "AWS::Lambda::EventInvokeConfig",
-        {"FunctionName": {"Ref": _function_id(synthesized, PUSH)}, "MaximumEventAgeInSeconds": 300,
-         "MaximumRetryAttempts": 2},
+        {
+            "FunctionName": {"Ref": _function_id(synthesized, PUSH)},
+            "MaximumEventAgeInSeconds": 300,
+            "MaximumRetryAttempts": 2,
+        },
     )
 
 

@@ -70,8 +70,9 @@ def test_graviton_gpu_type_gets_an_arm64_image_on_the_given_ami(synth_variant):
     """GIVEN g5g.xlarge (Graviton) and an AMI parameter WHEN synthesized THEN the image is built for linux/arm64 and
     the instances launch from the AMI the parameter holds."""
     # cdk.capacity has no GPU for g5g, so the batch is given.
-    variant = synth_variant(gpu_instance_type="g5g.xlarge", gpu_ami_parameter_name="/platform/arm64-gpu-ecs-ami",
-                            max_num_seqs=16)
+    variant = synth_variant(
+        gpu_instance_type="g5g.xlarge", gpu_ami_parameter_name="/platform/arm64-gpu-ecs-ami", max_num_seqs=16
+    )
     [image] = variant.docker_images()
     assert image["source"]["platform"] == "linux/arm64"
     [template] = variant.resources("AWS::EC2::LaunchTemplate").values()

@@ -156,9 +156,14 @@ def _expression(properties):
 def _stats(properties):
     """metric id -> (namespace, name, statistic, period) of an alarm's metric math inputs."""
     return {
-        m["Id"]: (m["MetricStat"]["Metric"]["Namespace"], m["MetricStat"]["Metric"]["MetricName"],
-                  m["MetricStat"]["Stat"], m["MetricStat"]["Period"])
-        for m in properties["Metrics"] if "MetricStat" in m
+        m["Id"]: (
+            m["MetricStat"]["Metric"]["Namespace"],
+            m["MetricStat"]["Metric"]["MetricName"],
+            m["MetricStat"]["Stat"],
+            m["MetricStat"]["Period"],
+        )
+        for m in properties["Metrics"]
+        if "MetricStat" in m
     }
 
 
@@ -166,12 +171,15 @@ def _stats(properties):
 SQS_BACKLOG = {
     f"{name}{index}": ("AWS/SQS", metric, "Maximum", 60)
     for index in (1, 2)
-    for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
-                         ("inFlight", "ApproximateNumberOfMessagesNotVisible"))
+    for name, metric in (
+        ("visible", "ApproximateNumberOfMessagesVisible"),
+        ("inFlight", "ApproximateNumberOfMessagesNotVisible"),
+    )
 }
 # Each term FILLed: an idle lane's metrics pause (SQS stops publishing them), which must not blank the sum.
-BACKLOG = (f"FILL(visible1, 0) + FILL(inFlight1, 0) + "
-           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0))")
+BACKLOG = (
+    f"FILL(visible1, 0) + FILL(inFlight1, 0) + {settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0))"
+)
 DESIRED = {"desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60)}
 # 1.5 x the sized batch (135 for Qwen2.5-1.5B on a g5.xlarge): cdk.service's default jobs_per_task.
 JOBS_PER_TASK = 202.5
@@ -197,7 +205,10 @@ def test_scale_out_sets_the_tasks_needed_one_step_per_count_with_a_one_minute_co
     policy = _alarm_policy(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
     config = policy["StepScalingPolicyConfiguration"]
     assert (config["AdjustmentType"], config["MetricAggregationType"], config["Cooldown"]) == (
-        "ExactCapacity", "Maximum", 60)
+        "ExactCapacity",
+        "Maximum",
+        60,
+    )
     assert config["StepAdjustments"] == [
         {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": 1, "ScalingAdjustment": 1},
         {"MetricIntervalLowerBound": 1, "ScalingAdjustment": 2},
@@ -215,7 +226,8 @@ def test_the_desired_count_is_container_insights_of_this_service(synthesized):
         {"Name": "ServiceName", "Value": {"Fn::GetAtt": [synthesized.logical_id(workers.service), "Name"]}},
     ]
     synthesized.template.has_resource_properties(
-        "AWS::ECS::Cluster", {"ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]})
+        "AWS::ECS::Cluster", {"ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}
+    )
 
 
 def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_half_fill(synthesized):
@@ -224,12 +236,14 @@ def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_hal
     alarm = synthesized.stack.service.scaling.scale_in_alarm
     properties = _alarm(synthesized, alarm)
     half = JOBS_PER_TASK / 2
-    assert _expression(properties) == (
-        f"FILL(desired, 0) - IF(({BACKLOG}) > 0, CEIL(({BACKLOG}) / {half:g}), 1)")
+    assert _expression(properties) == (f"FILL(desired, 0) - IF(({BACKLOG}) > 0, CEIL(({BACKLOG}) / {half:g}), 1)")
     assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
-        3, 3, "missing")
+        3,
+        3,
+        "missing",
+    )
     config = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
     assert (config["AdjustmentType"], config["Cooldown"]) == ("ChangeInCapacity", 120)
     assert config["StepAdjustments"] == [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": -1}]
@@ -242,11 +256,16 @@ def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_
     alarm = synthesized.stack.service.scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
     assert _expression(properties) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
-    assert _stats(properties) == {**SQS_BACKLOG, **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60)
-                                                    for i in (1, 2)}}
+    assert _stats(properties) == {
+        **SQS_BACKLOG,
+        **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60) for i in (1, 2)},
+    }
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
-        3, 3, "notBreaching")
+        3,
+        3,
+        "notBreaching",
+    )
     config = _alarm_policy(synthesized, alarm)["StepScalingPolicyConfiguration"]
     assert config["AdjustmentType"] == "ExactCapacity"
     assert config["StepAdjustments"] == [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]
@@ -256,8 +275,10 @@ def test_only_the_step_down_and_the_keep_alive_remove_tasks(synthesized):
     """GIVEN every scaling policy WHEN listing those that lower the count THEN one removes a task, one sets zero."""
     lowering = sorted(
         (c["AdjustmentType"], [s["ScalingAdjustment"] for s in c["StepAdjustments"]])
-        for c in (p["Properties"]["StepScalingPolicyConfiguration"]
-                  for p in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values())
+        for c in (
+            p["Properties"]["StepScalingPolicyConfiguration"]
+            for p in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
+        )
         if any(s["ScalingAdjustment"] < 0 for s in c["StepAdjustments"])
         or (c["AdjustmentType"] == "ExactCapacity" and any(s["ScalingAdjustment"] == 0 for s in c["StepAdjustments"]))
     )
@@ -267,12 +288,21 @@ def test_only_the_step_down_and_the_keep_alive_remove_tasks(synthesized):
 def test_scaling_thresholds_follow_their_options(synth_variant):
     """GIVEN jobs_per_task, the step-down's fill and minutes, the keep-alive and the cooldowns set WHEN synthesized
     THEN each alarm and policy carries them."""
-    variant = synth_variant(max_num_seqs=16, jobs_per_task=40, scale_in_fill=0.75, scale_in_minutes=5,
-                            idle_minutes_before_scale_in=7, scale_out_cooldown_seconds=90,
-                            scale_in_cooldown_seconds=300, max_worker_tasks=3, max_gpu_instances=3)
+    variant = synth_variant(
+        max_num_seqs=16,
+        jobs_per_task=40,
+        scale_in_fill=0.75,
+        scale_in_minutes=5,
+        idle_minutes_before_scale_in=7,
+        scale_out_cooldown_seconds=90,
+        scale_in_cooldown_seconds=300,
+        max_worker_tasks=3,
+        max_gpu_instances=3,
+    )
     scaling = variant.stack.service.scaling
-    short, spare, idle = (_alarm(variant, a) for a in (scaling.scale_out_alarm, scaling.scale_in_alarm,
-                                                         scaling.idle_alarm))
+    short, spare, idle = (
+        _alarm(variant, a) for a in (scaling.scale_out_alarm, scaling.scale_in_alarm, scaling.idle_alarm)
+    )
     assert "/ 40)" in _expression(short) and "/ 30)" in _expression(spare)
     assert (spare["EvaluationPeriods"], idle["EvaluationPeriods"]) == (5, 7)
     out = _alarm_policy(variant, scaling.scale_out_alarm)["StepScalingPolicyConfiguration"]
@@ -291,8 +321,11 @@ def test_capacity_provider_instance_warmup_is_a_gpu_instances_boot(synthesized):
     first, not ECS's default 300 s."""
     synthesized.template.has_resource_properties(
         "AWS::ECS::CapacityProvider",
-        {"AutoScalingGroupProvider": Match.object_like(
-            {"ManagedScaling": Match.object_like({"InstanceWarmupPeriod": 120})})},
+        {
+            "AutoScalingGroupProvider": Match.object_like(
+                {"ManagedScaling": Match.object_like({"InstanceWarmupPeriod": 120})}
+            )
+        },
     )
 
 
@@ -332,8 +365,9 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
     task.add_container("c", image=ecs.ContainerImage.from_registry("worker"), memory_reservation_mib=256)
     service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
     jobs, lane = sqs.Queue(stack, "Jobs"), sqs.Queue(stack, "Lane")
-    scaling = QueueScaling(stack, "Scaling", service=service, queues=[jobs, CountedQueue(lane, weight=0.5)],
-                           jobs_per_task=24)
+    scaling = QueueScaling(
+        stack, "Scaling", service=service, queues=[jobs, CountedQueue(lane, weight=0.5)], jobs_per_task=24
+    )
     resources = Template.from_stack(stack).to_json()["Resources"]
 
     def props(alarm):
@@ -341,12 +375,22 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
 
     backlog = "(FILL(visible1, 0) + FILL(inFlight1, 0) + 0.5 * (FILL(visible2, 0) + FILL(inFlight2, 0)))"
     assert _expression(props(scaling.scale_out_alarm)) == (
-        f"IF(CEIL({backlog} / 24) - FILL(desired, 0) >= 1, CEIL({backlog} / 24), 0)")
+        f"IF(CEIL({backlog} / 24) - FILL(desired, 0) >= 1, CEIL({backlog} / 24), 0)"
+    )
     assert backlog in _expression(props(scaling.scale_in_alarm))
     idle = props(scaling.idle_alarm)
     assert _expression(idle) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
-    queues = {m["Id"]: m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
-              for m in idle["Metrics"] if "MetricStat" in m}
+    queues = {
+        m["Id"]: m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
+        for m in idle["Metrics"]
+        if "MetricStat" in m
+    }
     jobs_id, lane_id = (stack.get_logical_id(q.node.default_child) for q in (jobs, lane))
-    assert queues == {"visible1": jobs_id, "inFlight1": jobs_id, "sent1": jobs_id,
-                      "visible2": lane_id, "inFlight2": lane_id, "sent2": lane_id}
+    assert queues == {
+        "visible1": jobs_id,
+        "inFlight1": jobs_id,
+        "sent1": jobs_id,
+        "visible2": lane_id,
+        "inFlight2": lane_id,
+        "sent2": lane_id,
+    }

@@ -65,8 +65,10 @@ def _literals(annotation: Any) -> set[Any]:
     return set().union(*(_literals(arg) for arg in typing.get_args(annotation)))
 
 
-ENUMS = {name: _literals(_HINTS[name]) for name in ("service_tier", "reasoning_effort", "verbosity",
-                                                      "prompt_cache_retention")}
+ENUMS = {
+    name: _literals(_HINTS[name])
+    for name in ("service_tier", "reasoning_effort", "verbosity", "prompt_cache_retention")
+}
 
 
 class Invalid(Exception):
@@ -147,15 +149,24 @@ def _check_parameters(body: dict[str, Any]) -> None:
                 raise Invalid("metadata is up to 16 string values")
         elif name == "response_format":
             _check_response_format(value)
-        elif name in ("stream_options", "prediction", "audio", "web_search_options", "moderation",
-                      "prompt_cache_options"):
+        elif name in (
+            "stream_options",
+            "prediction",
+            "audio",
+            "web_search_options",
+            "moderation",
+            "prompt_cache_options",
+        ):
             _is(value, dict, name)
         elif name == "modalities":
             if not isinstance(value, list) or not set(value) <= {"text", "audio"}:
                 raise Invalid(f"modalities must be a list of 'text' and 'audio', got {value!r}")
     _check_tools(body)
-    if "max_tokens" in body and "max_completion_tokens" in body and None not in (body["max_tokens"],
-                                                                                  body["max_completion_tokens"]):
+    if (
+        "max_tokens" in body
+        and "max_completion_tokens" in body
+        and None not in (body["max_tokens"], body["max_completion_tokens"])
+    ):
         if body["max_tokens"] != body["max_completion_tokens"]:
             raise Invalid("max_tokens and max_completion_tokens differ")
 
@@ -222,8 +233,10 @@ def _check_messages(messages: Any) -> None:
             raise Invalid(f"messages.{i} ({role}) has unknown fields {sorted(unknown)}")
         content = message.get("content")
         if content is None:
-            if not (role == "function" or (role == "assistant" and (message.get("tool_calls")
-                                                                     or message.get("function_call")))):
+            if not (
+                role == "function"
+                or (role == "assistant" and (message.get("tool_calls") or message.get("function_call")))
+            ):
                 raise Invalid(f"messages.{i} ({role}) needs content")
         elif isinstance(content, list):
             for j, part in enumerate(content):
@@ -315,8 +328,13 @@ def chat_samples(model: str) -> Iterator[Sample]:
 
 # The parameters (and message shapes) a body can use, for the per-parameter counts: name -> test on the body.
 def _parts(body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for m in body.get("messages") or () if isinstance(m, dict) and isinstance(m.get("content"), list)
-            for p in m["content"] if isinstance(p, dict)]
+    return [
+        p
+        for m in body.get("messages") or ()
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, dict)
+    ]
 
 
 def _roles(body: dict[str, Any]) -> set[Any]:
@@ -324,17 +342,23 @@ def _roles(body: dict[str, Any]) -> set[Any]:
 
 
 FEATURES: dict[str, Any] = {
-    **{f"response_format {kind}": (lambda kind: lambda b: isinstance(b.get("response_format"), dict)
-                                   and b["response_format"].get("type") == kind)(kind)
-       for kind in ("text", "json_object", "json_schema")},
+    **{
+        f"response_format {kind}": (
+            lambda kind: (
+                lambda b: isinstance(b.get("response_format"), dict) and b["response_format"].get("type") == kind  # noqa: B023 (bound by the outer lambda)
+            )
+        )(kind)
+        for kind in ("text", "json_object", "json_schema")
+    },
     "tools": lambda b: bool(b.get("tools")),
     "tool_choice": lambda b: b.get("tool_choice") is not None,
     "parallel_tool_calls": lambda b: b.get("parallel_tool_calls") is not None,
     "functions / function_call": lambda b: b.get("functions") is not None or b.get("function_call") is not None,
     "logprobs / top_logprobs": lambda b: b.get("logprobs") is not None or b.get("top_logprobs") is not None,
     "n > 1": lambda b: isinstance(b.get("n"), int) and b["n"] > 1,
-    "presence / frequency_penalty": lambda b: any(b.get(k) is not None for k in ("presence_penalty",
-                                                                                  "frequency_penalty")),
+    "presence / frequency_penalty": lambda b: any(
+        b.get(k) is not None for k in ("presence_penalty", "frequency_penalty")
+    ),
     "logit_bias": lambda b: b.get("logit_bias") is not None,
     "stop": lambda b: b.get("stop") is not None,
     "seed": lambda b: b.get("seed") is not None,
@@ -344,15 +368,30 @@ FEATURES: dict[str, Any] = {
     "content as a list of parts": lambda b: bool(_parts(b)),
     "role developer": lambda b: "developer" in _roles(b),
     "role tool": lambda b: "tool" in _roles(b),
-    "assistant with tool_calls": lambda b: any(isinstance(m, dict) and m.get("tool_calls")
-                                               for m in b.get("messages") or ()),
+    "assistant with tool_calls": lambda b: any(
+        isinstance(m, dict) and m.get("tool_calls") for m in b.get("messages") or ()
+    ),
     "stream: false": lambda b: b.get("stream") is False,
     "explicit null": lambda b: any(v is None for v in b.values()),
     "no-effect (user, metadata, store, service_tier, prompt_cache_*, safety_identifier, stream_options, "
     "reasoning_effort, verbosity, prediction)": lambda b: any(
-        b.get(k) is not None for k in ("user", "metadata", "store", "service_tier", "prompt_cache_key",
-                                       "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
-                                       "stream_options", "reasoning_effort", "verbosity", "prediction")),
+        b.get(k) is not None
+        for k in (
+            "user",
+            "metadata",
+            "store",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "prompt_cache_options",
+            "safety_identifier",
+            "stream_options",
+            "reasoning_effort",
+            "verbosity",
+            "prediction",
+        )
+    ),
     "vLLM extensions (top_k, min_p, repetition_penalty, chat_template_kwargs)": lambda b: any(
-        k in b for k in ("top_k", "min_p", "repetition_penalty", "chat_template_kwargs")),
+        k in b for k in ("top_k", "min_p", "repetition_penalty", "chat_template_kwargs")
+    ),
 }

@@ -131,8 +131,10 @@ def structured_results(cases: list[Run], check) -> list[tuple[Run, str | None]]:
             cut.append(case.line)
         else:
             finished.append(case)
-    print(f"\n  of {len(cases)}: {len(finished)} finished, {len(cut)} cut by max_tokens {cut}, "
-          f"{len(refused)} refused: {refused}")
+    print(
+        f"\n  of {len(cases)}: {len(finished)} finished, {len(cut)} cut by max_tokens {cut}, "
+        f"{len(refused)} refused: {refused}"
+    )
     return [(case, first_failure(case, check)) for case in finished]
 
 
@@ -208,8 +210,18 @@ def test_logprobs_have_every_token_with_the_asked_alternatives(runs):
 def test_n_gives_n_choices(runs):
     cases = [c for c in runs if c.asks.n > 1]
     assert cases
-    report("n", [(case, None if case.completion and len(case.completion.choices) == case.asks.n
-                  else case.error or f"{len(case.completion.choices)} choices") for case in cases])
+    report(
+        "n",
+        [
+            (
+                case,
+                None
+                if case.completion and len(case.completion.choices) == case.asks.n
+                else case.error or f"{len(case.completion.choices)} choices",
+            )
+            for case in cases
+        ],
+    )
 
 
 def test_stop_sequences_are_not_in_the_text(runs):
@@ -229,5 +241,6 @@ def test_every_body_keeps_its_token_limit(runs):
         return None if used <= limit else f"{used} completion tokens for a limit of {limit}"
 
     report("max_tokens", [(case, within(case)) for case in runs if case.completion is not None])
-    print("finish reasons:", Counter(c.finish_reason for case in runs if case.completion
-                                     for c in case.completion.choices))
+    print(
+        "finish reasons:", Counter(c.finish_reason for case in runs if case.completion for c in case.completion.choices)
+    )

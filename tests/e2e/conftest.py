@@ -10,15 +10,16 @@ import os
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from async_inference_client import Client
 from local_runtime.moto_server import free_port
-from local_runtime.subscribers import subscribe_queue
 from local_runtime.stack import LocalDeployment
+from local_runtime.subscribers import subscribe_queue
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
 # The model names the echo engine answers to in these tests; any other is a 404 model_not_found.
@@ -30,9 +31,18 @@ FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOU
 def stack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalDeployment]:
     logs = tmp_path_factory.mktemp("logs")
     log = open(logs / "workers.log", "ab")
-    local = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(),
-                            api_keys=TENANT_KEYS, workers=0, engine="echo", worker_env=FAST_WORKER, worker_log=log, log_dir=logs,
-                            served_models=SERVED_MODELS)
+    local = LocalDeployment(
+        assembly=local_assembly,
+        api_port=free_port(),
+        moto_port=free_port(),
+        api_keys=TENANT_KEYS,
+        workers=0,
+        engine="echo",
+        worker_env=FAST_WORKER,
+        worker_log=log,
+        log_dir=logs,
+        served_models=SERVED_MODELS,
+    )
     local.start()
     # This test process is a client of the stack: boto3 clients made without an endpoint (async_inference.aws.client)
     # talk to its moto server.
@@ -72,7 +82,9 @@ class Inbox:
 
         assert stack.resources is not None
         self._sqs = client("sqs")
-        self.url = subscribe_queue(stack.resources.config.topic_arn, f"inbox-{free_port()}", filter_policy=filter_policy)
+        self.url = subscribe_queue(
+            stack.resources.config.topic_arn, f"inbox-{free_port()}", filter_policy=filter_policy
+        )
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.attributes: dict[str, list[dict[str, Any]]] = defaultdict(list)
 

@@ -18,7 +18,9 @@ KEY_A = {"x-api-key": "tenant-a-key-0123456789"}
 
 def post(stack, body, headers=KEY_A, **kwargs):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return requests.post(f"{stack.api_url}/v1/jobs", data=data, headers={"Content-Type": "application/json", **headers}, **kwargs)
+    return requests.post(
+        f"{stack.api_url}/v1/jobs", data=data, headers={"Content-Type": "application/json", **headers}, **kwargs
+    )
 
 
 def assert_error_envelope(status, headers, body, *, expected_status, code):
@@ -36,25 +38,31 @@ def test_missing_or_unknown_api_key_is_401_in_the_error_envelope(stack):
     # response, 401, rendered by the template as {"error": {...}} (OpenAI answers a bad key with 401 too).
     for headers in ({}, {"x-api-key": "not-a-key-of-ours-000000"}):
         response = requests.get(f"{stack.api_url}/v1/jobs", headers=headers)
-        assert_error_envelope(response.status_code, response.headers, response.content, expected_status=401,
-                              code="invalid_api_key")
+        assert_error_envelope(
+            response.status_code, response.headers, response.content, expected_status=401, code="invalid_api_key"
+        )
 
 
 @pytest.mark.parametrize("headers", [KEY_A, {}], ids=["with-key", "without-key"])
 def test_a_path_no_route_serves_is_404_in_the_error_envelope(stack, headers):
     response = requests.get(f"{stack.api_url}/v1/no-such-route", headers=headers)
-    assert_error_envelope(response.status_code, response.headers, response.content, expected_status=404,
-                          code="not_found")
+    assert_error_envelope(
+        response.status_code, response.headers, response.content, expected_status=404, code="not_found"
+    )
     # API Gateway's own message ("Missing Authentication Token") would send a client looking for a key problem
     assert "no route" in response.json()["error"]["message"]
 
 
 def test_a_body_over_the_gateway_limit_is_413_in_the_error_envelope(stack):
     # API Gateway refuses a payload over 10 MB before any function runs (REQUEST_TOO_LARGE)
-    response = requests.post(f"{stack.api_url}/v1/jobs", data=b"x" * (10 * 1024 * 1024 + 1),
-                             headers={**KEY_A, "Content-Type": "application/json"})
-    assert_error_envelope(response.status_code, response.headers, response.content, expected_status=413,
-                          code="payload_too_large")
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs",
+        data=b"x" * (10 * 1024 * 1024 + 1),
+        headers={**KEY_A, "Content-Type": "application/json"},
+    )
+    assert_error_envelope(
+        response.status_code, response.headers, response.content, expected_status=413, code="payload_too_large"
+    )
 
 
 @pytest.mark.parametrize(("response_type", "code"), [("THROTTLED", "throttled"), ("QUOTA_EXCEEDED", "quota_exceeded")])
@@ -86,9 +94,23 @@ def test_throttling_and_quota_answers_are_429_in_the_error_envelope(stack, respo
         ({"request": chat(stream=True)}, "request.stream"),
         ({"request": chat(top_logprobs=2)}, "request.top_logprobs"),
         ({"request": chat(max_tokens=10, max_completion_tokens=20)}, "request.max_completion_tokens"),
-        ({"request": {"model": "m", "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}},
-         "request.messages.0.content.1"),
+        (
+            {
+                "request": {
+                    "model": "m",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": "x"},
+                                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                            ],
+                        }
+                    ],
+                }
+            },
+            "request.messages.0.content.1",
+        ),
         ({"request": chat(), "upload": {"size_bytes": 10}}, "(body)"),
         ({}, "(body)"),
         ({"upload": {"size_bytes": settings.MAX_UPLOAD_BYTES + 1}}, "upload.size_bytes"),
@@ -149,8 +171,11 @@ def test_idempotency_key_returns_the_same_job_for_a_retried_post(api):
 
 @pytest.mark.parametrize(
     "second",
-    [{"request": chat("a different prompt")}, {"upload": {"size_bytes": 100}},
-     {"request": chat("only once"), "metadata": {"run": "2"}}],
+    [
+        {"request": chat("a different prompt")},
+        {"upload": {"size_bytes": 100}},
+        {"request": chat("only once"), "metadata": {"run": "2"}},
+    ],
     ids=["other-prompt", "upload-instead", "other-metadata"],
 )
 def test_an_idempotency_key_reused_for_a_different_request_is_422_naming_the_key(stack, api, second):
@@ -177,16 +202,24 @@ def test_an_idempotency_key_whose_first_request_is_still_in_progress_is_409(stac
 
     key = f"in-progress-{uuid.uuid4()}"
     first_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "the first one"}]}).encode()
-    client("s3").put_object(Bucket=stack.resources.config.bucket_name, Body=first_body,
-                            Key=settings.request_key("tenant-a", new_job_id("tenant-a", key)))
+    client("s3").put_object(
+        Bucket=stack.resources.config.bucket_name,
+        Body=first_body,
+        Key=settings.request_key("tenant-a", new_job_id("tenant-a", key)),
+    )
     # WHEN a different request comes with the same key
     response = post(stack, {"request": chat("a second, different one")}, headers={**KEY_A, "Idempotency-Key": key})
     # THEN it is a 409 to retry later, and the first request's body is not overwritten
     assert response.status_code == 409, response.text
     assert response.json()["error"]["code"] == "idempotency_key_in_progress"
     assert key in response.json()["error"]["message"]
-    stored = client("s3").get_object(Bucket=stack.resources.config.bucket_name,
-                                     Key=settings.request_key("tenant-a", new_job_id("tenant-a", key)))["Body"].read()
+    stored = (
+        client("s3")
+        .get_object(
+            Bucket=stack.resources.config.bucket_name, Key=settings.request_key("tenant-a", new_job_id("tenant-a", key))
+        )["Body"]
+        .read()
+    )
     assert stored == first_body
 
 
@@ -227,8 +260,9 @@ def test_a_body_that_is_not_json_is_415_naming_the_type_to_send(stack, content_t
     # GIVEN a valid submission sent with a content type that is not JSON (curl -d sends form encoding by default)
     body = json.dumps({"request": chat()})
     # WHEN it is posted
-    response = requests.post(f"{stack.api_url}/v1/jobs", data=body,
-                             headers={**KEY_A, "Content-Type": content_type}, timeout=10)
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs", data=body, headers={**KEY_A, "Content-Type": content_type}, timeout=10
+    )
     # THEN it is a 415 in the error envelope that names the type it got and the one to send, never a 500
     assert response.status_code == 415, response.text
     error = response.json()["error"]
@@ -238,15 +272,22 @@ def test_a_body_that_is_not_json_is_415_naming_the_type_to_send(stack, content_t
 
 @pytest.mark.parametrize(
     "content_type",
-    ["application/json", "APPLICATION/JSON", "Application/Json; Charset=UTF-8", "application/json;charset=utf-8",
-     "application/vnd.example+json", None],
+    [
+        "application/json",
+        "APPLICATION/JSON",
+        "Application/Json; Charset=UTF-8",
+        "application/json;charset=utf-8",
+        "application/vnd.example+json",
+        None,
+    ],
 )
 def test_json_is_accepted_in_any_case_with_a_charset_or_as_a_json_suffix(stack, api, content_type):
     # GIVEN a valid submission with a JSON content type in any spelling (or none: JSON is assumed)
     headers = {**KEY_A} if content_type is None else {**KEY_A, "Content-Type": content_type}
     # WHEN it is posted
-    response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps({"request": chat()}), headers=headers,
-                             timeout=10)
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs", data=json.dumps({"request": chat()}), headers=headers, timeout=10
+    )
     # THEN the job is accepted
     assert response.status_code == 202, response.text
     api.cancel(response.json()["job_id"])
@@ -259,7 +300,11 @@ def test_an_empty_body_declared_as_another_type_is_415_too(stack):
 
 
 def test_json_in_a_charset_other_than_utf8_is_415(stack):
-    response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps({"request": chat()}).encode("utf-16"),
-                             headers={**KEY_A, "Content-Type": "application/json; charset=utf-16"}, timeout=10)
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs",
+        data=json.dumps({"request": chat()}).encode("utf-16"),
+        headers={**KEY_A, "Content-Type": "application/json; charset=utf-16"},
+        timeout=10,
+    )
     assert response.status_code == 415, response.text
     assert "UTF-8" in response.json()["error"]["message"]

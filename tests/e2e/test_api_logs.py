@@ -30,8 +30,14 @@ def list_jobs_event(tenant: str, request_id: str) -> dict[str, Any]:
         "queryStringParameters": None,
         "multiValueQueryStringParameters": None,
         "pathParameters": None,
-        "requestContext": {"requestId": request_id, "resourcePath": "/v1/jobs", "httpMethod": "GET", "stage": "prod",
-                           "identity": {"sourceIp": "127.0.0.1"}, "authorizer": {"tenant": tenant}},
+        "requestContext": {
+            "requestId": request_id,
+            "resourcePath": "/v1/jobs",
+            "httpMethod": "GET",
+            "stage": "prod",
+            "identity": {"sourceIp": "127.0.0.1"},
+            "authorizer": {"tenant": tenant},
+        },
         "body": None,
         "isBase64Encoded": False,
     }
@@ -55,6 +61,7 @@ def test_an_error_after_another_tenants_request_is_not_logged_with_that_tenant(h
     # GIVEN a warm API function that has just served tenant A
     served = handler.lambda_handler(list_jobs_event("tenant-a", "request-of-a"), Context(29))
     assert served["statusCode"] == 200, served
+
     # WHEN tenant B's request fails before its tenant is known (reading the authorizer's answer fails)
     def broken(event: Any) -> str:
         raise RuntimeError("the authorizer context could not be read")

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from async_inference import settings
-from async_inference_client.cli import EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, main
 from async_inference_client import Client
+from async_inference_client.cli import EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, main
 from tests.e2e.conftest import TENANT_KEYS
 
 pytestmark = pytest.mark.e2e
@@ -17,9 +17,18 @@ KEY_A = list(TENANT_KEYS)[0]
 
 
 def rows(n: int, prefix: str = "cli") -> bytes:
-    return b"".join(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                "body": {"model": "echo-model", "messages": [{"role": "user", "content": "hi"}]}}).encode()
-                    + b"\n" for i in range(n))
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"{prefix}-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "echo-model", "messages": [{"role": "user", "content": "hi"}]},
+            }
+        ).encode()
+        + b"\n"
+        for i in range(n)
+    )
 
 
 @pytest.fixture
@@ -74,8 +83,14 @@ def test_an_unreadable_or_empty_file_is_a_usage_error(cli, tmp_path):
 def test_the_sdk_uploads_a_large_file_through_the_presigned_path_and_reads_it_back(stack):
     # GIVEN a file over the inline limit WHEN the SDK uploads it THEN it goes through the presigned PUT and its content
     # reads back byte for byte (the redirect followed without the API key)
-    line = json.dumps({"custom_id": "x" * 40, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "echo-model", "messages": [{"role": "user", "content": "y" * 2000}]}}).encode()
+    line = json.dumps(
+        {
+            "custom_id": "x" * 40,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "echo-model", "messages": [{"role": "user", "content": "y" * 2000}]},
+        }
+    ).encode()
     data = (line + b"\n") * (settings.MAX_FILE_INLINE_BYTES // len(line) + 10)
     with Client(stack.api_url, KEY_A) as client:
         uploaded = client.upload_file(data, filename="large.jsonl")

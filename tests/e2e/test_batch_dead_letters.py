@@ -43,15 +43,17 @@ def _dead_letter(stack: LocalDeployment, marker: str, count: int, timeout_s: flo
     moved: list[str] = []
     deadline = time.monotonic() + timeout_s
     while len(moved) < count and time.monotonic() < deadline:
-        for message in sqs.receive_message(QueueUrl=lane, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                                           VisibilityTimeout=30).get("Messages", []):
+        for message in sqs.receive_message(
+            QueueUrl=lane, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=30
+        ).get("Messages", []):
             if marker in message["Body"]:
                 sqs.send_message(QueueUrl=dlq, MessageBody=message["Body"])
                 sqs.delete_message(QueueUrl=lane, ReceiptHandle=message["ReceiptHandle"])
                 moved.append(message["Body"])
             else:
-                sqs.change_message_visibility(QueueUrl=lane, ReceiptHandle=message["ReceiptHandle"],
-                                              VisibilityTimeout=0)
+                sqs.change_message_visibility(
+                    QueueUrl=lane, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+                )
     assert len(moved) == count, f"found {len(moved)} of {count} lane messages with {marker}"
     return moved
 

@@ -5,7 +5,7 @@ tenant's Standard Webhooks secret, to a local receiver, recording the attempt on
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -35,8 +35,12 @@ def receiver() -> Iterator[Receiver]:
 
 def _create(sdk: openai.OpenAI, data: bytes, webhook: dict) -> openai.types.Batch:
     source = upload(sdk, data)
-    return sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
-                              extra_body={"webhook": webhook})
+    return sdk.batches.create(
+        input_file_id=source.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook": webhook},
+    )
 
 
 def _webhook_settled(stack: LocalDeployment, batch_id: str, timeout_s: float = 15.0):
@@ -90,6 +94,10 @@ def test_an_event_the_webhook_did_not_ask_for_is_not_posted(stack: LocalDeployme
 def test_an_unsafe_webhook_url_is_a_400_naming_the_field(sdk):
     source = upload(sdk, jsonl([line("x")]))
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
-                           extra_body={"webhook": {"url": "http://169.254.169.254/latest/meta-data"}})
+        sdk.batches.create(
+            input_file_id=source.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"webhook": {"url": "http://169.254.169.254/latest/meta-data"}},
+        )
     assert refused.value.body["message"].startswith("webhook.url")

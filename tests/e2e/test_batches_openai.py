@@ -34,8 +34,12 @@ def other_sdk(stack: LocalDeployment) -> openai.OpenAI:
 
 
 def line(custom_id: str, *, model: str = "echo-model", **changes: Any) -> dict[str, Any]:
-    request = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-               "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}], "max_tokens": 8}}
+    request = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}], "max_tokens": 8},
+    }
     request.update(changes)
     return request
 
@@ -81,9 +85,16 @@ def test_bearer_and_x_api_key_are_both_accepted_through_the_templates_authorizer
         assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not-a-key-of-ours-0000"},
-                                     {"x-api-key": "not-a-key-of-ours-0000"}, {"Authorization": "Basic abc"},
-                                     {"Authorization": f"Bearer {KEY_A}", "x-api-key": KEY_B}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer not-a-key-of-ours-0000"},
+        {"x-api-key": "not-a-key-of-ours-0000"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": f"Bearer {KEY_A}", "x-api-key": KEY_B},
+    ],
+)
 def test_a_missing_unknown_or_ambiguous_key_is_401_invalid_api_key(stack, headers):
     # WHEN a request carries no key, an unknown one, or keys of two tenants THEN the authorizer refuses it: 401 in
     # the error envelope, whose message says how to send a key
@@ -117,7 +128,12 @@ def test_a_file_uploads_lists_retrieves_and_reads_back_byte_for_byte(sdk):
     # WHEN the SDK uploads a file (multipart, purpose=batch)
     created = upload(sdk, data, "mine.jsonl")
     # THEN it is a FileObject with the size and name, retrievable, listed, and its content is the same bytes
-    assert (created.object, created.purpose, created.bytes, created.filename) == ("file", "batch", len(data), "mine.jsonl")
+    assert (created.object, created.purpose, created.bytes, created.filename) == (
+        "file",
+        "batch",
+        len(data),
+        "mine.jsonl",
+    )
     assert sdk.files.retrieve(created.id).id == created.id
     assert created.id in [f.id for f in sdk.files.list(purpose="batch")]
     assert sdk.files.content(created.id).read() == data
@@ -145,8 +161,11 @@ def test_a_large_file_goes_through_the_presigned_upload(stack, sdk):
     # GIVEN a file's size WHEN POST /v1/files/uploads (the extension) THEN the file exists awaiting its bytes, and
     # once they are PUT to the presigned URL it is processed and its content reads back
     data = jsonl([line(f"big-{i}") for i in range(50)])
-    response = requests.post(f"{stack.api_url}/v1/files/uploads", headers={"Authorization": f"Bearer {KEY_A}"},
-                             json={"filename": "big.jsonl", "purpose": "batch", "bytes": len(data)})
+    response = requests.post(
+        f"{stack.api_url}/v1/files/uploads",
+        headers={"Authorization": f"Bearer {KEY_A}"},
+        json={"filename": "big.jsonl", "purpose": "batch", "bytes": len(data)},
+    )
     assert response.status_code == 201, response.text
     created = response.json()
     assert created["status"] == "uploaded" and "awaiting its upload" in created["status_details"]
@@ -160,8 +179,12 @@ def test_a_file_over_the_inline_limit_is_a_413_naming_the_upload_path(stack):
     from async_inference import settings
 
     big = b"x" * (settings.MAX_FILE_INLINE_BYTES + 1)
-    response = requests.post(f"{stack.api_url}/v1/files", headers={"x-api-key": KEY_A}, data={"purpose": "batch"},
-                             files={"file": ("big.jsonl", big)})
+    response = requests.post(
+        f"{stack.api_url}/v1/files",
+        headers={"x-api-key": KEY_A},
+        data={"purpose": "batch"},
+        files={"file": ("big.jsonl", big)},
+    )
     assert response.status_code == 413, response.text
     assert "/v1/files/uploads" in response.json()["error"]["message"]
 
@@ -173,11 +196,16 @@ def test_a_batch_is_created_validated_planned_listed_and_retrieved(stack, sdk):
     lines = [line(f"req-{i}") for i in range(250)]
     source = upload(sdk, jsonl(lines))
     # WHEN the SDK creates a batch
-    batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
-                               metadata={"run": "e2e"})
+    batch = sdk.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"run": "e2e"}
+    )
     # THEN it starts validating, the controller plans it into chunks of 100 lines, and it is in_progress
-    assert (batch.object, batch.status, batch.input_file_id, batch.metadata) == ("batch", "validating", source.id,
-                                                                                 {"run": "e2e"})
+    assert (batch.object, batch.status, batch.input_file_id, batch.metadata) == (
+        "batch",
+        "validating",
+        source.id,
+        {"run": "e2e"},
+    )
     planned = settled(sdk, batch.id, "in_progress")
     assert planned.request_counts.total == 250 and planned.model == "echo-model"
     assert planned.in_progress_at and planned.expires_at == batch.created_at + 24 * 3600
@@ -188,8 +216,10 @@ def test_a_batch_is_created_validated_planned_listed_and_retrieved(stack, sdk):
 
 def test_batches_list_pages_with_after_and_limit(sdk):
     source = upload(sdk, jsonl([line("p")]))
-    made = [sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h").id
-            for _ in range(3)]
+    made = [
+        sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h").id
+        for _ in range(3)
+    ]
     first = sdk.batches.list(limit=2)
     second = sdk.batches.list(limit=2, after=first.data[-1].id)
     assert first.has_more and len(first.data) == 2
@@ -201,8 +231,11 @@ def test_batches_list_pages_with_after_and_limit(sdk):
     ("lines", "code", "failing_line"),
     [
         ([line("ok"), b"{not json"], "invalid_json_line", 2),
-        ([line("ok"), {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "echo-model"}}],
-         "missing_required_parameter", 2),
+        (
+            [line("ok"), {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "echo-model"}}],
+            "missing_required_parameter",
+            2,
+        ),
         ([line("same"), line("other"), line("same")], "duplicate_custom_id", 3),
         ([line("ok"), line("bad-url", url="/v1/embeddings")], "invalid_url", 2),
         ([line("bad-method", method="GET")], "invalid_method", 1),
@@ -225,10 +258,15 @@ def test_more_lines_than_a_batch_holds_fail_it(stack, sdk):
 
     # 50,001 short lines (about 5 MB): through the presigned upload, as a file over the inline limit goes
     too_many = settings.BATCH_MAX_LINES + 1
-    data = b"".join(b'{"custom_id":"%d","method":"POST","url":"/v1/chat/completions","body":{"model":"echo-model"}}\n'
-                    % i for i in range(too_many))
-    response = requests.post(f"{stack.api_url}/v1/files/uploads", headers={"x-api-key": KEY_A},
-                             json={"filename": "huge.jsonl", "purpose": "batch", "bytes": len(data)})
+    data = b"".join(
+        b'{"custom_id":"%d","method":"POST","url":"/v1/chat/completions","body":{"model":"echo-model"}}\n' % i
+        for i in range(too_many)
+    )
+    response = requests.post(
+        f"{stack.api_url}/v1/files/uploads",
+        headers={"x-api-key": KEY_A},
+        json={"filename": "huge.jsonl", "purpose": "batch", "bytes": len(data)},
+    )
     created = response.json()
     assert requests.put(created["upload"]["url"], data=data, headers=created["upload"]["headers"]).ok
     batch = sdk.batches.create(input_file_id=created["id"], endpoint="/v1/chat/completions", completion_window="24h")
@@ -239,7 +277,9 @@ def test_more_lines_than_a_batch_holds_fail_it(stack, sdk):
 def test_a_body_the_schema_refuses_is_not_a_structural_error(sdk):
     # GIVEN a line whose body the request schema refuses (max_tokens 0) WHEN the batch is planned THEN it is not failed:
     # that line becomes a 400 line of the error file, written by the worker
-    source = upload(sdk, jsonl([line("fine"), line("bad-body", body={"model": "echo-model", "messages": [], "max_tokens": 0})]))
+    source = upload(
+        sdk, jsonl([line("fine"), line("bad-body", body={"model": "echo-model", "messages": [], "max_tokens": 0})])
+    )
     batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert settled(sdk, batch.id, "in_progress").request_counts.total == 2
 
@@ -282,15 +322,23 @@ def test_cancel_while_validating_ends_it_cancelled_with_nothing_run(stack, sdk):
     source = upload(sdk, jsonl([line("never")]))
     store = BatchStore(stack.resources.batch_table_name)
     now = utcnow()
-    record = BatchRecord(id=new_batch_id(), tenant="tenant-a", created_at=now, status=BatchStatus.VALIDATING,
-                         endpoint="/v1/chat/completions", input_file_id=source.id,
-                         input_key=f"files/tenant-a/{source.id}/content", completion_window="24h",
-                         deadline=now + dt.timedelta(hours=24))
+    record = BatchRecord(
+        id=new_batch_id(),
+        tenant="tenant-a",
+        created_at=now,
+        status=BatchStatus.VALIDATING,
+        endpoint="/v1/chat/completions",
+        input_file_id=source.id,
+        input_key=f"files/tenant-a/{source.id}/content",
+        completion_window="24h",
+        deadline=now + dt.timedelta(hours=24),
+    )
     store.create(record)
     inbox = Inbox(stack)
     assert sdk.batches.cancel(record.id).status == "cancelling"
-    config = ServiceSettings.load(batch_table_name=stack.resources.batch_table_name,
-                                  batch_queue_url=stack.resources.batch_queue_url)
+    config = ServiceSettings.load(
+        batch_table_name=stack.resources.batch_table_name, batch_queue_url=stack.resources.batch_queue_url
+    )
     BatchController.from_settings(config).plan(record.id)
     final = sdk.batches.retrieve(record.id)
     assert (final.status, final.output_file_id, final.request_counts.total) == ("cancelled", None, 0)
@@ -299,8 +347,11 @@ def test_cancel_while_validating_ends_it_cancelled_with_nothing_run(stack, sdk):
 
 
 def test_an_input_file_of_another_purpose_or_not_uploaded_is_a_400(stack, sdk):
-    response = requests.post(f"{stack.api_url}/v1/files/uploads", headers={"x-api-key": KEY_A},
-                             json={"filename": "later.jsonl", "purpose": "batch", "bytes": 10})
+    response = requests.post(
+        f"{stack.api_url}/v1/files/uploads",
+        headers={"x-api-key": KEY_A},
+        json={"filename": "later.jsonl", "purpose": "batch", "bytes": 10},
+    )
     pending = response.json()["id"]
     with pytest.raises(openai.BadRequestError, match="not been uploaded"):
         sdk.batches.create(input_file_id=pending, endpoint="/v1/chat/completions", completion_window="24h")
@@ -340,8 +391,9 @@ def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk
     assert [e["type"] for e in events] == ["batch.completed"]
 
 
-def _write_parts(stack: LocalDeployment, batch_id: str, outputs: dict[int, list[dict]],
-                 errors: dict[int, list[dict]]) -> None:
+def _write_parts(
+    stack: LocalDeployment, batch_id: str, outputs: dict[int, list[dict]], errors: dict[int, list[dict]]
+) -> None:
     """Each chunk's parts, written as the worker writes them (docs/design/batches.md: JSONL in OpenAI's line format,
     once, an empty part still written)."""
     from async_inference import settings
@@ -350,21 +402,37 @@ def _write_parts(stack: LocalDeployment, batch_id: str, outputs: dict[int, list[
     s3 = client("s3")
     for chunk in sorted(set(outputs) | set(errors)):
         for kind, rows in (("output", outputs.get(chunk, [])), ("error", errors.get(chunk, []))):
-            s3.put_object(Bucket=stack.resources.config.bucket_name, Body=jsonl(rows) if rows else b"",
-                          Key=settings.batch_part_key("tenant-a", batch_id, chunk, kind), IfNoneMatch="*")
+            s3.put_object(
+                Bucket=stack.resources.config.bucket_name,
+                Body=jsonl(rows) if rows else b"",
+                Key=settings.batch_part_key("tenant-a", batch_id, chunk, kind),
+                IfNoneMatch="*",
+            )
 
 
 def _answer(custom_id: str) -> dict:
-    return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "error": None,
-            "response": {"status_code": 200, "request_id": custom_id, "body": {"object": "chat.completion"}}}
+    return {
+        "id": f"batch_req_{custom_id}",
+        "custom_id": custom_id,
+        "error": None,
+        "response": {"status_code": 200, "request_id": custom_id, "body": {"object": "chat.completion"}},
+    }
 
 
 def _refused(custom_id: str, code: str | None = None) -> dict:
     if code:
-        return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "response": None,
-                "error": {"code": code, "message": "not finished within the completion window"}}
-    return {"id": f"batch_req_{custom_id}", "custom_id": custom_id, "error": None,
-            "response": {"status_code": 400, "request_id": custom_id, "body": {"error": {"message": "max_tokens"}}}}
+        return {
+            "id": f"batch_req_{custom_id}",
+            "custom_id": custom_id,
+            "response": None,
+            "error": {"code": code, "message": "not finished within the completion window"},
+        }
+    return {
+        "id": f"batch_req_{custom_id}",
+        "custom_id": custom_id,
+        "error": None,
+        "response": {"status_code": 400, "request_id": custom_id, "body": {"error": {"message": "max_tokens"}}},
+    }
 
 
 @pytest.mark.parametrize(("last_error_code", "final"), [(None, "completed"), ("batch_expired", "expired")])
@@ -378,14 +446,19 @@ def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, 
     batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     settled(sdk, batch.id, "in_progress")
     inbox = Inbox(stack)
-    _write_parts(stack, batch.id, outputs={0: [_answer(i) for i in ids[:100]], 1: [_answer(i) for i in ids[100:149]]},
-                 errors={0: [], 1: [_refused(ids[149], last_error_code)]})
+    _write_parts(
+        stack,
+        batch.id,
+        outputs={0: [_answer(i) for i in ids[:100]], 1: [_answer(i) for i in ids[100:149]]},
+        errors={0: [], 1: [_refused(ids[149], last_error_code)]},
+    )
     store = BatchStore(stack.resources.batch_table_name)
     store.record_chunk(batch.id, 0, completed=100, failed=0)
     assert store.record_chunk(batch.id, 1, completed=49, failed=1).all_counted
     # WHEN the worker that counted the last chunk sends the finalize step (to the template's control queue)
     ControlQueue(stack.resources.batch_control_queue_url).send(
-        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a")
+    )
     # THEN the controller writes one output and one error file, every custom_id in exactly one, and ends the batch
     done = settled(sdk, batch.id, final)
     output = [json.loads(r)["custom_id"] for r in sdk.files.content(done.output_file_id).read().splitlines()]
@@ -396,7 +469,8 @@ def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, 
     assert [e["type"] for e in inbox.for_job(batch.id, wait_s=3)] == [f"batch.{final}"]
     # and a second finalize (a redelivery) changes nothing and notifies nothing more
     ControlQueue(stack.resources.batch_control_queue_url).send(
-        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a")
+    )
     time.sleep(3)
     again = sdk.batches.retrieve(batch.id)
     assert (again.status, again.output_file_id, again.error_file_id) == (final, done.output_file_id, done.error_file_id)
@@ -413,6 +487,7 @@ def test_a_batch_with_no_errors_has_no_error_file(stack, sdk):
     _write_parts(stack, batch.id, outputs={0: [_answer("only")]}, errors={0: []})
     assert BatchStore(stack.resources.batch_table_name).record_chunk(batch.id, 0, completed=1, failed=0).all_counted
     ControlQueue(stack.resources.batch_control_queue_url).send(
-        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a"))
+        BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a")
+    )
     done = settled(sdk, batch.id, "completed")
     assert done.error_file_id is None and done.output_file_id

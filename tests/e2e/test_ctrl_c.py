@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
@@ -37,14 +37,27 @@ def make_up(tmp_path: Path, local_assembly: Path) -> Iterator[tuple[subprocess.P
     log folder (given as one that does not exist yet). Whatever it started is killed afterwards if still there."""
     log_dir = tmp_path / "not" / "yet" / "logs"
     outputs, output = tmp_path / "outputs.json", tmp_path / "up.out"
-    env = {**os.environ, "LOCAL_ASSEMBLY": str(local_assembly), "ENGINE": "echo", "WORKERS": "2",
-           "API_PORT": str(free_port()), "MOTO_PORT": str(free_port()), "WS_PORT": str(free_port()),
-           "LOCAL_LOG_DIR": str(log_dir), "LOCAL_API_KEYS": f"{KEY}=demo",
-           "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "LOCAL_ASSEMBLY": str(local_assembly),
+        "ENGINE": "echo",
+        "WORKERS": "2",
+        "API_PORT": str(free_port()),
+        "MOTO_PORT": str(free_port()),
+        "WS_PORT": str(free_port()),
+        "LOCAL_LOG_DIR": str(log_dir),
+        "LOCAL_API_KEYS": f"{KEY}=demo",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
     with open(output, "wb") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "local_runtime", "up", "--outputs-file", str(outputs)],
-                                   env=env, cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                                   process_group=0)  # its own group, as a shell gives a foreground job
+        process = subprocess.Popen(
+            [sys.executable, "-m", "local_runtime", "up", "--outputs-file", str(outputs)],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )  # its own group, as a shell gives a foreground job
     started: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 180

@@ -42,7 +42,8 @@ def test_the_job_queue_keeps_messages_as_long_as_the_template_says(stack: LocalD
     # The hand-written local queue kept messages 4 days (SQS's default) while the template says 14.
     assert stack.resources is not None
     attributes = stack.client("sqs").get_queue_attributes(
-        QueueUrl=stack.resources.config.queue_url, AttributeNames=["MessageRetentionPeriod"])["Attributes"]
+        QueueUrl=stack.resources.config.queue_url, AttributeNames=["MessageRetentionPeriod"]
+    )["Attributes"]
     assert attributes["MessageRetentionPeriod"] == str(14 * 86400)
 
 
@@ -77,7 +78,9 @@ def test_buckets_have_the_templates_versioning_lifecycle_cors_and_notifications(
                     assert deployed_rule["Expiration"]["Days"] == rule["ExpirationInDays"]
         if "CorsConfiguration" in props:
             cors = s3.get_bucket_cors(Bucket=name)["CORSRules"]
-            assert [r["AllowedMethods"] for r in cors] == [r["AllowedMethods"] for r in props["CorsConfiguration"]["CorsRules"]]
+            assert [r["AllowedMethods"] for r in cors] == [
+                r["AllowedMethods"] for r in props["CorsConfiguration"]["CorsRules"]
+            ]
     assert stack.resources is not None
     notifications = s3.get_bucket_notification_configuration(Bucket=stack.resources.config.bucket_name)
     (upload_events,) = notifications["QueueConfigurations"]
@@ -102,12 +105,17 @@ def test_api_keys_and_usage_plans_are_the_templates(stack: LocalDeployment):
     plans = {p["name"]: p for p in apigateway.get_usage_plans()["items"]}
     for _, props in deployed(stack, "AWS::ApiGateway::UsagePlan"):
         plan = plans[props["UsagePlanName"]]
-        assert plan["throttle"] == {"burstLimit": props["Throttle"]["BurstLimit"], "rateLimit": props["Throttle"]["RateLimit"]}
+        assert plan["throttle"] == {
+            "burstLimit": props["Throttle"]["BurstLimit"],
+            "rateLimit": props["Throttle"]["RateLimit"],
+        }
         assert plan["quota"]["limit"] == props["Quota"]["Limit"]
 
 
 def test_log_groups_keep_logs_as_long_as_the_template_says(stack: LocalDeployment):
     logs = stack.client("logs")
     for name, props in deployed(stack, "AWS::Logs::LogGroup"):
-        (group,) = [g for g in logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"] if g["logGroupName"] == name]
+        (group,) = [
+            g for g in logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"] if g["logGroupName"] == name
+        ]
         assert group.get("retentionInDays") == props.get("RetentionInDays")

@@ -11,20 +11,20 @@ body schema); every error is the one JSON error envelope with a message and no s
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-from unittest.mock import ANY
-
 import json
+from collections.abc import Iterator
+from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import requests
 import schemathesis
-from openapi_spec_validator import validate as validate_openapi
-from schemathesis import GenerationMode
-from schemathesis.config import SchemathesisConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openapi_spec_validator import validate as validate_openapi
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -63,19 +63,34 @@ def api_schema(fuzzed_stack: LocalDeployment, document: dict[str, Any]) -> Any:
     return schema
 
 
-OPERATIONS = [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/cancel")]
+OPERATIONS = [
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs"),
+    ("GET", "/v1/jobs/{job_id}"),
+    ("POST", "/v1/jobs/{job_id}/cancel"),
+]
 # The OpenAI-compatible routes (lambdas/api/batch_routes.py); POST /v1/files is multipart, which the document does not
 # describe as a schema, so tests/e2e/test_batches_openai.py drives it instead.
 OPENAI_OPERATIONS = [
-    ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("GET", "/v1/files"), ("POST", "/v1/files/uploads"),
-    ("GET", "/v1/files/{file_id}"), ("DELETE", "/v1/files/{file_id}"), ("GET", "/v1/files/{file_id}/content"),
-    ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", "/v1/batches/{batch_id}"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/files"),
+    ("POST", "/v1/files/uploads"),
+    ("GET", "/v1/files/{file_id}"),
+    ("DELETE", "/v1/files/{file_id}"),
+    ("GET", "/v1/files/{file_id}/content"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("GET", "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
 ]
 # OpenAI's Responses API in background mode (lambdas/api/response_routes.py).
 RESPONSES_OPERATIONS = [
-    ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
-    ("POST", "/v1/responses/{response_id}/cancel"), ("GET", "/v1/responses/{response_id}/input_items"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/responses/{response_id}/cancel"),
+    ("GET", "/v1/responses/{response_id}/input_items"),
 ]
 PARAMETERLESS = {("GET", "/v1/models")}
 
@@ -106,7 +121,9 @@ def test_the_document_is_valid_openapi_and_every_ref_resolves(document: dict[str
 
 def _refs(node: Any) -> list[str]:
     if isinstance(node, dict):
-        return ([node["$ref"]] if isinstance(node.get("$ref"), str) else []) + [r for v in node.values() for r in _refs(v)]
+        return ([node["$ref"]] if isinstance(node.get("$ref"), str) else []) + [
+            r for v in node.values() for r in _refs(v)
+        ]
     if isinstance(node, list):
         return [r for v in node for r in _refs(v)]
     return []
@@ -136,8 +153,9 @@ GATEWAY = {"401", "403", "413", "429"}
 
 
 @pytest.mark.parametrize(("method", "path"), OPERATIONS)
-def test_every_status_a_route_answers_is_documented_with_its_body(document: dict[str, Any], method: str,
-                                                                   path: str) -> None:
+def test_every_status_a_route_answers_is_documented_with_its_body(
+    document: dict[str, Any], method: str, path: str
+) -> None:
     responses = document["paths"][path][method.lower()]["responses"]
     assert set(responses) == DOCUMENTED[(method, path)] | GATEWAY
     success = "JobList" if (method, path) == ("GET", "/v1/jobs") else "JobView"
@@ -204,12 +222,17 @@ def _operations(api_schema: Any) -> list[Any]:
 
 # Schemathesis' own pytest loader does not run under pytest 9 ('Function' has no '_nodeid'), so each operation's
 # strategy is drawn from inside a plain Hypothesis test.
-@pytest.mark.parametrize(("method", "path", "mode"), [
-    pytest.param(method, path, mode, id=f"{method}-{path}-{'valid' if mode is GenerationMode.POSITIVE else 'invalid'}")
-    for method, path in OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS
-    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-    if not (mode is GenerationMode.NEGATIVE and (method, path) in PARAMETERLESS)  # nothing there to make invalid
-])
+@pytest.mark.parametrize(
+    ("method", "path", "mode"),
+    [
+        pytest.param(
+            method, path, mode, id=f"{method}-{path}-{'valid' if mode is GenerationMode.POSITIVE else 'invalid'}"
+        )
+        for method, path in OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        if not (mode is GenerationMode.NEGATIVE and (method, path) in PARAMETERLESS)  # nothing there to make invalid
+    ],
+)
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_no_5xx_and_every_response_matches_the_document(
@@ -225,14 +248,21 @@ def test_no_5xx_and_every_response_matches_the_document(
 
 
 def test_a_body_that_is_not_utf8_is_a_400(fuzzed_stack: LocalDeployment) -> None:
-    response = requests.post(f"{fuzzed_stack.api_url}/v1/jobs", data=b"WW|\xd3\x83\xf6",
-                             headers={**FUZZ_KEY, "Content-Type": "application/json"}, timeout=10)
+    response = requests.post(
+        f"{fuzzed_stack.api_url}/v1/jobs",
+        data=b"WW|\xd3\x83\xf6",
+        headers={**FUZZ_KEY, "Content-Type": "application/json"},
+        timeout=10,
+    )
     assert response.status_code == 400, response.text
 
 
 def test_an_idempotency_key_over_its_limit_is_a_400_naming_the_header(fuzzed_stack: LocalDeployment) -> None:
-    response = requests.post(f"{fuzzed_stack.api_url}/v1/jobs", data=json.dumps({"upload": {"size_bytes": 10}}),
-                             headers={**FUZZ_KEY, "Content-Type": "application/json", "Idempotency-Key": "k" * 256},
-                             timeout=10)
+    response = requests.post(
+        f"{fuzzed_stack.api_url}/v1/jobs",
+        data=json.dumps({"upload": {"size_bytes": 10}}),
+        headers={**FUZZ_KEY, "Content-Type": "application/json", "Idempotency-Key": "k" * 256},
+        timeout=10,
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"].startswith("idempotency-key")

@@ -9,8 +9,8 @@ import pytest
 import requests
 
 from async_inference.aws import client
-from async_inference_client import Client
 from async_inference.schemas import ClaimCheck
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import TENANT_KEYS, chat
 
@@ -23,14 +23,16 @@ def _find_claim(queue_url: str, job_id: str, timeout_s: float = 15.0) -> ClaimCh
     sqs = client("sqs")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                                       VisibilityTimeout=30).get("Messages", [])
+        messages = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=30
+        ).get("Messages", [])
         found = None
         for message in messages:
             if f'"job_id":"{job_id}"' in message["Body"]:
                 found = ClaimCheck.model_validate_json(message["Body"])
-            sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"],
-                                          VisibilityTimeout=0)
+            sqs.change_message_visibility(
+                QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+            )
         if found is not None:
             return found
     return None
@@ -57,8 +59,9 @@ def test_a_batch_priority_job_is_queued_on_the_batch_lane_and_runs_to_success(st
     assert api.result(final).choices[0].message.content == "lane of its own"
 
 
-def test_an_interactive_job_behind_a_busy_batch_lane_finishes_before_the_batch_jobs(stack: LocalDeployment,
-                                                                                    api: Client):
+def test_an_interactive_job_behind_a_busy_batch_lane_finishes_before_the_batch_jobs(
+    stack: LocalDeployment, api: Client
+):
     # GIVEN two batch-priority jobs of 4 s each queued before one interactive job, and a worker with one engine slot
     # and no reserve: whichever lane it receives from first, the batch lane can only have the slot until the
     # interactive job asks for it

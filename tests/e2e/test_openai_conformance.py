@@ -49,8 +49,9 @@ class Answer:
 
 
 def _jobs_answer(stack: LocalDeployment, sample: Sample) -> Answer:
-    response = requests.post(f"{stack.api_url}/v1/jobs", json={"request": sample.body},
-                             headers={"x-api-key": KEY}, timeout=30)
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs", json={"request": sample.body}, headers={"x-api-key": KEY}, timeout=30
+    )
     error = response.json().get("error") if response.status_code >= 400 else None
     fields = [d["field"].removeprefix("request.") for d in error["details"]] if error else []
     return Answer(sample, classify(sample.body), response.status_code, fields, error["message"] if error else "")
@@ -65,8 +66,9 @@ def answers(stack: LocalDeployment) -> list[Answer]:
     assert stack.resources is not None
     sqs, url = client("sqs"), stack.resources.config.queue_url
     while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages"):
-        sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                                                        for i, m in enumerate(messages)])
+        sqs.delete_message_batch(
+            QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        )
     return found
 
 
@@ -95,8 +97,11 @@ def test_every_body_openai_refuses_is_a_4xx_naming_a_field(answers: list[Answer]
 def test_what_a_text_only_job_cannot_do_is_a_400_naming_the_field(answers: list[Answer]) -> None:
     out = [a for a in answers if a.verdict.kind == "out_of_scope"]
     assert out, "the corpus has streaming, image and audio bodies"
-    wrong = [(a.sample.line, a.verdict.reason, a.status, a.fields) for a in out
-             if a.status != 400 or not set(a.fields) & a.verdict.fields]
+    wrong = [
+        (a.sample.line, a.verdict.reason, a.status, a.fields)
+        for a in out
+        if a.status != 400 or not set(a.fields) & a.verdict.fields
+    ]
     assert wrong == []
     assert Counter(a.verdict.reason.split(",")[0] for a in out)["streaming"] > 0
 
@@ -105,10 +110,12 @@ def test_at_least_95_percent_of_the_valid_in_scope_bodies_are_accepted(answers: 
     valid = [a for a in answers if a.verdict.kind == "valid"]
     accepted = [a for a in valid if a.status == 202]
     refused = [a for a in valid if a.status != 202]
-    print(f"\nchat.completions bodies: {len(answers)}; valid and in scope: {len(valid)}, accepted {len(accepted)} "
-          f"({len(accepted) / len(valid):.1%}); out of scope: "
-          f"{sum(a.verdict.kind == 'out_of_scope' for a in answers)}; invalid: "
-          f"{sum(a.verdict.kind == 'invalid' for a in answers)}")
+    print(
+        f"\nchat.completions bodies: {len(answers)}; valid and in scope: {len(valid)}, accepted {len(accepted)} "
+        f"({len(accepted) / len(valid):.1%}); out of scope: "
+        f"{sum(a.verdict.kind == 'out_of_scope' for a in answers)}; invalid: "
+        f"{sum(a.verdict.kind == 'invalid' for a in answers)}"
+    )
     print("refused valid, in-scope bodies:")
     for a in refused:
         print(f"- corpus line {a.sample.line} ({a.sample.source}): {a.status} {a.message}")
@@ -127,21 +134,28 @@ def _echo_refusal(body: dict[str, Any]) -> str | None:
     return None
 
 
-def test_the_batch_file_bodies_as_batch_lines_get_the_same_answers(stack: LocalDeployment, answers: list[Answer],
-                                                                    worker: Any) -> None:
+def test_the_batch_file_bodies_as_batch_lines_get_the_same_answers(
+    stack: LocalDeployment, answers: list[Answer], worker: Any
+) -> None:
     # GIVEN the bodies that came from batch files, as the lines of one batch input file
     by_id = {f"line-{a.sample.line}": a for a in answers if a.sample.from_batch_file}
     assert len(by_id) >= 80
-    data = b"".join(json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT,
-                                "body": a.sample.body}).encode() + b"\n" for custom_id, a in by_id.items())
+    data = b"".join(
+        json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": a.sample.body}).encode() + b"\n"
+        for custom_id, a in by_id.items()
+    )
     sdk = openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY, max_retries=0)
     source = sdk.files.create(file=("corpus.jsonl", data, "application/jsonl"), purpose="batch")
     # WHEN it runs as a batch (a worker with the echo engine)
     batch = sdk.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
     done = settled(sdk, batch.id, "completed", "failed", timeout_s=180)
     assert done.status == "completed", done.errors
-    lines = [json.loads(row) for file_id in (done.output_file_id, done.error_file_id) if file_id
-             for row in sdk.files.content(file_id).read().splitlines()]
+    lines = [
+        json.loads(row)
+        for file_id in (done.output_file_id, done.error_file_id)
+        if file_id
+        for row in sdk.files.content(file_id).read().splitlines()
+    ]
     # THEN each line's answer is its body's answer on the jobs API: a 200 where the job was accepted, a 400 naming
     # the same field where it was refused; never a 5xx
     assert sorted(line["custom_id"] for line in lines) == sorted(by_id)

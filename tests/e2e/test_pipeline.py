@@ -10,8 +10,8 @@ import requests
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference_client import ApiError, Client
 from async_inference.schemas import ChatCompletion, ClaimCheck, Job
+from async_inference_client import ApiError, Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 
@@ -21,7 +21,9 @@ pytestmark = pytest.mark.e2e
 def stored_job(stack: LocalDeployment, job_id: str) -> Job:
     assert stack.resources is not None
     table = client("dynamodb")
-    item = table.get_item(TableName=stack.resources.config.table_name, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
+    item = table.get_item(
+        TableName=stack.resources.config.table_name, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    )
     from boto3.dynamodb.types import TypeDeserializer
 
     return Job.model_validate({k: TypeDeserializer().deserialize(v) for k, v in item["Item"].items()})
@@ -34,8 +36,9 @@ def result_objects(stack: LocalDeployment, tenant: str, job_id: str) -> list[dic
     key = settings.result_key(tenant, job_id)
     bucket = stack.resources.config.bucket_name
     versions = [v for v in s3.list_object_versions(Bucket=bucket, Prefix=key).get("Versions", []) if v["Key"] == key]
-    return [json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read())
-            for v in versions]
+    return [
+        json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read()) for v in versions
+    ]
 
 
 def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notification(stack, api, inbox: Inbox, worker):
@@ -71,7 +74,11 @@ def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notificatio
     assert notes[0]["result_location"]["key"] == settings.result_key("tenant-a", submitted.job_id)
     assert notes[0]["metadata"] == {"team": "search"}
     assert inbox.attributes[submitted.job_id][0] == {
-        "status": "succeeded", "tenant": "tenant-a", "model": "echo-model", "webhook": "false", "event": "job.completed"
+        "status": "succeeded",
+        "tenant": "tenant-a",
+        "model": "echo-model",
+        "webhook": "false",
+        "event": "job.completed",
     }
 
 
@@ -85,8 +92,9 @@ def test_claim_check_on_the_queue_is_small_and_carries_no_prompt(stack, api):
     sqs = client("sqs")
     bodies = []
     for _ in range(5):
-        messages = sqs.receive_message(QueueUrl=stack.resources.config.queue_url, MaxNumberOfMessages=10,
-                                       VisibilityTimeout=0, WaitTimeSeconds=1).get("Messages", [])
+        messages = sqs.receive_message(
+            QueueUrl=stack.resources.config.queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=1
+        ).get("Messages", [])
         bodies += [m["Body"] for m in messages]
         if any(submitted.job_id in b for b in bodies):
             break
@@ -117,7 +125,10 @@ def test_upload_job_runs_after_the_presigned_put(api, worker):
     [
         (b"this is not json", "not valid JSON"),
         (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
-        (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), "max_tokens"),
+        (
+            json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(),
+            "max_tokens",
+        ),
     ],
 )
 def test_bad_upload_fails_the_job_with_a_reason(api, inbox: Inbox, body, reason):
@@ -132,8 +143,11 @@ def test_bad_upload_fails_the_job_with_a_reason(api, inbox: Inbox, body, reason)
 
 def test_upload_of_another_size_than_announced_fails_and_is_deleted(stack, api):
     # GIVEN an upload job announced at 500 bytes
-    response = requests.post(f"{stack.api_url}/v1/jobs", headers={"x-api-key": "tenant-a-key-0123456789"},
-                             json={"upload": {"size_bytes": 500}})
+    response = requests.post(
+        f"{stack.api_url}/v1/jobs",
+        headers={"x-api-key": "tenant-a-key-0123456789"},
+        json={"upload": {"size_bytes": 500}},
+    )
     created = response.json()
     # WHEN the client PUTs a different number of bytes (moto does not enforce the signed Content-Length; S3 does)
     body = json.dumps(chat("short")).encode()
@@ -142,8 +156,9 @@ def test_upload_of_another_size_than_announced_fails_and_is_deleted(stack, api):
     # THEN the job fails with the sizes in the reason, and the object is gone
     assert final.status == "failed"
     assert f"{len(body)} bytes but 500 were announced" in final.error
-    listing = client("s3").list_objects_v2(Bucket=stack.resources.config.bucket_name,
-                                           Prefix=settings.upload_key("tenant-a", created["job_id"]))
+    listing = client("s3").list_objects_v2(
+        Bucket=stack.resources.config.bucket_name, Prefix=settings.upload_key("tenant-a", created["job_id"])
+    )
     assert listing.get("KeyCount", 0) == 0
 
 
@@ -188,7 +203,9 @@ def test_duplicate_delivery_of_one_message_produces_one_result_and_one_notificat
     submitted = api.submit(chat("say this once", max_tokens=3))
     job = stored_job(stack, submitted.job_id)
     assert stack.resources is not None
-    client("sqs").send_message(QueueUrl=stack.resources.config.queue_url, MessageBody=job.claim_check().model_dump_json())
+    client("sqs").send_message(
+        QueueUrl=stack.resources.config.queue_url, MessageBody=job.claim_check().model_dump_json()
+    )
     # WHEN two workers run at once (the copy that reaches the worker running the job reappears after its visibility
     # timeout: a short one, so that the test need not wait the deployed 60 s)
     short_visibility = {"VISIBILITY_TIMEOUT_S": "5", "HEARTBEAT_INTERVAL_S": "1"}
@@ -216,7 +233,9 @@ def test_dead_lettered_claim_check_fails_its_job_and_is_notified(stack, api, inb
     submitted = api.submit(chat("poisoned"))
     api_job = stored_job(stack, submitted.job_id)
     assert stack.resources is not None and stack.resources.config.dlq_url
-    client("sqs").send_message(QueueUrl=stack.resources.config.dlq_url, MessageBody=api_job.claim_check().model_dump_json())
+    client("sqs").send_message(
+        QueueUrl=stack.resources.config.dlq_url, MessageBody=api_job.claim_check().model_dump_json()
+    )
     # WHEN the DLQ handler sees it
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and api.get(submitted.job_id).status == "queued":

@@ -39,7 +39,8 @@ def count_requests(*clients: Any) -> Counter[str]:
     sent: Counter[str] = Counter()
     for client in clients:
         client.meta.events.register(
-            "before-call", lambda model, **_: sent.update([f"{model.service_model.service_name}.{model.name}"]))
+            "before-call", lambda model, **_: sent.update([f"{model.service_model.service_name}.{model.name}"])
+        )
     return sent
 
 
@@ -55,8 +56,14 @@ def test_a_beat_writes_once_per_job_whose_count_changed_and_publishes_ten_a_requ
     jobs = []
     for i in range(23):
         job_id = api.submit(chat(f"progress {i}")).job_id
-        jobs.append(store.transition(job_id, JobStatus.RUNNING, started_at=utcnow(),
-                                     progress=JobProgress(completion_tokens=0, updated_at=utcnow())))
+        jobs.append(
+            store.transition(
+                job_id,
+                JobStatus.RUNNING,
+                started_at=utcnow(),
+                progress=JobProgress(completion_tokens=0, updated_at=utcnow()),
+            )
+        )
     engine = Tokens()
     reporter = ProgressReporter(engine, store, events, interval_s=1, io=_io)
     for job in jobs:

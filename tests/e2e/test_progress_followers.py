@@ -41,8 +41,14 @@ def test_progress_is_published_only_for_jobs_a_connection_follows(stack: LocalDe
     jobs = []
     for i in range(3):
         job_id = api.submit(chat(f"followed {i}")).job_id
-        jobs.append(store.transition(job_id, JobStatus.RUNNING, started_at=utcnow(),
-                                     progress=JobProgress(completion_tokens=0, updated_at=utcnow())))
+        jobs.append(
+            store.transition(
+                job_id,
+                JobStatus.RUNNING,
+                started_at=utcnow(),
+                progress=JobProgress(completion_tokens=0, updated_at=utcnow()),
+            )
+        )
     engine = Tokens()
     reporter = ProgressReporter(engine, store, events, interval_s=1, io=_io, followers=connections)
     for job in jobs:

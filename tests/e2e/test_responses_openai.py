@@ -49,8 +49,13 @@ def final(sdk: openai.OpenAI, response_id: str) -> Any:
 
 def test_a_background_response_completes_with_output_text_and_usage(sdk, worker):
     # GIVEN a worker WHEN the SDK creates a background response THEN it is answered at once, queued, as a Response
-    created = sdk.responses.create(model="echo-model", input="the quick brown fox", instructions="repeat it",
-                                   background=True, metadata={"case": "complete"})
+    created = sdk.responses.create(
+        model="echo-model",
+        input="the quick brown fox",
+        instructions="repeat it",
+        background=True,
+        metadata={"case": "complete"},
+    )
     assert (created.object, created.status, created.background) == ("response", "queued", True)
     assert created.id.startswith("resp_") and created.metadata == {"case": "complete"}
     # WHEN it is retrieved until final THEN it completed with the echoed text and the tokens it used
@@ -68,8 +73,9 @@ def test_a_background_response_completes_with_output_text_and_usage(sdk, worker)
 
 
 def test_a_response_cut_at_max_output_tokens_is_incomplete(sdk, worker):
-    created = sdk.responses.create(model="echo-model", input="one two three four five", max_output_tokens=2,
-                                   background=True)
+    created = sdk.responses.create(
+        model="echo-model", input="one two three four five", max_output_tokens=2, background=True
+    )
     response = final(sdk, created.id)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output_text == "one two" and response.usage.output_tokens == 2
@@ -97,9 +103,12 @@ def test_cancelling_a_queued_response_makes_it_cancelled(sdk):
 def test_another_tenants_response_is_a_404(sdk, other_sdk):
     # GIVEN tenant A's response WHEN tenant B retrieves, cancels, deletes or lists it THEN each is a 404
     created = sdk.responses.create(model="echo-model", input="mine", background=True)
-    for call in (lambda: other_sdk.responses.retrieve(created.id), lambda: other_sdk.responses.cancel(created.id),
-                 lambda: other_sdk.responses.delete(created.id),
-                 lambda: list(other_sdk.responses.input_items.list(created.id))):
+    for call in (
+        lambda: other_sdk.responses.retrieve(created.id),
+        lambda: other_sdk.responses.cancel(created.id),
+        lambda: other_sdk.responses.delete(created.id),
+        lambda: list(other_sdk.responses.input_items.list(created.id)),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert sdk.responses.retrieve(created.id).status == "queued"  # untouched
@@ -109,12 +118,18 @@ def test_another_tenants_response_is_a_404(sdk, other_sdk):
 def test_input_items_list_the_input(sdk):
     # GIVEN a response whose input is a conversation WHEN its input items are listed THEN they are the input, newest
     # first by default (OpenAI's order), oldest first with order=asc
-    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-               {"role": "user", "content": [{"type": "input_text", "text": "and now?"}]}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": [{"type": "input_text", "text": "and now?"}]},
+    ]
     created = sdk.responses.create(model="echo-model", input=history, instructions="not an item", background=True)
     listed = list(sdk.responses.input_items.list(created.id, order="asc"))
-    assert [(i.role, i.content[0].text) for i in listed] == [("user", "hi"), ("assistant", "hello"),
-                                                            ("user", "and now?")]
+    assert [(i.role, i.content[0].text) for i in listed] == [
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", "and now?"),
+    ]
     newest = sdk.responses.input_items.list(created.id, limit=1)
     assert [i.content[0].text for i in newest.data] == ["and now?"] and newest.has_more
     sdk.responses.cancel(created.id)
@@ -134,12 +149,15 @@ def test_a_request_without_background_is_a_400_that_says_to_set_it(sdk):
     assert "background: true" in caught.value.message and caught.value.body["details"][0]["field"] == "background"
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    ({"stream": True}, "stream"),
-    ({"previous_response_id": "resp_" + "0" * 32}, "previous_response_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0"),
-    ({"store": False}, "store"),
-])
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"stream": True}, "stream"),
+        ({"previous_response_id": "resp_" + "0" * 32}, "previous_response_id"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"store": False}, "store"),
+    ],
+)
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(sdk, changes, field):
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.responses.create(model="echo-model", input="hi", background=True, **changes)

@@ -6,9 +6,9 @@ import pytest
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference_client import Client
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import JobService
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
 
@@ -24,8 +24,9 @@ def run_worker_until(stack: LocalDeployment, api: Client, job_id: str) -> JobVie
         process.wait(timeout=30)
 
 
-def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscriber(stack: LocalDeployment, api: Client,
-                                                                                   inbox: Inbox):
+def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscriber(
+    stack: LocalDeployment, api: Client, inbox: Inbox
+):
     # GIVEN an SQS subscriber that wants failed and cancelled jobs only
     failures = Inbox(stack, filter_policy={"status": ["failed", "cancelled"]})
     # WHEN one job is cancelled and another succeeds
@@ -71,7 +72,9 @@ def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_r
     note = ResultNotification.model_validate(raw)
     assert note.schema_version == "1" and note.status.value == "succeeded"
     assert note.result is not None and note.result.model_dump(mode="json") == api.result(final).model_dump(mode="json")
-    assert note.result_location is not None and note.result_location.key == settings.result_key("tenant-a", final.job_id)
+    assert note.result_location is not None and note.result_location.key == settings.result_key(
+        "tenant-a", final.job_id
+    )
     assert note.usage is not None and note.usage.completion_tokens == 3
     assert note.timings.run_s is not None and note.timings.queue_s is not None
 
@@ -98,13 +101,16 @@ def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_
     service = JobService.from_config(stack.resources.config)
     kept, gone = (api.cancel(api.submit(chat(text)).job_id).job_id for text in ("kept", "gone"))
     for job_id in (kept, gone):
-        client("dynamodb").update_item(TableName=stack.resources.config.table_name,
-                                       Key={settings.TABLE_PARTITION_KEY: {"S": job_id}},
-                                       UpdateExpression="SET notified = :no",
-                                       ExpressionAttributeValues={":no": {"BOOL": False}})
+        client("dynamodb").update_item(
+            TableName=stack.resources.config.table_name,
+            Key={settings.TABLE_PARTITION_KEY: {"S": job_id}},
+            UpdateExpression="SET notified = :no",
+            ExpressionAttributeValues={":no": {"BOOL": False}},
+        )
     jobs = [service.store.get(kept), service.store.get(gone)]
-    client("dynamodb").delete_item(TableName=stack.resources.config.table_name,
-                                   Key={settings.TABLE_PARTITION_KEY: {"S": gone}})
+    client("dynamodb").delete_item(
+        TableName=stack.resources.config.table_name, Key={settings.TABLE_PARTITION_KEY: {"S": gone}}
+    )
     # WHEN the worker's batched path notifies both
     published = service.notify_many([(job, None) for job in jobs])  # type: ignore[misc]
     # THEN both went out (after the one each got when cancelled), the job still in the table has its notification

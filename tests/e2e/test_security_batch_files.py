@@ -19,8 +19,12 @@ KEY = next(iter(TENANT_KEYS))
 
 
 def line(custom_id: str, prompt: str) -> bytes:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                       "body": chat(prompt)}).encode() + b"\n"
+    return (
+        json.dumps(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": chat(prompt)}
+        ).encode()
+        + b"\n"
+    )
 
 
 def test_a_re_put_of_the_input_file_after_the_batch_was_created_changes_nothing_it_runs(stack: LocalDeployment):
@@ -28,13 +32,21 @@ def test_a_re_put_of_the_input_file_after_the_batch_was_created_changes_nothing_
     original, swapped = line("a", "the checked request"), line("a", "a swapped request!!")
     assert len(original) == len(swapped)
     # GIVEN a batch input file uploaded through its presigned URL, and a batch made of it
-    made = requests.post(f"{stack.api_url}/v1/files/uploads", headers=headers, timeout=30,
-                         json={"purpose": "batch", "filename": "in.jsonl", "bytes": len(original)})
+    made = requests.post(
+        f"{stack.api_url}/v1/files/uploads",
+        headers=headers,
+        timeout=30,
+        json={"purpose": "batch", "filename": "in.jsonl", "bytes": len(original)},
+    )
     assert made.status_code == 201, made.text
     upload = made.json()["upload"]
     assert requests.put(upload["url"], data=original, headers=upload["headers"], timeout=30).status_code == 200
-    batch = requests.post(f"{stack.api_url}/v1/batches", headers=headers, timeout=30, json={
-        "input_file_id": made.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    batch = requests.post(
+        f"{stack.api_url}/v1/batches",
+        headers=headers,
+        timeout=30,
+        json={"input_file_id": made.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
     # WHEN the same URL is PUT again with other bytes of the same size
     assert requests.put(upload["url"], data=swapped, headers=upload["headers"], timeout=30).status_code == 200
     # THEN the batch validates and runs its own copy, which holds the bytes it was created with

@@ -23,18 +23,29 @@ CHAT = json.dumps(chat("hi"))
 
 
 def post(stack: LocalDeployment, path: str, body: str) -> requests.Response:
-    return requests.post(f"{stack.api_url}{path}", data=body.encode(), timeout=30,
-                         headers={"x-api-key": KEY, "content-type": "application/json"})
+    return requests.post(
+        f"{stack.api_url}{path}",
+        data=body.encode(),
+        timeout=30,
+        headers={"x-api-key": KEY, "content-type": "application/json"},
+    )
 
 
-@pytest.mark.parametrize(("path", "body", "says"), [
-    ("/v1/jobs", '{"request": ' + DEEP + "}", "JSON nested deeper than 64 levels"),
-    ("/v1/jobs", '{"metadata": {"a": ' + DEEP + "}}", "JSON nested deeper than 64 levels"),
-    ("/v1/jobs", '{"request": ' + CHAT[:-1] + ', "max_tokens": ' + HUGE + "}}", "more than 100 digits"),
-    ("/v1/jobs", '{"request": ' + CHAT[:-1] + ', "seed": ' + "9" * 200 + "}}", "more than 100 digits (at request.seed)"),
-    ("/v1/batches", DEEP, "JSON nested deeper than 64 levels"),
-    ("/v1/files/uploads", '{"bytes": ' + HUGE + "}", "more than 100 digits"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/jobs", '{"request": ' + DEEP + "}", "JSON nested deeper than 64 levels"),
+        ("/v1/jobs", '{"metadata": {"a": ' + DEEP + "}}", "JSON nested deeper than 64 levels"),
+        ("/v1/jobs", '{"request": ' + CHAT[:-1] + ', "max_tokens": ' + HUGE + "}}", "more than 100 digits"),
+        (
+            "/v1/jobs",
+            '{"request": ' + CHAT[:-1] + ', "seed": ' + "9" * 200 + "}}",
+            "more than 100 digits (at request.seed)",
+        ),
+        ("/v1/batches", DEEP, "JSON nested deeper than 64 levels"),
+        ("/v1/files/uploads", '{"bytes": ' + HUGE + "}", "more than 100 digits"),
+    ],
+)
 def test_hostile_json_on_the_api_is_a_400_naming_the_limit(stack, path, body, says):
     # WHEN a tenant posts hostile JSON THEN it gets a 400 that names the limit, not a 500
     response = post(stack, path, body)
@@ -55,12 +66,22 @@ def test_a_batch_with_a_hostile_line_fails_naming_the_line(stack):
     # GIVEN a batch input file whose second line nests 50,000 deep
     good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": json.loads(CHAT)})
     data = f"{good}\n{DEEP}\n".encode()
-    file = requests.post(f"{stack.api_url}/v1/files", headers={"x-api-key": KEY}, timeout=30,
-                         files={"file": ("in.jsonl", data, "application/jsonl")}, data={"purpose": "batch"})
+    file = requests.post(
+        f"{stack.api_url}/v1/files",
+        headers={"x-api-key": KEY},
+        timeout=30,
+        files={"file": ("in.jsonl", data, "application/jsonl")},
+        data={"purpose": "batch"},
+    )
     assert file.status_code == 200, file.text
     # WHEN a batch is made of it
-    created = post(stack, "/v1/batches", json.dumps({"input_file_id": file.json()["id"], "completion_window": "24h",
-                                                     "endpoint": "/v1/chat/completions"}))
+    created = post(
+        stack,
+        "/v1/batches",
+        json.dumps(
+            {"input_file_id": file.json()["id"], "completion_window": "24h", "endpoint": "/v1/chat/completions"}
+        ),
+    )
     assert created.status_code == 200, created.text
     # THEN the controller fails it, naming the line and the limit
     batch = settled(stack, created.json()["id"])

@@ -13,8 +13,9 @@ from tests.e2e.conftest import Inbox, chat
 pytestmark = pytest.mark.e2e
 
 
-def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_only(stack: LocalDeployment, api: Client,
-                                                                                   other_api: Client):
+def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_only(
+    stack: LocalDeployment, api: Client, other_api: Client
+):
     # GIVEN a queue subscribed to the result topic for tenant-b only, and a queue subscribed for everyone
     tenant_b_only = Inbox(stack, filter_policy={"tenant": ["tenant-b"]})
     everyone = Inbox(stack)
@@ -25,7 +26,9 @@ def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_onl
     assert [n["status"] for n in everyone.for_job(mine.job_id)] == ["cancelled"]
     assert [n["status"] for n in everyone.for_job(theirs.job_id)] == ["cancelled"]
     assert [a["tenant"] for a in everyone.attributes[mine.job_id] + everyone.attributes[theirs.job_id]] == [
-        "tenant-a", "tenant-b"]
+        "tenant-a",
+        "tenant-b",
+    ]
     # AND the filtered subscription got tenant-b's only
     assert [n["status"] for n in tenant_b_only.for_job(theirs.job_id)] == ["cancelled"]
     assert tenant_b_only.for_job(mine.job_id) == []

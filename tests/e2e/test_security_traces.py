@@ -75,8 +75,11 @@ def signed_parts(url: str) -> list[str]:
 
 def function_id(stack: LocalDeployment, handler: str) -> str:
     assert stack.deployment is not None
-    [found] = [lid for lid, r in stack.deployment.assembly.of_type("AWS::Lambda::Function").items()
-               if r["Properties"].get("Handler") == handler]
+    [found] = [
+        lid
+        for lid, r in stack.deployment.assembly.of_type("AWS::Lambda::Function").items()
+        if r["Properties"].get("Handler") == handler
+    ]
     return found
 
 
@@ -89,7 +92,9 @@ def traced(stack: LocalDeployment, monkeypatch: pytest.MonkeyPatch):
 
     def load(module_name: str, recorded: Recorded) -> ModuleType:
         assert stack.deployment is not None
-        for name, value in environment_of(stack.deployment, function_id(stack, f"{module_name}.lambda_handler")).items():
+        for name, value in environment_of(
+            stack.deployment, function_id(stack, f"{module_name}.lambda_handler")
+        ).items():
             monkeypatch.setenv(name, value)
         monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
         monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # a fresh session reads the credentials above
@@ -119,13 +124,24 @@ def run_traced(recorded: Recorded, call: Any) -> Any:
 def proxy_event(method: str, resource: str, body: dict[str, Any] | None, tenant: str = "tenant-a") -> dict[str, Any]:
     """A REST API proxy event as API Gateway hands it over once the authorizer found the caller's tenant."""
     return {
-        "resource": resource, "path": resource, "httpMethod": method,
+        "resource": resource,
+        "path": resource,
+        "httpMethod": method,
         "headers": {"x-api-key": KEY, "content-type": "application/json"},
-        "multiValueHeaders": {}, "queryStringParameters": None, "multiValueQueryStringParameters": None,
+        "multiValueHeaders": {},
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
         "pathParameters": None,
-        "requestContext": {"requestId": f"req-{method}-{resource}", "resourcePath": resource, "httpMethod": method,
-                           "stage": "prod", "identity": {"sourceIp": "127.0.0.1"}, "authorizer": {"tenant": tenant}},
-        "body": json.dumps(body) if body is not None else None, "isBase64Encoded": False,
+        "requestContext": {
+            "requestId": f"req-{method}-{resource}",
+            "resourcePath": resource,
+            "httpMethod": method,
+            "stage": "prod",
+            "identity": {"sourceIp": "127.0.0.1"},
+            "authorizer": {"tenant": tenant},
+        },
+        "body": json.dumps(body) if body is not None else None,
+        "isBase64Encoded": False,
     }
 
 
@@ -133,9 +149,18 @@ def test_the_authorizers_answer_carries_the_key_but_no_trace_or_log_does(traced)
     # GIVEN the authorizer function, tracing
     recorded = Recorded()
     module = traced("lambdas.authorizer.handler", recorded)
-    event = {"type": "REQUEST", "methodArn": API_ARN, "resource": "/v1/jobs", "path": "/v1/jobs", "httpMethod": "POST",
-             "headers": {"x-api-key": KEY}, "queryStringParameters": {}, "pathParameters": {}, "stageVariables": {},
-             "requestContext": {"requestId": "r1", "stage": "prod", "httpMethod": "POST", "resourcePath": "/v1/jobs"}}
+    event = {
+        "type": "REQUEST",
+        "methodArn": API_ARN,
+        "resource": "/v1/jobs",
+        "path": "/v1/jobs",
+        "httpMethod": "POST",
+        "headers": {"x-api-key": KEY},
+        "queryStringParameters": {},
+        "pathParameters": {},
+        "stageVariables": {},
+        "requestContext": {"requestId": "r1", "stage": "prod", "httpMethod": "POST", "resourcePath": "/v1/jobs"},
+    }
     # WHEN it allows a request
     answer = run_traced(recorded, lambda: module.lambda_handler(event, Context(29)))
     # THEN its answer gives API Gateway the key (the usage plan counts by it), and the trace recorded the call
@@ -150,15 +175,22 @@ def test_presigned_upload_urls_reach_the_caller_but_no_trace_or_log(traced):
     recorded = Recorded()
     module = traced("lambdas.api.handler", recorded)
     # WHEN a tenant creates an upload job and a file upload, whose answers are presigned PUT URLs
-    job = run_traced(recorded, lambda: module.lambda_handler(
-        proxy_event("POST", "/v1/jobs", {"upload": {"size_bytes": 100}}), Context(29)))
-    upload = run_traced(recorded, lambda: module.lambda_handler(
-        proxy_event("POST", "/v1/files/uploads", {"purpose": "batch", "filename": "in.jsonl", "bytes": 100}),
-        Context(29)))
+    job = run_traced(
+        recorded,
+        lambda: module.lambda_handler(proxy_event("POST", "/v1/jobs", {"upload": {"size_bytes": 100}}), Context(29)),
+    )
+    upload = run_traced(
+        recorded,
+        lambda: module.lambda_handler(
+            proxy_event("POST", "/v1/files/uploads", {"purpose": "batch", "filename": "in.jsonl", "bytes": 100}),
+            Context(29),
+        ),
+    )
     # THEN the caller got the signed URLs, and the trace recorded the calls
     assert job["statusCode"] == 201 and upload["statusCode"] == 201, (job, upload)
     secrets = signed_parts(json.loads(job["body"])["upload"]["url"]) + signed_parts(
-        json.loads(upload["body"])["upload"]["url"])
+        json.loads(upload["body"])["upload"]["url"]
+    )
     assert any("create_job" in entity for entity in recorded.emitter.sent), recorded.emitter.sent
     # AND nothing recorded holds a signature, a session token or the key the request came with
     assert recorded.secrets_in(*secrets) == [], recorded.text()[:2000]
@@ -170,9 +202,18 @@ def test_a_websocket_connection_with_a_key_leaves_no_key_in_a_trace_or_log(trace
     # GIVEN the WebSocket routes' function, tracing
     recorded = Recorded()
     module = traced("lambdas.websocket.handler", recorded)
-    event = {"requestContext": {"routeKey": "$connect", "connectionId": "conn-1", "requestId": "r2", "stage": "prod",
-                                "eventType": "CONNECT"},
-             "headers": {}, "queryStringParameters": {"api_key": KEY}, "isBase64Encoded": False}
+    event = {
+        "requestContext": {
+            "routeKey": "$connect",
+            "connectionId": "conn-1",
+            "requestId": "r2",
+            "stage": "prod",
+            "eventType": "CONNECT",
+        },
+        "headers": {},
+        "queryStringParameters": {"api_key": KEY},
+        "isBase64Encoded": False,
+    }
     # WHEN a client connects with its key in the query string
     answer = run_traced(recorded, lambda: module.lambda_handler(event, Context(29)))
     # THEN it is connected, and nothing recorded holds its key

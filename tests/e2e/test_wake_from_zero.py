@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from async_inference_client import Client
 from async_inference.schemas import ChatCompletionRequest
+from async_inference_client import Client
 from local_runtime.deployer import CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
 from local_runtime.moto_server import free_port
 from local_runtime.stack import API_FUNCTION_INSTANCES, LocalDeployment
@@ -26,8 +26,15 @@ KEY = "wake-tenant-key-0123456789"
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> Iterator[LocalDeployment]:
-    stack = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(),
-                            api_keys={KEY: "demo"}, workers=0, engine="echo", log_dir=tmp_path_factory.mktemp("wake-logs"))
+    stack = LocalDeployment(
+        assembly=local_assembly,
+        api_port=free_port(),
+        moto_port=free_port(),
+        api_keys={KEY: "demo"},
+        workers=0,
+        engine="echo",
+        log_dir=tmp_path_factory.mktemp("wake-logs"),
+    )
     stack.start()
     yield stack
     stack.stop()
@@ -62,8 +69,10 @@ def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_serv
     assert desired(local) == CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
     cluster, arn = _service(local)
     [service] = local.client("ecs").describe_services(cluster=cluster, services=[arn])["services"]
-    assert service["taskDefinition"].startswith(f"arn:aws:ecs:us-east-1:") and ":task-definition/" in service[
-        "taskDefinition"]
+    assert (
+        service["taskDefinition"].startswith("arn:aws:ecs:us-east-1:")
+        and ":task-definition/" in service["taskDefinition"]
+    )
 
 
 def test_a_burst_on_a_service_at_zero_wakes_it_once_per_environment_and_interval(local: LocalDeployment):

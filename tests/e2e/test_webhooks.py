@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings
-from async_inference.aws import client
-from async_inference_client import ApiError, Client
-from async_inference.aws import JobStore
+from async_inference.aws import JobStore, client
 from async_inference.schemas import JobView, ResultNotification
 from async_inference.service import build_notification
 from async_inference.webhooks.receiver import Receiver
+from async_inference_client import ApiError, Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import chat
 
@@ -47,8 +46,15 @@ def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_noti
     stack: LocalDeployment, api: Client, worker, receiver: Receiver
 ):
     # GIVEN a job submitted with a webhook to a local receiver
-    submitted = api.submit(chat("sign this please", max_tokens=2), webhook={"url": receiver.url, "events": ["completed"]})
-    assert submitted.webhook.model_dump() == {"url": receiver.url, "events": ["completed"], "status": "pending", "attempts": []}
+    submitted = api.submit(
+        chat("sign this please", max_tokens=2), webhook={"url": receiver.url, "events": ["completed"]}
+    )
+    assert submitted.webhook.model_dump() == {
+        "url": receiver.url,
+        "events": ["completed"],
+        "status": "pending",
+        "attempts": [],
+    }
     # WHEN the job finishes
     final = api.wait(submitted.job_id, timeout_s=30)
     [delivery] = receiver.wait_for(1, timeout_s=15)
@@ -58,7 +64,12 @@ def test_completed_webhook_is_signed_with_the_tenant_secret_and_carries_the_noti
     assert delivery.headers["webhook-id"] == f"{submitted.job_id}_completed"
     # AND its body is the versioned result notification, with the small result inline and equal to the stored one
     note = ResultNotification.model_validate(payload)
-    assert (note.schema_version, note.event, note.job_id, note.status.value) == ("1", "job.completed", final.job_id, "succeeded")
+    assert (note.schema_version, note.event, note.job_id, note.status.value) == (
+        "1",
+        "job.completed",
+        final.job_id,
+        "succeeded",
+    )
     assert note.result is not None and note.result.model_dump(mode="json") == api.result(final).model_dump(mode="json")
     # AND another tenant's secret does not verify it
     with pytest.raises(WebhookVerificationError):
@@ -83,7 +94,7 @@ def test_receiver_answering_500_twice_then_200_gets_three_attempts_and_the_job_s
     # THEN three attempts of the same message arrived, each after a backoff
     assert len(deliveries) == 3
     assert len({d.headers["webhook-id"] for d in deliveries}) == 1 and len({d.body for d in deliveries}) == 1
-    gaps = [later.received_at - earlier.received_at for earlier, later in zip(deliveries, deliveries[1:])]
+    gaps = [later.received_at - earlier.received_at for earlier, later in zip(deliveries, deliveries[1:], strict=False)]
     assert all(gap >= 0.9 for gap in gaps), gaps
     # AND the job records all three and shows the webhook delivered
     assert [a.status_code for a in job.webhook.attempts] == [500, 500, 200]
@@ -158,8 +169,9 @@ def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_
     stack: LocalDeployment, api: Client, worker, receiver: Receiver
 ):
     # GIVEN a job that asks for both events
-    submitted = api.submit(chat("tell me twice", max_tokens=2),
-                           webhook={"url": receiver.url, "events": ["started", "completed"]})
+    submitted = api.submit(
+        chat("tell me twice", max_tokens=2), webhook={"url": receiver.url, "events": ["started", "completed"]}
+    )
     # WHEN it runs to the end
     api.wait(submitted.job_id, timeout_s=30)
     deliveries = receiver.wait_for(2, timeout_s=15)
@@ -176,8 +188,11 @@ def test_started_and_completed_webhooks_both_arrive_signed_and_are_recorded_per_
 def _webhook_queue_url(stack: LocalDeployment) -> str:
     """The webhook queue, as the dispatcher function's environment names it."""
     assert stack.deployment is not None
-    [variables] = [f.properties["Environment"]["Variables"] for f in stack.deployment.of_type("AWS::Lambda::Function").values()
-                   if f.properties.get("Handler") == "lambdas.webhooks.handler.lambda_handler"]
+    [variables] = [
+        f.properties["Environment"]["Variables"]
+        for f in stack.deployment.of_type("AWS::Lambda::Function").values()
+        if f.properties.get("Handler") == "lambdas.webhooks.handler.lambda_handler"
+    ]
     return variables["WEBHOOK_QUEUE_URL"]
 
 
@@ -185,10 +200,13 @@ def _queue_notifications(stack: LocalDeployment, job_ids: list[str]) -> None:
     """Put the jobs' result notifications on the webhook queue in one request, as the topic delivers them."""
     assert stack.resources is not None
     store = JobStore(stack.resources.config.table_name)
-    bodies = [build_notification(store.get(job_id), result=None, bucket=stack.resources.config.bucket_name)
-              .model_dump_json() for job_id in job_ids]
-    client("sqs").send_message_batch(QueueUrl=_webhook_queue_url(stack),
-                                     Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
+    bodies = [
+        build_notification(store.get(job_id), result=None, bucket=stack.resources.config.bucket_name).model_dump_json()
+        for job_id in job_ids
+    ]
+    client("sqs").send_message_batch(
+        QueueUrl=_webhook_queue_url(stack), Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)]
+    )
 
 
 def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delivery(
@@ -215,7 +233,7 @@ def test_a_tenant_whose_receiver_hangs_does_not_hold_back_another_tenants_delive
     # delivery has its own timeout), not after theirs had run out one after the other
     assert len(stuck) == 3, "the two hanging deliveries of the batch started"
     started = max(d.received_on for d in stuck[1:])
-    assert delivery.received_on - started < settings.WEBHOOK_DELIVERY_TIMEOUT_S / 2, (delivery.received_on - started)
+    assert delivery.received_on - started < settings.WEBHOOK_DELIVERY_TIMEOUT_S / 2, delivery.received_on - started
     assert delivery.headers["webhook-id"] == f"{fast}_completed"
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -87,7 +88,9 @@ def test_the_sdk_waits_for_a_job_over_the_websocket(stack: LocalDeployment, api:
     final = client.wait(job.job_id, timeout_s=60, on_update=updates.append)
     # THEN the job succeeded, and it was told its start, its progress and its end over the socket
     assert final.status.value == "succeeded" and final.result is not None
-    pushed = [(u.status.value, u.progress.completion_tokens if u.progress else None) for u in updates if u.via == "push"]
+    pushed = [
+        (u.status.value, u.progress.completion_tokens if u.progress else None) for u in updates if u.via == "push"
+    ]
     assert pushed[-1] == ("succeeded", None), pushed
     progress = [tokens for status, tokens in pushed if tokens is not None]
     assert progress and progress == sorted(progress), pushed
@@ -134,12 +137,15 @@ def test_a_browser_connects_with_the_key_as_a_query_parameter(stack: LocalDeploy
         assert subscribe(connection, all=True) == {"type": "subscribed", "all": True}
 
 
-@pytest.mark.parametrize(("message", "code", "says"), [
-    ({"action": "subscribe"}, "invalid_subscription", "exactly one of"),
-    ({"action": "subscribe", "job_ids": ["job_1"]}, "invalid_subscription", "job_ids.0"),
-    ({"action": "watch", "job_ids": []}, "unknown_action", '"action": "subscribe"'),
-    ("not json", "unknown_action", '"action": "subscribe"'),
-])
+@pytest.mark.parametrize(
+    ("message", "code", "says"),
+    [
+        ({"action": "subscribe"}, "invalid_subscription", "exactly one of"),
+        ({"action": "subscribe", "job_ids": ["job_1"]}, "invalid_subscription", "job_ids.0"),
+        ({"action": "watch", "job_ids": []}, "unknown_action", '"action": "subscribe"'),
+        ("not json", "unknown_action", '"action": "subscribe"'),
+    ],
+)
 def test_a_message_that_is_not_a_subscription_is_answered_with_what_to_fix(stack: LocalDeployment, message, code, says):
     with socket(stack) as connection:
         connection.send(message if isinstance(message, str) else json.dumps(message))
@@ -151,8 +157,14 @@ def test_a_connection_that_is_gone_is_forgotten_when_the_push_finds_it_closed(st
     # GIVEN a connection item whose connection closed without a $disconnect (API Gateway delivers it best effort)
     assert stack.resources is not None
     table = boto3.resource("dynamodb").Table(stack.resources.outputs["ConnectionTableName"])
-    table.put_item(Item={settings.CONNECTION_TABLE_PARTITION_KEY: "Z29uZUNvbm4=", settings.CONNECTION_TENANT_KEY:
-                         "tenant-a", "all": True, settings.CONNECTION_TTL_ATTRIBUTE: int(time.time()) + 3600})
+    table.put_item(
+        Item={
+            settings.CONNECTION_TABLE_PARTITION_KEY: "Z29uZUNvbm4=",
+            settings.CONNECTION_TENANT_KEY: "tenant-a",
+            "all": True,
+            settings.CONNECTION_TTL_ATTRIBUTE: int(time.time()) + 3600,
+        }
+    )
     # WHEN an event of tenant-a's is pushed
     with socket(stack) as connection:
         subscribe(connection, all=True)
@@ -168,8 +180,12 @@ def test_a_connection_that_is_gone_is_forgotten_when_the_push_finds_it_closed(st
 def test_the_management_api_answers_as_api_gateway_does(stack: LocalDeployment):
     # GIVEN the boto3 client the push function uses, pointed at the local management API
     assert stack.websocket is not None
-    management = boto3.client("apigatewaymanagementapi", endpoint_url=stack.websocket.management_url,
-                              region_name="us-east-1", **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+    management = boto3.client(
+        "apigatewaymanagementapi",
+        endpoint_url=stack.websocket.management_url,
+        region_name="us-east-1",
+        **{k.lower(): v for k, v in LOCAL_KEYS.items()},
+    )
     # WHEN it posts to a connection that does not exist THEN it gets GoneException
     with pytest.raises(management.exceptions.GoneException):
         management.post_to_connection(ConnectionId="bm9ib2R5SGVyZQ==", Data=b"{}")
@@ -180,7 +196,7 @@ def test_a_connection_follows_at_most_a_thousand_job_ids(stack: LocalDeployment)
     ids = [f"job_{i:032x}" for i in range(settings.WS_MAX_JOB_IDS_PER_CONNECTION + 1)]
     with socket(stack) as connection:
         for start in range(0, settings.WS_MAX_JOB_IDS_PER_CONNECTION, settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE):
-            chunk = ids[start:start + settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE]
+            chunk = ids[start : start + settings.WS_MAX_JOB_IDS_PER_SUBSCRIBE]
             assert subscribe(connection, job_ids=chunk)["type"] == "subscribed"
         # WHEN it asks for one more THEN it is told to subscribe to all instead
         answer = subscribe(connection, job_ids=ids[-1:])
@@ -208,7 +224,12 @@ def test_a_connection_following_a_batch_is_told_its_end(stack: LocalDeployment):
             if message.get("batch_id") == batch.id:
                 break
         # THEN the follower is told the batch completed, with its counts; the other tenant is told nothing
-        assert message == {"schema_version": "1", "type": "batch.completed", "batch_id": batch.id,
-                           "status": "completed", "request_counts": {"total": 2, "completed": 2, "failed": 0}}
+        assert message == {
+            "schema_version": "1",
+            "type": "batch.completed",
+            "batch_id": batch.id,
+            "status": "completed",
+            "request_counts": {"total": 2, "completed": 2, "failed": 0},
+        }
         with pytest.raises(TimeoutError):
             other.recv(timeout=1)

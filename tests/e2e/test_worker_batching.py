@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -150,8 +149,10 @@ def test_job_cancelled_while_waiting_for_an_engine_slot_never_reaches_the_engine
         while first.job_id not in engine.seen and time.monotonic() < deadline:
             time.sleep(0.05)
         waiting = api.submit(chat("second"))
-        while not any(f.job_id == waiting.job_id for f in list(running._inflight.values())) \
-                and time.monotonic() < deadline:
+        while (
+            not any(f.job_id == waiting.job_id for f in list(running._inflight.values()))
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert api.get(waiting.job_id).status == "queued", "held by the worker, not in the engine: still queued"
         # WHEN the client cancels the waiting job

@@ -18,8 +18,9 @@ from tests.e2e.conftest import chat
 pytestmark = pytest.mark.e2e
 
 
-def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_starter(stack: LocalDeployment,
-                                                                                     monkeypatch):
+def test_a_worker_gets_the_task_definitions_environment_and_nothing_from_its_starter(
+    stack: LocalDeployment, monkeypatch
+):
     assert stack.fleet is not None
     monkeypatch.setenv("STARTER_ONLY_VARIABLE", "1")
     env = stack.fleet.environment()
@@ -73,8 +74,9 @@ def test_a_killed_worker_is_replaced_and_the_queue_keeps_being_served(stack: Loc
     assert replacement.poll() is not None
 
 
-def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(stack: LocalDeployment, api: Client,
-                                                                          tmp_path):
+def test_a_worker_whose_engine_dies_is_replaced_and_its_jobs_then_succeed(
+    stack: LocalDeployment, api: Client, tmp_path
+):
     # GIVEN a supervised worker whose engine dies at its first generation (a CUDA fault; the replacement is healthy)
     assert stack.fleet is not None
     replaced_before = stack.fleet.replacements
@@ -100,9 +102,13 @@ def test_a_worker_failing_its_health_check_is_stopped_and_replaced(stack: LocalD
     # freezes its loops, so its health file goes stale)
     assert stack.fleet is not None and stack.fleet.task.health_check is not None
     check = {**stack.fleet.task.health_check, "Interval": 1, "Retries": 2, "StartPeriod": 0}
-    fleet = WorkerFleet(dataclasses.replace(stack.fleet.task, health_check=check, stop_timeout_s=3),
-                        environment=stack._worker_overrides(), volumes_dir=tmp_path, unset=("MODEL",),
-                        log=open(tmp_path / "workers.log", "wb")).start(0)
+    fleet = WorkerFleet(
+        dataclasses.replace(stack.fleet.task, health_check=check, stop_timeout_s=3),
+        environment=stack._worker_overrides(),
+        volumes_dir=tmp_path,
+        unset=("MODEL",),
+        log=open(tmp_path / "workers.log", "wb"),
+    ).start(0)
     try:
         frozen = fleet.add(HEALTH_MAX_AGE_S="3", HEARTBEAT_INTERVAL_S="0.5", RECEIVE_WAIT_S="1")
         time.sleep(3)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -80,10 +81,21 @@ def test_a_newer_deployment_clears_protection_and_leaves_long_jobs_to_it(stack, 
     base = JobService.from_config(config)
     service = JobService(store=base.store, blobs=base.blobs, queue=queue, notifier=base.notifier)
     engine = Concurrency(capacity=2, delay_s=6.0)
-    worker = Worker(WorkerConfig(service=config, receive_wait_s=1, heartbeat_interval_s=0.3, visibility_timeout_s=5,
-                                 drain_timeout_s=2, task_protection="long_jobs", task_protection_renew_s=0.5),
-                    engine, service=service, protection=TaskProtection(agent.url),
-                    deployments=DeploymentWatch(agent.url, interval_s=0.3))
+    worker = Worker(
+        WorkerConfig(
+            service=config,
+            receive_wait_s=1,
+            heartbeat_interval_s=0.3,
+            visibility_timeout_s=5,
+            drain_timeout_s=2,
+            task_protection="long_jobs",
+            task_protection_renew_s=0.5,
+        ),
+        engine,
+        service=service,
+        protection=TaskProtection(agent.url),
+        deployments=DeploymentWatch(agent.url, interval_s=0.3),
+    )
     with WorkerThread(worker) as running:
         first = api.submit(chat("a long one", max_tokens=200))  # 200 tokens at 20/s: 10 s, beyond the drain
         deadline = time.monotonic() + 30
@@ -112,4 +124,6 @@ def test_a_newer_deployment_clears_protection_and_leaves_long_jobs_to_it(stack, 
     assert (api.get(second.job_id).status, api.get(second.job_id).attempts) == ("queued", 0)
     assert api.get(first.job_id).status == "succeeded"
     assert agent.protection == [True, False]
-    api.cancel(second.job_id)  # its message stays on the queue: the next test's worker finds it cancelled and deletes it
+    api.cancel(
+        second.job_id
+    )  # its message stays on the queue: the next test's worker finds it cancelled and deletes it

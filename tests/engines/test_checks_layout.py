@@ -22,8 +22,9 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_the_worker_package_imports_neither_the_local_stack_nor_the_checks():
     offenders = {
-        str(path.relative_to(ROOT)): sorted(m for m in imported_modules(path)
-                                            if m.split(".")[0] in ("local_runtime", "checks"))
+        str(path.relative_to(ROOT)): sorted(
+            m for m in imported_modules(path) if m.split(".")[0] in ("local_runtime", "checks")
+        )
         for path in (ROOT / "gpu_worker").rglob("*.py")
     }
     assert {path: mods for path, mods in offenders.items() if mods} == {}

@@ -22,19 +22,40 @@ from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
 
 pytestmark = pytest.mark.model
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
-                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "parameters": {
-             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+]
 
 
 def request(text: str, **kw) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 64,
-                                                 "messages": [{"role": "user", "content": text}], **kw})
+    return ChatCompletionRequest.model_validate(
+        {
+            "model": "SmolLM2-135M-Instruct",
+            "temperature": 0,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": text}],
+            **kw,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +71,18 @@ def answer(engine, run, req: ChatCompletionRequest, request_id: str):
 
 
 def test_json_schema_output_validates_with_properties_in_the_schemas_order(engine, run):
-    result = answer(engine, run, request("Describe a person.", response_format={
-        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}), "js")
+    result = answer(
+        engine,
+        run,
+        request(
+            "Describe a person.",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+            },
+        ),
+        "js",
+    )
     choice = result.choices[0]
     value = json.loads(choice.message.content)
     jsonschema.validate(value, PERSON)
@@ -60,16 +91,28 @@ def test_json_schema_output_validates_with_properties_in_the_schemas_order(engin
 
 def test_structured_output_cut_by_max_tokens_ends_with_length_and_cut_content(engine, run):
     # GIVEN a token limit too short for the object WHEN it runs THEN the content is the cut JSON, finish "length"
-    choice = answer(engine, run, request("Describe a person.", max_tokens=3, response_format={
-        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}), "js-cut").choices[0]
+    choice = answer(
+        engine,
+        run,
+        request(
+            "Describe a person.",
+            max_tokens=3,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        ),
+        "js-cut",
+    ).choices[0]
     assert choice.finish_reason == "length" and choice.message.content.startswith("{")
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice.message.content)
 
 
 def test_a_named_tool_choice_always_calls_that_function_with_valid_arguments(engine, run):
-    choice = answer(engine, run, request("Tell me a joke.", tools=TOOLS, tool_choice={
-        "type": "function", "function": {"name": "get_weather"}}), "named").choices[0]
+    choice = answer(
+        engine,
+        run,
+        request("Tell me a joke.", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+        "named",
+    ).choices[0]
     (call,) = choice.message.tool_calls
     assert (choice.finish_reason, choice.message.content, call.function.name) == ("tool_calls", None, "get_weather")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
@@ -77,8 +120,12 @@ def test_a_named_tool_choice_always_calls_that_function_with_valid_arguments(eng
 
 
 def test_tool_choice_required_without_parallel_calls_makes_exactly_one_call(engine, run):
-    choice = answer(engine, run, request("What time is it in Tokyo?", tools=TOOLS, tool_choice="required",
-                                         parallel_tool_calls=False), "required").choices[0]
+    choice = answer(
+        engine,
+        run,
+        request("What time is it in Tokyo?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
+        "required",
+    ).choices[0]
     (call,) = choice.message.tool_calls
     params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
     jsonschema.validate(json.loads(call.function.arguments), params)
@@ -86,16 +133,21 @@ def test_tool_choice_required_without_parallel_calls_makes_exactly_one_call(engi
 
 
 def test_a_legacy_function_call_is_answered_as_function_call(engine, run):
-    choice = answer(engine, run, request("Weather in Rome?", functions=[TOOLS[0]["function"]],
-                                         function_call={"name": "get_weather"}), "legacy").choices[0]
+    choice = answer(
+        engine,
+        run,
+        request("Weather in Rome?", functions=[TOOLS[0]["function"]], function_call={"name": "get_weather"}),
+        "legacy",
+    ).choices[0]
     assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
     assert choice.message.function_call.name == "get_weather"
     jsonschema.validate(json.loads(choice.message.function_call.arguments), WEATHER)
 
 
 def test_logprobs_give_each_token_with_the_asked_alternatives(engine, run):
-    result = answer(engine, run, request("What is the capital of France?", logprobs=True, top_logprobs=3,
-                                         max_tokens=8), "logprobs")
+    result = answer(
+        engine, run, request("What is the capital of France?", logprobs=True, top_logprobs=3, max_tokens=8), "logprobs"
+    )
     content = result.choices[0].logprobs.content
     assert len(content) == result.usage.completion_tokens
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
@@ -119,11 +171,16 @@ def test_logit_bias_bans_and_forces_tokens(engine, run):
     first = plain.choices[0].logprobs.content[0].token
     token_id = engine._tokenizer.convert_tokens_to_ids(engine._tokenizer.tokenize(first))[0]
     # WHEN it is banned THEN another token comes first; WHEN another is forced THEN it is every token
-    banned = answer(engine, run, request("What is the capital of France?", logprobs=True, max_tokens=4,
-                                         logit_bias={str(token_id): -100}), "lb-1")
+    banned = answer(
+        engine,
+        run,
+        request("What is the capital of France?", logprobs=True, max_tokens=4, logit_bias={str(token_id): -100}),
+        "lb-1",
+    )
     assert banned.choices[0].logprobs.content[0].token != first
-    forced = answer(engine, run, request("What is the capital of France?", max_tokens=3,
-                                         logit_bias={"28": 100}), "lb-2")
+    forced = answer(
+        engine, run, request("What is the capital of France?", max_tokens=3, logit_bias={"28": 100}), "lb-2"
+    )
     assert forced.choices[0].message.content == engine._tokenizer.decode([28, 28, 28])
 
 
@@ -135,8 +192,9 @@ def test_logit_bias_outside_the_vocabulary_is_refused_naming_it(engine, run):
 def test_frequency_penalty_changes_a_repetitive_greedy_answer(engine, run):
     prompt = "Repeat the word 'cat' twenty times."
     plain = answer(engine, run, request(prompt, max_tokens=24), "fp-0").choices[0].message.content
-    penalised = answer(engine, run, request(prompt, max_tokens=24, frequency_penalty=2.0),
-                       "fp-1").choices[0].message.content
+    penalised = (
+        answer(engine, run, request(prompt, max_tokens=24, frequency_penalty=2.0), "fp-1").choices[0].message.content
+    )
     assert penalised != plain and plain.count("cat") > penalised.count("cat")
 
 
@@ -148,10 +206,16 @@ def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unch
     async def together():
         return await asyncio.gather(
             engine.generate("plain-mixed", plain),
-            engine.generate("json-mixed", request("Describe a person.", response_format={
-                "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})),
-            engine.generate("tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required",
-                                                  parallel_tool_calls=False)),
+            engine.generate(
+                "json-mixed",
+                request(
+                    "Describe a person.",
+                    response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+                ),
+            ),
+            engine.generate(
+                "tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+            ),
         )
 
     mixed, structured, tool = run(together())

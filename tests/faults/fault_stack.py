@@ -10,15 +10,16 @@ import json
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer
 
 from async_inference import settings
-from async_inference_client import Client
 from async_inference.config import ServiceConfig
 from async_inference.schemas import Job
+from async_inference_client import Client
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalDeployment
 from local_runtime.subscribers import subscribe_queue
@@ -43,8 +44,15 @@ class FaultStack:
 
     def __init__(self, log_dir: Path, assembly: Path) -> None:
         self.log_dir = log_dir
-        self.local = LocalDeployment(assembly=assembly, api_port=free_port(), moto_port=free_port(),
-                                     api_keys={API_KEY: TENANT}, workers=0, engine="echo", log_dir=log_dir)
+        self.local = LocalDeployment(
+            assembly=assembly,
+            api_port=free_port(),
+            moto_port=free_port(),
+            api_keys={API_KEY: TENANT},
+            workers=0,
+            engine="echo",
+            log_dir=log_dir,
+        )
         self.api_url = self.local.api_url
         self.moto_url = self.local.moto.url
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -93,19 +101,25 @@ class FaultStack:
         return Client(self.api_url, API_KEY)
 
     def job(self, job_id: str) -> Job:
-        item = self.client("dynamodb").get_item(TableName=self.config.table_name, Key={"job_id": {"S": job_id}},
-                                                ConsistentRead=True)["Item"]
+        item = self.client("dynamodb").get_item(
+            TableName=self.config.table_name, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+        )["Item"]
         return Job.model_validate({k: TypeDeserializer().deserialize(v) for k, v in item.items()})
 
     def result_objects(self, job_id: str, *, bucket: str | None = None) -> list[dict[str, Any]]:
         """Every write of the job's result object, oldest first: one per object version. The deployed bucket is
         versioned, so a second write is a second version, where listing the key would show one object either way."""
         s3, key, bucket = self.client("s3"), settings.result_key(TENANT, job_id), bucket or self.config.bucket_name
-        versions = [v for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
-                    for v in page.get("Versions", []) if v["Key"] == key]
+        versions = [
+            v
+            for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+            for v in page.get("Versions", [])
+            if v["Key"] == key
+        ]
         versions.reverse()  # S3 lists a key's versions newest first
-        return [json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read())
-                for v in versions]
+        return [
+            json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read()) for v in versions
+        ]
 
     def queue_depth(self, url: str | None = None) -> int:
         attributes = self.client("sqs").get_queue_attributes(
@@ -118,8 +132,9 @@ class FaultStack:
         """Delete whatever a test left on the job queue (PurgeQueue is allowed once a minute only)."""
         sqs, deadline = self.client("sqs"), time.monotonic() + timeout_s
         while self.queue_depth() and time.monotonic() < deadline:
-            for message in sqs.receive_message(QueueUrl=self.config.queue_url, MaxNumberOfMessages=10,
-                                               WaitTimeSeconds=1).get("Messages", []):
+            for message in sqs.receive_message(
+                QueueUrl=self.config.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+            ).get("Messages", []):
                 sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=message["ReceiptHandle"])
 
     def wait_final(self, job_ids: list[str], timeout_s: float = 30.0) -> dict[str, Job]:
@@ -130,8 +145,10 @@ class FaultStack:
             if all(j.status.is_final for j in jobs.values()):
                 return jobs
             if time.monotonic() > deadline:
-                raise AssertionError(f"not final after {timeout_s} s: " +
-                                     ", ".join(f"{i}={j.status.value}" for i, j in jobs.items() if not j.status.is_final))
+                raise AssertionError(
+                    f"not final after {timeout_s} s: "
+                    + ", ".join(f"{i}={j.status.value}" for i, j in jobs.items() if not j.status.is_final)
+                )
             time.sleep(0.2)
 
 
@@ -148,8 +165,9 @@ class Inbox:
 
     def __init__(self, stack: FaultStack) -> None:
         self._sqs = stack.client("sqs")
-        self.url = subscribe_queue(stack.config.topic_arn, f"faults-inbox-{free_port()}", sqs=self._sqs,
-                                   sns=stack.client("sns"))
+        self.url = subscribe_queue(
+            stack.config.topic_arn, f"faults-inbox-{free_port()}", sqs=self._sqs, sns=stack.client("sns")
+        )
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
     def drain(self, quiet_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
@@ -161,8 +179,10 @@ class Inbox:
                 body = json.loads(message["Body"])
                 self.by_job[body["job_id"]].append(body)
             if messages:
-                self._sqs.delete_message_batch(QueueUrl=self.url, Entries=[
-                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+                self._sqs.delete_message_batch(
+                    QueueUrl=self.url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+                )
                 quiet_since = time.monotonic()
             else:
                 time.sleep(0.1)

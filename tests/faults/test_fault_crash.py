@@ -51,8 +51,9 @@ def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultSt
 
 
 @pytest.mark.parametrize("point", ["after_state_write", "before_delete"])
-def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(workers: FaultStack, inbox: Inbox,
-                                                                               point: str):
+def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(
+    workers: FaultStack, inbox: Inbox, point: str
+):
     # GIVEN a job that can never succeed (its prompt is longer than the engine's context), and a worker that will be
     # killed when the job reaches `point` of the finish path that succeeded jobs take
     job_id = workers.api().submit(chat("word " * 60, max_tokens=1)).job_id
@@ -63,8 +64,11 @@ def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(wo
     # (The survivor sends the notification the kill cut off once the finisher's visibility window has passed; with
     # this stack's 2 s window and no retry delay the message may use up its receives first, and then the DLQ handler,
     # which notifies a final job that was not, sends it: either way once. So wait for the mark, not for the queue.)
-    wait_until(lambda: workers.queue_depth() == 0 and workers.job(job_id).notified, 30,
-               "the killed worker's message to be consumed and its job notified")
+    wait_until(
+        lambda: workers.queue_depth() == 0 and workers.job(job_id).notified,
+        30,
+        "the killed worker's message to be consumed and its job notified",
+    )
     # THEN the kill happened on the failure's way out
     assert doomed.returncode == -signal.SIGKILL
     assert f"SIGKILL at {point} of {job_id}" in doomed.log_path.read_text()

@@ -7,16 +7,21 @@ import json
 import subprocess
 import sys
 
-from tests.faults.fault_stack import REPO_ROOT, TENANT, FaultStack
-
 from async_inference.jobs import new_job_id
 from async_inference.schemas import ClaimCheck
 from local_runtime.moto_server import free_port
+from tests.faults.fault_stack import REPO_ROOT, TENANT, FaultStack
 
 
 def cli(stack: FaultStack, *args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "async_inference.cli", "--json", *args], env=stack.env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "async_inference.cli", "--json", *args],
+        env=stack.env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.returncode, json.loads(done.stdout)
 
 
@@ -26,8 +31,18 @@ def test_dlq_list_then_redrive(fstack: FaultStack):
     sqs = fstack.client("sqs")
     dlq = sqs.create_queue(QueueName=f"cli-dlq-{free_port()}")["QueueUrl"]
     main = sqs.create_queue(QueueName=f"cli-main-{free_port()}")["QueueUrl"]
-    claims = [ClaimCheck(job_id=new_job_id(TENANT), tenant=TENANT, bucket="b", key=f"k{i}", model="m",
-                         deadline=dt.datetime.now(dt.timezone.utc), timeout_s=60) for i in range(2)]
+    claims = [
+        ClaimCheck(
+            job_id=new_job_id(TENANT),
+            tenant=TENANT,
+            bucket="b",
+            key=f"k{i}",
+            model="m",
+            deadline=dt.datetime.now(dt.UTC),
+            timeout_s=60,
+        )
+        for i in range(2)
+    ]
     for body in [c.model_dump_json() for c in claims] + ["not a claim check"]:
         sqs.send_message(QueueUrl=dlq, MessageBody=body)
 
@@ -37,8 +52,14 @@ def test_dlq_list_then_redrive(fstack: FaultStack):
     assert code == 0 and listing["count"] == 3
     assert {m.get("job_id") for m in listing["messages"]} == {c.job_id for c in claims} | {None}
     assert fstack.queue_depth(dlq) == 3
-    assert int(sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
-               ["Attributes"]["ApproximateNumberOfMessages"]) == 3
+    assert (
+        int(
+            sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"][
+                "ApproximateNumberOfMessages"
+            ]
+        )
+        == 3
+    )
 
     # WHEN the operator redrives it
     code, redrive = cli(fstack, "dlq", "redrive", "--dlq-url", dlq, "--queue-url", main)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
-
 from gpu_worker.worker import EXIT_ENGINE_DEAD
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 JOBS = 3
 
@@ -18,16 +17,18 @@ def visible_messages(stack: FaultStack, url: str) -> int:
     return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def test_a_dead_engine_stops_the_worker_and_its_jobs_go_to_the_next_one_unfailed(workers: FaultStack, inbox: Inbox,
-                                                                                  tmp_path: Path):
+def test_a_dead_engine_stops_the_worker_and_its_jobs_go_to_the_next_one_unfailed(
+    workers: FaultStack, inbox: Inbox, tmp_path: Path
+):
     # GIVEN queued jobs, and a worker whose engine dies at its first generation (as a CUDA fault kills vLLM's), holding
     # its messages for a minute (the production visibility timeout) unless it hands them back
     marker = tmp_path / "engine-died"
     api = workers.api()
     job_ids = [api.submit(chat(f"dead engine {i}", max_tokens=2)).job_id for i in range(JOBS)]
     started = time.monotonic()
-    doomed = workers.start_worker("engine-dead", WORKER_FAULTS=f"engine_dead={marker}", VISIBILITY_TIMEOUT_S="60",
-                                  HEARTBEAT_INTERVAL_S="5")
+    doomed = workers.start_worker(
+        "engine-dead", WORKER_FAULTS=f"engine_dead={marker}", VISIBILITY_TIMEOUT_S="60", HEARTBEAT_INTERVAL_S="5"
+    )
     # WHEN the engine dies
     # THEN the worker exits promptly, with the status that tells its supervisor the engine died
     assert doomed.wait(timeout=30) == EXIT_ENGINE_DEAD, doomed.log_path.read_text()[-3000:]

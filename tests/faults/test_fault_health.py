@@ -17,9 +17,18 @@ MAX_AGE_S = "3"
 
 
 def healthy(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_worker.health"], capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), "WORKER_HEALTH_FILE": str(path),
-                               "HEALTH_MAX_AGE_S": MAX_AGE_S})
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_worker.health"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(REPO_ROOT),
+            "WORKER_HEALTH_FILE": str(path),
+            "HEALTH_MAX_AGE_S": MAX_AGE_S,
+        },
+    )
 
 
 def test_the_worker_is_unhealthy_while_its_engine_loads_healthy_once_it_runs_and_unhealthy_when_its_loop_stops(
@@ -28,8 +37,13 @@ def test_the_worker_is_unhealthy_while_its_engine_loads_healthy_once_it_runs_and
     # GIVEN a worker whose engine start blocks its event loop for 8 s (as vLLM's engine build does), with a health
     # file that must be at most 3 s old
     path = tmp_path / "health"
-    worker = workers.start_worker("health", WORKER_FAULTS="slow_start=8", WORKER_HEALTH_FILE=str(path),
-                                  HEALTH_MAX_AGE_S=MAX_AGE_S, HEARTBEAT_INTERVAL_S="0.5")
+    worker = workers.start_worker(
+        "health",
+        WORKER_FAULTS="slow_start=8",
+        WORKER_HEALTH_FILE=str(path),
+        HEALTH_MAX_AGE_S=MAX_AGE_S,
+        HEARTBEAT_INTERVAL_S="0.5",
+    )
     wait_until(lambda: "the engine start blocks" in worker.log_path.read_text(), 20, "the engine start to begin")
     # THEN the health check fails throughout the load: no engine has started
     loading_until = time.monotonic() + 5  # of the 8

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.faults.fault_stack import TENANT, FaultStack, Inbox, chat, wait_until
-
 from async_inference import settings
+from tests.faults.fault_stack import TENANT, FaultStack, Inbox, chat, wait_until
 
 
 def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(workers: FaultStack, inbox: Inbox):

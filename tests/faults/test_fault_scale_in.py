@@ -8,13 +8,13 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import pytest
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 from local_runtime.moto_server import free_port
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 
 class FakeEcsAgent:
@@ -57,8 +57,15 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
 ):
     # GIVEN a busy worker in ECS (task protection endpoint) with the production 60 s visibility timeout, whose jobs
     # take 20 s each, and which may drain for 1 s only
-    busy = workers.start_worker("busy", ECHO_DELAY_S="20", DRAIN_TIMEOUT_S="1", VISIBILITY_TIMEOUT_S="60",
-                                HEARTBEAT_INTERVAL_S="15", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy")
+    busy = workers.start_worker(
+        "busy",
+        ECHO_DELAY_S="20",
+        DRAIN_TIMEOUT_S="1",
+        VISIBILITY_TIMEOUT_S="60",
+        HEARTBEAT_INTERVAL_S="15",
+        ECS_AGENT_URI=ecs_agent.uri,
+        TASK_PROTECTION="busy",
+    )
     api = workers.api()
     job_ids = [api.submit(chat(f"scale in {i}", max_tokens=2)).job_id for i in range(4)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
@@ -85,8 +92,9 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
 
 def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: FaultStack, ecs_agent: FakeEcsAgent):
     # GIVEN a worker whose jobs take 2 s, allowed to drain for 10 s
-    busy = workers.start_worker("drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri,
-                                TASK_PROTECTION="busy")
+    busy = workers.start_worker(
+        "drain", ECHO_DELAY_S="2", DRAIN_TIMEOUT_S="10", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy"
+    )
     api = workers.api()
     job_ids = [api.submit(chat(f"drain {i}")).job_id for i in range(3)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
@@ -103,8 +111,14 @@ def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: Faul
 
 def test_a_busy_worker_renews_its_task_protection_before_it_expires(workers: FaultStack, ecs_agent: FakeEcsAgent):
     # GIVEN a worker in ECS that renews its protection every second (in production: every 15 of its 60 minutes)
-    worker = workers.start_worker("renew", ECHO_DELAY_S="5", TASK_PROTECTION_RENEW_S="1", HEARTBEAT_INTERVAL_S="0.5",
-                                  ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="busy")
+    worker = workers.start_worker(
+        "renew",
+        ECHO_DELAY_S="5",
+        TASK_PROTECTION_RENEW_S="1",
+        HEARTBEAT_INTERVAL_S="0.5",
+        ECS_AGENT_URI=ecs_agent.uri,
+        TASK_PROTECTION="busy",
+    )
     # WHEN it is busy with one job for 5 s
     job_id = workers.api().submit(chat("a long one", max_tokens=2)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
@@ -159,8 +173,14 @@ def test_a_busy_worker_of_short_jobs_can_be_stopped_and_its_jobs_finish_in_the_d
 ):
     # GIVEN a long_jobs worker busy with jobs shorter than its drain (1 s jobs, 5 s drain), so unprotected: what a
     # step-down may stop
-    busy = workers.start_worker("stepped-down", ECHO_DELAY_S="1", ECS_AGENT_URI=ecs_agent.uri,
-                                TASK_PROTECTION="long_jobs", TASK_PROTECTION_TOKENS_PER_S="10", DRAIN_TIMEOUT_S="5")
+    busy = workers.start_worker(
+        "stepped-down",
+        ECHO_DELAY_S="1",
+        ECS_AGENT_URI=ecs_agent.uri,
+        TASK_PROTECTION="long_jobs",
+        TASK_PROTECTION_TOKENS_PER_S="10",
+        DRAIN_TIMEOUT_S="5",
+    )
     api = workers.api()
     job_ids = [api.submit(chat(f"step down {i}", max_tokens=2)).job_id for i in range(3)]
     wait_until(lambda: all(workers.job(j).status.value == "running" for j in job_ids), 20, "all jobs to run")
@@ -176,8 +196,9 @@ def test_a_busy_worker_of_short_jobs_can_be_stopped_and_its_jobs_finish_in_the_d
 
 
 def test_protection_off_never_calls_the_agent(workers: FaultStack, ecs_agent: FakeEcsAgent):
-    worker = workers.start_worker("off", ECHO_DELAY_S="2", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="off",
-                                  **LONG_JOBS)
+    worker = workers.start_worker(
+        "off", ECHO_DELAY_S="2", ECS_AGENT_URI=ecs_agent.uri, TASK_PROTECTION="off", **LONG_JOBS
+    )
     job_id = workers.api().submit(chat("long but unprotected", max_tokens=100)).job_id
     assert workers.wait_final([job_id], timeout_s=30)[job_id].status.value == "succeeded"
     workers.stop_worker(worker)

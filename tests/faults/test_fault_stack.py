@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.faults.fault_stack import TENANT, FaultStack
-
 from async_inference import settings
+from tests.faults.fault_stack import TENANT, FaultStack
 
 
 def test_result_objects_sees_a_second_write_of_the_same_key(fstack: FaultStack):

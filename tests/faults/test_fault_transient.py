@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 from async_inference import settings
+from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
 
 
 @pytest.mark.parametrize(
@@ -16,7 +16,9 @@ from async_inference import settings
         ("engine_oom=2", 3),  # the engine ran out of memory twice
     ],
 )
-def test_transient_fault_is_retried_by_redelivery_and_the_job_succeeds(workers: FaultStack, inbox: Inbox, fault, attempts):
+def test_transient_fault_is_retried_by_redelivery_and_the_job_succeeds(
+    workers: FaultStack, inbox: Inbox, fault, attempts
+):
     # GIVEN a worker whose S3 adapter, DynamoDB adapter or engine fails the first two times for each job
     worker = workers.start_worker(f"transient-{fault}", WORKER_FAULTS=fault, TRANSIENT_RETRY_DELAY_S="1")
     # WHEN a job is submitted
@@ -45,6 +47,9 @@ def test_fault_that_never_clears_ends_in_the_dlq_and_the_job_failed(workers: Fau
     assert workers.result_objects(job_id) == []
     assert [n["status"] for n in inbox.drain()[job_id]] == ["failed"]
     # AND neither queue holds it any more (the DLQ handler consumed it)
-    wait_until(lambda: workers.queue_depth() == 0 and workers.queue_depth(workers.config.dlq_url) == 0, 10,
-               "both queues to be empty")
+    wait_until(
+        lambda: workers.queue_depth() == 0 and workers.queue_depth(workers.config.dlq_url) == 0,
+        10,
+        "both queues to be empty",
+    )
     workers.stop_worker(worker)

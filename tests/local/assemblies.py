@@ -7,12 +7,23 @@ from pathlib import Path
 from typing import Any
 
 
-def write_assembly(directory: Path, resources: dict[str, Any], assets: dict[str, dict[str, str]] | None = None,
-                   outputs: dict[str, Any] | None = None) -> Path:
+def write_assembly(
+    directory: Path,
+    resources: dict[str, Any],
+    assets: dict[str, dict[str, str]] | None = None,
+    outputs: dict[str, Any] | None = None,
+) -> Path:
     """An assembly of one stack ``S`` with ``resources``; ``assets`` maps an asset directory name to its files."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "manifest.json").write_text(json.dumps(
-        {"artifacts": {"S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}}}))
+    (directory / "manifest.json").write_text(
+        json.dumps(
+            {
+                "artifacts": {
+                    "S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}
+                }
+            }
+        )
+    )
     (directory / "S.template.json").write_text(json.dumps({"Resources": resources, "Outputs": outputs or {}}))
     for asset, files in (assets or {}).items():
         for name, text in files.items():
@@ -22,8 +33,9 @@ def write_assembly(directory: Path, resources: dict[str, Any], assets: dict[str,
     return directory
 
 
-def python_function(asset: str, handler: str, *, environment: dict[str, Any] | None = None,
-                    timeout: int = 3) -> dict[str, Any]:
+def python_function(
+    asset: str, handler: str, *, environment: dict[str, Any] | None = None, timeout: int = 3
+) -> dict[str, Any]:
     """An AWS::Lambda::Function resource on a code asset, as CDK writes one."""
     return {
         "Type": "AWS::Lambda::Function",

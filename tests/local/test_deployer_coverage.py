@@ -28,8 +28,15 @@ def test_a_template_with_a_type_in_no_table_is_refused_by_name(assembly: Assembl
     # GIVEN the template with a resource of a type the deployer has never heard of
     template = json.loads(json.dumps(assembly.template))
     template["Resources"]["NewThing"] = {"Type": "AWS::Pipes::Pipe", "Properties": {}}
-    (tmp_path / "manifest.json").write_text(json.dumps(
-        {"artifacts": {"S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}}}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "artifacts": {
+                    "S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}
+                }
+            }
+        )
+    )
     (tmp_path / "S.template.json").write_text(json.dumps(template))
     # WHEN the local runtime is asked to deploy it THEN it refuses, naming the resource and its type
     with pytest.raises(TemplateError, match=r"NewThing: resource type AWS::Pipes::Pipe is neither deployed"):
@@ -40,8 +47,15 @@ def test_a_property_the_deployer_does_not_apply_is_refused_by_name(assembly: Ass
     template = json.loads(json.dumps(assembly.template))
     queue = next(lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::SQS::Queue")
     template["Resources"][queue]["Properties"]["SomeNewSetting"] = 1
-    (tmp_path / "manifest.json").write_text(json.dumps(
-        {"artifacts": {"S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}}}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "artifacts": {
+                    "S": {"type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}
+                }
+            }
+        )
+    )
     (tmp_path / "S.template.json").write_text(json.dumps(template))
     with pytest.raises(TemplateError, match=rf"{queue}: property AWS::SQS::Queue.SomeNewSetting"):
         deployable(Assembly.load(tmp_path))

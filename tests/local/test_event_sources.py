@@ -18,28 +18,47 @@ from local_runtime.pollers import event_sources
 from local_runtime.template import Assembly
 from tests.local.assemblies import python_function, write_assembly
 
-HANDLER = {"handler.py": "def boom(event, context):\n    raise RuntimeError('cannot handle ' + event['Records'][0]['s3']['object']['key'])\n"}
+HANDLER = {
+    "handler.py": "def boom(event, context):\n    raise RuntimeError('cannot handle ' + event['Records'][0]['s3']['object']['key'])\n"
+}
 
 
 def test_a_failing_s3_invocation_is_retried_then_sent_to_its_on_failure_destination(moto: MotoServer, tmp_path: Path):
     def clients(service: str):
-        return boto3.client(service, endpoint_url=moto.url, region_name="us-east-1",
-                            config=Config(s3={"addressing_style": "path"}) if service == "s3" else None,
-                            **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+        return boto3.client(
+            service,
+            endpoint_url=moto.url,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}) if service == "s3" else None,
+            **{k.lower(): v for k, v in LOCAL_KEYS.items()},
+        )
 
     # GIVEN a bucket notifying a function that always fails, with one retry and an on-failure queue
     resources = {
         "Fn": python_function("asset.code", "handler.boom"),
         "Failures": {"Type": "AWS::SQS::Queue", "Properties": {}},
         "Bucket": {"Type": "AWS::S3::Bucket", "Properties": {}},
-        "Notify": {"Type": "Custom::S3BucketNotifications", "Properties": {
-            "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:cdk-handler",
-            "BucketName": {"Ref": "Bucket"},
-            "NotificationConfiguration": {"LambdaFunctionConfigurations": [
-                {"Events": ["s3:ObjectCreated:*"], "LambdaFunctionArn": {"Fn::GetAtt": ["Fn", "Arn"]}}]}}},
-        "InvokeConfig": {"Type": "AWS::Lambda::EventInvokeConfig", "Properties": {
-            "FunctionName": {"Ref": "Fn"}, "Qualifier": "$LATEST", "MaximumRetryAttempts": 1,
-            "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": ["Failures", "Arn"]}}}}},
+        "Notify": {
+            "Type": "Custom::S3BucketNotifications",
+            "Properties": {
+                "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:cdk-handler",
+                "BucketName": {"Ref": "Bucket"},
+                "NotificationConfiguration": {
+                    "LambdaFunctionConfigurations": [
+                        {"Events": ["s3:ObjectCreated:*"], "LambdaFunctionArn": {"Fn::GetAtt": ["Fn", "Arn"]}}
+                    ]
+                },
+            },
+        },
+        "InvokeConfig": {
+            "Type": "AWS::Lambda::EventInvokeConfig",
+            "Properties": {
+                "FunctionName": {"Ref": "Fn"},
+                "Qualifier": "$LATEST",
+                "MaximumRetryAttempts": 1,
+                "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": ["Failures", "Arn"]}}},
+            },
+        },
     }
     assembly = Assembly.load(write_assembly(tmp_path / "cdk.out", resources, {"asset.code": HANDLER}))
     deployment = Deployment(assembly, clients, api_key_values={}).deploy()
@@ -67,18 +86,26 @@ def test_a_failing_s3_invocation_is_retried_then_sent_to_its_on_failure_destinat
     assert f"cannot handle {key}" in record["responsePayload"]["errorMessage"]
 
 
-def test_a_stopped_sqs_event_source_can_be_joined_and_leaves_later_messages_on_the_queue(moto: MotoServer,
-                                                                                          tmp_path: Path):
+def test_a_stopped_sqs_event_source_can_be_joined_and_leaves_later_messages_on_the_queue(
+    moto: MotoServer, tmp_path: Path
+):
     def clients(service: str):
-        return boto3.client(service, endpoint_url=moto.url, region_name="us-east-1",
-                            **{k.lower(): v for k, v in LOCAL_KEYS.items()})
+        return boto3.client(
+            service, endpoint_url=moto.url, region_name="us-east-1", **{k.lower(): v for k, v in LOCAL_KEYS.items()}
+        )
 
     # GIVEN a queue mapped to a function, its event source running
     resources = {
         "Fn": python_function("asset.code", "handler.ok"),
         "Queue": {"Type": "AWS::SQS::Queue", "Properties": {}},
-        "Mapping": {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {
-            "FunctionName": {"Ref": "Fn"}, "EventSourceArn": {"Fn::GetAtt": ["Queue", "Arn"]}, "BatchSize": 10}},
+        "Mapping": {
+            "Type": "AWS::Lambda::EventSourceMapping",
+            "Properties": {
+                "FunctionName": {"Ref": "Fn"},
+                "EventSourceArn": {"Fn::GetAtt": ["Queue", "Arn"]},
+                "BatchSize": 10,
+            },
+        },
     }
     code = {"handler.py": "def ok(event, context):\n    return None\n"}
     assembly = Assembly.load(write_assembly(tmp_path / "cdk.out", resources, {"asset.code": code}))

@@ -37,10 +37,13 @@ def started(deployment: Deployment, logical_id: str, **extra_env: str) -> LocalF
 def test_a_function_gets_its_template_environment_lambdas_own_variables_and_nothing_else(tmp_path, monkeypatch):
     # GIVEN a function whose Environment refers to another resource, and a variable in the starting process's env
     monkeypatch.setenv("SHOULD_NOT_LEAK", "1")
-    deployment = deploy(tmp_path, {
-        "Fn": python_function("asset.code", "handler.env", environment={"WHERE": {"Fn::GetAtt": ["Other", "Arn"]}}),
-        "Other": python_function("asset.code", "handler.env"),
-    })
+    deployment = deploy(
+        tmp_path,
+        {
+            "Fn": python_function("asset.code", "handler.env", environment={"WHERE": {"Fn::GetAtt": ["Other", "Arn"]}}),
+            "Other": python_function("asset.code", "handler.env"),
+        },
+    )
     function = started(deployment, "Fn", LOCAL_OVERRIDE="yes")
     try:
         # WHEN it runs
@@ -65,10 +68,13 @@ def test_an_import_the_deployment_package_lacks_fails_the_init_as_in_lambda(tmp_
 
 
 def test_an_error_and_a_timeout_come_back_as_lambda_reports_them(tmp_path):
-    deployment = deploy(tmp_path, {
-        "Boom": python_function("asset.code", "handler.boom"),
-        "Slow": python_function("asset.code", "handler.slow", timeout=1),
-    })
+    deployment = deploy(
+        tmp_path,
+        {
+            "Boom": python_function("asset.code", "handler.boom"),
+            "Slow": python_function("asset.code", "handler.slow", timeout=1),
+        },
+    )
     boom, slow = started(deployment, "Boom"), started(deployment, "Slow")
     try:
         failed = boom.invoke({"x": 1})
@@ -77,6 +83,8 @@ def test_an_error_and_a_timeout_come_back_as_lambda_reports_them(tmp_path):
     finally:
         boom.stop()
         slow.stop()
-    assert failed.error and failed.payload["errorType"] == "ValueError" and "bad event" in failed.payload["errorMessage"]
+    assert (
+        failed.error and failed.payload["errorType"] == "ValueError" and "bad event" in failed.payload["errorMessage"]
+    )
     assert timed_out.error and timed_out.payload["errorMessage"] == "Task timed out after 1.00 seconds"
     assert after.error and "'x': 2" in after.payload["errorMessage"]

@@ -18,8 +18,23 @@ from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalDeployment
 
 # Operations that write a value (the query Action or X-Amz-Target's operation, by prefix).
-WRITES = ("Put", "Update", "Create", "Delete", "Send", "Publish", "Tag", "Set", "BatchWrite", "Transact", "Change",
-          "Register", "Subscribe", "Restore", "Rotate")
+WRITES = (
+    "Put",
+    "Update",
+    "Create",
+    "Delete",
+    "Send",
+    "Publish",
+    "Tag",
+    "Set",
+    "BatchWrite",
+    "Transact",
+    "Change",
+    "Register",
+    "Subscribe",
+    "Restore",
+    "Rotate",
+)
 REST_WRITES = ("PUT", "POST", "DELETE", "PATCH")
 
 
@@ -41,7 +56,11 @@ def _is_write(operation: str) -> bool:
 
 
 def _body(entry: dict[str, Any]) -> str:
-    return base64.b64decode(entry["body"]).decode("utf-8", "replace") if entry.get("body_encoded") else entry.get("body") or ""
+    return (
+        base64.b64decode(entry["body"]).decode("utf-8", "replace")
+        if entry.get("body_encoded")
+        else entry.get("body") or ""
+    )
 
 
 def _on_lambda_stand_in(entry: dict[str, Any]) -> bool:
@@ -56,8 +75,15 @@ def test_starting_the_local_stack_writes_nothing_into_what_the_template_deployed
 ):
     # GIVEN moto server's recorder, switched on the moment the deploy of the template ends
     monkeypatch.setenv("MOTO_RECORDER_FILEPATH", str(tmp_path / "recording.jsonl"))
-    stack = LocalDeployment(assembly=local_assembly, api_port=free_port(), moto_port=free_port(), workers=0,
-                       engine="echo", log_dir=tmp_path, api_keys={"demo-key-0123456789abcdef": "demo"})
+    stack = LocalDeployment(
+        assembly=local_assembly,
+        api_port=free_port(),
+        moto_port=free_port(),
+        workers=0,
+        engine="echo",
+        log_dir=tmp_path,
+        api_keys={"demo-key-0123456789abcdef": "demo"},
+    )
     recorder = f"{stack.moto.url}/moto-api/recorder"
     deploy = Deployment.deploy
 

@@ -22,20 +22,30 @@ THREADS, UPDATES = 16, 40
 
 def test_concurrent_adds_to_one_item_lose_no_count_and_no_set_member(moto: MotoServer):
     # GIVEN one item, and many clients adding to its counter and to its set at once (as workers count chunks)
-    dynamodb = boto3.client("dynamodb", endpoint_url=moto.url, region_name="us-east-1",
-                            **{k.lower(): v for k, v in LOCAL_KEYS.items()}, config=Config(max_pool_connections=THREADS))
-    dynamodb.create_table(TableName="counts", BillingMode="PAY_PER_REQUEST",
-                          KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                          AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}])
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=moto.url,
+        region_name="us-east-1",
+        **{k.lower(): v for k, v in LOCAL_KEYS.items()},
+        config=Config(max_pool_connections=THREADS),
+    )
+    dynamodb.create_table(
+        TableName="counts",
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+    )
     dynamodb.put_item(TableName="counts", Item={"pk": {"S": "batch"}})
 
     def add(member: int) -> None:
-        dynamodb.update_item(TableName="counts", Key={"pk": {"S": "batch"}},
-                             UpdateExpression="ADD #n :one, #members :member",
-                             ConditionExpression="NOT contains(#members, :m)",
-                             ExpressionAttributeNames={"#n": "n", "#members": "members"},
-                             ExpressionAttributeValues={":one": {"N": "1"}, ":member": {"NS": [str(member)]},
-                                                        ":m": {"N": str(member)}})
+        dynamodb.update_item(
+            TableName="counts",
+            Key={"pk": {"S": "batch"}},
+            UpdateExpression="ADD #n :one, #members :member",
+            ConditionExpression="NOT contains(#members, :m)",
+            ExpressionAttributeNames={"#n": "n", "#members": "members"},
+            ExpressionAttributeValues={":one": {"N": "1"}, ":member": {"NS": [str(member)]}, ":m": {"N": str(member)}},
+        )
 
     # WHEN they all land
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:

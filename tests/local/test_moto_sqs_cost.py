@@ -7,7 +7,8 @@ These run moto's SQS in this process with the local server's replacements applie
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -57,8 +58,11 @@ def test_receiving_from_a_deep_queue_builds_no_summary_per_message(summaries: li
     # received), and the counts it reports are what the queue holds
     assert len(received) == VISIBLE
     assert summaries[0] <= 10
-    assert (int(counts["ApproximateNumberOfMessagesNotVisible"]), int(counts["ApproximateNumberOfMessages"]),
-            int(counts["ApproximateNumberOfMessagesDelayed"])) == (IN_FLIGHT, VISIBLE, DELAYED)
+    assert (
+        int(counts["ApproximateNumberOfMessagesNotVisible"]),
+        int(counts["ApproximateNumberOfMessages"]),
+        int(counts["ApproximateNumberOfMessagesDelayed"]),
+    ) == (IN_FLIGHT, VISIBLE, DELAYED)
 
 
 def test_a_message_past_its_retention_period_is_not_received(summaries: list[int]) -> None:

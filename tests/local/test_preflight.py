@@ -23,8 +23,14 @@ REGION = "us-east-1"
 @pytest.fixture
 def client(moto: MotoServer):
     def make(service: str):
-        return boto3.client(service, endpoint_url=moto.url, region_name=REGION,
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            service,
+            endpoint_url=moto.url,
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
     return make
 
 
@@ -37,9 +43,12 @@ def _stubbed(service: str, operation: str, response: dict, expected: dict | None
 
 
 def _quota(value: float):
-    return _stubbed("service-quotas", "get_service_quota",
-                    {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": value}},
-                    {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"})
+    return _stubbed(
+        "service-quotas",
+        "get_service_quota",
+        {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": value}},
+        {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"},
+    )
 
 
 def test_a_gpu_quota_below_the_instances_vcpus_is_missing_with_the_request_that_fixes_it(client):
@@ -54,8 +63,12 @@ def test_a_gpu_quota_below_the_instances_vcpus_is_missing_with_the_request_that_
 
 def test_a_new_accounts_lambda_concurrency_is_missing_with_the_quota_to_raise(client):
     def settings(limit: int):
-        return _stubbed("lambda", "get_account_settings", {"AccountLimit": {"ConcurrentExecutions": limit,
-                                                                             "UnreservedConcurrentExecutions": limit}})
+        return _stubbed(
+            "lambda",
+            "get_account_settings",
+            {"AccountLimit": {"ConcurrentExecutions": limit, "UnreservedConcurrentExecutions": limit}},
+        )
+
     finding = preflight.check_lambda_concurrency(settings(10), Plan())
     assert not finding.ok and "L-B99A9384" in finding.fix
     assert preflight.check_lambda_concurrency(settings(1000), Plan()).ok
@@ -69,9 +82,12 @@ def test_zones_that_do_not_offer_the_gpu_type_are_named_with_zones_that_do(clien
     assert not finding.ok and "us-east-1e" in finding.detail
     assert "availability_zones" in finding.fix
     suggested = json.loads(finding.fix.split("availability_zones='")[1].split("'")[0])
-    offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
-        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g5.xlarge"]}])
-        ["InstanceTypeOfferings"]}
+    offered = {
+        o["Location"]
+        for o in ec2.describe_instance_type_offerings(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g5.xlarge"]}]
+        )["InstanceTypeOfferings"]
+    }
     assert suggested and set(suggested) <= offered
     # AND without zones, the region's first two are checked (what the stack takes)
     assert preflight.check_zones(ec2, Plan()).ok
@@ -83,8 +99,9 @@ def test_bootstrap_is_missing_until_the_toolkit_stack_and_its_version_exist(clie
     finding = preflight.check_bootstrap(cloudformation, ssm, Plan())
     assert not finding.ok and "cdk bootstrap" in finding.fix
     # WHEN the toolkit stack exists at an old version THEN still missing
-    cloudformation.create_stack(StackName="CDKToolkit", TemplateBody=json.dumps(
-        {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}}}))
+    cloudformation.create_stack(
+        StackName="CDKToolkit", TemplateBody=json.dumps({"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}}})
+    )
     ssm.put_parameter(Name="/cdk-bootstrap/hnb659fds/version", Value="5", Type="String")
     assert not preflight.check_bootstrap(cloudformation, ssm, Plan()).ok
     # WHEN it is bootstrapped at a current version THEN ok

@@ -22,8 +22,10 @@ def resolver(template: dict | None = None) -> Resolver:
         ({"Fn::GetAtt": ["Queue", "Arn"]}, "arn:aws:sqs:us-east-1:123456789012:queue-1"),
         ({"Fn::GetAtt": "Queue.Arn"}, "arn:aws:sqs:us-east-1:123456789012:queue-1"),
         ({"Fn::Join": ["-", ["a", {"Ref": "Table"}, "b"]]}, "a-table-1-b"),
-        ({"Fn::Sub": "arn:aws:logs:${AWS::Region}:${AWS::AccountId}:x/${Table}"},
-         f"arn:aws:logs:{LOCAL_REGION}:{LOCAL_ACCOUNT}:x/table-1"),
+        (
+            {"Fn::Sub": "arn:aws:logs:${AWS::Region}:${AWS::AccountId}:x/${Table}"},
+            f"arn:aws:logs:{LOCAL_REGION}:{LOCAL_ACCOUNT}:x/table-1",
+        ),
         ({"Fn::Sub": ["${Name}-${Queue.Arn}", {"Name": "n"}]}, "n-arn:aws:sqs:us-east-1:123456789012:queue-1"),
         ({"Fn::Sub": "literal ${!NotAVariable}"}, "literal ${NotAVariable}"),
         ({"Fn::Select": [1, {"Fn::Split": [":", "a:b:c"]}]}, "b"),
@@ -36,8 +38,12 @@ def test_intrinsics_resolve_to_the_local_values(value, expected):
 
 
 def test_conditions_choose_the_branch():
-    template = {"Conditions": {"InUsEast1": {"Fn::Equals": [{"Ref": "AWS::Region"}, "us-east-1"]},
-                               "Not": {"Fn::Not": [{"Condition": "InUsEast1"}]}}}
+    template = {
+        "Conditions": {
+            "InUsEast1": {"Fn::Equals": [{"Ref": "AWS::Region"}, "us-east-1"]},
+            "Not": {"Fn::Not": [{"Condition": "InUsEast1"}]},
+        }
+    }
     assert resolver(template).resolve({"Fn::If": ["InUsEast1", "yes", "no"]}) == "yes"
     assert resolver(template).resolve({"Fn::If": ["Not", "yes", "no"]}) == "no"
 
@@ -59,7 +65,9 @@ def test_resources_deploy_after_what_they_refer_to_and_depend_on():
 
 
 def test_a_dependency_cycle_is_refused_with_its_path():
-    resources = {"A": {"Type": "T", "Properties": {"X": {"Ref": "B"}}},
-                 "B": {"Type": "T", "Properties": {"X": {"Ref": "A"}}}}
+    resources = {
+        "A": {"Type": "T", "Properties": {"X": {"Ref": "B"}}},
+        "B": {"Type": "T", "Properties": {"X": {"Ref": "A"}}},
+    }
     with pytest.raises(TemplateError, match="cycle: A -> B -> A"):
         deployment_order(resources)

@@ -30,7 +30,7 @@ def stack_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return Template.from_stack(build(app)).to_json()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scaling_template(options: tuple[tuple[str, Any], ...]) -> str:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     from aws_cdk import App, Stack

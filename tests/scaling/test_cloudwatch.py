@@ -4,16 +4,34 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scaling.cloudwatch import ALARM, INSUFFICIENT, OK, Alarm, MetricId, MetricQuery, MetricStat, MetricStore
-from bench.scaling.cloudwatch import Sources, evaluate_expression
+from bench.scaling.cloudwatch import (
+    ALARM,
+    INSUFFICIENT,
+    OK,
+    Alarm,
+    MetricId,
+    MetricQuery,
+    MetricStat,
+    MetricStore,
+    Sources,
+    evaluate_expression,
+)
 
 M = MetricId("Test", "Depth")
 
 
 def _alarm(n: int = 3, m: int | None = None, missing: str = "missing", period: int = 60) -> Alarm:
     query = MetricQuery({"m1": MetricStat(M, "Maximum", period)})
-    return Alarm("a", query, threshold=1, comparison="GreaterThanOrEqualToThreshold", evaluation_periods=n,
-                 datapoints_to_alarm=m or n, treat_missing=missing, actions=("p",))
+    return Alarm(
+        "a",
+        query,
+        threshold=1,
+        comparison="GreaterThanOrEqualToThreshold",
+        evaluation_periods=n,
+        datapoints_to_alarm=m or n,
+        treat_missing=missing,
+        actions=("p",),
+    )
 
 
 def _run(values: dict[int, float | None], alarm: Alarm, minutes: int) -> list[tuple[int, str, bool]]:
@@ -85,12 +103,20 @@ def test_a_datapoint_is_not_there_before_its_publication_delay():
 
 def test_metric_math_expressions():
     # GIVEN the expressions the policies use WHEN evaluated THEN CloudWatch's results, missing propagating
-    assert evaluate_expression("CEIL((visible + inFlight) / 16) - desired", {"visible": 20, "inFlight": 13,
-                                                                           "desired": 1}) == 2
-    assert evaluate_expression("IF(instances == 0 AND (visible + inFlight) > 0, 1, 0)",
-                               {"instances": 0, "visible": 1, "inFlight": 0}) == 1
+    assert (
+        evaluate_expression("CEIL((visible + inFlight) / 16) - desired", {"visible": 20, "inFlight": 13, "desired": 1})
+        == 2
+    )
+    assert (
+        evaluate_expression(
+            "IF(instances == 0 AND (visible + inFlight) > 0, 1, 0)", {"instances": 0, "visible": 1, "inFlight": 0}
+        )
+        == 1
+    )
     assert evaluate_expression("visible + inFlight", {"visible": None, "inFlight": 2}) is None
-    assert evaluate_expression("(visible + inFlight) / instances", {"visible": 3, "inFlight": 2, "instances": 0}) is None
+    assert (
+        evaluate_expression("(visible + inFlight) / instances", {"visible": 3, "inFlight": 2, "instances": 0}) is None
+    )
     with pytest.raises(ValueError, match="unknown id"):
         evaluate_expression("visible + other", {"visible": 1})
 
@@ -101,5 +127,10 @@ def test_fill_stands_a_number_in_for_a_missing_metric_only():
     expression = "CEIL((visible + inFlight) / 202.5) - FILL(desired, 0)"
     assert evaluate_expression(expression, {"visible": 1, "inFlight": 0, "desired": None}) == 1
     assert evaluate_expression(expression, {"visible": 1, "inFlight": 0, "desired": 1}) == 0
-    assert evaluate_expression("FILL(desired, 0) - IF((visible + inFlight) > 0, CEIL((visible + inFlight) / 8), 1)",
-                               {"visible": 0, "inFlight": 0, "desired": 3}) == 2
+    assert (
+        evaluate_expression(
+            "FILL(desired, 0) - IF((visible + inFlight) > 0, CEIL((visible + inFlight) / 8), 1)",
+            {"visible": 0, "inFlight": 0, "desired": 3},
+        )
+        == 2
+    )

@@ -25,10 +25,15 @@ def requests():
 
 def _deployed(template: dict[str, Any], trace, delays: Delays):
     deployed = read(template)
-    [scenario] = scenarios(template, max_tasks=deployed.policy.maximum, keda_spec=read_scaled_object(),
-                           cpu_vcpus=4.0, only=("deployed",))
-    engine = EngineModel(QWEN2_5_1_5B, A10G, max_num_seqs=deployed.worker.max_num_seqs,
-                         kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G))
+    [scenario] = scenarios(
+        template, max_tasks=deployed.policy.maximum, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",)
+    )
+    engine = EngineModel(
+        QWEN2_5_1_5B,
+        A10G,
+        max_num_seqs=deployed.worker.max_num_seqs,
+        kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G),
+    )
     return simulate(scenario, trace, engine, deployed.cluster, ColdStart(), ttl_s=86400, tail_s=900, delays=delays)
 
 

@@ -39,14 +39,25 @@ class Fake:
 
         class Pages:
             def paginate(self, cluster, status):
-                yield {"containerInstanceArns": [i.arn for i in fake.instances
-                                                 if i.status == status and not i.terminated]}
+                yield {
+                    "containerInstanceArns": [i.arn for i in fake.instances if i.status == status and not i.terminated]
+                }
+
         return Pages()
 
     def describe_container_instances(self, cluster, containerInstances):
-        return {"containerInstances": [
-            {"containerInstanceArn": i.arn, "ec2InstanceId": i.ec2, "runningTasksCount": i.running,
-             "pendingTasksCount": i.pending} for i in self.instances if i.arn in containerInstances]}
+        return {
+            "containerInstances": [
+                {
+                    "containerInstanceArn": i.arn,
+                    "ec2InstanceId": i.ec2,
+                    "runningTasksCount": i.running,
+                    "pendingTasksCount": i.pending,
+                }
+                for i in self.instances
+                if i.arn in containerInstances
+            ]
+        }
 
     def update_container_instances_state(self, cluster, containerInstances, status):
         self.calls.append(f"{status} {sorted(containerInstances)}")
@@ -109,10 +120,17 @@ def test_the_groups_are_read_from_the_clusters_capacity_providers():
             return {"clusters": [{"clusterName": clusters[0], "capacityProviders": ["Gpu", "FARGATE"]}]}
 
         def describe_capacity_providers(self, capacityProviders):
-            return {"capacityProviders": [
-                {"name": "Gpu", "autoScalingGroupProvider": {"autoScalingGroupArn":
-                 "arn:aws:autoscaling:us-east-1:111122223333:autoScalingGroup:uuid:autoScalingGroupName/gpu-asg"}},
-                {"name": "FARGATE"}]}
+            return {
+                "capacityProviders": [
+                    {
+                        "name": "Gpu",
+                        "autoScalingGroupProvider": {
+                            "autoScalingGroupArn": "arn:aws:autoscaling:us-east-1:111122223333:autoScalingGroup:uuid:autoScalingGroupName/gpu-asg"
+                        },
+                    },
+                    {"name": "FARGATE"},
+                ]
+            }
 
     # THEN the GPU group's name comes back, and nothing for FARGATE
     assert capacity_groups(Ecs(), "workers") == ["gpu-asg"]

@@ -41,8 +41,9 @@ def test_kubernetes_resources_validate_against_the_published_schema(kind):
     kubernetes_validate.validate(by_kind(kind), KUBERNETES_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("kind, crd", [("ScaledObject", "scaledobjects"),
-                                       ("TriggerAuthentication", "triggerauthentications")])
+@pytest.mark.parametrize(
+    "kind, crd", [("ScaledObject", "scaledobjects"), ("TriggerAuthentication", "triggerauthentications")]
+)
 def test_keda_resources_validate_against_keda_crds(kind, crd):
     # GIVEN a KEDA resource WHEN validated against its CRD's schema THEN it passes
     jsonschema.validate(by_kind(kind), crd_schema(crd))
@@ -92,6 +93,7 @@ def test_worker_model_and_batch_match_the_stack():
 
     env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     context = cdk_json_context()
-    props = AsyncInferenceServiceProps(model=context["model"], gpu_instance_type=context["gpu_instance_type"],
-                                       max_num_seqs=context.get("max_num_seqs"))
+    props = AsyncInferenceServiceProps(
+        model=context["model"], gpu_instance_type=context["gpu_instance_type"], max_num_seqs=context.get("max_num_seqs")
+    )
     assert (env["MODEL"], int(env["MAX_NUM_SEQS"])) == (context["model"], props.effective_max_num_seqs())

@@ -27,7 +27,8 @@ def test_sagemaker_policy_is_target_tracking_at_five_plus_a_step_from_zero():
 def _named(spec, prefix):
     """The alarm or step policy whose logical id starts with the construct path's ``prefix``."""
     found = [a for a in spec.alarms if a.name.startswith(prefix)] or [
-        p for name, p in spec.steps.items() if name.startswith(prefix)]
+        p for name, p in spec.steps.items() if name.startswith(prefix)
+    ]
     (item,) = found
     return item
 
@@ -62,8 +63,10 @@ def test_trace_loader_reads_seven_digit_timestamps_in_order(tmp_path):
     from bench.scaling.trace import load
 
     path = tmp_path / "t.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.9951690,396,109\n"
-                    "2023-11-16 18:15:46.6805900,374,44\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+    )
     requests = load(path)
     assert [r.context_tokens for r in requests] == [374, 396]
     assert requests[1].arrival_s == pytest.approx(4.314579)
@@ -88,7 +91,10 @@ def test_tuned_anchors_target_what_one_instance_handles(stack_template):
 
     def first_step(name):
         # the scale-out alarm's threshold: where its first step (+1) starts
-        return min(a.threshold for a in built[name].policy.alarms
-                   if a.comparison.startswith("Greater") and "MessagesVisible" in a.name)
+        return min(
+            a.threshold
+            for a in built[name].policy.alarms
+            if a.comparison.startswith("Greater") and "MessagesVisible" in a.name
+        )
 
     assert (first_step("queue_processing_default"), first_step("queue_processing_tuned")) == (100, capacity)

@@ -27,36 +27,84 @@ def _deployed_like(max_tasks: int = 2) -> dict:
     """cdk/queue_scaling.py's resources, by hand: +1 task per 300 s while anything is visible, to 0 after idle."""
     visible = {"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesVisible"}
     in_flight = {"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesNotVisible"}
-    return {"Resources": {
-        "T": {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
-              "Properties": {"MinCapacity": 0, "MaxCapacity": max_tasks, "ScalableDimension": "ecs:service:DesiredCount"}},
-        "Out": {"Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Properties": {
-            "PolicyType": "StepScaling", "ScalingTargetId": {"Ref": "T"}, "StepScalingPolicyConfiguration": {
-                "AdjustmentType": "ChangeInCapacity", "Cooldown": 300, "MetricAggregationType": "Maximum",
-                "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]}}},
-        "Zero": {"Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Properties": {
-            "PolicyType": "StepScaling", "ScalingTargetId": {"Ref": "T"}, "StepScalingPolicyConfiguration": {
-                "AdjustmentType": "ExactCapacity", "MetricAggregationType": "Maximum",
-                "StepAdjustments": [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}]}}},
-        "Visible": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
-            **visible, "Statistic": "Maximum", "Period": 60, "Threshold": 1, "EvaluationPeriods": 1,
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold", "TreatMissingData": "notBreaching",
-            "AlarmActions": [{"Ref": "Out"}]}},
-        "Idle": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
-            "Metrics": [{"Id": "visible", "MetricStat": {"Metric": visible, "Stat": "Maximum", "Period": 60},
-                         "ReturnData": False},
-                        {"Id": "inFlight", "MetricStat": {"Metric": in_flight, "Stat": "Maximum", "Period": 60},
-                         "ReturnData": False},
-                        {"Id": "e", "Expression": "visible + inFlight", "ReturnData": True}],
-            "Threshold": 0, "EvaluationPeriods": 10, "DatapointsToAlarm": 10,
-            "ComparisonOperator": "LessThanOrEqualToThreshold", "TreatMissingData": "breaching",
-            "AlarmActions": [{"Ref": "Zero"}]}},
-    }}
+    return {
+        "Resources": {
+            "T": {
+                "Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+                "Properties": {
+                    "MinCapacity": 0,
+                    "MaxCapacity": max_tasks,
+                    "ScalableDimension": "ecs:service:DesiredCount",
+                },
+            },
+            "Out": {
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
+                "Properties": {
+                    "PolicyType": "StepScaling",
+                    "ScalingTargetId": {"Ref": "T"},
+                    "StepScalingPolicyConfiguration": {
+                        "AdjustmentType": "ChangeInCapacity",
+                        "Cooldown": 300,
+                        "MetricAggregationType": "Maximum",
+                        "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}],
+                    },
+                },
+            },
+            "Zero": {
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
+                "Properties": {
+                    "PolicyType": "StepScaling",
+                    "ScalingTargetId": {"Ref": "T"},
+                    "StepScalingPolicyConfiguration": {
+                        "AdjustmentType": "ExactCapacity",
+                        "MetricAggregationType": "Maximum",
+                        "StepAdjustments": [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": 0}],
+                    },
+                },
+            },
+            "Visible": {
+                "Type": "AWS::CloudWatch::Alarm",
+                "Properties": {
+                    **visible,
+                    "Statistic": "Maximum",
+                    "Period": 60,
+                    "Threshold": 1,
+                    "EvaluationPeriods": 1,
+                    "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+                    "TreatMissingData": "notBreaching",
+                    "AlarmActions": [{"Ref": "Out"}],
+                },
+            },
+            "Idle": {
+                "Type": "AWS::CloudWatch::Alarm",
+                "Properties": {
+                    "Metrics": [
+                        {
+                            "Id": "visible",
+                            "MetricStat": {"Metric": visible, "Stat": "Maximum", "Period": 60},
+                            "ReturnData": False,
+                        },
+                        {
+                            "Id": "inFlight",
+                            "MetricStat": {"Metric": in_flight, "Stat": "Maximum", "Period": 60},
+                            "ReturnData": False,
+                        },
+                        {"Id": "e", "Expression": "visible + inFlight", "ReturnData": True},
+                    ],
+                    "Threshold": 0,
+                    "EvaluationPeriods": 10,
+                    "DatapointsToAlarm": 10,
+                    "ComparisonOperator": "LessThanOrEqualToThreshold",
+                    "TreatMissingData": "breaching",
+                    "AlarmActions": [{"Ref": "Zero"}],
+                },
+            },
+        }
+    }
 
 
 def _run(scenario: Scenario, requests: list[Request], cold: ColdStart = SLOW, **kwargs):
-    return simulate(scenario, requests, ENGINE, CLUSTER, cold, ttl_s=86400, tail_s=kwargs.pop("tail_s", 3600),
-                    **kwargs)
+    return simulate(scenario, requests, ENGINE, CLUSTER, cold, ttl_s=86400, tail_s=kwargs.pop("tail_s", 3600), **kwargs)
 
 
 def test_one_job_from_idle_brings_up_every_task_when_the_cold_start_outlasts_the_cooldown():
@@ -85,8 +133,9 @@ def test_keep_alive_restarts_with_each_message_then_scales_to_zero():
     fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
     spec = scaling_policy(max_tasks=2, jobs_per_task=16, keep_alive_minutes=3)
     jobs = [Request(120.0 * i, 200, 10) for i in range(11)]
-    run = _run(Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off"), jobs, cold=fast,
-               tail_s=900)
+    run = _run(
+        Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off"), jobs, cold=fast, tail_s=900
+    )
     # WHEN simulated THEN the service never returns to zero between jobs (one wake) and is at zero by the end
     assert len(run.wakes_s) == 1
     assert run.timeline[-1][1] == 0
@@ -113,8 +162,16 @@ def test_a_resume_delay_holds_back_the_deployed_wake():
 
 def test_keda_wakes_within_a_polling_interval_and_scales_to_zero_after_its_cooldown():
     # GIVEN KEDA polling every 15 s with a 300 s cooldown WHEN one job arrives at 1 s
-    spec = KedaSpec(polling_interval_s=15, cooldown_period_s=300, min_replicas=0, max_replicas=2, queue_length=5,
-                    activation_queue_length=0, scale_on_in_flight=True, scale_on_delayed=False)
+    spec = KedaSpec(
+        polling_interval_s=15,
+        cooldown_period_s=300,
+        min_replicas=0,
+        max_replicas=2,
+        queue_length=5,
+        activation_queue_length=0,
+        scale_on_in_flight=True,
+        scale_on_delayed=False,
+    )
     fast = ColdStart(instance_boot_s=30, image_pull_s=10, model_download_s=1, engine_start_s=5)
     run = _run(Scenario("keda", keda=spec, task_protection="off"), [Request(1.0, 200, 10)], cold=fast, tail_s=900)
     # THEN a pod is asked for at the first poll, one pod only, and none is left 300 s after the job is done
@@ -138,8 +195,15 @@ def test_a_protected_task_is_not_stopped_until_its_jobs_are_done():
 
 def test_expired_jobs_are_deleted_without_running():
     # GIVEN a 60 s queue deadline and a cold start of minutes WHEN one job waits THEN it expires, never starts
-    run = simulate(Scenario("deployed", policy=read_policy(_deployed_like())), [Request(0.0, 100, 10)], ENGINE,
-                   CLUSTER, SLOW, ttl_s=60, tail_s=1200)
+    run = simulate(
+        Scenario("deployed", policy=read_policy(_deployed_like())),
+        [Request(0.0, 100, 10)],
+        ENGINE,
+        CLUSTER,
+        SLOW,
+        ttl_s=60,
+        tail_s=1200,
+    )
     assert run.jobs[0].expired and run.jobs[0].started_s is None
 
 
@@ -155,8 +219,15 @@ def test_engine_step_time_matches_the_roofline_figures():
 def test_a_single_job_takes_its_prefill_plus_one_step_a_token():
     # GIVEN a warm task and one job WHEN it runs alone THEN it ends after ~ prefill + (tokens - 1) solo steps
     engine = dataclasses.replace(ENGINE, max_num_seqs=4)
-    run = simulate(Scenario("w", policy=read_policy(_deployed_like()), initial_tasks=1), [Request(0.0, 1000, 101)],
-                   engine, CLUSTER, SLOW, ttl_s=86400, tail_s=60)
+    run = simulate(
+        Scenario("w", policy=read_policy(_deployed_like()), initial_tasks=1),
+        [Request(0.0, 1000, 101)],
+        engine,
+        CLUSTER,
+        SLOW,
+        ttl_s=86400,
+        tail_s=60,
+    )
     job = run.jobs[0]
     prefill = engine.step_s(0, 0, 1000, 500)
     decode = 100 * engine.step_s(1, 1050)
@@ -170,8 +241,11 @@ def test_long_jobs_protection_lets_a_step_down_stop_the_task_of_the_short_job_no
 
     def run(mode: str):
         spec = scaling_policy(max_tasks=2, jobs_per_task=4, scale_in_minutes=1)
-        return _run(Scenario(mode, policy=spec, task_protection=mode, protection_tokens_per_s=150, initial_tasks=2),
-                    jobs, tail_s=900)
+        return _run(
+            Scenario(mode, policy=spec, task_protection=mode, protection_tokens_per_s=150, initial_tasks=2),
+            jobs,
+            tail_s=900,
+        )
 
     long_jobs, busy, off = run("long_jobs"), run("busy"), run("off")
     # WHEN the step-down asks for one task at the first minute
@@ -188,8 +262,9 @@ def test_long_jobs_protection_lets_a_step_down_stop_the_task_of_the_short_job_no
 def _instance_hours(pool: int, release: bool) -> tuple[float, float]:
     """One short job on an idle stack, the deployed policy and wake: (GPU hours, first token s)."""
     spec = scaling_policy(max_tasks=2, jobs_per_task=16)
-    scenario = Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off", warm_pool=pool,
-                        release_empty=release)
+    scenario = Scenario(
+        "deployed", policy=spec, api_wake=ApiWake(), task_protection="off", warm_pool=pool, release_empty=release
+    )
     run = _run(scenario, [Request(0.0, 300, 20)], tail_s=1800)
     return run.gpu_hours, run.jobs[0].first_token_s - run.jobs[0].submitted_s
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from async_inference import config as env, settings
+from async_inference import config as env
+from async_inference import settings
 from bench.scaling.cloudwatch import evaluate_expression
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
@@ -22,8 +23,10 @@ PROPS = AsyncInferenceServiceProps()  # cdk.json sets none of the scaling option
 J = PROPS.effective_jobs_per_task()
 # The job queue (1) and the batch lane (2, a chunk of BATCH_CHUNK_LINES lines), each FILLed: an idle lane publishes
 # no datapoints.
-BACKLOG = (f"(FILL(visible1, 0) + FILL(inFlight1, 0) + "
-           f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0)))")
+BACKLOG = (
+    f"(FILL(visible1, 0) + FILL(inFlight1, 0) + "
+    f"{settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0)))"
+)
 
 
 def _alarm(spec, name: str):
@@ -45,15 +48,26 @@ def test_scale_out_reads_back_as_the_tasks_the_backlog_needs_set_exactly(stack_t
     # datapoints
     needed = f"CEIL({BACKLOG} / {J:g})"
     assert alarm.query.expression == f"IF({needed} - FILL(desired, 0) >= 1, {needed}, 0)"
-    assert {k: (s.metric.namespace, s.metric.name, s.stat, s.period_s, bool(s.metric.resource))
-            for k, s in alarm.query.stats.items()} == {
-        **{f"{name}{i}": ("AWS/SQS", metric, "Maximum", 60, i == 2)  # 2: the batch lane, which the trace leaves idle
-           for i in (1, 2) for name, metric in (("visible", "ApproximateNumberOfMessagesVisible"),
-                                                ("inFlight", "ApproximateNumberOfMessagesNotVisible"))},
+    assert {
+        k: (s.metric.namespace, s.metric.name, s.stat, s.period_s, bool(s.metric.resource))
+        for k, s in alarm.query.stats.items()
+    } == {
+        **{
+            f"{name}{i}": ("AWS/SQS", metric, "Maximum", 60, i == 2)  # 2: the batch lane, which the trace leaves idle
+            for i in (1, 2)
+            for name, metric in (
+                ("visible", "ApproximateNumberOfMessagesVisible"),
+                ("inFlight", "ApproximateNumberOfMessagesNotVisible"),
+            )
+        },
         "desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60, False),
     }
     assert (alarm.threshold, alarm.comparison, alarm.evaluation_periods, alarm.treat_missing) == (
-        1, "GreaterThanOrEqualToThreshold", 1, "notBreaching")
+        1,
+        "GreaterThanOrEqualToThreshold",
+        1,
+        "notBreaching",
+    )
     policy = spec.steps[alarm.actions[0]]
     assert (policy.adjustment_type, policy.cooldown_s) == ("ExactCapacity", PROPS.scale_out_cooldown_seconds)
     # n tasks needed (n - 1 above the threshold) sets n, up to the ceiling
@@ -64,8 +78,7 @@ def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(
     spec = read(stack_template).policy
     alarm = _alarm(spec, "TasksSpare")
     spare = J * PROPS.scale_in_fill
-    assert alarm.query.expression == (
-        f"FILL(desired, 0) - IF({BACKLOG} > 0, CEIL({BACKLOG} / {spare:g}), 1)")
+    assert alarm.query.expression == (f"FILL(desired, 0) - IF({BACKLOG} > 0, CEIL({BACKLOG} / {spare:g}), 1)")
     minutes = PROPS.scale_in_minutes
     assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (minutes, minutes, "missing")
     policy = spec.steps[alarm.actions[0]]
@@ -83,7 +96,10 @@ def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(st
     assert alarm.query.stats["sent1"].metric.resource == "" and alarm.query.stats["sent2"].metric.resource  # the lane
     minutes = PROPS.idle_minutes_before_scale_in
     assert (alarm.evaluation_periods, alarm.datapoints_to_alarm, alarm.treat_missing) == (
-        minutes, minutes, "notBreaching")
+        minutes,
+        minutes,
+        "notBreaching",
+    )
     policy = spec.steps[alarm.actions[0]]
     assert policy.adjustment_type == "ExactCapacity"
     assert policy.step_for(0.0, upper_alarm=False).adjustment == 0
@@ -109,31 +125,46 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
     # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
     # the service, ecs:UpdateService on it), at 60 s, each holding the minimum for the wake hold
     wake = read(stack_template).wake
-    handlers = {lid: f["Properties"]["Handler"] for lid, f in stack_template["Resources"].items()
-                if lid in (wake.functions if wake else ())}
-    assert wake == WakeSpec(functions=tuple(sorted(handlers)), check_interval_s=PROPS.wake_check_interval_seconds,
-                            hold_s=PROPS.wake_hold_seconds)
-    assert sorted(handlers.values()) == ["lambdas.api.handler.lambda_handler",
-                                         "lambdas.batch_controller.handler.lambda_handler",
-                                         "lambdas.upload.handler.lambda_handler"]
+    handlers = {
+        lid: f["Properties"]["Handler"]
+        for lid, f in stack_template["Resources"].items()
+        if lid in (wake.functions if wake else ())
+    }
+    assert wake == WakeSpec(
+        functions=tuple(sorted(handlers)),
+        check_interval_s=PROPS.wake_check_interval_seconds,
+        hold_s=PROPS.wake_hold_seconds,
+    )
+    assert sorted(handlers.values()) == [
+        "lambdas.api.handler.lambda_handler",
+        "lambdas.batch_controller.handler.lambda_handler",
+        "lambdas.upload.handler.lambda_handler",
+    ]
 
 
 def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_template):
     # GIVEN the stack WHEN the simulator builds its scenarios THEN "deployed" wakes at the template's interval and
     # hold, runs long_jobs protection at its rate, the capacity provider's warm-up, the warm pool and the release; the
     # anchors, each at its default and its tuning, keep ECS's 300 s, no pool, no release and no protection
-    deployed, *anchors = scenarios(stack_template, max_tasks=CONTEXT["max_worker_tasks"],
-                                   keda_spec=read_scaled_object(), cpu_vcpus=4.0)
+    deployed, *anchors = scenarios(
+        stack_template, max_tasks=CONTEXT["max_worker_tasks"], keda_spec=read_scaled_object(), cpu_vcpus=4.0
+    )
     assert deployed.name == "deployed" and deployed.api_wake is not None
     assert (deployed.api_wake.check_interval_s, deployed.api_wake.hold_s) == (60, PROPS.wake_hold_seconds)
     assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
-        "long_jobs", 20.0, 120)
+        "long_jobs",
+        20.0,
+        120,
+    )
     assert (deployed.warm_pool, deployed.release_empty) == (CONTEXT["max_gpu_instances"], True)
     assert read_policy(stack_template).alarms == deployed.policy.alarms
-    assert {(a.name, a.task_protection, a.instance_warmup_s, a.api_wake, a.warm_pool, a.release_empty)
-            for a in anchors} == {(f"{name}_{kind}", "off", 300, None, 0, False)
-                                  for name in ("queue_processing", "sagemaker", "keda")
-                                  for kind in ("default", "tuned")}
+    assert {
+        (a.name, a.task_protection, a.instance_warmup_s, a.api_wake, a.warm_pool, a.release_empty) for a in anchors
+    } == {
+        (f"{name}_{kind}", "off", 300, None, 0, False)
+        for name in ("queue_processing", "sagemaker", "keda")
+        for kind in ("default", "tuned")
+    }
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):
@@ -175,5 +206,7 @@ def test_an_idle_lane_publishing_nothing_does_not_blank_the_scale_out_alarm(stac
     # WHEN CloudWatch evaluates it THEN it still asks for a task: each queue's terms are FILLed
     assert evaluate_expression(alarm.query.expression, values) == 1
     # (without FILL, the lane's missing datapoints would blank the sum, and the fleet would never wake on the alarm)
-    unfilled = alarm.query.expression.replace("FILL(visible2, 0)", "visible2").replace("FILL(inFlight2, 0)", "inFlight2")
+    unfilled = alarm.query.expression.replace("FILL(visible2, 0)", "visible2").replace(
+        "FILL(inFlight2, 0)", "inFlight2"
+    )
     assert evaluate_expression(unfilled, values) is None

@@ -32,9 +32,7 @@ def test_a_403_for_a_key_the_listing_does_not_show_is_a_missing_key(s3):
     """GIVEN S3 answers 403 for the GET and the key is not listed WHEN reading it THEN KeyError (the code's missing)."""
     client, stubber = s3
     _denied(stubber, "get_object")
-    stubber.add_response(
-        "list_objects_v2", {"KeyCount": 0}, {"Bucket": BUCKET, "Prefix": KEY, "MaxKeys": 1}
-    )
+    stubber.add_response("list_objects_v2", {"KeyCount": 0}, {"Bucket": BUCKET, "Prefix": KEY, "MaxKeys": 1})
     with pytest.raises(KeyError):
         Blobs(BUCKET, s3=client).get(KEY, max_bytes=1024)
     stubber.assert_no_pending_responses()

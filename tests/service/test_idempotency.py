@@ -50,9 +50,13 @@ def config() -> Iterator[ServiceConfig]:
 
 
 def service(config: ServiceConfig, *, in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S) -> JobService:
-    return JobService(store=JobStore(config.table_name), blobs=Blobs(config.bucket_name),
-                      queue=JobQueue(config.queue_url), notifier=Notifier(config.topic_arn),
-                      idempotency_in_progress_s=in_progress_s)
+    return JobService(
+        store=JobStore(config.table_name),
+        blobs=Blobs(config.bucket_name),
+        queue=JobQueue(config.queue_url),
+        notifier=Notifier(config.topic_arn),
+        idempotency_in_progress_s=in_progress_s,
+    )
 
 
 def leave_a_body_without_a_job(config: ServiceConfig, key: str, prompt: str) -> str:

@@ -14,7 +14,7 @@ from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.jobs import JobStatus
 from async_inference.quotas import TenantQuota
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
-from async_inference.service import ServiceError, JobService
+from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import MotoServer, free_port
 
 LIMITED, OTHER = "tenant-limited", "tenant-other"
@@ -29,23 +29,43 @@ def service(moto: MotoServer) -> JobService:
     string = "S"
     client("s3").create_bucket(Bucket="claim-checks")
     client("dynamodb").create_table(
-        TableName="jobs", BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": name, "AttributeType": string} for name in (
-            settings.TABLE_PARTITION_KEY, settings.TENANT_INDEX_PARTITION_KEY, settings.TENANT_INDEX_SORT_KEY,
-            settings.ACTIVE_JOBS_ATTRIBUTE)],
+        TableName="jobs",
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": name, "AttributeType": string}
+            for name in (
+                settings.TABLE_PARTITION_KEY,
+                settings.TENANT_INDEX_PARTITION_KEY,
+                settings.TENANT_INDEX_SORT_KEY,
+                settings.ACTIVE_JOBS_ATTRIBUTE,
+            )
+        ],
         KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
         GlobalSecondaryIndexes=[
-            {"IndexName": settings.TENANT_INDEX_NAME, "Projection": {"ProjectionType": "ALL"},
-             "KeySchema": [{"AttributeName": settings.TENANT_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-                           {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "KeyType": "RANGE"}]},
-            {"IndexName": settings.ACTIVE_JOBS_INDEX_NAME, "Projection": {"ProjectionType": "KEYS_ONLY"},
-             "KeySchema": [{"AttributeName": settings.ACTIVE_JOBS_ATTRIBUTE, "KeyType": "HASH"}]},
+            {
+                "IndexName": settings.TENANT_INDEX_NAME,
+                "Projection": {"ProjectionType": "ALL"},
+                "KeySchema": [
+                    {"AttributeName": settings.TENANT_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": settings.TENANT_INDEX_SORT_KEY, "KeyType": "RANGE"},
+                ],
+            },
+            {
+                "IndexName": settings.ACTIVE_JOBS_INDEX_NAME,
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+                "KeySchema": [{"AttributeName": settings.ACTIVE_JOBS_ATTRIBUTE, "KeyType": "HASH"}],
+            },
         ],
     )
     queue = client("sqs").create_queue(QueueName=f"jobs-{free_port()}")["QueueUrl"]
     topic = client("sns").create_topic(Name="results")["TopicArn"]
-    return JobService(store=JobStore("jobs"), blobs=Blobs("claim-checks"), queue=JobQueue(queue),
-                      notifier=Notifier(topic), quotas={LIMITED: TenantQuota(max_active_jobs=3)})
+    return JobService(
+        store=JobStore("jobs"),
+        blobs=Blobs("claim-checks"),
+        queue=JobQueue(queue),
+        notifier=Notifier(topic),
+        quotas={LIMITED: TenantQuota(max_active_jobs=3)},
+    )
 
 
 def test_a_tenant_at_its_active_job_limit_gets_a_429_naming_it_until_a_job_ends(service):

@@ -36,27 +36,41 @@ assert len(ORIGINAL) == len(SWAPPED)  # the same size: the announced size alone 
 def tables(moto: MotoServer) -> ServiceConfig:
     client("s3").create_bucket(Bucket="claim-checks")
     client("dynamodb").create_table(
-        TableName="jobs", BillingMode="PAY_PER_REQUEST",
+        TableName="jobs",
+        BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[{"AttributeName": settings.TABLE_PARTITION_KEY, "AttributeType": "S"}],
         KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
     )
-    return ServiceConfig(table_name="jobs", bucket_name="claim-checks", queue_url="",
-                         topic_arn=client("sns").create_topic(Name="results")["TopicArn"])
+    return ServiceConfig(
+        table_name="jobs",
+        bucket_name="claim-checks",
+        queue_url="",
+        topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
+    )
 
 
 @pytest.fixture
 def service(tables: ServiceConfig) -> JobService:
     """The service over a job queue of the test's own, so the claim checks counted are this test's."""
     queue_url = client("sqs").create_queue(QueueName=f"jobs-{free_port()}")["QueueUrl"]
-    return JobService(store=JobStore(tables.table_name), blobs=Blobs(tables.bucket_name), queue=JobQueue(queue_url),
-                      notifier=Notifier(tables.topic_arn))
+    return JobService(
+        store=JobStore(tables.table_name),
+        blobs=Blobs(tables.bucket_name),
+        queue=JobQueue(queue_url),
+        notifier=Notifier(tables.topic_arn),
+    )
 
 
 def claim_checks(service: JobService) -> list[dict[str, Any]]:
     found = []
     while True:
-        messages = client("sqs").receive_message(QueueUrl=service.queue.url, MaxNumberOfMessages=10,
-                                                 WaitTimeSeconds=0, VisibilityTimeout=60).get("Messages", [])
+        messages = (
+            client("sqs")
+            .receive_message(
+                QueueUrl=service.queue.url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=60
+            )
+            .get("Messages", [])
+        )
         if not messages:
             return found
         found += [json.loads(m["Body"]) for m in messages]
@@ -109,6 +123,7 @@ def test_an_acceptance_interrupted_before_its_send_is_completed_by_the_events_re
     submitted = upload_job(service)
     put(submitted.upload, ORIGINAL)
     with monkeypatch.context() as patch:
+
         def crash(job: Any) -> None:
             raise TimeoutError("the function timed out")
 

@@ -47,13 +47,20 @@ class Keys(dict):
 def connections(moto: MotoServer) -> ConnectionStore:
     string = "S"
     client("dynamodb").create_table(
-        TableName=TABLE, BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": settings.CONNECTION_TABLE_PARTITION_KEY, "AttributeType": string},
-                              {"AttributeName": settings.CONNECTION_TENANT_KEY, "AttributeType": string}],
+        TableName=TABLE,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": settings.CONNECTION_TABLE_PARTITION_KEY, "AttributeType": string},
+            {"AttributeName": settings.CONNECTION_TENANT_KEY, "AttributeType": string},
+        ],
         KeySchema=[{"AttributeName": settings.CONNECTION_TABLE_PARTITION_KEY, "KeyType": "HASH"}],
-        GlobalSecondaryIndexes=[{"IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
-                                 "KeySchema": [{"AttributeName": settings.CONNECTION_TENANT_KEY, "KeyType": "HASH"}],
-                                 "Projection": {"ProjectionType": "ALL"}}],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": settings.CONNECTION_TENANT_INDEX_NAME,
+                "KeySchema": [{"AttributeName": settings.CONNECTION_TENANT_KEY, "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
     )
     return ConnectionStore(TABLE)
 

@@ -24,8 +24,8 @@ from async_inference.jobs import JobStatus
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec, utcnow
 from async_inference.service import JobService
 from local_runtime.lambda_host import Context
-from local_runtime.pollers import sqs_event
 from local_runtime.moto_server import MotoServer, free_port
+from local_runtime.pollers import sqs_event
 
 TENANT = "tenant-a"
 BODY = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]).model_dump_json().encode()
@@ -40,7 +40,11 @@ def config(moto: MotoServer) -> ServiceConfig:
         BillingMode="PAY_PER_REQUEST",
         AttributeDefinitions=[
             {"AttributeName": name, "AttributeType": "S"}
-            for name in (settings.TABLE_PARTITION_KEY, settings.TENANT_INDEX_PARTITION_KEY, settings.TENANT_INDEX_SORT_KEY)
+            for name in (
+                settings.TABLE_PARTITION_KEY,
+                settings.TENANT_INDEX_PARTITION_KEY,
+                settings.TENANT_INDEX_SORT_KEY,
+            )
         ],
         KeySchema=[{"AttributeName": settings.TABLE_PARTITION_KEY, "KeyType": "HASH"}],
         GlobalSecondaryIndexes=[
@@ -95,9 +99,13 @@ def isolated(config: ServiceConfig, request: pytest.FixtureRequest) -> ServiceCo
 
 
 def _receive(url: str, wait_s: int = 0) -> list[dict[str, Any]]:
-    return client("sqs").receive_message(
-        QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_s, MessageSystemAttributeNames=["All"]
-    ).get("Messages", [])
+    return (
+        client("sqs")
+        .receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_s, MessageSystemAttributeNames=["All"]
+        )
+        .get("Messages", [])
+    )
 
 
 def _receive_for(url: str, job_id: str, wait_s: float) -> dict[str, Any] | None:
@@ -230,7 +238,9 @@ def test_the_handler_hides_an_early_deadline_and_reports_it_failed(isolated, mon
     job = _upload_job(_service(config)).job
     message = _receive_for(deadline_queue, job.job_id, wait_s=5)
     assert message is not None
-    arn = client("sqs").get_queue_attributes(QueueUrl=deadline_queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    arn = client("sqs").get_queue_attributes(QueueUrl=deadline_queue, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     response = handler.lambda_handler(sqs_event([message], arn), Context(timeout_s=30))
     assert response == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
     assert _receive(deadline_queue) == []  # hidden for the rest of the grace

@@ -30,7 +30,8 @@ def service_arn(moto: MotoServer, request: pytest.FixtureRequest) -> str:
         family="worker", containerDefinitions=[{"name": "worker", "image": "worker:latest", "memoryReservation": 512}]
     )["taskDefinition"]["taskDefinitionArn"]
     return ecs.create_service(cluster=cluster, serviceName="workers", taskDefinition=definition, desiredCount=0)[
-        "service"]["serviceArn"]
+        "service"
+    ]["serviceArn"]
 
 
 def cluster_of(arn: str) -> str:
@@ -61,8 +62,7 @@ def test_a_burst_checks_once_per_interval_and_never_adds_to_a_running_count(serv
     # GIVEN a waker that just woke the service, which ECS then scaled to 2 tasks
     clock = Clock()
     ecs = client("ecs")
-    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn, ecs=ecs), check_interval_s=60,
-                         clock=clock)
+    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn, ecs=ecs), check_interval_s=60, clock=clock)
     waker.job_queued()
     ecs.update_service(cluster=cluster_of(service_arn), service=service_arn, desiredCount=0)
     # WHEN 50 more jobs are queued within the interval THEN nothing is asked of ECS (the count set to 0 stays 0)
@@ -100,16 +100,23 @@ class FailingQueue:
 
 def test_a_submit_wakes_only_after_its_job_is_queued(moto: MotoServer, service_arn: str):
     # GIVEN the service settings a deployed API function reads (wake variables included) and a job queue
-    env = {**ServiceConfig(
-        table_name="jobs", bucket_name="claims", topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
-        queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
-        wake=WakeTarget(cluster_of(service_arn), service_arn, 60),
-    ).to_env()}
+    env = {
+        **ServiceConfig(
+            table_name="jobs",
+            bucket_name="claims",
+            topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
+            queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
+            wake=WakeTarget(cluster_of(service_arn), service_arn, 60),
+        ).to_env()
+    }
     config = ServiceSettings.load(**{k: v for k, v in _by_field(env).items()})
     client("s3").create_bucket(Bucket="claims")
     client("dynamodb").create_table(
-        TableName="jobs", BillingMode="PAY_PER_REQUEST", KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}])
+        TableName="jobs",
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
+    )
     service = JobService.from_config(config.service)
     assert service.waker is not None
     submission = JobSubmission(request=ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]))
@@ -132,8 +139,11 @@ def _by_field(env: dict[str, str]) -> dict[str, str]:
 
 
 def _scaling_target(service_arn: str) -> dict:
-    return {"ServiceNamespace": "ecs", "ScalableDimension": "ecs:service:DesiredCount",
-            "ResourceId": f"service/{cluster_of(service_arn)}/{service_arn.split('/')[-1]}"}
+    return {
+        "ServiceNamespace": "ecs",
+        "ScalableDimension": "ecs:service:DesiredCount",
+        "ResourceId": f"service/{cluster_of(service_arn)}/{service_arn.split('/')[-1]}",
+    }
 
 
 def test_a_wake_holds_the_scaling_minimum_and_schedules_its_end(service_arn: str):
@@ -141,9 +151,14 @@ def test_a_wake_holds_the_scaling_minimum_and_schedules_its_end(service_arn: str
     scaling = client("application-autoscaling")
     target = _scaling_target(service_arn)
     scaling.register_scalable_target(**target, MinCapacity=0, MaxCapacity=2)
-    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-    waker = ServiceWaker(WorkerService(cluster_of(service_arn), service_arn), check_interval_s=60, hold_s=300,
-                         clock=Clock(), utcnow=lambda: now)
+    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+    waker = ServiceWaker(
+        WorkerService(cluster_of(service_arn), service_arn),
+        check_interval_s=60,
+        hold_s=300,
+        clock=Clock(),
+        utcnow=lambda: now,
+    )
     # WHEN a job wakes it
     assert waker.job_queued() is True
     # THEN the minimum is 1 (an alarm re-running ScaleToZero cannot undo the wake) and a scheduled action puts it
@@ -152,7 +167,10 @@ def test_a_wake_holds_the_scaling_minimum_and_schedules_its_end(service_arn: str
     assert (registered["MinCapacity"], registered["MaxCapacity"], desired(service_arn)) == (1, 2, 1)
     [action] = scaling.describe_scheduled_actions(ServiceNamespace="ecs")["ScheduledActions"]
     assert (action["ScheduledActionName"], action["Schedule"], action["ScalableTargetAction"]["MinCapacity"]) == (
-        WAKE_HOLD_RELEASE, "at(2026-12-01T12:05:00)", 0)
+        WAKE_HOLD_RELEASE,
+        "at(2026-12-01T12:05:00)",
+        0,
+    )
 
 
 def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):

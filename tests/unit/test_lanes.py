@@ -126,7 +126,7 @@ def test_no_batch_line_starts_while_an_interactive_job_waits():
         state = list(log)
         rest.set()
         await asyncio.gather(running, line, job2)
-        return state + list(log[len(state):])
+        return state + list(log[len(state) :])
 
     order = run(scenario())
     # THEN the second job goes before the batch line that waited longer
@@ -210,8 +210,9 @@ def test_on_a_simulated_engine_an_interactive_job_starts_within_one_step_of_a_fu
         from async_inference.schemas import ChatCompletionRequest
 
         def request(tokens: int) -> ChatCompletionRequest:
-            return ChatCompletionRequest(model="sim", messages=[{"role": "user", "content": "w " * tokens}],
-                                         max_tokens=tokens)
+            return ChatCompletionRequest(
+                model="sim", messages=[{"role": "user", "content": "w " * tokens}], max_tokens=tokens
+            )
 
         async def batch_line(i: int) -> None:
             first = False

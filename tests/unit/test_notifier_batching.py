@@ -22,9 +22,14 @@ class StubSns:
 
 
 def note(i: int, metadata_chars: int = 0) -> ResultNotification:
-    now = dt.datetime.now(dt.timezone.utc)
-    return ResultNotification(job_id=f"job_{i:032x}", tenant="t", status=JobStatus.SUCCEEDED,
-                              metadata={"pad": "x" * metadata_chars}, timings=Timings(created_at=now))
+    now = dt.datetime.now(dt.UTC)
+    return ResultNotification(
+        job_id=f"job_{i:032x}",
+        tenant="t",
+        status=JobStatus.SUCCEEDED,
+        metadata={"pad": "x" * metadata_chars},
+        timings=Timings(created_at=now),
+    )
 
 
 def test_25_small_notifications_take_3_requests_of_at_most_10():

@@ -12,13 +12,23 @@ from async_inference.schemas import JobActivity, JobProgress, ResultNotification
 JOB_ID = "job_" + "a" * 32
 
 
-@pytest.mark.parametrize(("status", "type_"), [
-    (JobStatus.SUCCEEDED, "job.completed"), (JobStatus.FAILED, "job.failed"),
-    (JobStatus.CANCELLED, "job.cancelled"), (JobStatus.EXPIRED, "job.expired"),
-])
+@pytest.mark.parametrize(
+    ("status", "type_"),
+    [
+        (JobStatus.SUCCEEDED, "job.completed"),
+        (JobStatus.FAILED, "job.failed"),
+        (JobStatus.CANCELLED, "job.cancelled"),
+        (JobStatus.EXPIRED, "job.expired"),
+    ],
+)
 def test_a_result_notification_is_the_final_event_of_its_status(status, type_):
-    note = ResultNotification(job_id=JOB_ID, tenant="acme", status=status, error="why" if status != "succeeded" else None,
-                              timings=Timings(created_at=utcnow()))
+    note = ResultNotification(
+        job_id=JOB_ID,
+        tenant="acme",
+        status=status,
+        error="why" if status != "succeeded" else None,
+        timings=Timings(created_at=utcnow()),
+    )
     pushed = event_of(note.model_dump_json(), {settings.EVENT_ATTRIBUTE: settings.RESULT_EVENT})
     assert pushed is not None and pushed.tenant == "acme"
     assert (pushed.event.type, pushed.event.job_id, pushed.event.status) == (type_, JOB_ID, status)

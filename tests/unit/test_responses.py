@@ -32,15 +32,32 @@ def create(**fields: Any) -> ResponseCreate:
 
 
 def job(status: JobStatus = JobStatus.SUCCEEDED, **fields: Any) -> Job:
-    return Job(job_id=JOB_ID, tenant="t", status=status, created_at=NOW, updated_at=NOW, request_bucket="b",
-               request_key="k", deadline=NOW, timeout_s=60, finished_at=NOW + dt.timedelta(seconds=3), **fields)
+    return Job(
+        job_id=JOB_ID,
+        tenant="t",
+        status=status,
+        created_at=NOW,
+        updated_at=NOW,
+        request_bucket="b",
+        request_key="k",
+        deadline=NOW,
+        timeout_s=60,
+        finished_at=NOW + dt.timedelta(seconds=3),
+        **fields,
+    )
 
 
 def completion(message: dict[str, Any], finish_reason: str = "stop") -> ChatCompletion:
-    return ChatCompletion.model_validate({
-        "id": "chatcmpl-1", "created": 0, "model": "m", "job_id": JOB_ID,
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+    return ChatCompletion.model_validate(
+        {
+            "id": "chatcmpl-1",
+            "created": 0,
+            "model": "m",
+            "job_id": JOB_ID,
+            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        }
+    )
 
 
 def as_sdk(response) -> sdk.Response:
@@ -73,7 +90,9 @@ def test_a_string_input_and_instructions_become_a_system_and_a_user_message():
     chat = to_chat_request(create(instructions="be brief", max_output_tokens=12, temperature=0.2, top_p=0.5))
     # THEN the chat request has the system message first, then the user's, and the same values
     assert [m.model_dump(exclude_none=True) for m in chat.messages] == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
     assert (chat.max_tokens, chat.temperature, chat.top_p) == (12, 0.2, 0.5)
 
 
@@ -86,8 +105,11 @@ def test_a_message_list_with_function_calls_and_outputs_becomes_the_chat_history
     # two function calls the model made, and their outputs
     items = [
         {"role": "developer", "content": "use tools"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather "},
-                                                         {"type": "input_text", "text": "in Oslo?"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "weather "}, {"type": "input_text", "text": "in Oslo?"}],
+        },
         {"role": "assistant", "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
         {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city":"Oslo"}'},
         {"type": "function_call", "call_id": "c2", "name": "time", "arguments": "{}"},
@@ -105,22 +127,42 @@ def test_a_message_list_with_function_calls_and_outputs_becomes_the_chat_history
 
 
 def test_flat_function_tools_and_a_named_tool_choice_become_chat_tools():
-    tool = {"type": "function", "name": "weather", "description": "the weather", "strict": True,
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-    chat = to_chat_request(create(tools=[tool], tool_choice={"type": "function", "name": "weather"},
-                                  parallel_tool_calls=False))
-    assert chat.model_dump(exclude_none=True)["tools"] == [{"type": "function", "function": {
-        "name": "weather", "description": "the weather", "strict": True, "parameters": tool["parameters"]}}]
+    tool = {
+        "type": "function",
+        "name": "weather",
+        "description": "the weather",
+        "strict": True,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    chat = to_chat_request(
+        create(tools=[tool], tool_choice={"type": "function", "name": "weather"}, parallel_tool_calls=False)
+    )
+    assert chat.model_dump(exclude_none=True)["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "description": "the weather",
+                "strict": True,
+                "parameters": tool["parameters"],
+            },
+        }
+    ]
     assert chat.forced_function == "weather" and chat.parallel_tool_calls is False
     assert to_chat_request(create(tools=[tool], tool_choice="required")).tool_mode == "required"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ({"format": {"type": "json_object"}}, {"type": "json_object"}),
-    ({"format": {"type": "json_schema", "name": "city", "strict": True, "schema": {"type": "object"}}},
-     {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {"type": "object"}}}),
-    ({"format": {"type": "text"}}, None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ({"format": {"type": "json_object"}}, {"type": "json_object"}),
+        (
+            {"format": {"type": "json_schema", "name": "city", "strict": True, "schema": {"type": "object"}}},
+            {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {"type": "object"}}},
+        ),
+        ({"format": {"type": "text"}}, None),
+    ],
+)
 def test_text_format_becomes_the_response_format(text, expected):
     chat = to_chat_request(create(text=text))
     dumped = chat.response_format.model_dump(exclude_none=True, by_alias=True) if chat.response_format else None
@@ -132,24 +174,29 @@ def test_metadata_is_the_jobs_not_the_chat_requests():
     assert to_chat_request(create(metadata={"k": "v"})).metadata is None
 
 
-@pytest.mark.parametrize(("fields", "field"), [
-    ({"background": None}, "background"),
-    ({"background": False}, "background"),
-    ({"stream": True}, "stream"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"conversation": "conv_1"}, "conversation"),
-    ({"store": False}, "store"),
-    ({"include": ["message.output_text.logprobs"]}, "include.0"),
-    ({"truncation": "auto"}, "truncation"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0"),
-    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools.0"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
-     "input.0.content.0"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"max_output_tokens": settings.MAX_TOKENS_LIMIT + 1}, "max_output_tokens"),
-    ({"unknown": 1}, "unknown"),
-])
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"background": None}, "background"),
+        ({"background": False}, "background"),
+        ({"stream": True}, "stream"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"store": False}, "store"),
+        ({"include": ["message.output_text.logprobs"]}, "include.0"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools.0"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+            "input.0.content.0",
+        ),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"max_output_tokens": settings.MAX_TOKENS_LIMIT + 1}, "max_output_tokens"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
 def test_what_cannot_be_honoured_is_refused_by_name(fields, field):
     # WHEN a request holds a parameter this service cannot honour THEN validation names that field
     location, message = refusal(fields)
@@ -159,8 +206,11 @@ def test_what_cannot_be_honoured_is_refused_by_name(fields, field):
 
 
 def test_a_stored_body_validates_back_to_the_same_request():
-    request = create(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
-                     tools=[{"type": "function", "name": "f", "parameters": None, "strict": None}], metadata={"a": "b"})
+    request = create(
+        text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        tools=[{"type": "function", "name": "f", "parameters": None, "strict": None}],
+        metadata={"a": "b"},
+    )
     stored = request.model_dump_json(exclude_none=True, by_alias=True)
     assert ResponseCreate.model_validate_json(stored) == request
 
@@ -168,10 +218,16 @@ def test_a_stored_body_validates_back_to_the_same_request():
 # --- Result conversion ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (JobStatus.QUEUED, "queued"), (JobStatus.RUNNING, "in_progress"), (JobStatus.CANCELLED, "cancelled"),
-    (JobStatus.FAILED, "failed"), (JobStatus.EXPIRED, "failed"),
-])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (JobStatus.QUEUED, "queued"),
+        (JobStatus.RUNNING, "in_progress"),
+        (JobStatus.CANCELLED, "cancelled"),
+        (JobStatus.FAILED, "failed"),
+        (JobStatus.EXPIRED, "failed"),
+    ],
+)
 def test_an_unfinished_or_unsuccessful_job_is_a_response_in_openais_status(status, expected):
     response = as_sdk(to_response(job(status, error="engine fault"), create()))
     assert response.status == expected and response.output == [] and response.usage is None
@@ -189,12 +245,20 @@ def test_a_succeeded_job_is_a_completed_response_with_output_text_and_usage():
     assert response.output_text == "hello there"
     [message] = response.output
     assert (message.type, message.role, message.status, message.content[0].type) == (
-        "message", "assistant", "completed", "output_text")
+        "message",
+        "assistant",
+        "completed",
+        "output_text",
+    )
     assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (7, 3, 10)
     assert response.usage.input_tokens_details.cached_tokens == 0
     assert response.usage.output_tokens_details.reasoning_tokens == 0
     assert (response.instructions, response.metadata, response.temperature, response.background) == (
-        "be brief", {"k": "v"}, 0.3, True)
+        "be brief",
+        {"k": "v"},
+        0.3,
+        True,
+    )
     assert response.completed_at == int(NOW.timestamp()) + 3
 
 
@@ -207,13 +271,23 @@ def test_a_result_cut_at_the_token_limit_is_an_incomplete_response():
 
 def test_tool_calls_become_function_call_items():
     tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}, "strict": True}
-    result = completion({"content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
-        "tool_calls")
+    result = completion(
+        {
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}
+            ],
+        },
+        "tool_calls",
+    )
     response = as_sdk(to_response(job(), create(tools=[tool], tool_choice="required"), result))
     [call] = response.output
     assert (call.type, call.call_id, call.name, call.arguments) == (
-        "function_call", "call_1", "weather", '{"city":"Oslo"}')
+        "function_call",
+        "call_1",
+        "weather",
+        '{"city":"Oslo"}',
+    )
     assert response.tool_choice == "required" and response.tools[0].name == "weather"
     assert response.output_text == ""
 
@@ -225,11 +299,17 @@ def test_a_structured_output_format_is_echoed_in_text():
 
 
 def test_input_items_list_the_input_with_ids_oldest_first():
-    request = create(input=[{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
-                            {"type": "function_call_output", "call_id": "c1", "output": "x", "id": "fco_mine"}])
+    request = create(
+        input=[
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"},
+            {"type": "function_call_output", "call_id": "c1", "output": "x", "id": "fco_mine"},
+        ]
+    )
     items = input_items(response_id_of(JOB_ID), request)
-    page = sdk.ResponseItemList.model_validate({"object": "list", "data": items, "first_id": items[0]["id"],
-                                                "last_id": items[-1]["id"], "has_more": False})
+    page = sdk.ResponseItemList.model_validate(
+        {"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"], "has_more": False}
+    )
     assert [i.type for i in page.data] == ["message", "message", "function_call_output"]
     assert page.data[0].content[0].text == "one" and page.data[1].content[0].type == "output_text"
     assert page.data[2].id == "fco_mine" and len({i.id for i in page.data}) == 3
@@ -243,16 +323,21 @@ def test_usage_comes_from_the_result_only():
 def test_include_and_reasoning_summaries_that_name_nothing_a_response_here_holds_are_accepted():
     # GIVEN include values for data no response here has (reasoning items, hosted tool results) and a reasoning
     # summary WHEN validated THEN accepted, and the chat request is the same as without them
-    request = create(include=["reasoning.encrypted_content", "file_search_call.results"],
-                     reasoning={"effort": "low", "summary": "auto"})
+    request = create(
+        include=["reasoning.encrypted_content", "file_search_call.results"],
+        reasoning={"effort": "low", "summary": "auto"},
+    )
     assert to_chat_request(request) == to_chat_request(create(reasoning={"effort": "low"}))
 
 
 def test_an_earlier_turns_reasoning_item_is_accepted_and_left_out_of_the_chat_request():
     # GIVEN a history with OpenAI's encrypted reasoning item between the turns WHEN converted THEN the chat request is
     # the one without it (no model here can read it), and the item is still listed as input
-    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-             {"role": "user", "content": "again"}]
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+    ]
     reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"}
     request = create(input=[*turns[:1], reasoning, *turns[1:]])
     assert to_chat_request(request) == to_chat_request(create(input=turns))

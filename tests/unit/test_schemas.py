@@ -17,13 +17,28 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 def test_defaults_follow_openai_and_the_shared_settings():
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES})
-    assert (request.max_tokens, request.temperature, request.top_p, request.n) == (settings.DEFAULT_MAX_TOKENS, 1.0, 1.0, 1)
+    assert (request.max_tokens, request.temperature, request.top_p, request.n) == (
+        settings.DEFAULT_MAX_TOKENS,
+        1.0,
+        1.0,
+        1,
+    )
 
 
 @pytest.mark.parametrize(
     "change",
-    [{"max_tokens": "5"}, {"max_tokens": 5.0}, {"temperature": 2.5}, {"top_p": 1.5}, {"n": settings.MAX_CHOICES + 1},
-     {"seed": 2**63}, {"stop": ""}, {"logprobs": 1}, {"messages": [{"role": "user"}]}, {"best_of": 2}],
+    [
+        {"max_tokens": "5"},
+        {"max_tokens": 5.0},
+        {"temperature": 2.5},
+        {"top_p": 1.5},
+        {"n": settings.MAX_CHOICES + 1},
+        {"seed": 2**63},
+        {"stop": ""},
+        {"logprobs": 1},
+        {"messages": [{"role": "user"}]},
+        {"best_of": 2},
+    ],
 )
 def test_invalid_or_unknown_request_fields_are_rejected(change):
     with pytest.raises(ValidationError):
@@ -51,8 +66,15 @@ def test_metadata_is_bounded():
 
 
 def test_claim_check_is_versioned_and_small():
-    claim = ClaimCheck(job_id="job_" + "a" * 32, tenant="t" * 64, bucket="b" * 63, key="k" * 200, model="m" * 256,
-                       deadline=dt.datetime.now(dt.timezone.utc), timeout_s=600)
+    claim = ClaimCheck(
+        job_id="job_" + "a" * 32,
+        tenant="t" * 64,
+        bucket="b" * 63,
+        key="k" * 200,
+        model="m" * 256,
+        deadline=dt.datetime.now(dt.UTC),
+        timeout_s=600,
+    )
     body = claim.model_dump_json()
     assert '"schema_version":"1"' in body
     assert len(body.encode()) < 1024
@@ -60,7 +82,7 @@ def test_claim_check_is_versioned_and_small():
 
 def test_claim_check_refuses_a_malformed_job_id():
     with pytest.raises(ValidationError):
-        ClaimCheck(job_id="job_x", tenant="t", bucket="b", key="k", deadline=dt.datetime.now(dt.timezone.utc), timeout_s=1)
+        ClaimCheck(job_id="job_x", tenant="t", bucket="b", key="k", deadline=dt.datetime.now(dt.UTC), timeout_s=1)
 
 
 # --- OpenAI's chat.completions parameters --------------------------------------------------------------------------
@@ -81,15 +103,34 @@ def _refusal(**fields) -> tuple[str, str]:
 def test_every_parameter_a_text_model_honours_is_accepted_with_openais_names():
     # GIVEN a body with every honoured parameter, as the openai SDK sends them
     parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "d", "strict": True,
-                                             "parameters": parameters}}
-    body = dict(max_completion_tokens=50, temperature=0, top_p=0.5, n=3, stop=["\n"], seed=-5, presence_penalty=-2,
-                frequency_penalty=1.5, logit_bias={"50256": -100}, logprobs=True, top_logprobs=20,
-                response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"},
-                                                                        "strict": True}},
-                tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                parallel_tool_calls=False, top_k=40, min_p=0.05, repetition_penalty=1.1,
-                chat_template_kwargs={"enable_thinking": False})
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "d", "strict": True, "parameters": parameters},
+    }
+    body = dict(
+        max_completion_tokens=50,
+        temperature=0,
+        top_p=0.5,
+        n=3,
+        stop=["\n"],
+        seed=-5,
+        presence_penalty=-2,
+        frequency_penalty=1.5,
+        logit_bias={"50256": -100},
+        logprobs=True,
+        top_logprobs=20,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": True},
+        },
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        chat_template_kwargs={"enable_thinking": False},
+    )
     # WHEN it is validated
     request = _request(**body)
     # THEN each is kept under its wire name, max_completion_tokens gives max_tokens, and the helpers agree
@@ -106,9 +147,19 @@ def test_messages_take_every_role_and_shape_a_text_conversation_has():
     messages = [
         {"role": "developer", "content": [{"type": "text", "text": "Be brief."}], "name": "ops"},
         {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Paris?"}]},
-        {"role": "assistant", "content": None, "refusal": None, "annotations": [],
-         "tool_calls": [{"id": "call_1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "annotations": [],
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
         {"role": "function", "name": "legacy", "content": None},
@@ -123,31 +174,79 @@ def test_messages_take_every_role_and_shape_a_text_conversation_has():
 
 
 def test_explicit_nulls_mean_omitted_and_stream_false_is_accepted():
-    nulls = {name: None for name in ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "tools", "tool_choice",
-                                     "response_format", "logprobs", "user", "stream", "audio", "web_search_options")}
+    nulls = {
+        name: None
+        for name in (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "n",
+            "stop",
+            "seed",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "logprobs",
+            "user",
+            "stream",
+            "audio",
+            "web_search_options",
+        )
+    }
     assert _request(**nulls) == _request()
     assert _request(stream=False).stream is False
 
 
 def test_parameters_without_effect_on_a_self_hosted_text_model_are_accepted():
-    _request(user="u", metadata={"k": "v"}, store=True, service_tier="auto", prompt_cache_key="k",
-             prompt_cache_retention="24h", safety_identifier="s", stream_options={"include_usage": True},
-             reasoning_effort="low", verbosity="low", modalities=["text"],
-             prediction={"type": "content", "content": "draft"})
+    _request(
+        user="u",
+        metadata={"k": "v"},
+        store=True,
+        service_tier="auto",
+        prompt_cache_key="k",
+        prompt_cache_retention="24h",
+        safety_identifier="s",
+        stream_options={"include_usage": True},
+        reasoning_effort="low",
+        verbosity="low",
+        modalities=["text"],
+        prediction={"type": "content", "content": "draft"},
+    )
 
 
 @pytest.mark.parametrize(
     ("fields", "field", "says"),
     [
         ({"stream": True}, "stream", "poll GET /v1/jobs/{id}"),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
-                                                   {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
-         "messages.0.content.1", "text-only"),
-        ({"messages": [{"role": "user",
-                        "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
-         "messages.0.content.0", "text-only"),
-        ({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
-         "messages.0.content.0", "text-only"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "see"},
+                            {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                        ],
+                    }
+                ]
+            },
+            "messages.0.content.1",
+            "text-only",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+                ]
+            },
+            "messages.0.content.0",
+            "text-only",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
+            "messages.0.content.0",
+            "text-only",
+        ),
         ({"modalities": ["text", "audio"]}, "modalities", "audio output"),
         ({"audio": {"format": "wav", "voice": "alloy"}}, "audio", "audio output"),
         ({"web_search_options": {}}, "web_search_options", "function tool"),
@@ -170,15 +269,22 @@ def test_what_a_text_only_job_cannot_do_is_refused_naming_the_field_and_what_to_
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": "none"}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "a"}}],
-          "tool_choice": {"type": "function", "function": {"name": "b"}}}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "a"}}],
+                "tool_choice": {"type": "function", "function": {"name": "b"}},
+            },
+            "tool_choice",
+        ),
         ({"functions": [{"name": "a"}], "function_call": {"name": "b"}}, "function_call"),
         ({"logit_bias": {"foo": 1}}, "logit_bias.foo.[key]"),
         ({"logit_bias": {"1": 101}}, "logit_bias.1"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"response_format": {"name": "x", "schema": {}}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
-         "response_format.json_schema.name"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "response_format.json_schema.name",
+        ),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
@@ -200,11 +306,20 @@ def test_an_unknown_parameter_is_named_and_said_to_be_unknown():
 def test_a_request_the_narrow_schema_took_keeps_its_fingerprint():
     # GIVEN a submission as the schema before the whole chat.completions request took it, and its fingerprint then
     # (main at 9165883: an Idempotency-Key retry across the deploy must match the job it made)
-    submission = JobSubmission.model_validate({
-        "request": {"model": "m", "messages": [{"role": "system", "content": "be brief"},
-                                               {"role": "user", "content": "hi", "name": "bob"}],
-                    "max_tokens": 5, "stop": ["x"]},
-        "metadata": {"k": "v"}})
+    submission = JobSubmission.model_validate(
+        {
+            "request": {
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "hi", "name": "bob"},
+                ],
+                "max_tokens": 5,
+                "stop": ["x"],
+            },
+            "metadata": {"k": "v"},
+        }
+    )
     # WHEN it is fingerprinted now THEN the digest is the same
     assert submission.fingerprint() == "sha256:4130de74050e29d2a2a0ee4e291e8f7bcda49e508f3404c8059adc876ebdbe25"
 

@@ -21,16 +21,19 @@ def request(**changes) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **changes}
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    (DEEP, "nested deeper than 64 levels"),
-    (DEEP_OBJECT, "nested deeper than 64 levels"),
-    ('{"a":' * 65 + "1" + "}" * 65, "nested deeper than 64 levels (at ...a.a"),
-    (f'{{"n": {HUGE_INT}}}', "number of more than 100 digits"),
-    ('{"n": [' + "9" * 101 + "]}", "number of more than 100 digits (at n[0])"),
-    ('{"n": 1e400}', "beyond the range of a double (at n)"),
-    ('{"n": NaN}', "not valid JSON"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (DEEP, "nested deeper than 64 levels"),
+        (DEEP_OBJECT, "nested deeper than 64 levels"),
+        ('{"a":' * 65 + "1" + "}" * 65, "nested deeper than 64 levels (at ...a.a"),
+        (f'{{"n": {HUGE_INT}}}', "number of more than 100 digits"),
+        ('{"n": [' + "9" * 101 + "]}", "number of more than 100 digits (at n[0])"),
+        ('{"n": 1e400}', "beyond the range of a double (at n)"),
+        ('{"n": NaN}', "not valid JSON"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_hostile_or_broken_json_is_refused_with_what_is_wrong(text, says):
     # GIVEN input a caller sent WHEN it is loaded THEN it is refused as a JSONDecodeError that says what is wrong
     with pytest.raises(json.JSONDecodeError) as refused:
@@ -40,17 +43,20 @@ def test_hostile_or_broken_json_is_refused_with_what_is_wrong(text, says):
 
 def test_json_within_the_limits_loads_as_json_loads_it():
     # GIVEN a request 64 levels deep at most, with int64 and float numbers
-    text = json.dumps({"a": [1, -2**63, 1.5e300, True, None, "x"], "deep": json.loads("[" * 63 + "]" * 63)})
+    text = json.dumps({"a": [1, -(2**63), 1.5e300, True, None, "x"], "deep": json.loads("[" * 63 + "]" * 63)})
     # WHEN loaded THEN the value is the one json.loads reads
     assert safe_json.loads(text) == json.loads(text)
     assert safe_json.loads(text.encode()) == json.loads(text)
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    ('{"model": "m", "messages": [], "metadata": ' + DEEP_OBJECT + "}", "nested deeper than 64 levels"),
-    ('{"model": "m", "messages": [], "seed": ' + HUGE_INT + "}", "number of more than 100 digits"),
-    ('{"model": "m", "messages": ' + DEEP + "}", "nested deeper than 64 levels"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ('{"model": "m", "messages": [], "metadata": ' + DEEP_OBJECT + "}", "nested deeper than 64 levels"),
+        ('{"model": "m", "messages": [], "seed": ' + HUGE_INT + "}", "number of more than 100 digits"),
+        ('{"model": "m", "messages": ' + DEEP + "}", "nested deeper than 64 levels"),
+    ],
+)
 def test_an_uploaded_request_of_hostile_json_fails_with_the_reason(body, reason):
     # GIVEN an uploaded request body of hostile JSON WHEN the upload is checked THEN it is refused with a reason
     parsed, why = parse_request_body(body.encode())

@@ -37,6 +37,7 @@ def test_no_traced_function_in_lambdas_records_its_response():
     decorated = {path: tracer_decorators(path) for path in modules}
     # THEN there are some (the authorizer's among them), and none leaves response capture on
     assert decorated[LAMBDAS / "authorizer" / "handler.py"]
-    capturing = [f"{path.relative_to(LAMBDAS)}:{d.lineno}" for path, ds in decorated.items() for d in ds
-                 if captures_response(d)]
+    capturing = [
+        f"{path.relative_to(LAMBDAS)}:{d.lineno}" for path, ds in decorated.items() for d in ds if captures_response(d)
+    ]
     assert capturing == [], f"tracer decorators recording their return value (secrets reach X-Ray): {capturing}"

@@ -33,8 +33,9 @@ def test_the_table_keys_the_stack_declares_are_fields_of_the_stored_job():
 
 def test_lifecycle_expiry_rounds_up_to_the_next_midnight_utc_as_s3_does():
     # AWS's own example: created 2014-01-15 10:30 UTC, a 3-day expiration rule -> expires 2014-01-19 00:00 UTC.
-    written = dt.datetime(2014, 1, 15, 10, 30, tzinfo=dt.timezone.utc)
-    assert settings.lifecycle_expiry(written, 3) == dt.datetime(2014, 1, 19, tzinfo=dt.timezone.utc)
+    written = dt.datetime(2014, 1, 15, 10, 30, tzinfo=dt.UTC)
+    assert settings.lifecycle_expiry(written, 3) == dt.datetime(2014, 1, 19, tzinfo=dt.UTC)
     # The same instant in another offset is the same expiry.
-    assert settings.lifecycle_expiry(written.astimezone(dt.timezone(dt.timedelta(hours=-8))), 3) == \
-        dt.datetime(2014, 1, 19, tzinfo=dt.timezone.utc)
+    assert settings.lifecycle_expiry(written.astimezone(dt.timezone(dt.timedelta(hours=-8))), 3) == dt.datetime(
+        2014, 1, 19, tzinfo=dt.UTC
+    )

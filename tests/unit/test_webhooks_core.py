@@ -7,9 +7,10 @@ import ipaddress
 import json
 import ssl
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
@@ -234,7 +235,9 @@ def test_a_malformed_backoff_fails_at_start_naming_the_variable(dispatcher_env: 
 # --- Queue messages -------------------------------------------------------------------------------------------------
 
 
-def make_job(*, events: list[str] | None = ("completed",), url: str = "https://hooks.example.com/in", **fields: Any) -> Job:
+def make_job(
+    *, events: list[str] | None = ("completed",), url: str = "https://hooks.example.com/in", **fields: Any
+) -> Job:
     now = utcnow()
     values: dict[str, Any] = dict(
         job_id="job_" + "a" * 32,
@@ -324,7 +327,7 @@ class FakePoster:
         return self.results.pop(0)
 
 
-def dispatcher(store: FakeStore, poster: FakePoster, *, resolver=resolver_to(PUBLIC), secrets=None) -> Dispatcher:
+def dispatcher(store: FakeStore, poster: FakePoster, *, resolver=resolver_to(PUBLIC), secrets=None) -> Dispatcher:  # noqa: B008
     return Dispatcher(
         store=store,
         secrets=secrets or TenantSecrets({"t1": SECRET}.get),
@@ -481,10 +484,14 @@ def tls_certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hooks.example.test")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
         .not_valid_after(now + dt.timedelta(hours=1))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("hooks.example.test")]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -510,7 +517,9 @@ def test_https_connects_to_the_checked_address_and_verifies_the_certificate_for_
         target = local_target(server.port, scheme="https", host="hooks.example.test")
         result = delivery.post(target, {}, b"{}", ca_certs=str(tls_certificate / "cert.pem"))
         wrong_name = delivery.post(
-            local_target(server.port, scheme="https", host="other.example.test"), {}, b"{}",
+            local_target(server.port, scheme="https", host="other.example.test"),
+            {},
+            b"{}",
             ca_certs=str(tls_certificate / "cert.pem"),
         )
     finally:
@@ -533,11 +542,21 @@ def test_an_untrusted_certificate_is_a_failed_attempt(tls_certificate: Path):
 # --- The receiving side's CLI ---------------------------------------------------------------------------------------
 
 
-def test_cli_verify_accepts_a_genuine_delivery_and_rejects_a_tampered_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_cli_verify_accepts_a_genuine_delivery_and_rejects_a_tampered_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     body = json.dumps({"job_id": "job_1", "status": "succeeded"})
     headers = signing.signed_headers([SECRET], "job_1_completed", body)
-    args = ["--secret", SECRET, "--id", headers["webhook-id"], "--timestamp", headers["webhook-timestamp"],
-            "--signature", headers["webhook-signature"]]
+    args = [
+        "--secret",
+        SECRET,
+        "--id",
+        headers["webhook-id"],
+        "--timestamp",
+        headers["webhook-timestamp"],
+        "--signature",
+        headers["webhook-signature"],
+    ]
     (tmp_path / "good.json").write_text(body)
     (tmp_path / "bad.json").write_text(body.replace("succeeded", "failed"))
     assert webhooks_main(["verify", *args, str(tmp_path / "good.json")]) == 0
@@ -556,15 +575,31 @@ def test_cli_receive_saves_each_delivery_and_prints_the_verify_command_that_chec
 
     port = free_port()
     receiver = subprocess.Popen(
-        [sys.executable, "-m", "async_inference.webhooks", "receive", "--secret", SECRET, "--port", str(port),
-         "--save-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "async_inference.webhooks",
+            "receive",
+            "--secret",
+            SECRET,
+            "--port",
+            str(port),
+            "--save-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert "listening on" in receiver.stdout.readline()
         # WHEN a signed delivery arrives
         body = json.dumps({"job_id": "job_1", "status": "succeeded"})
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/hook", data=body.encode(), method="POST",
-                                         headers=signing.signed_headers([SECRET], "job_1_completed", body))
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/hook",
+            data=body.encode(),
+            method="POST",
+            headers=signing.signed_headers([SECRET], "job_1_completed", body),
+        )
         assert urllib.request.urlopen(request, timeout=10).status == 200
         assert receiver.stdout.readline().startswith("verified job_1_completed")
         command = receiver.stdout.readline().split(": ", 1)[1]
@@ -579,8 +614,21 @@ def test_cli_receive_saves_each_delivery_and_prints_the_verify_command_that_chec
 
 def test_refusal_reasons_cover_every_non_global_ipv4_special_range():
     # Every IPv4 special-purpose range the standard library knows as non-global is refused.
-    for network in ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-                    "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
-                    "203.0.113.0/24", "240.0.0.0/4", "255.255.255.255/32"]:
+    for network in [
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "240.0.0.0/4",
+        "255.255.255.255/32",
+    ]:
         address = str(next(iter(ipaddress.ip_network(network).hosts()), ipaddress.ip_network(network).network_address))
         assert url_safety.refusal(address) is not None, network

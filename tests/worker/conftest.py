@@ -3,8 +3,8 @@ workers: each test starts the workers it needs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -10,8 +10,11 @@ from gpu_worker.config import WorkerSettings
 from gpu_worker.worker import WorkerConfig
 
 SERVICE = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="http://127.0.0.1:9/q", topic_arn="arn:t")
-BATCH = {env.ENV_BATCH_QUEUE_URL: "http://127.0.0.1:9/batch", env.ENV_BATCH_CONTROL_QUEUE_URL: "http://127.0.0.1:9/c",
-         env.ENV_BATCH_TABLE: "batches"}
+BATCH = {
+    env.ENV_BATCH_QUEUE_URL: "http://127.0.0.1:9/batch",
+    env.ENV_BATCH_CONTROL_QUEUE_URL: "http://127.0.0.1:9/c",
+    env.ENV_BATCH_TABLE: "batches",
+}
 
 
 @pytest.fixture
@@ -33,13 +36,17 @@ def test_the_batch_variables_reach_the_worker_config(worker_env: pytest.MonkeyPa
         worker_env.setenv(name, value)
     settings = WorkerSettings.load()
     config = settings.worker_config()
-    assert (config.batch_queue_url, config.control_queue_url) == (BATCH["BATCH_QUEUE_URL"], BATCH["BATCH_CONTROL_QUEUE_URL"])
+    assert (config.batch_queue_url, config.control_queue_url) == (
+        BATCH["BATCH_QUEUE_URL"],
+        BATCH["BATCH_CONTROL_QUEUE_URL"],
+    )
     assert settings.batch_table_name == "batches" and config.reserve(64) == 2
 
 
 @pytest.mark.parametrize("missing", list(BATCH))
-def test_a_batch_lane_missing_one_of_its_three_variables_is_refused_naming_it(worker_env: pytest.MonkeyPatch,
-                                                                              missing: str):
+def test_a_batch_lane_missing_one_of_its_three_variables_is_refused_naming_it(
+    worker_env: pytest.MonkeyPatch, missing: str
+):
     for name, value in BATCH.items():
         if name != missing:
             worker_env.setenv(name, value)

@@ -8,14 +8,25 @@ import json
 
 import pytest
 
+from async_inference.aws import QueueMessage
 from async_inference.schemas import ChunkClaimCheck, ClaimCheck
 from gpu_worker.claims import Action, InFlight, Outcome, UnknownKind, parse_claim
-from async_inference.aws import QueueMessage
 
-DEADLINE = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+DEADLINE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 JOB = ClaimCheck(job_id="job_" + "a" * 32, tenant="t", bucket="b", key="k", deadline=DEADLINE, timeout_s=60)
-CHUNK = ChunkClaimCheck(batch_id="batch_1", tenant="t", bucket="b", input_key="in", chunk=2, start_byte=0,
-                        end_byte=99, first_line=201, line_count=100, deadline=DEADLINE, timeout_s=60)
+CHUNK = ChunkClaimCheck(
+    batch_id="batch_1",
+    tenant="t",
+    bucket="b",
+    input_key="in",
+    chunk=2,
+    start_byte=0,
+    end_byte=99,
+    first_line=201,
+    line_count=100,
+    deadline=DEADLINE,
+    timeout_s=60,
+)
 
 
 def test_a_claim_check_as_producers_write_it_without_a_kind_is_a_job():

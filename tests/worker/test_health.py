@@ -16,8 +16,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def health_check(**env: str) -> subprocess.CompletedProcess[str]:
     """The check as ECS runs it: in the container's environment, its exit status and output."""
-    return subprocess.run([sys.executable, "-m", "gpu_worker.health"], env={"PATH": os.environ["PATH"],
-                          "PYTHONPATH": str(REPO_ROOT), **env}, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_worker.health"],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_a_file_touched_within_the_max_age_is_healthy(tmp_path: Path):

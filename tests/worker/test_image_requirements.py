@@ -40,8 +40,11 @@ def image_venv() -> Path:
     # Built beside its final place and renamed into it, so an interrupted build is never taken for a complete one.
     building = REPO_ROOT / f".venv-image-{key}.{uuid.uuid4().hex[:8]}"
     subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
-    subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--require-hashes", "-r",
-                    str(REQUIREMENTS)], check=True, timeout=900)
+    subprocess.run(
+        [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--require-hashes", "-r", str(REQUIREMENTS)],
+        check=True,
+        timeout=900,
+    )
     (building / ".complete").touch()
     try:
         building.rename(venv)
@@ -64,8 +67,11 @@ def image_copies() -> list[tuple[str, str]]:
 
 def test_the_dockerfile_copies_the_worker_packages():
     # The test below runs what these lines copy; if the image stopped copying them it would test nothing.
-    assert {destination for _, destination in image_copies()} >= {"async_inference/", "async_inference_client/",
-                                                                   "gpu_worker/"}
+    assert {destination for _, destination in image_copies()} >= {
+        "async_inference/",
+        "async_inference_client/",
+        "gpu_worker/",
+    }
 
 
 def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):
@@ -75,8 +81,9 @@ def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack
     # WHEN a worker starts as the task definition says (its environment, the image's ENV and ENTRYPOINT, the image's
     # staged build context as /app) with that Python, against the local stack
     with open(log, "wb") as out:
-        worker = stack.local.start_worker(python=str(venv / "bin" / "python"), log=out, ENGINE="echo",
-                                          RECEIVE_WAIT_S="1")
+        worker = stack.local.start_worker(
+            python=str(venv / "bin" / "python"), log=out, ENGINE="echo", RECEIVE_WAIT_S="1"
+        )
     try:
         job_id = api.submit(chat("from the image requirements", max_tokens=4)).job_id
         deadline = time.monotonic() + 60

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from async_inference_client import Client
 from async_inference.config import ServiceConfig, SettingsError
+from async_inference_client import Client
 from gpu_worker.config import WorkerSettings
 from gpu_worker.model_source import MANIFEST_NAME, ModelSource, parse_s3_uri
 from tests.faults.fault_stack import FaultStack, chat
@@ -49,8 +49,10 @@ def model_uri(s3: Any, request: pytest.FixtureRequest) -> str:
 def test_the_prefix_is_copied_into_the_model_directory(s3: Any, model_uri: str, tmp_path: Path):
     report = ModelSource(model_uri, tmp_path / "model", s3=s3).sync()
     assert sorted(report.downloaded) == sorted(FILES) and report.kept == []
-    assert {str(p.relative_to(tmp_path / "model")) for p in (tmp_path / "model").rglob("*") if p.is_file()} == \
-        {*FILES, MANIFEST_NAME}
+    assert {str(p.relative_to(tmp_path / "model")) for p in (tmp_path / "model").rglob("*") if p.is_file()} == {
+        *FILES,
+        MANIFEST_NAME,
+    }
     assert all((tmp_path / "model" / name).read_bytes() == body for name, body in FILES.items())
 
 
@@ -69,8 +71,9 @@ def test_a_second_sync_keeps_what_is_there_and_fetches_only_what_changed(s3: Any
     assert sorted(report.downloaded) == ["config.json", "weights/model-00002-of-00002.safetensors"]
     assert len(report.kept) == len(FILES) - 2
     assert (tmp_path / "model" / "config.json").read_bytes() == b'{"architectures": ["MistralForCausalLM"]}'[:40]
-    assert (tmp_path / "model" / "weights/model-00002-of-00002.safetensors").read_bytes() == \
-        FILES["weights/model-00002-of-00002.safetensors"]
+    assert (tmp_path / "model" / "weights/model-00002-of-00002.safetensors").read_bytes() == FILES[
+        "weights/model-00002-of-00002.safetensors"
+    ]
 
 
 def test_a_file_not_recorded_as_downloaded_is_fetched(s3: Any, model_uri: str, tmp_path: Path):
@@ -97,8 +100,13 @@ def test_a_key_that_would_leave_the_directory_is_refused(s3: Any, model_uri: str
 
 
 def test_vllm_loads_the_synced_directory_under_the_model_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    env = {**ServiceConfig("t", "b", "q", "a").to_env(), "ENGINE": "vllm", "MODEL": "Qwen/Qwen2.5-1.5B-Instruct",
-           "MODEL_S3_URI": "s3://models/qwen/", "MODEL_DIR": str(tmp_path)}
+    env = {
+        **ServiceConfig("t", "b", "q", "a").to_env(),
+        "ENGINE": "vllm",
+        "MODEL": "Qwen/Qwen2.5-1.5B-Instruct",
+        "MODEL_S3_URI": "s3://models/qwen/",
+        "MODEL_DIR": str(tmp_path),
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     options = WorkerSettings.load().engine_options()
@@ -107,8 +115,11 @@ def test_vllm_loads_the_synced_directory_under_the_model_name(monkeypatch: pytes
 
 
 def test_a_model_uri_without_a_directory_is_refused(monkeypatch: pytest.MonkeyPatch):
-    for name, value in {**ServiceConfig("t", "b", "q", "a").to_env(), "ENGINE": "echo",
-                        "MODEL_S3_URI": "s3://models/qwen/"}.items():
+    for name, value in {
+        **ServiceConfig("t", "b", "q", "a").to_env(),
+        "ENGINE": "echo",
+        "MODEL_S3_URI": "s3://models/qwen/",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("MODEL_DIR", raising=False)
     with pytest.raises(SettingsError, match="MODEL_S3_URI is set but MODEL_DIR is not"):
@@ -118,15 +129,22 @@ def test_a_model_uri_without_a_directory_is_refused(monkeypatch: pytest.MonkeyPa
         WorkerSettings.load()
 
 
-def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: FaultStack, api: Client, model_uri: str,
-                                                       tmp_path: Path):
+def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: FaultStack, api: Client, model_uri: str, tmp_path: Path):
     # GIVEN a worker told to take its model from S3
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **stack.env, "ENGINE": "echo",
-           "RECEIVE_WAIT_S": "1", "MODEL_S3_URI": model_uri, "MODEL_DIR": str(tmp_path / "model")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO_ROOT),
+        **stack.env,
+        "ENGINE": "echo",
+        "RECEIVE_WAIT_S": "1",
+        "MODEL_S3_URI": model_uri,
+        "MODEL_DIR": str(tmp_path / "model"),
+    }
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, stdout=out,
-                                  stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         # WHEN it has run a job
         job_id = api.submit(chat("after the sync", max_tokens=3)).job_id

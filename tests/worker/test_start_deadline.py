@@ -17,8 +17,9 @@ def test_a_start_that_outlasts_its_deadline_exits_non_zero_without_ever_touching
     # GIVEN a worker whose engine start blocks its event loop for 30 s (a hung vLLM engine build), with a 3 s deadline
     path = tmp_path / "health"
     began = time.monotonic()
-    worker = stack.start_worker("start-deadline", WORKER_FAULTS="slow_start=30", WORKER_HEALTH_FILE=str(path),
-                                **{ENV_START_TIMEOUT_S: "3"})
+    worker = stack.start_worker(
+        "start-deadline", WORKER_FAULTS="slow_start=30", WORKER_HEALTH_FILE=str(path), **{ENV_START_TIMEOUT_S: "3"}
+    )
     try:
         # WHEN the deadline passes
         wait_until(lambda: worker.poll() is not None, 25, "the worker to give up its start")

@@ -68,12 +68,20 @@ def emitted(records: list[dict[str, Any]]) -> dict[str, list[float]]:
 
 def start_worker(stack: FaultStack, stdout: Path, **env: str) -> subprocess.Popen[bytes]:
     """A worker with its own stdout, where its EMF records go (its log lines go to stderr)."""
-    environment = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **stack.env, "ENGINE": "echo",
-                   "RECEIVE_WAIT_S": "1", "POWERTOOLS_METRICS_DISABLED": "false",
-                   "POWERTOOLS_SERVICE_NAME": SERVICE_NAME, **env}
+    environment = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO_ROOT),
+        **stack.env,
+        "ENGINE": "echo",
+        "RECEIVE_WAIT_S": "1",
+        "POWERTOOLS_METRICS_DISABLED": "false",
+        "POWERTOOLS_SERVICE_NAME": SERVICE_NAME,
+        **env,
+    }
     with open(stdout, "wb") as out, open(stdout.with_suffix(".log"), "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "gpu_worker"], env=environment, cwd=REPO_ROOT, stdout=out,
-                                stderr=log)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpu_worker"], env=environment, cwd=REPO_ROOT, stdout=out, stderr=log
+        )
 
 
 def wait_final(api: Client, job_ids: list[str], timeout_s: float = 30) -> dict[str, Any]:
@@ -87,12 +95,19 @@ def wait_final(api: Client, job_ids: list[str], timeout_s: float = 30) -> dict[s
 
 @pytest.mark.cdk
 @pytest.mark.e2e
-def test_every_worker_metric_on_the_dashboard_is_emitted(stack: FaultStack, api: Client, synthesized: Synthesized,
-                                                         tmp_path: Path):
+def test_every_worker_metric_on_the_dashboard_is_emitted(
+    stack: FaultStack,
+    api: Client,
+    synthesized: Synthesized,  # noqa: F811 (a fixture)
+    tmp_path: Path,
+):
     # GIVEN the worker metrics the synthesized dashboard plots (its metrics in the service's namespace, less the API's
     # and the DLQ handler's)
-    on_dashboard = (dashboard_metric_names(synthesized.json, settings.METRICS_NAMESPACE) - set(settings.API_METRICS)
-                    - set(settings.DEAD_LETTER_METRICS))
+    on_dashboard = (
+        dashboard_metric_names(synthesized.json, settings.METRICS_NAMESPACE)
+        - set(settings.API_METRICS)
+        - set(settings.DEAD_LETTER_METRICS)
+    )
     assert on_dashboard, "the dashboard plots no worker metric"
     # AND a worker flushing at each heartbeat, with a 5-word context so that one job fails
     stdout = tmp_path / "worker.out"
@@ -126,8 +141,7 @@ def test_every_worker_metric_on_the_dashboard_is_emitted(stack: FaultStack, api:
 
 
 @pytest.mark.e2e
-def test_what_was_measured_since_the_last_heartbeat_is_flushed_at_exit(stack: FaultStack, api: Client,
-                                                                       tmp_path: Path):
+def test_what_was_measured_since_the_last_heartbeat_is_flushed_at_exit(stack: FaultStack, api: Client, tmp_path: Path):
     # GIVEN a worker whose first heartbeat would come only after 30 s
     stdout = tmp_path / "worker.out"
     worker = start_worker(stack, stdout, HEARTBEAT_INTERVAL_S="30")

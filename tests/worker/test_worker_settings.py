@@ -52,8 +52,15 @@ def test_vllm_without_a_model_is_refused_at_start(worker_env: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("MAX_NUM_SEQS", "lots"), ("MAX_NUM_SEQS", "0"), ("HEARTBEAT_INTERVAL_S", "-1"), ("RECEIVE_WAIT_S", "30"),
-     ("ENFORCE_EAGER", "perhaps"), ("GPU_MEMORY_UTILIZATION", "1.5"), ("WORKER_FAULTS", "crash=nowhere")],
+    [
+        ("MAX_NUM_SEQS", "lots"),
+        ("MAX_NUM_SEQS", "0"),
+        ("HEARTBEAT_INTERVAL_S", "-1"),
+        ("RECEIVE_WAIT_S", "30"),
+        ("ENFORCE_EAGER", "perhaps"),
+        ("GPU_MEMORY_UTILIZATION", "1.5"),
+        ("WORKER_FAULTS", "crash=nowhere"),
+    ],
 )
 def test_a_malformed_variable_is_named_with_its_value(worker_env: pytest.MonkeyPatch, name: str, value: str):
     worker_env.setenv("ENGINE", "echo")
@@ -64,8 +71,13 @@ def test_a_malformed_variable_is_named_with_its_value(worker_env: pytest.MonkeyP
 
 def test_the_engine_gets_the_variables_it_takes_and_no_others(worker_env: pytest.MonkeyPatch):
     # GIVEN a simulated engine's variables, and a vLLM one it does not take
-    for name, value in {"ENGINE": "simulated", "MAX_NUM_SEQS": "16", "SIM_STEP_S": "0.02", "SIM_OUTPUT_TOKENS": "100",
-                        "GPU_MEMORY_UTILIZATION": "0.5"}.items():
+    for name, value in {
+        "ENGINE": "simulated",
+        "MAX_NUM_SEQS": "16",
+        "SIM_STEP_S": "0.02",
+        "SIM_OUTPUT_TOKENS": "100",
+        "GPU_MEMORY_UTILIZATION": "0.5",
+    }.items():
         worker_env.setenv(name, value)
     # WHEN the worker reads its settings and makes its engine
     config = WorkerSettings.load()
@@ -82,8 +94,9 @@ def test_the_worker_process_refuses_to_start_without_engine():
     # GIVEN the environment of a worker whose task definition forgot ENGINE (the resources would not even answer)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), **SERVICE.to_env()}
     # WHEN the worker starts THEN it exits at once, saying what is missing (it used to run the echo engine)
-    process = subprocess.run([sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=30)
+    process = subprocess.run(
+        [sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+    )
     assert process.returncode == 2
     assert "ENGINE is not set" in process.stderr
 
