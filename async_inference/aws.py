@@ -1,7 +1,8 @@
 """Small adapters over the AWS services the job pipeline uses.
 
 boto3 is called from adapter modules only: this one, the batches' (``async_inference/batches/aws.py``,
-``async_inference/batches/store.py``) and the worker's model download (``gpu_worker/model_source.py``);
+``async_inference/batches/store.py``), the worker's model download (``gpu_worker/model_source.py``) and the
+operator's account checks before a first deploy (``async_inference/preflight.py``);
 ``tests/unit/test_aws_adapters.py`` checks that no other module of the service imports it.
 
 Each adapter takes its boto3 client or resource in the constructor so a process builds its clients once (module level

@@ -178,17 +178,9 @@ def cmd_webhook_secret(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """``async_inference.preflight``: each prerequisite of a first deploy, what is missing and how to fix it."""
-    try:
-        import boto3
-    except ModuleNotFoundError as exc:
-        raise CliError("preflight needs boto3: pip install 'async-inference[aws]'") from exc
     from async_inference import preflight
 
-    session = boto3.session.Session()
-    findings = preflight.run_checks(
-        preflight.plan_from(args, session.region_name), session.client, docker=not args.no_docker
-    )
-    return preflight.report(findings)
+    return preflight.run(args)
 
 
 # --- Parser and entry point -----------------------------------------------------------------------------------------

@@ -343,14 +343,18 @@ def plan_from(args: argparse.Namespace, region: str | None) -> Plan:
 def main(argv: list[str] | None = None, client: Callable[[str], Any] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="async-inference preflight", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return run(parser.parse_args(argv), client)
+
+
+def run(args: argparse.Namespace, client: Callable[[str], Any] | None = None) -> int:
+    """The checks ``args`` ask for, with ``client`` (default: boto3 clients of the caller's session); the exit
+    status."""
+    region = None
     if client is None:
         import boto3
 
         session = boto3.session.Session()
         client, region = session.client, session.region_name
-    else:
-        region = None
     return report(run_checks(plan_from(args, region), client, docker=not args.no_docker))
 
 

@@ -200,22 +200,22 @@ def test_frequency_penalty_changes_a_repetitive_greedy_answer(engine, run):
 
 def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unchanged(engine, run):
     plain = request("Who wrote Hamlet?", max_tokens=16)
+    structured_request = request(
+        "Describe a person.", response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    )
+    tool_request = request("Weather?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     alone = run(engine.generate("plain-alone", plain)).text
+    # each grammar compiled once beforehand (as a worker's first request with a schema does), so that a compile on a
+    # loaded machine does not make its request miss the batch it was sent with
+    run(engine.generate("json-warm", structured_request.model_copy(update={"max_tokens": 2})))
+    run(engine.generate("tool-warm", tool_request.model_copy(update={"max_tokens": 2})))
     admissions = engine.admissions
 
     async def together():
         return await asyncio.gather(
             engine.generate("plain-mixed", plain),
-            engine.generate(
-                "json-mixed",
-                request(
-                    "Describe a person.",
-                    response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
-                ),
-            ),
-            engine.generate(
-                "tool-mixed", request("Weather?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
-            ),
+            engine.generate("json-mixed", structured_request),
+            engine.generate("tool-mixed", tool_request),
         )
 
     mixed, structured, tool = run(together())

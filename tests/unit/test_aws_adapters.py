@@ -14,6 +14,7 @@ ADAPTERS = {
     "async_inference/batches/aws.py",
     "async_inference/batches/store.py",
     "gpu_worker/model_source.py",
+    "async_inference/preflight.py",
 }
 
 
