@@ -296,7 +296,16 @@ class Worker:
                 return
             await self.policy.received(len(messages), held_before=len(self._inflight))
             for message in messages:
-                self._start(message, lane)
+                held = self._inflight.get(message.message_id)
+                if held is None:
+                    self._start(message, lane)
+                    continue
+                # The same message again, while this worker holds it (its visibility lapsed before a heartbeat
+                # extended it). SQS honours only the newest receipt handle for a delete or a visibility change, so
+                # the running flight takes it; starting a second flight would run the claim twice here.
+                logger.info("%s: received again while held here; keeping the newest receipt handle", held.ident)
+                held.message = message
+                await lane.held.give(1)
 
     def _start(self, message: QueueMessage, lane: Lane) -> None:
         """Hold the message, parsed once into its claim, and run it."""

@@ -76,7 +76,7 @@ def test_a_body_the_request_schema_refuses_is_a_400_error_line_with_the_jobs_mes
         record = batches.wait_final(batch)
     # THEN the refused line is in the error file: a 400 response carrying the message a job with that body fails with
     outputs, errors = batches.files(record)
-    assert [line["custom_id"] for line in outputs] == ["good", "also-good"]
+    assert [line["custom_id"] for line in outputs] == ["good", "also-good"], (record, errors)
     (error,) = errors
     _, expected = parse_request_body(json.dumps(bad).encode())
     assert error["custom_id"] == "bad" and error["error"] is None

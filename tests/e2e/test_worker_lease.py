@@ -56,3 +56,26 @@ def test_a_copy_of_a_running_jobs_claim_check_does_not_start_it_on_a_second_work
                 time.sleep(0.2)
             assert messages_on(queue_url) == 0
     assert second_engine.seen == []
+
+
+def test_a_message_received_again_by_the_worker_that_holds_it_runs_its_job_once(stack, api):
+    queue_url = stack.resources.config.queue_url
+    engine, queue = Concurrency(capacity=2, delay_s=5.0), RecordingQueue(queue_url)
+    # GIVEN a worker whose heartbeat (every 3 s) comes later than its messages' visibility (1 s) lapses, as a loaded
+    # worker's can: the message of the job it runs becomes visible again and it receives that message itself
+    worker = worker_for(engine, queue, visibility_timeout_s=1, heartbeat_interval_s=3, transient_retry_delay_s=0)
+    with WorkerThread(worker) as running:
+        job = api.submit(chat("run me once, here"), timeout_seconds=10)
+        deadline = time.monotonic() + 40
+        while running.jobs_finished < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # WHEN the job has run
+        final = api.get(job.job_id)
+        # THEN the worker received its message more than once, yet started the job once, on its first attempt
+        assert queue.bodies.count(queue.bodies[0]) >= 2, "the message was not received again: nothing was tested"
+        assert engine.seen == [job.job_id]
+        assert (final.status, final.attempts) == ("succeeded", 1)
+        # AND the message is deleted with the newest receipt handle, so it does not come back
+        while messages_on(queue_url) and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+        assert messages_on(queue_url) == 0

@@ -90,11 +90,6 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
     workers.stop_worker(other)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky under load since the worker lease and split (1 of 2 full runs on 2026-12-02: a job with "
-    "attempts 2 after the drain); open defect, see the issue notes of #16/#18",
-)
 def test_sigterm_lets_running_jobs_finish_within_the_drain_timeout(workers: FaultStack, ecs_agent: FakeEcsAgent):
     # GIVEN a worker whose jobs take 2 s, allowed to drain for 10 s
     busy = workers.start_worker(
