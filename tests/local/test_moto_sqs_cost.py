@@ -7,6 +7,7 @@ These run moto's SQS in this process with the local server's replacements applie
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,10 @@ IN_FLIGHT, VISIBLE, DELAYED = 500, 10, 3
 @pytest.fixture
 def summaries(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """moto's SQS in this process, as the local server runs it; yields a counter of queue attribute summaries built."""
+    # mock_aws intercepts AWS's own endpoints only: an endpoint an earlier test's local stack left in the environment
+    # would send these requests to that stack's moto server instead of this process's
+    for name in [n for n in os.environ if n.startswith("AWS_ENDPOINT_URL")]:
+        monkeypatch.delenv(name)
     cheap_sqs_scans(monkeypatch.setattr)
     built = [0]
     summary = Queue.attributes.fget
@@ -57,7 +62,7 @@ def test_receiving_from_a_deep_queue_builds_no_summary_per_message(summaries: li
     # THEN the queue's summary was built at most once per request, not once per message (moto's own: 3 per message
     # received), and the counts it reports are what the queue holds
     assert len(received) == VISIBLE
-    assert summaries[0] <= 10
+    assert 1 <= summaries[0] <= 10  # at least once: the requests reached this process's moto
     assert (
         int(counts["ApproximateNumberOfMessagesNotVisible"]),
         int(counts["ApproximateNumberOfMessages"]),
@@ -65,11 +70,6 @@ def test_receiving_from_a_deep_queue_builds_no_summary_per_message(summaries: li
     ) == (IN_FLIGHT, VISIBLE, DELAYED)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="order-dependent in the full suite: after other tests the queue is not found in moto's backends by this "
-    "lookup (StopIteration); passes alone. Open: find the backend the request used",
-)
 def test_a_message_past_its_retention_period_is_not_received(summaries: list[int]) -> None:
     # GIVEN a queue that keeps messages 60 s, and a message sent two minutes ago
     sqs = boto3.client("sqs", region_name="us-east-1")
@@ -79,11 +79,11 @@ def test_a_message_past_its_retention_period_is_not_received(summaries: list[int
     from moto.sqs.models import sqs_backends
 
     # whichever account moto filed it under (an earlier test's environment may have set another than moto's default)
-    queue = next(
+    (queue,) = [
         backend["us-east-1"].queues["short"]
-        for backend in list(sqs_backends.values())
+        for backend in sqs_backends.values()
         if "short" in backend["us-east-1"].queues
-    )
+    ]
     old = next(m for m in queue._messages if m.body == "old")
     old.sent_timestamp -= 120_000
 
