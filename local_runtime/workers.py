@@ -338,8 +338,8 @@ class _Slot:
             )
             if self._fleet._stopping.wait(REPLACE_DELAY_S):
                 return  # the service is being stopped: nothing is replaced any more
-            self._fleet.replacements += 1
             self.process = self._spawn()
+            self._fleet.replacements += 1  # counted once the replacement is in place, so a reader sees both
             return
         spec = self._fleet.task.health_check
         if spec and time.monotonic() >= self._next_check:
