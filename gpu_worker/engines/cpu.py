@@ -285,7 +285,7 @@ class CpuEngine(Engine):
         self._rows: dict[str, list[_Row]] = {}  # request id -> its n rows
         self._vocab_size = 0
         self._grammar_compiler: Any = None  # xgrammar's, made on the first constrained request
-        self._grammar_lock = threading.Lock()
+        self._grammar_lock = threading.RLock()  # _grammar takes it, then _cached_grammar again
         self._grammars: collections.OrderedDict[str, Any] = collections.OrderedDict()  # schema JSON -> compiled
         self._token_texts: dict[int, str] = {}
         self._wake: asyncio.Event | None = None
@@ -373,7 +373,11 @@ class CpuEngine(Engine):
         prompt_ids = self.prompt_ids(asks)
         check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
         schema = asks.output_schema()
-        grammar = await asyncio.to_thread(self._grammar, schema, asks) if schema is not None else None
+        grammar = None
+        if schema is not None:
+            # A compiled grammar is taken at once, so that requests sent together still join one prefill; only a
+            # compile goes to a thread (it can take seconds).
+            grammar = self._cached_grammar(schema) or await asyncio.to_thread(self._grammar, schema, asks)
         loop = asyncio.get_running_loop()
         rows = [self._row(f"{request_id}/{i}", i, asks, prompt_ids, grammar, loop) for i in range(asks.n)]
         self._rows[request_id] = rows
@@ -453,9 +457,8 @@ class CpuEngine(Engine):
         until max_tokens. Strict mode: no properties beyond the schema's, as OpenAI's strict structured outputs."""
         key = json.dumps(schema)  # not sorted: the grammar emits properties in the schema's order, as OpenAI does
         with self._grammar_lock:
-            compiled = self._grammars.get(key)
+            compiled = self._cached_grammar(schema, key)
             if compiled is not None:
-                self._grammars.move_to_end(key)
                 return compiled
             if self._grammar_compiler is None:
                 import xgrammar as xgr
@@ -472,6 +475,15 @@ class CpuEngine(Engine):
             self._grammars[key] = compiled
             if len(self._grammars) > GRAMMAR_CACHE_SIZE:
                 self._grammars.popitem(last=False)
+            return compiled
+
+    def _cached_grammar(self, schema: dict[str, Any], key: str | None = None) -> Any:
+        """The grammar already compiled for ``schema``, or None."""
+        key = key if key is not None else json.dumps(schema)
+        with self._grammar_lock:
+            compiled = self._grammars.get(key)
+            if compiled is not None:
+                self._grammars.move_to_end(key)
             return compiled
 
     @staticmethod
