@@ -1,6 +1,7 @@
 """``make demo``: the whole pipeline locally with the real model, jobs inline and by presigned upload, their results,
-the SNS notifications they produced, and one job's webhook delivered to a local receiver and verified.
-Exit status 0 only if every job succeeded and the webhook verified."""
+the SNS notifications they produced, one job's webhook delivered to a local receiver and verified, and a background
+response created and polled with the official ``openai`` SDK, unmodified.
+Exit status 0 only if every job succeeded, the webhook verified and the response answered."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+import openai
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference.webhooks.receiver import Receiver
@@ -23,6 +25,7 @@ INLINE_PROMPTS = [
     "Give me three tips for writing clear code.",
 ]
 UPLOAD_PROMPT = "Explain in two sentences why the sky is blue."
+RESPONSE_PROMPT = "Name three primary colours."
 
 
 def received_notifications(sqs: Any, url: str, expected: int, timeout_s: float = 10.0) -> list[dict]:
@@ -106,11 +109,16 @@ def run_demo(stack: LocalDeployment) -> int:
 
         webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
         receiver.stop()
+        response_ok = show_background_response(openai.OpenAI(base_url=stack.api_url + "/v1", api_key=api_key))
 
-    ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok
+    ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok and response_ok
     print(
         "\ndemo "
-        + ("succeeded: every job finished with a result, and the webhook verified" if ok else "FAILED: see above")
+        + (
+            "succeeded: every job finished with a result, the webhook verified and the background response answered"
+            if ok
+            else "FAILED: see above"
+        )
     )
     return 0 if ok else 1
 
@@ -144,3 +152,26 @@ def show_webhook(api: Client, receiver: Receiver, job_id: str, secret: str) -> b
     codes = [a.status_code for a in state.attempts]
     print(f"   GET /v1/jobs/{job_id} -> webhook status={state.status} attempts={codes}")
     return state.status == "delivered"
+
+
+def show_background_response(sdk: openai.OpenAI, timeout_s: float = 300.0) -> bool:
+    """Create a background response with the official SDK and poll it as OpenAI's docs do; True when it answered."""
+    print("\nA background response, with the official openai SDK (client.responses.create(background=True)):")
+    response = sdk.responses.create(
+        model=MODEL, input=RESPONSE_PROMPT, max_output_tokens=48, temperature=0, background=True
+    )
+    print(f"   created {response.id} -> {response.status}")
+    deadline = time.monotonic() + timeout_s
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        response = sdk.responses.retrieve(response.id)
+    print(f"   retrieved {response.id} -> {response.status}")
+    if response.status not in ("completed", "incomplete"):
+        print(f"   FAILED: {response.error}")
+        return False
+    print(f"   output_text: {response.output_text.strip()}")
+    usage = response.usage
+    print(
+        f"   usage: input_tokens={usage.input_tokens} output_tokens={usage.output_tokens}" if usage else "   no usage"
+    )
+    return bool(response.output_text)  # completed, or incomplete at max_output_tokens: an answer either way
