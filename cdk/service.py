@@ -170,7 +170,8 @@ class AsyncInferenceServiceProps:
         zero (any message sent restarts it). Default: 3.
       wake_from_zero: the API and upload functions set the worker service's desired count to 1 when they queue a job
         and it is 0, without waiting for CloudWatch (``async_inference.wake``; ecs:DescribeServices and
-        ecs:UpdateService on that one service). Default: True.
+        ecs:UpdateService on that one service), and raise the GPU Auto Scaling group from 0 to 1 instance so the instance
+        starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``). Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
       wake_hold_seconds: how long a wake holds the scaling minimum at one task, so that the keep-alive alarm, still in
         ALARM from the idle minutes before, cannot set the count back to 0 (``cdk.queue_scaling``). 0: no hold.
@@ -552,6 +553,9 @@ class AsyncInferenceService(Construct):
             self.scaling.grant_wake(self.api.handler)
             self.scaling.grant_wake(self.uploads.handler)
             self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
+            # A wake also starts the GPU instance at once, instead of after managed scaling's next minute.
+            for waking in (self.api.handler, self.uploads.handler, self.batches.controller):
+                self.capacity.grant_instance_start(waking)
         self.monitoring = Monitoring(
             self,
             "Monitoring",
