@@ -72,12 +72,24 @@ INSTANCE_BOOT_S = 120.0
 # vLLM's image is about 12 GB compressed (vllm-project/vllm#27154); pulling and extracting it takes about 5 minutes
 # (vllm-project/vllm#41893).
 IMAGE_PULL_S = 300.0
+# The instance's root volume, which holds the image, the weights (the task's host volume) and vLLM's compile cache: the
+# template's gp3 sets no throughput, so it has gp3's baseline of 125 MiB/s (EBS User Guide, "General Purpose SSD
+# volumes": gp3 "a consistent baseline throughput performance of 125 MiB/s"). It caps what is written to it and, on an
+# instance just started from stopped (its page cache empty), what is read from it.
+VOLUME_BYTES_PER_S = 125 * 2**20
 # g5.xlarge: "up to 10 Gbps", 2.5 Gbps baseline (EC2 instance network specifications); the weights download from the
-# hub at the baseline rate. Seconds = weight bytes / this.
-MODEL_DOWNLOAD_BYTES_PER_S = 2.5e9 / 8
+# hub at the baseline rate, written to the root volume at its rate: seconds = weight bytes / the slower of the two.
+MODEL_DOWNLOAD_BYTES_PER_S = min(2.5e9 / 8, VOLUME_BYTES_PER_S)
 # Engine start once the weights are on disk: 59 s from start to first response for a 3.4 GiB model with a warm
-# torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264).
+# torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264). The
+# 0.9 s load read the weights from memory or a fast disk; an instance just started from the warm pool reads them from
+# its root volume instead (ColdStart.volume_read_s replaces the load).
 ENGINE_START_S = 59.0
+ENGINE_LOAD_S = 0.9
+# The API's wake: DescribeServices and UpdateService, then DescribeAutoScalingGroups and SetDesiredCapacity, each a
+# regional API call the ECS / Auto Scaling client makes once (no retry, 1 s connect and 2 s read timeouts: the
+# adapter's). No latency is published for them; 0.1 s each is an assumption, and it is small beside every other step.
+API_CALL_S = 0.1
 
 # A stopped instance of an EC2 Auto Scaling warm pool keeps its EBS root volume: the image layers, the weights on the
 # host volume and vLLM's torch.compile cache (under the weights' directory) survive the stop ("Warm pools for Amazon EC2
@@ -171,6 +183,10 @@ class ColdStart:
     engine_start_s: float = ENGINE_START_S
     total_s: float | None = None
     warm_pool_start_s: float = WARM_POOL_START_S  # a stopped warm-pool instance's start (its volume holds the rest)
+    # The weights read from the root volume by the first task after a start from stopped (replacing the engine's own
+    # 0.9 s load, which read them from memory).
+    volume_read_s: float = QWEN2_5_1_5B.weight_bytes() / VOLUME_BYTES_PER_S
+    engine_load_s: float = ENGINE_LOAD_S
 
     def fresh_task_s(self) -> float:
         """A task on a new instance, after the instance booted."""
@@ -178,9 +194,14 @@ class ColdStart:
             return max(0.0, self.total_s - self.instance_boot_s)
         return self.image_pull_s + self.model_download_s + self.engine_start_s
 
-    def warm_task_s(self, *, weights_cached: bool) -> float:
-        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them."""
-        return self.engine_start_s + (0.0 if weights_cached else self.model_download_s)
+    def warm_task_s(self, *, weights_cached: bool, page_cache_cold: bool = False) -> float:
+        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them. On
+        an instance just started from stopped (``page_cache_cold``) cached weights are read from the root volume."""
+        if not weights_cached:
+            return self.engine_start_s + self.model_download_s
+        if page_cache_cold:
+            return self.engine_start_s - self.engine_load_s + self.volume_read_s
+        return self.engine_start_s
 
 
 @dataclass(frozen=True)
