@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_tokens=kv_tokens,
             bandwidth_efficiency=figures.BANDWIDTH_EFFICIENCY * efficiency,
             compute_efficiency=figures.COMPUTE_EFFICIENCY * efficiency,
+            step_overhead_s=figures.STEP_OVERHEAD_S / efficiency,
         )
 
     delays = Delays(sqs_resume_s=args.resume_delay_s)
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
             ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
-            ("engine at half efficiency", dict(engine_model=engine(seqs, 0.5))),
+            ("engine at half the calibrated efficiency", dict(engine_model=engine(seqs, 0.5))),
             ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
             (
                 "root volume at 1,000 MiB/s (gp3 with provisioned throughput)",
