@@ -158,8 +158,8 @@ class AsyncInferenceServiceProps:
         offered (``async-inference preflight`` lists them). Default: none, the region's first two, whatever they offer.
     Scaling (``cdk.queue_scaling.QueueScaling`` explains each alarm; docs/scaling.md the simulation behind the defaults)
       jobs_per_task: jobs (visible or in flight) one task is sized for; the scale-out keeps CEIL(backlog / this)
-        tasks wanted, counting tasks still starting. Default: 1.5 x ``max_num_seqs`` (a batch plus half a batch
-        queued).
+        tasks wanted, counting tasks still starting. Default: ``max_num_seqs`` (one task's batch; docs/scaling.md has
+        the simulation behind it).
       scale_out_cooldown_seconds: pause after a scale-out before the next adds more. Default: 60.
       scale_in_fill: a task is removed once the backlog fits one task fewer at this fraction of ``jobs_per_task``,
         in (0, 1]. Default: 0.5.
@@ -315,7 +315,7 @@ class AsyncInferenceServiceProps:
             raise ValueError(f"planned_sequence_tokens ({tokens}): {exc}") from exc
 
     def effective_jobs_per_task(self) -> float:
-        """``jobs_per_task``, or 1.5 x the batch."""
+        """``jobs_per_task``, or the batch (``JOBS_PER_TASK_IN_BATCHES`` batches)."""
         if self.jobs_per_task is not None:
             return self.jobs_per_task
         return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()

@@ -265,6 +265,16 @@ def main(argv: list[str] | None = None) -> int:
             "warm pool without ReuseOnScaleIn (the ECS guide's rule: pooled instances hold no image or weights)",
             _without(template, "pool_reuse"),
         ),
+        *(
+            []
+            if args.template or not args.sensitivity
+            else [
+                (
+                    "deployed at jobs_per_task 1.5 batches (the phase-1 default, before the engine's calibration)",
+                    synthesize(jobs_per_task=1.5 * seqs),
+                )
+            ]
+        ),
         ("deployed without warm pool", _without(template, "warm_pool")),
         ("deployed without instance release", _without(template, "release")),
         ("deployed without both", _without(_without(template, "warm_pool"), "release")),

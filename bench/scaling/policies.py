@@ -205,6 +205,7 @@ def scenarios(
             instance_warmup_s=deployed.cluster.instance_warmup_s,
             warm_pool=deployed.cluster.warm_pool,
             release_empty=deployed.cluster.release_empty,
+            pool_reuse=deployed.cluster.pool_reuse,
         )
 
     def wanted(name: str) -> bool:
@@ -222,6 +223,7 @@ def scenarios(
                 instance_warmup_s=deployed.cluster.instance_warmup_s,
                 warm_pool=deployed.cluster.warm_pool,
                 release_empty=deployed.cluster.release_empty,
+                pool_reuse=deployed.cluster.pool_reuse,
             )
         )
     for name, target in (("sagemaker_default", 5.0), ("sagemaker_tuned", float(capacity))):

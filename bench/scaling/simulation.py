@@ -92,6 +92,7 @@ class Scenario:
     instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
     warm_pool: int | None = None  # stopped pre-initialized instances (None: the cluster config's)
     release_empty: bool | None = None  # the stack's instance release (None: the cluster config's)
+    pool_reuse: bool | None = None  # the warm pool takes released instances back (None: the cluster config's)
     eks: bool = False  # runs on EKS (its control plane is part of the idle floor)
 
 
@@ -196,6 +197,8 @@ def simulate(
         config = dataclasses.replace(config, warm_pool=scenario.warm_pool)
     if scenario.release_empty is not None:
         config = dataclasses.replace(config, release_empty=scenario.release_empty)
+    if scenario.pool_reuse is not None:
+        config = dataclasses.replace(config, pool_reuse=scenario.pool_reuse)
     cluster = Cluster(env, config, cold, make_worker, changed)
 
     # --- metrics ---------------------------------------------------------------------------------------------------

@@ -178,8 +178,13 @@ def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permiss
             function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WORKER_GROUP, None)
     # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
     assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
-    # AND the pool's ReuseOnScaleIn reads back as the template sets it
+    # AND the pool's ReuseOnScaleIn reads back as the template sets it, and reaches the deployed scenario
     assert read(stack_template).cluster.pool_reuse is True
+    for resource in variant["Resources"].values():
+        if resource["Type"] == "AWS::AutoScaling::WarmPool":
+            resource["Properties"].pop("InstanceReusePolicy")
+    [deployed] = scenarios(variant, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",))
+    assert read(variant).cluster.pool_reuse is False and deployed.pool_reuse is False
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):
