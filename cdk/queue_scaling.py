@@ -57,8 +57,9 @@ class QueueScaling(Construct):
       scalable target's minimum at 1 for ``wake_hold`` (RegisterScalableTarget, with a scheduled action that puts the
       minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
       ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
-      published) would otherwise set the count straight back to 0. (``cdk.gpu_capacity.GpuCapacity.grant_instance_start``
-      lets the same function start the GPU instance too, skipping ECS managed scaling's minute.)
+      published) would otherwise set the count straight back to 0.
+      (``cdk.gpu_capacity.GpuCapacity.grant_instance_start`` lets the same function start the GPU instance too,
+      skipping ECS managed scaling's minute.)
     * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
       breaching), the count is *set* to ``n`` (ExactCapacity, one step per count up to ``max_tasks``). Setting rather
       than adding makes the result independent of whether Container Insights has published the desired count yet:

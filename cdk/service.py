@@ -170,8 +170,9 @@ class AsyncInferenceServiceProps:
         zero (any message sent restarts it). Default: 3.
       wake_from_zero: the API and upload functions set the worker service's desired count to 1 when they queue a job
         and it is 0, without waiting for CloudWatch (``async_inference.wake``; ecs:DescribeServices and
-        ecs:UpdateService on that one service), and raise the GPU Auto Scaling group from 0 to 1 instance so the instance
-        starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``). Default: True.
+        ecs:UpdateService on that one service), and raise the GPU Auto Scaling group from 0 to 1 instance so the
+        instance starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``).
+        Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
       wake_hold_seconds: how long a wake holds the scaling minimum at one task, so that the keep-alive alarm, still in
         ALARM from the idle minutes before, cannot set the count back to 0 (``cdk.queue_scaling``). 0: no hold.

@@ -16,8 +16,8 @@
   (a stopped instance bills only its volume); and the instance release (``release_empty``), which every
   ``INSTANCE_RELEASE_CHECK_S`` releases the instances that run no task (back to the warm pool when there is one), never
   one that runs a task. A pool instance holds the image and the weights only when the pool takes instances back
-  (``pool_reuse``, ReuseOnScaleIn); without it a released instance is terminated and the pool launches a fresh one, which
-  boots (billed) and stops holding nothing beyond the AMI. The first task after a start from stopped reads the weights
+  (``pool_reuse``, ReuseOnScaleIn); without it a released instance is terminated and the pool launches a fresh one,
+  which boots (billed) and stops holding nothing beyond the AMI. The first task after a start from stopped reads the weights
   from the root volume (its page cache is empty).
 * The wake's instance start (``start_instance``): the API raises the group from 0 to 1 itself, before managed scaling's
   next minute; managed scaling then counts that instance as the one it needs.
