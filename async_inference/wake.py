@@ -18,10 +18,9 @@ The instance (``group``): a task needs a GPU instance, and from an idle stack th
 launch one after its next CapacityProviderReservation datapoint (one a minute, ECS Developer Guide, "Amazon ECS
 cluster auto scaling"); a wake that set the service from 0 also raises the GPU Auto Scaling group's desired capacity
 from 0 to 1 (SetDesiredCapacity), so the instance starts (from the warm pool when there is one) within the second.
-Managed scaling then finds the instance it would have asked for: its target tracking counts an instance still warming
-up as capacity ("Set the default instance warmup for an Auto Scaling group", EC2 Auto Scaling User Guide), and it
-scales in only after 15 datapoints below its target, never an instance that runs a task (managed termination
-protection). A failed start is logged and counted; managed scaling starts the instance a minute later.
+Managed scaling then adds no second instance: its scale-out is blocked while any instance is within the capacity
+provider's instanceWarmupPeriod (ECS Developer Guide, managed scale-out behaviour), and it scales in only after 15
+datapoints below its target, never an instance that runs a task (managed termination protection). A failed start is logged and counted; managed scaling starts the instance a minute later.
 """
 
 from __future__ import annotations
