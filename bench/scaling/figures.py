@@ -95,7 +95,8 @@ API_CALL_S = 0.1
 # host volume and vLLM's torch.compile cache (under the weights' directory) survive the stop ("Warm pools for Amazon EC2
 # Auto Scaling": instances in a Stopped pool pay only for their volumes). Starting one is a boot without the AMI's first
 # provisioning; no figure is published for a g5, so the same 120 s as a fresh launch (the conservative reading), with a
-# sensitivity row at 60 s.
+# sensitivity row at 60 s. The one published comparison found (keikoproj/instance-manager#277: an EKS node of unstated
+# type joined 80 s after a stopped warm-pool start, 110 s after a fresh launch) is not a GPU instance.
 WARM_POOL_START_S = INSTANCE_BOOT_S
 # gp3 storage for a stopped instance's root volume (Amazon EBS pricing, us-east-1): $0.08 per GiB-month.
 EBS_GP3_GIB_MONTH_USD = 0.08
