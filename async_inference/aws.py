@@ -718,6 +718,30 @@ class WorkerService:
         return self._scaling
 
 
+class CapacityGroup:
+    """The GPU Auto Scaling group behind the worker service, as the wake sees it: its desired capacity, read and raised.
+
+    A wake that finds the group at 0 sets it to 1 itself (SetDesiredCapacity), so that the instance launches (or
+    leaves the warm pool) at once instead of after ECS managed scaling's next CapacityProviderReservation minute. It
+    never lowers the count: a group above 0 already has capacity coming or running."""
+
+    def __init__(self, name: str, autoscaling: Any | None = None) -> None:
+        self.name = name
+        self._autoscaling = autoscaling or boto3.client("autoscaling", config=_WAKE_CONFIG)
+
+    def desired_capacity(self) -> int:
+        groups = self._autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[self.name])["AutoScalingGroups"]
+        if not groups:
+            raise LookupError(f"no Auto Scaling group {self.name}")
+        return int(groups[0]["DesiredCapacity"])
+
+    def set_desired_capacity(self, count: int) -> None:
+        # HonorCooldown False: the group's cooldown is for its own scaling policies, and this start answers a job.
+        self._autoscaling.set_desired_capacity(
+            AutoScalingGroupName=self.name, DesiredCapacity=count, HonorCooldown=False
+        )
+
+
 # --- API Gateway ----------------------------------------------------------------------------------------------------
 
 

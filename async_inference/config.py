@@ -108,6 +108,9 @@ DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # How long a wake holds the service's scaling minimum at one task (0: no hold). See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
 DEFAULT_WAKE_HOLD_S = 300
+# The GPU Auto Scaling group a wake also starts an instance in (its desired capacity raised from 0 to 1), so that the
+# instance does not wait for ECS managed scaling's next CapacityProviderReservation minute (cdk/gpu_capacity.py).
+ENV_WORKER_GROUP = "WORKER_AUTO_SCALING_GROUP"
 # Powertools' own names: the worker's EMF records use them as the Lambdas' do.
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 ENV_LOG_LEVEL = "LOG_LEVEL"
@@ -171,14 +174,18 @@ class WakeTarget:
     service: str  # the service's ARN (or name)
     check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
     hold_s: float = 0.0  # how long a wake holds the scaling minimum at one task
+    group: str | None = None  # the GPU Auto Scaling group a wake starts an instance in (None: managed scaling does)
 
     def to_env(self) -> dict[str, str]:
-        return {
+        env = {
             ENV_WORKER_CLUSTER: self.cluster,
             ENV_WORKER_SERVICE: self.service,
             ENV_WAKE_CHECK_INTERVAL_S: f"{self.check_interval_s:g}",
             ENV_WAKE_HOLD_S: f"{self.hold_s:g}",
         }
+        if self.group is not None:
+            env[ENV_WORKER_GROUP] = self.group
+        return env
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,9 @@ class ServiceSettings(EnvSettings):
         alias=ENV_WAKE_HOLD_S,
         description="seconds a wake holds the scaling minimum at one task",
     )
+    worker_group: str | None = Field(
+        None, alias=ENV_WORKER_GROUP, description="the GPU Auto Scaling group a wake starts an instance in"
+    )
 
     @model_validator(mode="after")
     def _wake_complete(self) -> ServiceSettings:
@@ -278,7 +288,9 @@ class ServiceSettings(EnvSettings):
     def wake(self) -> WakeTarget | None:
         if self.worker_cluster is None or self.worker_service is None:
             return None
-        return WakeTarget(self.worker_cluster, self.worker_service, self.wake_check_interval_s, self.wake_hold_s)
+        return WakeTarget(
+            self.worker_cluster, self.worker_service, self.wake_check_interval_s, self.wake_hold_s, self.worker_group
+        )
 
     payload_retention_days: int = Field(
         settings.PAYLOAD_RETENTION_DAYS,

@@ -13,6 +13,14 @@ The hold (``hold_s``): a wake also keeps the service's scaling minimum at 1 for 
 alarm's Auto Scaling actions every minute the alarm stays in ALARM; the keep-alive alarm, in ALARM while the service
 sat idle, would set the count back to 0 the next minute, before SQS has published the job's minute. A minimum of 1
 makes that scale-to-zero a no-op until the hold ends (a scheduled action puts the minimum back to 0).
+
+The instance (``group``): a task needs a GPU instance, and from an idle stack there is none. ECS managed scaling would
+launch one after its next CapacityProviderReservation datapoint (one a minute, ECS Developer Guide, "Amazon ECS
+cluster auto scaling"); a wake that set the service from 0 also raises the GPU Auto Scaling group's desired capacity
+from 0 to 1 (SetDesiredCapacity), so the instance starts (from the warm pool when there is one) within the second.
+Managed scaling then adds no second instance: its scale-out is blocked while any instance is within the capacity
+provider's instanceWarmupPeriod (ECS Developer Guide, managed scale-out behaviour), and it scales in only after 15
+datapoints below its target, never an instance that runs a task (managed termination protection). A failed start is logged and counted; managed scaling starts the instance a minute later.
 """
 
 from __future__ import annotations
@@ -27,15 +35,16 @@ from collections.abc import Callable
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from async_inference import settings
-from async_inference.aws import WorkerService
+from async_inference.aws import CapacityGroup, WorkerService
 from async_inference.config import ENV_METRICS_NAMESPACE, WakeTarget
 
 logger = logging.getLogger("async_inference.wake")
 
 
 class ServiceWaker:
-    """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, and holds
-    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0)."""
+    """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, holds
+    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0), and raises ``group`` (the GPU Auto Scaling
+    group, when given) from 0 instances to 1."""
 
     def __init__(
         self,
@@ -43,18 +52,21 @@ class ServiceWaker:
         *,
         check_interval_s: float,
         hold_s: float = 0.0,
+        group: CapacityGroup | None = None,
         clock: Callable[[], float] = time.monotonic,
         utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.service = service
         self.check_interval_s = check_interval_s
         self.hold_s = hold_s
+        self.group = group
         self._clock = clock
         self._utcnow = utcnow
         self._next_check = -math.inf
         self.checks = 0
         self.wakes = 0
         self.failures = 0
+        self.instance_starts = 0
 
     @classmethod
     def for_target(cls, target: WakeTarget) -> ServiceWaker:
@@ -62,6 +74,7 @@ class ServiceWaker:
             WorkerService(target.cluster, target.service),
             check_interval_s=target.check_interval_s,
             hold_s=target.hold_s,
+            group=CapacityGroup(target.group) if target.group else None,
         )
 
     def job_queued(self) -> bool:
@@ -87,8 +100,31 @@ class ServiceWaker:
             return False
         self.wakes += 1
         logger.info("woke the worker service %s from zero", self.service.service)
+        self._start_instance()
         self._hold()
         return True
+
+    def _start_instance(self) -> None:
+        """Raise the GPU group from 0 to 1 instance, before the hold: the instance's start is the long step of a wake.
+        A group above 0 is left alone; a failure is logged and counted, and managed scaling starts one instead."""
+        if self.group is None:
+            return
+        try:
+            if self.group.desired_capacity() != 0:
+                return
+            self.group.set_desired_capacity(1)
+        except Exception as exc:
+            self.failures += 1
+            logger.warning(
+                "woke the worker service %s but could not start a GPU instance in %s (%s); ECS managed scaling will",
+                self.service.service,
+                self.group.name,
+                exc,
+            )
+            _count_failure()
+            return
+        self.instance_starts += 1
+        logger.info("started a GPU instance in %s", self.group.name)
 
     def _hold(self) -> None:
         """Hold the scaling minimum at 1 for ``hold_s``; a failure is logged and counted, and the wake stands."""

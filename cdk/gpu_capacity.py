@@ -9,9 +9,10 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from async_inference.config import ENV_WORKER_CLUSTER
+from async_inference.config import ENV_WORKER_CLUSTER, ENV_WORKER_GROUP
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
@@ -34,6 +35,9 @@ class GpuCapacity(Construct):
     * Instance release (``release_empty``): once a minute, ``async_inference.instance_release`` drains the instances
       that run no task, checks them again and gives them back to the group (to the warm pool when there is one),
       never one with a task: ECS managed scaling alone keeps an empty GPU instance for 15 minutes.
+    * Instance start on wake (``grant_instance_start``): a function that wakes the worker service from zero may also
+      raise this group from 0 to 1 instance (``async_inference.wake``), so the instance starts at once rather than
+      after managed scaling's next CapacityProviderReservation minute.
 
     :param auto_scaling_group: the GPU group of the capacity provider (managed scaling and managed termination
         protection on).
@@ -66,9 +70,43 @@ class GpuCapacity(Construct):
             self.warm_pool = auto_scaling_group.add_warm_pool(
                 min_size=warm_instances, pool_state=autoscaling.PoolState.STOPPED, reuse_on_scale_in=True
             )
+        self.auto_scaling_group = auto_scaling_group
         self.release_function = None
         if release_empty:
             self.release_function = self._release(auto_scaling_group, cluster, code)
+
+    def grant_instance_start(self, function: lambda_.Function) -> None:
+        """Let ``function`` (one that wakes the worker service) start a GPU instance: the group's name in its
+        environment, SetDesiredCapacity on this one group, and DescribeAutoScalingGroups (no resource-level
+        permission exists for it) to see that the group is at 0 first."""
+        group = self.auto_scaling_group
+        function.add_environment(ENV_WORKER_GROUP, group.auto_scaling_group_name)
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["autoscaling:SetDesiredCapacity"], resources=[self._group_arn(group)])
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingGroups"], resources=["*"])
+        )
+        stack = Stack.of(self)
+        acknowledge(
+            function,
+            {
+                "AwsSolutions-IAM5[Resource::*]": "DescribeAutoScalingGroups supports no resource-level permission; "
+                "the wake reads only the GPU group's desired capacity.",
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{rendered_account(stack)}:"
+                f"autoScalingGroup:*:autoScalingGroupName/<{stack.get_logical_id(group.node.default_child)}>]": "An "
+                "Auto Scaling group's ARN holds a generated id; the statement names the one GPU group by name.",
+            },
+        )
+
+    def _group_arn(self, group: autoscaling.AutoScalingGroup) -> str:
+        """The group's ARN by its name (its id part is generated, so a wildcard stands for it)."""
+        return Stack.of(self).format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
 
     def _release(self, group: autoscaling.AutoScalingGroup, cluster: ecs.ICluster, code: LambdaCode):
         function = code.new_function(
@@ -107,14 +145,7 @@ class GpuCapacity(Construct):
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
-                resources=[
-                    stack.format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+                resources=[self._group_arn(group)],
             )
         )
         # DescribeAutoScalingGroups supports no resource-level permission; the function's own X-Ray statement already

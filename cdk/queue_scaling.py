@@ -20,9 +20,12 @@ from async_inference.config import DEFAULT_WAKE_CHECK_INTERVAL_S, DEFAULT_WAKE_H
 from cdk.nag import acknowledge
 
 ONE_MINUTE = Duration.minutes(1)
-# The default jobs a task is sized for, in batches (max_num_seqs): a batch running plus half a batch queued. Chosen
-# by simulating the Azure conversation trace (docs/scaling.md): 2 batches cost 0.3-0.4 GPU hours more at equal waits.
-JOBS_PER_TASK_IN_BATCHES = 1.5
+# The default jobs a task is sized for, in batches (max_num_seqs): one batch, the same per-instance capacity the tuned
+# anchors target, so a second task is asked for as soon as jobs wait beyond what one task runs. Chosen by simulating
+# the Azure conversation trace on the calibrated engine (docs/scaling.md): 1.5 batches (the phase-1 choice, on the
+# uncalibrated engine) saves 0.13 GPU hours but lets the p95 wait after the first 15 minutes reach 1.8 s, where every
+# tuned anchor's is at most that; 2 batches cost more at 16 sequences.
+JOBS_PER_TASK_IN_BATCHES = 1.0
 # CloudWatch takes at most 10 metrics in one metric math alarm; the keep-alive alarm reads three per queue.
 MAX_ALARM_METRICS = 10
 METRICS_PER_QUEUE = 3
@@ -55,6 +58,8 @@ class QueueScaling(Construct):
       minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
       ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
       published) would otherwise set the count straight back to 0.
+      (``cdk.gpu_capacity.GpuCapacity.grant_instance_start`` lets the same function start the GPU instance too,
+      skipping ECS managed scaling's minute.)
     * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
       breaching), the count is *set* to ``n`` (ExactCapacity, one step per count up to ``max_tasks``). Setting rather
       than adding makes the result independent of whether Container Insights has published the desired count yet:

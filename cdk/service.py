@@ -158,8 +158,8 @@ class AsyncInferenceServiceProps:
         offered (``async-inference preflight`` lists them). Default: none, the region's first two, whatever they offer.
     Scaling (``cdk.queue_scaling.QueueScaling`` explains each alarm; docs/scaling.md the simulation behind the defaults)
       jobs_per_task: jobs (visible or in flight) one task is sized for; the scale-out keeps CEIL(backlog / this)
-        tasks wanted, counting tasks still starting. Default: 1.5 x ``max_num_seqs`` (a batch plus half a batch
-        queued).
+        tasks wanted, counting tasks still starting. Default: ``max_num_seqs`` (one task's batch; docs/scaling.md has
+        the simulation behind it).
       scale_out_cooldown_seconds: pause after a scale-out before the next adds more. Default: 60.
       scale_in_fill: a task is removed once the backlog fits one task fewer at this fraction of ``jobs_per_task``,
         in (0, 1]. Default: 0.5.
@@ -170,7 +170,9 @@ class AsyncInferenceServiceProps:
         zero (any message sent restarts it). Default: 3.
       wake_from_zero: the API and upload functions set the worker service's desired count to 1 when they queue a job
         and it is 0, without waiting for CloudWatch (``async_inference.wake``; ecs:DescribeServices and
-        ecs:UpdateService on that one service). Default: True.
+        ecs:UpdateService on that one service), and raise the GPU Auto Scaling group from 0 to 1 instance so the
+        instance starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``).
+        Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
       wake_hold_seconds: how long a wake holds the scaling minimum at one task, so that the keep-alive alarm, still in
         ALARM from the idle minutes before, cannot set the count back to 0 (``cdk.queue_scaling``). 0: no hold.
@@ -314,7 +316,7 @@ class AsyncInferenceServiceProps:
             raise ValueError(f"planned_sequence_tokens ({tokens}): {exc}") from exc
 
     def effective_jobs_per_task(self) -> float:
-        """``jobs_per_task``, or 1.5 x the batch."""
+        """``jobs_per_task``, or the batch (``JOBS_PER_TASK_IN_BATCHES`` batches)."""
         if self.jobs_per_task is not None:
             return self.jobs_per_task
         return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()
@@ -552,6 +554,9 @@ class AsyncInferenceService(Construct):
             self.scaling.grant_wake(self.api.handler)
             self.scaling.grant_wake(self.uploads.handler)
             self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
+            # A wake also starts the GPU instance at once, instead of after managed scaling's next minute.
+            for waking in (self.api.handler, self.uploads.handler, self.batches.controller):
+                self.capacity.grant_instance_start(waking)
         self.monitoring = Monitoring(
             self,
             "Monitoring",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
+from async_inference.config import ENV_WORKER_GROUP
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel
 from bench.scaling.hazards import HAZARDS, setting, unfixed
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_tokens=kv_tokens,
             bandwidth_efficiency=figures.BANDWIDTH_EFFICIENCY * efficiency,
             compute_efficiency=figures.COMPUTE_EFFICIENCY * efficiency,
+            step_overhead_s=figures.STEP_OVERHEAD_S / efficiency,
         )
 
     delays = Delays(sqs_resume_s=args.resume_delay_s)
@@ -169,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{model.name} on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} (rule: {sized}); "
         f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
         f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
-        f"after launch, a warm-pool one {cold.warm_pool_start_s + cold.engine_start_s:.0f} s; deployed warm pool "
-        f"{cluster.warm_pool}, instance release {'on' if cluster.release_empty else 'off'}"
+        f"after launch, a warm-pool one "
+        f"{cold.warm_pool_start_s + cold.warm_task_s(weights_cached=True, page_cache_cold=True):.0f} s; deployed "
+        f"warm pool {cluster.warm_pool} (reuse {'on' if cluster.pool_reuse else 'off'}), instance release "
+        f"{'on' if cluster.release_empty else 'off'}, wake starts the instance "
+        f"{'yes' if deployed.wake and deployed.wake.starts_instance else 'no'}"
     )
     keda_spec = read_scaled_object()
     choices = dict(
@@ -231,8 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             ),
             ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
             ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
-            ("engine at half efficiency", dict(engine_model=engine(seqs, 0.5))),
+            ("engine at half the calibrated efficiency", dict(engine_model=engine(seqs, 0.5))),
             ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
+            (
+                "root volume at 1,000 MiB/s (gp3 with provisioned throughput)",
+                dict(run_cold=dataclasses.replace(cold, volume_read_s=model.weight_bytes() / (1000 * 2**20))),
+            ),
             ("anchors on the stack's capacity layer (warm pool, release)", dict(anchors_on_stack_capacity=True)),
         ]
         if args.sensitivity
@@ -248,6 +257,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     # the stack's capacity choices, decided by the simulator: the deployed policy without each
     for label, template_variant in (
+        (
+            "deployed without the wake's instance start (managed scaling starts it)",
+            _without(template, "instance_start"),
+        ),
+        (
+            "warm pool without ReuseOnScaleIn (the ECS guide's rule: pooled instances hold no image or weights)",
+            _without(template, "pool_reuse"),
+        ),
+        *(
+            []
+            if args.template or not args.sensitivity
+            else [
+                (
+                    "deployed at jobs_per_task 1.5 batches (the phase-1 default, before the engine's calibration)",
+                    synthesize(jobs_per_task=1.5 * seqs),
+                )
+            ]
+        ),
         ("deployed without warm pool", _without(template, "warm_pool")),
         ("deployed without instance release", _without(template, "release")),
         ("deployed without both", _without(_without(template, "warm_pool"), "release")),
@@ -369,8 +396,19 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
 
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The template without its warm pool or its instance release (the simulator's counterfactual rows)."""
+    """The template without its warm pool, its instance release, the wake's instance start, or the pool's reuse of
+    released instances (the simulator's counterfactual rows)."""
     result = copy.deepcopy(template)
+    if choice == "instance_start":
+        for resource in result["Resources"].values():
+            if resource["Type"] == "AWS::Lambda::Function":
+                resource["Properties"].get("Environment", {}).get("Variables", {}).pop(ENV_WORKER_GROUP, None)
+        return result
+    if choice == "pool_reuse":
+        for resource in result["Resources"].values():
+            if resource["Type"] == "AWS::AutoScaling::WarmPool":
+                resource["Properties"].pop("InstanceReusePolicy", None)
+        return result
     kind = "AWS::AutoScaling::WarmPool" if choice == "warm_pool" else "AWS::Events::Rule"
     result["Resources"] = {k: v for k, v in result["Resources"].items() if v["Type"] != kind}
     return result

@@ -15,7 +15,12 @@
   start in ``ColdStart.warm_pool_start_s`` with the image, the weights and vLLM's compile cache already on their volume
   (a stopped instance bills only its volume); and the instance release (``release_empty``), which every
   ``INSTANCE_RELEASE_CHECK_S`` releases the instances that run no task (back to the warm pool when there is one), never
-  one that runs a task.
+  one that runs a task. A pool instance holds the image and the weights only when the pool takes instances back
+  (``pool_reuse``, ReuseOnScaleIn); without it a released instance is terminated and the pool launches a fresh one,
+  which boots (billed) and stops holding nothing beyond the AMI. The first task after a start from stopped reads the weights
+  from the root volume (its page cache is empty).
+* The wake's instance start (``start_instance``): the API raises the group from 0 to 1 itself, before managed scaling's
+  next minute; managed scaling then counts that instance as the one it needs.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class Instance:
     image_cached: bool = False
     weights_cached: bool = False
     from_pool: bool = False
+    page_cache_cold: bool = False  # just started from stopped: cached weights come from the root volume
     tasks: list[Task] = field(default_factory=list)
 
     @property
@@ -83,6 +89,7 @@ class ClusterConfig:
     uses_task_protection: bool = True
     instance_warmup_s: float = INSTANCE_WARMUP_S
     warm_pool: int = 0  # stopped, pre-initialized instances kept beside the group
+    pool_reuse: bool = True  # ReuseOnScaleIn: a released instance goes back to the pool with its volume
     release_empty: bool = False  # the stack's instance release instead of managed scaling's 15-minute scale-in
 
 
@@ -111,7 +118,9 @@ class Cluster:
         self.task_requests: list[float] = []  # times the desired count rose from zero
         self._task_ids = itertools.count()
         self._instance_ids = itertools.count()
-        self.pool = config.warm_pool  # stopped instances ready to start
+        # Stopped instances ready to start, each with whether its volume holds the image and the weights (one that
+        # served and came back; with reuse the run starts after the stack has served before).
+        self.pool: list[bool] = [config.pool_reuse] * config.warm_pool
         self.pool_starts = 0
         self.releases = 0
         self._cpr = 100.0
@@ -222,7 +231,10 @@ class Cluster:
         if not instance.image_cached:
             seconds = self.cold.fresh_task_s()
         else:
-            seconds = self.cold.warm_task_s(weights_cached=instance.weights_cached)
+            seconds = self.cold.warm_task_s(
+                weights_cached=instance.weights_cached, page_cache_cold=instance.page_cache_cold
+            )
+        instance.page_cache_cold = False
         yield self.env.timeout(seconds)
         instance.image_cached = True
         instance.weights_cached = self.config.weights_on_host
@@ -305,21 +317,47 @@ class Cluster:
                 instance.terminated_s = now
                 self.releases += 1
                 if self.config.warm_pool:
-                    self.pool += 1
+                    self._replenish_pool(now)
         self._log()
 
+    def _replenish_pool(self, now: float) -> None:
+        """A released instance goes back to the pool with its volume (reuse), or is terminated and the pool launches a
+        fresh instance, billed while it boots for the pool, that stops holding nothing."""
+        if self.config.pool_reuse:
+            self.pool.append(True)
+            return
+        self.instances.append(
+            Instance(
+                next(self._instance_ids),
+                now,
+                self.config.gpus_per_instance,
+                ready_s=now + self.cold.instance_boot_s,
+                terminated_s=now + self.cold.instance_boot_s,
+            )
+        )
+        self.pool.append(False)
+
+    def start_instance(self) -> bool:
+        """The wake's SetDesiredCapacity: from 0 instances to 1 (from the pool when it has one). True if it launched."""
+        if self.live_instances() or self.config.max_instances < 1:
+            return False
+        self._launch()
+        self._log()
+        return True
+
     def _launch(self) -> None:
-        from_pool = self.pool > 0
+        from_pool = bool(self.pool)
+        holds = self.pool.pop(0) if from_pool else False
         instance = Instance(
             next(self._instance_ids),
             self.env.now,
             self.config.gpus_per_instance,
-            image_cached=from_pool,
-            weights_cached=from_pool,
+            image_cached=holds,
+            weights_cached=holds,
             from_pool=from_pool,
+            page_cache_cold=from_pool,
         )
         if from_pool:
-            self.pool -= 1
             self.pool_starts += 1
         self.instances.append(instance)
         self.env.process(self._boot(instance))

@@ -3,13 +3,15 @@
 Per step, vLLM runs every decoding sequence one token and a chunk of waiting prefill (chunked prefill, up to
 ``max_num_batched_tokens`` tokens a step). A step reads the weights once plus every running sequence's KV cache, and
 computes 2 x parameters FLOPs per token plus attention. Its time is the slower of the two at the efficiencies vLLM
-reaches (``figures.BANDWIDTH_EFFICIENCY``, ``COMPUTE_EFFICIENCY``):
+reaches, plus a fixed per-step overhead (``figures.BANDWIDTH_EFFICIENCY``, ``COMPUTE_EFFICIENCY``,
+``STEP_OVERHEAD_S``, calibrated on published vLLM runs: see figures.py):
 
     step = max((weights + kv_per_token x context_in_batch) / (bandwidth x e_bw),
-               (2 P (decoding + prefill_chunk) + attention) / (flops x e_c))
+               (2 P (decoding + prefill_chunk) + attention) / (flops x e_c)) + c
 
-For Qwen2.5-1.5B on an A10G this gives about 8.7 ms a step at 16 sequences of 1,260 tokens (memory bound: the
-weights, 3.1 GB, dominate), about 13 ms at 64, and about 90 ms of compute to prefill a 1,155-token prompt.
+For Qwen2.5-1.5B on an A10G this gives 7.0 ms a step at one sequence, about 7.9 ms at 16 sequences of 1,260 tokens
+(memory bound: the weights, 3.1 GB, dominate), about 10.9 ms at 64, and about 92 ms to prefill a
+1,155-token prompt.
 
 The engine is simulated as a fluid between events: while the batch does not change, each running sequence gains one
 token per step and the prefill queue drains at chunk/step tokens per second; a sequence joins the batch when its
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from bench.scaling.figures import BANDWIDTH_EFFICIENCY, COMPUTE_EFFICIENCY, MAX_NUM_BATCHED_TOKENS
+from bench.scaling.figures import BANDWIDTH_EFFICIENCY, COMPUTE_EFFICIENCY, MAX_NUM_BATCHED_TOKENS, STEP_OVERHEAD_S
 from bench.scaling.queue import Job
 from cdk.capacity import GpuSpec, ModelShape
 
@@ -41,6 +43,7 @@ class EngineModel:
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     compute_efficiency: float = COMPUTE_EFFICIENCY
+    step_overhead_s: float = STEP_OVERHEAD_S
 
     def step_s(
         self, batch: int, context_tokens: float, prefill_tokens: float = 0.0, prefill_context: float = 0.0
@@ -54,7 +57,7 @@ class EngineModel:
         flops = 2 * m.parameters * (batch + prefill_tokens)
         flops += 4 * m.layers * q_width * (context_tokens + prefill_tokens * prefill_context)
         compute_s = flops / (self.gpu.dense_bf16_flops * self.compute_efficiency)
-        return max(memory_s, compute_s)
+        return max(memory_s, compute_s) + self.step_overhead_s
 
     def decode_tokens_per_s(self, batch: int, context_per_sequence: float) -> float:
         return batch / self.step_s(batch, batch * context_per_sequence)

@@ -72,18 +72,31 @@ INSTANCE_BOOT_S = 120.0
 # vLLM's image is about 12 GB compressed (vllm-project/vllm#27154); pulling and extracting it takes about 5 minutes
 # (vllm-project/vllm#41893).
 IMAGE_PULL_S = 300.0
+# The instance's root volume, which holds the image, the weights (the task's host volume) and vLLM's compile cache: the
+# template's gp3 sets no throughput, so it has gp3's baseline of 125 MiB/s (EBS User Guide, "General Purpose SSD
+# volumes": gp3 "a consistent baseline throughput performance of 125 MiB/s"). It caps what is written to it and, on an
+# instance just started from stopped (its page cache empty), what is read from it.
+VOLUME_BYTES_PER_S = 125 * 2**20
 # g5.xlarge: "up to 10 Gbps", 2.5 Gbps baseline (EC2 instance network specifications); the weights download from the
-# hub at the baseline rate. Seconds = weight bytes / this.
-MODEL_DOWNLOAD_BYTES_PER_S = 2.5e9 / 8
+# hub at the baseline rate, written to the root volume at its rate: seconds = weight bytes / the slower of the two.
+MODEL_DOWNLOAD_BYTES_PER_S = min(2.5e9 / 8, VOLUME_BYTES_PER_S)
 # Engine start once the weights are on disk: 59 s from start to first response for a 3.4 GiB model with a warm
-# torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264).
+# torch.compile cache (load 0.9 s, compile 7.5 s, CUDA graphs 17 s, engine init 34 s; vllm-project/vllm#20264). The
+# 0.9 s load read the weights from memory or a fast disk; an instance just started from the warm pool reads them from
+# its root volume instead (ColdStart.volume_read_s replaces the load).
 ENGINE_START_S = 59.0
+ENGINE_LOAD_S = 0.9
+# The API's wake: DescribeServices and UpdateService, then DescribeAutoScalingGroups and SetDesiredCapacity, each a
+# regional API call the ECS / Auto Scaling client makes once (no retry, 1 s connect and 2 s read timeouts: the
+# adapter's). No latency is published for them; 0.1 s each is an assumption, and it is small beside every other step.
+API_CALL_S = 0.1
 
 # A stopped instance of an EC2 Auto Scaling warm pool keeps its EBS root volume: the image layers, the weights on the
 # host volume and vLLM's torch.compile cache (under the weights' directory) survive the stop ("Warm pools for Amazon EC2
 # Auto Scaling": instances in a Stopped pool pay only for their volumes). Starting one is a boot without the AMI's first
 # provisioning; no figure is published for a g5, so the same 120 s as a fresh launch (the conservative reading), with a
-# sensitivity row at 60 s.
+# sensitivity row at 60 s. The one published comparison found (keikoproj/instance-manager#277: an EKS node of unstated
+# type joined 80 s after a stopped warm-pool start, 110 s after a fresh launch) is not a GPU instance.
 WARM_POOL_START_S = INSTANCE_BOOT_S
 # gp3 storage for a stopped instance's root volume (Amazon EBS pricing, us-east-1): $0.08 per GiB-month.
 EBS_GP3_GIB_MONTH_USD = 0.08
@@ -92,13 +105,41 @@ EBS_GP3_GIB_MONTH_USD = 0.08
 # runs no task (after draining it and checking again). Seconds between two checks:
 INSTANCE_RELEASE_CHECK_S = 60.0
 
-# --- Engine (roofline) -----------------------------------------------------------------------------------------------
-# Fractions of peak bandwidth and compute vLLM reaches, from one published serving table (tenstorrent/tt-inference-
-# server#143, Qwen2.5-72B on 2xH100, vLLM): decode TPOT 31.0 ms against 21.6 ms at peak bandwidth (0.70), 1,024-token
-# prefill at 7,924 tokens/s against 2 x 989 dense TFLOPS (0.58). Not calibrated on an A10G: no published vLLM figure
-# for Qwen2.5-1.5B on an A10G was found; the closest is on an A100 (simon-mo/vLLM-Benchmark#1: 2,195 output tokens/s
-# at 1,000 tokens in, 2,000 out; concurrency not stated). The "engine at half efficiency" sensitivity row halves both.
-BANDWIDTH_EFFICIENCY = 0.70
+# --- Engine (roofline plus a per-step overhead, calibrated) ---------------------------------------------------------
+# A vLLM step = the bytes it reads (weights + KV cache) at a fraction e of peak bandwidth, or its FLOPs at a fraction
+# of peak compute when that is slower, plus a fixed per-step overhead c (scheduling, sampling, kernel launches: the
+# part that does not shrink with the model). e and c are fitted to two published vLLM serving runs at concurrency 1
+# (a decode step then reads the weights and little else), on GPUs of the A10G's class (GDDR6, 24-48 GB), both vLLM
+# 0.23.0, BF16, Qwen2.5 models (the deployed model's family):
+# * NVIDIA RTX A6000 (GA102, the A10G's chip family; 768 GB/s), Qwen2.5-7B-Instruct (7.62B parameters): TPOT p50
+#   21.9 ms at concurrency 1 ("Inference Benchmark Report", ld-singh.github.io/ai-factory-ops-lab, 2026-06-27);
+# * NVIDIA L4 (300 GB/s), Qwen2.5-0.5B-Instruct (0.494B parameters): ITL p50 5.1 ms at concurrency 1 (ai.wmx.dev
+#   "benchmarks", vllm bench serve, 256 tokens in, 128 out).
+# No published vLLM figure for Qwen2.5-1.5B on an A10G itself was found. The fit gives e = 0.98 and c = 1.75 ms; on
+# the A10G a batch-1 step of Qwen2.5-1.5B is then 7.0 ms (143 tokens/s). The two points fix the weight-read part and
+# the overhead; the KV-cache read at large batches gets the same e (unchecked: no published run gives its context).
+CALIBRATION_RUNS = (
+    # (label, parameters, peak bandwidth bytes/s, published seconds per decode step at concurrency 1)
+    ("RTX A6000, Qwen2.5-7B-Instruct, vLLM 0.23.0", 7.62e9, 768e9, 0.0219),
+    ("L4, Qwen2.5-0.5B-Instruct, vLLM 0.23.0", 0.494e9, 300e9, 0.0051),
+)
+
+
+def calibrate(runs=CALIBRATION_RUNS) -> tuple[float, float]:
+    """(bandwidth efficiency e, per-step overhead c in s) from two concurrency-1 decode steps: step = 2 P / (B e) + c
+    (BF16 weights, 2 bytes a parameter)."""
+    (_, p1, b1, t1), (_, p2, b2, t2) = runs
+    x1, x2 = 2 * p1 / b1, 2 * p2 / b2  # seconds to read the weights at peak bandwidth
+    inverse_e = (t1 - t2) / (x1 - x2)
+    return 1 / inverse_e, t1 - x1 * inverse_e
+
+
+BANDWIDTH_EFFICIENCY, STEP_OVERHEAD_S = calibrate()
+# Compute (prefill) is not calibrated on this class: no published run separates prefill time from the serving
+# overheads in its time to first token. The fraction of peak compute vLLM reaches comes from one published serving
+# table of a larger model on another GPU (tenstorrent/tt-inference-server#143, Qwen2.5-72B on 2xH100: 1,024-token
+# prefill at 7,924 tokens/s against 2 x 989 dense TFLOPS: 0.58). The "engine at half efficiency" row halves both
+# fractions and doubles the overhead (every step twice as long).
 COMPUTE_EFFICIENCY = 0.58
 # Tokens vLLM schedules in one step (chunked prefill budget): SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, what
 # an engine built outside the OpenAI server gets on GPUs under 70 GiB (vllm/engine/arg_utils.py).
@@ -171,6 +212,10 @@ class ColdStart:
     engine_start_s: float = ENGINE_START_S
     total_s: float | None = None
     warm_pool_start_s: float = WARM_POOL_START_S  # a stopped warm-pool instance's start (its volume holds the rest)
+    # The weights read from the root volume by the first task after a start from stopped (replacing the engine's own
+    # 0.9 s load, which read them from memory).
+    volume_read_s: float = QWEN2_5_1_5B.weight_bytes() / VOLUME_BYTES_PER_S
+    engine_load_s: float = ENGINE_LOAD_S
 
     def fresh_task_s(self) -> float:
         """A task on a new instance, after the instance booted."""
@@ -178,9 +223,14 @@ class ColdStart:
             return max(0.0, self.total_s - self.instance_boot_s)
         return self.image_pull_s + self.model_download_s + self.engine_start_s
 
-    def warm_task_s(self, *, weights_cached: bool) -> float:
-        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them."""
-        return self.engine_start_s + (0.0 if weights_cached else self.model_download_s)
+    def warm_task_s(self, *, weights_cached: bool, page_cache_cold: bool = False) -> float:
+        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them. On
+        an instance just started from stopped (``page_cache_cold``) cached weights are read from the root volume."""
+        if not weights_cached:
+            return self.engine_start_s + self.model_download_s
+        if page_cache_cold:
+            return self.engine_start_s - self.engine_load_s + self.volume_read_s
+        return self.engine_start_s
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,8 @@ def scenarios(
 ) -> list[Scenario]:
     """The deployed stack and the three anchors, each at its default and its tuning, on one fleet ceiling.
 
-    ``deployed`` is everything the template says: its policy, its wake from zero (functions, interval, hold), its
+    ``deployed`` is everything the template says: its policy, its wake from zero (functions, interval, hold, instance
+    start), its
     worker's task protection mode, its capacity provider's instance warm-up, its warm pool and its instance release.
     The anchors run with a worker that may be stopped mid-batch (the most favourable scale-in for them) on ECS's
     default capacity layer (``anchor_instance_warmup_s``, no warm pool, managed scaling's own scale-in), as each would
@@ -188,7 +189,13 @@ def scenarios(
     policy.maximum = max_tasks
     capacity = deployed.worker.max_num_seqs  # C: what one task (one instance) handles at once
     wake = (
-        ApiWake(check_interval_s=deployed.wake.check_interval_s, hold_s=deployed.wake.hold_s) if deployed.wake else None
+        ApiWake(
+            check_interval_s=deployed.wake.check_interval_s,
+            hold_s=deployed.wake.hold_s,
+            starts_instance=deployed.wake.starts_instance,
+        )
+        if deployed.wake
+        else None
     )
     anchor: dict[str, Any] = dict(
         task_protection="off", instance_warmup_s=anchor_instance_warmup_s, warm_pool=0, release_empty=False
@@ -198,6 +205,7 @@ def scenarios(
             instance_warmup_s=deployed.cluster.instance_warmup_s,
             warm_pool=deployed.cluster.warm_pool,
             release_empty=deployed.cluster.release_empty,
+            pool_reuse=deployed.cluster.pool_reuse,
         )
 
     def wanted(name: str) -> bool:
@@ -215,6 +223,7 @@ def scenarios(
                 instance_warmup_s=deployed.cluster.instance_warmup_s,
                 warm_pool=deployed.cluster.warm_pool,
                 release_empty=deployed.cluster.release_empty,
+                pool_reuse=deployed.cluster.pool_reuse,
             )
         )
     for name, target in (("sagemaker_default", 5.0), ("sagemaker_tuned", float(capacity))):

@@ -21,6 +21,7 @@ from bench.scaling.cloudwatch import MetricId, MetricStore, Sources
 from bench.scaling.ecs import MANAGED_SCALING_PHASE_S, Cluster, ClusterConfig, Task
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import (
+    API_CALL_S,
     CONTAINER_INSIGHTS_DELAY_S,
     CPU_VCPUS_BUSY,
     CPU_VCPUS_IDLE,
@@ -52,11 +53,14 @@ class ApiWake:
     """The API's wake from zero: on accepting a job, if the service's desired count is 0, set it to 1 at once; each
     API instance checks at most once per ``check_interval_s`` (one call per burst, not per job). With ``hold_s`` the
     wake also raises the scalable target's minimum to 1 for that long (RegisterScalableTarget, and a scheduled action
-    that puts it back), so that no alarm re-invoking a scale-to-zero undoes it."""
+    that puts it back), so that no alarm re-invoking a scale-to-zero undoes it. With ``starts_instance`` a wake from
+    zero also raises the GPU group from 0 instances to 1 (two more calls), so the instance does not wait for managed
+    scaling's next minute."""
 
-    latency_s: float = 0.1
+    latency_s: float = 2 * API_CALL_S  # DescribeServices, UpdateService
     check_interval_s: float = 60.0
     hold_s: float = 0.0
+    starts_instance: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Scenario:
     instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
     warm_pool: int | None = None  # stopped pre-initialized instances (None: the cluster config's)
     release_empty: bool | None = None  # the stack's instance release (None: the cluster config's)
+    pool_reuse: bool | None = None  # the warm pool takes released instances back (None: the cluster config's)
     eks: bool = False  # runs on EKS (its control plane is part of the idle floor)
 
 
@@ -109,6 +114,7 @@ class Run:
     pool_starts: int = 0
     releases: int = 0
     warm_pool: int = 0
+    instance_starts_by_wake: int = 0  # instances the API's wake launched itself (not managed scaling)
 
 
 def simulate(
@@ -191,6 +197,8 @@ def simulate(
         config = dataclasses.replace(config, warm_pool=scenario.warm_pool)
     if scenario.release_empty is not None:
         config = dataclasses.replace(config, release_empty=scenario.release_empty)
+    if scenario.pool_reuse is not None:
+        config = dataclasses.replace(config, pool_reuse=scenario.pool_reuse)
     cluster = Cluster(env, config, cold, make_worker, changed)
 
     # --- metrics ---------------------------------------------------------------------------------------------------
@@ -367,12 +375,17 @@ def simulate(
             dispatch()
 
     hold_until = -math.inf
+    instance_starts = 0
 
     def wake(latency: float):
-        nonlocal hold_until
+        nonlocal hold_until, instance_starts
         yield env.timeout(latency)
-        if cluster.desired == 0:
+        woke = cluster.desired == 0
+        if woke:
             set_desired(1, "api wake")
+        if woke and scenario.api_wake.starts_instance:
+            yield env.timeout(2 * API_CALL_S)  # DescribeAutoScalingGroups, SetDesiredCapacity
+            instance_starts += cluster.start_instance()
         if scenario.api_wake.hold_s and target is not None:
             hold_until = env.now + scenario.api_wake.hold_s
             target.minimum = max(policy.minimum, 1)
@@ -419,6 +432,7 @@ def simulate(
         pool_starts=cluster.pool_starts,
         releases=cluster.releases,
         warm_pool=config.warm_pool,
+        instance_starts_by_wake=instance_starts,
     )
 
 

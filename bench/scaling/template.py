@@ -71,6 +71,7 @@ class WakeSpec:
     functions: tuple[str, ...]
     check_interval_s: float
     hold_s: float = 0.0
+    starts_instance: bool = False  # every waking function names the GPU group and may raise its desired capacity
 
 
 @dataclass
@@ -290,7 +291,8 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
 def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     """The functions that wake the worker service from zero, or None when none does."""
     service_id, service = _single(template, "AWS::ECS::Service")
-    functions, intervals, holds = [], set(), set()
+    group_id, _ = _single(template, "AWS::AutoScaling::AutoScalingGroup")
+    functions, intervals, holds, starts = [], set(), set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         named = variables.get(_env.ENV_WORKER_SERVICE)
@@ -315,30 +317,38 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
         ):
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
+        # The instance start: the group named in the environment, and SetDesiredCapacity on it in the role.
+        starts.add(
+            _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id and _role_allows_group(template, role, group_id)
+        )
     if not functions:
         return None
-    if len(intervals) != 1 or len(holds) != 1:
+    if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1:
         raise TemplateError(
-            f"functions {functions} wake the service at different intervals {sorted(intervals)} or "
-            f"holds {sorted(holds)}"
+            f"functions {functions} wake the service at different intervals {sorted(intervals)}, "
+            f"holds {sorted(holds)} or with and without the instance start"
         )
-    return WakeSpec(functions=tuple(sorted(functions)), check_interval_s=intervals.pop(), hold_s=holds.pop())
+    return WakeSpec(
+        functions=tuple(sorted(functions)),
+        check_interval_s=intervals.pop(),
+        hold_s=holds.pop(),
+        starts_instance=starts.pop(),
+    )
 
 
-def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool]:
-    """The warm pool's stopped instances beside ``group_id`` (0 without one), and whether a function scheduled every
-    minute releases the group's empty instances (its role may set the group's desired capacity)."""
-    pool = 0
+def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool, bool]:
+    """The warm pool's stopped instances beside ``group_id`` (0 without one), whether a function scheduled every
+    minute releases the group's empty instances (its role may set the group's desired capacity), and whether the pool
+    takes released instances back with their volumes (ReuseOnScaleIn)."""
+    pool, reuse = 0, False
     for pool_id, resource in _resources(template, "AWS::AutoScaling::WarmPool").items():
         props = resource["Properties"]
         if _ref(props.get("AutoScalingGroupName")) != group_id:
             continue
         if props.get("PoolState", "Stopped") != "Stopped":
             raise TemplateError(f"{pool_id}: PoolState {props.get('PoolState')} is not modelled (Stopped only)")
-        if not props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"):
-            raise TemplateError(
-                f"{pool_id}: without ReuseOnScaleIn an instance never returns to the pool with its caches; not modelled"
-            )
+        # Without ReuseOnScaleIn a released instance is terminated and the pool holds freshly initialized ones.
+        reuse = bool(props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"))
         pool = int(props.get("MinSize", 0))
     scheduled = {
         _ref(t.get("Arn"))
@@ -353,7 +363,7 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
             template, _ref(function["Properties"].get("Role")), group_id
         ):
             release = True
-    return pool, release
+    return pool, release, reuse
 
 
 def _role_allows_group(template: Mapping[str, Any], role: str | None, group_id: str) -> bool:
@@ -373,7 +383,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
     """Policy, capacity and worker of the synthesized stack."""
     policy = read_policy(template)
     group_id, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
-    warm_pool, release_empty = read_capacity_choices(template, group_id)
+    warm_pool, release_empty, pool_reuse = read_capacity_choices(template, group_id)
     _, provider = _single(template, "AWS::ECS::CapacityProvider")
     managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
     if managed.get("Status") != "ENABLED":
@@ -417,6 +427,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
         uses_task_protection=protection,
         warm_pool=warm_pool,
         release_empty=release_empty,
+        pool_reuse=pool_reuse,
     )
     worker = WorkerSpec(
         max_num_seqs=int(env["MAX_NUM_SEQS"]),

@@ -121,6 +121,8 @@ PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted 
 WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on the worker service only
 # The wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py checks the statement).
 WAKE_HOLD = ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
+# The wake's instance start: the GPU group's desired capacity, read and raised (cdk.gpu_capacity.grant_instance_start).
+WAKE_INSTANCE = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:SetDesiredCapacity")
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage",
@@ -164,6 +166,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
         *XRAY,
         *WAKE,
         *WAKE_HOLD,
+        *WAKE_INSTANCE,
     }
     assert _prefixes(actions["s3:PutObject"]) == {
         f"{settings.REQUEST_PREFIX}*",
@@ -242,6 +245,7 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
         *XRAY,
         *WAKE,
         *WAKE_HOLD,
+        *WAKE_INSTANCE,
     }
     assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}
@@ -282,14 +286,39 @@ def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, han
     assert env[config.ENV_WAKE_CHECK_INTERVAL_S] == "60"
 
 
+@pytest.mark.parametrize("handler", [API, UPLOAD])
+def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group(synthesized, handler):
+    """GIVEN the API and upload functions WHEN reading their environment and Auto Scaling statements THEN they know
+    the GPU group by name, may raise its desired capacity (on that group's ARN only) and read it (DescribeAutoScaling
+    Groups, which takes no resource), and may do nothing else in Auto Scaling."""
+    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+    ).values()
+    assert function["Properties"]["Environment"]["Variables"][config.ENV_WORKER_GROUP] == {"Ref": group_id}
+    statements = [
+        s
+        for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
+        if any(str(a).startswith("autoscaling:") for a in _as_list(s["Action"]))
+    ]
+    # (CDK merges statements on the same resource: DescribeAutoScalingGroups shares "*" with X-Ray and the hold.)
+    by_action = {a: s["Resource"] for s in statements for a in _as_list(s["Action"]) if a.startswith("autoscaling:")}
+    assert set(by_action) == set(WAKE_INSTANCE)
+    assert by_action["autoscaling:DescribeAutoScalingGroups"] == "*"
+    arn = json.dumps(by_action["autoscaling:SetDesiredCapacity"])
+    assert "autoScalingGroupName/" in arn and group_id in arn and "*" not in arn.replace(":*:", ":")
+
+
 def test_without_wake_from_zero_no_function_gets_ecs_permissions_or_the_service(synth_variant):
-    """GIVEN wake_from_zero=False WHEN synthesized THEN no function may call ECS nor names the worker service."""
+    """GIVEN wake_from_zero=False WHEN synthesized THEN no function may call ECS nor names the worker service, and
+    none but the instance release may set the GPU group's capacity."""
     variant = synth_variant(wake_from_zero=False)
     for handler in (API, UPLOAD):
         role = function_role(variant.template, handler)
-        assert not [a for a in role_actions(variant.template, role) if a.startswith("ecs:")]
+        assert not [a for a in role_actions(variant.template, role) if a.startswith(("ecs:", "autoscaling:"))]
     for function in variant.resources("AWS::Lambda::Function").values():
-        assert config.ENV_WORKER_SERVICE not in function["Properties"].get("Environment", {}).get("Variables", {})
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        assert config.ENV_WORKER_SERVICE not in variables and config.ENV_WORKER_GROUP not in variables
 
 
 def _as_list(value):

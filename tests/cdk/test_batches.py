@@ -149,6 +149,9 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
         # the wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py)
         "application-autoscaling:RegisterScalableTarget",
         "application-autoscaling:PutScheduledAction",
+        # the wake's instance start (tests/cdk/test_api_and_permissions.py)
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:SetDesiredCapacity",
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}

@@ -129,17 +129,17 @@ def test_unknown_status_in_a_filter_is_rejected():
 
 def test_default_batch_is_the_sizing_rule_for_the_default_model_and_gpu(worker_context):
     """GIVEN no max_num_seqs WHEN sizing THEN the batch is cdk.capacity's rule at the planned 4,259 tokens (135 for
-    Qwen2.5-1.5B on an A10G), and jobs_per_task follows it at 1.5 batches."""
+    Qwen2.5-1.5B on an A10G), and jobs_per_task follows it at one batch."""
     props = _props(worker_context)
     expected = capacity.max_num_seqs(capacity.QWEN2_5_1_5B, capacity.A10G, sequence_tokens=4259)
     assert props.effective_max_num_seqs() == expected == 135
-    assert props.effective_jobs_per_task() == 1.5 * expected
+    assert props.effective_jobs_per_task() == expected
     assert _props(worker_context, planned_sequence_tokens=32768).effective_max_num_seqs() == 17
 
 
 def test_a_given_max_num_seqs_wins_and_sets_jobs_per_task(worker_context):
     props = _props(worker_context, max_num_seqs=16)
-    assert (props.effective_max_num_seqs(), props.effective_jobs_per_task()) == (16, 24)
+    assert (props.effective_max_num_seqs(), props.effective_jobs_per_task()) == (16, 16)
     assert _props(worker_context, max_num_seqs=16, jobs_per_task=40).effective_jobs_per_task() == 40
 
 

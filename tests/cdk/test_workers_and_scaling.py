@@ -181,8 +181,8 @@ BACKLOG = (
     f"FILL(visible1, 0) + FILL(inFlight1, 0) + {settings.BATCH_CHUNK_LINES} * (FILL(visible2, 0) + FILL(inFlight2, 0))"
 )
 DESIRED = {"desired": ("ECS/ContainerInsights", "DesiredTaskCount", "Maximum", 60)}
-# 1.5 x the sized batch (135 for Qwen2.5-1.5B on a g5.xlarge): cdk.service's default jobs_per_task.
-JOBS_PER_TASK = 202.5
+# The sized batch (135 for Qwen2.5-1.5B on a g5.xlarge): cdk.service's default jobs_per_task.
+JOBS_PER_TASK = 135
 
 
 def test_scale_out_alarm_reads_the_tasks_the_backlog_needs_when_more_than_wanted(synthesized):

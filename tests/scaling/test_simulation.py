@@ -8,13 +8,13 @@ import pytest
 
 from bench.scaling.ecs import ClusterConfig
 from bench.scaling.engine import EngineModel
-from bench.scaling.figures import ColdStart
+from bench.scaling.figures import BANDWIDTH_EFFICIENCY, STEP_OVERHEAD_S, ColdStart
 from bench.scaling.keda import KedaSpec
 from bench.scaling.queue import Queue
 from bench.scaling.simulation import ApiWake, Scenario, simulate
 from bench.scaling.template import read_policy
 from bench.scaling.trace import Request
-from cdk.capacity import A10G, QWEN2_5_1_5B, kv_cache_tokens
+from cdk.capacity import A10G, QWEN2_5_1_5B, GpuSpec, ModelShape, kv_cache_tokens
 from tests.scaling.conftest import scaling_policy
 
 ENGINE = EngineModel(QWEN2_5_1_5B, A10G, max_num_seqs=16, kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G))
@@ -122,9 +122,9 @@ def test_the_api_wake_requests_a_task_within_a_second_once_per_burst():
     spec = scaling_policy(max_tasks=2, jobs_per_task=16)
     burst = [Request(i * 0.05, 300, 20) for i in range(10)]  # fewer than one task batches
     run = _run(Scenario("deployed", policy=spec, api_wake=ApiWake(), task_protection="off"), burst)
-    # THEN the desired count leaves zero 0.1 s after the first submit, with one call, and no second task is added
-    # (the deployed policy adds one per cooldown while the first is starting)
-    assert run.wakes_s == [pytest.approx(0.1)]
+    # THEN the desired count leaves zero two API calls (0.2 s) after the first submit, with one check, and no second
+    # task is added (the deployed policy adds one per cooldown while the first is starting)
+    assert run.wakes_s == [pytest.approx(0.2)]
     assert run.api_wake_calls == 1 and run.max_tasks == 1
 
 
@@ -207,13 +207,28 @@ def test_expired_jobs_are_deleted_without_running():
     assert run.jobs[0].expired and run.jobs[0].started_s is None
 
 
-def test_engine_step_time_matches_the_roofline_figures():
-    # GIVEN Qwen2.5-1.5B on an A10G WHEN 16 sequences of 1,260 tokens decode THEN a step is memory bound, ~8.7 ms
-    step = ENGINE.step_s(16, 16 * 1260)
-    assert 0.008 < step < 0.0095
+def test_engine_step_time_matches_the_calibrated_figures():
+    # GIVEN Qwen2.5-1.5B on an A10G WHEN one sequence decodes THEN a step reads the weights (3.1 GB) at the fitted
+    # efficiency plus the per-step overhead, 7.0 ms; 16 sequences of 1,260 tokens add their KV cache, ~7.9 ms
+    assert ENGINE.step_s(1, 1000) == pytest.approx(0.0070, abs=0.0002)
+    assert ENGINE.step_s(16, 16 * 1260) == pytest.approx(0.0079, abs=0.0002)
     # AND a larger batch makes more tokens a second, less than proportionally
     small, large = ENGINE.decode_tokens_per_s(16, 1260), ENGINE.decode_tokens_per_s(64, 1260)
     assert small < large < 4 * small
+
+
+def test_the_engine_fit_reproduces_both_published_vllm_runs():
+    # GIVEN the two published concurrency-1 vLLM runs the engine is fitted to (figures.CALIBRATION_RUNS)
+    qwen_7b = ModelShape("Qwen/Qwen2.5-7B-Instruct", 7.62e9, 28, 3584, 28, 4, 128, 32768)
+    qwen_05b = ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 0.494e9, 24, 896, 14, 2, 64, 32768)
+    a6000 = GpuSpec("RTX A6000", 48 * 2**30, 768e9, 154.8e12)
+    l4 = GpuSpec("L4", 24 * 2**30, 300e9, 121e12)
+    # WHEN the engine decodes one sequence of a few hundred tokens on each THEN its step is the published one
+    for model, gpu, published in ((qwen_7b, a6000, 0.0219), (qwen_05b, l4, 0.0051)):
+        engine = EngineModel(model, gpu, max_num_seqs=1, kv_cache_tokens=100_000)
+        assert engine.step_s(1, 300) == pytest.approx(published, rel=0.02)
+    # AND the fit is a bandwidth fraction near the weights' read and an overhead of under 2 ms
+    assert 0.95 < BANDWIDTH_EFFICIENCY <= 1.0 and 0.0015 < STEP_OVERHEAD_S < 0.002
 
 
 def test_a_single_job_takes_its_prefill_plus_one_step_a_token():
@@ -259,24 +274,58 @@ def test_long_jobs_protection_lets_a_step_down_stop_the_task_of_the_short_job_no
     assert off.jobs[0].receives == 2 and off.jobs[0].finished_s > long_jobs.jobs[0].finished_s + 90
 
 
-def _instance_hours(pool: int, release: bool) -> tuple[float, float]:
-    """One short job on an idle stack, the deployed policy and wake: (GPU hours, first token s)."""
+def _instance_hours(
+    pool: int, release: bool, *, starts_instance: bool = False, reuse: bool = True, jobs: list[Request] | None = None
+) -> tuple[float, float]:
+    """Short jobs on an idle stack (one by default), the deployed policy and wake: (GPU hours, first token s of the
+    last job)."""
     spec = scaling_policy(max_tasks=2, jobs_per_task=16)
     scenario = Scenario(
-        "deployed", policy=spec, api_wake=ApiWake(), task_protection="off", warm_pool=pool, release_empty=release
+        "deployed",
+        policy=spec,
+        api_wake=ApiWake(starts_instance=starts_instance),
+        task_protection="off",
+        warm_pool=pool,
+        release_empty=release,
     )
-    run = _run(scenario, [Request(0.0, 300, 20)], tail_s=1800)
-    return run.gpu_hours, run.jobs[0].first_token_s - run.jobs[0].submitted_s
+    cluster = dataclasses.replace(CLUSTER, pool_reuse=reuse)
+    run = simulate(scenario, jobs or [Request(0.0, 300, 20)], ENGINE, cluster, SLOW, ttl_s=86400, tail_s=1800)
+    return run.gpu_hours, run.jobs[-1].first_token_s - run.jobs[-1].submitted_s
 
 
 def test_a_warm_pool_instance_serves_after_its_start_and_the_engine_only():
     # GIVEN the SLOW cold start (boot 120, image 300, weights 10, engine 110) WHEN one job wakes an idle stack
     _, fresh = _instance_hours(pool=0, release=False)
     _, pooled = _instance_hours(pool=1, release=False)
-    # THEN a fresh instance serves after boot + pull + weights + engine, a pooled one after its start + engine, both
-    # after managed scaling's first minute (30 s here)
+    # THEN a fresh instance serves after boot + pull + weights + engine, a pooled one after its start + the engine,
+    # whose load reads the weights from the root volume (its page cache is empty after the stop), both after managed
+    # scaling's first minute (30 s here)
     assert fresh == pytest.approx(30 + 120 + 300 + 10 + 110, abs=1)
-    assert pooled == pytest.approx(30 + 120 + 110, abs=1)
+    assert pooled == pytest.approx(30 + 120 + 110 - SLOW.engine_load_s + SLOW.volume_read_s, abs=1)
+    assert SLOW.volume_read_s == pytest.approx(3.09e9 / (125 * 2**20), rel=0.01)  # 3.1 GB at gp3's 125 MiB/s
+
+
+def test_the_wakes_instance_start_skips_managed_scalings_minute_and_asks_for_no_second_instance():
+    # GIVEN a warm pool WHEN one job wakes an idle stack whose wake also raises the GPU group from 0 to 1
+    managed_hours, managed = _instance_hours(pool=1, release=False)
+    hours, started = _instance_hours(pool=1, release=False, starts_instance=True)
+    # THEN the pooled instance starts four API calls (0.4 s) after the submit instead of at managed scaling's first
+    # minute (30 s here): 29.6 s sooner
+    assert started == pytest.approx(0.4 + 120 + 110 - SLOW.engine_load_s + SLOW.volume_read_s, abs=0.5)
+    assert managed - started == pytest.approx(29.6, abs=0.5)
+    # AND managed scaling, finding the instance the task needs, launches no second one: the same one instance as
+    # without the start, billed 29.6 s longer (it started that much sooner; it leaves after the same idle time)
+    assert hours == pytest.approx(managed_hours + 29.6 / 3600, abs=2 / 3600)
+
+
+def test_a_pool_without_reuse_holds_fresh_instances_that_pull_the_image_again():
+    # GIVEN a warm pool whose released instances are terminated (no ReuseOnScaleIn, as the ECS guide requires) WHEN one
+    # job wakes an idle stack, with the wake's instance start
+    _, reused = _instance_hours(pool=1, release=True, starts_instance=True)
+    _, fresh = _instance_hours(pool=1, release=True, starts_instance=True, reuse=False)
+    # THEN a pooled instance holds nothing beyond the AMI: the task pulls the image and downloads the weights after
+    # the instance's start, 300 + 10 s more
+    assert fresh - reused == pytest.approx(300 + 10 + SLOW.engine_load_s - SLOW.volume_read_s, abs=1)
 
 
 def test_the_release_gives_back_an_empty_instance_within_a_minute_or_two_not_fifteen():

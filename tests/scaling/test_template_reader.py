@@ -123,7 +123,8 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
     # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
-    # the service, ecs:UpdateService on it), at 60 s, each holding the minimum for the wake hold
+    # the service, ecs:UpdateService on it), at 60 s, each holding the minimum for the wake hold and starting the GPU
+    # instance (WORKER_AUTO_SCALING_GROUP naming the group, autoscaling:SetDesiredCapacity on it)
     wake = read(stack_template).wake
     handlers = {
         lid: f["Properties"]["Handler"]
@@ -134,6 +135,7 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
         functions=tuple(sorted(handlers)),
         check_interval_s=PROPS.wake_check_interval_seconds,
         hold_s=PROPS.wake_hold_seconds,
+        starts_instance=True,
     )
     assert sorted(handlers.values()) == [
         "lambdas.api.handler.lambda_handler",
@@ -151,6 +153,7 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
     )
     assert deployed.name == "deployed" and deployed.api_wake is not None
     assert (deployed.api_wake.check_interval_s, deployed.api_wake.hold_s) == (60, PROPS.wake_hold_seconds)
+    assert deployed.api_wake.starts_instance
     assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
         "long_jobs",
         20.0,
@@ -165,6 +168,23 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
         for name in ("queue_processing", "sagemaker", "keda")
         for kind in ("default", "tuned")
     }
+
+
+def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permission_on_it(stack_template):
+    # GIVEN the stack with the group's name taken out of every waking function's environment
+    variant = copy.deepcopy(stack_template)
+    for function in variant["Resources"].values():
+        if function["Type"] == "AWS::Lambda::Function":
+            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WORKER_GROUP, None)
+    # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
+    assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
+    # AND the pool's ReuseOnScaleIn reads back as the template sets it, and reaches the deployed scenario
+    assert read(stack_template).cluster.pool_reuse is True
+    for resource in variant["Resources"].values():
+        if resource["Type"] == "AWS::AutoScaling::WarmPool":
+            resource["Properties"].pop("InstanceReusePolicy")
+    [deployed] = scenarios(variant, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",))
+    assert read(variant).cluster.pool_reuse is False and deployed.pool_reuse is False
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):

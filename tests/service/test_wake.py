@@ -12,7 +12,7 @@ import json
 import pytest
 
 from async_inference import settings
-from async_inference.aws import WAKE_HOLD_RELEASE, WorkerService, client
+from async_inference.aws import WAKE_HOLD_RELEASE, CapacityGroup, WorkerService, client
 from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
@@ -186,3 +186,89 @@ def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):
     assert waker.job_queued() is True
     assert (desired(service_arn), waker.failures) == (1, 1)
     assert "could not hold its minimum" in caplog.text
+
+
+@pytest.fixture
+def gpu_group(moto: MotoServer, request: pytest.FixtureRequest) -> str:
+    """A GPU Auto Scaling group at 0 instances (as the stack leaves it idle), in moto."""
+    ec2 = client("ec2")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    name = f"gpu-{request.node.name[-40:]}"
+    template = ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": image, "InstanceType": "g5.xlarge"}
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    client("autoscaling").create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        LaunchTemplate={"LaunchTemplateId": template},
+        MinSize=0,
+        MaxSize=2,
+        DesiredCapacity=0,
+        AvailabilityZones=["us-east-1a"],
+    )
+    return name
+
+
+def group_desired(name: str) -> int:
+    [group] = client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return group["DesiredCapacity"]
+
+
+def test_a_wake_starts_one_gpu_instance_without_waiting_for_managed_scaling(service_arn: str, gpu_group: str):
+    # GIVEN a service at zero tasks and its GPU group at zero instances
+    waker = ServiceWaker(
+        WorkerService(cluster_of(service_arn), service_arn),
+        check_interval_s=60,
+        group=CapacityGroup(gpu_group),
+        clock=Clock(),
+    )
+    # WHEN a job is queued THEN the service wants one task and the group one instance, at once
+    assert waker.job_queued() is True
+    assert (desired(service_arn), group_desired(gpu_group), waker.instance_starts) == (1, 1, 1)
+
+
+def test_a_wake_never_lowers_a_group_that_has_capacity(service_arn: str, gpu_group: str):
+    # GIVEN a service at zero tasks whose group still holds 2 instances (not yet released)
+    client("autoscaling").set_desired_capacity(AutoScalingGroupName=gpu_group, DesiredCapacity=2)
+    waker = ServiceWaker(
+        WorkerService(cluster_of(service_arn), service_arn), check_interval_s=60, group=CapacityGroup(gpu_group)
+    )
+    # WHEN a job wakes the service THEN the group is left at 2 (the task lands on what is there)
+    assert waker.job_queued() is True
+    assert (desired(service_arn), group_desired(gpu_group), waker.instance_starts) == (1, 2, 0)
+
+
+def test_a_wake_that_finds_the_service_running_does_not_touch_the_group(service_arn: str, gpu_group: str):
+    # GIVEN a service already at one task (the alarms woke it) and its group at 0 (managed scaling on its way)
+    client("ecs").update_service(cluster=cluster_of(service_arn), service=service_arn, desiredCount=1)
+    waker = ServiceWaker(
+        WorkerService(cluster_of(service_arn), service_arn), check_interval_s=60, group=CapacityGroup(gpu_group)
+    )
+    # WHEN a job is queued THEN nothing is started: only a wake from zero starts an instance
+    assert waker.job_queued() is False
+    assert group_desired(gpu_group) == 0
+
+
+def test_an_instance_start_that_fails_leaves_the_wake_standing(service_arn: str, caplog, capsys):
+    # GIVEN a waker whose group Auto Scaling does not know
+    waker = ServiceWaker(
+        WorkerService(cluster_of(service_arn), service_arn),
+        check_interval_s=60,
+        group=CapacityGroup("no-such-group"),
+        clock=Clock(),
+    )
+    # WHEN a job is queued THEN the service is woken, the failed start counted, logged and emitted
+    assert waker.job_queued() is True
+    assert (desired(service_arn), waker.failures, waker.instance_starts) == (1, 1, 0)
+    assert "could not start a GPU instance in no-such-group" in caplog.text
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r[settings.METRIC_WAKE_FAILURES] for r in records] == [[1.0]]
+
+
+def test_the_settings_carry_the_group_to_the_waker():
+    # GIVEN the environment a deployed function gets with the group WHEN loaded THEN the waker starts instances there
+    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group")
+    base = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="q", topic_arn="t", wake=target).to_env()
+    loaded = ServiceSettings.load(**_by_field(base))
+    assert loaded.wake == target
+    waker = ServiceWaker.for_target(loaded.wake)
+    assert waker.group is not None and waker.group.name == "gpu-group"
