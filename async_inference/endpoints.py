@@ -1,0 +1,38 @@
+"""The OpenAI endpoints a batch's lines may target, and each one's request model: one table, read by the batch API
+(which endpoints a batch may name), the planner (each line's ``url`` is the batch's) and the worker (which model a
+line's ``body`` is validated with, and what runs it). docs/design/embeddings.md says what each endpoint's lines
+become."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
+from async_inference.schemas import ChatCompletionRequest
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/embeddings"]
+
+LineRequest = ChatCompletionRequest | EmbeddingRequest
+
+# url -> (the request model, the name its 400s use)
+_MODELS: dict[str, tuple[type[Any], str]] = {
+    CHAT_ENDPOINT: (ChatCompletionRequest, "chat.completions"),
+    EMBEDDINGS_ENDPOINT: (EmbeddingRequest, "embeddings"),
+}
+BATCH_ENDPOINTS = tuple(_MODELS)
+
+
+def request_name(url: str) -> str:
+    """How a 400 names the request a url takes (``chat.completions``, ``embeddings``)."""
+    return _MODELS[url][1] if url in _MODELS else url
+
+
+def parse_line_body(url: str, body: dict[str, Any]) -> LineRequest:
+    """A line's body as the request its url takes; a pydantic ValidationError (the field to fix) when it is not one.
+    A url no batch may name is a ValueError (planning refuses such a batch before any line runs)."""
+    if url not in _MODELS:
+        raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_ENDPOINTS)}")
+    model: Any = _MODELS[url][0]
+    request: LineRequest = model.model_validate(body)
+    return request
