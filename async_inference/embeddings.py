@@ -61,6 +61,10 @@ class EmbeddingRequest(StrictModel):
     dimensions: int | None = Field(default=None, ge=1)
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
 
+    def canonical(self) -> dict[str, Any]:
+        """The request as JobSubmission.fingerprint() digests it: every field, defaults filled in."""
+        return self.model_dump(mode="json")
+
     @property
     def texts(self) -> list[str]:
         """The inputs, one per vector."""

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import requests
 
 from async_inference.embeddings import decode_vector
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import EMBEDDING_MODEL, TENANT_KEYS
-from tests.e2e.test_batches_openai import jsonl, settled, upload
+from tests.e2e.test_batches_openai import jsonl, settled, until, upload
 
 pytestmark = pytest.mark.e2e
 KEY_A = next(iter(TENANT_KEYS))
@@ -102,3 +103,49 @@ def test_a_batch_of_embeddings_lines_gives_one_384_vector_per_line_and_a_paraphr
     assert errors["tokens"]["response"]["body"]["error"]["param"] == "input"
     assert errors["short"]["response"]["status_code"] == 400
     assert errors["short"]["response"]["body"]["error"]["message"].startswith("dimensions: ")
+
+
+def test_an_embeddings_job_ends_with_an_embedding_list_result_and_a_notification(stack, inbox, embedding_worker):
+    # GIVEN an embeddings job (POST /v1/jobs with endpoint /v1/embeddings), two texts in base64
+    body = {
+        "endpoint": "/v1/embeddings",
+        "request": {"model": EMBEDDING_MODEL, "input": [TEXTS["food"], TEXTS["bread"]]},
+    }
+    body["request"]["encoding_format"] = "base64"
+    headers = {"x-api-key": KEY_A, "Content-Type": "application/json"}
+    submitted = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps(body), headers=headers, timeout=10)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["job_id"]
+
+    # WHEN the embedding worker runs it
+    def final() -> dict | None:
+        view = requests.get(f"{stack.api_url}/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+        return view if view["status"] in ("succeeded", "failed") else None
+
+    view = until(final, timeout_s=120)
+
+    # THEN it succeeded with the prompt tokens as its usage, its result is OpenAI's embedding list (the SDK's type
+    # parses it once base64 is decoded), and its notification carries the same result inline
+    assert view and view["status"] == "succeeded", view
+    assert view["usage"]["prompt_tokens"] > 0 and view["usage"]["completion_tokens"] == 0
+    result = requests.get(view["result"]["url"], timeout=10).json()
+    assert result["job_id"] == job_id and [d["index"] for d in result["data"]] == [0, 1]
+    for item in result["data"]:
+        item["embedding"] = decode_vector(item["embedding"])
+    parsed = openai.types.CreateEmbeddingResponse.model_validate(result)
+    assert [len(d.embedding) for d in parsed.data] == [384, 384]
+    assert cosine(parsed.data[0].embedding, parsed.data[1].embedding) > 0.6
+    notes = inbox.for_job(job_id, wait_s=5)
+    assert [n["status"] for n in notes] == ["succeeded"] and notes[0]["result"]["object"] == "list"
+
+
+def test_an_embeddings_job_with_a_chat_body_or_a_token_array_is_a_400_naming_the_field(stack):
+    headers = {"x-api-key": KEY_A, "Content-Type": "application/json"}
+    chat = {"model": EMBEDDING_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for body, field in (
+        ({"endpoint": "/v1/embeddings", "request": chat}, "request"),
+        ({"endpoint": "/v1/embeddings", "request": {"model": EMBEDDING_MODEL, "input": [1, 2]}}, "request.input"),
+    ):
+        response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps(body), headers=headers, timeout=10)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["details"][0]["field"] == field
