@@ -7,24 +7,31 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from async_inference.completions import COMPLETIONS_ENDPOINT, CompletionRequest
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
-from async_inference.schemas import ChatCompletionRequest
+from async_inference.responses import ResponseCreate
+from async_inference.schemas import CHAT_ENDPOINT, ChatCompletionRequest
 
-CHAT_ENDPOINT = "/v1/chat/completions"
-BatchEndpoint = Literal["/v1/chat/completions", "/v1/embeddings"]
+RESPONSES_ENDPOINT = "/v1/responses"
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses"]
 
-LineRequest = ChatCompletionRequest | EmbeddingRequest
+LineRequest = ChatCompletionRequest | EmbeddingRequest | CompletionRequest | ResponseCreate
 
 # url -> (the request model, the name its 400s use)
 _MODELS: dict[str, tuple[type[Any], str]] = {
     CHAT_ENDPOINT: (ChatCompletionRequest, "chat.completions"),
     EMBEDDINGS_ENDPOINT: (EmbeddingRequest, "embeddings"),
+    COMPLETIONS_ENDPOINT: (CompletionRequest, "completions"),
+    RESPONSES_ENDPOINT: (ResponseCreate, "responses"),
 }
+# What says how a background response is kept: a batch line's answer is kept in the batch's output file instead, so
+# a responses line runs whatever they say (OpenAI's batch lines carry neither).
+_RESPONSE_KEEPING = ("background", "store")
 BATCH_ENDPOINTS = tuple(_MODELS)
 
 
 def request_name(url: str) -> str:
-    """How a 400 names the request a url takes (``chat.completions``, ``embeddings``)."""
+    """How a 400 names the request a url takes (``chat.completions``, ``embeddings``...)."""
     return _MODELS[url][1] if url in _MODELS else url
 
 
@@ -34,5 +41,7 @@ def parse_line_body(url: str, body: dict[str, Any]) -> LineRequest:
     if url not in _MODELS:
         raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_ENDPOINTS)}")
     model: Any = _MODELS[url][0]
+    if url == RESPONSES_ENDPOINT:
+        body = {**{k: v for k, v in body.items() if k not in _RESPONSE_KEEPING}, "background": True}
     request: LineRequest = model.model_validate(body)
     return request
