@@ -124,3 +124,15 @@ def test_string_and_list_inputs_are_accepted_and_empty_ones_refused():
 def test_echo_has_no_embedding_flavour():
     with pytest.raises(ValueError, match="serves no embedding model"):
         make_engine("echo", kind="embedding")
+
+
+def test_an_embeddings_request_on_a_chat_engine_is_refused_saying_what_it_needs():
+    # GIVEN a worker whose engine serves a chat model (echo) WHEN an embeddings request reaches it
+    from async_inference.embeddings import EmbeddingRequest
+    from gpu_worker import answers
+    from gpu_worker.engines.echo import EchoEngine
+
+    request = EmbeddingRequest.model_validate({"model": "echo-model", "input": "text"})
+    # THEN it is a permanent refusal (a 400 line, a failed job) naming the model and what it needs
+    with pytest.raises(PermanentEngineError, match="'echo-model' is served by a chat engine.*needs an embedding model"):
+        asyncio.run(answers.run(EchoEngine(), "e", request))
