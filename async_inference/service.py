@@ -16,9 +16,11 @@ from pydantic import ValidationError
 from async_inference import safe_json, settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.config import ServiceConfig
+from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
+    CHAT_ENDPOINT,
     ChatCompletion,
     ChatCompletionRequest,
     ClaimCheck,
@@ -31,6 +33,7 @@ from async_inference.schemas import (
     S3Location,
     Timings,
     UploadDeadline,
+    Usage,
     WebhookState,
     error_location,
     error_message,
@@ -39,6 +42,8 @@ from async_inference.schemas import (
 from async_inference.served_models import ServedModels
 from async_inference.wake import ServiceWaker
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
+
+JobResult = ChatCompletion | EmbeddingList  # a job's result object: a chat.completion, or an embeddings job's list
 
 
 class NotAClaimCheck(ValueError):
@@ -197,6 +202,7 @@ class JobService:
             if submission.webhook
             else None,
             priority=submission.priority,
+            endpoint=submission.endpoint if submission.endpoint != CHAT_ENDPOINT else None,
         )
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
@@ -587,7 +593,7 @@ class JobService:
         job_id = job if isinstance(job, str) else job.job_id
         return self.store.transition(job_id, target, only_from=only_from, notified=False, **fields)
 
-    def store_result(self, job: Job, result: ChatCompletion) -> tuple[ChatCompletion, dict[str, Any]]:
+    def store_result(self, job: Job, result: JobResult) -> tuple[JobResult, dict[str, Any]]:
         """Write the job's result object, once: the result that stands (an earlier run's, when one wrote first) and
         the fields its ``succeeded`` state records."""
         key = settings.result_key(job.tenant, job.job_id)
@@ -595,9 +601,12 @@ class JobService:
         stored = self.blobs.put_json_once(key, result.model_dump_json().encode())
         if stored is not None:
             # An earlier run of this job (a worker that crashed after writing) got there first: its result stands.
-            result = ChatCompletion.model_validate_json(stored)
+            result = type(result).model_validate_json(stored)
             written_at = self.blobs.written_at(key) or written_at
         expires_at = settings.lifecycle_expiry(written_at, self.payload_retention_days)
+        if isinstance(result, EmbeddingList):  # no completion, no finish reason
+            usage = Usage(prompt_tokens=result.usage.prompt_tokens, total_tokens=result.usage.total_tokens)
+            return result, {"result_key": key, "usage": usage, "result_expires_at": expires_at}
         return result, {
             "result_key": key,
             "usage": result.usage,
@@ -605,7 +614,7 @@ class JobService:
             "result_expires_at": expires_at,
         }
 
-    def notify_many(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
+    def notify_many(self, finished: list[tuple[Job, JobResult | None]]) -> list[bool]:
         """``notify`` for several jobs in batched requests (the worker's path at load); which ones went out."""
         notifications = [
             (build_notification(job, result=result, bucket=self.blobs.bucket), job.webhook is not None)
@@ -617,7 +626,7 @@ class JobService:
             self.store.mark_notified(done)
         return published
 
-    def notify(self, job: Job, *, result: ChatCompletion | None = None) -> None:
+    def notify(self, job: Job, *, result: JobResult | None = None) -> None:
         """Publish the job's notification, then record that it was sent. A crash in between re-sends it on
         redelivery: subscribers see a notification at least once, and dedupe on job id."""
         notification = build_notification(job, result=result, bucket=self.blobs.bucket)
@@ -662,7 +671,7 @@ class JobService:
         return self.store.record_progress(job_id, progress)
 
 
-def build_notification(job: Job, *, result: ChatCompletion | None, bucket: str) -> ResultNotification:
+def build_notification(job: Job, *, result: JobResult | None, bucket: str) -> ResultNotification:
     inline = None
     if result is not None and len(result.model_dump_json()) <= settings.MAX_INLINE_RESULT_BYTES:
         inline = result
@@ -691,16 +700,23 @@ def build_notification(job: Job, *, result: ChatCompletion | None, bucket: str) 
     )
 
 
-def parse_request_body(body: bytes) -> tuple[ChatCompletionRequest | None, str]:
-    """A stored request body as a ChatCompletionRequest, or None and why it is not one (for a failed job's reason)."""
+def parse_request_body(
+    body: bytes, endpoint: str | None = None
+) -> tuple[ChatCompletionRequest | EmbeddingRequest | None, str]:
+    """A stored request body as the request of ``endpoint`` (None: chat.completions; an embeddings job's
+    ``/v1/embeddings``), or None and why it is not one (for a failed job's reason)."""
     try:
         safe_json.loads(body)  # the limits every entry point holds input to, with their message
     except safe_json.UnsafeJson as exc:
         return None, "the body is not valid JSON" if exc.msg.startswith("not valid") else f"the body is refused: {exc}"
+    model: type[ChatCompletionRequest | EmbeddingRequest] = ChatCompletionRequest
+    name = "chat.completions"
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        model, name = EmbeddingRequest, "embeddings"
     try:
-        return ChatCompletionRequest.model_validate_json(body), ""
+        return model.model_validate_json(body), ""
     except ValidationError as exc:
         if exc.errors()[0]["type"] == "json_invalid":
             return None, "the body is not valid JSON"
         message, _ = describe_validation_error(exc)
-        return None, f"the body is not a valid chat.completions request: {message}"
+        return None, f"the body is not a valid {name} request: {message}"

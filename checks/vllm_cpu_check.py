@@ -19,6 +19,9 @@ ENGINE=vllm and serving the model as SmolLM2-135M-Instruct (the stack's served m
 model is another), submits jobs through the HTTP API and checks their results against the same greedy texts, and a
 json_schema, a forced tool call, a logprobs and an n job.
 
+Part 3 (``--no-embedding`` skips it, ``--embedding-only`` runs it alone) runs the embedding model on vLLM's pooling
+runner (``checks.vllm_cpu_embedding_check``).
+
 Prints one line per check and exits 1 if any failed. vLLM spawns its engine in a child process that re-imports this
 module: everything runs under the ``__main__`` guard.
 """
@@ -436,6 +439,8 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-worker", action="store_true", help="check the adapter only")
+    parser.add_argument("--no-embedding", action="store_true", help="skip the pooling runner's embedding check")
+    parser.add_argument("--embedding-only", action="store_true", help="run the embedding check alone")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -445,8 +450,12 @@ def main() -> int:
         return 2
     print(f"vllm {vllm.__version__}", flush=True)
 
+    from checks.vllm_cpu_embedding_check import check_embedding
     from gpu_worker.engines.cpu import prepare_smollm2
 
+    if args.embedding_only:
+        asyncio.run(check_embedding(check))
+        return 1 if any(not r.ok for r in results) else 0
     model_dir = prepare_smollm2()
     t0 = time.monotonic()
     expected = asyncio.run(reference_greedy(model_dir))
@@ -454,6 +463,8 @@ def main() -> int:
     asyncio.run(check_adapter(model_dir, expected))
     if not args.no_worker:
         check_worker(model_dir, expected)
+    if not args.no_embedding:
+        asyncio.run(check_embedding(check))
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

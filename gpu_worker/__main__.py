@@ -40,7 +40,7 @@ def batch_store(config: WorkerSettings) -> Any:
 async def main(config: WorkerSettings) -> int:
     worker = Worker(
         config.worker_config(),
-        make_engine(config.engine, **config.engine_options()),
+        make_engine(config.engine, kind=config.model_kind, **config.engine_options()),
         protection=TaskProtection(config.ecs_agent_uri),
         faults=Faults.parse(config.worker_faults),
         metrics=WorkerMetrics(config.metrics_namespace),

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from async_inference.aws import JobEvents, WebhookQueue
-from async_inference.schemas import ChatCompletion, Job, JobActivity
-from async_inference.service import JobService
+from async_inference.schemas import Job, JobActivity
+from async_inference.service import JobResult, JobService
 from async_inference.webhooks.events import EVENT_STARTED, started_event
 from gpu_worker.batcher import Batcher
 
@@ -46,7 +46,7 @@ class Announcer:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def finished(self, job: Job, result: ChatCompletion | None) -> bool:
+    async def finished(self, job: Job, result: JobResult | None) -> bool:
         """Publish the final job's notification (batched with others); whether it went out."""
         return bool(await (await self._notices.add((job, result))))
 
@@ -74,7 +74,7 @@ class Announcer:
                 )
             )
 
-    async def _notify_batch(self, finished: list[tuple[Job, ChatCompletion | None]]) -> list[bool]:
+    async def _notify_batch(self, finished: list[tuple[Job, JobResult | None]]) -> list[bool]:
         return await self._io(self.service.notify_many, finished)
 
     async def _publish_activities(self, activities: list[JobActivity]) -> list[bool]:

@@ -13,7 +13,8 @@ order a crash can interrupt safely (docs/design/batches.md):
 
 What a line becomes (OpenAI's line format, ``BatchLineOutput``):
 
-* generated: ``response.status_code`` 200 with a chat.completion body (output part);
+* generated: ``response.status_code`` 200 with OpenAI's answer for the line's url (``gpu_worker.answers``): a
+  chat.completion, an embedding list (output part);
 * a body the request schema refuses: 400 with the message the jobs API gives (``describe_validation_error``); a
   model this worker does not serve: 404 ``model_not_found`` (error part);
 * not finished by the batch's deadline (``completion_window``): ``error.code`` ``batch_expired``; over the line's
@@ -38,21 +39,20 @@ from pydantic import ValidationError
 from async_inference import settings
 from async_inference.aws import Blobs, ControlQueue
 from async_inference.batches.lines import BatchInputLine, line_id
+from async_inference.endpoints import LineRequest, request_name
 from async_inference.schemas import (
     BatchControl,
     BatchLineError,
     BatchLineOutput,
     BatchLineResponse,
-    ChatCompletionRequest,
     ChunkClaimCheck,
     utcnow,
 )
 from async_inference.served_models import ServedModels
 from async_inference.service import describe_validation_error
-from gpu_worker.completions import chat_completion
+from gpu_worker import answers
 from gpu_worker.engines.base import (
     Engine,
-    Generation,
     GenerationAborted,
     PermanentEngineError,
     TransientEngineError,
@@ -110,7 +110,7 @@ class ChunkLine:
     number: int  # line number in the input file (1-based)
     custom_id: str
     line_id: str  # batch_req_...: the output line's id and the engine's request id (the same on every run)
-    request: ChatCompletionRequest | None = None
+    request: LineRequest | None = None
     result: BatchLineOutput | None = None
 
 
@@ -137,15 +137,15 @@ def expired(line: ChunkLine) -> BatchLineOutput:
     return failed(line, "batch_expired", EXPIRED_MESSAGE)
 
 
-def succeeded(line: ChunkLine, generation: Generation) -> BatchLineOutput:
+def succeeded(line: ChunkLine, output: answers.Output) -> BatchLineOutput:
     assert line.request is not None
-    completion = chat_completion(
-        generation, completion_id="chatcmpl-" + line.line_id.removeprefix("batch_req_"), model=line.request.model
-    ).model_dump(mode="json", exclude={"job_id"})
+    answer = answers.body(line.request, output, suffix=line.line_id.removeprefix("batch_req_"))
     return BatchLineOutput(
         id=line.line_id,
         custom_id=line.custom_id,
-        response=BatchLineResponse(status_code=200, request_id=request_id(line), body=completion),
+        response=BatchLineResponse(
+            status_code=200, request_id=request_id(line), body=answer.model_dump(mode="json", exclude={"job_id"})
+        ),
     )
 
 
@@ -179,7 +179,7 @@ def parse_lines(claim: ChunkClaimCheck, data: bytes, served: ServedModels) -> li
             line.result = refused(
                 line,
                 400,
-                f"the body is not a valid chat.completions request: {message}",
+                f"the body is not a valid {request_name(item.url)} request: {message}",
                 code="invalid_request",
                 param=details[0]["field"] if details else None,
             )
@@ -299,8 +299,8 @@ class ChunkRun:
                             continue
                         self.running.add(line.line_id)
                         try:
-                            generation = await asyncio.wait_for(
-                                self.engine.generate(line.line_id, line.request), timeout=self.claim.timeout_s
+                            output = await asyncio.wait_for(
+                                answers.run(self.engine, line.line_id, line.request), timeout=self.claim.timeout_s
                             )
                         except GenerationAborted:
                             if self.stopped is None and not slot.preempted:
@@ -325,7 +325,7 @@ class ChunkRun:
                         self.finished += 1
                         if self.finished == 1:
                             self.faults.at("in_chunk", self.ident)
-                        return succeeded(line, generation)
+                        return succeeded(line, output)
                     await asyncio.sleep(retry_in)
             except TimeoutError:
                 if not window.expired():

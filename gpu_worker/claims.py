@@ -1,7 +1,7 @@
 """What the worker holds: a queue message, parsed once into the claim it carries, and what became of it.
 
 A message on either lane's queue carries one claim of some kind: a job's ``ClaimCheck``, a batch chunk's
-``ChunkClaimCheck``, and next the kinds that background responses and embeddings add. ``parse_claim`` reads a body
+``ChunkClaimCheck``, an embeddings job's ``EmbeddingClaimCheck`` (its payload is an embeddings request). ``parse_claim`` reads a body
 once into the one discriminated union ``Claim`` (the ``kind`` field; a body without one is a job's claim check, as
 every producer wrote them before there were kinds); a new kind is one more member of ``Claim`` and one more handler in
 ``gpu_worker.runner``. Nothing else in the worker parses a body.
@@ -23,12 +23,13 @@ from typing import Annotated, Any
 from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
 
 from async_inference.aws import QueueMessage
-from async_inference.schemas import ChunkClaimCheck, ClaimCheck
+from async_inference.schemas import ChunkClaimCheck, ClaimCheck, EmbeddingClaimCheck
 
 logger = logging.getLogger("gpu_worker.claims")
 
 JOB = "job"
 BATCH_CHUNK = "batch_chunk"
+EMBEDDING = "embedding"
 
 
 def _kind(value: Any) -> str | None:
@@ -40,10 +41,12 @@ def _kind(value: Any) -> str | None:
 
 # One member per kind of claim; a new kind is one more line here (and its handler in gpu_worker.runner).
 Claim = Annotated[
-    Annotated[ClaimCheck, Tag(JOB)] | Annotated[ChunkClaimCheck, Tag(BATCH_CHUNK)],
+    Annotated[ClaimCheck, Tag(JOB)]
+    | Annotated[ChunkClaimCheck, Tag(BATCH_CHUNK)]
+    | Annotated[EmbeddingClaimCheck, Tag(EMBEDDING)],
     Discriminator(_kind),
 ]
-KINDS = frozenset({JOB, BATCH_CHUNK})
+KINDS = frozenset({JOB, BATCH_CHUNK, EMBEDDING})
 _ADAPTER: TypeAdapter[ClaimCheck | ChunkClaimCheck] = TypeAdapter(Claim)
 
 

@@ -229,6 +229,9 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
     model: str | None = Field(
         None, alias=env.ENV_MODEL, description="the model: a Hugging Face id or directory (vllm: required)"
     )
+    model_kind: Literal["chat", "embedding"] = Field(
+        "chat", alias="MODEL_KIND", description="chat or embedding: which flavour of ENGINE serves the model"
+    )
     model_s3_uri: str | None = Field(
         None, alias=env.ENV_MODEL_S3_URI, description="s3://bucket/prefix/ holding the model files, synced to MODEL_DIR"
     )

@@ -35,21 +35,22 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from async_inference.embeddings import EMBEDDINGS_ENDPOINT
+from async_inference.endpoints import LineRequest
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
-    ChatCompletion,
-    ChatCompletionRequest,
     ChunkClaimCheck,
     ClaimCheck,
+    EmbeddingClaimCheck,
     Job,
     JobProgress,
     utcnow,
 )
-from async_inference.service import JobService, parse_request_body
+from async_inference.service import JobResult, JobService, parse_request_body
+from gpu_worker import answers
 from gpu_worker.announce import Announcer
 from gpu_worker.chunks import Chunks
 from gpu_worker.claims import InFlight, Outcome, UnknownKind
-from gpu_worker.completions import chat_completion
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engines.base import (
     Engine,
@@ -59,6 +60,7 @@ from gpu_worker.engines.base import (
     PermanentEngineError,
     TransientEngineError,
 )
+from gpu_worker.engines.embedding import Embeddings
 from gpu_worker.faults import Faults
 from gpu_worker.lanes import Admission
 from gpu_worker.metrics import WorkerMetrics
@@ -104,6 +106,7 @@ class Runner:
         self._handlers: dict[type, Callable[[Any, InFlight], Awaitable[Outcome]]] = {
             ClaimCheck: self._job,
             ChunkClaimCheck: self._chunk,
+            EmbeddingClaimCheck: self._job,  # the same life, another request and answer (gpu_worker.answers)
         }
         # Jobs the heartbeat found cancelled. An engine ignores an abort for a request it has not seen yet, so a job
         # cancelled while it waits for an engine slot is stopped here instead.
@@ -207,17 +210,19 @@ class Runner:
                 return await self._finish(flight, job, JobStatus.EXPIRED, error="still queued at its deadline")
         # Read while the job is still queued: the read overlaps the generation of the jobs in the engine.
         raw = await self._io(self.service.read_request, claim)
-        request, reason = parse_request_body(raw) if raw is not None else (None, MISSING_PAYLOAD)
+        endpoint = EMBEDDINGS_ENDPOINT if isinstance(claim, EmbeddingClaimCheck) else None
+        request, reason = parse_request_body(raw, endpoint) if raw is not None else (None, MISSING_PAYLOAD)
         if request is None:
             # It never ran (attempts counts runs): failed from queued, or from running for a redelivery after a
             # crash, never from a final state.
             return await self._finish(
                 flight, claim.job_id, JobStatus.FAILED, error=reason, only_from={JobStatus.QUEUED, JobStatus.RUNNING}
             )
-        if self.policy.refuses(request.max_tokens):
+        max_tokens = getattr(request, "max_tokens", 0)  # an embeddings request generates nothing
+        if self.policy.refuses(max_tokens):
             # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run.
             return Outcome.retry(self.config.visibility_timeout_s, "left to the newer deployment")
-        if self.policy.is_long(request.max_tokens):
+        if self.policy.is_long(max_tokens):
             flight.protect = True
             await self.policy.sync()
 
@@ -238,19 +243,15 @@ class Runner:
         if isinstance(outcome, TransientEngineError):
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, outcome)
             return self._retry(flight, "transient engine fault")
-        assert isinstance(outcome, Generation)
+        assert isinstance(outcome, (Generation, Embeddings))
         logger.debug("job %s generated in %.3f s", job.job_id, time.monotonic() - flight.started)
-        completion = chat_completion(
-            outcome,
-            completion_id=f"chatcmpl-{job.job_id.removeprefix('job_')}",
-            model=job.model or "",
-            job_id=job.job_id,
-        )
-        return await self._finish(flight, job, JobStatus.SUCCEEDED, result=completion)
+        result = answers.body(request, outcome, suffix=job.job_id.removeprefix("job_"), job_id=job.job_id)
+        assert isinstance(result, JobResult)
+        return await self._finish(flight, job, JobStatus.SUCCEEDED, result=result)
 
     async def _in_engine(
-        self, claim: ClaimCheck, flight: InFlight, request: ChatCompletionRequest
-    ) -> tuple[Job | None, Generation | BaseException | None]:
+        self, claim: ClaimCheck, flight: InFlight, request: LineRequest
+    ) -> tuple[Job | None, answers.Output | BaseException | None]:
         """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
         and generate; the job and the generation or the engine error that ended it. The slot is free again before
         the result is stored. The execution timeout counts from the start of the generation."""
@@ -272,7 +273,7 @@ class Runner:
                             if job.job_id in self.cancelled:
                                 raise GenerationAborted(job.job_id)
                             generation = await asyncio.wait_for(
-                                self.engine.generate(job.job_id, request), timeout=claim.timeout_s
+                                answers.run(self.engine, job.job_id, request), timeout=claim.timeout_s
                             )
                             return job, generation
                         except GenerationAborted as exc:
@@ -312,7 +313,7 @@ class Runner:
         job: Job | str,
         target: JobStatus,
         *,
-        result: ChatCompletion | None = None,
+        result: JobResult | None = None,
         **fields: Any,
     ) -> Outcome:
         """End a job, succeeded or not, in the one order a crash can interrupt safely: result object (written once),
@@ -322,7 +323,7 @@ class Runner:
         processing_s = None
         if result is not None:
             assert isinstance(job, Job)
-            generated_tokens = result.usage.completion_tokens
+            generated_tokens = getattr(result.usage, "completion_tokens", 0)
             result, result_fields = await self._io(self.service.store_result, job, result)
             processing_s = time.monotonic() - flight.started
             fields.update(result_fields)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, ValidationInfo, field_validator
 
-from async_inference.schemas import ChatCompletionRequest
+from async_inference.endpoints import LineRequest, parse_line_body
 
 
 class BatchInputLine(BaseModel):
@@ -36,9 +36,10 @@ class BatchInputLine(BaseModel):
             raise ValueError(f"url must be {endpoint}, the batch's endpoint")
         return value
 
-    def request(self) -> ChatCompletionRequest:
-        """The body as a chat.completions request; a ValidationError (the jobs API's) when the schema refuses it."""
-        return ChatCompletionRequest.model_validate(self.body)
+    def request(self) -> LineRequest:
+        """The body as the request its url takes (a chat.completions or an embeddings request...); a ValidationError
+        (the jobs API's) when the schema refuses it."""
+        return parse_line_body(self.url, self.body)
 
 
 def line_errors(exc: ValidationError) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from async_inference import settings
+from async_inference.endpoints import BatchEndpoint
 from async_inference.schemas import SCHEMA_VERSION, MetadataKey, MetadataValue, WebhookState
 from async_inference_client.models.batches import (  # noqa: F401 (re-exported for the service)
     BATCH_ID_PATTERN,
@@ -94,7 +95,7 @@ class BatchCreate(_Strict):
     """Body of ``POST /v1/batches`` (openai-python's BatchCreateParams, less output_expires_after), and ``webhook``."""
 
     input_file_id: Annotated[str, StringConstraints(pattern=FILE_ID_PATTERN)]
-    endpoint: Literal["/v1/chat/completions"]
+    endpoint: BatchEndpoint  # async_inference.endpoints: the endpoints a batch may run
     completion_window: Literal["24h"]
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
     webhook: BatchWebhookSpec | None = None

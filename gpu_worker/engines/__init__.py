@@ -8,7 +8,9 @@ default:
 variable                    engines                meaning (default)
 =========================== ====================== ===============================================================
 ``ENGINE``                  (the worker reads it)  ``echo`` | ``simulated`` | ``cpu`` | ``vllm`` (required)
-``MODEL``                   cpu, vllm              model directory or name (cpu: the packaged SmolLM2; vllm: required)
+``MODEL_KIND``              (the worker reads it)  ``chat`` | ``embedding``: which engine of that name (chat)
+``MODEL``                   cpu, vllm              model directory or name (cpu: the packaged SmolLM2, or MiniLM for
+                                                   embeddings; vllm: required)
 ``MAX_NUM_SEQS``            all                    batch capacity: jobs in flight (echo/simulated 64, cpu 8, vllm 64)
 ``MAX_MODEL_LEN``           cpu, vllm              context length in tokens (cpu 2048; vllm: the model's)
 ``GPU_MEMORY_UTILIZATION``  vllm                   fraction of GPU memory vLLM may take (0.90)
@@ -36,12 +38,19 @@ from typing import Any
 from gpu_worker.engines.base import Engine
 
 ENGINE_NAMES = ("echo", "simulated", "cpu", "vllm")
+MODEL_KINDS = ("chat", "embedding")
+EMBEDDING_ENGINE_NAMES = ("cpu", "vllm")  # the engines with an embedding flavour
 
 
-def make_engine(name: str, **options: Any) -> Engine:
-    """The engine called ``name``, built with ``options`` (its constructor's keyword arguments)."""
+def make_engine(name: str, *, kind: str = "chat", **options: Any) -> Engine:
+    """The engine called ``name`` for a model of ``kind`` (``chat`` or ``embedding``: one fleet serves one model, whose
+    kind says which of the engine's flavours runs it), built with ``options`` (its constructor's keyword arguments)."""
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}: use one of {', '.join(ENGINE_NAMES)}")
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {kind!r}: use one of {', '.join(MODEL_KINDS)}")
+    if kind == "embedding":
+        return make_embedding_engine(name, **options)
     if name == "echo":
         from gpu_worker.engines.echo import EchoEngine
 
@@ -57,3 +66,17 @@ def make_engine(name: str, **options: Any) -> Engine:
     from gpu_worker.engines.vllm_engine import VllmEngine
 
     return VllmEngine(**options)
+
+
+def make_embedding_engine(name: str, **options: Any) -> Engine:
+    """The embedding flavour of engine ``name``: the CPU one (transformers, MiniLM by default) or vLLM's pooling
+    runner. The echo and simulated engines have none."""
+    if name == "cpu":
+        from gpu_worker.engines.cpu_embedding import CpuEmbeddingEngine
+
+        return CpuEmbeddingEngine(**options)
+    if name == "vllm":
+        from gpu_worker.engines.vllm_embedding import VllmEmbeddingEngine
+
+        return VllmEmbeddingEngine(**options)
+    raise ValueError(f"engine {name!r} serves no embedding model: use one of {', '.join(EMBEDDING_ENGINE_NAMES)}")

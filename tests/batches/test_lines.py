@@ -104,3 +104,22 @@ def test_the_url_is_checked_only_against_the_endpoint_the_context_names():
     assert BatchInputLine.model_validate(other).url == "/v1/embeddings"
     with pytest.raises(ValidationError, match="url must be /v1/chat/completions"):
         BatchInputLine.model_validate(other, context={"endpoint": "/v1/chat/completions"})
+
+
+def test_an_embeddings_lines_body_is_an_embeddings_request_and_a_token_array_a_400_naming_input():
+    # GIVEN a chunk of /v1/embeddings lines: a list input, and a token array
+    url = {"url": "/v1/embeddings"}
+    claim, data = chunk(
+        line("texts", {"model": "m", "input": ["a", "b"], "encoding_format": "base64"}, **url),
+        line("tokens", {"model": "m", "input": [101, 2023, 102]}, **url),
+    )
+
+    # WHEN the worker parses it
+    texts, tokens = parse_lines(claim, data, SERVED)
+
+    # THEN the first is an embeddings request to run, the second a 400 line that names input
+    assert texts.result is None and texts.request.texts == ["a", "b"]
+    body = tokens.result.response.body["error"]
+    assert tokens.result.response.status_code == 400 and body["param"] == "input"
+    assert body["message"].startswith("the body is not a valid embeddings request: ")
+    assert "token arrays are not accepted" in body["message"]

@@ -22,8 +22,10 @@ from local_runtime.stack import LocalDeployment
 from local_runtime.subscribers import subscribe_queue
 
 TENANT_KEYS = {"tenant-a-key-0123456789": "tenant-a", "tenant-b-key-0123456789": "tenant-b"}
-# The model names the echo engine answers to in these tests; any other is a 404 model_not_found.
-SERVED_MODELS = ("echo-model", "model-x", "model-y")
+# The model names the echo engine answers to in these tests, and the embedding model a test starts a CPU embedding
+# worker for (MODEL_KIND=embedding); any other is a 404 model_not_found.
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+SERVED_MODELS = ("echo-model", "model-x", "model-y", EMBEDDING_MODEL)
 FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOUT_S": "5"}
 
 

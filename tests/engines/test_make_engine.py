@@ -30,6 +30,7 @@ def test_importing_the_engines_needs_neither_torch_nor_vllm():
     # GIVEN a fresh interpreter WHEN the package and the vLLM adapter are imported
     code = (
         "import sys, gpu_worker.engines, gpu_worker.engines.vllm_engine, gpu_worker.engines.cpu;"
+        "import gpu_worker.engines.cpu_embedding;"
         "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

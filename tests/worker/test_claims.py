@@ -9,7 +9,7 @@ import json
 import pytest
 
 from async_inference.aws import QueueMessage
-from async_inference.schemas import ChunkClaimCheck, ClaimCheck
+from async_inference.schemas import ChunkClaimCheck, ClaimCheck, EmbeddingClaimCheck, Job, JobStatus
 from gpu_worker.claims import Action, InFlight, Outcome, UnknownKind, parse_claim
 
 DEADLINE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -47,11 +47,35 @@ def test_a_chunk_claim_check_is_a_chunk_standing_for_its_lines():
     assert (flight.ident, flight.job_id, flight.lines) == ("batch_1/2", None, 100)
 
 
+def test_an_embeddings_jobs_claim_check_has_its_own_kind_and_is_a_job():
+    # GIVEN an embeddings job as the store holds it (JobSubmission.endpoint /v1/embeddings)
+    now = dt.datetime.now(dt.UTC)
+    job = Job(
+        job_id=JOB.job_id,
+        tenant="t",
+        status=JobStatus.QUEUED,
+        created_at=now,
+        updated_at=now,
+        request_bucket="b",
+        request_key="k",
+        deadline=DEADLINE,
+        timeout_s=60,
+        endpoint="/v1/embeddings",
+    )
+    # WHEN its claim check is sent and parsed
+    body = job.claim_check().model_dump_json(exclude_none=True)
+    claim = parse_claim(body)
+    # THEN it says its kind, and the worker holds it as the job it is
+    assert json.loads(body)["kind"] == "embedding" and isinstance(claim, EmbeddingClaimCheck)
+    flight = InFlight(QueueMessage("m", "r", body, 1), claim=claim)
+    assert (flight.ident, flight.job_id, flight.lines) == (JOB.job_id, JOB.job_id, 1)
+
+
 def test_a_kind_this_worker_does_not_know_is_told_apart_from_poison():
     # GIVEN a body of a kind a newer producer sends (a rolling deploy), and bodies that are no claim at all
-    newer = json.dumps({"kind": "embedding", "job_id": JOB.job_id})
+    newer = json.dumps({"kind": "transcription", "job_id": JOB.job_id})
     # THEN the first is an UnknownKind (left for another worker), the others plain ValueErrors (deleted as poison)
-    with pytest.raises(UnknownKind, match="'embedding'"):
+    with pytest.raises(UnknownKind, match="'transcription' is not one of"):
         parse_claim(newer)
     for poison in ("not json", "[1, 2]", json.dumps({"job_id": "job_x"}), json.dumps({"kind": "batch_chunk"})):
         with pytest.raises(ValueError) as caught:

@@ -1,0 +1,86 @@
+"""One request of any endpoint a batch line (or a job) may carry, on the engine: ``run`` hands it to the engine's
+method for it, ``body`` turns what the engine gave into OpenAI's answer for that endpoint. A chat.completions request
+is generated and answered as ``chat.completion`` (``gpu_worker.completions``); an embeddings request is embedded and
+answered as the embedding list (``async_inference.embeddings``); a completions request is generated as its raw
+prompt and answered as ``text_completion`` (``async_inference.completions``); a responses request is generated as the
+chat request a background response runs, and answered as the Response (``async_inference.responses``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel
+
+from async_inference.completions import CompletionRequest, text_completion
+from async_inference.embeddings import EmbeddingRequest, embedding_list
+from async_inference.endpoints import LineRequest
+from async_inference.jobs import JobStatus
+from async_inference.responses import ResponseCreate, to_chat_request, to_response
+from async_inference.schemas import ChatCompletionRequest, Job
+from gpu_worker.completions import chat_completion
+from gpu_worker.engines.base import Engine, Generation, PermanentEngineError
+from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings, not_an_embedding_engine
+
+Output = Generation | Embeddings
+
+
+async def run(engine: Engine, request_id: str, request: LineRequest) -> Output:
+    """The engine's output for ``request``; the engine's errors as they come (``PermanentEngineError``: a 400)."""
+    if isinstance(request, EmbeddingRequest):
+        if not isinstance(engine, EmbeddingEngine):
+            raise not_an_embedding_engine(engine, request.model)
+        return await engine.embed(request_id, request.texts, dimensions=request.dimensions)
+    return await engine.generate(request_id, chat_request(engine, request))
+
+
+def chat_request(engine: Engine, request: LineRequest) -> ChatCompletionRequest:
+    """The chat request a generating request runs."""
+    if isinstance(request, CompletionRequest):
+        if engine.name == "vllm":
+            # vLLM refuses a request's own chat template; its completion serving is not wired to this engine yet.
+            raise PermanentEngineError("/v1/completions lines are not run by the vLLM engine yet: use chat.completions")
+        return request.to_chat()
+    if isinstance(request, ResponseCreate):
+        return to_chat_request(request)
+    assert isinstance(request, ChatCompletionRequest)
+    return request
+
+
+def body(request: LineRequest, output: Output, *, suffix: str, job_id: str | None = None) -> BaseModel:
+    """OpenAI's answer to ``request`` from the engine's ``output``; ``suffix`` makes its id (``chatcmpl-{suffix}``),
+    ``job_id`` is set on a job's result object only."""
+    if isinstance(request, EmbeddingRequest):
+        assert isinstance(output, Embeddings)
+        return embedding_list(
+            output.vectors,
+            model=request.model,
+            prompt_tokens=output.prompt_tokens,
+            encoding_format=request.encoding_format,
+            job_id=job_id,
+        )
+    assert isinstance(output, Generation)
+    completion = chat_completion(output, completion_id=f"chatcmpl-{suffix}", model=request.model, job_id=job_id)
+    if isinstance(request, CompletionRequest):
+        return text_completion(completion, completion_id=f"cmpl-{suffix}")
+    if isinstance(request, ResponseCreate):
+        return to_response(_answered(suffix, request), request, completion)
+    return completion
+
+
+def _answered(suffix: str, request: ResponseCreate) -> Job:
+    """A batch line's response has no job; ``to_response`` reads from one what the Response echoes (id, times,
+    status, metadata): this is the job the line would have been, succeeded now."""
+    now = dt.datetime.now(dt.UTC)
+    return Job(
+        job_id=f"job_{suffix}",
+        tenant="",
+        status=JobStatus.SUCCEEDED,
+        created_at=now,
+        updated_at=now,
+        finished_at=now,
+        metadata=request.metadata or {},
+        request_bucket="",
+        request_key="",
+        deadline=now,
+        timeout_s=1,
+    )
