@@ -561,6 +561,19 @@ def _batch_runs(
     return {"summary": summary, "alone": alone, "without_batch": control, "with_interactive": mixed}
 
 
+def embedding_runs(stack: LocalDeployment, counter: RequestCounter, lines: int) -> dict[str, Any]:
+    """A batch of /v1/embeddings lines through the pipeline against the model called directly (bench/embed_bench.py),
+    the template's controller mapping paused, the bench's controller thread playing it."""
+    from bench.batch_bench import BatchBench
+    from bench.embed_bench import embedding_runs as runs
+    from bench.embed_bench import embedding_texts
+
+    assert stack.resources is not None
+    texts = embedding_texts(sharegpt_prompts(lines, max_chars=100_000), lines)
+    with stack.event_source_paused(stack.resources.batch_control_queue_url):
+        return runs(BatchBench.create(stack), texts, counter)
+
+
 def sharegpt_prompts(count: int, max_chars: int = 1500) -> list[str]:
     data = json.loads(SHAREGPT.read_text())
     prompts = []
@@ -627,6 +640,12 @@ def main() -> None:
     parser.add_argument("--batch-lines", type=int, default=5000, help="lines of the batch runs (0: skip them)")
     parser.add_argument("--only-batch", action="store_true", help="only the idle pickup and the batch runs")
     parser.add_argument(
+        "--embedding-lines", type=int, default=5000, help="lines of the embedding batch run (0: skip it)"
+    )
+    parser.add_argument(
+        "--only-embeddings", action="store_true", help="only the embedding batch against the model called directly"
+    )
+    parser.add_argument(
         "--only-structured",
         action="store_true",
         help="only structured output against unconstrained generation on the CPU engine",
@@ -653,8 +672,10 @@ def main() -> None:
         api = Client(stack.api_url, API_KEY)
         moto_rate = emulator_rate(stack)
         print(f"moto server answers {moto_rate:.0f} requests/s here (8 callers)", flush=True)
-        full = single = requests = None
-        if not args.only_batch:
+        full = single = requests = pickup = batch = efficiency = structured = None
+        if args.only_embeddings:
+            embeddings = embedding_runs(stack, counter, args.embedding_lines)
+        elif not args.only_batch:
             print("engine utilisation: backlog into the simulated engine (capacity 64)...", flush=True)
             lengths = trace_lengths(args.jobs)
             full = utilisation_run(
@@ -679,12 +700,17 @@ def main() -> None:
                 f"  {requests['requests_per_job']:.2f} per job (api {requests['api_requests_per_job']:.2f}, "
                 f"worker {requests['worker_requests_per_job']:.2f})"
             )
-        print("idle pickup latency...", flush=True)
-        pickup = pickup_run(api, samples=15)
-        print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
-        batch = batch_runs(stack, api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
-        efficiency = None
-        if not args.skip_cpu and not args.only_batch:
+        if not args.only_embeddings:
+            print("idle pickup latency...", flush=True)
+            pickup = pickup_run(api, samples=15)
+            print(f"  p50 {pickup['p50_s'] * 1000:.0f} ms, p90 {pickup['p90_s'] * 1000:.0f} ms")
+            batch = batch_runs(stack, api, counter, args.batch_lines, pickup["p50_s"]) if args.batch_lines else None
+            embeddings = (
+                embedding_runs(stack, counter, args.embedding_lines)
+                if args.embedding_lines and not args.only_batch
+                else None
+            )
+        if not args.skip_cpu and not args.only_batch and not args.only_embeddings:
             print(
                 f"pipeline efficiency: CPU engine, {args.prompts} ShareGPT prompts, max_tokens {args.max_tokens}...",
                 flush=True,
@@ -694,7 +720,8 @@ def main() -> None:
                 f"  direct {efficiency['direct_tokens_per_s']:.1f} tok/s, pipeline "
                 f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}"
             )
-        structured = report_structured(args) if not args.skip_cpu and not args.only_batch else None
+        if not args.skip_cpu and not args.only_batch and not args.only_embeddings:
+            structured = report_structured(args)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     if full is not None:
         plot(full, RESULTS / f"throughput-{stamp}.png")
@@ -704,8 +731,9 @@ def main() -> None:
         "pipeline_efficiency": round(efficiency["efficiency"], 4) if efficiency else None,
         "structured_output_speed_ratio": round(structured["ratio"], 4) if structured else None,
         "requests_per_job": round(requests["requests_per_job"], 3) if requests else None,
-        "idle_pickup_p50_s": round(pickup["p50_s"], 4),
+        "idle_pickup_p50_s": round(pickup["p50_s"], 4) if pickup else None,
         **(batch["summary"] if batch else {}),
+        **(embeddings["summary"] if embeddings else {}),
     }
     details = {
         "summary": summary,
@@ -717,6 +745,7 @@ def main() -> None:
         "efficiency": efficiency,
         "structured": structured,
         "batch": batch,
+        "embeddings": embeddings,
     }
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(details, indent=2))
     print(f"figures: {RESULTS / f'bench-{stamp}.json'}; plot: {RESULTS / f'throughput-{stamp}.png'}")
