@@ -23,11 +23,12 @@ import struct
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
 from async_inference_client.models.base import StrictModel
+from async_inference_client.models.embeddings import Embedding, EmbeddingList, EmbeddingUsage
 
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one request's input
@@ -71,28 +72,6 @@ class EmbeddingRequest(StrictModel):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str  # a str: base64 of float32 little-endian
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingList(BaseModel):
-    """OpenAI's ``CreateEmbeddingResponse``: a job's result object and a batch line's response body. ``job_id`` is set
-    on a job's result only, as on a chat.completion."""
-
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
-    job_id: str | None = None
-
-
 def encode_vector(vector: Sequence[float], encoding_format: str | None) -> list[float] | str:
     """A vector as the request asked: floats, or base64 of its float32 little-endian bytes."""
     if encoding_format == "base64":
@@ -102,10 +81,7 @@ def encode_vector(vector: Sequence[float], encoding_format: str | None) -> list[
 
 def decode_vector(data: list[float] | str) -> list[float]:
     """The floats of an ``embedding``, whichever encoding it came in."""
-    if isinstance(data, str):
-        raw = base64.b64decode(data)
-        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    return list(data)
+    return Embedding(index=0, embedding=data).vector()
 
 
 def embedding_list(

@@ -36,6 +36,7 @@ from async_inference_client.errors import (
 from async_inference_client.limits import BATCH_ENDPOINT, MAX_FILE_INLINE_BYTES
 from async_inference_client.models.batches import Batch, FileObject, FileUpload, Page
 from async_inference_client.models.chat import ChatCompletion
+from async_inference_client.models.embeddings import EmbeddingList
 from async_inference_client.models.jobs import JobEvent, JobList, JobStatus, JobView, Subscription
 from async_inference_client.retry import DEFAULT_POLL, PUSH_CHECK_S, Backoff, RetryPolicy, parse_retry_after, poll_delay
 from async_inference_client.types import (
@@ -263,6 +264,12 @@ class BaseClient:
         return (yield from self._fetch(self._api("POST", f"/v1/jobs/{job_id}/cancel"), JobView))
 
     def _result(self, job: JobView | str) -> Flow[ChatCompletion]:
+        return (yield from self._result_as(job, ChatCompletion))
+
+    def _embeddings(self, job: JobView | str) -> Flow[EmbeddingList]:
+        return (yield from self._result_as(job, EmbeddingList))
+
+    def _result_as(self, job: JobView | str, model: type[_Model]) -> Flow[_Model]:
         view = (yield from self._get(job)) if isinstance(job, str) else job
         if view.result is not None and view.result.expires_at <= dt.datetime.now(dt.UTC):
             view = yield from self._get(view.job_id)  # a fresh presigned URL
@@ -271,7 +278,7 @@ class BaseClient:
                 f"job {view.job_id} is {view.status.value}, it has no result"
                 + (f": {view.error}" if view.error else "")
             )
-        return (yield from self._fetch(Call("GET", view.result.url, {}, resend_safe=True), ChatCompletion))
+        return (yield from self._fetch(Call("GET", view.result.url, {}, resend_safe=True), model))
 
     # --- waiting ----------------------------------------------------------------------------------------------------
 

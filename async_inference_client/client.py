@@ -32,6 +32,7 @@ from async_inference_client._base_client import BaseClient
 from async_inference_client._effects import Connect, Disconnect, Effect, Flow, Receive, Run, Send, Sleep, T, Transmit
 from async_inference_client.models.batches import Batch, FileObject, Page
 from async_inference_client.models.chat import ChatCompletion
+from async_inference_client.models.embeddings import EmbeddingList
 from async_inference_client.models.jobs import JobList, JobView
 from async_inference_client.types import (
     BatchOptions,
@@ -127,8 +128,8 @@ class Client(BaseClient):
     # --- jobs -------------------------------------------------------------------------------------------------------
 
     def submit(self, request: RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
-        """Submit a chat.completions body inline; the job (status ``queued``). Options: SubmitOptions; the same
-        ``idempotency_key`` again returns the same job."""
+        """Submit a chat.completions body inline (an embeddings body with ``endpoint="/v1/embeddings"``); the job
+        (status ``queued``). Options: SubmitOptions; the same ``idempotency_key`` again returns the same job."""
         return self._run(self._submit_inline(request, options))
 
     def submit_upload(self, request_body: bytes | RequestBody, **options: Unpack[SubmitOptions]) -> JobView:
@@ -151,6 +152,11 @@ class Client(BaseClient):
     def result(self, job: JobView | str) -> ChatCompletion:
         """The chat.completion of a succeeded job (a view or its id), from its presigned URL; NoResult otherwise."""
         return self._run(self._result(job))
+
+    def embeddings(self, job: JobView | str) -> EmbeddingList:
+        """The embedding list of a succeeded job submitted with ``endpoint="/v1/embeddings"``, from its presigned URL;
+        NoResult otherwise."""
+        return self._run(self._embeddings(job))
 
     def wait(self, job_id: str, **options: Unpack[WaitOptions]) -> JobView:
         """Block until the job is final; its final view. WaitTimeout after ``timeout_s`` (the job goes on).
@@ -245,6 +251,9 @@ class AsyncClient(BaseClient):
 
     async def result(self, job: JobView | str) -> ChatCompletion:
         return await self._run(self._result(job))
+
+    async def embeddings(self, job: JobView | str) -> EmbeddingList:
+        return await self._run(self._embeddings(job))
 
     async def wait(self, job_id: str, **options: Unpack[WaitOptions]) -> JobView:
         return await self._run(self._wait(job_id, options))

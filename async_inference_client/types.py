@@ -60,6 +60,7 @@ class SubmitOptions(TypedDict, total=False):
     ttl_seconds: int  # still queued after this: the job expires
     timeout_seconds: int  # a running generation is aborted after this
     priority: Literal["interactive", "batch"]
+    endpoint: Literal["/v1/chat/completions", "/v1/embeddings"]  # the body's OpenAI endpoint (default chat)
 
 
 class ListOptions(TypedDict, total=False):

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from async_inference.embeddings import decode_vector
+from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import EMBEDDING_MODEL, TENANT_KEYS
 from tests.e2e.test_batches_openai import jsonl, settled, until, upload
@@ -149,3 +150,19 @@ def test_an_embeddings_job_with_a_chat_body_or_a_token_array_is_a_400_naming_the
         response = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps(body), headers=headers, timeout=10)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["details"][0]["field"] == field
+
+
+def test_the_projects_client_submits_an_embeddings_job_and_reads_its_vectors(stack, embedding_worker):
+    # GIVEN the project's SDK on the stack WHEN it submits an embeddings body with its endpoint and waits
+    with Client(stack.api_url, KEY_A, ws_url="") as client:
+        job = client.submit(
+            {"model": EMBEDDING_MODEL, "input": [TEXTS["food"], TEXTS["bread"], TEXTS["market"]]},
+            endpoint="/v1/embeddings",
+        )
+        final = client.wait(job.job_id, timeout_s=120)
+        answer = client.embeddings(final)
+    # THEN its result is the embedding list: three vectors of the model's dimension, the paraphrase the closest
+    assert final.status == "succeeded", final.error
+    food, bread, market = (d.vector() for d in answer.data)
+    assert [len(v) for v in (food, bread, market)] == [384, 384, 384]
+    assert cosine(food, bread) > cosine(food, market)
