@@ -643,10 +643,11 @@ class AsyncInferenceService(Construct):
         table.grant_items(webhook, "dynamodb:GetItem", "dynamodb:UpdateItem")  # record_webhook_attempt
         self.webhooks.grant_read_signing_secrets(webhook)
 
-        # The worker: receive, extend and delete claim checks; read payloads; write results (reading one back when
-        # an earlier run wrote it first); check cancellations in batches; notify; queue "started" events.
+        # The worker: receive, extend and delete claim checks, and send back to the tail those of a tenant at its
+        # share (gpu_worker.fairness); read payloads; write results (reading one back when an earlier run wrote it
+        # first); check cancellations in batches; notify; queue "started" events.
         worker = self.workers.task_definition.task_role
-        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage")
         bucket.grant_get(worker, requests, uploads, result_objects)
         bucket.grant_put(worker, result_objects)
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
