@@ -27,6 +27,7 @@ from async_inference.config import (
     ENV_BATCH_TABLE,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
+    ENV_TENANT_QUOTAS,
     ENV_TOOL_CALL_PARSER,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
@@ -670,6 +671,7 @@ class AsyncInferenceService(Construct):
         api = self.api.handler
         batches.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
         batches.grant_listing(api)
+        batches.grant_quota_counts(api)
         bucket.grant_put(api, files)
         bucket.grant_get(api, files, missing_as_404=False)
         bucket.grant_delete(api, files)
@@ -682,6 +684,8 @@ class AsyncInferenceService(Construct):
         # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.
         controller = batches.controller
         batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        batches.grant_quota_counts(controller)  # a planned batch's lines against max_batch_lines_in_flight
+        controller.add_environment(ENV_TENANT_QUOTAS, self.api.tenant_quotas)
         bucket.grant_get(controller, files, parts)
         bucket.grant_put(controller, files)
         bucket.grant_delete(controller, files)  # an output file that came out empty

@@ -176,11 +176,13 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
-    """GIVEN the list endpoints and the quota check WHEN reading the API role's Query grants THEN they name the two
-    tenant indexes (jobs; files and batches) and the unfinished-jobs index, no wildcard."""
+    """GIVEN the list endpoints and the quota checks WHEN reading the API role's Query grants THEN they name the two
+    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, no
+    wildcard."""
     table = synthesized.logical_id(synthesized.stack.service.table.table)
     batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
     resources = _function_actions(synthesized, API)["dynamodb:Query"]
+    in_flight = f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
     assert sorted(map(str, resources)) == sorted(
         map(
             str,
@@ -188,6 +190,7 @@ def test_api_queries_only_the_tenant_index(synthesized):
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
+                {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, in_flight]]},
             ],
         )
     )
