@@ -16,7 +16,7 @@ from tests.e2e.conftest import chat
 pytestmark = pytest.mark.e2e
 
 SLOTS = 2  # engine slots of the one worker
-PREFETCH = 4  # messages it holds beyond them: a tenant may hold 4 of its 6 places
+PREFETCH = 8  # messages it holds beyond them: a tenant holds at most 10, 4 more places are for other tenants
 JOB_S = 6.0  # each job's generation
 FLOOD = 24  # tenant A's jobs
 
