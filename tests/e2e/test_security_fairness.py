@@ -24,8 +24,8 @@ FLOOD = 24  # tenant A's jobs
 def test_a_tenants_job_starts_at_the_next_free_slot_behind_another_tenants_flood(
     stack: LocalDeployment, api: Client, other_api: Client
 ):
-    # GIVEN one worker of 2 engine slots, every job taking 6 s, and tenant A's 24 jobs queued (48 s of A's work per
-    # slot, 72 s in all), then tenant B's one job
+    # GIVEN one worker of 2 engine slots, every job taking 6 s, and tenant A's 24 jobs queued (72 s of work on the two
+    # slots), then tenant B's one job
     worker = stack.start_worker(MAX_NUM_SEQS=str(SLOTS), PREFETCH=str(PREFETCH), ECHO_DELAY_S=str(JOB_S))
     flood = [api.submit(chat(f"flood {i}", max_tokens=4)).job_id for i in range(FLOOD)]
     try:
