@@ -697,10 +697,13 @@ class AsyncInferenceService(Construct):
         batches.lane_queue.grant(controller, "sqs:SendMessage")
         self.results.grant_publish(controller)
 
-        # The worker: receive, extend and delete chunk claim checks; ranged reads of input files; write parts; the
-        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        # The worker: receive, extend and delete chunk claim checks, and send back to the tail those its fair scout
+        # steps over (gpu_worker.fairness); ranged reads of input files; write parts; the batches' statuses
+        # (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
         worker = self.workers.task_definition.task_role
-        batches.lane_queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        batches.lane_queue.grant(
+            worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage"
+        )
         bucket.grant_get(worker, files)
         bucket.grant_put(worker, parts)
         batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")

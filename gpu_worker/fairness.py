@@ -10,6 +10,11 @@ held, so a backlog of one tenant in front of another's message is stepped over, 
 of run first. Once the other tenant's message is held, the engine's admission (``gpu_worker.lanes.Admission``) gives
 it the next slot that frees, ahead of the waiting messages of the tenant holding more slots.
 
+The batch lane's budget counts lines waiting rather than messages, so it has a scout instead of a room: while the
+budget takes no more, the worker receives one message each ``FAIR_SCAN_PAUSE_S`` and holds it only if its tenant holds
+none of the lane's messages here (a share of one), requeueing it otherwise. A batch queued behind another tenant's
+chunks is thus held within a few scouts, and its lines take the next slots that free (the admission's order).
+
 Requeued messages stay visible in the queue (the scaling metric counts them). A message received more than once (a
 retry, a redelivery after a crash) is kept whatever its tenant holds: requeueing it would start its receive count
 over and take it past the dead-letter queue's limit.

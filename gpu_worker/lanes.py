@@ -281,3 +281,11 @@ class BatchBudget:
 
     async def give(self, count: int) -> None:
         self.taken -= count
+
+    def saturated(self) -> bool:
+        """True while ``take`` would wait: enough lines wait for slots, or the most messages are held."""
+        return self._waiting_lines(list(self._held())) >= self.ahead or self.taken >= self.max_messages
+
+    def add(self, count: int) -> None:
+        """Count messages held beyond the budget (the fair scout's, ``gpu_worker.fairness``); ``give`` returns them."""
+        self.taken += count

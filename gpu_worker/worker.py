@@ -265,6 +265,7 @@ class Worker:
             loops = [self._receive_loop(self.lanes[INTERACTIVE]) for _ in range(receivers)]
             if BATCH in self.lanes:
                 loops.append(self._receive_loop(self.lanes[BATCH]))
+                loops.append(self._scout_loop(self.lanes[BATCH]))
             await asyncio.gather(*loops)
             await self._drain()
         finally:
@@ -309,7 +310,34 @@ class Worker:
                 return
             received = [self._parse(message, lane) for message in messages]
             if lane.name == INTERACTIVE:
-                received = await self._share(lane, received)
+                received = await self._share(lane, received, self.share)
+            await self.policy.received(len(received), held_before=len(self._inflight))
+            for flight, parse_error in received:
+                self._start(flight, lane, parse_error)
+
+    async def _scout_loop(self, lane: Lane) -> None:
+        """The batch lane's look past one tenant's chunks (``gpu_worker.fairness``): while the lane's budget takes no
+        more, one message each ``FAIR_SCAN_PAUSE_S``, held if its tenant holds none of the lane's messages here,
+        requeued if it does."""
+        budget = lane.held
+        assert isinstance(budget, BatchBudget)
+        while not self._stopping.is_set():
+            await asyncio.sleep(FAIR_SCAN_PAUSE_S)
+            holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
+            if not holding or not budget.saturated() or self._stopping.is_set():
+                continue  # nothing to look past, or the budget's own receive is taking messages
+            try:
+                messages = await self._io(
+                    lane.queue.receive, max_messages=1, wait_s=1, visibility_timeout_s=self.config.visibility_timeout_s
+                )
+            except Exception:
+                logger.exception("scout receive failed; looking again later")
+                continue
+            if self._stopping.is_set() and messages:
+                await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
+                return
+            budget.add(len(messages))  # held from here: every held message is given back once settled
+            received = await self._share(lane, [self._parse(m, lane) for m in messages], TenantShare(1), pause=False)
             await self.policy.received(len(received), held_before=len(self._inflight))
             for flight, parse_error in received:
                 self._start(flight, lane, parse_error)
@@ -325,11 +353,17 @@ class Worker:
         return flight, None
 
     async def _share(
-        self, lane: Lane, received: list[tuple[InFlight, Exception | None]]
+        self,
+        lane: Lane,
+        received: list[tuple[InFlight, Exception | None]],
+        share: TenantShare,
+        *,
+        pause: bool = True,
     ) -> list[tuple[InFlight, Exception | None]]:
-        """The received messages to hold; those of tenants at their share are requeued (``gpu_worker.fairness``)."""
+        """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
+        their places given back; ``pause``: wait a little when none was held."""
         holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
-        keep, requeue = self.share.split([flight for flight, _ in received], holding)
+        keep, requeue = share.split([flight for flight, _ in received], holding)
         if not requeue:
             return received
         logger.debug("requeueing %d messages of tenants at their share", len(requeue))
@@ -340,7 +374,7 @@ class Worker:
         except Exception:
             logger.exception("requeue failed; those %d messages return after their visibility timeout", len(requeue))
         await lane.held.give(len(requeue))
-        if not keep:
+        if not keep and pause:
             # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
             # not at once.
             await asyncio.sleep(FAIR_SCAN_PAUSE_S)

@@ -409,7 +409,7 @@ def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
 def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
     """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and the batch lane,
     and sends only "started" events to the webhook queue, finalize steps to the batch control queue, and claim
-    checks of a tenant at its share back to the job queue (gpu_worker.fairness)."""
+    checks of a tenant at its share back to the job queue and the batch lane (gpu_worker.fairness)."""
     actions = _worker_actions(synthesized)
     service = synthesized.stack.service
     jobs, lane = synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.batches.lane_queue)
@@ -417,7 +417,7 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
     control = synthesized.logical_id(service.batches.control_queue)
     for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
         assert {r["Fn::GetAtt"][0] for r in actions[action]} == {jobs, lane}
-    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control, jobs}
+    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control, jobs, lane}
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpu_worker.fairness import TenantShare
-from gpu_worker.lanes import BATCH, INTERACTIVE, Admission
+from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 from gpu_worker.worker import WorkerConfig
 
 
@@ -105,3 +105,24 @@ def test_the_room_kept_for_other_tenants_is_half_the_prefetch_and_at_least_one(
     # asked THEN it is half the prefetch, at least one place
     config = WorkerConfig.model_construct(prefetch=prefetch)
     assert config.fair_room(capacity) == room
+
+
+@dataclass
+class HeldChunk:
+    lines: int
+    in_engine: bool = False
+
+
+def test_the_batch_budget_says_when_it_takes_no_more_and_counts_the_scouts_messages():
+    # GIVEN a batch-lane budget that wants 2 lines waiting, holding a chunk of 100 lines not yet in the engine
+    held = [HeldChunk(100)]
+    budget = BatchBudget(Admission(2, reserve=0, abort=_noop_abort), ahead=2, max_messages=10, held=lambda: held)
+    # WHEN it is asked THEN it takes no more (the scout's turn); without the chunk, it would
+    assert budget.saturated()
+    held.clear()
+    assert not budget.saturated()
+    # AND a message the scout holds is counted until it is given back
+    budget.add(1)
+    assert budget.taken == 1
+    asyncio.run(budget.give(1))
+    assert budget.taken == 0
