@@ -502,7 +502,30 @@ class JobQueue:
         self._sqs = sqs or client("sqs")
 
     def send(self, claim: ClaimCheck) -> None:
-        self._sqs.send_message(QueueUrl=self.url, MessageBody=claim.model_dump_json(exclude_none=True))
+        # The tenant as message group: on a standard queue it is what SQS fair queues tell tenants apart by (a tenant
+        # with a backlog is served after quiet ones); without fair queues (moto) it changes nothing.
+        self._sqs.send_message(
+            QueueUrl=self.url, MessageBody=claim.model_dump_json(exclude_none=True), MessageGroupId=claim.tenant
+        )
+
+    def requeue(self, messages: list[tuple[QueueMessage, str]]) -> list[str]:
+        """Send each (message, tenant) received from this queue again at the tail, as a new message (its receive
+        count starts over), and delete the received one; the receipt handles not requeued (a failed send: that
+        message returns after its visibility timeout; a failed delete: both copies stay, and the job's lease lets
+        only one run). Up to 10 per request."""
+        failed: list[str] = []
+        for start in range(0, len(messages), settings.RECEIVE_BATCH_SIZE):
+            chunk = messages[start : start + settings.RECEIVE_BATCH_SIZE]
+            entries = [
+                {"Id": str(i), "MessageBody": m.body, "MessageGroupId": tenant} for i, (m, tenant) in enumerate(chunk)
+            ]
+            response = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
+            unsent = {int(f["Id"]) for f in response.get("Failed", [])}
+            failed.extend(chunk[i][0].receipt_handle for i in sorted(unsent))
+            sent = [m.receipt_handle for i, (m, _) in enumerate(chunk) if i not in unsent]
+            if sent:
+                failed.extend(self.delete_batch(sent))
+        return failed
 
     def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int | None = None) -> list[QueueMessage]:
         """Up to ``max_messages`` messages, hidden for ``visibility_timeout_s`` (the queue's default when None)."""

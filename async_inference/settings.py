@@ -152,6 +152,14 @@ BATCH_OWNER_INDEX_NAME = "owner-created-index"
 BATCH_OWNER_ATTRIBUTE = "owner"
 BATCH_CREATED_KEY_ATTRIBUTE = "created_key"  # "<created_at, UTC ISO to the microsecond>#<id>"
 BATCH_TTL_ATTRIBUTE = "ttl_epoch"
+# Quotas: a batch not yet final carries BATCH_ACTIVE_ATTRIBUTE (its tenant), removed by the write that makes it final;
+# the sparse index over it (with each batch's line count, `total`) holds exactly the tenant's batches in flight, whose
+# lines the API and the controller add up (async_inference.quotas). Stored bytes are the sizes of the tenant's file
+# records, read through the owner index: a file's deletion or expiry (TTL) takes its record, and its bytes, with it.
+BATCH_ACTIVE_INDEX_NAME = "owner-active-index"
+BATCH_ACTIVE_ATTRIBUTE = "active_tenant"
+DEFAULT_MAX_BATCH_LINES_IN_FLIGHT = 200_000  # a tenant's `max_batch_lines_in_flight` unless its plan sets one
+DEFAULT_MAX_STORED_BYTES = 10 * 1024**3  # a tenant's `max_stored_bytes` (10 GiB: 50 full batch files) unless set
 FILE_PURPOSES = ("batch",)  # what POST /v1/files accepts; batch_output files are written by the controller
 FILE_RETENTION_DAYS = 30  # files and batches (records and objects) are kept this long after creation
 DEFAULT_FILE_PAGE_SIZE = 10_000  # OpenAI's default and maximum for GET /v1/files

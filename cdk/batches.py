@@ -76,6 +76,13 @@ class Batches(Construct):
             sort_key=dynamodb.Attribute(name=settings.BATCH_CREATED_KEY_ATTRIBUTE, type=string),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+        # Sparse: only batches not yet final carry the attribute; with their line counts, which the quota adds up.
+        self.table.add_global_secondary_index(
+            index_name=settings.BATCH_ACTIVE_INDEX_NAME,
+            partition_key=dynamodb.Attribute(name=settings.BATCH_ACTIVE_ATTRIBUTE, type=string),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=["total"],
+        )
         self.lane_dead_letter_queue = secure_dead_letter_queue(self, "LaneDeadLetterQueue")
         self.lane_queue = secure_queue(
             self,
@@ -123,6 +130,12 @@ class Batches(Construct):
         """Item-level ``actions`` on the batch table itself (not ``grant_read_write_data``: no Scan, no
         BatchWriteItem)."""
         return iam.Grant.add_to_principal(grantee=grantee, actions=list(actions), resource_arns=[self.table.table_arn])
+
+    def grant_quota_counts(self, grantee: iam.IGrantable) -> iam.Grant:
+        """dynamodb:Query on the index of batches in flight (``max_batch_lines_in_flight``; the stored bytes are read
+        through the owner index, ``grant_listing``)."""
+        index = f"{self.table.table_arn}/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
+        return iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"], resource_arns=[index])
 
     def grant_listing(self, grantee: iam.IGrantable) -> iam.Grant:
         """dynamodb:Query on the owner index only (GET /v1/files, GET /v1/batches)."""

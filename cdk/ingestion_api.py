@@ -36,6 +36,11 @@ class TenantPlan:
     :param quota_per_day: requests per day. Default: 10000.
     :param max_active_jobs: jobs awaiting upload, queued or running at once; a submit over it is a 429
         ``quota_exceeded`` (``async_inference.quotas``). Default: ``settings.DEFAULT_MAX_ACTIVE_JOBS`` (1000).
+    :param max_batch_lines_in_flight: lines of the tenant's batches not yet final; ``POST /v1/batches`` is a 429
+        ``quota_exceeded`` when they are at it, and a batch whose lines would pass it fails validation with an error
+        naming it. Default: ``settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT`` (200,000).
+    :param max_stored_bytes: bytes of the tenant's files; an upload that would pass it is a 429 ``quota_exceeded``.
+        Default: ``settings.DEFAULT_MAX_STORED_BYTES`` (10 GiB).
     :param api_keys: the names of the tenant's API keys, one or two (two while rotating: add the new name, deploy,
         move the clients, remove the old name, deploy). Each is in the tenant's usage plan, and the plan's limits apply
         per key. Default: one key named by the tenant id.
@@ -45,6 +50,8 @@ class TenantPlan:
     burst_limit: int = 20
     quota_per_day: int = 10_000
     max_active_jobs: int = settings.DEFAULT_MAX_ACTIVE_JOBS
+    max_batch_lines_in_flight: int = settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT
+    max_stored_bytes: int = settings.DEFAULT_MAX_STORED_BYTES
     api_keys: Sequence[str] = ()
 
     def __post_init__(self) -> None:
@@ -54,6 +61,8 @@ class TenantPlan:
             validate_tenant_id(name)  # a key name follows the tenant id's rules (it names an API Gateway key)
         if self.rate_limit <= 0 or self.burst_limit < 1 or self.quota_per_day < 1 or self.max_active_jobs < 1:
             raise ValueError(f"rate_limit, burst_limit, quota_per_day and max_active_jobs must be positive, got {self}")
+        if self.max_batch_lines_in_flight < 1 or self.max_stored_bytes < 1:
+            raise ValueError(f"max_batch_lines_in_flight and max_stored_bytes must be positive, got {self}")
         if self.burst_limit < self.rate_limit:
             raise ValueError(f"burst_limit ({self.burst_limit}) is below rate_limit ({self.rate_limit})")
 
@@ -218,8 +227,17 @@ class IngestionApi(Construct):
             raise ValueError(f"API key names must be unique across tenants, got {sorted(names)}")
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
-        quotas = {tenant: {"max_active_jobs": plan.max_active_jobs} for tenant, plan in tenants.items()}
-        self.handler.add_environment(ENV_TENANT_QUOTAS, json.dumps(quotas, sort_keys=True))
+        quotas = {
+            tenant: {
+                "max_active_jobs": plan.max_active_jobs,
+                "max_batch_lines_in_flight": plan.max_batch_lines_in_flight,
+                "max_stored_bytes": plan.max_stored_bytes,
+            }
+            for tenant, plan in tenants.items()
+        }
+        # The TENANT_QUOTAS value: the API's, and the batch controller's (which checks a batch's lines once counted).
+        self.tenant_quotas = json.dumps(quotas, sort_keys=True)
+        self.handler.add_environment(ENV_TENANT_QUOTAS, self.tenant_quotas)
         key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         self._grant_read_api_keys(self.authorizer_function)

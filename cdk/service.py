@@ -27,6 +27,7 @@ from async_inference.config import (
     ENV_BATCH_TABLE,
     ENV_PROGRESS_INTERVAL_S,
     ENV_SERVED_MODELS,
+    ENV_TENANT_QUOTAS,
     ENV_TOOL_CALL_PARSER,
     ENV_WEBHOOK_QUEUE_URL,
     TASK_PROTECTION_MODES,
@@ -648,10 +649,11 @@ class AsyncInferenceService(Construct):
         table.grant_items(webhook, "dynamodb:GetItem", "dynamodb:UpdateItem")  # record_webhook_attempt
         self.webhooks.grant_read_signing_secrets(webhook)
 
-        # The worker: receive, extend and delete claim checks; read payloads; write results (reading one back when
-        # an earlier run wrote it first); check cancellations in batches; notify; queue "started" events.
+        # The worker: receive, extend and delete claim checks, and send back to the tail those of a tenant at its
+        # share (gpu_worker.fairness); read payloads; write results (reading one back when an earlier run wrote it
+        # first); check cancellations in batches; notify; queue "started" events.
         worker = self.workers.task_definition.task_role
-        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage")
         bucket.grant_get(worker, requests, uploads, result_objects)
         bucket.grant_put(worker, result_objects)
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
@@ -674,6 +676,7 @@ class AsyncInferenceService(Construct):
         api = self.api.handler
         batches.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
         batches.grant_listing(api)
+        batches.grant_quota_counts(api)
         bucket.grant_put(api, files)
         bucket.grant_get(api, files, missing_as_404=False)
         bucket.grant_delete(api, files)
@@ -686,6 +689,8 @@ class AsyncInferenceService(Construct):
         # and error files (multipart uploads: AbortMultipartUpload when one fails), send chunks, notify.
         controller = batches.controller
         batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        batches.grant_quota_counts(controller)  # a planned batch's lines against max_batch_lines_in_flight
+        controller.add_environment(ENV_TENANT_QUOTAS, self.api.tenant_quotas)
         bucket.grant_get(controller, files, parts)
         bucket.grant_put(controller, files)
         bucket.grant_delete(controller, files)  # an output file that came out empty
@@ -697,10 +702,13 @@ class AsyncInferenceService(Construct):
         batches.lane_queue.grant(controller, "sqs:SendMessage")
         self.results.grant_publish(controller)
 
-        # The worker: receive, extend and delete chunk claim checks; ranged reads of input files; write parts; the
-        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        # The worker: receive, extend and delete chunk claim checks, and send back to the tail those its fair scout
+        # steps over (gpu_worker.fairness); ranged reads of input files; write parts; the batches' statuses
+        # (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
         worker = self.workers.task_definition.task_role
-        batches.lane_queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage")
+        batches.lane_queue.grant(
+            worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage"
+        )
         bucket.grant_get(worker, files)
         bucket.grant_put(worker, parts)
         batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")

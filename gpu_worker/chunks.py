@@ -293,7 +293,7 @@ class ChunkRun:
             window = asyncio.timeout(left)
             try:
                 async with window:
-                    async with self.admission.slot(BATCH, line.line_id, first=first) as slot:
+                    async with self.admission.slot(BATCH, line.line_id, first=first, tenant=self.claim.tenant) as slot:
                         if self.stopped is not None or slot.preempted:
                             first = True
                             continue

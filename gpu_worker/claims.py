@@ -156,3 +156,7 @@ class InFlight:
     @property
     def tenant(self) -> str | None:
         return self.claim.tenant if self.claim is not None else None
+
+    @property
+    def receive_count(self) -> int:
+        return self.message.receive_count

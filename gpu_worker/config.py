@@ -176,6 +176,11 @@ class WorkerConfig(WorkerOptions):
             self.prefetch if self.prefetch is not None else max(settings.RECEIVE_BATCH_SIZE, capacity // 2)
         )
 
+    def fair_room(self, capacity: int) -> int:
+        """Places a worker keeps in the interactive lane beyond ``held_messages``, for the messages of tenants other
+        than one that holds that many already (``gpu_worker.fairness``): half the prefetch, at least one."""
+        return max(1, (self.held_messages(capacity) - capacity) // 2)
+
     def reserve(self, capacity: int) -> int:
         """Engine slots kept free for interactive jobs (``interactive_reserve``, or the default for ``capacity``)."""
         return default_reserve(capacity) if self.interactive_reserve is None else self.interactive_reserve

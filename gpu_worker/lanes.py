@@ -15,6 +15,11 @@ engine step (a free reserved slot, or one freed by an abort). Only interactive j
 against another interactive job, as without batches. With the batch lane alone, the engine runs
 ``capacity - reserve`` lines at once.
 
+Within a lane, a freed slot goes to the waiting request whose tenant holds the fewest slots of that lane, the oldest
+among those (a preempted request asking again keeps its place at the head): a tenant whose many requests wait here
+cannot keep another tenant's request waiting for longer than the next slot that frees (docs/security.md, "Fair
+scheduling").
+
 ``BatchBudget`` decides how many batch-lane messages to ask SQS for: enough that about one engine's worth of lines
 waits for slots, so the engine never runs dry between chunks, and no more, so that a batch's chunks spread over the
 fleet instead of collecting in one worker.
@@ -51,6 +56,8 @@ class Slot:
     lane: str
     request_id: str
     preempted: bool = False
+    tenant: str = ""
+    first: bool = False  # asks again after a preemption: waits at the head of its lane
 
 
 class Admission:
@@ -75,6 +82,7 @@ class Admission:
             lane: collections.deque() for lane in LANES
         }
         self._preempting = 0  # preempted batch slots not yet let go
+        self._held: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}  # by tenant
         self._aborts: set[asyncio.Task[None]] = set()
         self.preemptions = 0  # batch requests aborted for an interactive job, since start
 
@@ -106,12 +114,12 @@ class Admission:
         self._release(Slot(INTERACTIVE, ""))
 
     @asynccontextmanager
-    async def slot(self, lane: str, request_id: str, *, first: bool = False) -> AsyncIterator[Slot]:
-        """Hold an engine slot of ``lane`` for ``request_id``. ``first``: wait at the head of the lane (a preempted
-        request asking again keeps its place)."""
+    async def slot(self, lane: str, request_id: str, *, first: bool = False, tenant: str = "") -> AsyncIterator[Slot]:
+        """Hold an engine slot of ``lane`` for ``request_id`` of ``tenant``. ``first``: wait at the head of the lane
+        (a preempted request asking again keeps its place)."""
         if lane not in LANES:
             raise ValueError(f"lane {lane!r} is not one of {LANES}")
-        held = Slot(lane, request_id)
+        held = Slot(lane, request_id, tenant=tenant, first=first)
         await self._acquire(held, first=first)
         try:
             yield held
@@ -149,12 +157,17 @@ class Admission:
             raise
 
     def _grant(self, slot: Slot) -> None:
+        self._held[slot.lane][slot.tenant] += 1
         if slot.lane == INTERACTIVE:
             self._interactive += 1
         else:
             self._batch[slot] = None
 
     def _release(self, slot: Slot) -> None:
+        held = self._held[slot.lane]
+        held[slot.tenant] -= 1
+        if held[slot.tenant] <= 0:
+            del held[slot.tenant]
         if slot.lane == INTERACTIVE:
             self._interactive -= 1
         else:
@@ -168,12 +181,26 @@ class Admission:
         for lane in LANES:
             waiting = self._waiting[lane]
             while waiting and self._may_start(lane):
-                future, slot = waiting.popleft()
+                future, slot = self._next(lane)
                 if future.done():  # its waiter was cancelled
                     continue
                 self._grant(slot)
                 future.set_result(None)
         self._preempt()
+
+    def _next(self, lane: str) -> tuple[asyncio.Future[None], Slot]:
+        """Take the waiter a freed slot of ``lane`` goes to: a preempted request asking again (at the head), else the
+        oldest of the tenant that holds the fewest of the lane's slots (one pass over those waiting: at most the
+        worker's held messages, or a chunk's lines)."""
+        waiting = self._waiting[lane]
+        head = waiting[0]
+        if head[1].first or len(waiting) == 1:
+            return waiting.popleft()
+        held = self._held[lane]
+        best = min(range(len(waiting)), key=lambda i: (held[waiting[i][1].tenant], i))
+        entry = waiting[best]
+        del waiting[best]
+        return entry
 
     def _preempt(self) -> None:
         """Abort as many of the youngest batch requests as interactive jobs wait beyond those already preempted."""
@@ -254,3 +281,11 @@ class BatchBudget:
 
     async def give(self, count: int) -> None:
         self.taken -= count
+
+    def saturated(self) -> bool:
+        """True while ``take`` would wait: enough lines wait for slots, or the most messages are held."""
+        return self._waiting_lines(list(self._held())) >= self.ahead or self.taken >= self.max_messages
+
+    def add(self, count: int) -> None:
+        """Count messages held beyond the budget (the fair scout's, ``gpu_worker.fairness``); ``give`` returns them."""
+        self.taken += count

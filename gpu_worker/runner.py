@@ -260,7 +260,7 @@ class Runner:
         first = False  # a preempted job waits again at the head of its lane
         try:
             while True:
-                async with self.admission.slot(flight.lane, claim.job_id, first=first) as slot:
+                async with self.admission.slot(flight.lane, claim.job_id, first=first, tenant=claim.tenant) as slot:
                     if self.engine_dead is not None:
                         raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
                     if job is None:  # its first slot: it becomes running (once, however often it is preempted)

@@ -7,7 +7,10 @@ messages' visibility in batches (the heartbeat), and on a stop it drains them an
 
 Up to ``engine.capacity`` requests are in the engine at once (``gpu_worker.lanes.Admission``), and a few more messages
 are held beyond that (prefetch) so that reading payloads and writing results overlap generation instead of leaving
-engine slots idle: messages are received in batches of 10, and each claim finishes on its own.
+engine slots idle: messages are received in batches of 10, and each claim finishes on its own. One tenant holds at
+most its share of the interactive lane's messages; one received beyond it goes back to the tail of the queue
+(``gpu_worker.fairness``), so that another tenant's job is held, and started at the next free slot, however long a
+backlog the first has queued.
 
 What each fault leads to (docs/guarantees.md has the client's view):
 
@@ -30,6 +33,7 @@ What each fault leads to (docs/guarantees.md has the client's view):
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -55,6 +59,7 @@ from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
 from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines.base import Engine, FatalEngineError
+from gpu_worker.fairness import FAIR_SCAN_PAUSE_S, TenantShare
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile, StartDeadline
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
@@ -122,7 +127,9 @@ class Worker:
         self.beats = 0  # heartbeats since start
         # boto3 is blocking: its calls run in a pool sized for one request per in-flight job plus the loops (and as
         # many again for the batch lane's messages).
-        held = config.held_messages(engine.capacity) * (2 if config.batch_queue_url else 1)
+        held = config.held_messages(engine.capacity) * (2 if config.batch_queue_url else 1) + config.fair_room(
+            engine.capacity
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(MAX_CONCURRENT_REQUESTS, held + 8), thread_name_prefix="io"
         )
@@ -174,8 +181,14 @@ class Worker:
             chunks=self.chunks,
             io=self._io,
         )
+        # One tenant holds at most held_messages; the fair room beyond it is only ever filled by other tenants'.
+        self.share = TenantShare(config.held_messages(engine.capacity))
         self.lanes = {
-            INTERACTIVE: self._lane(INTERACTIVE, self.service.queue, Slots(config.held_messages(engine.capacity)))
+            INTERACTIVE: self._lane(
+                INTERACTIVE,
+                self.service.queue,
+                Slots(config.held_messages(engine.capacity) + config.fair_room(engine.capacity)),
+            )
         }
         if config.batch_queue_url is not None:
             budget = BatchBudget(
@@ -252,6 +265,7 @@ class Worker:
             loops = [self._receive_loop(self.lanes[INTERACTIVE]) for _ in range(receivers)]
             if BATCH in self.lanes:
                 loops.append(self._receive_loop(self.lanes[BATCH]))
+                loops.append(self._scout_loop(self.lanes[BATCH]))
             await asyncio.gather(*loops)
             await self._drain()
         finally:
@@ -294,27 +308,99 @@ class Worker:
                 await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
                 await lane.held.give(len(messages))
                 return
-            await self.policy.received(len(messages), held_before=len(self._inflight))
-            for message in messages:
-                held = self._inflight.get(message.message_id)
-                if held is None:
-                    self._start(message, lane)
-                    continue
-                # The same message again, while this worker holds it (its visibility lapsed before a heartbeat
-                # extended it). SQS honours only the newest receipt handle for a delete or a visibility change, so
-                # the running flight takes it; starting a second flight would run the claim twice here.
-                logger.info("%s: received again while held here; keeping the newest receipt handle", held.ident)
-                held.message = message
-                await lane.held.give(1)
+            received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
+            if lane.name == INTERACTIVE:
+                received = await self._share(lane, received, self.share)
+            await self.policy.received(len(received), held_before=len(self._inflight))
+            for flight, parse_error in received:
+                self._start(flight, lane, parse_error)
 
-    def _start(self, message: QueueMessage, lane: Lane) -> None:
-        """Hold the message, parsed once into its claim, and run it."""
+    async def _fresh(self, messages: list[QueueMessage], lane: Lane) -> list[QueueMessage]:
+        """The messages this worker does not hold already. One it holds, received again (its visibility lapsed before
+        a heartbeat extended it), must not start its claim a second time: SQS honours only the newest receipt handle
+        for a delete or a visibility change, so the running flight takes it, and its place in the budget is given
+        back."""
+        fresh: list[QueueMessage] = []
+        for message in messages:
+            held = self._inflight.get(message.message_id)
+            if held is None:
+                fresh.append(message)
+                continue
+            logger.info("%s: received again while held here; keeping the newest receipt handle", held.ident)
+            held.message = message
+            await lane.held.give(1)
+        return fresh
+
+    async def _scout_loop(self, lane: Lane) -> None:
+        """The batch lane's look past one tenant's chunks (``gpu_worker.fairness``): while the lane's budget takes no
+        more, one message each ``FAIR_SCAN_PAUSE_S``, held if its tenant holds none of the lane's messages here,
+        requeued if it does."""
+        budget = lane.held
+        assert isinstance(budget, BatchBudget)
+        while not self._stopping.is_set():
+            await asyncio.sleep(FAIR_SCAN_PAUSE_S)
+            holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
+            if not holding or not budget.saturated() or self._stopping.is_set():
+                continue  # nothing to look past, or the budget's own receive is taking messages
+            try:
+                messages = await self._io(
+                    lane.queue.receive, max_messages=1, wait_s=1, visibility_timeout_s=self.config.visibility_timeout_s
+                )
+            except Exception:
+                logger.exception("scout receive failed; looking again later")
+                continue
+            if self._stopping.is_set() and messages:
+                await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
+                return
+            budget.add(len(messages))  # held from here: every held message is given back once settled
+            fresh = [self._parse(m, lane) for m in await self._fresh(messages, lane)]
+            received = await self._share(lane, fresh, TenantShare(1), pause=False)
+            await self.policy.received(len(received), held_before=len(self._inflight))
+            for flight, parse_error in received:
+                self._start(flight, lane, parse_error)
+
+    @staticmethod
+    def _parse(message: QueueMessage, lane: Lane) -> tuple[InFlight, Exception | None]:
+        """The message, parsed once into its claim (None, and why, for a body that is none)."""
         flight = InFlight(message=message, lane=lane.name)
-        parse_error: Exception | None = None
         try:
             flight.claim = parse_claim(message.body)
         except ValueError as exc:
-            parse_error = exc
+            return flight, exc
+        return flight, None
+
+    async def _share(
+        self,
+        lane: Lane,
+        received: list[tuple[InFlight, Exception | None]],
+        share: TenantShare,
+        *,
+        pause: bool = True,
+    ) -> list[tuple[InFlight, Exception | None]]:
+        """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
+        their places given back; ``pause``: wait a little when none was held."""
+        holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
+        keep, requeue = share.split([flight for flight, _ in received], holding)
+        if not requeue:
+            return received
+        logger.debug("requeueing %d messages of tenants at their share", len(requeue))
+        try:
+            failed = await self._io(lane.queue.requeue, [(f.message, f.tenant or "") for f in requeue])
+            if failed:
+                logger.warning("%d messages not requeued; they return after their visibility timeout", len(failed))
+        except Exception:
+            logger.exception("requeue failed; those %d messages return after their visibility timeout", len(requeue))
+        await lane.held.give(len(requeue))
+        if not keep and pause:
+            # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
+            # not at once.
+            await asyncio.sleep(FAIR_SCAN_PAUSE_S)
+        kept = {id(f) for f in keep}
+        return [(flight, error) for flight, error in received if id(flight) in kept]
+
+    def _start(self, flight: InFlight, lane: Lane, parse_error: Exception | None) -> None:
+        """Hold the message and run its claim."""
+        message = flight.message
         self._inflight[message.message_id] = flight
         flight.task = asyncio.create_task(self._settle(flight, lane, parse_error))
         flight.task.add_done_callback(lambda _: asyncio.create_task(self._finished(flight, lane)))

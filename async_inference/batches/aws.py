@@ -134,12 +134,14 @@ class _Queue:
         self.url = queue_url
         self._sqs = sqs or client("sqs")
 
-    def _send_all(self, bodies: list[str]) -> None:
+    def _send_all(self, bodies: list[str], *, group: str | None = None) -> None:
         """SendMessageBatch, 10 a request; raises when any entry fails (the caller's message is then redelivered and
-        sends them all again: duplicates are harmless to its consumers)."""
+        sends them all again: duplicates are harmless to its consumers). ``group``: their MessageGroupId."""
+        extra = {} if group is None else {"MessageGroupId": group}
         for start in range(0, len(bodies), SQS_BATCH_ENTRIES):
             entries = [
-                {"Id": str(i), "MessageBody": body} for i, body in enumerate(bodies[start : start + SQS_BATCH_ENTRIES])
+                {"Id": str(i), "MessageBody": body, **extra}
+                for i, body in enumerate(bodies[start : start + SQS_BATCH_ENTRIES])
             ]
             failed = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries).get("Failed", [])
             if failed:
@@ -157,7 +159,12 @@ class ChunkQueue(_Queue):
     """The batch-lane queue: one chunk claim check per ``settings.BATCH_CHUNK_LINES`` lines."""
 
     def send_all(self, claims: list[ChunkClaimCheck]) -> None:
-        self._send_all([claim.model_dump_json(exclude_none=True) for claim in claims])
+        """One batch's chunks, with its tenant as message group (what SQS fair queues tell tenants apart by)."""
+        tenants = {claim.tenant for claim in claims}
+        self._send_all(
+            [claim.model_dump_json(exclude_none=True) for claim in claims],
+            group=tenants.pop() if len(tenants) == 1 else None,
+        )
 
 
 class BatchNotifier:

@@ -1,8 +1,9 @@
 """The batch controller: plans a batch (validates and chunks its input) and finalizes it (its parts into the output and
 error files), each step idempotent, as docs/design/batches.md says.
 
-Plan: ``validating`` -> the input streamed once -> structural errors fail the batch (nothing runs), or the line count,
-model and chunks are recorded, one ``ChunkClaimCheck`` per chunk goes to the batch lane, and the batch moves to
+Plan: ``validating`` -> the input streamed once -> structural errors fail the batch (nothing runs), as do lines that
+would take the tenant past its ``max_batch_lines_in_flight`` (async_inference.quotas); or the line count, model and
+chunks are recorded, one ``ChunkClaimCheck`` per chunk goes to the batch lane, and the batch moves to
 ``in_progress``. A redelivered plan sends the chunks again (a chunk's parts are written once and counted once).
 
 Finalize: when every chunk is counted, ``finalizing`` -> the parts concatenated in chunk order into one output file
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from async_inference import safe_json, settings
@@ -32,6 +33,7 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.store import BatchStore
 from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError
+from async_inference.quotas import TenantQuota, batch_lines_message
 from async_inference.schemas import BatchControl, ChunkClaimCheck, utcnow
 from async_inference.served_models import ServedModels
 from async_inference.wake import ServiceWaker
@@ -59,8 +61,11 @@ class BatchController:
         notifier: BatchNotifier,
         served: ServedModels,
         waker: ServiceWaker | None = None,
+        quotas: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.store = store
+        # None: no quotas; a tenant missing from it gets the defaults (async_inference.quotas).
+        self.quotas = quotas
         # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
         self.waker = waker
         self.files = files
@@ -80,6 +85,7 @@ class BatchController:
             notifier=BatchNotifier(config.topic_arn),
             served=ServedModels.of(config.served_models),
             waker=ServiceWaker.for_target(config.wake) if config.wake else None,
+            quotas=config.tenant_quotas,
         )
 
     def handle(self, control: BatchControl) -> BatchRecord | None:
@@ -97,6 +103,8 @@ class BatchController:
             return record  # planned already (a redelivered message)
         if not record.planned:
             found = self._validate(record)
+            if found.ok:
+                self._check_lines_in_flight(record, found)
             if not found.ok:
                 failed = self.store.transition(batch_id, BatchStatus.FAILED, errors=found.errors)
                 if failed is not None:
@@ -110,6 +118,19 @@ class BatchController:
         if self.waker is not None:
             self.waker.job_queued()  # never raises
         return self.store.transition(batch_id, BatchStatus.IN_PROGRESS) or self.store.get_batch(batch_id)
+
+    def _check_lines_in_flight(self, record: BatchRecord, found: planning.Plan) -> None:
+        """An error on ``found`` when its lines would take the tenant past ``max_batch_lines_in_flight``: the lines of
+        its other batches in flight (this one's are not recorded yet) plus these."""
+        if self.quotas is None:
+            return
+        limit = self.quotas.get(record.tenant, TenantQuota()).max_batch_lines_in_flight
+        in_flight = self.store.lines_in_flight(record.tenant, up_to=limit)
+        if in_flight + found.total > limit:
+            message = batch_lines_message(record.tenant, limit, in_flight, adding=found.total)
+            found.errors.append(
+                planning.BatchError(code="quota_exceeded", message=message, param="max_batch_lines_in_flight")
+            )
 
     def _validate(self, record: BatchRecord) -> planning.Plan:
         try:

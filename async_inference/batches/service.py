@@ -7,6 +7,7 @@ probed. Errors are ``ServiceError``s (the API turns them into ``{"error": {...}}
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 
 from async_inference import settings
 from async_inference.batches.aws import ControlQueue, FileObjects
@@ -30,6 +31,7 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.store import BatchStore, InvalidCursor
 from async_inference.config import ServiceSettings
+from async_inference.quotas import TenantQuota, batch_lines_message, stored_bytes_message
 from async_inference.schemas import BatchControl, WebhookState, utcnow
 from async_inference.served_models import OWNED_BY, ServedModels
 from async_inference.service import ServiceError
@@ -52,8 +54,11 @@ class BatchService:
         served: ServedModels,
         started_at: int | None = None,
         allow_local_webhooks: bool = False,
+        quotas: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.store = store
+        # None: no quotas; a tenant missing from it gets the defaults (async_inference.quotas).
+        self.quotas = quotas
         self.allow_local_webhooks = allow_local_webhooks
         self.files = files
         self.control = control
@@ -71,6 +76,7 @@ class BatchService:
             control=ControlQueue(config.batch_control_queue_url),
             served=ServedModels.of(config.served_models),
             allow_local_webhooks=config.allow_local_webhooks,
+            quotas=config.tenant_quotas,
         )
 
     # --- models ---------------------------------------------------------------------------------------------------
@@ -101,6 +107,7 @@ class BatchService:
                 "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
                 f"{settings.BATCH_MAX_FILE_BYTES} bytes)",
             )
+        self._check_stored_bytes(tenant, len(data))
         record = self._new_file(tenant, filename=filename, purpose=purpose, size=len(data))
         self.files.put(record.key, data)  # the bytes before the record: no file is ever listed without its bytes
         self.store.create(record)
@@ -109,6 +116,7 @@ class BatchService:
     def create_upload(self, tenant: str, request: FileUploadRequest) -> FileUpload:
         """A file whose bytes the client PUTs to a presigned URL (the extension for files over the inline limit)."""
         expires_s = settings.PRESIGNED_UPLOAD_EXPIRY_S
+        self._check_stored_bytes(tenant, request.bytes)  # the announced size: S3 refuses any other
         record = self._new_file(
             tenant,
             filename=request.filename,
@@ -173,6 +181,7 @@ class BatchService:
             raise _invalid(
                 "input_file_id", f"file {source.id} has not been uploaded yet: PUT its bytes to the presigned URL first"
             )
+        self._check_lines_in_flight(tenant)
         batch_id = new_batch_id()
         input_key = settings.batch_input_key(tenant, batch_id)
         try:
@@ -237,6 +246,34 @@ class BatchService:
         return cancelled.wire()
 
     # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _quota(self, tenant: str) -> TenantQuota | None:
+        return None if self.quotas is None else self.quotas.get(tenant, TenantQuota())
+
+    def _check_stored_bytes(self, tenant: str, adding: int) -> None:
+        """429 quota_exceeded when ``adding`` bytes more would take the tenant's files past ``max_stored_bytes``."""
+        quota = self._quota(tenant)
+        if quota is None:
+            return
+        limit = quota.max_stored_bytes
+        stored = self.store.stored_bytes(tenant, up_to=limit)
+        if stored + adding > limit:
+            message = stored_bytes_message(tenant, limit, stored, adding)
+            raise ServiceError(429, "quota_exceeded", message, [{"field": "max_stored_bytes", "message": message}])
+
+    def _check_lines_in_flight(self, tenant: str) -> None:
+        """429 quota_exceeded when the tenant's batches in flight hold ``max_batch_lines_in_flight`` lines already
+        (the new batch's own lines are counted by the controller, once it has read them)."""
+        quota = self._quota(tenant)
+        if quota is None:
+            return
+        limit = quota.max_batch_lines_in_flight
+        in_flight = self.store.lines_in_flight(tenant, up_to=limit)
+        if in_flight >= limit:
+            message = batch_lines_message(tenant, limit, in_flight)
+            raise ServiceError(
+                429, "quota_exceeded", message, [{"field": "max_batch_lines_in_flight", "message": message}]
+            )
 
     @staticmethod
     def _check_purpose(purpose: str) -> None:

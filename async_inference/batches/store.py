@@ -33,6 +33,7 @@ _PK = settings.BATCH_TABLE_PARTITION_KEY
 _OWNER = settings.BATCH_OWNER_ATTRIBUTE
 _SORT = settings.BATCH_CREATED_KEY_ATTRIBUTE
 _TTL = settings.BATCH_TTL_ATTRIBUTE
+_ACTIVE = settings.BATCH_ACTIVE_ATTRIBUTE
 Kind = Literal["file", "batch"]
 BATCH_GET_LIMIT = 100  # DynamoDB BatchGetItem's keys per request
 
@@ -76,6 +77,8 @@ def _item(record: FileRecord | BatchRecord) -> dict[str, Any]:
     # Newest first down to the microsecond (objects created in the same second keep their order); the id breaks ties.
     item[_SORT] = f"{record.created_at.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%S.%f}#{record.id}"
     item[_TTL] = epoch(record.created_at) + settings.FILE_RETENTION_DAYS * 86400
+    if isinstance(record, BatchRecord) and record.status not in FINAL_BATCH_STATES:
+        item[_ACTIVE] = record.tenant  # in the index of batches in flight until the write that makes it final
     return item
 
 
@@ -212,10 +215,15 @@ class BatchStore:
         stamp = f"{target.value}_at"
         names["#stamp"], expr_values[":stamp"] = stamp, now
         sets.append("#stamp = if_not_exists(#stamp, :stamp)")
+        update = "SET " + ", ".join(sets)
+        if target in FINAL_BATCH_STATES:
+            # Out of the index of batches in flight in the same write: no count of lines in flight can drift.
+            names["#active"] = _ACTIVE
+            update += " REMOVE #active"
         try:
             response = self._table.update_item(
                 Key={_PK: batch_id},
-                UpdateExpression="SET " + ", ".join(sets),
+                UpdateExpression=update,
                 ConditionExpression=Attr("status").is_in([s.value for s in sources]),
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=expr_values,
@@ -272,6 +280,43 @@ class BatchStore:
             ExpressionAttributeNames={"#notified": "notified", "#id": _PK},
             ExpressionAttributeValues={":true": True},
         )
+
+    # --- quotas (async_inference.quotas) ---------------------------------------------------------------------------
+
+    def lines_in_flight(self, tenant: str, *, up_to: int) -> int:
+        """The lines of the tenant's batches not yet final (a batch not yet planned counts none), added up until they
+        reach ``up_to``; read from the sparse index of batches in flight (eventually consistent)."""
+        return self._add_up(
+            "total",
+            IndexName=settings.BATCH_ACTIVE_INDEX_NAME,
+            KeyConditionExpression=Key(_ACTIVE).eq(tenant),
+            up_to=up_to,
+        )
+
+    def stored_bytes(self, tenant: str, *, up_to: int) -> int:
+        """The bytes of the tenant's files, added up until they reach ``up_to`` (the owner index: eventually
+        consistent)."""
+        return self._add_up(
+            "bytes",
+            IndexName=settings.BATCH_OWNER_INDEX_NAME,
+            KeyConditionExpression=Key(_OWNER).eq(owner_of(tenant, "file")),
+            up_to=up_to,
+        )
+
+    def _add_up(self, attribute: str, *, up_to: int, **query: Any) -> int:
+        total = 0
+        kwargs: dict[str, Any] = {
+            **query,
+            "ProjectionExpression": "#value",
+            "ExpressionAttributeNames": {"#value": attribute},
+        }
+        while total < up_to:
+            response = self._table.query(**kwargs)
+            total += sum(int(item.get(attribute, 0)) for item in response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                break
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return total
 
     # --- listing --------------------------------------------------------------------------------------------------
 

@@ -106,7 +106,10 @@ def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]
     responses={
         200: ok("The file", FileObject),
         **error_responses(
-            400, e413=f"`payload_too_large`: over {settings.MAX_FILE_INLINE_BYTES} bytes; use POST /v1/files/uploads"
+            400,
+            e413=f"`payload_too_large`: over {settings.MAX_FILE_INLINE_BYTES} bytes; use POST /v1/files/uploads",
+            e429="`quota_exceeded`: the file would take the tenant past `max_stored_bytes` (the message names the "
+            "limit), or over its usage plan",
         ),
     },
 )
@@ -122,7 +125,15 @@ def create_file() -> Response[FileObject]:
 @router.post(
     "/v1/files/uploads",
     summary="Create a file whose bytes you PUT to a presigned URL (files over 4 MiB)",
-    responses={201: ok("The file, with its presigned upload", FileUpload), **error_responses(400, 415)},
+    responses={
+        201: ok("The file, with its presigned upload", FileUpload),
+        **error_responses(
+            400,
+            415,
+            e429="`quota_exceeded`: the file would take the tenant past `max_stored_bytes` (the message names the "
+            "limit), or over its usage plan",
+        ),
+    },
 )
 def create_file_upload(request: Annotated[FileUploadRequest, Body()]) -> Response[FileUpload]:
     return _json(_service().create_upload(_tenant(), request), HTTPStatus.CREATED)
@@ -189,7 +200,14 @@ def delete_file(file_id: FileId) -> Response[FileDeleted]:
     summary="Create a batch from an uploaded input file",
     responses={
         200: ok("The batch, validating", Batch),
-        **error_responses(400, 415, 503, e404="`not_found`: no such input file of yours"),
+        **error_responses(
+            400,
+            415,
+            503,
+            e404="`not_found`: no such input file of yours",
+            e429="`quota_exceeded`: the tenant's batches in flight hold `max_batch_lines_in_flight` lines (the message "
+            "names the limit), or over its usage plan",
+        ),
     },
 )
 def create_batch(request: Annotated[BatchCreate, Body()]) -> Response[Batch]:

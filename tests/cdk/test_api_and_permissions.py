@@ -179,11 +179,13 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
-    """GIVEN the list endpoints and the quota check WHEN reading the API role's Query grants THEN they name the two
-    tenant indexes (jobs; files and batches) and the unfinished-jobs index, no wildcard."""
+    """GIVEN the list endpoints and the quota checks WHEN reading the API role's Query grants THEN they name the two
+    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, no
+    wildcard."""
     table = synthesized.logical_id(synthesized.stack.service.table.table)
     batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
     resources = _function_actions(synthesized, API)["dynamodb:Query"]
+    in_flight = f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
     assert sorted(map(str, resources)) == sorted(
         map(
             str,
@@ -191,6 +193,7 @@ def test_api_queries_only_the_tenant_index(synthesized):
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.TENANT_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
+                {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, in_flight]]},
             ],
         )
     )
@@ -434,7 +437,8 @@ def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
 
 def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
     """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and the batch lane,
-    and sends only "started" events to the webhook queue and finalize steps to the batch control queue."""
+    and sends only "started" events to the webhook queue, finalize steps to the batch control queue, and claim
+    checks of a tenant at its share back to the job queue and the batch lane (gpu_worker.fairness)."""
     actions = _worker_actions(synthesized)
     service = synthesized.stack.service
     jobs, lane = synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.batches.lane_queue)
@@ -442,7 +446,7 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
     control = synthesized.logical_id(service.batches.control_queue)
     for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
         assert {r["Fn::GetAtt"][0] for r in actions[action]} == {jobs, lane}
-    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control}
+    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control, jobs, lane}
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,8 @@ def test_the_batch_table_is_keyed_listed_per_owner_and_expires(synthesized):
                             {"AttributeName": settings.BATCH_CREATED_KEY_ATTRIBUTE, "KeyType": "RANGE"},
                         ],
                     }
-                )
+                ),
+                Match.object_like({"IndexName": settings.BATCH_ACTIVE_INDEX_NAME}),  # tests/cdk/test_security.py
             ],
         },
     )
@@ -127,14 +128,15 @@ def test_the_worker_gets_the_batch_lane_and_the_control_queue(synthesized):
 
 
 def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesized):
-    """GIVEN the controller's role WHEN listing its actions THEN it reads and writes batch items, reads inputs and
-    parts, writes (and may abort or delete) output files, sends chunks and wakes the workers, notifies; no DeleteItem,
-    no Scan."""
+    """GIVEN the controller's role WHEN listing its actions THEN it reads and writes batch items, queries the index of
+    batches in flight (max_batch_lines_in_flight), reads inputs and parts, writes (and may abort or delete) output
+    files, sends chunks and wakes the workers, notifies; no DeleteItem, no Scan."""
     actions = role_actions(synthesized.template, function_role(synthesized.template, CONTROLLER))
     assert set(actions) == {
         "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
+        "dynamodb:Query",
         "s3:GetObject",
         "s3:ListBucket",
         "s3:PutObject",
@@ -159,6 +161,8 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
     assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [lane, "Arn"]}]
     table = synthesized.logical_id(synthesized.stack.service.batches.table)
     assert actions["dynamodb:UpdateItem"] == [{"Fn::GetAtt": [table, "Arn"]}]
+    index = f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
+    assert actions["dynamodb:Query"] == [{"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, index]]}]
 
 
 def test_the_controller_lists_only_the_prefixes_it_reads(synthesized):

@@ -14,6 +14,7 @@ from async_inference.config import ENV_TENANT_QUOTAS
 from tests.cdk.helpers import function_role, role_actions
 
 API = "lambdas.api.handler.lambda_handler"
+CONTROLLER = "lambdas.batch_controller.handler.lambda_handler"
 
 
 def function(synthesized, handler: str) -> dict[str, Any]:
@@ -23,19 +24,53 @@ def function(synthesized, handler: str) -> dict[str, Any]:
     return found
 
 
-def test_each_tenants_active_job_limit_reaches_the_api_from_the_tenants_context(synth_variant):
-    # GIVEN a tenant whose plan sets max_active_jobs, and one whose plan sets none
-    synthesized = synth_variant(tenants={"small": {"max_active_jobs": 5}, "plain": {}})
-    # WHEN the API function's environment is read
-    quotas = json.loads(function(synthesized, API)["Properties"]["Environment"]["Variables"][ENV_TENANT_QUOTAS])
-    # THEN each tenant has its limit, the default where its plan sets none
-    assert quotas == {"small": {"max_active_jobs": 5}, "plain": {"max_active_jobs": settings.DEFAULT_MAX_ACTIVE_JOBS}}
+def test_each_tenants_limits_reach_the_api_and_the_batch_controller_from_the_tenants_context(synth_variant):
+    # GIVEN a tenant whose plan sets its three limits, and one whose plan sets none
+    small = {"max_active_jobs": 5, "max_batch_lines_in_flight": 500, "max_stored_bytes": 1_000_000}
+    synthesized = synth_variant(tenants={"small": small, "plain": {}})
+    # WHEN the API function's and the batch controller's environments are read
+    for handler in (API, CONTROLLER):
+        quotas = json.loads(function(synthesized, handler)["Properties"]["Environment"]["Variables"][ENV_TENANT_QUOTAS])
+        # THEN each tenant has its limits, the defaults where its plan sets none
+        assert quotas == {
+            "small": small,
+            "plain": {
+                "max_active_jobs": settings.DEFAULT_MAX_ACTIVE_JOBS,
+                "max_batch_lines_in_flight": settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT,
+                "max_stored_bytes": settings.DEFAULT_MAX_STORED_BYTES,
+            },
+        }
 
 
-def test_a_non_positive_active_job_limit_is_refused_at_synth(synth_variant):
-    # WHEN a tenant's plan sets max_active_jobs to 0 THEN the app refuses to build, naming the option
-    with pytest.raises(ValueError, match="max_active_jobs must be positive"):
-        synth_variant(tenants={"zero": {"max_active_jobs": 0}})
+@pytest.mark.parametrize("limit", ["max_active_jobs", "max_batch_lines_in_flight", "max_stored_bytes"])
+def test_a_non_positive_limit_is_refused_at_synth(synth_variant, limit: str):
+    # WHEN a tenant's plan sets a limit to 0 THEN the app refuses to build, naming the option
+    with pytest.raises(ValueError, match=f"{limit}.* must be positive"):
+        synth_variant(tenants={"zero": {limit: 0}})
+
+
+def test_the_batches_in_flight_index_is_sparse_with_line_counts_and_the_api_and_controller_may_query_it(synthesized):
+    # GIVEN the batch table WHEN its indexes are read THEN the quota index is keyed on the active attribute and
+    # carries each batch's line count
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "GlobalSecondaryIndexes": Match.array_with(
+                [
+                    {
+                        "IndexName": settings.BATCH_ACTIVE_INDEX_NAME,
+                        "KeySchema": [{"AttributeName": settings.BATCH_ACTIVE_ATTRIBUTE, "KeyType": "HASH"}],
+                        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["total"]},
+                    }
+                ]
+            ),
+        },
+    )
+    # AND the API (at POST /v1/batches) and the controller (once it has counted a batch's lines) may query it
+    for handler in (API, CONTROLLER):
+        role = function_role(synthesized.template, handler)
+        queried = json.dumps(role_actions(synthesized.template, role)["dynamodb:Query"])
+        assert f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}" in queried
 
 
 def test_the_unfinished_jobs_index_is_sparse_and_keys_only_and_the_api_may_query_it(synthesized):

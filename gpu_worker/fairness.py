@@ -1,0 +1,72 @@
+"""Fair holding between tenants: which received messages of the interactive lane a worker keeps, and which it sends
+back to the tail of the queue because their tenant already holds its share here (docs/security.md, "Fair
+scheduling").
+
+One tenant may hold at most ``share`` messages of a worker: the engine's capacity plus the prefetch, what a worker
+held before there was a share, so a tenant alone runs as fast as it did. The worker has ``WorkerConfig.fair_room``
+places more (half the prefetch, at least one), which only other tenants' messages fill. A message received for a
+tenant at its share is requeued (``JobQueue.requeue``: sent again at the tail, the received copy deleted) instead of
+held, so a backlog of one tenant in front of another's message is stepped over, a few messages per receive, instead
+of run first. Once the other tenant's message is held, the engine's admission (``gpu_worker.lanes.Admission``) gives
+it the next slot that frees, ahead of the waiting messages of the tenant holding more slots.
+
+The batch lane's budget counts lines waiting rather than messages, so it has a scout instead of a room: while the
+budget takes no more, the worker receives one message each ``FAIR_SCAN_PAUSE_S`` and holds it only if its tenant holds
+none of the lane's messages here (a share of one), requeueing it otherwise. A batch queued behind another tenant's
+chunks is thus held within a few scouts, and its lines take the next slots that free (the admission's order).
+
+Requeued messages stay visible in the queue (the scaling metric counts them). A message received more than once (a
+retry, a redelivery after a crash) is kept whatever its tenant holds: requeueing it would start its receive count
+over and take it past the dead-letter queue's limit.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Protocol, TypeVar
+
+# After a receive in which every message belonged to tenants at their share (nothing else is visible, or not yet:
+# the backlog is stepped over one receive at a time), the receive loop waits this long before asking again, so that a
+# worker with room and one tenant's backlog in the queue costs two receives a second, not a busy loop.
+FAIR_SCAN_PAUSE_S = 0.5
+
+
+class Held(Protocol):
+    """What the share reads of a received or held message (``gpu_worker.claims.InFlight``)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    @property
+    def receive_count(self) -> int: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
+class TenantShare:
+    """Splits received messages into those to hold and those to requeue, given what each tenant holds already."""
+
+    def __init__(self, share: int) -> None:
+        if share < 1:
+            raise ValueError(f"a tenant's share must be at least 1 message, got {share}")
+        self.share = share
+        self.requeued = 0  # messages requeued since start
+
+    def split(self, received: Iterable[H], holding: collections.Counter[str]) -> tuple[list[H], list[H]]:
+        """(keep, requeue): a message is kept when its tenant holds fewer than ``share`` (counting those kept before
+        it), when it has no tenant (not a claim: the runner deletes or retries it), or when it was received before."""
+        counts = collections.Counter(holding)
+        keep: list[H] = []
+        requeue: list[H] = []
+        for message in received:
+            tenant = message.tenant
+            if tenant is None or message.receive_count > 1 or counts[tenant] < self.share:
+                keep.append(message)
+                if tenant is not None:
+                    counts[tenant] += 1
+            else:
+                requeue.append(message)
+        self.requeued += len(requeue)
+        return keep, requeue
