@@ -19,6 +19,7 @@ from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from cdk.ingestion_api import TenantPlan
+from cdk.model_fleet import ModelSpec
 from cdk.result_topics import TopicSubscription
 from cdk.service import AsyncInferenceServiceProps
 from cdk.stack import AsyncInferenceStack
@@ -48,6 +49,10 @@ def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
     return tuple(TopicSubscription(**entry) for entry in _json(value))
 
 
+def _models(value: Any) -> tuple[ModelSpec, ...]:
+    return tuple(ModelSpec(**entry) for entry in _json(value))
+
+
 def _optional_int(value: Any) -> int | None:
     return int(value) if value not in (None, "") else None
 
@@ -63,6 +68,7 @@ def _optional_str(value: Any) -> str | None:
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
     "subscriptions": _subscriptions,
+    "models": _models,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),

@@ -43,9 +43,7 @@ class ResponseService:
             raise ServiceError(
                 400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
             ) from exc
-        if not self.jobs.served.serves(request.model):
-            message = self.jobs.served.not_found_message(request.model)
-            raise ServiceError(404, "model_not_found", message, [{"field": "model", "message": message}])
+        self.jobs.check_model(request.model, field="model")
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an

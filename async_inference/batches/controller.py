@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from async_inference import safe_json, settings
@@ -31,7 +31,8 @@ from async_inference.batches.models import (
     new_file_id,
 )
 from async_inference.batches.store import BatchStore
-from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError
+from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError, WakeTarget
+from async_inference.fleets import FleetRoute, kind_of_endpoint, wrong_kind_message
 from async_inference.schemas import BatchControl, ChunkClaimCheck, utcnow
 from async_inference.served_models import ServedModels
 from async_inference.wake import ServiceWaker
@@ -59,8 +60,15 @@ class BatchController:
         notifier: BatchNotifier,
         served: ServedModels,
         waker: ServiceWaker | None = None,
+        fleets: Mapping[str, FleetRoute] | None = None,
+        wake: WakeTarget | None = None,
     ) -> None:
         self.store = store
+        # Each model's batch lane and service (async_inference.fleets): a batch's chunks go to its model's lane; a
+        # model without a route to ``chunks`` (and ``waker``).
+        self.fleets = dict(fleets or {})
+        self._wake = wake
+        self._lanes: dict[str, tuple[ChunkQueue, ServiceWaker | None]] = {}
         # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
         self.waker = waker
         self.files = files
@@ -80,6 +88,8 @@ class BatchController:
             notifier=BatchNotifier(config.topic_arn),
             served=ServedModels.of(config.served_models),
             waker=ServiceWaker.for_target(config.wake) if config.wake else None,
+            fleets=config.model_fleets,
+            wake=config.wake,
         )
 
     def handle(self, control: BatchControl) -> BatchRecord | None:
@@ -106,14 +116,30 @@ class BatchController:
             if planned is None:  # cancelled meanwhile
                 return self.plan(batch_id)
             record = planned
-        self.chunks.send_all(self._claims(record))
-        if self.waker is not None:
-            self.waker.job_queued()  # never raises
+        chunks, waker = self._lane(record.model)
+        chunks.send_all(self._claims(record))
+        if waker is not None:
+            waker.job_queued()  # never raises
         return self.store.transition(batch_id, BatchStatus.IN_PROGRESS) or self.store.get_batch(batch_id)
+
+    def _lane(self, model: str | None) -> tuple[ChunkQueue, ServiceWaker | None]:
+        """The batch lane and waker of ``model``'s fleet; the configured ones for a model without a route."""
+        route = self.fleets.get(model) if model else None
+        if route is None or not route.batch_queue_url:
+            return self.chunks, self.waker
+        if model not in self._lanes:
+            wake = self._wake
+            waker = None
+            if wake is not None and route.worker_service:
+                waker = ServiceWaker.for_target(
+                    WakeTarget(wake.cluster, route.worker_service, wake.check_interval_s, wake.hold_s)
+                )
+            self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)
+        return self._lanes[model]
 
     def _validate(self, record: BatchRecord) -> planning.Plan:
         try:
-            return planning.plan(self.files.stream(record.input_key), served=self.served, endpoint=record.endpoint)
+            found = planning.plan(self.files.stream(record.input_key), served=self.served, endpoint=record.endpoint)
         except KeyError:
             found = planning.Plan()
             found.errors.append(
@@ -122,6 +148,18 @@ class BatchController:
                 )
             )
             return found
+        route = self.fleets.get(found.model) if found.ok and found.model else None
+        wanted = kind_of_endpoint(record.endpoint)
+        if route is not None and route.kind != wanted:
+            assert found.model is not None
+            found.errors.append(
+                planning.BatchError(
+                    code="model_kind_mismatch",
+                    message=wrong_kind_message(found.model, route.kind, wanted),
+                    param="body.model",
+                )
+            )
+        return found
 
     def _claims(self, record: BatchRecord) -> list[ChunkClaimCheck]:
         return [
