@@ -18,6 +18,7 @@ from typing import Any
 from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
+from async_inference.events_in import EventRule
 from cdk.ingestion_api import TenantPlan
 from cdk.model_fleet import ModelSpec
 from cdk.result_topics import TopicSubscription
@@ -49,6 +50,10 @@ def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
     return tuple(TopicSubscription(**entry) for entry in _json(value))
 
 
+def _event_rules(value: Any) -> tuple[EventRule, ...]:
+    return tuple(EventRule.model_validate(entry) for entry in _json(value))
+
+
 def _models(value: Any) -> tuple[ModelSpec, ...]:
     return tuple(ModelSpec(**entry) for entry in _json(value))
 
@@ -69,6 +74,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
     "subscriptions": _subscriptions,
     "models": _models,
+    "event_rules": _event_rules,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),

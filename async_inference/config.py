@@ -48,6 +48,9 @@ ENV_SERVED_MODELS = "SERVED_MODELS"
 # (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model. Unset, or a model
 # it lacks: the configured queues (JOBS_QUEUE_URL, BATCH_QUEUE_URL), which are the first model's.
 ENV_MODEL_FLEETS = "MODEL_FLEETS"
+# Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
+# async_inference.events_in.EventRule.
+ENV_EVENT_RULES = "EVENT_RULES"
 # The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).
 ENV_MODEL_KIND = "MODEL_KIND"
 # The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also

@@ -15,12 +15,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-CHAT = "chat"
-EMBEDDING = "embedding"
-MODEL_KINDS = (CHAT, EMBEDDING)
 ModelKind = Literal["chat", "embedding"]
+CHAT: ModelKind = "chat"
+EMBEDDING: ModelKind = "embedding"
+MODEL_KINDS = (CHAT, EMBEDDING)
 # What a request of each kind is sent to: the error for a model of the other kind names it.
-KIND_ENDPOINTS = {CHAT: "/v1/chat/completions", EMBEDDING: "/v1/embeddings"}
+KIND_ENDPOINTS: dict[str, str] = {CHAT: "/v1/chat/completions", EMBEDDING: "/v1/embeddings"}
 
 
 class FleetRoute(BaseModel):

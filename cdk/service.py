@@ -41,10 +41,12 @@ from async_inference.config import (
     TASK_PROTECTION_MODES,
     ServiceConfig,
 )
+from async_inference.events_in import EventRule
 from cdk import capacity
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
+from cdk.events_in import EventsIn, validate_rules
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
@@ -91,6 +93,11 @@ class AsyncInferenceServiceProps:
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
+    Events in
+      event_rules: objects written under ``inbox/<prefix>`` of the claim-check bucket become jobs (any object) or
+        batches (``.jsonl``) of a tenant by rule (``async_inference.events_in.EventRule``: prefix, tenant, model,
+        endpoint, webhook_url), through an S3 notification per rule and the events-in function
+        (``cdk.events_in.EventsIn``). Default: none (no function, no notification).
     Notifications
       subscriptions: subscribers of the result topic (email, https, sqs; optional status and tenant filters, and
         tenant_scoped for a subscription given to a tenant). Default: none.
@@ -207,6 +214,7 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
+    event_rules: Sequence[EventRule] = ()
     websocket_push: bool = True
     progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
@@ -313,6 +321,7 @@ class AsyncInferenceServiceProps:
             )
         self._validate_scaling()
         self._validate_models()
+        validate_rules(self.event_rules, list(self.tenants), [spec.name for spec in self.model_specs()])
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         """Every model the stack serves, the first one first; without ``models``, ``model`` with the stack's options."""
@@ -603,18 +612,33 @@ class AsyncInferenceService(Construct):
             self.dead_letters.consume(fleet.lane_dead_letter_queue)
             if self.capacity.release_function is not None:
                 self._grant_release(self.capacity.release_function, fleet.workers.auto_scaling_group)
+        self.events_in: EventsIn | None = None
+        if props.event_rules:
+            self.events_in = EventsIn(
+                self,
+                "EventsIn",
+                code=code,
+                bucket=self.bucket.bucket,
+                rules=props.event_rules,
+                environment={**environment, **self.batches.environment},
+            )
         # Every function that queues work routes it by its model (async_inference.fleets): the API (jobs, responses),
-        # the upload handler (uploaded jobs) and the batch controller (chunks).
+        # the upload handler (uploaded jobs), the batch controller (chunks) and events in (jobs).
+        queuing = [self.api.handler, self.uploads.handler, self.batches.controller]
+        if self.events_in is not None:
+            queuing.append(self.events_in.handler)
         routes = Stack.of(self).to_json_string(self._routes(specs[0], props.wake_from_zero))
-        for function in (self.api.handler, self.uploads.handler, self.batches.controller):
+        for function in queuing:
             function.add_environment(ENV_MODEL_FLEETS, routes)
         if props.wake_from_zero:
             # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).
             self.scaling.grant_wake(self.api.handler)
             self.scaling.grant_wake(self.uploads.handler)
             self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
+            if self.events_in is not None:
+                self.scaling.grant_wake(self.events_in.handler)
             for fleet in self.fleets:  # their services are in the routes, not in the wake's variables
-                for function in (self.api.handler, self.uploads.handler, self.batches.controller):
+                for function in queuing:
                     fleet.scaling.grant_wake(function, environment=False)
         self.monitoring = Monitoring(
             self,
@@ -629,6 +653,7 @@ class AsyncInferenceService(Construct):
                 "BatchLaneDeadLetterQueue": self.batches.lane_dead_letter_queue,
                 "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
                 "UnhandledDeadLetterQueue": self.dead_letters.unhandled_queue,
+                **({"EventsInFailureQueue": self.events_in.failure_queue} if self.events_in else {}),
                 **{
                     f"{kind}DeadLetterQueue{fleet.spec.construct_id}": queue
                     for fleet in self.fleets
@@ -872,6 +897,28 @@ class AsyncInferenceService(Construct):
             fleet.lane_queue.grant(self.batches.controller, "sqs:SendMessage")
             self._grant_worker(fleet.workers, fleet.jobs.queue, fleet.lane_queue, self.fleet_models[fleet.spec.name])
         self._grant_batches()
+        if self.events_in is not None:
+            self._grant_events_in(self.events_in.handler)
+
+    def _grant_events_in(self, function: lambda_.Function) -> None:
+        """The events-in function: read the objects under the inbox, then what the API does to submit a job (its
+        record, its body, its claim check on any model's queue, a notification when it cannot be queued) or to
+        create a batch (the file copied from the object, the file and batch records, the plan step)."""
+        bucket, table, batches = self.bucket, self.table, self.batches
+        bucket.grant_get(function, settings.INBOX_PREFIX)
+        table.grant_items(function, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_put(function, settings.REQUEST_PREFIX)  # job bodies, and the markers of objects taken in
+        bucket.grant_get(function, settings.REQUEST_PREFIX, missing_as_404=False)  # a marker already there
+        self.jobs.queue.grant(function, "sqs:SendMessage")
+        batches.lane_queue.grant(function, "sqs:SendMessage")
+        for fleet in self.fleets:
+            fleet.jobs.queue.grant(function, "sqs:SendMessage")
+            fleet.lane_queue.grant(function, "sqs:SendMessage")
+        self.results.grant_publish(function)
+        batches.grant_items(function, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_put(function, settings.FILE_PREFIX)
+        bucket.grant_get(function, settings.FILE_PREFIX, missing_as_404=False)
+        batches.control_queue.grant(function, "sqs:SendMessage")
 
     def _grant_worker(
         self, workers: GpuWorkerService, queue: sqs.IQueue, lane: sqs.IQueue, models: ModelStore | None
@@ -964,6 +1011,7 @@ class AsyncInferenceService(Construct):
                 settings.FILE_PREFIX,
                 settings.BATCH_PREFIX,
                 RESPONSES_BODIES,
+                *((settings.INBOX_PREFIX,) if self.events_in is not None else ()),
             )
         }
         acknowledge(self, findings)

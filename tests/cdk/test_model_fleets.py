@@ -63,9 +63,7 @@ def test_each_model_gets_its_worker_service_task_definition_and_gpu_group(two):
     assert names == {"gpu-workers", "gpu-workers-all-minilm-l6-v2"}
     cluster = _ref(two, service.workers.cluster)
     assert all(s["Properties"]["Cluster"] == cluster for s in two.resources("AWS::ECS::Service").values())
-    groups = {
-        lid: g["Properties"]["MaxSize"] for lid, g in two.resources("AWS::AutoScaling::AutoScalingGroup").items()
-    }
+    groups = {lid: g["Properties"]["MaxSize"] for lid, g in two.resources("AWS::AutoScaling::AutoScalingGroup").items()}
     assert groups == {
         two.logical_id(service.workers.auto_scaling_group): "2",
         two.logical_id(fleet.workers.auto_scaling_group): "1",

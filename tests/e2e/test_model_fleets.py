@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
