@@ -87,6 +87,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "destroy_data_on_delete": _bool,
     "websocket_push": _bool,
     "wake_from_zero": _bool,
+    "eventbridge_events": _bool,
 }
 _BY_TYPE: dict[str, Callable[[Any], Any]] = {
     "int": int,

@@ -51,6 +51,8 @@ ENV_MODEL_FLEETS = "MODEL_FLEETS"
 # Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
 # async_inference.events_in.EventRule.
 ENV_EVENT_RULES = "EVENT_RULES"
+# The EventBridge bus the state-events function puts job and batch state changes on (async_inference.state_events).
+ENV_EVENT_BUS_NAME = "EVENT_BUS_NAME"
 # The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).
 ENV_MODEL_KIND = "MODEL_KIND"
 # The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also

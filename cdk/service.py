@@ -47,6 +47,7 @@ from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.events_in import EventsIn, validate_rules
+from cdk.state_events import StateEvents
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
@@ -99,6 +100,9 @@ class AsyncInferenceServiceProps:
         endpoint, webhook_url), through an S3 notification per rule and the events-in function
         (``cdk.events_in.EventsIn``). Default: none (no function, no notification).
     Notifications
+      eventbridge_events: put each job and batch state change (started, the final states, a batch's end) on the
+        account's default EventBridge bus (``cdk.state_events.StateEvents``), source ``async-inference``. Default:
+        False (one more invocation and PutEvents per job).
       subscriptions: subscribers of the result topic (email, https, sqs; optional status and tenant filters, and
         tenant_scoped for a subscription given to a tenant). Default: none.
       websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
@@ -215,6 +219,7 @@ class AsyncInferenceServiceProps:
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
     event_rules: Sequence[EventRule] = ()
+    eventbridge_events: bool = False
     websocket_push: bool = True
     progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
@@ -612,6 +617,16 @@ class AsyncInferenceService(Construct):
             self.dead_letters.consume(fleet.lane_dead_letter_queue)
             if self.capacity.release_function is not None:
                 self._grant_release(self.capacity.release_function, fleet.workers.auto_scaling_group)
+        self.state_events: StateEvents | None = None
+        if props.eventbridge_events:
+            self.state_events = StateEvents(
+                self,
+                "StateEvents",
+                code=code,
+                result_topic=self.results.topic,
+                events_topic=self.push.events_topic if self.push else None,
+                environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+            )
         self.events_in: EventsIn | None = None
         if props.event_rules:
             self.events_in = EventsIn(
