@@ -52,8 +52,17 @@ class ResponseService:
             settings.responses_request_key(tenant, job_id),
             request.model_dump_json(exclude_none=True, by_alias=True).encode(),
         )
-        submission = JobSubmission(request=chat, metadata=request.metadata or {})
-        submitted = self.jobs.submit(tenant, submission, idempotency_key, job_id=job_id)
+        webhook = request.webhook
+        submission = JobSubmission.model_validate(
+            {
+                "request": chat,
+                "metadata": request.metadata or {},
+                **({"webhook": {"url": webhook.url}} if webhook else {}),
+            }
+        )
+        submitted = self.jobs.submit(
+            tenant, submission, idempotency_key, job_id=job_id, webhook_events=list(webhook.events) if webhook else None
+        )
         return to_response(submitted.job, request if submitted.created else self._original(submitted.job))
 
     def retrieve(self, tenant: str, response_id: str) -> Response:

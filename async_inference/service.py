@@ -157,7 +157,13 @@ class JobService:
     # --- API side -------------------------------------------------------------------------------------------------
 
     def submit(
-        self, tenant: str, submission: JobSubmission, idempotency_key: str | None, *, job_id: str | None = None
+        self,
+        tenant: str,
+        submission: JobSubmission,
+        idempotency_key: str | None,
+        *,
+        job_id: str | None = None,
+        webhook_events: list[str] | None = None,
     ) -> Submitted:
         """Create and queue the job (or, for an upload, create it awaiting its upload).
 
@@ -165,7 +171,9 @@ class JobService:
         gets the same job (``created`` False), a different request a 422. A different request that arrives while the
         first one is in progress (its body stored, its job not created yet: at most ``IDEMPOTENCY_IN_PROGRESS_S``)
         gets a 409 and may retry; the job record, created with a conditional write, is the one commit point.
-        ``job_id``: the id to create (a background response writes its own object under it first).
+        ``job_id``: the id to create (a background response writes its own object under it first);
+        ``webhook_events``: the events its webhook records instead of ``submission.webhook.events`` (a background
+        response's ``response.*``, async_inference.webhooks.events.RESPONSE_EVENTS).
         """
         job_id = job_id or new_job_id(tenant, idempotency_key)
         fingerprint = submission.fingerprint()
@@ -202,7 +210,7 @@ class JobService:
             timeout_s=submission.timeout_seconds or settings.DEFAULT_EXECUTION_TIMEOUT_S,
             idempotency_key=idempotency_key,
             request_fingerprint=fingerprint,
-            webhook=WebhookState(url=submission.webhook.url, events=list(submission.webhook.events))
+            webhook=WebhookState(url=submission.webhook.url, events=webhook_events or list(submission.webhook.events))
             if submission.webhook
             else None,
             priority=submission.priority,
