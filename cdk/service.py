@@ -47,7 +47,6 @@ from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.events_in import EventsIn, validate_rules
-from cdk.state_events import StateEvents
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
@@ -60,6 +59,7 @@ from cdk.monitoring import Monitoring
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
+from cdk.state_events import StateEvents
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch

@@ -68,7 +68,7 @@ def response_event(event: QueuedEvent) -> QueuedEvent | None:
     finished = notification.timings.finished_at or utcnow()
     body = ResponseWebhookEvent(
         id=f"evt_{notification.job_id.removeprefix('job_')}",
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         created_at=int(finished.timestamp()),
         data={"id": response_id_of(notification.job_id)},
     )
