@@ -125,3 +125,33 @@ def test_local_engine_is_the_one_seam_for_the_engine_of_a_model_kind():
     the local embedding engine (echo until the CPU embedding engine is wired), vLLM serves both kinds."""
     assert [local_engine("chat", e) for e in ("cpu", "echo", "vllm")] == ["cpu", "echo", "vllm"]
     assert local_engine("embedding", "cpu") == "echo" and local_engine("embedding", "vllm") == "vllm"
+
+
+def _batch_file(model: str, lines: int = 3) -> bytes:
+    return "\n".join(
+        json.dumps({"custom_id": f"l{n}", "method": "POST", "url": "/v1/chat/completions", "body": _body(model)})
+        for n in range(lines)
+    ).encode()
+
+
+def test_a_batch_runs_on_its_models_lane_and_a_chat_batch_for_the_embedding_model_fails(fleets: LocalDeployment):
+    """GIVEN the three-model stack WHEN a batch of the second model's lines runs THEN its chunks go to the second
+    model's lane and its fleet's worker completes it; a chat batch for the embedding model fails, naming the kind."""
+    api = Client(fleets.api_url, KEY)
+    second_lane = fleets.fleets["gpu-workers-smollm2-135m-instruct"].environment()["BATCH_QUEUE_URL"]
+    first_lane = fleets.fleets["gpu-workers"].environment()["BATCH_QUEUE_URL"]
+    assert second_lane != first_lane
+    batch = api.create_batch(api.upload_file(_batch_file(SECOND)).id)
+    deadline = time.monotonic() + 30
+    while _depth(fleets, second_lane) == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _depth(fleets, second_lane) == 1 and _depth(fleets, first_lane) == 0  # one chunk, on its model's lane
+    worker = fleets.start_worker(service="gpu-workers-smollm2-135m-instruct")
+    try:
+        done = api.wait_batch(batch.id, timeout_s=90)
+    finally:
+        fleets.stop_worker(worker)
+    assert done.status == "completed" and done.request_counts.completed == 3
+    wrong = api.wait_batch(api.create_batch(api.upload_file(_batch_file(EMBEDDING)).id).id, timeout_s=60)
+    assert wrong.status == "failed" and wrong.errors.data[0].code == "model_kind_mismatch"
+    assert "/v1/embeddings" in wrong.errors.data[0].message

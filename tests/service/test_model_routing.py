@@ -131,3 +131,19 @@ def test_models_lists_every_model_of_every_fleet(stack):
     # GIVEN the settings the stack sets WHEN reading what GET /v1/models lists THEN both models, in order
     assert stack["config"].served_models == [CHAT, SECOND, EMBEDDING]
     assert list(stack["config"].model_fleets) == [CHAT, SECOND, EMBEDDING]
+
+
+def test_an_uploaded_job_goes_to_the_queue_of_the_model_its_upload_names(stack):
+    # GIVEN an upload job (its model unknown until its body lands) of the API's service over the fleets
+    config = stack["config"]
+    service = JobService.from_config(config.service, served_models=config.served_models)
+    queues = stack["queues"]
+    before = _depth(queues["second"])
+    body = _submission(SECOND).request.model_dump_json(exclude_none=True).encode()
+    submitted = service.submit("tenant-a", JobSubmission(upload={"size_bytes": len(body)}), None)
+    # WHEN its body, for the second model, lands and the upload handler takes it in
+    client("s3").put_object(Bucket="routing-claims", Key=submitted.job.request_key, Body=body)
+    job = service.accept_upload(submitted.job.request_key, len(body))
+    # THEN the job is queued on the second model's queue
+    assert job is not None and (job.status.value, job.model, job.error) == ("queued", SECOND, None)
+    assert _depth(queues["second"]) == before + 1
