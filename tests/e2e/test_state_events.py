@@ -70,3 +70,36 @@ def test_each_job_state_change_reaches_an_eventbridge_rules_sqs_target(events_st
     assert succeeded["source"] == "async-inference"
     assert succeeded["detail"]["status"] == "succeeded" and succeeded["detail"]["tenant"] == "events"
     assert "result" not in succeeded["detail"] and succeeded["detail"]["result_location"]["key"]
+
+
+def test_a_batchs_end_reaches_an_eventbridge_rules_sqs_target(events_stack):
+    # GIVEN a consumer's rule on the default bus for the service's batch events, with an SQS queue as its target
+    sqs, events = client("sqs"), client("events")
+    queue_url = sqs.create_queue(QueueName=f"batch-events-{free_port()}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    pattern = {"source": ["async-inference"], "detail-type": [{"prefix": "Batch "}]}
+    events.put_rule(Name="batch-events", EventPattern=json.dumps(pattern), State="ENABLED")
+    events.put_targets(Rule="batch-events", Targets=[{"Id": "queue", "Arn": queue_arn}])
+    # WHEN a batch of two lines runs to its end
+    api = Client(events_stack.api_url, KEY)
+    lines = [
+        {
+            "custom_id": f"l{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        }
+        for n in range(2)
+    ]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    batch = api.create_batch(api.upload_file(data).id)
+    assert api.wait_batch(batch.id, timeout_s=90).status == "completed"
+    # THEN the target receives "Batch Completed" with the batch in its detail
+    received = []
+    deadline = time.monotonic() + 30
+    while not received and time.monotonic() < deadline:
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        received += [json.loads(m["Body"]) for m in messages.get("Messages", [])]
+    [event] = received
+    assert event["detail-type"] == "Batch Completed" and event["detail"]["id"] == batch.id
+    assert event["detail"]["batch"]["request_counts"]["completed"] == 2
