@@ -21,8 +21,10 @@ from cdk.lambda_code import LambdaCode
 from cdk.queue_scaling import CountedQueue, QueueScaling
 
 # Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
-# Lambda allows 4 KB of variables a function: a route is about 350 bytes once its tokens resolve.
-MAX_MODELS = 6
+# Lambda allows 4 KB of variables a function: a route is about 480 bytes once its tokens resolve (two queue URLs and
+# a service ARN), beside about 1.6 KB the API function's other variables take. More models would need the routes in
+# an SSM parameter instead.
+MAX_MODELS = 4
 MAX_SLUG_CHARS = 32
 
 
