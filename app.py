@@ -18,7 +18,9 @@ from typing import Any
 from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
+from async_inference.events_in import EventRule
 from cdk.ingestion_api import TenantPlan
+from cdk.model_fleet import ModelSpec
 from cdk.result_topics import TopicSubscription
 from cdk.service import AsyncInferenceServiceProps
 from cdk.stack import AsyncInferenceStack
@@ -48,6 +50,14 @@ def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
     return tuple(TopicSubscription(**entry) for entry in _json(value))
 
 
+def _event_rules(value: Any) -> tuple[EventRule, ...]:
+    return tuple(EventRule.model_validate(entry) for entry in _json(value))
+
+
+def _models(value: Any) -> tuple[ModelSpec, ...]:
+    return tuple(ModelSpec(**entry) for entry in _json(value))
+
+
 def _optional_int(value: Any) -> int | None:
     return int(value) if value not in (None, "") else None
 
@@ -63,6 +73,8 @@ def _optional_str(value: Any) -> str | None:
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
     "subscriptions": _subscriptions,
+    "models": _models,
+    "event_rules": _event_rules,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
@@ -75,6 +87,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "destroy_data_on_delete": _bool,
     "websocket_push": _bool,
     "wake_from_zero": _bool,
+    "eventbridge_events": _bool,
 }
 _BY_TYPE: dict[str, Callable[[Any], Any]] = {
     "int": int,

@@ -8,6 +8,8 @@ worker); a variable that is missing or malformed stops the process there, with a
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -15,6 +17,7 @@ from pydantic import Field, Json, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from async_inference import settings
+from async_inference.fleets import FleetRoute
 from async_inference.quotas import TenantQuota
 
 ENV_TABLE = "JOBS_TABLE_NAME"
@@ -41,6 +44,17 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 # The model names the deployed workers serve, as a JSON list (the CDK sets the configured model). A request for any
 # other model is a 404 model_not_found. "*" in the list accepts every name (local engines that serve any name only).
 ENV_SERVED_MODELS = "SERVED_MODELS"
+# Each model's fleet, as a JSON object {"<model>": {"kind", "queue_url", "batch_queue_url", "worker_service"}}
+# (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model. Unset, or a model
+# it lacks: the configured queues (JOBS_QUEUE_URL, BATCH_QUEUE_URL), which are the first model's.
+ENV_MODEL_FLEETS = "MODEL_FLEETS"
+# Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
+# async_inference.events_in.EventRule.
+ENV_EVENT_RULES = "EVENT_RULES"
+# The EventBridge bus the state-events function puts job and batch state changes on (async_inference.state_events).
+ENV_EVENT_BUS_NAME = "EVENT_BUS_NAME"
+# The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).
+ENV_MODEL_KIND = "MODEL_KIND"
 # The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also
 # reads).
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
@@ -206,6 +220,8 @@ class ServiceConfig:
     # The batch-lane queue (jobs submitted with priority "batch"). The CDK sets it through cdk.batches.Batches'
     # environment, not here; the processes read it back with the rest.
     batch_queue_url: str | None = None
+    # Each model's queues and service (MODEL_FLEETS). The CDK sets it on the functions that queue work, not here.
+    fleets: Mapping[str, FleetRoute] | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -223,6 +239,9 @@ class ServiceConfig:
             env.update(self.wake.to_env())
         if self.batch_queue_url:
             env[ENV_BATCH_QUEUE_URL] = self.batch_queue_url
+        if self.fleets:
+            routes = {name: route.model_dump(exclude_none=True) for name, route in self.fleets.items()}
+            env[ENV_MODEL_FLEETS] = json.dumps(routes)
         return env
 
 
@@ -248,6 +267,12 @@ class ServiceSettings(EnvSettings):
     )
     batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name")
     batch_queue_url: str | None = Field(None, alias=ENV_BATCH_QUEUE_URL, description="the batch-lane queue's URL")
+    model_fleets: Json[dict[str, FleetRoute]] | None = Field(
+        None,
+        alias=ENV_MODEL_FLEETS,
+        description='each model\'s queues and service, {"model": {"kind", "queue_url", "batch_queue_url", '
+        '"worker_service"}}; unset: every model on the configured queues',
+    )
     tenant_quotas: Json[dict[str, TenantQuota]] | None = Field(
         None, alias=ENV_TENANT_QUOTAS, description='per-tenant quotas, {"tenant": {"max_active_jobs": N}}; unset: none'
     )
@@ -311,6 +336,7 @@ class ServiceSettings(EnvSettings):
             wake=self.wake,
             payload_retention_days=self.payload_retention_days,
             batch_queue_url=self.batch_queue_url,
+            fleets=self.model_fleets,
         )
 
 

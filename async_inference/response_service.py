@@ -43,9 +43,7 @@ class ResponseService:
             raise ServiceError(
                 400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
             ) from exc
-        if not self.jobs.served.serves(request.model):
-            message = self.jobs.served.not_found_message(request.model)
-            raise ServiceError(404, "model_not_found", message, [{"field": "model", "message": message}])
+        self.jobs.check_model(request.model, field="model")
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
@@ -54,8 +52,17 @@ class ResponseService:
             settings.responses_request_key(tenant, job_id),
             request.model_dump_json(exclude_none=True, by_alias=True).encode(),
         )
-        submission = JobSubmission(request=chat, metadata=request.metadata or {})
-        submitted = self.jobs.submit(tenant, submission, idempotency_key, job_id=job_id)
+        webhook = request.webhook
+        submission = JobSubmission.model_validate(
+            {
+                "request": chat,
+                "metadata": request.metadata or {},
+                **({"webhook": {"url": webhook.url}} if webhook else {}),
+            }
+        )
+        submitted = self.jobs.submit(
+            tenant, submission, idempotency_key, job_id=job_id, webhook_events=list(webhook.events) if webhook else None
+        )
         return to_response(submitted.job, request if submitted.created else self._original(submitted.job))
 
     def retrieve(self, tenant: str, response_id: str) -> Response:

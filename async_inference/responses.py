@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -362,6 +362,22 @@ REFUSED = {
 }
 
 
+ResponseEvent = Literal["response.completed", "response.failed", "response.cancelled", "response.incomplete"]
+
+
+class ResponseWebhookSpec(_Strict):
+    """Where a background response's end is told, signed as job webhooks are (Standard Webhooks, the tenant's
+    secret): OpenAI's webhook event (``response.completed``, ``response.failed``, ``response.cancelled``,
+    ``response.incomplete``) with the response's id."""
+
+    url: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
+    events: list[ResponseEvent] = Field(
+        default_factory=lambda: list(get_args(ResponseEvent)),
+        min_length=1,
+        description="The events to deliver. Default: all four.",
+    )
+
+
 class ResponseCreate(_Strict):
     """``POST /v1/responses``: what a background response here runs (the rest is refused by name)."""
 
@@ -392,6 +408,9 @@ class ResponseCreate(_Strict):
     prompt_cache_key: Annotated[str, StringConstraints(max_length=1024)] | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    # An extension (the SDK sends it as extra_body={"webhook": {...}}): OpenAI configures webhooks per project, this
+    # service per request, as for jobs and batches. The response's end is POSTed there as OpenAI's response.* event.
+    webhook: ResponseWebhookSpec | None = None
 
     @model_validator(mode="before")
     @classmethod

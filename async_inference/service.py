@@ -15,8 +15,9 @@ from pydantic import ValidationError
 
 from async_inference import safe_json, settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
-from async_inference.config import ServiceConfig
+from async_inference.config import ServiceConfig, WakeTarget
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
+from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
@@ -105,8 +106,14 @@ class JobService:
         payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
         lane: JobQueue | None = None,
         quotas: Mapping[str, TenantQuota] | None = None,
+        fleets: Mapping[str, FleetRoute] | None = None,
+        wake: WakeTarget | None = None,
     ) -> None:
         self.store = store
+        # Each model's queues and service (async_inference.fleets); a model without a route uses queue, lane, waker.
+        self.fleets = dict(fleets or {})
+        self._wake = wake
+        self._routed: dict[str, tuple[JobQueue, JobQueue | None, ServiceWaker | None]] = {}
         # None: no quotas (a store without the index of unfinished jobs); a tenant missing from it gets the defaults.
         self.quotas = quotas
         self.blobs = blobs
@@ -148,12 +155,20 @@ class JobService:
             payload_retention_days=config.payload_retention_days,
             lane=JobQueue(config.batch_queue_url) if config.batch_queue_url else None,
             quotas=quotas,
+            fleets=config.fleets,
+            wake=config.wake,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
 
     def submit(
-        self, tenant: str, submission: JobSubmission, idempotency_key: str | None, *, job_id: str | None = None
+        self,
+        tenant: str,
+        submission: JobSubmission,
+        idempotency_key: str | None,
+        *,
+        job_id: str | None = None,
+        webhook_events: list[str] | None = None,
     ) -> Submitted:
         """Create and queue the job (or, for an upload, create it awaiting its upload).
 
@@ -161,7 +176,9 @@ class JobService:
         gets the same job (``created`` False), a different request a 422. A different request that arrives while the
         first one is in progress (its body stored, its job not created yet: at most ``IDEMPOTENCY_IN_PROGRESS_S``)
         gets a 409 and may retry; the job record, created with a conditional write, is the one commit point.
-        ``job_id``: the id to create (a background response writes its own object under it first).
+        ``job_id``: the id to create (a background response writes its own object under it first);
+        ``webhook_events``: the events its webhook records instead of ``submission.webhook.events`` (a background
+        response's ``response.*``, async_inference.webhooks.events.RESPONSE_EVENTS).
         """
         job_id = job_id or new_job_id(tenant, idempotency_key)
         fingerprint = submission.fingerprint()
@@ -178,7 +195,7 @@ class JobService:
             )
         request = submission.request
         if request is not None:
-            self._check_model(request.model)
+            self.check_model(request.model, field="request.model", kind=kind_of_endpoint(submission.endpoint))
         self._check_quota(tenant)
         now = utcnow()
         inline = request is not None
@@ -198,7 +215,7 @@ class JobService:
             timeout_s=submission.timeout_seconds or settings.DEFAULT_EXECUTION_TIMEOUT_S,
             idempotency_key=idempotency_key,
             request_fingerprint=fingerprint,
-            webhook=WebhookState(url=submission.webhook.url, events=list(submission.webhook.events))
+            webhook=WebhookState(url=submission.webhook.url, events=webhook_events or list(submission.webhook.events))
             if submission.webhook
             else None,
             priority=submission.priority,
@@ -222,11 +239,40 @@ class JobService:
             self._enqueue(job)
         return Submitted(job, created=True, upload=self._upload_for(job))
 
-    def _check_model(self, model: str) -> None:
-        """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer."""
+    def check_model(self, model: str, *, field: str = "model", kind: str = CHAT) -> None:
+        """404 model_not_found for a model this deployment does not serve, as vLLM and OpenAI answer; 400
+        model_kind_mismatch for a model of another kind (a chat request for an embedding model) naming its endpoint."""
+        problem = self.model_problem(model, kind)
+        if problem is not None:
+            status, code, message = problem
+            raise ServiceError(status, code, message, [{"field": field, "message": message}])
+
+    def model_problem(self, model: str, kind: str = CHAT) -> tuple[int, str, str] | None:
+        """Why a request of ``kind`` cannot run on ``model`` (status, code, message), or None when it can."""
         if not self.served.serves(model):
-            message = self.served.not_found_message(model)
-            raise ServiceError(404, "model_not_found", message, [{"field": "request.model", "message": message}])
+            return 404, "model_not_found", self.served.not_found_message(model)
+        route = self.fleets.get(model)
+        if route is not None and route.kind != kind:
+            return 400, "model_kind_mismatch", wrong_kind_message(model, route.kind, kind)
+        return None
+
+    def _route(self, model: str | None) -> tuple[JobQueue, JobQueue | None, ServiceWaker | None]:
+        """The job queue, batch lane and waker of ``model``'s fleet; the configured ones for a model without one."""
+        route = self.fleets.get(model) if model else None
+        if route is None:
+            return self.queue, self.lane, self.waker
+        if model not in self._routed:
+            waker = None
+            if self._wake is not None and route.worker_service:
+                wake = self._wake
+                waker = ServiceWaker.for_target(
+                    WakeTarget(
+                        wake.cluster, route.worker_service, wake.check_interval_s, wake.hold_s, route.worker_group
+                    )
+                )
+            lane = JobQueue(route.batch_queue_url) if route.batch_queue_url else None
+            self._routed[model] = (JobQueue(route.queue_url), lane, waker)
+        return self._routed[model]
 
     def _check_quota(self, tenant: str) -> None:
         """429 quota_exceeded when the tenant has ``max_active_jobs`` unfinished jobs (async_inference.quotas)."""
@@ -292,7 +338,8 @@ class JobService:
     def _enqueue(self, job: Job) -> None:
         # A job that reached the batch lane's priority before this function had a lane (a stale configuration) still
         # runs, on the job queue: queued in the wrong lane beats never queued.
-        queue = self.lane if job.priority == "batch" and self.lane is not None else self.queue
+        queue, lane, waker = self._route(job.model)
+        queue = lane if job.priority == "batch" and lane is not None else queue
         try:
             queue.send(job.claim_check())
         except Exception as exc:
@@ -302,8 +349,8 @@ class JobService:
             if failed is not None:
                 self.notify(failed)
             raise ServiceError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
-        if self.waker is not None:
-            self.waker.job_queued()  # never raises: the job is queued whatever the wake finds
+        if waker is not None:
+            waker.job_queued()  # never raises: the job is queued whatever the wake finds
 
     def _schedule_upload_deadline(self, job: Job) -> None:
         if self.deadlines is None:
@@ -442,7 +489,8 @@ class JobService:
             return self._settled(
                 job, self.finish(job, JobStatus.FAILED, only_from=only_awaiting, error=f"upload rejected: {reason}")
             )
-        if not self.served.serves(request.model):
+        if (problem := self.model_problem(request.model, kind_of_endpoint(job.endpoint or CHAT_ENDPOINT))) is not None:
+            _, code, message = problem
             return self._settled(
                 job,
                 self.finish(
@@ -450,7 +498,7 @@ class JobService:
                     JobStatus.FAILED,
                     only_from=only_awaiting,
                     model=request.model,
-                    error=f"upload rejected: model_not_found: {self.served.not_found_message(request.model)}",
+                    error=f"upload rejected: {code}: {message}",
                 ),
             )
         if utcnow() > job.deadline:

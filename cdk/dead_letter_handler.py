@@ -79,9 +79,10 @@ class DeadLetterHandler(Construct):
         # The event source grants the function consume on the DLQ (the only permission it needs on it).
         for queue in (dead_letter_queue, lane_dead_letter_queue):
             if queue is not None:
-                self._consume(queue)
+                self.consume(queue)
 
-    def _consume(self, queue: sqs.Queue) -> None:
+    def consume(self, queue: sqs.Queue) -> None:
+        """Consume one more DLQ of claim checks or chunks (a further model's fleet's, cdk.model_fleet)."""
         # The DLQ was built by its own construct before this consumer existed: its consumer settings are set here,
         # on the queue's CloudFormation resource.
         resource = queue.node.default_child

@@ -75,12 +75,14 @@ class GpuCapacity(Construct):
         if release_empty:
             self.release_function = self._release(auto_scaling_group, cluster, code)
 
-    def grant_instance_start(self, function: lambda_.Function) -> None:
+    def grant_instance_start(self, function: lambda_.Function, *, environment: bool = True) -> None:
         """Let ``function`` (one that wakes the worker service) start a GPU instance: the group's name in its
         environment, SetDesiredCapacity on this one group, and DescribeAutoScalingGroups (no resource-level
-        permission exists for it) to see that the group is at 0 first."""
+        permission exists for it) to see that the group is at 0 first. ``environment`` False: the permissions only
+        (a further model's group, named in the function's MODEL_FLEETS routes instead)."""
         group = self.auto_scaling_group
-        function.add_environment(ENV_WORKER_GROUP, group.auto_scaling_group_name)
+        if environment:
+            function.add_environment(ENV_WORKER_GROUP, group.auto_scaling_group_name)
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["autoscaling:SetDesiredCapacity"], resources=[self._group_arn(group)])
         )

@@ -124,6 +124,10 @@ class GpuWorkerService(Construct):
         interface endpoints. Default: False.
     :param availability_zones: the VPC's zones. Default: none, the region's first two.
     :param log_retention: worker and flow log retention. Default: one month.
+    :param shared_with: another model's worker service whose VPC and cluster this one joins (its own GPU instances,
+        capacity provider, task definition and service in them): the stack's further models
+        (``cdk.model_fleet.ModelFleet``). Default: none, a VPC and cluster of its own.
+    :param ecs_service_name: the ECS service's name, unique in the cluster. Default: ``WORKER_ECS_SERVICE_NAME``.
     """
 
     def __init__(
@@ -149,8 +153,11 @@ class GpuWorkerService(Construct):
         public_subnets: bool = False,
         availability_zones: Sequence[str] = (),
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        shared_with: GpuWorkerService | None = None,
+        ecs_service_name: str = WORKER_ECS_SERVICE_NAME,
     ) -> None:
         super().__init__(scope, id)
+        self.ecs_service_name = ecs_service_name
         if task_protection not in TASK_PROTECTION_MODES:
             raise ValueError(f"task_protection ({task_protection!r}) must be one of {', '.join(TASK_PROTECTION_MODES)}")
         if task_protection_tokens_per_s <= 0:
@@ -164,9 +171,15 @@ class GpuWorkerService(Construct):
                 f"instance_type {instance_type} is arm64 and ECS publishes its GPU-optimized AMI for x86_64 only: "
                 "give machine_image"
             )
-        self.public_subnets = public_subnets
-        self.vpc = self._vpc(nat_gateways, availability_zones, log_retention)
-        self.cluster = ecs.Cluster(self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED)
+        if shared_with is not None:
+            self.public_subnets = shared_with.public_subnets
+            self.vpc, self.cluster = shared_with.vpc, shared_with.cluster
+        else:
+            self.public_subnets = public_subnets
+            self.vpc = self._vpc(nat_gateways, availability_zones, log_retention)
+            self.cluster = ecs.Cluster(
+                self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+            )
         self.auto_scaling_group = self._gpu_instances(
             instance_type,
             machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
@@ -242,7 +255,7 @@ class GpuWorkerService(Construct):
             self,
             "Service",
             cluster=self.cluster,
-            service_name=WORKER_ECS_SERVICE_NAME,
+            service_name=ecs_service_name,
             task_definition=self.task_definition,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
@@ -405,7 +418,7 @@ class GpuWorkerService(Construct):
                     stack.format_arn(
                         service="ecs",
                         resource="service",
-                        resource_name=f"{self.cluster.cluster_name}/{WORKER_ECS_SERVICE_NAME}",
+                        resource_name=f"{self.cluster.cluster_name}/{self.ecs_service_name}",
                     )
                 ],
             )

@@ -240,12 +240,13 @@ class QueueScaling(Construct):
             hold_s=self.wake_hold.to_seconds(),
         )
 
-    def grant_wake(self, function: lambda_.Function) -> None:
+    def grant_wake(self, function: lambda_.Function, *, environment: bool = True) -> None:
         """Let ``function`` wake the service from zero: the service in its environment, DescribeServices and
         UpdateService on this one service (``async_inference.wake`` makes no other ECS call), and the hold:
         RegisterScalableTarget and PutScheduledAction, on ``*`` since a template cannot name a scalable target's ARN
-        (CloudFormation returns none for AWS::ApplicationAutoScaling::ScalableTarget)."""
-        for name, value in self.wake_target.to_env().items():
+        (CloudFormation returns none for AWS::ApplicationAutoScaling::ScalableTarget). ``environment`` False: the
+        permissions only (a further model's service, named in the function's MODEL_FLEETS routes instead)."""
+        for name, value in self.wake_target.to_env().items() if environment else ():
             function.add_environment(name, value)
         function.add_to_role_policy(
             iam.PolicyStatement(

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import settings
@@ -25,7 +30,11 @@ from async_inference.config import (
     DEFAULT_WAKE_HOLD_S,
     ENV_BATCH_QUEUE_URL,
     ENV_BATCH_TABLE,
+    ENV_DLQ_URL,
+    ENV_MODEL_FLEETS,
+    ENV_MODEL_KIND,
     ENV_PROGRESS_INTERVAL_S,
+    ENV_QUEUE_URL,
     ENV_SERVED_MODELS,
     ENV_TENANT_QUOTAS,
     ENV_TOOL_CALL_PARSER,
@@ -33,21 +42,25 @@ from async_inference.config import (
     TASK_PROTECTION_MODES,
     ServiceConfig,
 )
+from async_inference.events_in import EventRule
 from cdk import capacity
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
+from cdk.events_in import EventsIn, validate_rules
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
+from cdk.model_fleet import MAX_MODELS, ModelFleet, ModelSpec
 from cdk.model_store import ModelStore, parse_s3_uri
 from cdk.monitoring import Monitoring
-from cdk.nag import acknowledge
+from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
+from cdk.state_events import StateEvents
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
@@ -82,7 +95,15 @@ class AsyncInferenceServiceProps:
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
+    Events in
+      event_rules: objects written under ``inbox/<prefix>`` of the claim-check bucket become jobs (any object) or
+        batches (``.jsonl``) of a tenant by rule (``async_inference.events_in.EventRule``: prefix, tenant, model,
+        endpoint, webhook_url), through an S3 notification per rule and the events-in function
+        (``cdk.events_in.EventsIn``). Default: none (no function, no notification).
     Notifications
+      eventbridge_events: put each job and batch state change (started, the final states, a batch's end) on the
+        account's default EventBridge bus (``cdk.state_events.StateEvents``), source ``async-inference``. Default:
+        False (one more invocation and PutEvents per job).
       subscriptions: subscribers of the result topic (email, https, sqs; optional status and tenant filters, and
         tenant_scoped for a subscription given to a tenant). Default: none.
       websocket_push: a WebSocket API that pushes job events (started, progress, final state) to subscribed clients,
@@ -93,7 +114,14 @@ class AsyncInferenceServiceProps:
         ``settings.PROGRESS_INTERVAL_S`` (5).
     Workers
       model: the model vLLM serves: its Hugging Face id, and its name when the weights come from S3. Default:
-        ``"Qwen/Qwen2.5-1.5B-Instruct"``.
+        ``"Qwen/Qwen2.5-1.5B-Instruct"``. With ``models``, the first model's name (its fleet keeps the resources a
+        one-model stack has, and the stack outputs name them).
+      models: the models the stack serves, each with its own fleet (``cdk.model_fleet.ModelSpec``: name, kind
+        ``chat`` or ``embedding``, source, instance type, task limits, the options below for that model). The API
+        routes each request by its ``model`` (``async_inference.fleets``); ``GET /v1/models`` lists them all. The
+        first model is ``model`` and takes the options below where its entry leaves them unset; each further model
+        gets a fleet of its own (``cdk.model_fleet.ModelFleet``) in the first one's VPC and cluster. At most
+        ``cdk.model_fleet.MAX_MODELS``. Default: none, one model: ``model`` with the options below.
       tool_call_parser: vLLM's parser that reads tool calls out of the model's text (tool_choice ``auto``). Default:
         the one ``TOOL_CALL_PARSERS`` names for the model's family (``hermes`` for Qwen2.5), else none (tool_choice
         ``auto`` is then refused by the workers; forced tool choices work without a parser).
@@ -193,9 +221,12 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
+    event_rules: Sequence[EventRule] = ()
+    eventbridge_events: bool = False
     websocket_push: bool = True
     progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
     model: str = DEFAULT_MODEL
+    models: Sequence[ModelSpec] = ()
     tool_call_parser: str | None = None
     model_source: str = "huggingface"
     model_s3_uri: str | None = None
@@ -297,6 +328,72 @@ class AsyncInferenceServiceProps:
                 f"({self.worker_image_context})"
             )
         self._validate_scaling()
+        self._validate_models()
+        validate_rules(self.event_rules, list(self.tenants), [spec.name for spec in self.model_specs()])
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """Every model the stack serves, the first one first; without ``models``, ``model`` with the stack's options."""
+        if self.models:
+            return tuple(self.models)
+        return (
+            ModelSpec(
+                name=self.model,
+                source=self.model_source,
+                s3_uri=self.model_s3_uri,
+                instance_type=self.gpu_instance_type,
+                max_worker_tasks=self.max_worker_tasks,
+                max_gpu_instances=self.max_gpu_instances,
+                max_num_seqs=self.max_num_seqs,
+                jobs_per_task=self.jobs_per_task,
+                tool_call_parser=self.tool_call_parser,
+            ),
+        )
+
+    def for_model(self, spec: ModelSpec) -> AsyncInferenceServiceProps:
+        """These options as one model's fleet sees them: its entry's fields over the stack's (``models`` empty)."""
+
+        def given(value, default):  # noqa: ANN001, ANN202
+            return default if value is None else value
+
+        return dataclasses.replace(
+            self,
+            model=spec.name,
+            models=(),
+            model_source=given(spec.source, self.model_source),
+            model_s3_uri=spec.s3_uri if self.models else self.model_s3_uri,
+            gpu_instance_type=given(spec.instance_type, self.gpu_instance_type),
+            max_worker_tasks=given(spec.max_worker_tasks, self.max_worker_tasks),
+            max_gpu_instances=given(spec.max_gpu_instances, self.max_gpu_instances),
+            max_num_seqs=given(spec.max_num_seqs, self.max_num_seqs),
+            planned_sequence_tokens=None if spec.max_num_seqs is not None else self.planned_sequence_tokens,
+            jobs_per_task=given(spec.jobs_per_task, self.jobs_per_task),
+            tool_call_parser=given(spec.tool_call_parser, self.tool_call_parser),
+        )
+
+    def _validate_models(self) -> None:
+        if not self.models:
+            return
+        if len(self.models) > MAX_MODELS:
+            raise ValueError(
+                f"models lists {len(self.models)} models; at most {MAX_MODELS} fit the functions' environment"
+            )
+        names = [spec.name for spec in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models names a model twice: {names}")
+        if self.models[0].name != self.model:
+            raise ValueError(
+                f"models starts with {self.models[0].name!r} but model is {self.model!r}: the first model is the one "
+                "`model` names (its fleet keeps the one-model stack's resources); set model to it"
+            )
+        for spec in self.models:
+            spec.validate()
+            try:
+                self.for_model(spec).validate()
+            except ValueError as exc:
+                raise ValueError(f"models: {spec.name}: {exc}") from exc
+        slugs = [spec.slug for spec in self.models]
+        if len(set(slugs)) != len(slugs):
+            raise ValueError(f"models {names} give the same ECS service name suffix twice ({slugs}): rename one")
 
     def effective_tool_call_parser(self) -> str | None:
         """``tool_call_parser``, or the one ``TOOL_CALL_PARSERS`` names for ``model``."""
@@ -421,12 +518,12 @@ class AsyncInferenceService(Construct):
             dlq_url=self.jobs.dead_letter_queue.queue_url,
             payload_retention_days=props.retention_days,
         ).to_env()
-        # The workers serve props.model under that name (vLLM's served_model_name defaults to it): every function
-        # checks requests against it, so a job or batch line for another model is a 404, not served by this one.
+        # Each fleet's workers serve their model under its name (vLLM's served_model_name defaults to it): every
+        # function checks requests against the names, so a job or batch line for another model is a 404.
         environment = {
             **runtime,
             "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
-            ENV_SERVED_MODELS: json.dumps([props.model]),
+            ENV_SERVED_MODELS: json.dumps([spec.name for spec in props.model_specs()]),
         }
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
@@ -484,39 +581,15 @@ class AsyncInferenceService(Construct):
             )
             # Stage access logs need the account's API Gateway logging role, which the REST API sets up.
             self.push.stage.node.add_dependency(self.api.api)
-        model_environment, model_secrets = self._model_source(props, removal)
+        specs = props.model_specs()
+        first = props.for_model(specs[0])
+        model_environment, model_secrets = self._model_source(first, removal)
         self.workers = GpuWorkerService(
             self,
             "Workers",
-            image_context=props.worker_image_context,
-            dockerfile=props.worker_dockerfile,
-            environment={
-                **environment,
-                "ENGINE": "vllm",
-                "MODEL": props.model,
-                **({ENV_TOOL_CALL_PARSER: parser} if (parser := props.effective_tool_call_parser()) else {}),
-                **model_environment,
-                "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
-                ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
-                **self.batches.environment,  # the batch lane, its counters and finalize steps
-                ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
-                **(self.push.worker_environment if self.push else {}),  # started and progress events
-            },
+            environment=self._worker_environment(first, specs[0], environment, model_environment),
             secrets=model_secrets,
-            instance_type=props.gpu_instance_type,
-            machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
-            if props.gpu_ami_parameter_name
-            else None,
-            max_instances=props.max_gpu_instances,
-            start_before_stop=props.deployment_spare_instances > 0,
-            instance_warmup=Duration.seconds(props.gpu_instance_warmup_seconds),
-            task_protection=props.worker_task_protection,
-            task_protection_tokens_per_s=props.worker_task_protection_tokens_per_s,
-            memory_reservation_mib=props.worker_memory_reservation_mib,
-            nat_gateways=props.nat_gateways,
-            public_subnets=props.worker_subnets == "public",
-            availability_zones=props.availability_zones,
-            log_retention=props.log_retention,
+            **self._worker_options(first),
         )
         self.scaling = QueueScaling(
             self,
@@ -528,15 +601,7 @@ class AsyncInferenceService(Construct):
                 CountedQueue(self.jobs.queue),
                 CountedQueue(self.batches.lane_queue, weight=settings.BATCH_CHUNK_LINES),
             ],
-            jobs_per_task=props.effective_jobs_per_task(),
-            max_tasks=props.max_worker_tasks,
-            scale_out_cooldown=Duration.seconds(props.scale_out_cooldown_seconds),
-            scale_in_fill=props.scale_in_fill,
-            scale_in_minutes=props.scale_in_minutes,
-            scale_in_cooldown=Duration.seconds(props.scale_in_cooldown_seconds),
-            keep_alive_minutes=props.idle_minutes_before_scale_in,
-            wake_check_interval=Duration.seconds(props.wake_check_interval_seconds),
-            wake_hold=Duration.seconds(props.wake_hold_seconds),
+            **self._scaling_options(first),
         )
         self.capacity = GpuCapacity(
             self,
@@ -545,19 +610,58 @@ class AsyncInferenceService(Construct):
             cluster=self.workers.cluster,
             container=self.workers.container,
             code=code,
-            warm_instances=(
-                props.max_gpu_instances if props.gpu_warm_pool_instances is None else props.gpu_warm_pool_instances
-            ),
+            warm_instances=self._warm_instances(first),
             release_empty=props.release_empty_gpu_instances,
         )
+        self.fleets = [self._fleet(props.for_model(spec), spec, environment, code, removal) for spec in specs[1:]]
+        for fleet in self.fleets:
+            # Their dead letters fail their jobs and end their chunks as the first fleet's do.
+            self.dead_letters.consume(fleet.jobs.dead_letter_queue)
+            self.dead_letters.consume(fleet.lane_dead_letter_queue)
+            if self.capacity.release_function is not None:
+                self._grant_release(self.capacity.release_function, fleet.workers.auto_scaling_group)
+        self.state_events: StateEvents | None = None
+        if props.eventbridge_events:
+            self.state_events = StateEvents(
+                self,
+                "StateEvents",
+                code=code,
+                result_topic=self.results.topic,
+                events_topic=self.push.events_topic if self.push else None,
+                environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+            )
+        self.events_in: EventsIn | None = None
+        if props.event_rules:
+            self.events_in = EventsIn(
+                self,
+                "EventsIn",
+                code=code,
+                bucket=self.bucket.bucket,
+                rules=props.event_rules,
+                environment={**environment, **self.batches.environment},
+            )
+        # Every function that queues work routes it by its model (async_inference.fleets): the API (jobs, responses),
+        # the upload handler (uploaded jobs), the batch controller (chunks) and events in (jobs).
+        queuing = [self.api.handler, self.uploads.handler, self.batches.controller]
+        if self.events_in is not None:
+            queuing.append(self.events_in.handler)
+        routes = Stack.of(self).to_json_string(self._routes(specs[0], props.wake_from_zero))
+        for function in queuing:
+            function.add_environment(ENV_MODEL_FLEETS, routes)
         if props.wake_from_zero:
             # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).
             self.scaling.grant_wake(self.api.handler)
             self.scaling.grant_wake(self.uploads.handler)
             self.scaling.grant_wake(self.batches.controller)  # it queues the chunks
+            if self.events_in is not None:
+                self.scaling.grant_wake(self.events_in.handler)
             # A wake also starts the GPU instance at once, instead of after managed scaling's next minute.
-            for waking in (self.api.handler, self.uploads.handler, self.batches.controller):
-                self.capacity.grant_instance_start(waking)
+            for function in queuing:
+                self.capacity.grant_instance_start(function)
+            for fleet in self.fleets:  # their services and groups are in the routes, not in the wake's variables
+                for function in queuing:
+                    fleet.scaling.grant_wake(function, environment=False)
+                    fleet.capacity.grant_instance_start(function, environment=False)
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -571,6 +675,12 @@ class AsyncInferenceService(Construct):
                 "BatchLaneDeadLetterQueue": self.batches.lane_dead_letter_queue,
                 "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
                 "UnhandledDeadLetterQueue": self.dead_letters.unhandled_queue,
+                **({"EventsInFailureQueue": self.events_in.failure_queue} if self.events_in else {}),
+                **{
+                    f"{kind}DeadLetterQueue{fleet.spec.construct_id}": queue
+                    for fleet in self.fleets
+                    for kind, queue in (("Job", fleet.jobs.dead_letter_queue), ("Lane", fleet.lane_dead_letter_queue))
+                },
             },
             service=self.workers.service,
             worker_service_name=self.workers.service_name,
@@ -583,26 +693,184 @@ class AsyncInferenceService(Construct):
         )
         self._grant()
 
+    def _worker_environment(
+        self,
+        props: AsyncInferenceServiceProps,
+        spec: ModelSpec,
+        environment: Mapping[str, str],
+        model_environment: Mapping[str, str],
+    ) -> dict[str, str]:
+        """A model's worker container variables (``props`` as ``for_model`` gives them); its own queues are the
+        caller's to set."""
+        return {
+            **environment,
+            "ENGINE": "vllm",
+            "MODEL": props.model,
+            ENV_MODEL_KIND: spec.kind,
+            ENV_SERVED_MODELS: json.dumps([props.model]),  # its own model only: a batch line for another is a 404
+            **({ENV_TOOL_CALL_PARSER: parser} if (parser := props.effective_tool_call_parser()) else {}),
+            **model_environment,
+            "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
+            ENV_WEBHOOK_QUEUE_URL: self.webhooks.queue.queue_url,  # "started" events
+            **self.batches.environment,  # the batch lane, its counters and finalize steps
+            ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
+            **(self.push.worker_environment if self.push else {}),  # started and progress events
+        }
+
+    def _worker_options(self, props: AsyncInferenceServiceProps) -> dict[str, Any]:
+        """``GpuWorkerService``'s options for a model (``props`` as ``for_model`` gives them)."""
+        if props.gpu_ami_parameter_name and not hasattr(self, "_machine_image"):
+            self._machine_image = ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
+        return {
+            "image_context": props.worker_image_context,
+            "dockerfile": props.worker_dockerfile,
+            "instance_type": props.gpu_instance_type,
+            "machine_image": self._machine_image if props.gpu_ami_parameter_name else None,
+            "max_instances": props.max_gpu_instances,
+            "start_before_stop": props.deployment_spare_instances > 0,
+            "instance_warmup": Duration.seconds(props.gpu_instance_warmup_seconds),
+            "task_protection": props.worker_task_protection,
+            "task_protection_tokens_per_s": props.worker_task_protection_tokens_per_s,
+            "memory_reservation_mib": props.worker_memory_reservation_mib,
+            "nat_gateways": props.nat_gateways,
+            "public_subnets": props.worker_subnets == "public",
+            "availability_zones": props.availability_zones,
+            "log_retention": props.log_retention,
+        }
+
+    @staticmethod
+    def _scaling_options(props: AsyncInferenceServiceProps) -> dict[str, Any]:
+        """``QueueScaling``'s options for a model but its service and queues."""
+        return {
+            "jobs_per_task": props.effective_jobs_per_task(),
+            "max_tasks": props.max_worker_tasks,
+            "scale_out_cooldown": Duration.seconds(props.scale_out_cooldown_seconds),
+            "scale_in_fill": props.scale_in_fill,
+            "scale_in_minutes": props.scale_in_minutes,
+            "scale_in_cooldown": Duration.seconds(props.scale_in_cooldown_seconds),
+            "keep_alive_minutes": props.idle_minutes_before_scale_in,
+            "wake_check_interval": Duration.seconds(props.wake_check_interval_seconds),
+            "wake_hold": Duration.seconds(props.wake_hold_seconds),
+        }
+
+    @staticmethod
+    def _warm_instances(props: AsyncInferenceServiceProps) -> int:
+        pool = props.gpu_warm_pool_instances
+        return props.max_gpu_instances if pool is None else min(pool, props.max_gpu_instances)
+
+    def _fleet(
+        self,
+        props: AsyncInferenceServiceProps,
+        spec: ModelSpec,
+        environment: Mapping[str, str],
+        code: LambdaCode,
+        removal: RemovalPolicy,
+    ) -> ModelFleet:
+        """A further model's fleet (``props`` as ``for_model`` gives them), its worker on its own queues."""
+        model_environment, secrets, store = self._model_store(props, removal, f"Models{spec.construct_id}")
+        worker_environment = self._worker_environment(props, spec, environment, model_environment)
+        fleet = ModelFleet(
+            self,
+            spec.construct_id,
+            spec=spec,
+            shared_with=self.workers,
+            code=code,
+            worker_environment=worker_environment,
+            secrets=secrets,
+            worker_options=self._worker_options(props),
+            scaling_options=self._scaling_options(props),
+            warm_instances=self._warm_instances(props),
+        )
+        fleet.workers.container.add_environment(ENV_QUEUE_URL, fleet.jobs.queue.queue_url)
+        fleet.workers.container.add_environment(ENV_DLQ_URL, fleet.jobs.dead_letter_queue.queue_url)
+        fleet.workers.container.add_environment(ENV_BATCH_QUEUE_URL, fleet.lane_queue.queue_url)
+        self.fleet_models[spec.name] = store
+        return fleet
+
+    def _grant_release(self, function: lambda_.Function, group: autoscaling.AutoScalingGroup) -> None:
+        """The first fleet's release function releases every empty instance of the cluster it shares with the further
+        fleets (it reads the groups from the cluster's capacity providers): the same calls on their groups as on its
+        own (cdk.gpu_capacity.GpuCapacity)."""
+        stack = Stack.of(self)
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
+                resources=[
+                    stack.format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        group_id = stack.get_logical_id(group.node.default_child)
+        acknowledge(
+            function,
+            {
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{rendered_account(stack)}:"
+                f"autoScalingGroup:*:autoScalingGroupName/<{group_id}>]": "An Auto Scaling group's ARN holds a "
+                "generated id; the statement names a further model's GPU group by name.",
+            },
+        )
+
+    def _routes(self, first: ModelSpec, wake: bool) -> dict[str, dict[str, str]]:
+        """MODEL_FLEETS (``async_inference.fleets.FleetRoute`` per model), with the stack's tokens."""
+        routes = {
+            first.name: {
+                "kind": first.kind,
+                "queue_url": self.jobs.queue.queue_url,
+                "batch_queue_url": self.batches.lane_queue.queue_url,
+                **(self._wake_route(self.scaling, self.capacity) if wake else {}),
+            }
+        }
+        for fleet in self.fleets:
+            routes[fleet.spec.name] = {
+                "kind": fleet.spec.kind,
+                "queue_url": fleet.jobs.queue.queue_url,
+                "batch_queue_url": fleet.lane_queue.queue_url,
+                **(self._wake_route(fleet.scaling, fleet.capacity) if wake else {}),
+            }
+        return routes
+
+    @staticmethod
+    def _wake_route(scaling: QueueScaling, capacity: GpuCapacity) -> dict[str, str]:
+        """What a route needs to wake its fleet from zero: its service, and the GPU group an instance starts in."""
+        return {
+            "worker_service": scaling.wake_target.service,
+            "worker_group": capacity.auto_scaling_group.auto_scaling_group_name,
+        }
+
     def _model_source(
         self, props: AsyncInferenceServiceProps, removal: RemovalPolicy
     ) -> tuple[dict[str, str], dict[str, ecs.Secret]]:
         """The worker's model variables and secrets for ``props.model_source``; sets ``self.models`` (S3 only)."""
-        self.models: ModelStore | None = None
+        self.fleet_models: dict[str, ModelStore | None] = {}
+        model_environment, secrets, self.models = self._model_store(props, removal, "Models")
+        return model_environment, secrets
+
+    def _model_store(
+        self, props: AsyncInferenceServiceProps, removal: RemovalPolicy, id: str
+    ) -> tuple[dict[str, str], dict[str, ecs.Secret], ModelStore | None]:
+        """A model's worker variables and secrets for ``props.model_source``, and its store (S3 only)."""
         if props.model_source == "s3":
-            self.models = ModelStore(
+            store = ModelStore(
                 self,
-                "Models",
+                id,
                 model=props.model,
                 models_path=MODELS_CONTAINER_PATH,
                 existing_uri=props.model_s3_uri,
                 access_logs=self.bucket.access_logs,
                 removal_policy=removal,
             )
-            return dict(self.models.environment), {}
+            return dict(store.environment), {}, store
         if props.hf_token_secret_arn:
-            token = secretsmanager.Secret.from_secret_complete_arn(self, "HuggingFaceToken", props.hf_token_secret_arn)
-            return {}, {"HF_TOKEN": ecs.Secret.from_secrets_manager(token)}
-        return {}, {}
+            token = self.node.try_find_child("HuggingFaceToken") or secretsmanager.Secret.from_secret_complete_arn(
+                self, "HuggingFaceToken", props.hf_token_secret_arn
+            )
+            return {}, {"HF_TOKEN": ecs.Secret.from_secrets_manager(token)}, None  # type: ignore[arg-type]
+        return {}, {}, None
 
     def _grant(self) -> None:
         """Each principal gets exactly the calls its code makes (async_inference.aws, service.py, lambdas/*,
@@ -649,10 +917,49 @@ class AsyncInferenceService(Construct):
         table.grant_items(webhook, "dynamodb:GetItem", "dynamodb:UpdateItem")  # record_webhook_attempt
         self.webhooks.grant_read_signing_secrets(webhook)
 
-        # The worker: receive, extend and delete claim checks, and send back to the tail those of a tenant at its
-        # share (gpu_worker.fairness); read payloads; write results (reading one back when an earlier run wrote it
-        # first); check cancellations in batches; notify; queue "started" events.
-        worker = self.workers.task_definition.task_role
+        self._grant_worker(self.workers, queue, self.batches.lane_queue, self.models)
+        for fleet in self.fleets:
+            # A further model's fleet: its queues take the API's and the upload handler's jobs and the controller's
+            # chunks; its worker gets what the first fleet's does, on its own queues and model.
+            for function in (api, upload):
+                fleet.jobs.queue.grant(function, "sqs:SendMessage")
+                fleet.lane_queue.grant(function, "sqs:SendMessage")
+            fleet.lane_queue.grant(self.batches.controller, "sqs:SendMessage")
+            self._grant_worker(fleet.workers, fleet.jobs.queue, fleet.lane_queue, self.fleet_models[fleet.spec.name])
+        self._grant_batches()
+        if self.events_in is not None:
+            self._grant_events_in(self.events_in.handler)
+
+    def _grant_events_in(self, function: lambda_.Function) -> None:
+        """The events-in function: read the objects under the inbox, then what the API does to submit a job (its
+        record, its body, its claim check on any model's queue, a notification when it cannot be queued) or to
+        create a batch (the file copied from the object, the file and batch records, the plan step)."""
+        bucket, table, batches = self.bucket, self.table, self.batches
+        bucket.grant_get(function, settings.INBOX_PREFIX)
+        table.grant_items(function, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_put(function, settings.REQUEST_PREFIX)  # job bodies, and the markers of objects taken in
+        bucket.grant_get(function, settings.REQUEST_PREFIX, missing_as_404=False)  # a marker already there
+        self.jobs.queue.grant(function, "sqs:SendMessage")
+        batches.lane_queue.grant(function, "sqs:SendMessage")
+        for fleet in self.fleets:
+            fleet.jobs.queue.grant(function, "sqs:SendMessage")
+            fleet.lane_queue.grant(function, "sqs:SendMessage")
+        self.results.grant_publish(function)
+        batches.grant_items(function, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        bucket.grant_put(function, settings.FILE_PREFIX)
+        bucket.grant_get(function, settings.FILE_PREFIX, missing_as_404=False)
+        batches.control_queue.grant(function, "sqs:SendMessage")
+
+    def _grant_worker(
+        self, workers: GpuWorkerService, queue: sqs.IQueue, lane: sqs.IQueue, models: ModelStore | None
+    ) -> None:
+        """A fleet's worker: its job queue and batch lane, its model, and the shared resources."""
+        bucket, table, results = self.bucket, self.table, self.results
+        requests, uploads, result_objects = settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX
+        # Receive, extend and delete claim checks, and send back to the tail those of a tenant at its share
+        # (gpu_worker.fairness); read payloads; write results (reading one back when an earlier run wrote it first);
+        # check cancellations in batches; notify; queue "started" events.
+        worker = workers.task_definition.task_role
         queue.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage")
         bucket.grant_get(worker, requests, uploads, result_objects)
         bucket.grant_put(worker, result_objects)
@@ -661,9 +968,18 @@ class AsyncInferenceService(Construct):
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
         if self.push is not None:
             self.push.grant_publish_events(worker)  # job.started, job.progress
-        if self.models is not None:
-            self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
-        self._grant_batches()
+        if models is not None:
+            models.grant_read(worker)  # the model's prefix, nothing else of its bucket
+
+        # The batch lane (docs/design/batches.md): receive, extend and delete chunk claim checks, and send back to the
+        # tail those its fair scout steps over (gpu_worker.fairness); ranged reads of input files; write parts; the
+        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        batches, files, parts = self.batches, settings.FILE_PREFIX, settings.BATCH_PREFIX
+        lane.grant(worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage")
+        bucket.grant_get(worker, files)
+        bucket.grant_put(worker, parts)
+        batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        batches.control_queue.grant(worker, "sqs:SendMessage")
 
     def _grant_batches(self) -> None:
         """The Files and Batches APIs' principals (async_inference/batches/*, lambdas/batch_controller, and the
@@ -702,17 +1018,7 @@ class AsyncInferenceService(Construct):
         batches.lane_queue.grant(controller, "sqs:SendMessage")
         self.results.grant_publish(controller)
 
-        # The worker: receive, extend and delete chunk claim checks, and send back to the tail those its fair scout
-        # steps over (gpu_worker.fairness); ranged reads of input files; write parts; the batches' statuses
-        # (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
-        worker = self.workers.task_definition.task_role
-        batches.lane_queue.grant(
-            worker, "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage"
-        )
-        bucket.grant_get(worker, files)
-        bucket.grant_put(worker, parts)
-        batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
-        batches.control_queue.grant(worker, "sqs:SendMessage")
+        # The workers' side: _grant_worker.
 
         # The webhook dispatcher, for batch webhooks: the batch's webhook, and each attempt recorded on it.
         batches.grant_items(self.webhooks.handler, "dynamodb:GetItem", "dynamodb:UpdateItem")
@@ -739,6 +1045,7 @@ class AsyncInferenceService(Construct):
                 settings.FILE_PREFIX,
                 settings.BATCH_PREFIX,
                 RESPONSES_BODIES,
+                *((settings.INBOX_PREFIX,) if self.events_in is not None else ()),
             )
         }
         acknowledge(self, findings)

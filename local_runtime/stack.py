@@ -16,7 +16,9 @@ Local overrides, on top of what the template gives:
   ``https://{api}.execute-api.{region}.amazonaws.com/{stage}``) is the local management API,
   ``http://127.0.0.1:{management port}/{stage}`` (a port of its own: ``websockets`` serves GET handshakes only);
 * workers: ``ENGINE`` (``cpu``, ``echo``...: this machine has no GPU for vLLM), and for any engine but vllm no
-  ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine;
+  ``MODEL``/``MODEL_S3_URI`` (the local engines serve their own model); ``MODEL_CACHE_DIR`` for the CPU engine.
+  Every ECS service of the template (one per model, ``cdk.model_fleet``) runs its own workers from its own task
+  definition; the engine of each follows its model's kind (``MODEL_KIND``) through ``local_engine``;
 * functions: ``SERVED_MODELS``, the model names requests may ask for (``served_models``, or ``LOCAL_SERVED_MODELS``
   comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
@@ -44,7 +46,8 @@ import boto3
 from botocore.config import Config
 
 from async_inference import config as runtime_config
-from async_inference.config import ServiceConfig
+from async_inference.config import ENV_MODEL_KIND, ServiceConfig
+from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
@@ -53,7 +56,7 @@ from local_runtime.pollers import SqsEventSource, event_sources
 from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
 from local_runtime.websocket_api import WebSocketApi
-from local_runtime.workers import TaskDefinition, WorkerFleet
+from local_runtime.workers import TaskDefinition, WorkerFleet, service_task_definitions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ASSEMBLY = REPO_ROOT / "cdk.out"
@@ -89,6 +92,20 @@ def parse_api_keys(value: str | None) -> dict[str, str]:
             raise ValueError(f"LOCAL_API_KEYS: the key for {tenant!r} must be at least {MIN_API_KEY_CHARS} characters")
         keys[key] = tenant
     return keys
+
+
+# The local engine of an embedding model's fleet: the CPU embedding engine (gpu_worker.engines.cpu_embedding, the
+# packaged all-MiniLM-L6-v2), chosen by the task definition's MODEL_KIND, whatever engine the chat fleets run (echo
+# and simulated have no embedding flavour).
+LOCAL_EMBEDDING_ENGINE = "cpu"
+
+
+def local_engine(kind: str, engine: str) -> str:
+    """The engine a fleet of model ``kind`` runs locally: ``engine`` (the one asked for) for chat models, the
+    embedding engine for embedding models (``vllm`` stays ``vllm`` for both: it runs either kind)."""
+    if kind == EMBEDDING and engine != "vllm":
+        return LOCAL_EMBEDDING_ENGINE
+    return engine
 
 
 def served_models_for(engine: str, given: tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
@@ -149,6 +166,7 @@ class LocalDeployment:
         worker_log: IO[bytes] | int | None = None,
         log_dir: Path | str | None = None,
         served_models: tuple[str, ...] | list[str] | None = None,
+        fleet_workers: int = 1,
     ) -> None:
         self.assembly_dir = Path(assembly)
         self.api_port = api_port
@@ -158,7 +176,8 @@ class LocalDeployment:
         self.websocket: WebSocketApi | None = None
         self.moto = MotoServer(moto_port)
         self.api_keys = api_keys or dict(DEFAULT_API_KEYS)
-        self.worker_count = workers
+        self.worker_count = workers  # the first model's service (the one a one-model stack has)
+        self.fleet_workers = fleet_workers  # each further model's service
         self.engine = engine
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
@@ -168,7 +187,8 @@ class LocalDeployment:
         self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
         self.functions: dict[str, LocalFunction] = {}
-        self.fleet: WorkerFleet | None = None
+        self.fleet: WorkerFleet | None = None  # the first model's (``fleets``' first)
+        self.fleets: dict[str, WorkerFleet] = {}  # ECS service name -> its workers
         self._pollers: list[Any] = []
         self._servers: list[Any] = []
         self._function_log: IO[bytes] | None = None
@@ -238,13 +258,11 @@ class LocalDeployment:
                 poller.start()
             self._serve_api()
             self._serve_websocket()
-            self.fleet = WorkerFleet(
-                TaskDefinition.from_deployment(self.deployment),
-                environment=self._worker_overrides(),
-                unset=() if self.engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
-                volumes_dir=self.log_dir / "volumes",
-                log=self.worker_log,
-            ).start(self.worker_count)
+            for index, (name, task) in enumerate(service_task_definitions(self.deployment).items()):
+                self.fleets[name] = self._fleet(name, task, first=index == 0).start(
+                    self.worker_count if index == 0 else self.fleet_workers
+                )
+            self.fleet = next(iter(self.fleets.values()), None)
         except BaseException:
             self.stop()
             raise
@@ -287,11 +305,24 @@ class LocalDeployment:
             overrides[runtime_config.ENV_WEBSOCKET_CALLBACK_URL] = f"http://127.0.0.1:{self.ws_management_port}/{stage}"
         return overrides
 
-    def _worker_overrides(self) -> dict[str, str]:
+    def _fleet(self, name: str, task: TaskDefinition, *, first: bool) -> WorkerFleet:
+        """The workers of one ECS service, on the local engine of its model's kind."""
+        engine = local_engine(task.environment.get(ENV_MODEL_KIND, CHAT), self.engine)
+        volumes = self.log_dir / "volumes"
+        return WorkerFleet(
+            task,
+            environment=self._worker_overrides(engine),
+            unset=() if engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
+            volumes_dir=volumes if first else volumes / name,  # the first keeps the one-model stack's folder
+            log=self.worker_log,
+        )
+
+    def _worker_overrides(self, engine: str | None = None) -> dict[str, str]:
+        """A worker's overrides, on ``engine`` (default: the one asked for)."""
         overrides = {
             **LOCAL_KEYS,
             "AWS_ENDPOINT_URL": self.moto.url,
-            runtime_config.ENV_ENGINE: self.engine,
+            runtime_config.ENV_ENGINE: engine or self.engine,
             "MODEL_CACHE_DIR": str(REPO_ROOT / ".model-cache"),
             **self.worker_env,
         }
@@ -401,23 +432,27 @@ class LocalDeployment:
         log: IO[bytes] | int | None = None,
         unset: tuple[str, ...] = (),
         python: str | None = None,
+        service: str | None = None,
         **extra_env: str,
     ) -> subprocess.Popen[bytes]:
         """One more worker from the task definition (plus ``extra_env``); tests stop it themselves unless it is
-        ``supervised`` (then it is replaced whenever it exits, as ECS replaces a task)."""
+        ``supervised`` (then it is replaced whenever it exits, as ECS replaces a task). ``service``: the ECS service
+        whose task it is (``fleets``' keys; default: the first model's)."""
         assert self.fleet is not None, "start() first"
-        return self.fleet.add(supervised=supervised, log=log, unset=unset, python=python, **extra_env)
+        fleet = self.fleets[service] if service is not None else self.fleet
+        return fleet.add(supervised=supervised, log=log, unset=unset, python=python, **extra_env)
 
     def stop_worker(self, process: subprocess.Popen[bytes]) -> None:
-        assert self.fleet is not None
-        self.fleet.remove(process)
+        for fleet in self.fleets.values():
+            if process in fleet.processes:
+                fleet.remove(process)
 
     def stop(self) -> None:
         """Stops everything in the order that leaves nothing talking to a stopped part: the workers' supervisor, the
         workers (SIGTERM, then SIGKILL after ``WORKER_STOP_GRACE_S``), the event sources (a delivery under way
         finishes), the APIs, the functions, and moto last."""
-        if self.fleet is not None:
-            self.fleet.stop(grace_s=WORKER_STOP_GRACE_S)
+        for fleet in self.fleets.values():
+            fleet.stop(grace_s=WORKER_STOP_GRACE_S)
         for poller in self._pollers:
             poller.stop()
         for poller in self._pollers:
@@ -438,8 +473,8 @@ class LocalDeployment:
 
     def kill(self) -> None:
         """SIGKILL every process of the stack now (a second Ctrl-C while ``stop`` waits on a drain)."""
-        if self.fleet is not None:
-            self.fleet.kill()
+        for fleet in list(self.fleets.values()):
+            fleet.kill()
         for function in self.functions.values():
             function.kill()
         self.moto.kill()

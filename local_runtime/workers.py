@@ -38,6 +38,7 @@ ECS_PROVIDED = {"AWS_EXECUTION_ENV": "AWS_ECS_EC2"}
 # Minimal process environment of a container (the image's base sets these).
 CONTAINER_BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 REPLACE_DELAY_S = 1.0  # ECS takes longer; locally a replacement comes at once
+FIRST_SERVICE_NAME = "gpu-workers"  # cdk.gpu_worker_service.WORKER_ECS_SERVICE_NAME (the local runtime imports no CDK)
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,12 @@ class TaskDefinition:
     command: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_deployment(cls, deployment: Deployment) -> TaskDefinition:
+    def from_deployment(cls, deployment: Deployment, logical_id: str | None = None) -> TaskDefinition:
+        """The task definition ``logical_id`` (None: the template's only one)."""
         definitions = deployment.of_type("AWS::ECS::TaskDefinition")
-        if len(definitions) != 1:
+        if logical_id is None and len(definitions) != 1:
             raise TemplateError(f"expected one task definition, the template has {len(definitions)}")
-        (definition,) = definitions.values()
+        definition = definitions[logical_id] if logical_id is not None else next(iter(definitions.values()))
         containers = definition.properties["ContainerDefinitions"]
         container = next((c for c in containers if c.get("Essential", True)), containers[0])
         image = Image.from_asset(*_image_asset(deployment, container["Image"]))
@@ -139,6 +141,20 @@ class TaskDefinition:
             secret = secretsmanager.get_secret_value(SecretId=arn)["SecretString"]
             values[name] = json.loads(secret)[key] if key else secret
         return values
+
+
+def service_task_definitions(deployment: Deployment) -> dict[str, TaskDefinition]:
+    """Each ECS service's task definition, by the service's name (``ServiceName``; the logical id without one), the
+    first model's service (``cdk.gpu_worker_service.WORKER_ECS_SERVICE_NAME``, the name without a suffix) first."""
+    found = {}
+    for logical_id, service in deployment.assembly.of_type("AWS::ECS::Service").items():
+        properties = service.get("Properties", {})
+        definition = properties.get("TaskDefinition")
+        if not (isinstance(definition, dict) and "Ref" in definition):
+            raise TemplateError(f"the ECS service {logical_id} names its task definition other than by a Ref")
+        name = str(properties.get("ServiceName", logical_id))
+        found[name] = TaskDefinition.from_deployment(deployment, definition["Ref"])
+    return dict(sorted(found.items(), key=lambda item: (item[0] != FIRST_SERVICE_NAME, item[0])))
 
 
 def _image_asset(deployment: Deployment, image: str) -> tuple[Path, str]:

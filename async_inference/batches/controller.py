@@ -32,7 +32,8 @@ from async_inference.batches.models import (
     new_file_id,
 )
 from async_inference.batches.store import BatchStore
-from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError
+from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError, WakeTarget
+from async_inference.fleets import FleetRoute, kind_of_endpoint, wrong_kind_message
 from async_inference.quotas import TenantQuota, batch_lines_message
 from async_inference.schemas import BatchControl, ChunkClaimCheck, utcnow
 from async_inference.served_models import ServedModels
@@ -62,10 +63,17 @@ class BatchController:
         served: ServedModels,
         waker: ServiceWaker | None = None,
         quotas: Mapping[str, TenantQuota] | None = None,
+        fleets: Mapping[str, FleetRoute] | None = None,
+        wake: WakeTarget | None = None,
     ) -> None:
         self.store = store
         # None: no quotas; a tenant missing from it gets the defaults (async_inference.quotas).
         self.quotas = quotas
+        # Each model's batch lane and service (async_inference.fleets): a batch's chunks go to its model's lane; a
+        # model without a route to ``chunks`` (and ``waker``).
+        self.fleets = dict(fleets or {})
+        self._wake = wake
+        self._lanes: dict[str, tuple[ChunkQueue, ServiceWaker | None]] = {}
         # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
         self.waker = waker
         self.files = files
@@ -86,6 +94,8 @@ class BatchController:
             served=ServedModels.of(config.served_models),
             waker=ServiceWaker.for_target(config.wake) if config.wake else None,
             quotas=config.tenant_quotas,
+            fleets=config.model_fleets,
+            wake=config.wake,
         )
 
     def handle(self, control: BatchControl) -> BatchRecord | None:
@@ -114,9 +124,10 @@ class BatchController:
             if planned is None:  # cancelled meanwhile
                 return self.plan(batch_id)
             record = planned
-        self.chunks.send_all(self._claims(record))
-        if self.waker is not None:
-            self.waker.job_queued()  # never raises
+        chunks, waker = self._lane(record.model)
+        chunks.send_all(self._claims(record))
+        if waker is not None:
+            waker.job_queued()  # never raises
         return self.store.transition(batch_id, BatchStatus.IN_PROGRESS) or self.store.get_batch(batch_id)
 
     def _check_lines_in_flight(self, record: BatchRecord, found: planning.Plan) -> None:
@@ -132,9 +143,26 @@ class BatchController:
                 planning.BatchError(code="quota_exceeded", message=message, param="max_batch_lines_in_flight")
             )
 
+    def _lane(self, model: str | None) -> tuple[ChunkQueue, ServiceWaker | None]:
+        """The batch lane and waker of ``model``'s fleet; the configured ones for a model without a route."""
+        route = self.fleets.get(model) if model else None
+        if route is None or not route.batch_queue_url:
+            return self.chunks, self.waker
+        if model not in self._lanes:
+            wake = self._wake
+            waker = None
+            if wake is not None and route.worker_service:
+                waker = ServiceWaker.for_target(
+                    WakeTarget(
+                        wake.cluster, route.worker_service, wake.check_interval_s, wake.hold_s, route.worker_group
+                    )
+                )
+            self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)
+        return self._lanes[model]
+
     def _validate(self, record: BatchRecord) -> planning.Plan:
         try:
-            return planning.plan(self.files.stream(record.input_key), served=self.served, endpoint=record.endpoint)
+            found = planning.plan(self.files.stream(record.input_key), served=self.served, endpoint=record.endpoint)
         except KeyError:
             found = planning.Plan()
             found.errors.append(
@@ -143,6 +171,18 @@ class BatchController:
                 )
             )
             return found
+        route = self.fleets.get(found.model) if found.ok and found.model else None
+        wanted = kind_of_endpoint(record.endpoint)
+        if route is not None and route.kind != wanted:
+            assert found.model is not None
+            found.errors.append(
+                planning.BatchError(
+                    code="model_kind_mismatch",
+                    message=wrong_kind_message(found.model, route.kind, wanted),
+                    param="body.model",
+                )
+            )
+        return found
 
     def _claims(self, record: BatchRecord) -> list[ChunkClaimCheck]:
         return [

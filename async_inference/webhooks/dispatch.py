@@ -15,7 +15,13 @@ from async_inference.batches.models import BatchRecord
 from async_inference.schemas import Job, WebhookAttempt, utcnow
 from async_inference.webhooks.backoff import Backoff
 from async_inference.webhooks.delivery import MAX_ERROR_CHARS, Poster, PostResult, post
-from async_inference.webhooks.events import EVENT_COMPLETED, QueuedEvent, parse_queued
+from async_inference.webhooks.events import (
+    EVENT_COMPLETED,
+    QueuedEvent,
+    is_response_webhook,
+    parse_queued,
+    response_event,
+)
 from async_inference.webhooks.secrets import TenantSecrets
 from async_inference.webhooks.signing import signed_headers
 from async_inference.webhooks.url_safety import Resolver, UnsafeUrl, check_url, resolve
@@ -69,6 +75,10 @@ class Dispatcher:
             logger.error("dropping a batch event: this dispatcher has no batch table")
             return Outcome(done=True, reason="no batch table", job_id=event.job_id)
         job = store.get_batch(event.job_id) if event.is_batch else store.get(event.job_id)
+        if job is not None and job.webhook is not None and event.kind == EVENT_COMPLETED:
+            if is_response_webhook(job.webhook.events):
+                # A background response's end is told as OpenAI's response.* webhook event.
+                event = response_event(event) or event
         if job is None or job.webhook is None or event.kind not in job.webhook.events:
             return Outcome(done=True, reason="no webhook for this event", job_id=event.job_id)
         decides_status = event.kind == EVENT_COMPLETED or EVENT_COMPLETED not in job.webhook.events

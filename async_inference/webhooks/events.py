@@ -20,6 +20,59 @@ logger = logging.getLogger(__name__)
 
 EVENT_COMPLETED = "completed"
 EVENT_STARTED = "started"
+# A background response's webhook events, as OpenAI names them (openai-python types/webhooks/response_*_event.py): a
+# response's job stores these in its webhook's events, which is how the dispatcher tells a response's webhook apart.
+RESPONSE_EVENTS = ("response.completed", "response.failed", "response.cancelled", "response.incomplete")
+_RESPONSE_EVENT_OF_STATUS = {
+    JobStatus.SUCCEEDED: "response.completed",
+    JobStatus.FAILED: "response.failed",
+    JobStatus.EXPIRED: "response.failed",  # a response that expired before a worker ran it is failed (responses.py)
+    JobStatus.CANCELLED: "response.cancelled",
+}
+
+
+class ResponseWebhookEvent(BaseModel):
+    """A background response's webhook body, as OpenAI's webhooks send it: the event, and the response's id only (the
+    receiver retrieves the response)."""
+
+    id: str
+    object: Literal["event"] = "event"
+    type: Literal["response.completed", "response.failed", "response.cancelled", "response.incomplete"]
+    created_at: int
+    data: dict[str, str]  # {"id": "resp_..."}
+
+
+def is_response_webhook(events: list[str]) -> bool:
+    return any(event in RESPONSE_EVENTS for event in events)
+
+
+def response_event(event: QueuedEvent) -> QueuedEvent | None:
+    """A response's job's ``completed`` notification as the response's webhook event (``response.completed``, or
+    ``response.incomplete`` when its output was cut at max_output_tokens, ``response.failed``,
+    ``response.cancelled``); None when the notification cannot be read. The event's id is the same on every send."""
+    from async_inference.responses import response_id_of  # the Responses module imports this package's neighbours
+
+    try:
+        notification = ResultNotification.model_validate_json(event.body)
+    except ValidationError:
+        return None
+    kind = _RESPONSE_EVENT_OF_STATUS.get(notification.status)
+    if kind is None:
+        return None
+    result = notification.result
+    if kind == "response.completed" and result is not None and result.choices:
+        # As GET /v1/responses/{id} says it (responses.output_items): cut at the token limit is incomplete. A result
+        # too large to travel inline (over settings.MAX_INLINE_RESULT_BYTES) is told as completed.
+        if result.choices[0].finish_reason == "length":
+            kind = "response.incomplete"
+    finished = notification.timings.finished_at or utcnow()
+    body = ResponseWebhookEvent(
+        id=f"evt_{notification.job_id.removeprefix('job_')}",
+        type=kind,
+        created_at=int(finished.timestamp()),
+        data={"id": response_id_of(notification.job_id)},
+    )
+    return QueuedEvent(kind, notification.job_id, body.model_dump_json(), event_id=body.id)
 
 
 class JobStartedEvent(BaseModel):

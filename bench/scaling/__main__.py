@@ -29,7 +29,7 @@ from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
 from bench.scaling.simulation import Delays, simulate
-from bench.scaling.template import read
+from bench.scaling.template import fleet_templates, read
 from bench.scaling.trace import AZURE_CONVERSATION, load
 from cdk.capacity import INSTANCE_GPUS, MODELS, kv_cache_tokens, max_num_seqs, percentile_tokens
 
@@ -62,6 +62,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens (default: the Azure LLM inference conversation trace)",
     )
     parser.add_argument("--template", type=Path, help="synthesized template JSON (default: synthesize the app)")
+    parser.add_argument(
+        "--fleet",
+        help="the ECS service of the model whose fleet to simulate (default: each fleet of the template in turn, the "
+        "first model's first; a one-model stack has one)",
+    )
     parser.add_argument("--max-tasks", type=int, help="fleet ceiling for every policy (default: the template's)")
     parser.add_argument(
         "--max-num-seqs",
@@ -126,15 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:
         requests = requests[: args.limit]
     template = json.loads(args.template.read_text()) if args.template else synthesize()
+    fleets = fleet_templates(template)
+    if args.fleet is None and len(fleets) > 1:
+        return _each_fleet(fleets, sys.argv[1:] if argv is None else argv)
+    if args.fleet is not None:
+        if args.fleet not in fleets:
+            raise SystemExit(f"--fleet {args.fleet}: the template's fleets are {', '.join(fleets)}")
+        template = fleets[args.fleet]
     deployed = read(template)
     if args.max_num_seqs and args.max_num_seqs != deployed.worker.max_num_seqs:
-        if args.template:
+        if args.template or len(fleets) > 1:
             raise SystemExit(
                 f"--max-num-seqs {args.max_num_seqs} differs from the template's "
-                f"{deployed.worker.max_num_seqs}: without --template the stack is synthesized with it"
+                f"{deployed.worker.max_num_seqs}: without --template (and with one model) the stack is synthesized "
+                "with it"
             )
         template = synthesize(max_num_seqs=args.max_num_seqs)
         deployed = read(template)
+    if deployed.worker.model not in MODELS:
+        print(
+            f"fleet {args.fleet or next(iter(fleets))}: {deployed.worker.model} has no shape in cdk.capacity.MODELS, "
+            "which the simulated engine (a decode roofline of a chat model) needs: skipped"
+        )
+        return 0
     model = MODELS[deployed.worker.model]
     gpu, gpus = INSTANCE_GPUS[deployed.worker.instance_type]
     seqs = deployed.worker.max_num_seqs
@@ -381,6 +400,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def _each_fleet(fleets: dict[str, dict[str, Any]], argv: list[str]) -> int:
+    """Simulate each model's fleet in turn (``main`` on the fleet's own template), the first model's first; the
+    worst exit status."""
+    status = 0
+    with tempfile.TemporaryDirectory() as directory:
+        for name, fleet in fleets.items():
+            print(f"\n=== fleet {name} ===", flush=True)
+            path = Path(directory) / f"{name}.json"
+            path.write_text(json.dumps(fleet))
+            status = max(status, main([*argv, "--template", str(path), "--fleet", name]))
+    return status
 
 
 def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):

@@ -273,6 +273,33 @@ def _names_service(value: Any, service_id: str, service: Mapping[str, Any]) -> b
     return {"Ref": cluster} in parts and isinstance(parts[-1], str) and parts[-1].endswith(f"/{name}")
 
 
+def _routes_service(value: Any, service: Mapping[str, Any]) -> bool:
+    """Whether MODEL_FLEETS (``async_inference.fleets``, a JSON object joined with the stack's tokens) names the
+    service's ARN as a route's ``worker_service``: its cluster's Ref, then a part going on with ``/<its name>"``."""
+    name, cluster = service["Properties"].get("ServiceName"), _ref(service["Properties"].get("Cluster"))
+    if not name or not isinstance(value, dict) or "Fn::Join" not in value:
+        return False
+    parts = value["Fn::Join"][1]
+    return any(
+        part == {"Ref": cluster} and isinstance(after, str) and after.startswith(f'/{name}"')
+        for part, after in zip(parts, parts[1:], strict=False)
+    )
+
+
+def _role_updates(template: Mapping[str, Any], role: str | None, service_id: str, service: Mapping[str, Any]) -> bool:
+    """Whether ``role`` may ecs:UpdateService on an ARN naming the service (``_names_service``)."""
+    for policy in _resources(template, "AWS::IAM::Policy").values():
+        if role not in (_ref(r) for r in policy["Properties"].get("Roles", [])):
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            if statement.get("Effect") == "Allow" and "ecs:UpdateService" in actions:
+                if any(_names_service(r, service_id, service) for r in resources):
+                    return True
+    return False
+
+
 def _role_allows(template: Mapping[str, Any], role: str | None, action: str, resource_ref: Any) -> bool:
     """Whether an AWS::IAM::Policy attached to ``role`` allows ``action`` on the resource ``resource_ref`` names (a
     logical id, the ARN as the template writes it, or ``"*"``: on every resource)."""
@@ -296,12 +323,14 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         named = variables.get(_env.ENV_WORKER_SERVICE)
-        if not _names_service(named, service_id, service):
+        routed = _routes_service(variables.get(_env.ENV_MODEL_FLEETS), service)  # a further model's fleet
+        if not (_names_service(named, service_id, service) or routed):
             continue
         role = _ref(function["Properties"].get("Role"))
         if not (
             _role_allows(template, role, "ecs:UpdateService", service_id)
             or _role_allows(template, role, "ecs:UpdateService", named)
+            or _role_updates(template, role, service_id, service)
         ):
             raise TemplateError(
                 f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
@@ -379,8 +408,55 @@ def _role_allows_group(template: Mapping[str, Any], role: str | None, group_id: 
     return False
 
 
+# cdk.gpu_worker_service.WORKER_ECS_SERVICE_NAME, the first model's service (importing it would load the CDK).
+WORKER_ECS_SERVICE_NAME = "gpu-workers"
+# One fleet per model (cdk/model_fleet.py): each ECS service has its own task definition, scalable target, capacity
+# provider, Auto Scaling group and launch template. Of these, a fleet's template keeps its own only.
+_PER_FLEET = (
+    "AWS::ECS::Service",
+    "AWS::ECS::TaskDefinition",
+    "AWS::ApplicationAutoScaling::ScalableTarget",
+    "AWS::ECS::CapacityProvider",
+    "AWS::AutoScaling::AutoScalingGroup",
+    "AWS::EC2::LaunchTemplate",
+)
+
+
+def fleet_templates(template: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One template per ECS service (per model's fleet), by the service's name (its logical id without one), in the
+    template's order: each holds every shared resource and, of the per-fleet kinds (``_PER_FLEET``), only the
+    service's own, so that ``read`` reads one fleet as it reads a one-model stack."""
+    resources = template.get("Resources", {})
+    fleets = {}
+    for service_id, service in _resources(template, "AWS::ECS::Service").items():
+        props = service["Properties"]
+        provider = next((_ref(s.get("CapacityProvider")) for s in props.get("CapacityProviderStrategy", [])), None)
+        group = None
+        if provider in resources:
+            arn = resources[provider]["Properties"].get("AutoScalingGroupProvider", {}).get("AutoScalingGroupArn")
+            group = _ref(arn)
+        launch = None
+        if group in resources:
+            launch = _ref(resources[group]["Properties"].get("LaunchTemplate", {}).get("LaunchTemplateId"))
+        own = {service_id, _ref(props.get("TaskDefinition")), provider, group, launch}
+        own |= {
+            target_id
+            for target_id, target in _resources(template, "AWS::ApplicationAutoScaling::ScalableTarget").items()
+            if service_id in json.dumps(target["Properties"].get("ResourceId"))
+        }
+        kept = {k: v for k, v in resources.items() if v.get("Type") not in _PER_FLEET or k in own}
+        fleets[str(props.get("ServiceName", service_id))] = {**template, "Resources": kept}
+    # The first model's fleet first (its service's name has no suffix), the others in their template order.
+    return dict(sorted(fleets.items(), key=lambda item: item[0] != WORKER_ECS_SERVICE_NAME))
+
+
+def read_fleets(template: Mapping[str, Any]) -> dict[str, Deployed]:
+    """Policy, capacity and worker of each model's fleet (``fleet_templates``)."""
+    return {name: read(fleet) for name, fleet in fleet_templates(template).items()}
+
+
 def read(template: Mapping[str, Any]) -> Deployed:
-    """Policy, capacity and worker of the synthesized stack."""
+    """Policy, capacity and worker of the synthesized stack (of its one fleet: ``read_fleets`` for several)."""
     policy = read_policy(template)
     group_id, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
     warm_pool, release_empty, pool_reuse = read_capacity_choices(template, group_id)

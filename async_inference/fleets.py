@@ -1,0 +1,48 @@
+"""Which fleet serves a model: each model of the stack's ``models`` context has its own claim-check queue pair, batch
+lane and worker service (cdk/model_fleet.py), and whatever queues a job or a batch's chunks routes it by the model
+the request names.
+
+The stack sets the routes at synth as one JSON object in ``MODEL_FLEETS`` (``async_inference.config``) on every
+function that queues work (the API, the upload handler, the batch controller):
+``{"<model>": {"kind": "chat", "queue_url": ..., "batch_queue_url": ..., "worker_service": ...}}``. A model without
+a route (a process built without the stack's configuration, or a local engine that answers any name) goes to the
+configured queue (``JOBS_QUEUE_URL``), which is the first model's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+ModelKind = Literal["chat", "embedding"]
+CHAT: ModelKind = "chat"
+EMBEDDING: ModelKind = "embedding"
+MODEL_KINDS = (CHAT, EMBEDDING)
+# What a request of each kind is sent to: the error for a model of the other kind names it.
+KIND_ENDPOINTS: dict[str, str] = {CHAT: "/v1/chat/completions", EMBEDDING: "/v1/embeddings"}
+
+
+class FleetRoute(BaseModel):
+    """Where one model's work goes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ModelKind = CHAT
+    queue_url: str  # the model's job queue
+    batch_queue_url: str | None = None  # its batch lane (chunks, and jobs submitted with priority "batch")
+    worker_service: str | None = None  # its ECS service's ARN, woken from zero (the cluster is WORKER_CLUSTER_NAME)
+    worker_group: str | None = None  # its GPU Auto Scaling group, where a wake from zero starts an instance
+
+
+def kind_of_endpoint(endpoint: str) -> str:
+    """The model kind an endpoint runs (``/v1/embeddings``: embedding; everything else: chat)."""
+    return EMBEDDING if endpoint.rstrip("/").endswith("/embeddings") else CHAT
+
+
+def wrong_kind_message(model: str, kind: str, wanted: str) -> str:
+    """What a request of kind ``wanted`` for a model of ``kind`` is told."""
+    return (
+        f"The model `{model}` is a{'n' if kind == EMBEDDING else ''} {kind} model and does not serve this endpoint; "
+        f"send it to {KIND_ENDPOINTS.get(kind, kind)}, or name a {wanted} model (GET /v1/models lists them)"
+    )
