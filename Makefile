@@ -36,15 +36,16 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Both deploy the synthesized template (cdk.out/, see cdk/cdk.mk) into a local moto server.
-demo: venv $(ASSEMBLY)
-	$(PY) -m local_runtime demo
+# Both deploy the synthesized template into a local moto server: `make up` cdk.out/, `make demo` cdk.out.demo/ (the
+# same app with an embedding model beside the chat model; see cdk/cdk.mk).
+demo: venv $(DEMO_ASSEMBLY)
+	LOCAL_ASSEMBLY=cdk.out.demo $(PY) -m local_runtime demo
 
 up: venv $(ASSEMBLY)
 	$(PY) -m local_runtime up
 
 clean:
-	rm -rf cdk.out .pytest_cache bench/results
+	rm -rf cdk.out cdk.out.demo .pytest_cache bench/results
 
 -include checks/checks.mk
 -include bench/bench.mk

@@ -1,7 +1,8 @@
 """``make demo``: the whole pipeline locally with the real model, jobs inline and by presigned upload, their results,
 the SNS notifications they produced, one job's webhook delivered to a local receiver and verified, and a background
-response created and polled with the official ``openai`` SDK, unmodified.
-Exit status 0 only if every job succeeded, the webhook verified and the response answered."""
+response created and polled with the official ``openai`` SDK, unmodified, and an embeddings job run by the embedding
+model's own fleet (the real all-MiniLM-L6-v2). Exit status 0 only if every job succeeded, the webhook verified, the
+response answered and the embeddings came back."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ INLINE_PROMPTS = [
 ]
 UPLOAD_PROMPT = "Explain in two sentences why the sky is blue."
 RESPONSE_PROMPT = "Name three primary colours."
+EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the demo template's second model (cdk/cdk.mk)
+EMBEDDING_TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell sharply."]
 
 
 def received_notifications(sqs: Any, url: str, expected: int, timeout_s: float = 10.0) -> list[dict]:
@@ -110,12 +113,14 @@ def run_demo(stack: LocalDeployment) -> int:
         webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
         receiver.stop()
         response_ok = show_background_response(openai.OpenAI(base_url=stack.api_url + "/v1", api_key=api_key))
+        embeddings_ok = show_embeddings(api)
 
-    ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok and response_ok
+    ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok and response_ok and embeddings_ok
     print(
         "\ndemo "
         + (
-            "succeeded: every job finished with a result, the webhook verified and the background response answered"
+            "succeeded: every job finished with a result, the webhook verified, the background response answered and "
+            "the embeddings came back"
             if ok
             else "FAILED: see above"
         )
@@ -175,3 +180,23 @@ def show_background_response(sdk: openai.OpenAI, timeout_s: float = 300.0) -> bo
         f"   usage: input_tokens={usage.input_tokens} output_tokens={usage.output_tokens}" if usage else "   no usage"
     )
     return bool(response.output_text)  # completed, or incomplete at max_output_tokens: an answer either way
+
+
+def show_embeddings(api: Client) -> bool:
+    """Submit an embeddings job for the embedding model (its own fleet), wait, print its vectors' likeness."""
+    print("\nAn embeddings job, run by the embedding model's fleet:")
+    job = api.submit({"model": EMBEDDING_MODEL, "input": EMBEDDING_TEXTS}, endpoint="/v1/embeddings")
+    final = api.wait(job.job_id, timeout_s=300)
+    print(f"   {final.job_id} {final.status.value}")
+    if final.status != "succeeded":
+        print(f"   FAILED: {final.error}")
+        return False
+    answer = api.embeddings(final)
+    vectors = [d.vector() for d in answer.data]
+    print(
+        f"   {len(vectors)} vectors of {len(vectors[0])} values from {answer.model}, {answer.usage.prompt_tokens} tokens"
+    )
+    for i, j in ((0, 1), (0, 2)):
+        similarity = sum(a * b for a, b in zip(vectors[i], vectors[j], strict=True))  # unit vectors: the cosine
+        print(f"   cosine({EMBEDDING_TEXTS[i]!r}, {EMBEDDING_TEXTS[j]!r}) = {similarity:.3f}")
+    return len(vectors) == len(EMBEDDING_TEXTS)

@@ -22,7 +22,8 @@ Local overrides, on top of what the template gives:
 * functions: ``SERVED_MODELS``, the model names requests may ask for (``served_models``, or ``LOCAL_SERVED_MODELS``
   comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
-  answer whatever model a request names; the template's own for vllm;
+  answer whatever model a request names; the template's own for vllm. The template's embedding models stay served
+  beside them: their local engine runs the real all-MiniLM-L6-v2;
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -297,7 +298,7 @@ class LocalDeployment:
             "POWERTOOLS_TRACE_DISABLED": "true",
             runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
-            **({runtime_config.ENV_SERVED_MODELS: json.dumps(list(self.served_models))} if self.served_models else {}),
+            **self._served_models_override(logical_id),
         }
         assert self.deployment is not None
         if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):
@@ -316,6 +317,18 @@ class LocalDeployment:
             volumes_dir=volumes if first else volumes / name,  # the first keeps the one-model stack's folder
             log=self.worker_log,
         )
+
+    def _served_models_override(self, logical_id: str) -> dict[str, str]:
+        """SERVED_MODELS for a function: the local chat engine's names in place of the template's chat models, and the
+        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2)."""
+        if not self.served_models:
+            return {}
+        served = list(self.served_models)
+        assert self.deployment is not None
+        routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
+        if ANY_MODEL[0] not in served:
+            served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
+        return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
 
     def _worker_overrides(self, engine: str | None = None) -> dict[str, str]:
         """A worker's overrides, on ``engine`` (default: the one asked for)."""

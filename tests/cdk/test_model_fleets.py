@@ -9,6 +9,7 @@ from aws_cdk import App
 
 from app import props_from_context
 from async_inference import config, settings
+from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES
 from tests.cdk.helpers import role_actions
 
 CHAT = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -134,8 +135,9 @@ def test_each_model_scales_on_its_own_queues_between_zero_and_its_limit(two):
         if "MetricStat" in m and m["MetricStat"]["Metric"]["Namespace"] == "AWS/SQS"
     }
     assert queues == {two.logical_id(fleet.jobs.queue), two.logical_id(fleet.lane_queue)}
-    # 1.5 x its own batch of 64: its own jobs_per_task.
-    assert "/ 96)" in [m["Expression"] for m in alarm["Metrics"] if m.get("ReturnData")][0]
+    # JOBS_PER_TASK_IN_BATCHES x its own batch of 64 (not the first model's): its own jobs_per_task.
+    per_task = round(JOBS_PER_TASK_IN_BATCHES * 64)
+    assert f"/ {per_task})" in [m["Expression"] for m in alarm["Metrics"] if m.get("ReturnData")][0]
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD, CONTROLLER])

@@ -122,9 +122,36 @@ def test_models_lists_every_model_and_a_request_of_the_wrong_kind_or_model_is_re
 
 def test_local_engine_is_the_one_seam_for_the_engine_of_a_model_kind():
     """GIVEN the local engine choice WHEN asked per kind THEN chat fleets run the engine asked for, embedding fleets
-    the local embedding engine (echo until the CPU embedding engine is wired), vLLM serves both kinds."""
+    the CPU embedding engine whatever the chat fleets run (echo has no embedding flavour), vLLM serves both kinds."""
     assert [local_engine("chat", e) for e in ("cpu", "echo", "vllm")] == ["cpu", "echo", "vllm"]
-    assert local_engine("embedding", "cpu") == "echo" and local_engine("embedding", "vllm") == "vllm"
+    assert [local_engine("embedding", e) for e in ("cpu", "echo", "vllm")] == ["cpu", "cpu", "vllm"]
+
+
+def test_an_embeddings_job_runs_on_the_embedding_models_fleet(fleets: LocalDeployment):
+    """GIVEN the embedding model's fleet with a worker (the CPU embedding engine: all-MiniLM-L6-v2) WHEN an embeddings
+    job names that model THEN it waits on that fleet's queue only and is answered with the model's vectors; an
+    embeddings job for a chat model is a 400 naming /v1/chat/completions."""
+    api = Client(fleets.api_url, KEY)
+    embedding_queue = fleets.fleets["gpu-workers-all-minilm-l6-v2"].environment()["JOBS_QUEUE_URL"]
+    body = {"model": EMBEDDING, "input": ["A man is eating food.", "A man eats bread.", "Stocks fell sharply."]}
+    job = api.submit(body, endpoint="/v1/embeddings")
+    assert _depth(fleets, embedding_queue) == 1
+    worker = fleets.start_worker(service="gpu-workers-all-minilm-l6-v2")
+    try:
+        done = api.wait(job.job_id, timeout_s=120)
+    finally:
+        fleets.stop_worker(worker)
+    assert done.status == "succeeded", done.error
+    food, bread, stocks = (d.vector() for d in api.embeddings(done).data)
+    assert len(food) == 384 and _cosine(food, bread) > _cosine(food, stocks)
+    with pytest.raises(ApiError) as wrong_kind:
+        api.submit({"model": CHAT, "input": "text"}, endpoint="/v1/embeddings")
+    assert (wrong_kind.value.status, wrong_kind.value.code) == (400, "model_kind_mismatch")
+    assert "/v1/chat/completions" in wrong_kind.value.message
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (sum(x * x for x in a) * sum(y * y for y in b)) ** 0.5
 
 
 def _batch_file(model: str, lines: int = 3) -> bytes:
