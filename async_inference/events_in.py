@@ -15,8 +15,10 @@ Either way the result and the notifications are a job's or a batch's: the result
 (signed with the tenant's secret, ``completed`` events), the WebSocket API, ``GET /v1/jobs/{id}`` or ``/v1/batches``.
 The job's (and the batch's) metadata names the object (``source_key``) and the rule (``rule``), so a subscriber can
 tell what it answers. S3 may deliver an event twice: a job's id derives from the object's key and ETag (an
-Idempotency-Key), and a batch is created once per key and ETag (a marker object written with a conditional PUT), so
-a redelivered event creates nothing new; a new version of the object (another ETag) is a new job or batch.
+Idempotency-Key), and a batch is created once per key and ETag (a marker object written with a conditional PUT
+claims the object, and names the batch once it exists), so a redelivered event creates nothing new; a claim left by
+an invocation that ended before its batch existed is taken over once it is older than the function's timeout, so the
+object is never left untaken. A new version of the object (another ETag) is a new job or batch.
 
 An object that cannot become one (no rule, over the size limit, a body the request schema refuses, a model not
 served) is refused with the reason logged, naming the object; there is no client to answer, and no job was accepted.
@@ -34,11 +36,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from async_inference import safe_json, settings
 from async_inference.batches.models import BatchCreate, BatchWebhookSpec
-from async_inference.schemas import ChatCompletionRequest, JobSubmission
+from async_inference.schemas import ChatCompletionRequest, JobSubmission, utcnow
 
 logger = logging.getLogger("async_inference.events_in")
 JSONL_SUFFIX = ".jsonl"
 IDEMPOTENCY_NAMESPACE = "s3-event:"  # a job's Idempotency-Key: this, the key and the ETag
+# The events-in function's timeout (cdk/events_in.py): a batch's input file is copied (up to
+# settings.BATCH_MAX_FILE_BYTES) before the batch is created. A batch's claim (its marker without a batch id) older
+# than it (plus slack for S3's whole-second LastModified) was left by an invocation that ended before its batch.
+FUNCTION_TIMEOUT_S = 120
+CLAIM_TIMEOUT_S = FUNCTION_TIMEOUT_S + 5
+
+
+class ClaimInProgress(RuntimeError):
+    """Another invocation is taking the same object in: the event is retried later (Lambda's asynchronous retry)."""
 
 
 class EventRule(BaseModel):
@@ -99,8 +110,11 @@ def chat_request(body: bytes, rule: EventRule) -> ChatCompletionRequest:
 class EventIntake:
     """Turns objects under the rules' prefixes into jobs and batches through the same services the API uses."""
 
-    def __init__(self, *, rules: list[EventRule], jobs, batches=None) -> None:  # noqa: ANN001
+    def __init__(  # noqa: ANN001
+        self, *, rules: list[EventRule], jobs, batches=None, claim_timeout_s: float = CLAIM_TIMEOUT_S
+    ) -> None:
         self.rules = rules
+        self.claim_timeout_s = claim_timeout_s
         self.jobs = jobs  # service.JobService
         self.batches = batches  # batches.service.BatchService; None: a .jsonl object is refused
         self.blobs = jobs.blobs
@@ -152,8 +166,17 @@ class EventIntake:
         marker = settings.inbox_marker_key(rule.tenant, hashlib.sha256(f"{key}\n{etag}".encode()).hexdigest())
         record = self.batches._new_file(rule.tenant, filename=key.rsplit("/", 1)[-1], purpose="batch", size=size)
         claimed = self.blobs.put_json_once(marker, json.dumps({"file_id": record.id}).encode())
-        if claimed is not None:  # a redelivered event: this object's batch was created (or is being) already
-            return self._refused(key, f"already taken in ({claimed.decode(errors='replace')})")
+        if claimed is not None:  # a redelivered event, or a second copy of one running now
+            taken = json.loads(claimed)
+            if taken.get("batch_id"):
+                return self._refused(key, f"already taken in as batch {taken['batch_id']}")
+            written = self.blobs.written_at(marker)
+            if written is not None and (utcnow() - written).total_seconds() < self.claim_timeout_s:
+                # Another invocation holds the claim and may still create the batch: Lambda retries this event later.
+                raise ClaimInProgress(f"{key}: another invocation is taking it in; retried later")
+            # The claim outlived any invocation that made it (the function's timeout): that one ended without its
+            # batch, so this one takes the object in, rather than leave it never taken in.
+            self.blobs.put_json(marker, json.dumps({"file_id": record.id}).encode())
         try:
             self.batches.files.copy(key, record.key)
         except KeyError:
@@ -167,6 +190,7 @@ class EventIntake:
             webhook=BatchWebhookSpec(url=rule.webhook_url) if rule.webhook_url else None,
         )
         batch = self.batches.create_batch(rule.tenant, create)
+        self.blobs.put_json(marker, json.dumps({"file_id": record.id, "batch_id": batch.id}).encode())
         logger.info("object became a batch", extra={"key": key, "batch_id": batch.id, "file_id": record.id})
         return Accepted(key, batch_id=batch.id)
 

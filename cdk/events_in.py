@@ -12,14 +12,13 @@ from aws_cdk import aws_s3_notifications as s3n
 from constructs import Construct
 
 from async_inference.config import ENV_EVENT_RULES
-from async_inference.events_in import EventRule
+from async_inference.events_in import FUNCTION_TIMEOUT_S, EventRule
 from cdk.job_queue import secure_dead_letter_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 from cdk.upload_intake import ASYNC_RETRY_ATTEMPTS, MAX_EVENT_AGE
 
-# A batch's input file is copied (up to settings.BATCH_MAX_FILE_BYTES) before the batch is created.
-FUNCTION_TIMEOUT = Duration.seconds(120)
+FUNCTION_TIMEOUT = Duration.seconds(FUNCTION_TIMEOUT_S)  # the claims of batches being created outlive it
 
 
 class EventsIn(Construct):
