@@ -158,6 +158,25 @@ def test_the_functions_that_queue_work_route_each_model_to_its_fleet(two, handle
     assert parts[0].startswith("{")
 
 
+@pytest.mark.parametrize("handler", [API, UPLOAD, CONTROLLER])
+def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two, handler):
+    """GIVEN a function that queues work WHEN reading its route for the further model and its role THEN the route
+    names the further fleet's GPU group, and the function may set that group's desired capacity, as it may the first's
+    (whose group is in its WORKER_AUTO_SCALING_GROUP variable)."""
+    service = two.stack.service
+    [fleet] = service.fleets
+    function = _function(two, handler)
+    rendered = json.dumps(function["Properties"]["Environment"]["Variables"][config.ENV_MODEL_FLEETS])
+    further_group = two.logical_id(fleet.capacity.auto_scaling_group)
+    assert (
+        rendered.index(json.dumps(EMBEDDING)[1:-1]) < rendered.rindex("worker_group") < rendered.rindex(further_group)
+    )
+    actions = role_actions(two.template, function["Properties"]["Role"]["Fn::GetAtt"][0])
+    groups = json.dumps(actions["autoscaling:SetDesiredCapacity"])
+    assert further_group in groups
+    assert two.logical_id(service.capacity.auto_scaling_group) in groups
+
+
 def test_the_further_workers_may_take_from_their_own_queues_only(two):
     """GIVEN the further model's task role WHEN reading its SQS receives THEN it receives from its own job queue and
     lane, not from the first model's; the API may send to both models' queues."""
