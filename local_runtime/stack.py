@@ -169,7 +169,7 @@ class LocalDeployment:
         served_models: tuple[str, ...] | list[str] | None = None,
         fleet_workers: int = 1,
     ) -> None:
-        self.assembly_dir = Path(assembly)
+        self.assembly_dir = Path(assembly).resolve()  # the functions run from other directories
         self.api_port = api_port
         # None: any free port (tests); `make up` gives WS_PORT. The management API always gets a free one.
         self.ws_port = ws_port or free_port()
