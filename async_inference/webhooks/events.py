@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from async_inference.batches.models import BatchNotification
 from async_inference.jobs import JobStatus
-from async_inference.schemas import SCHEMA_VERSION, Job, ResultNotification, utcnow
+from async_inference.schemas import SCHEMA_VERSION, ChatCompletion, Job, ResultNotification, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def response_event(event: QueuedEvent) -> QueuedEvent | None:
     if kind is None:
         return None
     result = notification.result
-    if kind == "response.completed" and result is not None and result.choices:
+    if kind == "response.completed" and isinstance(result, ChatCompletion) and result.choices:
         # As GET /v1/responses/{id} says it (responses.output_items): cut at the token limit is incomplete. A result
         # too large to travel inline (over settings.MAX_INLINE_RESULT_BYTES) is told as completed.
         if result.choices[0].finish_reason == "length":
