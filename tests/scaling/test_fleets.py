@@ -161,3 +161,27 @@ def test_the_simulator_command_simulates_every_fleet_of_the_three_model_stack(th
     assert sorted(documents) == sorted(fleet_templates(three_fleets))
     embedding = documents["gpu-workers-all-minilm-l6-v2"]["policies"]["deployed"]
     assert 0 < embedding["gpu_hours"] < math.inf and 0 < embedding["p95_wait_s"] < math.inf
+
+
+def test_an_embedding_engine_packs_whole_prompts_up_to_the_token_budget_in_one_step_each():
+    """GIVEN all-MiniLM-L6-v2's engine and nine 256-token embedding jobs at once WHEN it runs THEN the first eight
+    (2,048 tokens, the step's budget) end together after one prefill step and the ninth after one more; no decode."""
+    import simpy
+
+    from bench.scaling.engine import Engine
+    from bench.scaling.queue import Job
+    from cdk.capacity import MINILM_L6_V2
+
+    env = simpy.Environment()
+    model = EngineModel(MINILM_L6_V2, A10G, max_num_seqs=64, kv_cache_tokens=0)
+    done: dict[int, float] = {}
+    engine = Engine(env, model, on_start=lambda job: None, on_done=lambda job: done.setdefault(job.index, env.now))
+    for index in range(9):
+        engine.submit(Job(index, 0.0, 256, 0, 86400.0))
+    env.run(until=1.0)
+    full, one = model.step_s(0, 0.0, 2048, 256), model.step_s(0, 0.0, 256, 256)
+    assert [done[i] for i in range(8)] == pytest.approx([full] * 8)
+    assert done[8] == pytest.approx(full + one)
+    assert engine.busy_s == pytest.approx(full + one) and not engine.busy
+    # the step is the roofline's: the overhead plus 2 x 22.7M FLOPs a token and attention over the whole input
+    assert full > one > model.step_overhead_s
