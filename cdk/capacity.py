@@ -66,7 +66,58 @@ QWEN2_5_1_5B = ModelShape(
     head_dim=128,
     max_position_embeddings=32768,
 )
-MODELS: dict[str, ModelShape] = {QWEN2_5_1_5B.name: QWEN2_5_1_5B}
+# SmolLM2-135M-Instruct, from its config.json (30 layers, hidden_size 576, 9 query and 3 KV heads of head_dim 64,
+# 8,192-token context) and its weights: the tensors of model.safetensors hold 134,515,008 parameters (embeddings tied
+# to the output head; the model card, huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, says 135M).
+SMOLLM2_135M = ModelShape(
+    name="HuggingFaceTB/SmolLM2-135M-Instruct",
+    parameters=134_515_008,
+    layers=30,
+    hidden_size=576,
+    attention_heads=9,
+    kv_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+)
+MODELS: dict[str, ModelShape] = {shape.name: shape for shape in (QWEN2_5_1_5B, SMOLLM2_135M)}
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """The dimensions of an encoder (an embedding model): one forward pass over the input, no decode and no KV cache
+    kept between steps, so the sizing rule above does not apply (an embedding fleet sets its ``max_num_seqs``).
+    ``max_tokens`` is what the model embeds of an input (longer inputs are truncated)."""
+
+    name: str
+    parameters: float
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    max_tokens: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.attention_heads
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> float:
+        return self.parameters * dtype_bytes
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 0  # nothing is kept between steps
+
+
+# all-MiniLM-L6-v2, from its config.json (a BERT encoder: 6 layers, hidden_size 384, 12 heads) and
+# sentence_bert_config.json (max_seq_length 256: longer inputs are truncated); the tensors of model.safetensors hold
+# 22,713,728 parameters (the model card, huggingface.co/sentence-transformers/all-MiniLM-L6-v2, says 22.7M).
+MINILM_L6_V2 = EncoderShape(
+    name="sentence-transformers/all-MiniLM-L6-v2",
+    parameters=22_713_728,
+    layers=6,
+    hidden_size=384,
+    attention_heads=12,
+    max_tokens=256,
+)
+ENCODERS: dict[str, EncoderShape] = {MINILM_L6_V2.name: MINILM_L6_V2}
 
 # NVIDIA A10G (the g5 family's GPU): 24 GB GDDR6 at 600 GB/s and 70 dense FP16/BF16 tensor TFLOPS (Baseten, "NVIDIA A10
 # vs A10G for ML model inference", spec table); nvidia-smi on a g5 reports 23,028 MiB of it.

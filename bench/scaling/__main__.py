@@ -23,15 +23,15 @@ from typing import Any
 from async_inference import settings
 from async_inference.config import ENV_WORKER_GROUP
 from bench.scaling import figures
-from bench.scaling.engine import EngineModel
+from bench.scaling.engine import EngineModel, fleet_shape
 from bench.scaling.hazards import HAZARDS, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
 from bench.scaling.simulation import Delays, simulate
 from bench.scaling.template import fleet_templates, read
-from bench.scaling.trace import AZURE_CONVERSATION, load
-from cdk.capacity import INSTANCE_GPUS, MODELS, kv_cache_tokens, max_num_seqs, percentile_tokens
+from bench.scaling.trace import AZURE_CONVERSATION, embedding_requests, load
+from cdk.capacity import INSTANCE_GPUS, EncoderShape, kv_cache_tokens, max_num_seqs, percentile_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -148,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         template = synthesize(max_num_seqs=args.max_num_seqs)
         deployed = read(template)
-    if deployed.worker.model not in MODELS:
+    model = fleet_shape(deployed.worker.model, deployed.worker.kind)
+    if model is None:
+        table = "ENCODERS" if deployed.worker.kind == "embedding" else "MODELS"
         print(
-            f"fleet {args.fleet or next(iter(fleets))}: {deployed.worker.model} has no shape in cdk.capacity.MODELS, "
-            "which the simulated engine (a decode roofline of a chat model) needs: skipped"
+            f"fleet {args.fleet or next(iter(fleets))}: {deployed.worker.model} ({deployed.worker.kind}) has no shape "
+            f"in cdk.capacity.{table}, which the simulated engine (a roofline of the model's steps) needs: skipped"
         )
         return 0
-    model = MODELS[deployed.worker.model]
+    if isinstance(model, EncoderShape):
+        # An embedding fleet's jobs: the trace's arrivals and input lengths (truncated to what the model embeds), no
+        # output tokens.
+        requests = embedding_requests(requests, model.max_tokens)
     gpu, gpus = INSTANCE_GPUS[deployed.worker.instance_type]
     seqs = deployed.worker.max_num_seqs
     max_tasks = args.max_tasks or deployed.policy.maximum
@@ -167,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     cold = figures.ColdStart(
         model_download_s=model.weight_bytes() / figures.MODEL_DOWNLOAD_BYTES_PER_S, total_s=args.cold_start_s
     )
-    kv_tokens = kv_cache_tokens(model, gpu)
-    sized = max_num_seqs(
-        model, gpu, sequence_tokens=percentile_tokens([r.context_tokens + r.generated_tokens for r in requests])
+    # An encoder keeps no KV cache: no KV limit on admission and no sizing rule (its fleet sets max_num_seqs).
+    kv_tokens = 0 if isinstance(model, EncoderShape) else kv_cache_tokens(model, gpu)
+    sized = (
+        None
+        if isinstance(model, EncoderShape)
+        else max_num_seqs(
+            model, gpu, sequence_tokens=percentile_tokens([r.context_tokens + r.generated_tokens for r in requests])
+        )
     )
 
     def engine(batch: int, efficiency: float = 1.0) -> EngineModel:
@@ -187,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s)
     print(
         f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
-        f"{model.name} on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} (rule: {sized}); "
+        f"{model.name} ({deployed.worker.kind}) on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} "
+        f"(rule: {'none, an encoder' if sized is None else sized}); "
         f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
         f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
         f"after launch, a warm-pool one "
@@ -317,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     hazards: dict[str, Any] = {}
     for name in HAZARDS:
         trace, readings = setting(name, requests)
+        if isinstance(model, EncoderShape):
+            trace = embedding_requests(trace, model.max_tokens)
         outcome = {}
         for label, variant in (("fixed", template), ("unfixed", unfixed(template))):
             for reading in readings:
@@ -337,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep = []
     for value in [v.strip() for v in args.sweep.split(",") if v.strip()]:
         batch = sized if value == "sized" else int(value)
+        if batch is None:
+            print(f"  sweep: 'sized' skipped ({model.name} is an encoder: no sizing rule)", file=sys.stderr)
+            continue
         if batch == seqs:
             variant = template
         elif args.template:
@@ -354,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"p95 wait after 15 min {row['p95_wait_after_15min_s']:.1f} s, ${row['usd_per_million_jobs']:.0f}/M"
             )
 
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    # One file per fleet: the fleets of one run end within a second of each other.
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + (f"-{args.fleet}" if args.fleet else "")
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / f"scaling-{stamp}.png"
     plot(

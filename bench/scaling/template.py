@@ -61,6 +61,7 @@ class WorkerSpec:
     stop_timeout_s: int | None
     task_protection: str = _env.DEFAULT_TASK_PROTECTION  # TASK_PROTECTION; "off" when the role may not set it
     task_protection_tokens_per_s: float = _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
+    kind: str = "chat"  # MODEL_KIND: "chat", or "embedding" (prefill only)
 
 
 @dataclass(frozen=True)
@@ -514,5 +515,6 @@ def read(template: Mapping[str, Any]) -> Deployed:
         task_protection_tokens_per_s=float(
             env.get(_env.ENV_TASK_PROTECTION_TOKENS_PER_S) or _env.DEFAULT_TASK_PROTECTION_TOKENS_PER_S
         ),
+        kind=str(env.get(_env.ENV_MODEL_KIND) or "chat"),
     )
     return Deployed(policy=policy, cluster=cluster, worker=worker, wake=read_wake(template))

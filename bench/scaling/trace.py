@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,4 +51,12 @@ def load(path: Path) -> list[Request]:
     return [
         Request((stamp - start).total_seconds(), max(1, context), max(1, generated))
         for stamp, context, generated in rows
+    ]
+
+
+def embedding_requests(requests: list[Request], max_tokens: int) -> list[Request]:
+    """The trace as an embedding fleet's jobs: the same arrivals, each input truncated to the model's ``max_tokens``
+    (what an encoder embeds of it) and no output (an embedding is one prefill, no decode)."""
+    return [
+        dataclasses.replace(r, context_tokens=min(r.context_tokens, max_tokens), generated_tokens=0) for r in requests
     ]
