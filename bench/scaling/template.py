@@ -287,6 +287,18 @@ def _routes_service(value: Any, service: Mapping[str, Any]) -> bool:
     )
 
 
+def _routes_group(value: Any, group_id: str) -> bool:
+    """Whether MODEL_FLEETS names the GPU group ``group_id`` as a route's ``worker_group`` (the group a wake of that
+    further fleet starts an instance in)."""
+    if not isinstance(value, dict) or "Fn::Join" not in value:
+        return False
+    parts = value["Fn::Join"][1]
+    return any(
+        isinstance(before, str) and before.endswith('"worker_group":"') and part == {"Ref": group_id}
+        for before, part in zip(parts, parts[1:], strict=False)
+    )
+
+
 def _role_updates(template: Mapping[str, Any], role: str | None, service_id: str, service: Mapping[str, Any]) -> bool:
     """Whether ``role`` may ecs:UpdateService on an ARN naming the service (``_names_service``)."""
     for policy in _resources(template, "AWS::IAM::Policy").values():
@@ -347,10 +359,12 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
         ):
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
-        # The instance start: the group named in the environment, and SetDesiredCapacity on it in the role.
-        starts.add(
-            _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id and _role_allows_group(template, role, group_id)
-        )
+        # The instance start: the group named in the environment (a further fleet's: in its route), and
+        # SetDesiredCapacity on it in the role.
+        group_named = _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id
+        if routed and not _names_service(named, service_id, service):
+            group_named = _routes_group(variables.get(_env.ENV_MODEL_FLEETS), group_id)
+        starts.add(group_named and _role_allows_group(template, role, group_id))
     if not functions:
         return None
     if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1:
