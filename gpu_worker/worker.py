@@ -59,7 +59,7 @@ from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
 from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines.base import Engine, FatalEngineError
-from gpu_worker.fairness import FAIR_SCAN_PAUSE_S, TenantShare
+from gpu_worker.fairness import ScanPause, TenantShare
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile, StartDeadline
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
@@ -183,6 +183,7 @@ class Worker:
         )
         # One tenant holds at most held_messages; the fair room beyond it is only ever filled by other tenants'.
         self.share = TenantShare(config.held_messages(engine.capacity))
+        self._scan_pause = ScanPause()  # the interactive lane's looks past tenants at their share
         self.lanes = {
             INTERACTIVE: self._lane(
                 INTERACTIVE,
@@ -310,7 +311,7 @@ class Worker:
                 return
             received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
             if lane.name == INTERACTIVE:
-                received = await self._share(lane, received, self.share)
+                received = await self._share(lane, received, self.share, pause=self._scan_pause)
             await self.policy.received(len(received), held_before=len(self._inflight))
             for flight, parse_error in received:
                 self._start(flight, lane, parse_error)
@@ -333,12 +334,13 @@ class Worker:
 
     async def _scout_loop(self, lane: Lane) -> None:
         """The batch lane's look past one tenant's chunks (``gpu_worker.fairness``): while the lane's budget takes no
-        more, one message each ``FAIR_SCAN_PAUSE_S``, held if its tenant holds none of the lane's messages here,
-        requeued if it does."""
+        more, one message each ``ScanPause`` (0.5 s, growing to 2 s while it finds only tenants holding messages
+        here), held if its tenant holds none of the lane's messages here, requeued if it does."""
         budget = lane.held
         assert isinstance(budget, BatchBudget)
+        pause = ScanPause()
         while not self._stopping.is_set():
-            await asyncio.sleep(FAIR_SCAN_PAUSE_S)
+            await asyncio.sleep(pause.next_s)
             holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
             if not holding or not budget.saturated() or self._stopping.is_set():
                 continue  # nothing to look past, or the budget's own receive is taking messages
@@ -354,7 +356,11 @@ class Worker:
                 return
             budget.add(len(messages))  # held from here: every held message is given back once settled
             fresh = [self._parse(m, lane) for m in await self._fresh(messages, lane)]
-            received = await self._share(lane, fresh, TenantShare(1), pause=False)
+            received = await self._share(lane, fresh, TenantShare(1), pause=None)
+            if received:
+                pause.found()
+            elif messages:
+                pause.nothing()
             await self.policy.received(len(received), held_before=len(self._inflight))
             for flight, parse_error in received:
                 self._start(flight, lane, parse_error)
@@ -375,13 +381,15 @@ class Worker:
         received: list[tuple[InFlight, Exception | None]],
         share: TenantShare,
         *,
-        pause: bool = True,
+        pause: ScanPause | None,
     ) -> list[tuple[InFlight, Exception | None]]:
         """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
-        their places given back; ``pause``: wait a little when none was held."""
+        their places given back; ``pause``: wait before the next look when none was held, longer each time."""
         holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
         keep, requeue = share.split([flight for flight, _ in received], holding)
         if not requeue:
+            if pause is not None and received:
+                pause.found()
             return received
         logger.debug("requeueing %d messages of tenants at their share", len(requeue))
         try:
@@ -391,10 +399,12 @@ class Worker:
         except Exception:
             logger.exception("requeue failed; those %d messages return after their visibility timeout", len(requeue))
         await lane.held.give(len(requeue))
-        if not keep and pause:
+        if pause is not None and keep:
+            pause.found()
+        elif pause is not None:
             # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
-            # not at once.
-            await asyncio.sleep(FAIR_SCAN_PAUSE_S)
+            # not at once, and later each time nothing new turns up.
+            await asyncio.sleep(pause.nothing())
         kept = {id(f) for f in keep}
         return [(flight, error) for flight, error in received if id(flight) in kept]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpu_worker.fairness import TenantShare
+from gpu_worker.fairness import FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_S, ScanPause, TenantShare
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 from gpu_worker.worker import WorkerConfig
 
@@ -126,3 +126,12 @@ def test_the_batch_budget_says_when_it_takes_no_more_and_counts_the_scouts_messa
     assert budget.taken == 1
     asyncio.run(budget.give(1))
     assert budget.taken == 0
+
+
+def test_the_scan_pause_doubles_while_only_tenants_at_their_share_turn_up_and_resets_when_one_is_held():
+    # GIVEN a lane's pause WHEN looks keep finding only tenants at their share THEN it waits 0.5, 1, 2, 2 s
+    pause = ScanPause()
+    assert [pause.nothing() for _ in range(4)] == [FAIR_SCAN_PAUSE_S, 1.0, FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_MAX_S]
+    # WHEN a look finds a message to hold THEN the next pause is the shortest again
+    pause.found()
+    assert pause.nothing() == FAIR_SCAN_PAUSE_S
