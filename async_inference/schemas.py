@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from async_inference import settings
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
+from async_inference.schema_patterns import unsupported_patterns
 
 # The wire objects a client reads are defined in the client package and imported here: the API answers with the very
 # models the SDK parses. What only the service validates or stores (requests, claim checks, records) is defined below.
@@ -269,7 +270,15 @@ class ChatMessage(_Strict):
         return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in self.content)
 
 
-JSONSchemaObject = dict[str, Any]
+def _patterns_the_grammar_takes(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema the engines compile into a grammar: a ``pattern`` the grammar library cannot honour is refused here,
+    named by its path in the schema, rather than failing the job later (``async_inference.schema_patterns``)."""
+    for path, why in unsupported_patterns(schema):
+        raise _field_error(path, f"{why} (a limit of this deployment's structured outputs)")
+    return schema
+
+
+JSONSchemaObject = Annotated[dict[str, Any], AfterValidator(_patterns_the_grammar_takes)]
 
 
 class LegacyFunction(_Strict):

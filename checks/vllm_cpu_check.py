@@ -205,6 +205,8 @@ def check_parameters(where: str, name: str, fields: dict, completion) -> None:
             named = not isinstance(wanted, dict) or all(c.function.name == wanted["function"]["name"] for c in calls)
             ok = bool(calls) and named and first.finish_reason == "tool_calls"
             detail = f"{first.finish_reason}: {[(c.function.name, c.function.arguments) for c in calls]}"
+            if not ok:  # what the model wrote (the text a tool-call parser could not read)
+                detail += f", content {first.message.content!r}"
         elif "functions" in fields:
             call = first.message.function_call
             ok = call is not None and call.name == "get_weather" and first.finish_reason == "function_call"

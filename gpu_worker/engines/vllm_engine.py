@@ -9,7 +9,10 @@ rest of the sampling parameters are vLLM's, exactly as its server honours them; 
 - in: the job's request (``async_inference.schemas.ChatCompletionRequest``, OpenAI's body) becomes vLLM's
   ``ChatCompletionRequest``, with the served model name, the job id as ``request_id`` (vLLM's request is then
   ``chatcmpl-<job id>``), ``tool_choice`` made explicit (OpenAI's default: ``auto`` when tools are given) and the
-  legacy ``functions`` / ``function_call`` as ``tools`` / ``tool_choice`` (vLLM has no legacy path);
+  legacy ``functions`` / ``function_call`` as ``tools`` / ``tool_choice`` (vLLM has no legacy path); for a model
+  whose chat template takes no ``tools`` (SmolLM2's), the messages are written out as the CPU engine writes them
+  (``gpu_worker.engines.asks.plain_messages``: the tools in a system turn, calls and results as hermes-style text),
+  or vLLM would render a prompt without the tools and the model would call functions it was never shown;
 - out: vLLM's ``ChatCompletionResponse`` becomes a ``Generation``; a choice that carries tool calls has
   finish_reason ``tool_calls`` (``function_call`` for a legacy request), whichever way the call was forced.
 
@@ -48,7 +51,7 @@ from types import ModuleType
 from typing import Any
 
 from async_inference.schemas import ChatCompletionRequest
-from gpu_worker.engines.asks import asks_of
+from gpu_worker.engines.asks import asks_of, plain_messages
 from gpu_worker.engines.base import (
     Completion,
     Engine,
@@ -199,6 +202,7 @@ class VllmEngine(Engine):
         self._running: dict[str, int] = {}  # vLLM request id -> completion tokens so far
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
+        self._template_takes_tools = True  # read from the model's chat template at start
 
     @property
     def capacity(self) -> int:
@@ -255,7 +259,28 @@ class VllmEngine(Engine):
         engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs.from_cli_args(args))
         state = State()
         await init_app_state(self.counting_client(engine), state, args, await engine.get_supported_tasks())
+        self._template_takes_tools = self._chat_template_takes_tools(engine, state.openai_serving_chat)
         return engine, state.openai_serving_chat, VllmRequest
+
+    @staticmethod
+    def _chat_template_takes_tools(engine: Any, chat: Any) -> bool:
+        """Whether the chat template vLLM renders a request with tools by (``--chat-template``, else the model's, as
+        vLLM's ``resolve_chat_template`` picks it) uses ``tools``; the test ``chat_prompt_ids`` makes for the CPU
+        engine. A template that cannot be read is taken to take them (vLLM's own rendering is left alone)."""
+        from vllm.renderers.hf import resolve_chat_template
+
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        try:
+            template = resolve_chat_template(
+                engine.renderer.get_tokenizer(), chat.chat_template, [tool], model_config=engine.model_config
+            )
+        except Exception:  # any failure to read it: keep vLLM's rendering
+            logger.warning("could not read the chat template; tools go to it as they are", exc_info=True)
+            return True
+        takes = template is None or "tools" in template
+        if not takes:
+            logger.info("the chat template takes no tools: they are written into the messages as the CPU engine does")
+        return takes
 
     def counting_client(self, engine: Any) -> _CountingClient:
         return _CountingClient(engine, self._running, self._output_kind())
@@ -302,6 +327,8 @@ class VllmEngine(Engine):
         else:
             body.pop("tools", None)
             body.pop("tool_choice", None)
+        if not self._template_takes_tools:
+            body["messages"] = plain_messages(asks)
         return body
 
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:

@@ -9,13 +9,19 @@ parameter asks:
 - ``logprobs``: every token has its logprob and ``top_logprobs`` alternatives; ``n``: n choices;
 - ``stop``: no stop sequence in the text; every body: the completion tokens stay within max_tokens.
 
-The bodies run as they are, except that ``max_tokens`` is capped (the default is 4096 here, and a 135M model on two
-cores makes about 50 tokens/s): at ``MAX_TOKENS_CAP`` for structured outputs and forced calls, at
-``MAX_TOKENS_CAP_TEXT`` for free text (n, stop, logprobs need no more to be checked). That keeps ``make test`` to
-minutes. A body cut by the cap ends
-with finish_reason ``length`` and its JSON may be cut too (the engine's documented behaviour at the token limit), so
-structured outputs count as valid only when finished (``stop`` / ``tool_calls``): the cap is large enough for every
-structured body of the corpus to finish, and the test fails if one does not.
+The bodies run as they are, with two exceptions. ``max_tokens``: a body that must give JSON validating against a
+schema (``response_format`` json_schema, a forced tool call) gets its own limit or, where it sets none,
+``MAX_TOKENS_SCHEMA`` (OpenAI's default is as much as the context holds; this deployment's default of 256 is a choice
+of its own, and a 135M model sampling at temperature 1 can take a thousand tokens to close a string); the others are
+capped (a 135M model on two cores makes tens of tokens/s): json_object at ``MAX_TOKENS_CAP``, free text at
+``MAX_TOKENS_CAP_TEXT`` (n, stop, logprobs need no more to be checked). ``seed``: a body that sets none gets its corpus
+line number, so that a run can be repeated (a sampled answer is one sample either way).
+
+Every json_schema body and every forced tool call must be answered (no engine refusal: a schema the grammar cannot
+compile is refused at the door) and every one that finishes (``stop`` / ``tool_calls``) must validate: what the
+grammar guarantees. One that the limit cuts (finish_reason ``length``, the engine's documented answer at the token
+limit: its JSON is cut too) is counted apart and printed, not hidden: sampling at temperature 1, the model can keep
+adding items to an array that has no maxItems (line 305 with seed 305 did for 4096 tokens), which no grammar stops.
 """
 
 from __future__ import annotations
@@ -46,12 +52,22 @@ from tests.conformance.openai_reference import chat_samples  # noqa: E402
 pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]  # minutes on an idle 2-core machine
 
 MODEL = "SmolLM2-135M-Instruct"
+MAX_TOKENS_SCHEMA = 1024
 MAX_TOKENS_CAP = 256
 MAX_TOKENS_CAP_TEXT = 48
 
 
-def cap(asks: Asks) -> int:
-    return min(asks.max_tokens, MAX_TOKENS_CAP if asks.constrained else MAX_TOKENS_CAP_TEXT)
+def must_validate(case: Run) -> bool:
+    """A json_schema body or a forced tool call: its output must validate against a schema."""
+    return case.asks.forces_tool_call or (case.body.get("response_format") or {}).get("type") == "json_schema"
+
+
+def cap(case: Run) -> int:
+    """The max_tokens the body runs with (see the module docstring)."""
+    if must_validate(case):
+        sets_one = any(case.body.get(k) is not None for k in ("max_tokens", "max_completion_tokens"))
+        return case.asks.max_tokens if sets_one else MAX_TOKENS_SCHEMA
+    return min(case.asks.max_tokens, MAX_TOKENS_CAP if case.asks.constrained else MAX_TOKENS_CAP_TEXT)
 
 
 @dataclass
@@ -90,8 +106,10 @@ def runs() -> Iterator[list[Run]]:
     cases = corpus_runs()
 
     async def one(case: Run) -> None:
-        body = {**case.body, "max_tokens": cap(case.asks)}
+        body = {**case.body, "max_tokens": cap(case)}
         body.pop("max_completion_tokens", None)
+        if body.get("seed") is None:
+            body["seed"] = case.line
         request = ChatCompletionRequest.model_validate(body)
         try:
             generation = await engine.generate(f"line-{case.line}", request)
@@ -100,7 +118,8 @@ def runs() -> Iterator[list[Run]]:
             case.error = f"{type(exc).__name__}: {exc}"
 
     async def every() -> None:
-        await asyncio.gather(*(one(c) for c in cases))
+        # The long ones first, so that the others fill the batch beside them rather than after them.
+        await asyncio.gather(*(one(c) for c in sorted(cases, key=lambda c: not must_validate(c))))
 
     try:
         run(every())
@@ -118,22 +137,18 @@ def report(name: str, results: list[tuple[Run, str | None]]) -> None:
 
 
 def structured_results(cases: list[Run], check) -> list[tuple[Run, str | None]]:
-    """The finished structured outputs, each checked; the others counted apart and printed, not hidden: a body whose
-    schema xgrammar cannot compile (refused naming response_format) and an output the token cap cut (finish_reason
-    length: the grammar cannot make a rambling model close its JSON). What the grammar guarantees, that every output
-    that ends is valid, is what is asserted; the README gives all three counts."""
-    finished, refused, cut = [], [], []
+    """The finished outputs, each checked; the ones the limit cut (finish_reason length: the grammar cannot make a
+    rambling model close its JSON) counted apart and printed with their token counts, not hidden. An engine refusal
+    is a failure."""
+    finished, cut = [], []
     for case in cases:
-        if case.completion is None:
-            assert case.error and "response_format" in case.error, (case.line, case.error)
-            refused.append((case.line, case.error.splitlines()[0][:160]))
-        elif any(c.finish_reason == "length" for c in case.completion.choices):
-            cut.append(case.line)
+        if case.completion is not None and any(c.finish_reason == "length" for c in case.completion.choices):
+            cut.append(f"line {case.line} at {case.completion.usage.completion_tokens} tokens")
         else:
             finished.append(case)
+    tokens = [c.completion.usage.completion_tokens for c in finished if c.completion]
     print(
-        f"\n  of {len(cases)}: {len(finished)} finished, {len(cut)} cut by max_tokens {cut}, "
-        f"{len(refused)} refused: {refused}"
+        f"\n  of {len(cases)}: {len(finished)} finished (tokens {sorted(tokens)}), {len(cut)} cut by max_tokens {cut}"
     )
     return [(case, first_failure(case, check)) for case in finished]
 
@@ -236,7 +251,7 @@ def test_stop_sequences_are_not_in_the_text(runs):
 
 def test_every_body_keeps_its_token_limit(runs):
     def within(case: Run) -> str | None:
-        limit = cap(case.asks) * case.asks.n
+        limit = cap(case) * case.asks.n
         used = case.completion.usage.completion_tokens
         return None if used <= limit else f"{used} completion tokens for a limit of {limit}"
 

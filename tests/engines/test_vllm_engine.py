@@ -24,6 +24,7 @@ from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.completions import chat_completion
 from gpu_worker.config import WorkerSettings
 from gpu_worker.engines import make_engine
+from gpu_worker.engines.asks import asks_of, plain_messages
 from gpu_worker.engines.base import (
     FatalEngineError,
     GenerationAborted,
@@ -129,9 +130,11 @@ def error(code, kind, message):
 
 
 class FakeVllmEngine(VllmEngine):
-    """The adapter with ``_open`` giving the fakes instead of building vLLM."""
+    """The adapter with ``_open`` giving the fakes instead of building vLLM; ``template_takes_tools`` is what the real
+    ``_open`` reads from the model's chat template."""
 
-    def __init__(self, client: FakeClient | None = None, **options):
+    def __init__(self, client: FakeClient | None = None, template_takes_tools: bool = True, **options):
+        self.template_takes_tools = template_takes_tools
         super().__init__(
             model=options.pop("model", "/models/m"),
             vllm_module=ns(sampling_params=ns(RequestOutputKind=RequestOutputKind)),
@@ -141,6 +144,7 @@ class FakeVllmEngine(VllmEngine):
         self.chat = FakeChat(self.counting_client(self.client))
 
     async def _open(self):
+        self._template_takes_tools = self.template_takes_tools
         return self.client, self.chat, FakeRequestModel
 
 
@@ -206,6 +210,47 @@ def test_legacy_functions_are_sent_as_tools_with_a_named_tool_choice(run):
     assert "functions" not in body and "function_call" not in body
     assert body["tools"] == [{"type": "function", "function": WEATHER["function"]}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_template_that_takes_tools_gets_the_messages_as_they_are(run):
+    # GIVEN a model whose chat template renders tools itself (Qwen2.5's)
+    engine = started(run, template_takes_tools=True)
+    # WHEN a request with tools runs
+    run(engine.generate("job-4", chat("Weather in Paris?", tools=[WEATHER], tool_choice="required")))
+    # THEN vLLM gets the messages as they are, and the tools to render
+    body = engine.chat.received[-1].body
+    assert body["messages"] == [{"role": "user", "content": "Weather in Paris?"}] and body["tools"]
+
+
+def test_a_template_without_tools_gets_the_tools_written_into_the_messages_as_the_cpu_engine_does(run):
+    # GIVEN a model whose chat template ignores tools (SmolLM2's: the model would never see them)
+    engine = started(run, template_takes_tools=False)
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
+    ]
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": history, "tools": [WEATHER]})
+    # WHEN a request with tools and a tool call in its history runs
+    run(engine.generate("job-5", request))
+    body = engine.chat.received[-1].body
+    # THEN the messages are the CPU engine's rendering: the tools in a system turn, the call and its result as text
+    assert body["messages"] == plain_messages(asks_of(request))
+    system, user, call, result = body["messages"]
+    assert system["role"] == "system" and '"name": "get_weather"' in system["content"]
+    assert call == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    }
+    assert result == {"role": "user", "content": "<tool_response>\n12 C\n</tool_response>"}
+    # and vLLM still gets the tools, for its grammar and its tool-call parser
+    assert body["tools"][0]["function"]["name"] == "get_weather" and body["tool_choice"] == "auto"
 
 
 # --- What comes back ------------------------------------------------------------------------------------------------

@@ -344,3 +344,56 @@ def test_every_parameter_of_openais_request_type_is_a_field_with_its_wire_name()
     properties = ChatCompletionRequest.model_json_schema()["properties"]
     assert {"type": "null"} in properties["temperature"]["anyOf"]
     assert properties["audio"]["description"].startswith("Refused (400)")
+
+
+WIND = {"type": "string", "pattern": r"\b(N|S|E|W)\b"}  # the corpus's (line 115): xgrammar cannot compile \b
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "w", "schema": {"type": "object", "properties": {"wind": WIND}}},
+                }
+            },
+            "response_format.json_schema.schema.properties.wind.pattern",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "array", "items": {"$ref": "#/$defs/w"}, "$defs": {"w": WIND}},
+                        },
+                    }
+                ]
+            },
+            "tools.0.function.parameters.$defs.w.pattern",
+        ),
+        ({"functions": [{"name": "f", "parameters": {"anyOf": [WIND]}}]}, "functions.0.parameters.anyOf.0.pattern"),
+    ],
+)
+def test_a_pattern_the_grammar_cannot_honour_is_refused_naming_it_and_what_to_do(fields, field):
+    # GIVEN a schema whose pattern uses a word boundary, which the engines' grammar library (xgrammar) cannot compile
+    # WHEN a request carries it as the response format or a function's parameters
+    named, message = _refusal(**fields)
+    # THEN it is refused at the door naming the pattern, saying what to write instead
+    assert named == field
+    assert "word boundary" in message and "match the words themselves" in message
+
+
+def test_patterns_the_grammar_honours_and_non_schema_pattern_keys_are_accepted():
+    schema = {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": r"^[A-Z]{2}-\d{3}$"},
+            "pattern": {"type": "string", "default": {"pattern": r"\b"}},  # a property named so, and a default value
+        },
+    }
+    request = _request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert request.json_schema == schema
