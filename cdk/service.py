@@ -548,6 +548,8 @@ class AsyncInferenceService(Construct):
                 props.max_gpu_instances if props.gpu_warm_pool_instances is None else props.gpu_warm_pool_instances
             ),
             release_empty=props.release_empty_gpu_instances,
+            model=props.model,  # the pool's instances fetch the weights before they are stopped
+            models=self.models,
         )
         if props.wake_from_zero:
             # Both functions that queue jobs: the API (inline jobs) and the upload handler (uploaded ones).
