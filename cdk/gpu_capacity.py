@@ -20,7 +20,8 @@ from cdk.model_store import ModelStore
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
 # vLLM keeps its torch.compile cache under VLLM_CACHE_ROOT (default ~/.cache/vllm, inside the container, lost with it).
-# Under the host volume that holds the weights, it survives the task and, in a warm pool, the instance's stop.
+# Under the host volume that holds the weights, it survives the task: a later task on the same instance skips the
+# compile (a pool instance has none: its pre-initialization runs no engine).
 VLLM_CACHE_ROOT = "/models/vllm-cache"
 RELEASE_EVERY = Duration.minutes(1)
 # The launch lifecycle hook that holds an instance launched into the warm pool (Warmed:Pending:Wait) until its user data

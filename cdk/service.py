@@ -132,7 +132,7 @@ class AsyncInferenceServiceProps:
         launches another (the capacity provider's instance warm-up). Default: 120 (a GPU instance's boot; ECS's own
         default, 300, holds a second instance back 5 minutes).
       gpu_warm_pool_instances: stopped GPU instances kept in an EC2 Auto Scaling warm pool, their volume holding the
-        image, the weights and vLLM's compile cache once they served (``cdk.gpu_capacity.GpuCapacity``); each costs
+        image and the weights, fetched before they stop (``cdk.gpu_capacity.GpuCapacity``); each costs
         its EBS volume (100 GiB gp3, about $8 a month). 0: no pool. Default: ``max_gpu_instances``.
       release_empty_gpu_instances: release a GPU instance that runs no task within a minute (drained and checked
         first, never one with a task) instead of ECS managed scaling's 15 minutes. Default: True.
