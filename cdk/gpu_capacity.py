@@ -161,7 +161,10 @@ class GpuCapacity(Construct):
             "}",
             "trap complete_action EXIT",
             '[[ "$STATE" == Warmed:* ]] || exit 0  # a start into service: nothing to fetch',
-            "systemctl start docker",
+            # --no-block and a wait: a unit ordered after cloud-final (as ecs.service is) would deadlock a blocking start
+            # from user data; docker is not, but the script does not rest on it.
+            "systemctl start --no-block docker",
+            "for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 2; done",
             'aws ecr get-login-password --region "$REGION" | '
             'docker login --username AWS --password-stdin "${IMAGE%%/*}"',
             'docker pull "$IMAGE"',
