@@ -12,8 +12,8 @@ for a quarter of an hour. Once a minute this releases every instance of the clus
 An instance that runs a task is never released: ECS turns on its scale-in protection before placing a task on it
 ("Control the instances Amazon ECS terminates", managed termination protection), the group's scale-in only picks
 unprotected instances ("Use instance scale-in protection", EC2 Auto Scaling User Guide), and only the instances this
-run drained and found empty lose their protection. A scale-in returns the instance to the warm pool when the group has
-one with ``ReuseOnScaleIn`` (cdk/gpu_capacity.py), with the image, the weights and the compile cache on its volume.
+run drained and found empty lose their protection. The group terminates the released instance: ECS allows no
+``ReuseOnScaleIn`` on its groups, so a warm pool (cdk/gpu_capacity.py) keeps pre-initialized instances of its own.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import WORKER_ECS_SERVICE_NAME, GpuWorkerService
 from cdk.job_queue import JobQueue, secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
+from cdk.model_store import ModelStore
 from cdk.queue_scaling import CountedQueue, QueueScaling
 
 # Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
@@ -101,6 +102,7 @@ class ModelFleet(Construct):
         worker_options: Mapping[str, object],
         scaling_options: Mapping[str, object],
         warm_instances: int,
+        models: ModelStore | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.spec = spec
@@ -143,4 +145,6 @@ class ModelFleet(Construct):
             code=code,
             warm_instances=warm_instances,
             release_empty=False,
+            model=spec.name,  # its pool's instances fetch its weights before they are stopped
+            models=models,
         )

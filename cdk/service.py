@@ -161,7 +161,7 @@ class AsyncInferenceServiceProps:
         launches another (the capacity provider's instance warm-up). Default: 120 (a GPU instance's boot; ECS's own
         default, 300, holds a second instance back 5 minutes).
       gpu_warm_pool_instances: stopped GPU instances kept in an EC2 Auto Scaling warm pool, their volume holding the
-        image, the weights and vLLM's compile cache once they served (``cdk.gpu_capacity.GpuCapacity``); each costs
+        image and the weights, fetched before they stop (``cdk.gpu_capacity.GpuCapacity``); each costs
         its EBS volume (100 GiB gp3, about $8 a month). 0: no pool. Default: ``max_gpu_instances``.
       release_empty_gpu_instances: release a GPU instance that runs no task within a minute (drained and checked
         first, never one with a task) instead of ECS managed scaling's 15 minutes. Default: True.
@@ -612,6 +612,8 @@ class AsyncInferenceService(Construct):
             code=code,
             warm_instances=self._warm_instances(first),
             release_empty=props.release_empty_gpu_instances,
+            model=props.model,  # the pool's instances fetch the weights before they are stopped
+            models=self.models,
         )
         self.fleets = [self._fleet(props.for_model(spec), spec, environment, code, removal) for spec in specs[1:]]
         for fleet in self.fleets:
@@ -780,6 +782,7 @@ class AsyncInferenceService(Construct):
             worker_options=self._worker_options(props),
             scaling_options=self._scaling_options(props),
             warm_instances=self._warm_instances(props),
+            models=store,
         )
         fleet.workers.container.add_environment(ENV_QUEUE_URL, fleet.jobs.queue.queue_url)
         fleet.workers.container.add_environment(ENV_DLQ_URL, fleet.jobs.dead_letter_queue.queue_url)

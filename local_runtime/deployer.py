@@ -742,6 +742,7 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::ApplicationAutoScaling::ScalingPolicy": _skip("as ScalableTarget", _WORKERS_TEST),
     "AWS::AutoScaling::AutoScalingGroup": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::AutoScaling::WarmPool": _skip("no EC2 instances here", _WORKERS_TEST),
+    "AWS::AutoScaling::LifecycleHook": _skip("no EC2 instances here", "tests/cdk/test_warm_pool.py"),
     "AWS::Events::Rule": _skip(
         "its one target, the GPU instance release, acts on EC2 instances; none here", _WORKERS_TEST
     ),

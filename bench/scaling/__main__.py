@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     delays = Delays(sqs_resume_s=args.resume_delay_s)
+    # A pre-initialized pool instance: its start, then the engine reading the weights from its volume, compiling.
+    pool_first_s = cold.warm_pool_start_s + cold.warm_task_s(
+        weights_cached=True, page_cache_cold=True, compile_cached=False
+    )
     common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s)
     print(
         f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
@@ -202,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
         f"{cold.instance_boot_s + cold.fresh_task_s():.0f} s "
         f"after launch, a warm-pool one "
-        f"{cold.warm_pool_start_s + cold.warm_task_s(weights_cached=True, page_cache_cold=True):.0f} s; deployed "
-        f"warm pool {cluster.warm_pool} (reuse {'on' if cluster.pool_reuse else 'off'}), instance release "
+        f"{pool_first_s:.0f}"
+        f" s; deployed warm pool {cluster.warm_pool} (pre-initialized "
+        f"{'yes' if cluster.pool_pre_initialized else 'no'}), instance release "
         f"{'on' if cluster.release_empty else 'off'}, wake starts the instance "
         f"{'yes' if deployed.wake and deployed.wake.starts_instance else 'no'}"
     )
@@ -267,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             ("alarm actions re-run every minute: off (only on state change)", dict(rerun=False)),
             ("FILL gives nothing for a period without any input datapoint", dict(fill_without_data=False)),
             ("engine at half the calibrated efficiency", dict(engine_model=engine(seqs, 0.5))),
-            ("warm-pool start 60 s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=60.0))),
+            *(
+                (f"warm-pool start {start:.0f} s", dict(run_cold=dataclasses.replace(cold, warm_pool_start_s=start)))
+                for start in figures.WARM_POOL_START_SENSITIVITY_S
+            ),
             (
                 "root volume at 1,000 MiB/s (gp3 with provisioned throughput)",
                 dict(run_cold=dataclasses.replace(cold, volume_read_s=model.weight_bytes() / (1000 * 2**20))),
@@ -292,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             _without(template, "instance_start"),
         ),
         (
-            "warm pool without ReuseOnScaleIn (the ECS guide's rule: pooled instances hold no image or weights)",
-            _without(template, "pool_reuse"),
+            "warm pool without pre-initialization (no launch hook: pooled instances hold no image or weights)",
+            _without(template, "pool_pre_initialized"),
         ),
         *(
             []
@@ -445,18 +453,18 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
 
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The template without its warm pool, its instance release, the wake's instance start, or the pool's reuse of
-    released instances (the simulator's counterfactual rows)."""
+    """The template without its warm pool, its instance release, the wake's instance start, or the pool's
+    pre-initialization (its launch lifecycle hook) (the simulator's counterfactual rows)."""
     result = copy.deepcopy(template)
     if choice == "instance_start":
         for resource in result["Resources"].values():
             if resource["Type"] == "AWS::Lambda::Function":
                 resource["Properties"].get("Environment", {}).get("Variables", {}).pop(ENV_WORKER_GROUP, None)
         return result
-    if choice == "pool_reuse":
-        for resource in result["Resources"].values():
-            if resource["Type"] == "AWS::AutoScaling::WarmPool":
-                resource["Properties"].pop("InstanceReusePolicy", None)
+    if choice == "pool_pre_initialized":
+        result["Resources"] = {
+            k: v for k, v in result["Resources"].items() if v["Type"] != "AWS::AutoScaling::LifecycleHook"
+        }
         return result
     kind = "AWS::AutoScaling::WarmPool" if choice == "warm_pool" else "AWS::Events::Rule"
     result["Resources"] = {k: v for k, v in result["Resources"].items() if v["Type"] != kind}

@@ -12,13 +12,14 @@
   empty instances (managed termination protection keeps the others). An instance bills from its launch request to
   its termination: that is a GPU hour, whether or not a task runs on it.
 * The stack's capacity choices, when its template has them: a warm pool of stopped instances (``warm_pool``) that
-  start in ``ColdStart.warm_pool_start_s`` with the image, the weights and vLLM's compile cache already on their volume
-  (a stopped instance bills only its volume); and the instance release (``release_empty``), which every
-  ``INSTANCE_RELEASE_CHECK_S`` releases the instances that run no task (back to the warm pool when there is one), never
-  one that runs a task. A pool instance holds the image and the weights only when the pool takes instances back
-  (``pool_reuse``, ReuseOnScaleIn); without it a released instance is terminated and the pool launches a fresh one,
-  which boots (billed) and stops holding nothing beyond the AMI. The first task after a start from stopped reads the weights
-  from the root volume (its page cache is empty).
+  start in ``ColdStart.warm_pool_start_s``; and the instance release (``release_empty``), which every
+  ``INSTANCE_RELEASE_CHECK_S`` terminates the instances that run no task, never one that runs a task. A pool instance
+  holds the image and the weights when the pool pre-initializes it (``pool_pre_initialized``: the template's launch
+  lifecycle hook, whose user data pulls them before the instance is stopped); otherwise its first task pulls and
+  downloads like a fresh instance's. Either way it holds no vLLM compile cache. When an instance leaves the pool, the
+  pool launches a replacement to keep its minimum size ("Warm pools for Amazon EC2 Auto Scaling"), billed while it
+  initializes (``ColdStart.pool_init_s``) and ready in the pool once stopped. The first task after a start from stopped
+  reads the weights from the root volume (its page cache is empty).
 * The wake's instance start (``start_instance``): the API raises the group from 0 to 1 itself, before managed scaling's
   next minute; managed scaling then counts that instance as the one it needs.
 """
@@ -59,6 +60,7 @@ class Instance:
     weights_cached: bool = False
     from_pool: bool = False
     page_cache_cold: bool = False  # just started from stopped: cached weights come from the root volume
+    compile_cached: bool = False  # vLLM's compile cache on the host volume (written by the instance's first task)
     tasks: list[Task] = field(default_factory=list)
 
     @property
@@ -89,7 +91,7 @@ class ClusterConfig:
     uses_task_protection: bool = True
     instance_warmup_s: float = INSTANCE_WARMUP_S
     warm_pool: int = 0  # stopped, pre-initialized instances kept beside the group
-    pool_reuse: bool = True  # ReuseOnScaleIn: a released instance goes back to the pool with its volume
+    pool_pre_initialized: bool = True  # the pool's launch hook holds an instance until it pulled the image and weights
     release_empty: bool = False  # the stack's instance release instead of managed scaling's 15-minute scale-in
 
 
@@ -118,10 +120,11 @@ class Cluster:
         self.task_requests: list[float] = []  # times the desired count rose from zero
         self._task_ids = itertools.count()
         self._instance_ids = itertools.count()
-        # Stopped instances ready to start, each with whether its volume holds the image and the weights (one that
-        # served and came back; with reuse the run starts after the stack has served before).
-        self.pool: list[bool] = [config.pool_reuse] * config.warm_pool
+        # Stopped instances ready to start, each with whether its volume holds the image and the weights (initialized
+        # before the run starts, so not billed in it).
+        self.pool: list[bool] = [config.pool_pre_initialized] * config.warm_pool
         self.pool_starts = 0
+        self.pool_initializations = 0  # instances launched into the pool during the run (to replace one that left)
         self.releases = 0
         self._cpr = 100.0
         self._store = MetricStore(Sources({CPR: lambda: self._cpr}))
@@ -232,12 +235,15 @@ class Cluster:
             seconds = self.cold.fresh_task_s()
         else:
             seconds = self.cold.warm_task_s(
-                weights_cached=instance.weights_cached, page_cache_cold=instance.page_cache_cold
+                weights_cached=instance.weights_cached,
+                page_cache_cold=instance.page_cache_cold,
+                compile_cached=instance.compile_cached,
             )
         instance.page_cache_cold = False
         yield self.env.timeout(seconds)
         instance.image_cached = True
         instance.weights_cached = self.config.weights_on_host
+        instance.compile_cached = self.config.weights_on_host  # VLLM_CACHE_ROOT lies under the weights' volume
         if task.stop_requested:
             self._stopped(task)
             return
@@ -257,6 +263,7 @@ class Cluster:
                 ready_s=self.env.now,
                 image_cached=True,
                 weights_cached=True,
+                compile_cached=True,
             )
             self.instances.append(instance)
             task = Task(next(self._task_ids), self.env.now, state="RUNNING", instance=instance, running_s=self.env.now)
@@ -308,34 +315,37 @@ class Cluster:
         self._log()
 
     def release_tick(self, now: float) -> None:
-        """The stack's instance release: drain every ready instance that runs no task, check again, release it (to
-        the warm pool when there is one). An instance with a task is never released."""
+        """The stack's instance release: drain every ready instance that runs no task, check again, release it (the
+        group terminates it: no ReuseOnScaleIn for a group used by ECS). An instance with a task is never released."""
         if not self.config.release_empty:
             return
         for instance in self.live_instances():
             if instance.ready_s is not None and not instance.tasks:
                 instance.terminated_s = now
                 self.releases += 1
-                if self.config.warm_pool:
-                    self._replenish_pool(now)
         self._log()
 
     def _replenish_pool(self, now: float) -> None:
-        """A released instance goes back to the pool with its volume (reuse), or is terminated and the pool launches a
-        fresh instance, billed while it boots for the pool, that stops holding nothing."""
-        if self.config.pool_reuse:
-            self.pool.append(True)
-            return
+        """An instance left the pool: the pool launches a replacement, billed while it initializes (boot, and with
+        pre-initialization the image pull and the download), that joins the pool once stopped."""
+        pre_initialized = self.config.pool_pre_initialized
+        init_s = self.cold.pool_init_s(pre_initialized=pre_initialized)
         self.instances.append(
             Instance(
                 next(self._instance_ids),
                 now,
                 self.config.gpus_per_instance,
-                ready_s=now + self.cold.instance_boot_s,
-                terminated_s=now + self.cold.instance_boot_s,
+                ready_s=now + init_s,
+                terminated_s=now + init_s,  # stopped: its bill ends (its volume is in the idle floor)
             )
         )
-        self.pool.append(False)
+        self.pool_initializations += 1
+
+        def joins():
+            yield self.env.timeout(init_s)
+            self.pool.append(pre_initialized)
+
+        self.env.process(joins())
 
     def start_instance(self) -> bool:
         """The wake's SetDesiredCapacity: from 0 instances to 1 (from the pool when it has one). True if it launched."""
@@ -357,9 +367,10 @@ class Cluster:
             from_pool=from_pool,
             page_cache_cold=from_pool,
         )
+        self.instances.append(instance)
         if from_pool:
             self.pool_starts += 1
-        self.instances.append(instance)
+            self._replenish_pool(self.env.now)
         self.env.process(self._boot(instance))
 
     def _boot(self, instance: Instance):

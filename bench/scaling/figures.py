@@ -91,13 +91,26 @@ ENGINE_LOAD_S = 0.9
 # adapter's). No latency is published for them; 0.1 s each is an assumption, and it is small beside every other step.
 API_CALL_S = 0.1
 
-# A stopped instance of an EC2 Auto Scaling warm pool keeps its EBS root volume: the image layers, the weights on the
-# host volume and vLLM's torch.compile cache (under the weights' directory) survive the stop ("Warm pools for Amazon EC2
-# Auto Scaling": instances in a Stopped pool pay only for their volumes). Starting one is a boot without the AMI's first
-# provisioning; no figure is published for a g5, so the same 120 s as a fresh launch (the conservative reading), with a
-# sensitivity row at 60 s. The one published comparison found (keikoproj/instance-manager#277: an EKS node of unstated
-# type joined 80 s after a stopped warm-pool start, 110 s after a fresh launch) is not a GPU instance.
-WARM_POOL_START_S = INSTANCE_BOOT_S
+# A warm pool's instance is pre-initialized before it is stopped (cdk/gpu_capacity.py: a launch lifecycle hook holds it
+# while its user data pulls the image and fetches the weights onto the task's host volume), so its stopped EBS volume
+# holds both ("Warm pools for Amazon EC2 Auto Scaling": instances in a Stopped pool pay only for their volumes); not
+# vLLM's compile cache (no engine ran). Initializing one costs a fresh instance's boot, image pull and download, billed.
+# Starting one from the pool: 36 s from the scale-out to InService, the one published measurement of a start from a
+# Stopped warm pool (AWS's own example, aws-samples/amazon-ec2-auto-scaling-group-examples, features/warm-pools/
+# README.md: "Launching a new EC2 instance from warm pool ... Duration: 36s", against 243 s for a launch into the group
+# with its bootstrap), with a per-boot user-data script that completes the launch hook, as here. It is a t2.micro, not
+# a g5 with its NVIDIA driver; the sensitivity rows run 80 s (keikoproj/instance-manager#277: an EKS node of unstated
+# type joined its cluster 80 s after a stopped warm-pool start, 110 s after a fresh launch) and 120 s (a fresh GPU
+# instance's boot, INSTANCE_BOOT_S).
+WARM_POOL_START_S = 36.0
+WARM_POOL_START_SENSITIVITY_S = (80.0, INSTANCE_BOOT_S)
+# vLLM's torch.compile on an instance whose compile cache (VLLM_CACHE_ROOT on the host volume) is empty: a fresh
+# instance, or one started from the pool (pre-initialization runs no engine). ENGINE_START_S was measured with the cache
+# warm. For Meta-Llama-3-8B, compiling the graph took 14.77 s cold (vllm-project/vllm#11005) against 4.19 s loading it
+# from the cache (vllm-project/vllm#16848), and Triton's kernel compilation added 5 s to the CUDA graph capture
+# (vllm-project/vllm#11005), which the cache also holds: 15.6 s more without the cache. An 8B model's figure; the
+# 1.5B model has as many distinct graphs per layer and fewer layers (28 against 32), so it is not smaller by much.
+COMPILE_CACHE_MISS_S = (14.77 - 4.19) + 5.0
 # gp3 storage for a stopped instance's root volume (Amazon EBS pricing, us-east-1): $0.08 per GiB-month.
 EBS_GP3_GIB_MONTH_USD = 0.08
 # ECS managed scaling keeps an empty instance until 15 CapacityProviderReservation datapoints fall below the target;
@@ -200,7 +213,8 @@ HOURS_PER_MONTH = 730
 
 @dataclass(frozen=True)
 class ColdStart:
-    """Seconds from an instance launch request to a task that serves: boot, image pull, weights, engine start.
+    """Seconds from an instance launch request to a task that serves: boot, image pull, weights, engine start (and
+    vLLM's compile when the instance's compile cache is empty).
 
     ``total_s`` (a measured cold start, ``--cold-start-s``) replaces the sum for a task on a fresh instance; a task
     on an instance that already pulled the image and keeps the weights on its host volume pays only the engine start.
@@ -212,6 +226,7 @@ class ColdStart:
     engine_start_s: float = ENGINE_START_S
     total_s: float | None = None
     warm_pool_start_s: float = WARM_POOL_START_S  # a stopped warm-pool instance's start (its volume holds the rest)
+    compile_miss_s: float = COMPILE_CACHE_MISS_S  # the first task on an instance without vLLM's compile cache
     # The weights read from the root volume by the first task after a start from stopped (replacing the engine's own
     # 0.9 s load, which read them from memory).
     volume_read_s: float = QWEN2_5_1_5B.weight_bytes() / VOLUME_BYTES_PER_S
@@ -221,16 +236,24 @@ class ColdStart:
         """A task on a new instance, after the instance booted."""
         if self.total_s is not None:
             return max(0.0, self.total_s - self.instance_boot_s)
-        return self.image_pull_s + self.model_download_s + self.engine_start_s
+        return self.image_pull_s + self.model_download_s + self.engine_start_s + self.compile_miss_s
 
-    def warm_task_s(self, *, weights_cached: bool, page_cache_cold: bool = False) -> float:
-        """A task on an instance that already ran one: image cached; weights too when the host volume keeps them. On
-        an instance just started from stopped (``page_cache_cold``) cached weights are read from the root volume."""
+    def pool_init_s(self, *, pre_initialized: bool) -> float:
+        """An instance launched into the warm pool, running (billed) until it is stopped: its boot, and with
+        pre-initialization the image pull and the weights' download its launch hook waits for."""
+        return self.instance_boot_s + (self.image_pull_s + self.model_download_s if pre_initialized else 0.0)
+
+    def warm_task_s(self, *, weights_cached: bool, page_cache_cold: bool = False, compile_cached: bool = True) -> float:
+        """A task on an instance whose volume holds the image (it ran a task, or a pre-initialized pool instance);
+        the weights too when the host volume keeps them. On an instance just started from stopped
+        (``page_cache_cold``) cached weights are read from the root volume; without vLLM's compile cache
+        (``compile_cached`` False: no engine ran on the instance yet) the engine compiles."""
+        compile_s = 0.0 if compile_cached else self.compile_miss_s
         if not weights_cached:
-            return self.engine_start_s + self.model_download_s
+            return self.engine_start_s + self.model_download_s + compile_s
         if page_cache_cold:
-            return self.engine_start_s - self.engine_load_s + self.volume_read_s
-        return self.engine_start_s
+            return self.engine_start_s - self.engine_load_s + self.volume_read_s + compile_s
+        return self.engine_start_s + compile_s
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,7 @@ def scenarios(
             instance_warmup_s=deployed.cluster.instance_warmup_s,
             warm_pool=deployed.cluster.warm_pool,
             release_empty=deployed.cluster.release_empty,
-            pool_reuse=deployed.cluster.pool_reuse,
+            pool_pre_initialized=deployed.cluster.pool_pre_initialized,
         )
 
     def wanted(name: str) -> bool:
@@ -223,7 +223,7 @@ def scenarios(
                 instance_warmup_s=deployed.cluster.instance_warmup_s,
                 warm_pool=deployed.cluster.warm_pool,
                 release_empty=deployed.cluster.release_empty,
-                pool_reuse=deployed.cluster.pool_reuse,
+                pool_pre_initialized=deployed.cluster.pool_pre_initialized,
             )
         )
     for name, target in (("sagemaker_default", 5.0), ("sagemaker_tuned", float(capacity))):

@@ -104,6 +104,11 @@ def summarise(run: Run, *, instance_type: str, alarm_metrics: int, eks: bool = F
     }
     if run.wakes_s:
         summary["task_requested_after_s"] = round(max(run.wakes_s), 2)
+    if run.warm_pool:
+        # Each start from the pool launches a replacement, billed while it initializes (no ReuseOnScaleIn on ECS).
+        summary["pool_starts"] = run.pool_starts
+        summary["pool_initializations"] = run.pool_initializations
+    summary["instance_releases"] = run.releases
     del started
     return summary
 

@@ -92,7 +92,7 @@ class Scenario:
     instance_warmup_s: float | None = None  # the capacity provider's InstanceWarmupPeriod, when the policy sets it
     warm_pool: int | None = None  # stopped pre-initialized instances (None: the cluster config's)
     release_empty: bool | None = None  # the stack's instance release (None: the cluster config's)
-    pool_reuse: bool | None = None  # the warm pool takes released instances back (None: the cluster config's)
+    pool_pre_initialized: bool | None = None  # the pool's launch hook pulls image and weights (None: the cluster's)
     eks: bool = False  # runs on EKS (its control plane is part of the idle floor)
 
 
@@ -112,6 +112,7 @@ class Run:
     zeroed_while_waiting: int = 0  # times the desired count went to 0 with jobs visible or in flight
     most_desired_before_first_task: int = 0  # the desired count's peak before any task served
     pool_starts: int = 0
+    pool_initializations: int = 0  # instances launched into the pool to replace one that left (billed while they init)
     releases: int = 0
     warm_pool: int = 0
     instance_starts_by_wake: int = 0  # instances the API's wake launched itself (not managed scaling)
@@ -197,8 +198,8 @@ def simulate(
         config = dataclasses.replace(config, warm_pool=scenario.warm_pool)
     if scenario.release_empty is not None:
         config = dataclasses.replace(config, release_empty=scenario.release_empty)
-    if scenario.pool_reuse is not None:
-        config = dataclasses.replace(config, pool_reuse=scenario.pool_reuse)
+    if scenario.pool_pre_initialized is not None:
+        config = dataclasses.replace(config, pool_pre_initialized=scenario.pool_pre_initialized)
     cluster = Cluster(env, config, cold, make_worker, changed)
 
     # --- metrics ---------------------------------------------------------------------------------------------------
@@ -430,6 +431,7 @@ def simulate(
         zeroed_while_waiting=zeroed,
         most_desired_before_first_task=peak_before_first,
         pool_starts=cluster.pool_starts,
+        pool_initializations=cluster.pool_initializations,
         releases=cluster.releases,
         warm_pool=config.warm_pool,
         instance_starts_by_wake=instance_starts,

@@ -383,17 +383,23 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
 def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool, bool]:
     """The warm pool's stopped instances beside ``group_id`` (0 without one), whether a function scheduled every
     minute releases the group's empty instances (its role may set the group's desired capacity), and whether the pool
-    takes released instances back with their volumes (ReuseOnScaleIn)."""
-    pool, reuse = 0, False
+    pre-initializes its instances: a launch lifecycle hook on the group (which holds an instance launched into the pool
+    in Warmed:Pending:Wait) and user data that pulls the image and completes the hook. A pool that sets ReuseOnScaleIn
+    is refused: the ECS Developer Guide says it cannot be set for a group used by ECS."""
+    pool, pre_initialized = 0, False
     for pool_id, resource in _resources(template, "AWS::AutoScaling::WarmPool").items():
         props = resource["Properties"]
         if _ref(props.get("AutoScalingGroupName")) != group_id:
             continue
         if props.get("PoolState", "Stopped") != "Stopped":
             raise TemplateError(f"{pool_id}: PoolState {props.get('PoolState')} is not modelled (Stopped only)")
-        # Without ReuseOnScaleIn a released instance is terminated and the pool holds freshly initialized ones.
-        reuse = bool(props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"))
+        if props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"):
+            raise TemplateError(
+                f"{pool_id}: ReuseOnScaleIn cannot be set for a group used by ECS (ECS Developer Guide, \"Configuring "
+                "pre-initialized instances for your Amazon ECS Auto Scaling group\"); it is not modelled"
+            )
         pool = int(props.get("MinSize", 0))
+        pre_initialized = _launch_hook(template, group_id) and _user_data_pre_initializes(template, group_id)
     scheduled = {
         _ref(t.get("Arn"))
         for rule in _resources(template, "AWS::Events::Rule").values()
@@ -407,7 +413,30 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
             template, _ref(function["Properties"].get("Role")), group_id
         ):
             release = True
-    return pool, release, reuse
+    return pool, release, pre_initialized
+
+
+def _launch_hook(template: Mapping[str, Any], group_id: str) -> bool:
+    """Whether a lifecycle hook on ``group_id`` holds launching instances."""
+    return any(
+        _ref(hook["Properties"].get("AutoScalingGroupName")) == group_id
+        and hook["Properties"].get("LifecycleTransition") == "autoscaling:EC2_INSTANCE_LAUNCHING"
+        for hook in _resources(template, "AWS::AutoScaling::LifecycleHook").values()
+    )
+
+
+def _user_data_pre_initializes(template: Mapping[str, Any], group_id: str) -> bool:
+    """Whether the group's launch template's user data pulls an image and completes a lifecycle action (the text of
+    its Fn::Join parts; expressions in it do not matter here)."""
+    group = template["Resources"][group_id]["Properties"]
+    launch_id = _ref(group.get("LaunchTemplate", {}).get("LaunchTemplateId"))
+    if launch_id is None:
+        return False
+    user_data = template["Resources"][launch_id]["Properties"]["LaunchTemplateData"].get("UserData", {})
+    rendered = user_data.get("Fn::Base64", user_data) if isinstance(user_data, dict) else user_data
+    parts = rendered.get("Fn::Join", ["", []])[1] if isinstance(rendered, dict) else [rendered]
+    text = "".join(part for part in parts if isinstance(part, str))
+    return "docker pull" in text and "complete-lifecycle-action" in text
 
 
 def _role_allows_group(template: Mapping[str, Any], role: str | None, group_id: str) -> bool:
@@ -474,7 +503,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
     """Policy, capacity and worker of the synthesized stack (of its one fleet: ``read_fleets`` for several)."""
     policy = read_policy(template)
     group_id, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
-    warm_pool, release_empty, pool_reuse = read_capacity_choices(template, group_id)
+    warm_pool, release_empty, pool_pre_initialized = read_capacity_choices(template, group_id)
     _, provider = _single(template, "AWS::ECS::CapacityProvider")
     managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
     if managed.get("Status") != "ENABLED":
@@ -518,7 +547,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
         uses_task_protection=protection,
         warm_pool=warm_pool,
         release_empty=release_empty,
-        pool_reuse=pool_reuse,
+        pool_pre_initialized=pool_pre_initialized,
     )
     worker = WorkerSpec(
         max_num_seqs=int(env["MAX_NUM_SEQS"]),

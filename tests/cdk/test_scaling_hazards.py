@@ -3,7 +3,8 @@
 * the wake holds the scaling minimum (the keep-alive alarm re-runs ScaleToZero every minute it stays in ALARM);
 * the keep-alive never reads an unpublished minute as idle;
 * the scale-out sets the count it needs rather than adding to a desired count that may not be published yet;
-* a warm pool of stopped instances that keep their caches, and the release of empty instances, never one with a task.
+* a warm pool of stopped, pre-initialized instances (tests/cdk/test_warm_pool.py), and the release of empty
+  instances, never one with a task.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def test_scale_out_sets_a_count_never_adds_one(synthesized):
     assert [s["ScalingAdjustment"] for s in policy["StepAdjustments"]] == [1, 2]
 
 
-def test_warm_pool_keeps_stopped_instances_that_return_on_scale_in(synthesized):
-    """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps max_gpu_instances (2) instances Stopped, reused on
-    scale-in; the ECS agent waits out the pool's initialization; vLLM's compile cache lives on the weights' volume."""
+def test_warm_pool_keeps_stopped_instances(synthesized):
+    """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps max_gpu_instances (2) instances Stopped (without
+    ReuseOnScaleIn: tests/cdk/test_warm_pool.py); the ECS agent waits out the pool's initialization; vLLM's compile
+    cache lives on the weights' volume."""
     workers = synthesized.stack.service.workers
     synthesized.template.has_resource_properties(
         "AWS::AutoScaling::WarmPool",
@@ -79,7 +81,6 @@ def test_warm_pool_keeps_stopped_instances_that_return_on_scale_in(synthesized):
             "AutoScalingGroupName": {"Ref": synthesized.logical_id(workers.auto_scaling_group)},
             "MinSize": 2,
             "PoolState": "Stopped",
-            "InstanceReusePolicy": {"ReuseOnScaleIn": True},
         },
     )
     [launch] = synthesized.resources("AWS::EC2::LaunchTemplate").values()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import simpy
 
-from bench.scaling.ecs import ClusterConfig
+from bench.scaling.ecs import Cluster, ClusterConfig
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import BANDWIDTH_EFFICIENCY, STEP_OVERHEAD_S, ColdStart
 from bench.scaling.keda import KedaSpec
@@ -20,7 +21,14 @@ from tests.scaling.conftest import scaling_policy
 ENGINE = EngineModel(QWEN2_5_1_5B, A10G, max_num_seqs=16, kv_cache_tokens=kv_cache_tokens(QWEN2_5_1_5B, A10G))
 CLUSTER = ClusterConfig(max_instances=2)
 # A cold start longer than the 300 s cooldown: boot 120 s + 420 s to serve.
-SLOW = ColdStart(instance_boot_s=120, image_pull_s=300, model_download_s=10, engine_start_s=110)
+SLOW = ColdStart(
+    instance_boot_s=120,
+    image_pull_s=300,
+    model_download_s=10,
+    engine_start_s=110,
+    warm_pool_start_s=40,
+    compile_miss_s=15,
+)
 
 
 def _deployed_like(max_tasks: int = 2) -> dict:
@@ -275,10 +283,16 @@ def test_long_jobs_protection_lets_a_step_down_stop_the_task_of_the_short_job_no
 
 
 def _instance_hours(
-    pool: int, release: bool, *, starts_instance: bool = False, reuse: bool = True, jobs: list[Request] | None = None
+    pool: int,
+    release: bool,
+    *,
+    starts_instance: bool = False,
+    pre_initialized: bool = True,
+    jobs: list[Request] | None = None,
+    run_out: list | None = None,
 ) -> tuple[float, float]:
     """Short jobs on an idle stack (one by default), the deployed policy and wake: (GPU hours, first token s of the
-    last job)."""
+    last job); the run itself appended to ``run_out``."""
     spec = scaling_policy(max_tasks=2, jobs_per_task=16)
     scenario = Scenario(
         "deployed",
@@ -288,20 +302,24 @@ def _instance_hours(
         warm_pool=pool,
         release_empty=release,
     )
-    cluster = dataclasses.replace(CLUSTER, pool_reuse=reuse)
+    cluster = dataclasses.replace(CLUSTER, pool_pre_initialized=pre_initialized)
     run = simulate(scenario, jobs or [Request(0.0, 300, 20)], ENGINE, cluster, SLOW, ttl_s=86400, tail_s=1800)
+    if run_out is not None:
+        run_out.append(run)
     return run.gpu_hours, run.jobs[-1].first_token_s - run.jobs[-1].submitted_s
 
 
 def test_a_warm_pool_instance_serves_after_its_start_and_the_engine_only():
-    # GIVEN the SLOW cold start (boot 120, image 300, weights 10, engine 110) WHEN one job wakes an idle stack
+    # GIVEN the SLOW cold start (boot 120, image 300, weights 10, engine 110, compile without cache 15, pool start 40)
+    # WHEN one job wakes an idle stack
     _, fresh = _instance_hours(pool=0, release=False)
     _, pooled = _instance_hours(pool=1, release=False)
-    # THEN a fresh instance serves after boot + pull + weights + engine, a pooled one after its start + the engine,
-    # whose load reads the weights from the root volume (its page cache is empty after the stop), both after managed
-    # scaling's first minute (30 s here)
-    assert fresh == pytest.approx(30 + 120 + 300 + 10 + 110, abs=1)
-    assert pooled == pytest.approx(30 + 120 + 110 - SLOW.engine_load_s + SLOW.volume_read_s, abs=1)
+    # THEN a fresh instance serves after boot + pull + weights + engine + compile, a pre-initialized pooled one after
+    # its start + the engine + compile (no engine ran at pool initialization, so no compile cache), whose load reads
+    # the weights from the root volume (its page cache is empty after the stop), both after managed scaling's first
+    # minute (30 s here)
+    assert fresh == pytest.approx(30 + 120 + 300 + 10 + 110 + 15, abs=1)
+    assert pooled == pytest.approx(30 + 40 + 110 - SLOW.engine_load_s + SLOW.volume_read_s + 15, abs=1)
     assert SLOW.volume_read_s == pytest.approx(3.09e9 / (125 * 2**20), rel=0.01)  # 3.1 GB at gp3's 125 MiB/s
 
 
@@ -311,21 +329,42 @@ def test_the_wakes_instance_start_skips_managed_scalings_minute_and_asks_for_no_
     hours, started = _instance_hours(pool=1, release=False, starts_instance=True)
     # THEN the pooled instance starts four API calls (0.4 s) after the submit instead of at managed scaling's first
     # minute (30 s here): 29.6 s sooner
-    assert started == pytest.approx(0.4 + 120 + 110 - SLOW.engine_load_s + SLOW.volume_read_s, abs=0.5)
+    assert started == pytest.approx(0.4 + 40 + 110 - SLOW.engine_load_s + SLOW.volume_read_s + 15, abs=0.5)
     assert managed - started == pytest.approx(29.6, abs=0.5)
     # AND managed scaling, finding the instance the task needs, launches no second one: the same one instance as
-    # without the start, billed 29.6 s longer (it started that much sooner; it leaves after the same idle time)
+    # without the start, billed 29.6 s longer (it started that much sooner; it leaves after the same idle time), plus
+    # the same replacement initialized for the pool
     assert hours == pytest.approx(managed_hours + 29.6 / 3600, abs=2 / 3600)
 
 
-def test_a_pool_without_reuse_holds_fresh_instances_that_pull_the_image_again():
-    # GIVEN a warm pool whose released instances are terminated (no ReuseOnScaleIn, as the ECS guide requires) WHEN one
-    # job wakes an idle stack, with the wake's instance start
-    _, reused = _instance_hours(pool=1, release=True, starts_instance=True)
-    _, fresh = _instance_hours(pool=1, release=True, starts_instance=True, reuse=False)
-    # THEN a pooled instance holds nothing beyond the AMI: the task pulls the image and downloads the weights after
-    # the instance's start, 300 + 10 s more
-    assert fresh - reused == pytest.approx(300 + 10 + SLOW.engine_load_s - SLOW.volume_read_s, abs=1)
+def test_a_pool_without_pre_initialization_pulls_the_image_again():
+    # GIVEN a warm pool whose instances are only booted before they are stopped (no launch hook) WHEN one job wakes an
+    # idle stack, with the wake's instance start
+    _, pre_initialized = _instance_hours(pool=1, release=True, starts_instance=True)
+    _, bare = _instance_hours(pool=1, release=True, starts_instance=True, pre_initialized=False)
+    # THEN a bare pooled instance holds nothing beyond the AMI: the task pulls the image and downloads the weights
+    # after the instance's start, 300 + 10 s more (and its load reads them from memory, not from the volume)
+    assert bare - pre_initialized == pytest.approx(300 + 10 + SLOW.engine_load_s - SLOW.volume_read_s, abs=1)
+
+
+def test_an_instance_leaving_the_pool_is_replaced_by_one_billed_while_it_pulls():
+    for pre_initialized, init_s in ((True, 120 + 300 + 10), (False, 120)):
+        # GIVEN a pool of one WHEN the wake starts its instance
+        env = simpy.Environment()
+        config = dataclasses.replace(CLUSTER, warm_pool=1, pool_pre_initialized=pre_initialized)
+        cluster = Cluster(env, config, SLOW, make_worker=lambda task: None, on_change=lambda: None)
+        assert cluster.start_instance()
+        # THEN the pool launches a replacement at once, running (billed) through its boot, and with pre-initialization
+        # the image pull and the download its launch hook waits for, then stopped
+        started, replacement = cluster.instances
+        assert started.from_pool and started.image_cached == started.weights_cached == pre_initialized
+        assert not started.compile_cached  # no engine ran at pool initialization
+        assert (replacement.requested_s, replacement.terminated_s) == (0.0, init_s)
+        assert cluster.pool == [] and cluster.pool_initializations == 1
+        # AND it joins the pool once stopped, holding the image and the weights only if pre-initialized
+        env.run(until=init_s + 1)
+        assert cluster.pool == [pre_initialized]
+        assert cluster.gpu_hours(init_s + 1) == pytest.approx((init_s + 1 + init_s) / 3600)
 
 
 def test_the_release_gives_back_an_empty_instance_within_a_minute_or_two_not_fifteen():

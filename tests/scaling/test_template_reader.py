@@ -178,13 +178,35 @@ def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permiss
             function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WORKER_GROUP, None)
     # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
     assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
-    # AND the pool's ReuseOnScaleIn reads back as the template sets it, and reaches the deployed scenario
-    assert read(stack_template).cluster.pool_reuse is True
+
+def test_the_pool_reads_as_pre_initialized_only_with_the_launch_hook_and_the_user_data_that_pulls(stack_template):
+    # GIVEN the stack WHEN read THEN its warm pool is pre-initialized (a launch hook on the group, user data that
+    # pulls the image and completes the hook)
+    assert read(stack_template).cluster.pool_pre_initialized is True
+    # AND without the hook it is not, and that reaches the deployed scenario
+    variant = copy.deepcopy(stack_template)
+    variant["Resources"] = {
+        k: v for k, v in variant["Resources"].items() if v["Type"] != "AWS::AutoScaling::LifecycleHook"
+    }
+    [deployed] = scenarios(variant, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",))
+    assert read(variant).cluster.pool_pre_initialized is False and deployed.pool_pre_initialized is False
+    # AND with the hook but user data that pulls nothing it is not either
+    variant = copy.deepcopy(stack_template)
+    for resource in variant["Resources"].values():
+        if resource["Type"] == "AWS::EC2::LaunchTemplate":
+            resource["Properties"]["LaunchTemplateData"]["UserData"] = {"Fn::Base64": "#!/bin/bash\necho hello"}
+    assert read(variant).cluster.pool_pre_initialized is False
+
+
+def test_a_pool_that_sets_reuse_on_scale_in_is_refused(stack_template):
+    # GIVEN the stack's warm pool with ReuseOnScaleIn, which the ECS guide says cannot be set for a group used by ECS
+    variant = copy.deepcopy(stack_template)
     for resource in variant["Resources"].values():
         if resource["Type"] == "AWS::AutoScaling::WarmPool":
-            resource["Properties"].pop("InstanceReusePolicy")
-    [deployed] = scenarios(variant, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",))
-    assert read(variant).cluster.pool_reuse is False and deployed.pool_reuse is False
+            resource["Properties"]["InstanceReusePolicy"] = {"ReuseOnScaleIn": True}
+    # WHEN read THEN the reader refuses it, naming the pool and the rule
+    with pytest.raises(TemplateError, match=r"WarmPool\w*: ReuseOnScaleIn cannot be set for a group used by ECS"):
+        read(variant)
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):
