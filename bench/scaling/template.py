@@ -395,8 +395,8 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
             raise TemplateError(f"{pool_id}: PoolState {props.get('PoolState')} is not modelled (Stopped only)")
         if props.get("InstanceReusePolicy", {}).get("ReuseOnScaleIn"):
             raise TemplateError(
-                f"{pool_id}: ReuseOnScaleIn cannot be set for a group used by ECS (ECS Developer Guide, \"Configuring "
-                "pre-initialized instances for your Amazon ECS Auto Scaling group\"); it is not modelled"
+                f'{pool_id}: ReuseOnScaleIn cannot be set for a group used by ECS (ECS Developer Guide, "Configuring '
+                'pre-initialized instances for your Amazon ECS Auto Scaling group"); it is not modelled'
             )
         pool = int(props.get("MinSize", 0))
         pre_initialized = _launch_hook(template, group_id) and _user_data_pre_initializes(template, group_id)

@@ -179,6 +179,7 @@ def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permiss
     # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
     assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
 
+
 def test_the_pool_reads_as_pre_initialized_only_with_the_launch_hook_and_the_user_data_that_pulls(stack_template):
     # GIVEN the stack WHEN read THEN its warm pool is pre-initialized (a launch hook on the group, user data that
     # pulls the image and completes the hook)
