@@ -10,8 +10,9 @@ Batching: on two cores a batch of 8 gives several times the tokens/s of single r
 continuously, as vLLM does, up to ``capacity`` rows: a hand-written decoding loop (not ``model.generate``, because
 each row has its own sampling parameters, stop strings and abort) runs in a thread and, between two decoding steps,
 lets finished rows leave (their callers are answered at once and their KV cache rows dropped) and pending requests
-join (prefilled together, their KV cache left-padded and stacked onto the running one). When the engine is idle, the
-first request waits ``gather_s`` so that concurrent callers are prefilled together. Padding is masked out, so a
+join (prefilled together, their KV cache left-padded and stacked onto the running one). A run that starts from an
+empty batch (the engine idle, or its last rows just finished) waits ``gather_s`` first, so that concurrent callers are
+prefilled together. Padding is masked out, so a
 request's greedy output is the same alone, in a batch, or joining a running batch.
 
 Semantics follow vLLM's: the prompt is the tokenizer's chat template with ``add_generation_prompt=True``, tokenised
@@ -549,9 +550,10 @@ class CpuEngine(Engine):
             if not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
-                # Give concurrent callers a moment to be prefilled together, unless the batch is full already.
-                if len(self._pending) < self._capacity and self._gather_s > 0:
-                    await asyncio.sleep(self._gather_s)
+            # Each run starts from an empty batch: give concurrent callers a moment to be prefilled together, unless
+            # the batch is full already.
+            if len(self._pending) < self._capacity and self._gather_s > 0:
+                await asyncio.sleep(self._gather_s)
             await asyncio.to_thread(self._decode_loop_safely)
 
     def _take_pending(self, most: int) -> list[_Row]:
@@ -580,8 +582,8 @@ class CpuEngine(Engine):
         import torch
 
         with torch.inference_mode():
+            logits = None
             while True:
-                logits = self._decode_step(batch) if batch.rows else None
                 joining = self._take_pending(self._capacity - len(batch.rows))
                 if joining:
                     logits = self._join(batch, joining, logits)
@@ -593,6 +595,11 @@ class CpuEngine(Engine):
                 keep = [i for i, row in enumerate(batch.rows) if not self._step_row(row, next_ids[i])]
                 batch.keep(keep)
                 batch.next_ids = [next_ids[i] for i in keep]
+                if not batch.rows:
+                    # Requests that came while the last rows finished start the next run, behind the scheduler's
+                    # gather window: taken here, at once, the first of several sent together would be prefilled alone.
+                    return
+                logits = self._decode_step(batch)
 
     def _decode_step(self, batch: _Batch) -> Any:
         """Feed each row its last sampled token; the logits of each row's next token."""

@@ -198,6 +198,57 @@ def test_frequency_penalty_changes_a_repetitive_greedy_answer(engine, run):
     assert penalised != plain and plain.count("cat") > penalised.count("cat")
 
 
+def test_requests_sent_together_as_a_batch_drains_are_prefilled_together(engine, run, monkeypatch):
+    """The CI run of 2026-12-02: on a loaded machine the decoding thread of the batch before was still looping when
+    three requests were sent together, took the first one at once, and the other two made a second prefill. A run
+    that starts from an empty batch must start behind the gather window, whichever thread sees the requests first."""
+    import collections
+    import threading
+
+    plain = request("Who wrote Hamlet?", max_tokens=4)
+    armed, first_pending, taken = threading.Event(), threading.Event(), threading.Event()
+
+    class SignallingDeque(collections.deque):
+        def extend(self, rows):
+            super().extend(rows)
+            if armed.is_set():
+                first_pending.set()
+
+    step_row, take_pending, prompt_ids = engine._step_row, engine._take_pending, engine.prompt_ids
+
+    def lingering_step_row(row, token):
+        finished = step_row(row, token)
+        if finished and row.request_id.startswith("before"):
+            first_pending.wait(5)  # the decoding thread lags: the first new request is queued before it looks
+        return finished
+
+    def signalling_take_pending(most):
+        rows = take_pending(most)
+        if rows and first_pending.is_set():
+            taken.set()
+        return rows
+
+    def slow_prompt_ids(asks):
+        if first_pending.is_set():
+            taken.wait(2)  # the loop is slow between the callers: long enough for a thread that takes rows to do so
+        return prompt_ids(asks)
+
+    monkeypatch.setattr(engine, "_pending", SignallingDeque())
+    monkeypatch.setattr(engine, "_step_row", lingering_step_row)
+    monkeypatch.setattr(engine, "_take_pending", signalling_take_pending)
+    monkeypatch.setattr(engine, "prompt_ids", slow_prompt_ids)
+
+    async def before_then_together():
+        before = asyncio.ensure_future(engine.generate("before", plain))
+        await before
+        armed.set()
+        admissions = engine.admissions
+        await asyncio.gather(*(engine.generate(f"together-{i}", plain) for i in range(3)))
+        return engine.admissions - admissions
+
+    assert run(before_then_together()) == 1
+
+
 def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unchanged(engine, run):
     plain = request("Who wrote Hamlet?", max_tokens=16)
     structured_request = request(
