@@ -1,9 +1,10 @@
 """The GPU worker's pump: keeps the engine full of claims from the queues, and is the only part that talks to them.
 
-The pump receives per lane (the job queue; the batch-lane queue when it has one), parses each body once into its claim
-(``gpu_worker.claims``), hands it to the runner (``gpu_worker.runner``) and does what the runner's ``Outcome`` says:
-delete (batched), make visible again after a backoff, leave, or hand back. While claims run it extends their
-messages' visibility in batches (the heartbeat), and on a stop it drains them and hands back what is left.
+The pump receives per lane (the job queue; the batch-lane queue when it has one) and parses each body once into its
+claim (``gpu_worker.claims``): its receiving side, the lanes and their receive loops, is ``gpu_worker.receiving``. It
+hands each claim to the runner (``gpu_worker.runner``) and does what the runner's ``Outcome`` says: delete (batched),
+make visible again after a backoff, leave, or hand back. While claims run it extends their messages' visibility in
+batches (the heartbeat), and on a stop it drains them and hands back what is left.
 
 Up to ``engine.capacity`` requests are in the engine at once (``gpu_worker.lanes.Admission``), and a few more messages
 are held beyond that (prefetch) so that reading payloads and writing results overlap generation instead of leaving
@@ -33,12 +34,10 @@ What each fault leads to (docs/guarantees.md has the client's view):
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from async_inference import settings
@@ -47,25 +46,24 @@ from async_inference.aws import (
     ConnectionStore,
     ControlQueue,
     JobEvents,
-    JobQueue,
     QueueMessage,
     WebhookQueue,
 )
 from async_inference.service import JobService
 from gpu_worker.announce import Announcer
-from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.chunks import BatchLedger, Chunks
-from gpu_worker.claims import Action, InFlight, Outcome, parse_claim
+from gpu_worker.claims import Action, InFlight, Outcome
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
 from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines.base import Engine, FatalEngineError
-from gpu_worker.fairness import ScanPause, TenantShare
+from gpu_worker.fairness import TenantShare
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthFile, StartDeadline
-from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
+from gpu_worker.lanes import INTERACTIVE, Admission
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_source import ModelSource
 from gpu_worker.progress import ProgressReporter
+from gpu_worker.receiving import Lane, Receiver, open_lanes
 from gpu_worker.runner import Runner
 from gpu_worker.task_protection import Policy, TaskProtection
 
@@ -77,19 +75,6 @@ T = TypeVar("T")
 EXIT_ENGINE_DEAD = 3
 # The exit status of a worker whose model sync and engine start outlasted ``start_timeout_s`` (gpu_worker.health).
 EXIT_START_TIMEOUT = 4
-# How long a finished claim's delete may wait for nine others. Its message is no longer extended by the heartbeat but
-# still has most of a visibility timeout left, so a short wait costs nothing and saves most DeleteMessageBatch calls.
-DELETE_BATCH_DELAY_S = 0.5
-
-
-@dataclass
-class Lane:
-    """A queue the worker receives from, the budget of messages it may hold from it, and its batched deletes."""
-
-    name: str  # lanes.INTERACTIVE or lanes.BATCH
-    queue: JobQueue
-    held: Slots | BatchBudget
-    deletes: Batcher
 
 
 class Worker:
@@ -181,33 +166,26 @@ class Worker:
             chunks=self.chunks,
             io=self._io,
         )
-        # One tenant holds at most held_messages; the fair room beyond it is only ever filled by other tenants'.
-        self.share = TenantShare(config.held_messages(engine.capacity))
-        self._scan_pause = ScanPause()  # the interactive lane's looks past tenants at their share
-        self.lanes = {
-            INTERACTIVE: self._lane(
-                INTERACTIVE,
-                self.service.queue,
-                Slots(config.held_messages(engine.capacity) + config.fair_room(engine.capacity)),
-            )
-        }
-        if config.batch_queue_url is not None:
-            budget = BatchBudget(
-                self.admission,
-                ahead=engine.capacity,
-                max_messages=config.held_messages(engine.capacity),
-                held=lambda: [f for f in self._inflight.values() if f.lane == BATCH],
-                stopping=self._stopping.is_set,
-            )
-            self.lanes[BATCH] = self._lane(BATCH, JobQueue(config.batch_queue_url), budget)
-
-    def _lane(self, name: str, queue: JobQueue, held: Slots | BatchBudget) -> Lane:
-        async def delete(handles: list[str]) -> None:
-            failed = await self._io(queue.delete_batch, handles)
-            if failed:
-                logger.warning("%d deletes failed; those messages will be redelivered and found finished", len(failed))
-
-        return Lane(name, queue, held, Batcher(delete, max_delay_s=DELETE_BATCH_DELAY_S))
+        self.lanes = open_lanes(
+            config,
+            engine.capacity,
+            jobs=self.service.queue,
+            admission=self.admission,
+            held=self._inflight,
+            stopping=self._stopping.is_set,
+            io=self._io,
+        )
+        self.receiver = Receiver(
+            held=self._inflight,
+            stopping=self._stopping.is_set,
+            io=self._io,
+            received=self.policy.received,
+            start=self._start,
+            # One tenant holds at most held_messages; the fair room beyond it is only ever filled by other tenants'.
+            share=TenantShare(config.held_messages(engine.capacity)),
+            visibility_timeout_s=config.visibility_timeout_s,
+            receive_wait_s=config.receive_wait_s,
+        )
 
     @property
     def jobs_finished(self) -> int:
@@ -263,11 +241,7 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat())
         progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
         try:
-            loops = [self._receive_loop(self.lanes[INTERACTIVE]) for _ in range(receivers)]
-            if BATCH in self.lanes:
-                loops.append(self._receive_loop(self.lanes[BATCH]))
-                loops.append(self._scout_loop(self.lanes[BATCH]))
-            await asyncio.gather(*loops)
+            await self.receiver.run(self.lanes, receivers)
             await self._drain()
         finally:
             heartbeat.cancel()
@@ -283,130 +257,6 @@ class Worker:
             except Exception:  # a dead engine may not shut down cleanly; the exit status must still say it died
                 logger.exception("the engine did not close cleanly")
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-    async def _receive_loop(self, lane: Lane) -> None:
-        """Receive from one lane's queue as long as its budget lets."""
-        while not self._stopping.is_set():
-            taken = await lane.held.take(settings.RECEIVE_BATCH_SIZE)
-            if self._stopping.is_set():
-                await lane.held.give(taken)
-                return
-            try:
-                messages = await self._io(
-                    lane.queue.receive,
-                    max_messages=taken,
-                    wait_s=self.config.receive_wait_s,
-                    visibility_timeout_s=self.config.visibility_timeout_s,
-                )
-            except Exception:
-                logger.exception("receive failed; retrying in 1 s")
-                await lane.held.give(taken)
-                await asyncio.sleep(1)
-                continue
-            await lane.held.give(taken - len(messages))
-            if self._stopping.is_set() and messages:
-                # Received after the stop began: hand them straight back.
-                await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
-                await lane.held.give(len(messages))
-                return
-            received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
-            if lane.name == INTERACTIVE:
-                received = await self._share(lane, received, self.share, pause=self._scan_pause)
-            await self.policy.received(len(received), held_before=len(self._inflight))
-            for flight, parse_error in received:
-                self._start(flight, lane, parse_error)
-
-    async def _fresh(self, messages: list[QueueMessage], lane: Lane) -> list[QueueMessage]:
-        """The messages this worker does not hold already. One it holds, received again (its visibility lapsed before
-        a heartbeat extended it), must not start its claim a second time: SQS honours only the newest receipt handle
-        for a delete or a visibility change, so the running flight takes it, and its place in the budget is given
-        back."""
-        fresh: list[QueueMessage] = []
-        for message in messages:
-            held = self._inflight.get(message.message_id)
-            if held is None:
-                fresh.append(message)
-                continue
-            logger.info("%s: received again while held here; keeping the newest receipt handle", held.ident)
-            held.message = message
-            await lane.held.give(1)
-        return fresh
-
-    async def _scout_loop(self, lane: Lane) -> None:
-        """The batch lane's look past one tenant's chunks (``gpu_worker.fairness``): while the lane's budget takes no
-        more, one message each ``ScanPause`` (0.5 s, growing to 2 s while it finds only tenants holding messages
-        here), held if its tenant holds none of the lane's messages here, requeued if it does."""
-        budget = lane.held
-        assert isinstance(budget, BatchBudget)
-        pause = ScanPause()
-        while not self._stopping.is_set():
-            await asyncio.sleep(pause.next_s)
-            holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
-            if not holding or not budget.saturated() or self._stopping.is_set():
-                continue  # nothing to look past, or the budget's own receive is taking messages
-            try:
-                messages = await self._io(
-                    lane.queue.receive, max_messages=1, wait_s=1, visibility_timeout_s=self.config.visibility_timeout_s
-                )
-            except Exception:
-                logger.exception("scout receive failed; looking again later")
-                continue
-            if self._stopping.is_set() and messages:
-                await self._io(lane.queue.change_visibility_batch, [m.receipt_handle for m in messages], 0)
-                return
-            budget.add(len(messages))  # held from here: every held message is given back once settled
-            fresh = [self._parse(m, lane) for m in await self._fresh(messages, lane)]
-            received = await self._share(lane, fresh, TenantShare(1), pause=None)
-            if received:
-                pause.found()
-            elif messages:
-                pause.nothing()
-            await self.policy.received(len(received), held_before=len(self._inflight))
-            for flight, parse_error in received:
-                self._start(flight, lane, parse_error)
-
-    @staticmethod
-    def _parse(message: QueueMessage, lane: Lane) -> tuple[InFlight, Exception | None]:
-        """The message, parsed once into its claim (None, and why, for a body that is none)."""
-        flight = InFlight(message=message, lane=lane.name)
-        try:
-            flight.claim = parse_claim(message.body)
-        except ValueError as exc:
-            return flight, exc
-        return flight, None
-
-    async def _share(
-        self,
-        lane: Lane,
-        received: list[tuple[InFlight, Exception | None]],
-        share: TenantShare,
-        *,
-        pause: ScanPause | None,
-    ) -> list[tuple[InFlight, Exception | None]]:
-        """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
-        their places given back; ``pause``: wait before the next look when none was held, longer each time."""
-        holding = collections.Counter(f.tenant for f in self._inflight.values() if f.lane == lane.name and f.tenant)
-        keep, requeue = share.split([flight for flight, _ in received], holding)
-        if not requeue:
-            if pause is not None and received:
-                pause.found()
-            return received
-        logger.debug("requeueing %d messages of tenants at their share", len(requeue))
-        try:
-            failed = await self._io(lane.queue.requeue, [(f.message, f.tenant or "") for f in requeue])
-            if failed:
-                logger.warning("%d messages not requeued; they return after their visibility timeout", len(failed))
-        except Exception:
-            logger.exception("requeue failed; those %d messages return after their visibility timeout", len(requeue))
-        await lane.held.give(len(requeue))
-        if pause is not None and keep:
-            pause.found()
-        elif pause is not None:
-            # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
-            # not at once, and later each time nothing new turns up.
-            await asyncio.sleep(pause.nothing())
-        kept = {id(f) for f in keep}
-        return [(flight, error) for flight, error in received if id(flight) in kept]
 
     def _start(self, flight: InFlight, lane: Lane, parse_error: Exception | None) -> None:
         """Hold the message and run its claim."""
