@@ -42,14 +42,18 @@ class GpuCapacity(Construct):
     """A warm pool beside the GPU Auto Scaling group, and a function that releases the instances that run no task.
 
     * Warm pool (``warm_instances`` > 0): instances kept *stopped* (EC2 Auto Scaling warm pools, pool state Stopped:
-      a stopped instance pays for its EBS volume only) and *pre-initialized*: an instance launched into the pool pulls
+      a stopped instance pays for its EBS volume only), ``warm_instances`` of them at all times (``MinSize`` and
+      ``MaxGroupPreparedCapacity`` both ``warm_instances``: "only when MaxGroupPreparedCapacity and MinSize are set to
+      the same value does the warm pool have an absolute size", PutWarmPool, EC2 Auto Scaling API Reference; without
+      ``MaxGroupPreparedCapacity`` it would hold the group's MaxSize minus its desired capacity). They are
+      *pre-initialized*: an instance launched into the pool pulls
       the worker image and fetches the weights onto the task's host volume (``MODEL_CACHE_HOST_PATH``, where the
       worker reads them) before it is stopped, held there by a launch lifecycle hook (``POOL_INIT_HOOK_NAME``) that
       its script completes; a start from the pool is then a boot and an engine start. No ``ReuseOnScaleIn``: "you
       cannot set" it for a group used by ECS ("Configuring pre-initialized instances for your Amazon ECS Auto Scaling
       group", ECS Developer Guide; awsdocs/amazon-ecs-developer-guide#216: the API accepts it and the capacity
       provider's scale-in breaks), so a released instance is terminated and the pool launches and pre-initializes a
-      fresh one. ECS needs ``ECS_WARM_POOLS_CHECK=true`` (same page) so that an instance initializing for the pool
+      fresh one in its place. ECS needs ``ECS_WARM_POOLS_CHECK=true`` (same page) so that an instance initializing for the pool
       does not register with the cluster. vLLM's compile cache (``VLLM_CACHE_ROOT``, under the host volume) is not
       pre-filled: the first task on each instance compiles.
     * Instance release (``release_empty``): once a minute, ``async_inference.instance_release`` drains the instances
@@ -64,7 +68,7 @@ class GpuCapacity(Construct):
     :param cluster: the ECS cluster.
     :param container: the worker container (gets ``VLLM_CACHE_ROOT``).
     :param code: the shared Lambda code (the release function).
-    :param warm_instances: stopped instances to keep in the pool. Default: 0 (no pool).
+    :param warm_instances: stopped instances the pool keeps. Default: 0 (no pool).
     :param model: the model's Hugging Face name, fetched into the image's HF_HOME on the host volume at pool
         initialization (without ``models``). Default: none (no weights fetched, the image only).
     :param models: the model's S3 store: the pool initialization syncs it into its ``MODEL_DIR`` with the worker's own
@@ -97,8 +101,12 @@ class GpuCapacity(Construct):
         if warm_instances:
             auto_scaling_group.add_user_data("echo ECS_WARM_POOLS_CHECK=true >> /etc/ecs/ecs.config")
             self._pre_initialize(auto_scaling_group, container, model, models)
+            # MinSize and MaxGroupPreparedCapacity equal: a pool of that absolute size (PutWarmPool). Without the
+            # latter the pool would hold the group's MaxSize minus its desired capacity, more than asked for.
             self.warm_pool = auto_scaling_group.add_warm_pool(
-                min_size=warm_instances, pool_state=autoscaling.PoolState.STOPPED
+                min_size=warm_instances,
+                max_group_prepared_capacity=warm_instances,
+                pool_state=autoscaling.PoolState.STOPPED,
             )
             # The pool's first instances launch once it exists: the hook must hold them and the role let them finish.
             self.warm_pool.node.add_dependency(self.pool_init_hook, self.pool_init_policy)

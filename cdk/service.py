@@ -73,6 +73,8 @@ MODEL_SOURCES = ("huggingface", "s3")
 # Hermes-style <tool_call> blocks. A model not listed serves tool_choice auto only with tool_call_parser set.
 TOOL_CALL_PARSERS = {"Qwen/Qwen2.5-": "hermes", "Qwen/Qwen3-": "hermes", "NousResearch/Hermes-": "hermes"}
 WORKER_SUBNETS = ("private", "public")
+# Stopped instances in the GPU warm pool by default: one, for the wake (docs/scaling.md, decided by the simulator).
+DEFAULT_WARM_POOL_INSTANCES = 1
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
@@ -162,7 +164,9 @@ class AsyncInferenceServiceProps:
         default, 300, holds a second instance back 5 minutes).
       gpu_warm_pool_instances: stopped GPU instances kept in an EC2 Auto Scaling warm pool, their volume holding the
         image and the weights, fetched before they stop (``cdk.gpu_capacity.GpuCapacity``); each costs
-        its EBS volume (100 GiB gp3, about $8 a month). 0: no pool. Default: ``max_gpu_instances``.
+        its EBS volume (100 GiB gp3, about $8 a month). 0: no pool. Default: 1 (the wake's instance; each start
+        from the pool launches a replacement that runs, billed, through its initialization, so a second pooled
+        instance costs more GPU hours than it saves: docs/scaling.md).
       release_empty_gpu_instances: release a GPU instance that runs no task within a minute (drained and checked
         first, never one with a task) instead of ECS managed scaling's 15 minutes. Default: True.
       worker_task_protection: when a worker holds ECS task scale-in protection. ``"long_jobs"``: while it runs a
@@ -758,7 +762,7 @@ class AsyncInferenceService(Construct):
     @staticmethod
     def _warm_instances(props: AsyncInferenceServiceProps) -> int:
         pool = props.gpu_warm_pool_instances
-        return props.max_gpu_instances if pool is None else min(pool, props.max_gpu_instances)
+        return min(DEFAULT_WARM_POOL_INSTANCES if pool is None else pool, props.max_gpu_instances)
 
     def _fleet(
         self,

@@ -16,9 +16,10 @@
   ``INSTANCE_RELEASE_CHECK_S`` terminates the instances that run no task, never one that runs a task. A pool instance
   holds the image and the weights when the pool pre-initializes it (``pool_pre_initialized``: the template's launch
   lifecycle hook, whose user data pulls them before the instance is stopped); otherwise its first task pulls and
-  downloads like a fresh instance's. Either way it holds no vLLM compile cache. When an instance leaves the pool, the
-  pool launches a replacement to keep its minimum size ("Warm pools for Amazon EC2 Auto Scaling"), billed while it
-  initializes (``ColdStart.pool_init_s``) and ready in the pool once stopped. The first task after a start from stopped
+  downloads like a fresh instance's. Either way it holds no vLLM compile cache. The pool holds MAX(MinSize,
+  ``warm_pool`` - instances in service) (``pool_min_size``; PutWarmPool, EC2 Auto Scaling API Reference): with a
+  MinSize of ``warm_pool`` an instance that leaves it is replaced at once, with none only when the group scales back
+  in. A replacement is billed while it initializes (``ColdStart.pool_init_s``) and is in the pool once stopped. The first task after a start from stopped
   reads the weights from the root volume (its page cache is empty).
 * The wake's instance start (``start_instance``): the API raises the group from 0 to 1 itself, before managed scaling's
   next minute; managed scaling then counts that instance as the one it needs.
@@ -90,7 +91,10 @@ class ClusterConfig:
     weights_on_host: bool = True
     uses_task_protection: bool = True
     instance_warmup_s: float = INSTANCE_WARMUP_S
-    warm_pool: int = 0  # stopped, pre-initialized instances kept beside the group
+    warm_pool: int = 0  # stopped, pre-initialized instances kept beside the group while it is at zero
+    # The pool's MinSize (None: warm_pool, a pool of fixed size). The pool holds MAX(MinSize, warm_pool - instances in
+    # service): warm_pool is its MaxGroupPreparedCapacity, or the group's MaxSize where the template sets none.
+    pool_min_size: int | None = None
     pool_pre_initialized: bool = True  # the pool's launch hook holds an instance until it pulled the image and weights
     release_empty: bool = False  # the stack's instance release instead of managed scaling's 15-minute scale-in
 
@@ -125,6 +129,7 @@ class Cluster:
         self.pool: list[bool] = [config.pool_pre_initialized] * config.warm_pool
         self.pool_starts = 0
         self.pool_initializations = 0  # instances launched into the pool during the run (to replace one that left)
+        self._pool_initializing = 0
         self.releases = 0
         self._cpr = 100.0
         self._store = MetricStore(Sources({CPR: lambda: self._cpr}))
@@ -312,6 +317,7 @@ class Cluster:
             for instance in self.live_instances():
                 if not instance.tasks and instance.ready_s is not None:
                     instance.terminated_s = now
+            self._refill_pool(now)
         self._log()
 
     def release_tick(self, now: float) -> None:
@@ -323,29 +329,42 @@ class Cluster:
             if instance.ready_s is not None and not instance.tasks:
                 instance.terminated_s = now
                 self.releases += 1
+        self._refill_pool(now)
         self._log()
 
-    def _replenish_pool(self, now: float) -> None:
-        """An instance left the pool: the pool launches a replacement, billed while it initializes (boot, and with
-        pre-initialization the image pull and the download), that joins the pool once stopped."""
+    def pool_target(self) -> int:
+        """The instances the warm pool keeps now: MAX(MinSize, prepared capacity - instances in service) (PutWarmPool,
+        EC2 Auto Scaling API Reference)."""
+        if not self.config.warm_pool:
+            return 0
+        min_size = self.config.warm_pool if self.config.pool_min_size is None else self.config.pool_min_size
+        return max(min_size, self.config.warm_pool - len(self.live_instances()))
+
+    def _refill_pool(self, now: float) -> None:
+        """Launch replacements until the pool, counting those initializing, holds ``pool_target``: each billed while
+        it initializes (boot, and with pre-initialization the image pull and the download), in the pool once
+        stopped."""
         pre_initialized = self.config.pool_pre_initialized
         init_s = self.cold.pool_init_s(pre_initialized=pre_initialized)
-        self.instances.append(
-            Instance(
-                next(self._instance_ids),
-                now,
-                self.config.gpus_per_instance,
-                ready_s=now + init_s,
-                terminated_s=now + init_s,  # stopped: its bill ends (its volume is in the idle floor)
+        while len(self.pool) + self._pool_initializing < self.pool_target():
+            self.instances.append(
+                Instance(
+                    next(self._instance_ids),
+                    now,
+                    self.config.gpus_per_instance,
+                    ready_s=now + init_s,
+                    terminated_s=now + init_s,  # stopped: its bill ends (its volume is in the idle floor)
+                )
             )
-        )
-        self.pool_initializations += 1
+            self.pool_initializations += 1
+            self._pool_initializing += 1
 
-        def joins():
-            yield self.env.timeout(init_s)
-            self.pool.append(pre_initialized)
+            def joins():
+                yield self.env.timeout(init_s)
+                self._pool_initializing -= 1
+                self.pool.append(pre_initialized)
 
-        self.env.process(joins())
+            self.env.process(joins())
 
     def start_instance(self) -> bool:
         """The wake's SetDesiredCapacity: from 0 instances to 1 (from the pool when it has one). True if it launched."""
@@ -370,7 +389,7 @@ class Cluster:
         self.instances.append(instance)
         if from_pool:
             self.pool_starts += 1
-            self._replenish_pool(self.env.now)
+        self._refill_pool(self.env.now)
         self.env.process(self._boot(instance))
 
     def _boot(self, instance: Instance):

@@ -380,13 +380,15 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     )
 
 
-def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, bool, bool]:
-    """The warm pool's stopped instances beside ``group_id`` (0 without one), whether a function scheduled every
-    minute releases the group's empty instances (its role may set the group's desired capacity), and whether the pool
-    pre-initializes its instances: a launch lifecycle hook on the group (which holds an instance launched into the pool
-    in Warmed:Pending:Wait) and user data that pulls the image and completes the hook. A pool that sets ReuseOnScaleIn
-    is refused: the ECS Developer Guide says it cannot be set for a group used by ECS."""
-    pool, pre_initialized = 0, False
+def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, int | None, bool, bool]:
+    """The warm pool's stopped instances beside ``group_id`` while it is at zero (0 without a pool) and the pool's
+    MinSize, whether a function scheduled every minute releases the group's empty instances (its role may set the
+    group's desired capacity), and whether the pool pre-initializes its instances: a launch lifecycle hook on the group
+    (which holds an instance launched into the pool in Warmed:Pending:Wait) and user data that pulls the image and
+    completes the hook. A pool that sets ReuseOnScaleIn is refused: the ECS Developer Guide says it cannot be set for a
+    group used by ECS."""
+    pool, min_size, pre_initialized = 0, None, False
+    max_size = int(template["Resources"][group_id]["Properties"]["MaxSize"])
     for pool_id, resource in _resources(template, "AWS::AutoScaling::WarmPool").items():
         props = resource["Properties"]
         if _ref(props.get("AutoScalingGroupName")) != group_id:
@@ -398,7 +400,11 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
                 f'{pool_id}: ReuseOnScaleIn cannot be set for a group used by ECS (ECS Developer Guide, "Configuring '
                 'pre-initialized instances for your Amazon ECS Auto Scaling group"); it is not modelled'
             )
-        pool = int(props.get("MinSize", 0))
+        # PutWarmPool: the pool holds MAX(MinSize, MaxGroupPreparedCapacity - desired), the group's MaxSize standing
+        # for a MaxGroupPreparedCapacity not set (or -1); at zero in service, the larger of the two.
+        min_size = int(props.get("MinSize", 0))
+        prepared = int(props.get("MaxGroupPreparedCapacity", -1))
+        pool = max(min_size, prepared if prepared >= 0 else max_size)
         pre_initialized = _launch_hook(template, group_id) and _user_data_pre_initializes(template, group_id)
     scheduled = {
         _ref(t.get("Arn"))
@@ -413,7 +419,7 @@ def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[i
             template, _ref(function["Properties"].get("Role")), group_id
         ):
             release = True
-    return pool, release, pre_initialized
+    return pool, min_size, release, pre_initialized
 
 
 def _launch_hook(template: Mapping[str, Any], group_id: str) -> bool:
@@ -503,7 +509,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
     """Policy, capacity and worker of the synthesized stack (of its one fleet: ``read_fleets`` for several)."""
     policy = read_policy(template)
     group_id, group = _single(template, "AWS::AutoScaling::AutoScalingGroup")
-    warm_pool, release_empty, pool_pre_initialized = read_capacity_choices(template, group_id)
+    warm_pool, pool_min_size, release_empty, pool_pre_initialized = read_capacity_choices(template, group_id)
     _, provider = _single(template, "AWS::ECS::CapacityProvider")
     managed = provider["Properties"]["AutoScalingGroupProvider"].get("ManagedScaling", {})
     if managed.get("Status") != "ENABLED":
@@ -546,6 +552,7 @@ def read(template: Mapping[str, Any]) -> Deployed:
         weights_on_host=weights_on_host,
         uses_task_protection=protection,
         warm_pool=warm_pool,
+        pool_min_size=pool_min_size,
         release_empty=release_empty,
         pool_pre_initialized=pool_pre_initialized,
     )

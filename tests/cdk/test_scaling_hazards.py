@@ -71,21 +71,29 @@ def test_scale_out_sets_a_count_never_adds_one(synthesized):
 
 
 def test_warm_pool_keeps_stopped_instances(synthesized):
-    """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps max_gpu_instances (2) instances Stopped (without
-    ReuseOnScaleIn: tests/cdk/test_warm_pool.py); the ECS agent waits out the pool's initialization; vLLM's compile
-    cache lives on the weights' volume."""
+    """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps one instance Stopped, an absolute size (MinSize =
+    MaxGroupPreparedCapacity; without ReuseOnScaleIn: tests/cdk/test_warm_pool.py); the ECS agent waits out the pool's
+    initialization; vLLM's compile cache lives on the weights' volume."""
     workers = synthesized.stack.service.workers
     synthesized.template.has_resource_properties(
         "AWS::AutoScaling::WarmPool",
         {
             "AutoScalingGroupName": {"Ref": synthesized.logical_id(workers.auto_scaling_group)},
-            "MinSize": 2,
+            "MinSize": 1,
+            "MaxGroupPreparedCapacity": 1,
             "PoolState": "Stopped",
         },
     )
     [launch] = synthesized.resources("AWS::EC2::LaunchTemplate").values()
     assert "ECS_WARM_POOLS_CHECK=true" in json.dumps(launch["Properties"]["LaunchTemplateData"]["UserData"])
     assert synthesized.worker_environment()["VLLM_CACHE_ROOT"].startswith("/models/")
+
+
+def test_a_larger_pool_when_asked_for_keeps_its_absolute_size(synth_variant):
+    """GIVEN gpu_warm_pool_instances 2 WHEN synthesized THEN the pool's MinSize and MaxGroupPreparedCapacity are both 2."""
+    synth_variant(gpu_warm_pool_instances=2).template.has_resource_properties(
+        "AWS::AutoScaling::WarmPool", {"MinSize": 2, "MaxGroupPreparedCapacity": 2}
+    )
 
 
 def test_no_warm_pool_when_asked_for_none(synth_variant):

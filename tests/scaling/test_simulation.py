@@ -367,6 +367,38 @@ def test_an_instance_leaving_the_pool_is_replaced_by_one_billed_while_it_pulls()
         assert cluster.gpu_hours(init_s + 1) == pytest.approx((init_s + 1 + init_s) / 3600)
 
 
+def test_a_pool_with_a_smaller_min_size_is_refilled_when_the_group_scales_in_not_when_an_instance_leaves():
+    # GIVEN a pool prepared for 2 instances with MinSize 0 (PutWarmPool: it holds MAX(MinSize, 2 - in service))
+    env = simpy.Environment()
+    config = dataclasses.replace(CLUSTER, warm_pool=2, pool_min_size=0)
+    cluster = Cluster(env, config, SLOW, make_worker=lambda task: None, on_change=lambda: None)
+    assert cluster.pool == [True, True]
+    # WHEN the wake starts an instance from it
+    assert cluster.start_instance()
+    # THEN no replacement is launched: the pool still holds what 2 prepared minus 1 in service leave
+    assert (len(cluster.pool), cluster.pool_initializations, cluster.pool_target()) == (1, 0, 1)
+    # AND when that instance is released (no task on it), the pool is refilled to 2: one replacement, billed while it
+    # initializes
+    env.run(until=60)
+    cluster.config = dataclasses.replace(config, release_empty=True)
+    cluster.release_tick(env.now)
+    assert cluster.live_instances() == [] and cluster.pool_initializations == 1
+    env.run(until=60 + SLOW.pool_init_s(pre_initialized=True) + 1)
+    assert cluster.pool == [True, True]
+
+
+def test_a_pool_of_fixed_size_replaces_each_instance_that_leaves_at_once():
+    # GIVEN MinSize = MaxGroupPreparedCapacity = 1 (the stack's pool) WHEN the wake starts its instance THEN the pool
+    # launches its replacement at once, and the group's second instance comes from the pool once the replacement is in
+    env = simpy.Environment()
+    config = dataclasses.replace(CLUSTER, warm_pool=1, pool_min_size=1)
+    cluster = Cluster(env, config, SLOW, make_worker=lambda task: None, on_change=lambda: None)
+    assert cluster.start_instance()
+    assert (cluster.pool, cluster.pool_initializations) == ([], 1)
+    env.run(until=SLOW.pool_init_s(pre_initialized=True) + 1)
+    assert cluster.pool == [True]
+
+
 def test_the_release_gives_back_an_empty_instance_within_a_minute_or_two_not_fifteen():
     # GIVEN one short job WHEN the task has gone (keep-alive) THEN with the release the instance goes within about a
     # minute of its last task instead of after managed scaling's 15 datapoints: about 14 minutes fewer GPU minutes

@@ -159,7 +159,7 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
         20.0,
         120,
     )
-    assert (deployed.warm_pool, deployed.release_empty) == (CONTEXT["max_gpu_instances"], True)
+    assert (deployed.warm_pool, deployed.release_empty) == (1, True)
     assert read_policy(stack_template).alarms == deployed.policy.alarms
     assert {
         (a.name, a.task_protection, a.instance_warmup_s, a.api_wake, a.warm_pool, a.release_empty) for a in anchors
@@ -208,6 +208,26 @@ def test_a_pool_that_sets_reuse_on_scale_in_is_refused(stack_template):
     # WHEN read THEN the reader refuses it, naming the pool and the rule
     with pytest.raises(TemplateError, match=r"WarmPool\w*: ReuseOnScaleIn cannot be set for a group used by ECS"):
         read(variant)
+
+
+def test_the_pool_size_is_read_as_put_warm_pool_defines_it(stack_template):
+    # GIVEN the stack's warm pool (MinSize and MaxGroupPreparedCapacity 1) in a group of MaxSize 2
+    def pool_with(**props: int) -> tuple[int, int | None]:
+        variant = copy.deepcopy(stack_template)
+        for resource in variant["Resources"].values():
+            if resource["Type"] == "AWS::AutoScaling::WarmPool":
+                resource["Properties"].pop("MaxGroupPreparedCapacity", None)
+                resource["Properties"].update(props)
+        cluster = read(variant).cluster
+        return cluster.warm_pool, cluster.pool_min_size
+
+    # WHEN read THEN the pool holds MAX(MinSize, MaxGroupPreparedCapacity - in service), the group's MaxSize standing
+    # for a MaxGroupPreparedCapacity not set (or -1): at zero in service, the larger of the two
+    assert read(stack_template).cluster.warm_pool == 1
+    assert pool_with(MinSize=1, MaxGroupPreparedCapacity=1) == (1, 1)
+    assert pool_with(MinSize=1) == (2, 1)  # not 1: without MaxGroupPreparedCapacity the pool fills to MaxSize
+    assert pool_with(MinSize=0, MaxGroupPreparedCapacity=-1) == (2, 0)
+    assert pool_with(MinSize=0, MaxGroupPreparedCapacity=1) == (1, 0)
 
 
 def test_a_function_that_names_the_service_without_permission_to_update_it_is_refused(stack_template):
