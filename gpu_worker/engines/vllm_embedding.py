@@ -8,93 +8,41 @@ as ``VllmEngine`` makes its chat serving object), so tokenisation, the input lim
 only) and pooling are vLLM's. The adapter translates: in, the texts as vLLM's ``EmbeddingCompletionRequest`` (floats:
 this service encodes base64 itself, ``async_inference.embeddings``); out, the vectors and ``usage.prompt_tokens``.
 
-Errors are classified as ``VllmEngine`` classifies them (``gpu_worker.engines.vllm_engine.error_kind``); an error
-response (vLLM answers a request it refuses with a 4xx body) is permanent, a 5xx transient. vLLM is imported only in
-``start``, so this module imports on machines without it.
+The options, the engine's start and close and the classification of errors are ``VllmEngine``'s, shared in
+``gpu_worker.engines.vllm_common`` (``error_kind``); an error response (vLLM answers a request it refuses with a 4xx
+body) is permanent, a 5xx transient. vLLM is imported only in ``start``, so this module imports on machines without
+it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import time
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
-from gpu_worker.engines.base import (
-    FatalEngineError,
-    GenerationAborted,
-    PermanentEngineError,
-    TransientEngineError,
-)
+from gpu_worker.engines.base import GenerationAborted, PermanentEngineError, TransientEngineError
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings
-from gpu_worker.engines.vllm_engine import error_classes, error_kind
+from gpu_worker.engines.vllm_common import VllmBase, VllmOptions
 
 logger = logging.getLogger(__name__)
-DEFAULT_MAX_NUM_SEQS = 64
 
 
-class VllmEmbeddingEngine(EmbeddingEngine):
+class VllmEmbeddingEngine(VllmBase, EmbeddingEngine):
     name = "vllm-embedding"
 
-    def __init__(
-        self,
-        *,
-        model: str | None = None,
-        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        tensor_parallel_size: int | None = None,
-        dtype: str | None = None,
-        enforce_eager: bool | None = None,
-        served_model_name: str | None = None,
-        tool_call_parser: str | None = None,  # a chat option the worker passes to every vllm engine: unused here
-        engine_kwargs: dict[str, Any] | None = None,
-        vllm_module: ModuleType | None = None,
-    ) -> None:
-        if not model:
-            raise ValueError("the vLLM engine needs a model (env MODEL): a Hugging Face model directory or name")
-        self._model = model
-        self._served_name = served_model_name or model
-        self._max_num_seqs = max_num_seqs
-        self._max_model_len = max_model_len
-        optional = {
-            "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "tensor_parallel_size": tensor_parallel_size,
-            "dtype": dtype,
-            "enforce_eager": enforce_eager,
-            "served_model_name": [served_model_name] if served_model_name else None,
-        }
-        self._engine_kwargs = {
-            "model": model,
-            "runner": "pooling",
-            "max_num_seqs": max_num_seqs,
-            **{k: v for k, v in optional.items() if v is not None},
-            **(engine_kwargs or {}),
-        }
-        self._vllm = vllm_module
-        self._engine: Any = None
+    def __init__(self, *, tool_call_parser: str | None = None, **options: Any) -> None:
+        """The options are every vLLM engine's (``VllmOptions``); ``tool_call_parser``, a chat option the worker passes
+        to every vllm engine, is unused here."""
+        super().__init__(VllmOptions(**options), runner="pooling")
         self._serving: Any = None  # vLLM's ServingEmbedding
         self._request_model: Any = None  # vLLM's EmbeddingCompletionRequest
         self._dimension = 0
         self._matryoshka = False
-        self._errors = error_classes()
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
-
-    @property
-    def capacity(self) -> int:
-        return self._max_num_seqs
-
-    @property
-    def max_model_len(self) -> int:
-        if self._max_model_len is None:
-            raise RuntimeError("max_model_len is known once the engine has started")
-        return self._max_model_len
 
     @property
     def dimension(self) -> int:
@@ -109,25 +57,13 @@ class VllmEmbeddingEngine(EmbeddingEngine):
         thread, as vLLM's server does)."""
         if self._engine is not None:
             return
-        if self._vllm is None:
-            try:
-                import vllm
-            except ImportError as exc:
-                raise PermanentEngineError("ENGINE=vllm needs the vllm package (the vllm/vllm-openai image)") from exc
-            self._vllm = vllm
+        self._load_vllm()
         started = time.monotonic()
-        from starlette.datastructures import State
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-        from vllm.entrypoints.launchers.run_batch import make_arg_parser
         from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["-i", "unused", "-o", "unused"])
-        for name, value in self._engine_kwargs.items():
-            setattr(args, name, value)
-        self._engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs.from_cli_args(args))
-        state = State()
-        await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
+        args = self._run_batch_args()
+        self._engine = self._new_engine(args)
+        state = await self._app_state(self._engine, args)
         self._serving = getattr(state, "serving_embedding", None)
         if self._serving is None:
             raise PermanentEngineError(f"vLLM's pooling runner does not serve embeddings for {self._model}")
@@ -144,15 +80,6 @@ class VllmEmbeddingEngine(EmbeddingEngine):
             self._max_model_len,
             self._matryoshka,
         )
-
-    async def close(self) -> None:
-        if self._engine is not None:
-            shutdown = getattr(self._engine, "shutdown", None)
-            if shutdown is not None:
-                result = shutdown()
-                if inspect.isawaitable(result):
-                    await result
-            self._engine = None
 
     async def embed(self, request_id: str, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
         if self._engine is None:
@@ -175,12 +102,7 @@ class VllmEmbeddingEngine(EmbeddingEngine):
             task.cancel()
             raise
         except Exception as exc:
-            kind = error_kind(exc, self._errors)
-            if kind == "fatal" or getattr(self._engine, "errored", False) is True:
-                raise FatalEngineError(f"the vLLM engine is dead: {type(exc).__name__}: {exc}") from exc
-            if kind == "permanent":
-                raise PermanentEngineError(f"vLLM refused the request: {exc}") from exc
-            raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
+            raise self._failure(exc) from exc
         finally:
             self._tasks.pop(request_id, None)
             self._aborted.discard(request_id)

@@ -37,24 +37,22 @@ is permanent; a failed generate step (``EngineGenerateError``, any ``VLLMServerE
 torch's ``AcceleratorError`` or a ``RuntimeError("CUDA error ...")`` (the CUDA context is unusable after one), or any
 error while the engine reports itself ``errored`` (vLLM's own API server shuts down on exactly these). The worker
 then stops and hands its jobs back for a fresh process.
+
+The options, the engine's start and close and that classification are shared with the embedding engine
+(``gpu_worker.engines.vllm_common``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
-import importlib
-import inspect
 import logging
 import time
-from types import ModuleType
 from typing import Any
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.asks import asks_of, plain_messages
 from gpu_worker.engines.base import (
     Completion,
-    Engine,
     FatalEngineError,
     Generation,
     GenerationAborted,
@@ -65,10 +63,10 @@ from gpu_worker.engines.base import (
     TopLogprob,
     TransientEngineError,
 )
+from gpu_worker.engines.vllm_common import VllmBase, VllmOptions
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_NUM_SEQS = 64
 # vLLM's own options that this service sets, as `vllm run-batch` flags (before the engine's options):
 # - arguments of a forced tool call validate against the function's parameters, whatever the tool's `strict` says
 #   (vLLM's default, `auto`, pins the call's envelope only, and a model then writes any arguments);
@@ -82,47 +80,6 @@ VLLM_ARGS = [
     "--structured-outputs-config.disable_any_whitespace",
     "true",
 ]
-
-# (module, class) -> kind; checked in this order, so the most specific class decides (EngineDeadError is a
-# VLLMServerError, and fatal). Classes a vLLM or torch version lacks are left out.
-_ERROR_CLASSES: list[tuple[str, str, str]] = [
-    ("vllm.v1.engine.exceptions", "EngineDeadError", "fatal"),
-    ("vllm.engine.async_llm_engine", "AsyncEngineDeadError", "fatal"),  # the v0 engines
-    ("vllm.engine.multiprocessing", "MQEngineDeadError", "fatal"),
-    ("torch", "AcceleratorError", "fatal"),
-    ("vllm.exceptions", "VLLMClientError", "permanent"),
-    ("builtins", "ValueError", "permanent"),
-    ("builtins", "TypeError", "permanent"),
-    ("vllm.v1.engine.exceptions", "EngineGenerateError", "transient"),
-    ("vllm.exceptions", "VLLMServerError", "transient"),
-    ("torch", "OutOfMemoryError", "transient"),
-    ("builtins", "RuntimeError", "transient"),
-]
-# torch before AcceleratorError raised CUDA faults as RuntimeError("CUDA error: ..."); they are sticky.
-_CUDA_ERROR_PREFIX = "CUDA error"
-
-
-def error_classes() -> list[tuple[type[BaseException], str]]:
-    """The error classes this process has, with their kind (importing only modules that are there)."""
-    found: list[tuple[type[BaseException], str]] = []
-    for module_name, name, kind in _ERROR_CLASSES:
-        try:
-            module = builtins if module_name == "builtins" else importlib.import_module(module_name)
-        except ImportError:
-            continue
-        cls = getattr(module, name, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append((cls, kind))
-    return found
-
-
-def error_kind(exc: BaseException, classes: list[tuple[type[BaseException], str]]) -> str | None:
-    for cls, kind in classes:
-        if isinstance(exc, cls):
-            if kind == "transient" and str(exc).startswith(_CUDA_ERROR_PREFIX):
-                return "fatal"
-            return kind
-    return None
 
 
 def _refusal(message: str) -> PermanentEngineError:
@@ -150,69 +107,22 @@ class _CountingClient:
             yield output
 
 
-class VllmEngine(Engine):
+class VllmEngine(VllmBase):
     name = "vllm"
 
-    def __init__(
-        self,
-        *,
-        model: str | None = None,
-        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        tensor_parallel_size: int | None = None,
-        dtype: str | None = None,
-        enforce_eager: bool | None = None,
-        served_model_name: str | None = None,
-        seed: int | None = None,
-        tool_call_parser: str | None = None,
-        engine_kwargs: dict[str, Any] | None = None,
-        vllm_module: ModuleType | None = None,
-    ) -> None:
-        """``tool_call_parser`` is vLLM's ``--tool-call-parser`` (it also turns on ``--enable-auto-tool-choice``).
-        ``engine_kwargs`` are set on vLLM's arguments as they are (any option ``vllm run-batch`` takes, by its
-        attribute name). ``vllm_module`` replaces ``import vllm`` (tests pass a fake)."""
-        if not model:
-            raise ValueError("the vLLM engine needs a model (env MODEL): a Hugging Face model directory or name")
-        self._model = model
-        self._served_name = served_model_name or model
-        self._max_num_seqs = max_num_seqs
-        self._max_model_len = max_model_len
+    def __init__(self, *, seed: int | None = None, tool_call_parser: str | None = None, **options: Any) -> None:
+        """``seed`` is vLLM's ``--seed``. ``tool_call_parser`` is vLLM's ``--tool-call-parser`` (it also turns on
+        ``--enable-auto-tool-choice``). The other options are every vLLM engine's (``VllmOptions``): ``engine_kwargs``
+        are set on vLLM's arguments as they are (any option ``vllm run-batch`` takes, by its attribute name),
+        ``vllm_module`` replaces ``import vllm`` (tests pass a fake)."""
+        super().__init__(VllmOptions(**options), seed=seed)
         self._tool_call_parser = tool_call_parser
-        optional = {
-            "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "tensor_parallel_size": tensor_parallel_size,
-            "dtype": dtype,
-            "enforce_eager": enforce_eager,
-            "served_model_name": [served_model_name] if served_model_name else None,
-            "seed": seed,
-        }
-        self._engine_kwargs = {
-            "model": model,
-            "max_num_seqs": max_num_seqs,
-            **{k: v for k, v in optional.items() if v is not None},
-            **(engine_kwargs or {}),
-        }
-        self._vllm = vllm_module
-        self._engine: Any = None
         self._chat: Any = None  # vLLM's OpenAIServingChat
         self._request_model: Any = None  # vLLM's ChatCompletionRequest
-        self._errors = error_classes()
         self._running: dict[str, int] = {}  # vLLM request id -> completion tokens so far
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
         self._template_takes_tools = True  # read from the model's chat template at start
-
-    @property
-    def capacity(self) -> int:
-        return self._max_num_seqs
-
-    @property
-    def max_model_len(self) -> int:
-        if self._max_model_len is None:
-            raise RuntimeError("max_model_len is known once the engine has started")
-        return self._max_model_len
 
     # -- lifecycle --
 
@@ -223,12 +133,7 @@ class VllmEngine(Engine):
         handler and ZeroMQ sockets to the running loop."""
         if self._engine is not None:
             return
-        if self._vllm is None:
-            try:
-                import vllm
-            except ImportError as exc:
-                raise PermanentEngineError("ENGINE=vllm needs the vllm package (the vllm/vllm-openai image)") from exc
-            self._vllm = vllm
+        self._load_vllm()
         started = time.monotonic()
         self._engine, self._chat, self._request_model = await self._open()
         self._max_model_len, self._max_num_seqs = await self._engine_limits()
@@ -245,20 +150,13 @@ class VllmEngine(Engine):
         """The engine client, the chat serving object and vLLM's request model, made as ``vllm run-batch`` makes
         them: its argument parser's defaults, this engine's options set on them, ``init_app_state`` over the engine
         client (seen through ``_CountingClient``)."""
-        from starlette.datastructures import State
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-        from vllm.entrypoints.launchers.run_batch import make_arg_parser
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmRequest
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["-i", "unused", "-o", "unused", *VLLM_ARGS])
-        for name, value in self._engine_kwargs.items():
-            setattr(args, name, value)
+        args = self._run_batch_args(*VLLM_ARGS)
         args.tool_call_parser = self._tool_call_parser
         args.enable_auto_tool_choice = self._tool_call_parser is not None
-        engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs.from_cli_args(args))
-        state = State()
-        await init_app_state(self.counting_client(engine), state, args, await engine.get_supported_tasks())
+        engine = self._new_engine(args)
+        state = await self._app_state(self.counting_client(engine), args)
         self._template_takes_tools = self._chat_template_takes_tools(engine, state.openai_serving_chat)
         return engine, state.openai_serving_chat, VllmRequest
 
@@ -298,15 +196,6 @@ class VllmEngine(Engine):
         scheduler = getattr(vllm_config, "scheduler_config", None)
         max_num_seqs = getattr(scheduler, "max_num_seqs", None) or self._max_num_seqs
         return int(max_model_len), int(max_num_seqs)
-
-    async def close(self) -> None:
-        if self._engine is not None:
-            shutdown = getattr(self._engine, "shutdown", None)
-            if shutdown is not None:
-                result = shutdown()
-                if inspect.isawaitable(result):
-                    await result
-            self._engine = None
 
     # -- requests --
 
@@ -355,12 +244,7 @@ class VllmEngine(Engine):
         except Exception as exc:
             if request_id in self._aborted:
                 raise GenerationAborted(request_id) from exc
-            kind = error_kind(exc, self._errors)
-            if kind == "fatal" or getattr(self._engine, "errored", False) is True:
-                raise FatalEngineError(f"the vLLM engine is dead: {type(exc).__name__}: {exc}") from exc
-            if kind == "permanent":
-                raise _refusal(f"vLLM refused the request: {exc}") from exc
-            raise TransientEngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
+            raise self._failure(exc, _refusal) from exc
         finally:
             self._running.pop(vllm_id, None)
             self._tasks.pop(request_id, None)

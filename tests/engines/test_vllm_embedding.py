@@ -45,3 +45,36 @@ def test_the_vllm_embedding_engine_is_the_pooling_runner_and_takes_the_workers_v
     # THEN it is the embedding flavour, on vLLM's pooling runner, nothing started
     assert isinstance(engine, VllmEmbeddingEngine) and engine.capacity == 16
     assert engine._engine_kwargs["runner"] == "pooling" and "tool_call_parser" not in engine._engine_kwargs
+
+
+def test_the_vllm_embedding_engine_takes_the_vllm_options_and_no_other():
+    # GIVEN every vLLM option, with engine_kwargs over the others
+    engine = make_engine(
+        "vllm",
+        kind="embedding",
+        model="/models/minilm",
+        max_model_len=256,
+        gpu_memory_utilization=0.5,
+        tensor_parallel_size=1,
+        dtype="float32",
+        enforce_eager=True,
+        served_model_name="minilm",
+        engine_kwargs={"dtype": "bfloat16"},
+    )
+    # THEN they reach vLLM's arguments as vllm run-batch names them
+    assert engine._engine_kwargs == {
+        "model": "/models/minilm",
+        "runner": "pooling",
+        "max_num_seqs": 64,
+        "max_model_len": 256,
+        "gpu_memory_utilization": 0.5,
+        "tensor_parallel_size": 1,
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "served_model_name": ["minilm"],
+    }
+    # while a chat engine's own option (seed) and a missing model are refused
+    with pytest.raises(TypeError, match="seed"):
+        make_engine("vllm", kind="embedding", model="/models/minilm", seed=1)
+    with pytest.raises(ValueError, match="env MODEL"):
+        make_engine("vllm", kind="embedding")

@@ -32,7 +32,8 @@ from gpu_worker.engines.base import (
     PromptTooLongError,
     TransientEngineError,
 )
-from gpu_worker.engines.vllm_engine import VllmEngine, error_classes, error_kind
+from gpu_worker.engines.vllm_common import error_classes, error_kind
+from gpu_worker.engines.vllm_engine import VllmEngine
 
 # --- The fakes ------------------------------------------------------------------------------------------------------
 
