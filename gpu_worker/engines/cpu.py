@@ -24,7 +24,10 @@ OpenAI's parameters (read by ``gpu_worker.engines.asks``; the README's "How the 
 each does here): a request is ``n`` rows of the batch; each row carries its own logits processors (``logit_bias``,
 ``repetition_penalty``, presence/frequency penalties, and xgrammar's grammar mask for ``response_format`` and forced
 tool calls, compiled once per schema) and warpers (``top_k``, ``min_p``), applied to its row of the batched logits,
-so constrained and plain requests share one batch; logprobs are read from the raw logits before any of them.
+so constrained and plain requests share one batch; logprobs are read from the raw logits before any of them. The
+grammar comes last: after every row's processors, the constrained rows' masks are filled into one bitmask allocated
+once for the engine's capacity and applied to the batch's logits in one call (xgrammar's batched use); plain rows are
+skipped.
 
 Seeds: each row samples with its own ``torch.Generator``, seeded from the request's ``seed``, so a seeded request is
 reproducible whatever its batch mates, as long as the batched logits equal the single ones, which they do to float32
@@ -189,9 +192,9 @@ class _Row:
     generator: Any  # torch.Generator
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Completion]
-    processors: list[Any] = field(default_factory=list)  # on the logits: logit_bias, penalties, then the grammar
+    processors: list[Any] = field(default_factory=list)  # on the logits: logit_bias, penalties (the grammar after)
     warpers: list[Any] = field(default_factory=list)  # on the temperature-scaled logits when sampling: top_k, min_p
-    grammar: GrammarMask | None = None
+    grammar: GrammarMask | None = None  # applied after the processors, for all constrained rows of a step at once
     top_logprobs: int | None = None  # None: no logprobs asked
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -199,7 +202,7 @@ class _Row:
 
     @property
     def plain(self) -> bool:
-        """Sampled from the logits alone: no processor needs the row's token history."""
+        """No processor or warper, which take the row's token history (the grammar keeps its own state)."""
         return not self.processors and not self.warpers
 
     def deliver(self, result: Completion | BaseException) -> None:
@@ -299,6 +302,7 @@ class CpuEngine(Engine):
         self._grammar_compiler: Any = None  # xgrammar's, made on the first constrained request
         self._grammar_lock = threading.RLock()  # _grammar takes it, then _cached_grammar again
         self._grammars: collections.OrderedDict[str, Any] = collections.OrderedDict()  # schema JSON -> compiled
+        self._bitmask: Any = None  # xgrammar's token bitmask, capacity x vocabulary, made at the first grammar
         self._token_texts: dict[int, str] = {}
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
@@ -438,9 +442,9 @@ class CpuEngine(Engine):
             processors.append(RepetitionPenaltyLogitsProcessor(asks.repetition_penalty))
         if asks.presence_penalty or asks.frequency_penalty:
             processors.append(PresenceFrequencyPenalty(asks.presence_penalty, asks.frequency_penalty, len(prompt_ids)))
+        # The grammar is not among the processors: _sample_batch masks all constrained rows at once, after them, so
+        # that nothing may lift a token it forbade.
         mask = GrammarMask(grammar) if grammar is not None else None
-        if mask is not None:
-            processors.append(mask)  # last: nothing after it may lift a token it forbade
         warpers: list[Any] = []
         if asks.top_k:
             warpers.append(TopKLogitsWarper(asks.top_k))
@@ -591,7 +595,7 @@ class CpuEngine(Engine):
                     return
                 self.steps_run += 1
                 self.largest_batch = max(self.largest_batch, len(batch.rows))
-                next_ids = [self._sample(logits[i], row) for i, row in enumerate(batch.rows)]
+                next_ids = self._sample_batch(logits, batch.rows)
                 keep = [i for i, row in enumerate(batch.rows) if not self._step_row(row, next_ids[i])]
                 batch.keep(keep)
                 batch.next_ids = [next_ids[i] for i in keep]
@@ -640,17 +644,49 @@ class CpuEngine(Engine):
             **{self._cache_kw: cache},
         ).logits[:, -1, :]
 
-    def _sample(self, logits: Any, row: _Row) -> int:
-        """One token for one row, as vLLM samples: the logits processors (logit_bias, penalties, the grammar), then
-        greedy at temperature 0, else temperature, top_k, min_p, top_p. Logprobs are the model's own distribution
-        (before any processing, vLLM's default ``raw_logprobs``)."""
+    def _sample_batch(self, logits: Any, rows: list[_Row]) -> list[int]:
+        """One token for each row of the batch, as vLLM samples: each row's logits processors (logit_bias,
+        penalties), then the grammar of the constrained rows, all at once; then per row greedy at temperature 0, else
+        temperature, top_k, min_p, top_p. Logprobs are the model's own distribution (before any processing, vLLM's
+        default ``raw_logprobs``). ``logits`` (rows x vocabulary) is processed in place."""
         import torch
 
-        logprobs = torch.log_softmax(logits.float(), dim=-1) if row.top_logprobs is not None else None
-        scores = logits.float().unsqueeze(0)
-        ids = None if row.plain else torch.tensor([row.prompt_ids + row.tokens])
-        for processor in row.processors:
-            scores = processor(ids, scores)
+        logprobs = [
+            torch.log_softmax(logits[i].float(), dim=-1) if row.top_logprobs is not None else None
+            for i, row in enumerate(rows)
+        ]
+        scores = logits.float()  # the model's float32 logits themselves: no copy
+        histories: list[Any] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            if row.plain:
+                continue
+            histories[i] = torch.tensor([row.prompt_ids + row.tokens])
+            if row.processors:
+                row_scores = scores[i : i + 1]
+                for processor in row.processors:
+                    row_scores = processor(histories[i], row_scores)
+                scores[i] = row_scores[0]
+        constrained = [i for i, row in enumerate(rows) if row.grammar is not None and row.grammar.fill(self._mask(), i)]
+        if constrained:
+            import xgrammar as xgr
+
+            xgr.apply_token_bitmask_inplace(scores, self._bitmask, vocab_size=self._vocab_size, indices=constrained)
+        return [self._sample(scores[i], row, histories[i], logprobs[i]) for i, row in enumerate(rows)]
+
+    def _mask(self) -> Any:
+        """The batch's token bitmask (one row per batch row), allocated once."""
+        if self._bitmask is None:
+            import xgrammar as xgr
+
+            self._bitmask = xgr.allocate_token_bitmask(self._capacity, self._vocab_size)
+        return self._bitmask
+
+    def _sample(self, scores: Any, row: _Row, ids: Any, logprobs: Any) -> int:
+        """One token for one row from its processed ``scores`` (vocabulary); ``ids`` is the row's token history
+        (prompt and generated) for its warpers."""
+        import torch
+
+        scores = scores.unsqueeze(0)
         if row.temperature < GREEDY_BELOW:
             token = int(torch.argmax(scores))
         else:

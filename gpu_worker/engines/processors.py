@@ -1,8 +1,9 @@
 """Logits processors for the CPU engine: OpenAI's parameters that transformers has no processor for, written as
 ``transformers.LogitsProcessor`` so that they sit in one list with transformers' own (repetition penalty, top-k,
-min-p) and xgrammar's grammar mask.
+min-p); and the grammar's per-row state (``GrammarMask``), whose masks the engine applies to the whole batch at once,
+after each row's processors.
 
-Each is called as transformers calls a processor, ``processor(input_ids, scores)``, on one row: ``input_ids`` is
+Each processor is called as transformers calls one, ``processor(input_ids, scores)``, on one row: ``input_ids`` is
 ``(1, prompt + generated)``, ``scores`` ``(1, vocabulary)``.
 """
 
@@ -42,23 +43,25 @@ class LogitBias(LogitsProcessor):
         return scores
 
 
-class GrammarMask(LogitsProcessor):
-    """xgrammar's grammar on one row: tokens the grammar does not allow next get -inf. The caller feeds each sampled
-    token back with ``accept`` (the processor is called before sampling, so it cannot see the token it let through).
+class GrammarMask:
+    """xgrammar's grammar state for one row. The engine masks every constrained row of a step at once, as xgrammar
+    documents for batches: each row's ``fill`` writes its allowed next tokens into its row of one shared bitmask, then
+    one ``xgrammar.apply_token_bitmask_inplace`` over the batch's logits, with the constrained rows as ``indices``,
+    gives the tokens the grammar does not allow -inf. The caller feeds each sampled token back with ``accept``.
     """
 
     def __init__(self, compiled: Any) -> None:
         import xgrammar as xgr
 
-        self._xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not self.matcher.is_terminated():
-            self.matcher.fill_next_token_bitmask(self.bitmask, 0)
-            self._xgr.apply_token_bitmask_inplace(scores, self.bitmask)
-        return scores
+    def fill(self, bitmask: torch.Tensor, index: int) -> bool:
+        """Write the tokens allowed next into row ``index`` of ``bitmask``; False (nothing written, nothing to mask)
+        once the grammar has terminated."""
+        if self.matcher.is_terminated():
+            return False
+        self.matcher.fill_next_token_bitmask(bitmask, index)
+        return True
 
     def accept(self, token: int) -> None:
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token):

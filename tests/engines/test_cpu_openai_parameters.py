@@ -274,3 +274,36 @@ def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unch
     assert engine.admissions - admissions == 1  # one prefill for the three: one batch
     jsonschema.validate(json.loads(structured.text), PERSON)
     assert tool.finish_reason == "tool_calls" and tool.choices[0].tool_calls
+
+
+def test_constrained_rows_sharing_the_batchs_bitmask_each_give_what_they_give_alone(engine, run):
+    # GIVEN two schemas, one row also with a logit_bias (a processor before the grammar), and a plain row
+    unit = {
+        "type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    person = request(
+        "Describe a person.", response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    )
+    biased = request(
+        "Which unit?",
+        logit_bias={"28": 100},  # a token the unit grammar never allows: the grammar, applied last, keeps it out
+        response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": unit}},
+    )
+    plain = request("Who wrote Hamlet?", max_tokens=16)
+    requests = {"person": person, "plain": plain, "biased": biased}
+    alone = {name: run(engine.generate(f"{name}-alone", r)).text for name, r in requests.items()}
+
+    # WHEN they run in one batch, the plain row between the constrained ones (the mask skips it)
+    async def together():
+        return await asyncio.gather(*(engine.generate(f"{name}-together", r) for name, r in requests.items()))
+
+    admissions = engine.admissions
+    batched = dict(zip(requests, (g.text for g in run(together())), strict=True))
+    # THEN one prefill, every row's greedy output is what it was alone, and the constrained ones validate
+    assert engine.admissions - admissions == 1
+    assert batched == alone
+    jsonschema.validate(json.loads(batched["person"]), PERSON)
+    assert json.loads(batched["biased"])["unit"] in ("celsius", "fahrenheit")
