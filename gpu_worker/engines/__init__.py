@@ -11,7 +11,8 @@ variable                    engines                meaning (default)
 ``MODEL_KIND``              (the worker reads it)  ``chat`` | ``embedding``: which engine of that name (chat)
 ``MODEL``                   cpu, vllm              model directory or name (cpu: the packaged SmolLM2, or MiniLM for
                                                    embeddings; vllm: required)
-``MAX_NUM_SEQS``            all                    batch capacity: jobs in flight (echo/simulated 64, cpu 8, vllm 64)
+``MAX_NUM_SEQS``            all                    batch capacity: jobs in flight (echo/simulated 64, cpu 8, vllm 64;
+                                                   the cpu embedding engine 256, the inputs it groups passes from)
 ``MAX_MODEL_LEN``           cpu, vllm              context length in tokens (cpu 2048; vllm: the model's)
 ``GPU_MEMORY_UTILIZATION``  vllm                   fraction of GPU memory vLLM may take (0.90)
 ``TENSOR_PARALLEL_SIZE``    vllm                   GPUs per engine (1)

@@ -136,3 +136,67 @@ def test_an_embeddings_request_on_a_chat_engine_is_refused_saying_what_it_needs(
     # THEN it is a permanent refusal (a 400 line, a failed job) naming the model and what it needs
     with pytest.raises(PermanentEngineError, match="'echo-model' is served by a chat engine.*needs an embedding model"):
         asyncio.run(answers.run(EchoEngine(), "e", request))
+
+
+def recorded_passes(engine, monkeypatch) -> list[list[int]]:
+    """The token lengths of every forward pass the engine runs from now on."""
+    passes: list[list[int]] = []
+    forward = type(engine)._forward
+
+    def counting(self, batch):
+        passes.append([len(ids) for ids in batch])
+        return forward(self, batch)
+
+    monkeypatch.setattr(type(engine), "_forward", counting)
+    return passes
+
+
+SHORT, LONG = "word", "word " * 100  # 3 and 102 tokens with [CLS] and [SEP]
+
+
+def test_concurrent_texts_run_in_full_passes_of_similar_lengths(engine, monkeypatch):
+    # GIVEN two passes' worth of concurrent one-text requests, short and long texts interleaved (as a chunk's lines
+    # arrive)
+    from gpu_worker.engines.cpu_embedding import PASS_TEXTS
+
+    passes = recorded_passes(engine, monkeypatch)
+    texts = [SHORT if i % 2 else LONG for i in range(2 * PASS_TEXTS)]
+
+    async def many():
+        return await asyncio.gather(*(engine.embed(f"p{i}", [t]) for i, t in enumerate(texts)))
+
+    results = asyncio.run(many())
+
+    # THEN the engine ran them in full passes of PASS_TEXTS (as sentence-transformers' encode does), each of one length
+    # only: no short text padded to a long one's length
+    assert [len(p) for p in passes] == [PASS_TEXTS, PASS_TEXTS]
+    assert all(len(set(p)) == 1 for p in passes), passes
+    # AND every request got its own text's vector, in order
+    short, long = (asyncio.run(engine.embed("alone", [t])).vectors[0] for t in (SHORT, LONG))
+    for text, result in zip(texts, results, strict=True):
+        expected = short if text == SHORT else long
+        assert max(abs(a - b) for a, b in zip(result.vectors[0], expected, strict=True)) < 1e-5
+
+
+def test_the_oldest_waiting_text_is_in_the_next_pass(engine, monkeypatch):
+    # GIVEN a long text that waits first, then more short texts than a pass holds
+    from gpu_worker.engines.cpu_embedding import PASS_TEXTS
+
+    passes = recorded_passes(engine, monkeypatch)
+
+    async def many():
+        return await asyncio.gather(
+            *(engine.embed(f"o{i}", [LONG if i == 0 else SHORT]) for i in range(2 * PASS_TEXTS))
+        )
+
+    asyncio.run(many())
+
+    # THEN the first pass holds it (grouping by length never leaves a text behind texts that came after it)
+    assert 102 in passes[0]
+
+
+def test_the_engine_admits_more_requests_than_a_pass_so_it_can_group_them():
+    # GIVEN the engine's defaults THEN several passes' worth of requests are in flight, to choose each pass from
+    from gpu_worker.engines.cpu_embedding import PASS_TEXTS
+
+    assert CpuEmbeddingEngine().capacity >= 4 * PASS_TEXTS
