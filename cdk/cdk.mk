@@ -20,10 +20,11 @@ $(ASSEMBLY): $(VENV)/.installed node_modules/.installed $(CDK_INPUTS)
 	touch $@
 
 # `make demo`'s assembly: the same app with a second model, the embedding model all-MiniLM-L6-v2 (its own fleet),
-# so that the demo shows an embeddings job beside the chat jobs. The default deploy serves the one chat model.
+# so that the demo shows an embeddings job beside the chat jobs. The default deploy serves the one chat model. Its
+# max_num_seqs is the embedding engine's default of 256 in flight, from which each pass takes 32 of similar length.
 DEMO_ASSEMBLY := cdk.out.demo/manifest.json
 DEMO_MODELS := [{"name": "Qwen/Qwen2.5-1.5B-Instruct"}, {"name": "sentence-transformers/all-MiniLM-L6-v2", \
-	"kind": "embedding", "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1}]
+	"kind": "embedding", "max_num_seqs": 256, "max_worker_tasks": 1, "max_gpu_instances": 1}]
 
 $(DEMO_ASSEMBLY): $(VENV)/.installed node_modules/.installed $(CDK_INPUTS)
 	$(NPX) cdk synth --quiet --output cdk.out.demo -c models='$(DEMO_MODELS)'
