@@ -47,6 +47,9 @@ MINILM_PACKAGE = "all_minilm_l6_v2"
 MINILM_NAME = "all-MiniLM-L6-v2"
 DEFAULT_CAPACITY = 256  # requests in flight: the inputs each pass is chosen from
 PASS_TEXTS = 32  # inputs in one forward pass: sentence-transformers' encode(batch_size=32)
+# The oldest waiting inputs a pass is chosen from: enough to group by length, few enough to sort at every pass however
+# many wait (256 requests of up to 2,048 inputs each could leave half a million waiting).
+PASS_CANDIDATES = 8 * PASS_TEXTS
 BATCH_DELAY_S = 0.005  # how long a pass short of PASS_TEXTS inputs waits for more
 
 
@@ -59,11 +62,13 @@ class Waiting:
     future: asyncio.Future[list[float]] = field(repr=False)
 
 
-def next_pass(waiting: Sequence[Waiting], size: int) -> list[Waiting]:
+def next_pass(waiting: Sequence[Waiting], size: int, candidates: int = PASS_CANDIDATES) -> list[Waiting]:
     """The inputs of the next forward pass: the oldest waiting one and the ``size - 1`` closest to it in length (the
-    older first among equals), so that the pass pads little and the oldest input never waits for a later one."""
-    oldest = min(waiting, key=lambda w: w.order)
-    return sorted(waiting, key=lambda w: (abs(len(w.ids) - len(oldest.ids)), w.order))[:size]
+    older first among equals) among the ``candidates`` oldest, so that the pass pads little and the oldest input never
+    waits for a later one. ``waiting`` is in arrival order."""
+    window = waiting[: max(size, candidates)]
+    oldest = window[0]
+    return sorted(window, key=lambda w: (abs(len(w.ids) - len(oldest.ids)), w.order))[:size]
 
 
 def _offline() -> None:
