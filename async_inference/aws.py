@@ -717,9 +717,12 @@ class WorkerService:
     def set_desired_count(self, count: int) -> None:
         self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
 
-    def hold_minimum(self, minimum: int, *, release_at: dt.datetime, autoscaling: Any | None = None) -> None:
-        """Raise the service's Application Auto Scaling minimum to ``minimum`` until ``release_at`` (UTC). The release
-        (a one-time scheduled action back to 0, replacing the previous one) is put first: if the raise then fails,
+    def hold_one_task(
+        self, *, release_at: dt.datetime, restore_max: int | None = None, autoscaling: Any | None = None
+    ) -> None:
+        """Hold the service at one task until ``release_at`` (UTC): its Application Auto Scaling minimum at 1, and
+        with ``restore_max`` its maximum too. The release (a one-time scheduled action that puts the minimum back to
+        0 and the maximum to ``restore_max``, replacing the previous one) is put first: if the raise then fails,
         nothing is left held."""
         scaling = autoscaling or self._autoscaling()
         target = {
@@ -727,13 +730,16 @@ class WorkerService:
             "ScalableDimension": "ecs:service:DesiredCount",
             "ResourceId": f"service/{self.cluster.split('/')[-1]}/{self.service.split('/')[-1]}",
         }
+        held, released = {"MinCapacity": 1}, {"MinCapacity": 0}
+        if restore_max is not None:
+            held["MaxCapacity"], released["MaxCapacity"] = 1, restore_max
         scaling.put_scheduled_action(
             **target,
             ScheduledActionName=WAKE_HOLD_RELEASE,
             Schedule=f"at({release_at.strftime('%Y-%m-%dT%H:%M:%S')})",
-            ScalableTargetAction={"MinCapacity": 0},
+            ScalableTargetAction=released,
         )
-        scaling.register_scalable_target(**target, MinCapacity=minimum)
+        scaling.register_scalable_target(**target, **held)
 
     def _autoscaling(self) -> Any:
         if getattr(self, "_scaling", None) is None:

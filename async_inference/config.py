@@ -122,6 +122,9 @@ DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # How long a wake holds the service's scaling minimum at one task (0: no hold). See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
 DEFAULT_WAKE_HOLD_S = 300
+# The service's scaling maximum. With it a hold keeps the service at exactly one task (its maximum at 1 too) and its
+# end puts the maximum back to this; without it the hold raises only the minimum. See cdk/queue_scaling.py.
+ENV_WAKE_MAX_TASKS = "WAKE_MAX_TASKS"
 # The GPU Auto Scaling group a wake also starts an instance in (its desired capacity raised from 0 to 1), so that the
 # instance does not wait for ECS managed scaling's next CapacityProviderReservation minute (cdk/gpu_capacity.py).
 ENV_WORKER_GROUP = "WORKER_AUTO_SCALING_GROUP"
@@ -189,6 +192,8 @@ class WakeTarget:
     check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
     hold_s: float = 0.0  # how long a wake holds the scaling minimum at one task
     group: str | None = None  # the GPU Auto Scaling group a wake starts an instance in (None: managed scaling does)
+    # The service's scaling maximum: with it the hold keeps the maximum at one task too, and its end restores this.
+    max_tasks: int | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -199,6 +204,8 @@ class WakeTarget:
         }
         if self.group is not None:
             env[ENV_WORKER_GROUP] = self.group
+        if self.max_tasks is not None:
+            env[ENV_WAKE_MAX_TASKS] = str(self.max_tasks)
         return env
 
 
@@ -300,6 +307,12 @@ class ServiceSettings(EnvSettings):
     worker_group: str | None = Field(
         None, alias=ENV_WORKER_GROUP, description="the GPU Auto Scaling group a wake starts an instance in"
     )
+    wake_max_tasks: int | None = Field(
+        None,
+        ge=1,
+        alias=ENV_WAKE_MAX_TASKS,
+        description="the worker service's scaling maximum, which the end of a wake's hold restores",
+    )
 
     @model_validator(mode="after")
     def _wake_complete(self) -> ServiceSettings:
@@ -314,7 +327,12 @@ class ServiceSettings(EnvSettings):
         if self.worker_cluster is None or self.worker_service is None:
             return None
         return WakeTarget(
-            self.worker_cluster, self.worker_service, self.wake_check_interval_s, self.wake_hold_s, self.worker_group
+            self.worker_cluster,
+            self.worker_service,
+            self.wake_check_interval_s,
+            self.wake_hold_s,
+            self.worker_group,
+            self.wake_max_tasks,
         )
 
     payload_retention_days: int = Field(

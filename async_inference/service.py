@@ -267,7 +267,12 @@ class JobService:
                 wake = self._wake
                 waker = ServiceWaker.for_target(
                     WakeTarget(
-                        wake.cluster, route.worker_service, wake.check_interval_s, wake.hold_s, route.worker_group
+                        wake.cluster,
+                        route.worker_service,
+                        wake.check_interval_s,
+                        wake.hold_s,
+                        route.worker_group,
+                        route.worker_max_tasks,
                     )
                 )
             lane = JobQueue(route.batch_queue_url) if route.batch_queue_url else None

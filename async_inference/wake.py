@@ -14,6 +14,13 @@ alarm's Auto Scaling actions every minute the alarm stays in ALARM; the keep-ali
 sat idle, would set the count back to 0 the next minute, before SQS has published the job's minute. A minimum of 1
 makes that scale-to-zero a no-op until the hold ends (a scheduled action puts the minimum back to 0).
 
+With ``max_tasks`` (the service's scaling maximum) the hold keeps the service at exactly one task: its maximum is 1
+too, and the hold's end puts it back to ``max_tasks``. A second task asked for while the first still starts would
+start on a fresh instance (the warm pool's went to the first: boot, image pull and weights, about 8 minutes in
+docs/scaling.md), by which time the first has usually cleared the burst that woke it; on the conversation trace that
+second instance was paid for 9 minutes and never served a job. A backlog that outlasts the hold still gets its second
+task: the scale-out alarm, in ALARM, re-runs its action every minute, and the first run after the hold's end adds it.
+
 The instance (``group``): a task needs a GPU instance, and from an idle stack there is none. ECS managed scaling would
 launch one after its next CapacityProviderReservation datapoint (one a minute, ECS Developer Guide, "Amazon ECS
 cluster auto scaling"); a wake that set the service from 0 also raises the GPU Auto Scaling group's desired capacity
@@ -43,8 +50,9 @@ logger = logging.getLogger("async_inference.wake")
 
 class ServiceWaker:
     """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, holds
-    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0), and raises ``group`` (the GPU Auto Scaling
-    group, when given) from 0 instances to 1."""
+    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0; with ``max_tasks`` its maximum too, put back
+    to ``max_tasks`` when the hold ends), and raises ``group`` (the GPU Auto Scaling group, when given) from 0
+    instances to 1."""
 
     def __init__(
         self,
@@ -53,6 +61,7 @@ class ServiceWaker:
         check_interval_s: float,
         hold_s: float = 0.0,
         group: CapacityGroup | None = None,
+        max_tasks: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
@@ -60,6 +69,7 @@ class ServiceWaker:
         self.check_interval_s = check_interval_s
         self.hold_s = hold_s
         self.group = group
+        self.max_tasks = max_tasks
         self._clock = clock
         self._utcnow = utcnow
         self._next_check = -math.inf
@@ -75,6 +85,7 @@ class ServiceWaker:
             check_interval_s=target.check_interval_s,
             hold_s=target.hold_s,
             group=CapacityGroup(target.group) if target.group else None,
+            max_tasks=target.max_tasks,
         )
 
     def job_queued(self) -> bool:
@@ -127,14 +138,18 @@ class ServiceWaker:
         logger.info("started a GPU instance in %s", self.group.name)
 
     def _hold(self) -> None:
-        """Hold the scaling minimum at 1 for ``hold_s``; a failure is logged and counted, and the wake stands."""
+        """Hold the service at one task for ``hold_s``; a failure is logged and counted, and the wake stands."""
         if self.hold_s <= 0:
             return
         try:
-            self.service.hold_minimum(1, release_at=self._utcnow() + dt.timedelta(seconds=self.hold_s))
+            self.service.hold_one_task(
+                release_at=self._utcnow() + dt.timedelta(seconds=self.hold_s), restore_max=self.max_tasks
+            )
         except Exception as exc:
             self.failures += 1
-            logger.warning("woke the worker service %s but could not hold its minimum (%s)", self.service.service, exc)
+            logger.warning(
+                "woke the worker service %s but could not hold it at one task (%s)", self.service.service, exc
+            )
             _count_failure()
 
 

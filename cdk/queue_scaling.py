@@ -57,7 +57,10 @@ class QueueScaling(Construct):
       scalable target's minimum at 1 for ``wake_hold`` (RegisterScalableTarget, with a scheduled action that puts the
       minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
       ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
-      published) would otherwise set the count straight back to 0.
+      published) would otherwise set the count straight back to 0. The hold keeps the maximum at 1 as well (put
+      back to ``max_tasks`` by the same scheduled action): a second task asked for while the first still starts
+      would start on a fresh instance, after the first has usually cleared the burst that woke it (docs/scaling.md);
+      a backlog that outlasts the hold gets it from ``TasksShort``, which re-runs its action every minute in ALARM.
       (``cdk.gpu_capacity.GpuCapacity.grant_instance_start`` lets the same function start the GPU instance too,
       skipping ECS managed scaling's minute.)
     * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
@@ -92,7 +95,7 @@ class QueueScaling(Construct):
     :param scale_in_cooldown: pause after a step-down before the next. Default: 120 s.
     :param keep_alive_minutes: minutes with nothing visible, in flight or sent before scaling to zero. Default: 3.
     :param wake_check_interval: how often one process that queues jobs may check the service. Default: 60 s.
-    :param wake_hold: how long a wake holds the minimum at one task. Default: 5 minutes (the keep-alive plus two
+    :param wake_hold: how long a wake holds the service at one task (its minimum and maximum). Default: 5 minutes (the keep-alive plus two
         minutes for the job's minute to reach the alarms).
     """
 
@@ -125,6 +128,7 @@ class QueueScaling(Construct):
         )
         self.service = service
         self.queues = counted
+        self.max_tasks = max_tasks
         self.wake_check_interval = wake_check_interval
         self.wake_hold = wake_hold
         self.target = appscaling.ScalableTarget(
@@ -238,6 +242,7 @@ class QueueScaling(Construct):
             service=self._service_arn_by_name,
             check_interval_s=self.wake_check_interval.to_seconds(),
             hold_s=self.wake_hold.to_seconds(),
+            max_tasks=self.max_tasks,
         )
 
     def grant_wake(self, function: lambda_.Function, *, environment: bool = True) -> None:

@@ -207,8 +207,9 @@ class AsyncInferenceServiceProps:
         instance starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``).
         Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
-      wake_hold_seconds: how long a wake holds the scaling minimum at one task, so that the keep-alive alarm, still in
-        ALARM from the idle minutes before, cannot set the count back to 0 (``cdk.queue_scaling``). 0: no hold.
+      wake_hold_seconds: how long a wake holds the service at one task (its scaling minimum and maximum at 1), so
+        that the keep-alive alarm, still in ALARM from the idle minutes before, cannot set the count back to 0, and
+        no second task starts on a fresh instance while the first still starts (``cdk.queue_scaling``). 0: no hold.
         Default: 300.
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
@@ -822,7 +823,7 @@ class AsyncInferenceService(Construct):
             },
         )
 
-    def _routes(self, first: ModelSpec, wake: bool) -> dict[str, dict[str, str]]:
+    def _routes(self, first: ModelSpec, wake: bool) -> dict[str, dict[str, str | int]]:
         """MODEL_FLEETS (``async_inference.fleets.FleetRoute`` per model), with the stack's tokens."""
         routes = {
             first.name: {
@@ -842,10 +843,12 @@ class AsyncInferenceService(Construct):
         return routes
 
     @staticmethod
-    def _wake_route(scaling: QueueScaling, capacity: GpuCapacity) -> dict[str, str]:
-        """What a route needs to wake its fleet from zero: its service, and the GPU group an instance starts in."""
+    def _wake_route(scaling: QueueScaling, capacity: GpuCapacity) -> dict[str, str | int]:
+        """What a route needs to wake its fleet from zero: its service and its scaling maximum (which the end of a
+        wake's hold restores), and the GPU group an instance starts in."""
         return {
             "worker_service": scaling.wake_target.service,
+            "worker_max_tasks": scaling.max_tasks,
             "worker_group": capacity.auto_scaling_group.auto_scaling_group_name,
         }
 

@@ -154,7 +154,12 @@ class BatchController:
             if wake is not None and route.worker_service:
                 waker = ServiceWaker.for_target(
                     WakeTarget(
-                        wake.cluster, route.worker_service, wake.check_interval_s, wake.hold_s, route.worker_group
+                        wake.cluster,
+                        route.worker_service,
+                        wake.check_interval_s,
+                        wake.hold_s,
+                        route.worker_group,
+                        route.worker_max_tasks,
                     )
                 )
             self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -21,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
-from async_inference.config import ENV_WORKER_GROUP
+from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_MAX_TASKS, ENV_WORKER_GROUP
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
-from bench.scaling.hazards import HAZARDS, setting, unfixed
+from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
@@ -300,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
             _without(template, "instance_start"),
         ),
         (
+            "deployed without the hold's maximum (a wake holds only the minimum: a second task may be asked for while "
+            "the first starts)",
+            _without(template, "hold_cap"),
+        ),
+        (
             "warm pool without pre-initialization (no launch hook: pooled instances hold no image or weights)",
             _without(template, "pool_pre_initialized"),
         ),
@@ -355,6 +361,26 @@ def main(argv: list[str] | None = None) -> int:
     for name, outcome in hazards.items():
         print(f"  {name}: " + "; ".join(f"{k}: {v}" for k, v in outcome.items()))
 
+    # --- the hold's trade-off: a burst one task cannot clear, with and without the hold's maximum --------------------
+    trade_off: dict[str, Any] = {}
+    burst_trace = burst(requests)
+    if isinstance(model, EncoderShape):
+        burst_trace = embedding_requests(burst_trace, model.max_tokens)
+    for label, variant in (("held at one task", template), ("minimum only", _without(template, "hold_cap"))):
+        ((run, summary),) = run_all(variant, ("deployed",), run_requests=burst_trace).values()
+        finished = [j.finished_s for j in run.jobs if j.finished_s is not None]
+        trade_off[label] = {
+            "gpu_hours": summary["gpu_hours"],
+            "first_job_start_s": summary["first_job_start_s"],
+            "p95_wait_s": summary["p95_wait_s"],
+            "last_job_done_s": round(max(finished), 1) if finished else None,
+            "max_tasks": summary["max_tasks"],
+        }
+    print(
+        f"\nthe hold's trade-off: {len(burst_trace)} jobs within {BURST_S:.0f} s of an idle stack: "
+        + "; ".join(f"{k}: {v}" for k, v in trade_off.items())
+    )
+
     sweep = []
     for value in [v.strip() for v in args.sweep.split(",") if v.strip()]:
         batch = sized if value == "sized" else int(value)
@@ -408,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "policies": results,
         "sensitivity": sensitivity,
         "hazards": hazards,
+        "hold_trade_off": trade_off,
         "sweep": sweep,
         "checks": checks,
         "plot": str(png),
@@ -420,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "policies": {n: {k: s[k] for k in BRIEF} for n, s in results.items()},
                 "hazards": hazards,
+                "hold_trade_off": trade_off,
                 "checks": checks,
             }
         )
@@ -453,13 +481,23 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
 
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The template without its warm pool, its instance release, the wake's instance start, or the pool's
+    """The template without its warm pool, its instance release, the wake's instance start, the hold's maximum (the
+    functions do not know the service's maximum, so a hold raises only the minimum), or the pool's
     pre-initialization (its launch lifecycle hook) (the simulator's counterfactual rows)."""
     result = copy.deepcopy(template)
-    if choice == "instance_start":
+    if choice in ("instance_start", "hold_cap"):
         for resource in result["Resources"].values():
-            if resource["Type"] == "AWS::Lambda::Function":
-                resource["Properties"].get("Environment", {}).get("Variables", {}).pop(ENV_WORKER_GROUP, None)
+            if resource["Type"] != "AWS::Lambda::Function":
+                continue
+            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
+            if choice == "instance_start":
+                variables.pop(ENV_WORKER_GROUP, None)
+                continue
+            variables.pop(ENV_WAKE_MAX_TASKS, None)
+            routes = variables.get(ENV_MODEL_FLEETS)
+            if isinstance(routes, dict) and "Fn::Join" in routes:
+                parts = routes["Fn::Join"][1]
+                parts[:] = [re.sub(r'"worker_max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts]
         return result
     if choice == "pool_pre_initialized":
         result["Resources"] = {

@@ -21,6 +21,7 @@ and decode rate, and whether the task role may set task protection; and which fu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,12 +68,14 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class WakeSpec:
     """The wake from zero: the functions that may set the service's desired count, how often each checks, and how
-    long a wake holds the scaling minimum at one task (0 when the template gives none, or no permission for it)."""
+    long a wake holds the scaling minimum at one task (0 when the template gives none, or no permission for it), and
+    whether the hold keeps the maximum at one task too."""
 
     functions: tuple[str, ...]
     check_interval_s: float
     hold_s: float = 0.0
     starts_instance: bool = False  # every waking function names the GPU group and may raise its desired capacity
+    hold_caps: bool = False  # the hold keeps the scaling maximum at one task too (the functions know the maximum)
 
 
 @dataclass
@@ -299,6 +302,20 @@ def _routes_group(value: Any, group_id: str) -> bool:
     )
 
 
+def _route_max_tasks(value: Any, service: Mapping[str, Any]) -> int | None:
+    """The ``worker_max_tasks`` of the MODEL_FLEETS route that names the service (``_routes_service``), or None."""
+    name, cluster = service["Properties"].get("ServiceName"), _ref(service["Properties"].get("Cluster"))
+    if not name or not isinstance(value, dict) or "Fn::Join" not in value:
+        return None
+    parts = value["Fn::Join"][1]
+    for part, after in zip(parts, parts[1:], strict=False):
+        if part == {"Ref": cluster} and isinstance(after, str):
+            found = re.match(rf'/{re.escape(name)}","worker_max_tasks":(\d+)', after)
+            if found:
+                return int(found.group(1))
+    return None
+
+
 def _role_updates(template: Mapping[str, Any], role: str | None, service_id: str, service: Mapping[str, Any]) -> bool:
     """Whether ``role`` may ecs:UpdateService on an ARN naming the service (``_names_service``)."""
     for policy in _resources(template, "AWS::IAM::Policy").values():
@@ -332,7 +349,7 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     """The functions that wake the worker service from zero, or None when none does."""
     service_id, service = _single(template, "AWS::ECS::Service")
     group_id, _ = _single(template, "AWS::AutoScaling::AutoScalingGroup")
-    functions, intervals, holds, starts = [], set(), set(), set()
+    functions, intervals, holds, starts, caps = [], set(), set(), set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         named = variables.get(_env.ENV_WORKER_SERVICE)
@@ -359,6 +376,11 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
         ):
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
+        if _names_service(named, service_id, service):
+            most = variables.get(_env.ENV_WAKE_MAX_TASKS)
+        else:
+            most = _route_max_tasks(variables.get(_env.ENV_MODEL_FLEETS), service)
+        caps.add(bool(hold) and most is not None)
         # The instance start: the group named in the environment (a further fleet's: in its route), and
         # SetDesiredCapacity on it in the role.
         group_named = _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id
@@ -367,16 +389,17 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
         starts.add(group_named and _role_allows_group(template, role, group_id))
     if not functions:
         return None
-    if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1:
+    if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1 or len(caps) != 1:
         raise TemplateError(
             f"functions {functions} wake the service at different intervals {sorted(intervals)}, "
-            f"holds {sorted(holds)} or with and without the instance start"
+            f"holds {sorted(holds)}, with and without the instance start or the hold's maximum"
         )
     return WakeSpec(
         functions=tuple(sorted(functions)),
         check_interval_s=intervals.pop(),
         hold_s=holds.pop(),
         starts_instance=starts.pop(),
+        hold_caps=caps.pop(),
     )
 
 

@@ -1,6 +1,7 @@
 """The scaling hazards' fixes and the GPU capacity choices, on the synthesized template (Template.from_stack).
 
-* the wake holds the scaling minimum (the keep-alive alarm re-runs ScaleToZero every minute it stays in ALARM);
+* the wake holds the scaling minimum (the keep-alive alarm re-runs ScaleToZero every minute it stays in ALARM), and
+  the maximum too (no second task on a fresh instance while the first starts);
 * the keep-alive never reads an unpublished minute as idle;
 * the scale-out sets the count it needs rather than adding to a desired count that may not be published yet;
 * a warm pool of stopped, pre-initialized instances (tests/cdk/test_warm_pool.py), and the release of empty
@@ -13,7 +14,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from async_inference.config import ENV_WAKE_HOLD_S, ENV_WORKER_CLUSTER
+from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_S, ENV_WAKE_MAX_TASKS, ENV_WORKER_CLUSTER
 from tests.cdk.helpers import role_actions
 
 
@@ -37,6 +38,19 @@ def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthe
         actions = role_actions(synthesized.template, _role_id(synthesized, function))
         assert actions["application-autoscaling:RegisterScalableTarget"] == ["*"]
         assert actions["application-autoscaling:PutScheduledAction"] == ["*"]
+
+
+def test_every_waking_function_knows_the_maximum_its_hold_restores(synth_variant):
+    """GIVEN a stack of at most 3 tasks WHEN reading the waking functions' environment THEN each carries the service's
+    scaling maximum (WAKE_MAX_TASKS, and the route's worker_max_tasks in MODEL_FLEETS): a wake holds the maximum at one
+    task and its end puts back 3."""
+    variant = synth_variant(max_worker_tasks=3, max_gpu_instances=3)
+    service = variant.stack.service
+    for function in (service.api.handler, service.uploads.handler, service.batches.controller):
+        variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
+        assert variables[ENV_WAKE_MAX_TASKS] == "3"
+        routes = json.dumps(variables[ENV_MODEL_FLEETS])
+        assert '\\"worker_max_tasks\\":3' in routes, routes
 
 
 def test_no_hold_no_permission(synth_variant):

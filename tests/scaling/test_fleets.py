@@ -59,6 +59,7 @@ def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fle
     assert first.wake is not None and second.wake is not None
     assert first.wake.functions == second.wake.functions and len(second.wake.functions) == 3
     assert first.wake.starts_instance and second.wake.starts_instance  # the further group through its route
+    assert first.wake.hold_caps and second.wake.hold_caps  # the further maximum through its route
     assert second.cluster.release_empty  # the first fleet's release function releases the shared cluster's groups
     with pytest.raises(ValueError, match="expected one ECS ScalableTarget"):
         read(two_fleets)  # the whole template is several fleets: read one at a time

@@ -1,5 +1,6 @@
 """The three hazard scenarios (bench/scaling/hazards.py) on the synthesized stack, fixed and with the fix undone: each
-outcome differs, so each scenario can fail."""
+outcome differs, so each scenario can fail. Then the hold's maximum: on the conversation trace's opening burst and on
+a burst one task cannot clear, with and without it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from bench.scaling.__main__ import _without
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import ColdStart
-from bench.scaling.hazards import setting, unfixed
+from bench.scaling.hazards import burst, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.simulation import Delays, simulate
@@ -62,3 +64,34 @@ def test_a_cold_start_asks_for_one_task_whether_or_not_desired_is_published(stac
     # AND adding the shortfall to an unpublished count (read as 0) asks for a second
     unpublished = next(d for d in readings if not d.desired_while_starting)
     assert _deployed(unfixed(stack_template), trace, unpublished).most_desired_before_first_task == 2
+
+
+def test_a_wake_holds_the_service_at_one_task_through_an_opening_burst_that_one_task_clears(stack_template, requests):
+    # GIVEN the conversation trace's first 20 minutes from an idle stack (12.7 % of its jobs come in the 134 s before
+    # the first task serves)
+    trace = [r for r in requests if r.arrival_s < 1200]
+    # WHEN the stack wakes THEN the count stays at one task through the hold, and the burst is still served with no
+    # job waiting longer than it would with a second task asked for at once
+    held = _deployed(stack_template, trace, Delays())
+    unheld = _deployed(_without(stack_template, "hold_cap"), trace, Delays())
+    assert held.max_tasks == 1
+    # AND without the hold's maximum a second task (and a fresh GPU instance) is asked for that never serves a job
+    assert unheld.max_tasks == 2
+    assert held.gpu_hours < unheld.gpu_hours
+    assert max(j.started_s - j.submitted_s for j in held.jobs) <= max(j.started_s - j.submitted_s for j in unheld.jobs)
+
+
+def test_a_burst_one_task_cannot_clear_still_gets_its_second_task_after_the_hold(stack_template, requests):
+    # GIVEN 4,000 of the trace's jobs arriving within 5 minutes of an idle stack
+    trace = burst(requests[:4000])
+    # WHEN the stack wakes THEN a second task is asked for once the hold ends (the scale-out alarm, still in ALARM,
+    # re-runs its action), later than without the hold's maximum
+    held = _deployed(stack_template, trace, Delays())
+    unheld = _deployed(_without(stack_template, "hold_cap"), trace, Delays())
+    assert held.max_tasks == unheld.max_tasks == 2
+    assert _second_task_asked_at(unheld) < 300 <= _second_task_asked_at(held)
+    assert all(j.finished_s is not None for j in held.jobs)
+
+
+def _second_task_asked_at(run) -> float:
+    return next(now for now, desired, *_ in run.timeline if desired >= 2)

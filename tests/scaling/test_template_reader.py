@@ -123,8 +123,9 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
     # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
-    # the service, ecs:UpdateService on it), at 60 s, each holding the minimum for the wake hold and starting the GPU
-    # instance (WORKER_AUTO_SCALING_GROUP naming the group, autoscaling:SetDesiredCapacity on it)
+    # the service, ecs:UpdateService on it), at 60 s, each holding the service at one task for the wake hold (minimum
+    # and maximum: WAKE_MAX_TASKS) and starting the GPU instance (WORKER_AUTO_SCALING_GROUP naming the group,
+    # autoscaling:SetDesiredCapacity on it)
     wake = read(stack_template).wake
     handlers = {
         lid: f["Properties"]["Handler"]
@@ -136,6 +137,7 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
         check_interval_s=PROPS.wake_check_interval_seconds,
         hold_s=PROPS.wake_hold_seconds,
         starts_instance=True,
+        hold_caps=True,
     )
     assert sorted(handlers.values()) == [
         "lambdas.api.handler.lambda_handler",
@@ -153,7 +155,7 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
     )
     assert deployed.name == "deployed" and deployed.api_wake is not None
     assert (deployed.api_wake.check_interval_s, deployed.api_wake.hold_s) == (60, PROPS.wake_hold_seconds)
-    assert deployed.api_wake.starts_instance
+    assert deployed.api_wake.starts_instance and deployed.api_wake.hold_caps
     assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
         "long_jobs",
         20.0,
@@ -178,6 +180,16 @@ def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permiss
             function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WORKER_GROUP, None)
     # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
     assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
+
+
+def test_the_hold_reads_as_holding_the_maximum_only_when_the_functions_know_it(stack_template):
+    # GIVEN the stack with WAKE_MAX_TASKS taken out of every waking function's environment
+    variant = copy.deepcopy(stack_template)
+    for function in variant["Resources"].values():
+        if function["Type"] == "AWS::Lambda::Function":
+            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WAKE_MAX_TASKS, None)
+    # WHEN read THEN a wake's hold raises the minimum only (a scale-out may add a task while the first starts)
+    assert read(stack_template).wake.hold_caps and not read(variant).wake.hold_caps
 
 
 def test_the_pool_reads_as_pre_initialized_only_with_the_launch_hook_and_the_user_data_that_pulls(stack_template):

@@ -6,6 +6,7 @@ as ECS does (it places no tasks). The clock is the waker's own, so the interval 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
@@ -14,6 +15,7 @@ import pytest
 from async_inference import settings
 from async_inference.aws import WAKE_HOLD_RELEASE, CapacityGroup, WorkerService, client
 from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
+from async_inference.fleets import FleetRoute
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
 from async_inference.wake import ServiceWaker
@@ -173,6 +175,30 @@ def test_a_wake_holds_the_scaling_minimum_and_schedules_its_end(service_arn: str
     )
 
 
+def test_a_wake_that_knows_the_maximum_holds_the_service_at_one_task_and_schedules_both_back(service_arn: str):
+    # GIVEN a service at zero whose scalable target allows 0 to 2 tasks, and a waker that knows the maximum
+    scaling = client("application-autoscaling")
+    target = _scaling_target(service_arn)
+    scaling.register_scalable_target(**target, MinCapacity=0, MaxCapacity=2)
+    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+    waker = ServiceWaker.for_target(WakeTarget(cluster_of(service_arn), service_arn, 60, hold_s=300, max_tasks=2))
+    waker._utcnow, waker._clock = (lambda: now), Clock()
+    # WHEN a job wakes it
+    assert waker.job_queued() is True
+    # THEN minimum and maximum are 1 (no scale-out adds a task while the first starts), and the scheduled action puts
+    # them back to 0 and 2 five minutes later
+    mine = {"ServiceNamespace": "ecs", "ResourceIds": [target["ResourceId"]]}
+    [registered] = scaling.describe_scalable_targets(**mine)["ScalableTargets"]
+    assert (registered["MinCapacity"], registered["MaxCapacity"], desired(service_arn)) == (1, 1, 1)
+    [action] = scaling.describe_scheduled_actions(ServiceNamespace="ecs", ResourceId=target["ResourceId"])[
+        "ScheduledActions"
+    ]
+    assert (action["Schedule"], action["ScalableTargetAction"]) == (
+        "at(2026-12-01T12:05:00)",
+        {"MinCapacity": 0, "MaxCapacity": 2},
+    )
+
+
 def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):
     # GIVEN a waker whose hold will be refused (no scalable target registered for the service in moto)
     class Refusing:
@@ -185,7 +211,7 @@ def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):
     # WHEN a job is queued THEN the service is woken, the hold's failure counted and logged
     assert waker.job_queued() is True
     assert (desired(service_arn), waker.failures) == (1, 1)
-    assert "could not hold its minimum" in caplog.text
+    assert "could not hold it at one task" in caplog.text
 
 
 @pytest.fixture
@@ -272,3 +298,18 @@ def test_the_settings_carry_the_group_to_the_waker():
     assert loaded.wake == target
     waker = ServiceWaker.for_target(loaded.wake)
     assert waker.group is not None and waker.group.name == "gpu-group"
+
+
+def test_the_settings_and_a_fleets_route_carry_the_maximum_to_the_waker():
+    # GIVEN the environment a deployed function gets: the first model's maximum, and a further fleet's route with its own
+    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group", 2)
+    base = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="q", topic_arn="t", wake=target).to_env()
+    # WHEN loaded THEN the waker holds the first model's service at one task and restores 2
+    loaded = ServiceSettings.load(**_by_field(base))
+    assert loaded.wake == target and ServiceWaker.for_target(loaded.wake).max_tasks == 2
+    # AND a further fleet's waker restores its route's maximum
+    route = FleetRoute(queue_url="q2", worker_service="arn:aws:ecs:us-east-1:123456789012:service/workers/gpu2",
+                       worker_max_tasks=4)  # fmt: skip
+    service = JobService.from_config(dataclasses.replace(loaded.service, fleets={"second": route}))
+    _, _, waker = service._route("second")
+    assert waker is not None and waker.max_tasks == 4
