@@ -119,11 +119,13 @@ ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
 ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
 ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
 DEFAULT_WAKE_CHECK_INTERVAL_S = 60
-# How long a wake holds the service's scaling minimum at one task (0: no hold). See cdk/queue_scaling.py.
+# How long a wake holds the service's scaling minimum at one task (0: no hold): at least the keep-alive plus two
+# minutes, and about a warm pool replacement's initialization. See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
-DEFAULT_WAKE_HOLD_S = 300
+DEFAULT_WAKE_HOLD_S = 420
 # The service's scaling maximum. With it a hold keeps the service at exactly one task (its maximum at 1 too) and its
-# end puts the maximum back to this; without it the hold raises only the minimum. See cdk/queue_scaling.py.
+# end puts the maximum back to this; without it the hold raises only the minimum. The stack sets it for a fleet with a
+# warm pool. See cdk/queue_scaling.py.
 ENV_WAKE_MAX_TASKS = "WAKE_MAX_TASKS"
 # The GPU Auto Scaling group a wake also starts an instance in (its desired capacity raised from 0 to 1), so that the
 # instance does not wait for ECS managed scaling's next CapacityProviderReservation minute (cdk/gpu_capacity.py).

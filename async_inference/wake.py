@@ -14,12 +14,14 @@ alarm's Auto Scaling actions every minute the alarm stays in ALARM; the keep-ali
 sat idle, would set the count back to 0 the next minute, before SQS has published the job's minute. A minimum of 1
 makes that scale-to-zero a no-op until the hold ends (a scheduled action puts the minimum back to 0).
 
-With ``max_tasks`` (the service's scaling maximum) the hold keeps the service at exactly one task: its maximum is 1
-too, and the hold's end puts it back to ``max_tasks``. A second task asked for while the first still starts would
-start on a fresh instance (the warm pool's went to the first: boot, image pull and weights, about 8 minutes in
-docs/scaling.md), by which time the first has usually cleared the burst that woke it; on the conversation trace that
-second instance was paid for 9 minutes and never served a job. A backlog that outlasts the hold still gets its second
-task: the scale-out alarm, in ALARM, re-runs its action every minute, and the first run after the hold's end adds it.
+With ``max_tasks`` (the service's scaling maximum; the stack sets it for a fleet with a warm pool) the hold keeps the
+service at exactly one task: its maximum is 1 too, and the hold's end puts it back to ``max_tasks``. A second task
+asked for while the first still starts would start on a fresh instance (the pool's went to the first: boot, image
+pull and weights, about 8.6 minutes to serve in docs/scaling.md), when the pool's replacement, ready about when the
+hold ends, serves it as soon; and the first has usually cleared the burst that woke it by then (on the conversation
+trace that fresh instance was paid 9.5 minutes and never served a job). A backlog that outlasts the hold still gets its
+second task: the scale-out alarm, in ALARM, re-runs its action every minute, and the first run after the hold's end
+adds it.
 
 The instance (``group``): a task needs a GPU instance, and from an idle stack there is none. ECS managed scaling would
 launch one after its next CapacityProviderReservation datapoint (one a minute, ECS Developer Guide, "Amazon ECS

@@ -57,10 +57,11 @@ class QueueScaling(Construct):
       scalable target's minimum at 1 for ``wake_hold`` (RegisterScalableTarget, with a scheduled action that puts the
       minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
       ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
-      published) would otherwise set the count straight back to 0. The hold keeps the maximum at 1 as well (put
-      back to ``max_tasks`` by the same scheduled action): a second task asked for while the first still starts
-      would start on a fresh instance, after the first has usually cleared the burst that woke it (docs/scaling.md);
-      a backlog that outlasts the hold gets it from ``TasksShort``, which re-runs its action every minute in ALARM.
+      published) would otherwise set the count straight back to 0. With ``wake_hold_maximum`` the hold keeps the
+      maximum at 1 as well (put back to ``max_tasks`` by the same scheduled action): a second task asked for while
+      the first still starts would start on a fresh instance, not from the warm pool still replacing its instance,
+      and usually after the first has cleared the burst that woke it (docs/scaling.md); a backlog that outlasts the
+      hold gets it from ``TasksShort``, which re-runs its action every minute in ALARM.
       (``cdk.gpu_capacity.GpuCapacity.grant_instance_start`` lets the same function start the GPU instance too,
       skipping ECS managed scaling's minute.)
     * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
@@ -95,8 +96,14 @@ class QueueScaling(Construct):
     :param scale_in_cooldown: pause after a step-down before the next. Default: 120 s.
     :param keep_alive_minutes: minutes with nothing visible, in flight or sent before scaling to zero. Default: 3.
     :param wake_check_interval: how often one process that queues jobs may check the service. Default: 60 s.
-    :param wake_hold: how long a wake holds the service at one task (its minimum and maximum). Default: 5 minutes (the keep-alive plus two
-        minutes for the job's minute to reach the alarms).
+    :param wake_hold: how long a wake holds the service's minimum at one task (and its maximum, with
+        ``wake_hold_maximum``). Default: 7 minutes: at least the keep-alive plus two minutes for the job's minute to
+        reach the alarms, and about what a warm pool's replacement takes to initialize (boot, image pull, weights:
+        444 s in docs/scaling.md), so that a second task asked for at the hold's end starts from the pool.
+    :param wake_hold_maximum: a wake holds the maximum at one task too, and the hold's end puts back ``max_tasks``.
+        For a service whose GPU group has a warm pool: a second task asked for while the first still starts would
+        start on a fresh instance (the pool's went to the first) when the pool's replacement would serve it as soon,
+        and usually after the first has cleared the burst that woke it. Default: False.
     """
 
     def __init__(
@@ -115,6 +122,7 @@ class QueueScaling(Construct):
         keep_alive_minutes: int = 3,
         wake_check_interval: Duration = Duration.seconds(DEFAULT_WAKE_CHECK_INTERVAL_S),
         wake_hold: Duration = Duration.seconds(DEFAULT_WAKE_HOLD_S),
+        wake_hold_maximum: bool = False,
     ) -> None:
         super().__init__(scope, id)
         counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
@@ -131,6 +139,7 @@ class QueueScaling(Construct):
         self.max_tasks = max_tasks
         self.wake_check_interval = wake_check_interval
         self.wake_hold = wake_hold
+        self.wake_hold_maximum = wake_hold_maximum
         self.target = appscaling.ScalableTarget(
             self,
             "TaskCount",
@@ -242,7 +251,7 @@ class QueueScaling(Construct):
             service=self._service_arn_by_name,
             check_interval_s=self.wake_check_interval.to_seconds(),
             hold_s=self.wake_hold.to_seconds(),
-            max_tasks=self.max_tasks,
+            max_tasks=self.max_tasks if self.wake_hold_maximum else None,
         )
 
     def grant_wake(self, function: lambda_.Function, *, environment: bool = True) -> None:

@@ -207,10 +207,11 @@ class AsyncInferenceServiceProps:
         instance starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``).
         Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
-      wake_hold_seconds: how long a wake holds the service at one task (its scaling minimum and maximum at 1), so
-        that the keep-alive alarm, still in ALARM from the idle minutes before, cannot set the count back to 0, and
-        no second task starts on a fresh instance while the first still starts (``cdk.queue_scaling``). 0: no hold.
-        Default: 300.
+      wake_hold_seconds: how long a wake holds the service at one task: its scaling minimum at 1, so that the
+        keep-alive alarm, still in ALARM from the idle minutes before, cannot set the count back to 0; and, with a warm
+        pool, its maximum at 1, so that a second task waits for the pool's replacement instead of a fresh instance
+        (``cdk.queue_scaling``). 0: no hold. Default: 420 (the pool's replacement initializes in about 7 minutes:
+        boot, image pull, weights; docs/scaling.md).
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
       alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
@@ -745,9 +746,10 @@ class AsyncInferenceService(Construct):
             "log_retention": props.log_retention,
         }
 
-    @staticmethod
-    def _scaling_options(props: AsyncInferenceServiceProps) -> dict[str, Any]:
-        """``QueueScaling``'s options for a model but its service and queues."""
+    @classmethod
+    def _scaling_options(cls, props: AsyncInferenceServiceProps) -> dict[str, Any]:
+        """``QueueScaling``'s options for a model but its service and queues. A wake holds the maximum too when the
+        fleet has a warm pool: the hold then lasts until the pool's replacement is ready for a second task."""
         return {
             "jobs_per_task": props.effective_jobs_per_task(),
             "max_tasks": props.max_worker_tasks,
@@ -758,6 +760,7 @@ class AsyncInferenceService(Construct):
             "keep_alive_minutes": props.idle_minutes_before_scale_in,
             "wake_check_interval": Duration.seconds(props.wake_check_interval_seconds),
             "wake_hold": Duration.seconds(props.wake_hold_seconds),
+            "wake_hold_maximum": cls._warm_instances(props) > 0,
         }
 
     @staticmethod
@@ -846,9 +849,10 @@ class AsyncInferenceService(Construct):
     def _wake_route(scaling: QueueScaling, capacity: GpuCapacity) -> dict[str, str | int]:
         """What a route needs to wake its fleet from zero: its service and its scaling maximum (which the end of a
         wake's hold restores), and the GPU group an instance starts in."""
+        target = scaling.wake_target
         return {
-            "worker_service": scaling.wake_target.service,
-            "worker_max_tasks": scaling.max_tasks,
+            "worker_service": target.service,
+            **({} if target.max_tasks is None else {"worker_max_tasks": target.max_tasks}),
             "worker_group": capacity.auto_scaling_group.auto_scaling_group_name,
         }
 

@@ -481,9 +481,10 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
 
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The template without its warm pool, its instance release, the wake's instance start, the hold's maximum (the
-    functions do not know the service's maximum, so a hold raises only the minimum), or the pool's
-    pre-initialization (its launch lifecycle hook) (the simulator's counterfactual rows)."""
+    """The template without its warm pool (and so without the hold's maximum, as the stack synthesizes it), its
+    instance release, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
+    so a hold raises only the minimum), or the pool's pre-initialization (its launch lifecycle hook) (the simulator's
+    counterfactual rows)."""
     result = copy.deepcopy(template)
     if choice in ("instance_start", "hold_cap"):
         for resource in result["Resources"].values():
@@ -504,6 +505,8 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
             k: v for k, v in result["Resources"].items() if v["Type"] != "AWS::AutoScaling::LifecycleHook"
         }
         return result
+    if choice == "warm_pool":  # as the stack synthesizes without a pool: the hold raises only the minimum
+        result = _without(result, "hold_cap")
     kind = "AWS::AutoScaling::WarmPool" if choice == "warm_pool" else "AWS::Events::Rule"
     result["Resources"] = {k: v for k, v in result["Resources"].items() if v["Type"] != kind}
     return result

@@ -28,13 +28,13 @@ def _role_id(synthesized, function) -> str:
 
 def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthesized):
     """GIVEN the functions that wake the workers WHEN reading their environment and role THEN each holds the scaling
-    minimum for 300 s (WAKE_HOLD_S) and may RegisterScalableTarget and PutScheduledAction (the hold and its end)."""
+    minimum for 420 s (WAKE_HOLD_S) and may RegisterScalableTarget and PutScheduledAction (the hold and its end)."""
     service = synthesized.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = synthesized.json["Resources"][_function_id(synthesized, function)]["Properties"]["Environment"][
             "Variables"
         ]
-        assert variables[ENV_WAKE_HOLD_S] == "300"
+        assert variables[ENV_WAKE_HOLD_S] == "420"
         actions = role_actions(synthesized.template, _role_id(synthesized, function))
         assert actions["application-autoscaling:RegisterScalableTarget"] == ["*"]
         assert actions["application-autoscaling:PutScheduledAction"] == ["*"]
@@ -51,6 +51,17 @@ def test_every_waking_function_knows_the_maximum_its_hold_restores(synth_variant
         assert variables[ENV_WAKE_MAX_TASKS] == "3"
         routes = json.dumps(variables[ENV_MODEL_FLEETS])
         assert '\\"worker_max_tasks\\":3' in routes, routes
+
+
+def test_without_a_warm_pool_the_hold_holds_the_minimum_only(synth_variant):
+    """GIVEN a stack without a warm pool WHEN reading the waking functions' environment THEN none carries the maximum
+    (a second task would come from a fresh instance whenever it is asked for: the hold does not delay it)."""
+    variant = synth_variant(gpu_warm_pool_instances=0)
+    service = variant.stack.service
+    for function in (service.api.handler, service.uploads.handler, service.batches.controller):
+        variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
+        assert ENV_WAKE_MAX_TASKS not in variables
+        assert "worker_max_tasks" not in json.dumps(variables[ENV_MODEL_FLEETS])
 
 
 def test_no_hold_no_permission(synth_variant):
