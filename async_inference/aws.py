@@ -717,13 +717,18 @@ class WorkerService:
     def set_desired_count(self, count: int) -> None:
         self._ecs.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
 
-    def hold_one_task(
-        self, *, release_at: dt.datetime, restore_max: int | None = None, autoscaling: Any | None = None
+    def hold(
+        self,
+        *,
+        release_at: dt.datetime,
+        maximum: int | None = None,
+        restore_max: int | None = None,
+        autoscaling: Any | None = None,
     ) -> None:
-        """Hold the service at one task until ``release_at`` (UTC): its Application Auto Scaling minimum at 1, and
-        with ``restore_max`` its maximum too. The release (a one-time scheduled action that puts the minimum back to
-        0 and the maximum to ``restore_max``, replacing the previous one) is put first: if the raise then fails,
-        nothing is left held."""
+        """Hold the service's Application Auto Scaling minimum at 1 until ``release_at`` (UTC), and with ``maximum``
+        and ``restore_max`` its maximum at ``maximum``. The release (a one-time scheduled action that puts the minimum
+        back to 0 and the maximum to ``restore_max``, replacing the previous one) is put first: if the raise then
+        fails, nothing is left held."""
         scaling = autoscaling or self._autoscaling()
         target = {
             "ServiceNamespace": "ecs",
@@ -731,8 +736,8 @@ class WorkerService:
             "ResourceId": f"service/{self.cluster.split('/')[-1]}/{self.service.split('/')[-1]}",
         }
         held, released = {"MinCapacity": 1}, {"MinCapacity": 0}
-        if restore_max is not None:
-            held["MaxCapacity"], released["MaxCapacity"] = 1, restore_max
+        if maximum is not None and restore_max is not None:
+            held["MaxCapacity"], released["MaxCapacity"] = maximum, restore_max
         scaling.put_scheduled_action(
             **target,
             ScheduledActionName=WAKE_HOLD_RELEASE,

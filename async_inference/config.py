@@ -123,9 +123,10 @@ DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # minutes, and about a warm pool replacement's initialization. See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
 DEFAULT_WAKE_HOLD_S = 420
-# The service's scaling maximum. With it a hold keeps the service at exactly one task (its maximum at 1 too) and its
-# end puts the maximum back to this; without it the hold raises only the minimum. The stack sets it for a fleet with a
-# warm pool. See cdk/queue_scaling.py.
+# The most tasks a wake's hold allows (its scaling maximum while it lasts), and the maximum its end puts back. The stack
+# sets both for a fleet whose warm pool holds fewer instances than its most tasks (the hold then allows as many tasks
+# as the pool can start); without them the hold raises only the minimum. See cdk/queue_scaling.py.
+ENV_WAKE_HOLD_MAX_TASKS = "WAKE_HOLD_MAX_TASKS"
 ENV_WAKE_MAX_TASKS = "WAKE_MAX_TASKS"
 # The GPU Auto Scaling group a wake also starts an instance in (its desired capacity raised from 0 to 1), so that the
 # instance does not wait for ECS managed scaling's next CapacityProviderReservation minute (cdk/gpu_capacity.py).
@@ -194,8 +195,10 @@ class WakeTarget:
     check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
     hold_s: float = 0.0  # how long a wake holds the scaling minimum at one task
     group: str | None = None  # the GPU Auto Scaling group a wake starts an instance in (None: managed scaling does)
-    # The service's scaling maximum: with it the hold keeps the maximum at one task too, and its end restores this.
+    # The service's scaling maximum, which the end of a hold restores, and the maximum while the hold lasts (None:
+    # the hold raises the minimum only).
     max_tasks: int | None = None
+    hold_max_tasks: int | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -208,6 +211,8 @@ class WakeTarget:
             env[ENV_WORKER_GROUP] = self.group
         if self.max_tasks is not None:
             env[ENV_WAKE_MAX_TASKS] = str(self.max_tasks)
+        if self.hold_max_tasks is not None:
+            env[ENV_WAKE_HOLD_MAX_TASKS] = str(self.hold_max_tasks)
         return env
 
 
@@ -315,6 +320,12 @@ class ServiceSettings(EnvSettings):
         alias=ENV_WAKE_MAX_TASKS,
         description="the worker service's scaling maximum, which the end of a wake's hold restores",
     )
+    wake_hold_max_tasks: int | None = Field(
+        None,
+        ge=1,
+        alias=ENV_WAKE_HOLD_MAX_TASKS,
+        description="the worker service's scaling maximum while a wake's hold lasts",
+    )
 
     @model_validator(mode="after")
     def _wake_complete(self) -> ServiceSettings:
@@ -335,6 +346,7 @@ class ServiceSettings(EnvSettings):
             self.wake_hold_s,
             self.worker_group,
             self.wake_max_tasks,
+            self.wake_hold_max_tasks,
         )
 
     payload_retention_days: int = Field(

@@ -34,6 +34,7 @@ class FleetRoute(BaseModel):
     worker_service: str | None = None  # its ECS service's ARN, woken from zero (the cluster is WORKER_CLUSTER_NAME)
     worker_group: str | None = None  # its GPU Auto Scaling group, where a wake from zero starts an instance
     worker_max_tasks: int | None = None  # its service's scaling maximum, restored when a wake's hold ends
+    worker_hold_max_tasks: int | None = None  # its service's maximum while a wake's hold lasts (None: not held)
 
 
 def kind_of_endpoint(endpoint: str) -> str:

@@ -273,6 +273,7 @@ class JobService:
                         wake.hold_s,
                         route.worker_group,
                         route.worker_max_tasks,
+                        route.worker_hold_max_tasks,
                     )
                 )
             lane = JobQueue(route.batch_queue_url) if route.batch_queue_url else None

@@ -14,14 +14,14 @@ alarm's Auto Scaling actions every minute the alarm stays in ALARM; the keep-ali
 sat idle, would set the count back to 0 the next minute, before SQS has published the job's minute. A minimum of 1
 makes that scale-to-zero a no-op until the hold ends (a scheduled action puts the minimum back to 0).
 
-With ``max_tasks`` (the service's scaling maximum; the stack sets it for a fleet with a warm pool) the hold keeps the
-service at exactly one task: its maximum is 1 too, and the hold's end puts it back to ``max_tasks``. A second task
-asked for while the first still starts would start on a fresh instance (the pool's went to the first: boot, image
-pull and weights, about 8.6 minutes to serve in docs/scaling.md), when the pool's replacement, ready about when the
-hold ends, serves it as soon; and the first has usually cleared the burst that woke it by then (on the conversation
-trace that fresh instance was paid 9.5 minutes and never served a job). A backlog that outlasts the hold still gets its
-second task: the scale-out alarm, in ALARM, re-runs its action every minute, and the first run after the hold's end
-adds it.
+With ``hold_max_tasks`` and ``max_tasks`` (the stack sets them for a fleet whose warm pool holds fewer instances than
+its most tasks) the hold also keeps the maximum at ``hold_max_tasks``, the tasks the pool can start (one per pooled
+instance), and its end puts it back to ``max_tasks``. A task beyond those would start on a fresh instance (boot, image
+pull and weights: about 8.6 minutes to serve in docs/scaling.md) when the pool's replacement, ready about when the
+hold ends, serves it as soon; and the first task has usually cleared the burst that woke it by then (on the
+conversation trace that fresh instance was paid 9.5 minutes and never served a job). A backlog that outlasts the hold
+still gets its task: the scale-out alarm, in ALARM, re-runs its action every minute, and the first run after the
+hold's end adds it.
 
 The instance (``group``): a task needs a GPU instance, and from an idle stack there is none. ECS managed scaling would
 launch one after its next CapacityProviderReservation datapoint (one a minute, ECS Developer Guide, "Amazon ECS
@@ -52,8 +52,8 @@ logger = logging.getLogger("async_inference.wake")
 
 class ServiceWaker:
     """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, holds
-    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0; with ``max_tasks`` its maximum too, put back
-    to ``max_tasks`` when the hold ends), and raises ``group`` (the GPU Auto Scaling group, when given) from 0
+    its scaling minimum at 1 for ``hold_s`` after a wake (none when 0; with ``hold_max_tasks`` and ``max_tasks`` its
+    maximum at ``hold_max_tasks``, put back to ``max_tasks`` when the hold ends), and raises ``group`` (the GPU Auto Scaling group, when given) from 0
     instances to 1."""
 
     def __init__(
@@ -64,6 +64,7 @@ class ServiceWaker:
         hold_s: float = 0.0,
         group: CapacityGroup | None = None,
         max_tasks: int | None = None,
+        hold_max_tasks: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         utcnow: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
@@ -72,6 +73,7 @@ class ServiceWaker:
         self.hold_s = hold_s
         self.group = group
         self.max_tasks = max_tasks
+        self.hold_max_tasks = hold_max_tasks
         self._clock = clock
         self._utcnow = utcnow
         self._next_check = -math.inf
@@ -88,6 +90,7 @@ class ServiceWaker:
             hold_s=target.hold_s,
             group=CapacityGroup(target.group) if target.group else None,
             max_tasks=target.max_tasks,
+            hold_max_tasks=target.hold_max_tasks,
         )
 
     def job_queued(self) -> bool:
@@ -140,17 +143,20 @@ class ServiceWaker:
         logger.info("started a GPU instance in %s", self.group.name)
 
     def _hold(self) -> None:
-        """Hold the service at one task for ``hold_s``; a failure is logged and counted, and the wake stands."""
+        """Hold the service's minimum at one task for ``hold_s`` (and its maximum at ``hold_max_tasks``); a failure is
+        logged and counted, and the wake stands."""
         if self.hold_s <= 0:
             return
         try:
-            self.service.hold_one_task(
-                release_at=self._utcnow() + dt.timedelta(seconds=self.hold_s), restore_max=self.max_tasks
+            self.service.hold(
+                release_at=self._utcnow() + dt.timedelta(seconds=self.hold_s),
+                maximum=self.hold_max_tasks,
+                restore_max=self.max_tasks,
             )
         except Exception as exc:
             self.failures += 1
             logger.warning(
-                "woke the worker service %s but could not hold it at one task (%s)", self.service.service, exc
+                "woke the worker service %s but could not hold its scaling bounds (%s)", self.service.service, exc
             )
             _count_failure()
 

@@ -58,10 +58,10 @@ class QueueScaling(Construct):
       minimum back to 0 first): CloudWatch re-runs an alarm's Auto Scaling actions every minute the alarm stays in
       ALARM, so an ``Idle`` alarm still in ALARM from before the job (its datapoints of the job's minute not yet
       published) would otherwise set the count straight back to 0. With ``wake_hold_maximum`` the hold keeps the
-      maximum at 1 as well (put back to ``max_tasks`` by the same scheduled action): a second task asked for while
-      the first still starts would start on a fresh instance, not from the warm pool still replacing its instance,
-      and usually after the first has cleared the burst that woke it (docs/scaling.md); a backlog that outlasts the
-      hold gets it from ``TasksShort``, which re-runs its action every minute in ALARM.
+      maximum there as well (put back to ``max_tasks`` by the same scheduled action): a task beyond what the warm
+      pool can start, asked for while the first still starts, would start on a fresh instance rather than from the
+      pool's replacement, and usually after the first has cleared the burst that woke it (docs/scaling.md); a backlog
+      that outlasts the hold gets it from ``TasksShort``, which re-runs its action every minute in ALARM.
       (``cdk.gpu_capacity.GpuCapacity.grant_instance_start`` lets the same function start the GPU instance too,
       skipping ECS managed scaling's minute.)
     * ``TasksShort`` (scale-out): ``n = CEIL(b / J)``; when ``n - desired >= 1`` for one minute (missing data not
@@ -100,10 +100,11 @@ class QueueScaling(Construct):
         ``wake_hold_maximum``). Default: 7 minutes: at least the keep-alive plus two minutes for the job's minute to
         reach the alarms, and about what a warm pool's replacement takes to initialize (boot, image pull, weights:
         444 s in docs/scaling.md), so that a second task asked for at the hold's end starts from the pool.
-    :param wake_hold_maximum: a wake holds the maximum at one task too, and the hold's end puts back ``max_tasks``.
-        For a service whose GPU group has a warm pool: a second task asked for while the first still starts would
-        start on a fresh instance (the pool's went to the first) when the pool's replacement would serve it as soon,
-        and usually after the first has cleared the burst that woke it. Default: False.
+    :param wake_hold_maximum: the most tasks while a wake's hold lasts (its end puts back ``max_tasks``): for a
+        service whose GPU group has a warm pool of fewer instances than ``max_tasks``, the pool's size. A task beyond
+        it, asked for while the first still starts, would start on a fresh instance when the pool's replacement would
+        serve it as soon, and usually after the first has cleared the burst that woke it. Default: None (the hold
+        raises the minimum only).
     """
 
     def __init__(
@@ -122,7 +123,7 @@ class QueueScaling(Construct):
         keep_alive_minutes: int = 3,
         wake_check_interval: Duration = Duration.seconds(DEFAULT_WAKE_CHECK_INTERVAL_S),
         wake_hold: Duration = Duration.seconds(DEFAULT_WAKE_HOLD_S),
-        wake_hold_maximum: bool = False,
+        wake_hold_maximum: int | None = None,
     ) -> None:
         super().__init__(scope, id)
         counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
@@ -251,7 +252,8 @@ class QueueScaling(Construct):
             service=self._service_arn_by_name,
             check_interval_s=self.wake_check_interval.to_seconds(),
             hold_s=self.wake_hold.to_seconds(),
-            max_tasks=self.max_tasks if self.wake_hold_maximum else None,
+            max_tasks=None if self.wake_hold_maximum is None else self.max_tasks,
+            hold_max_tasks=self.wake_hold_maximum,
         )
 
     def grant_wake(self, function: lambda_.Function, *, environment: bool = True) -> None:

@@ -207,11 +207,11 @@ class AsyncInferenceServiceProps:
         instance starts at once (autoscaling:SetDesiredCapacity on that one group; ``cdk.gpu_capacity``).
         Default: True.
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
-      wake_hold_seconds: how long a wake holds the service at one task: its scaling minimum at 1, so that the
-        keep-alive alarm, still in ALARM from the idle minutes before, cannot set the count back to 0; and, with a warm
-        pool, its maximum at 1, so that a second task waits for the pool's replacement instead of a fresh instance
-        (``cdk.queue_scaling``). 0: no hold. Default: 420 (the pool's replacement initializes in about 7 minutes:
-        boot, image pull, weights; docs/scaling.md).
+      wake_hold_seconds: how long a wake holds the service's scaling bounds: its minimum at 1, so that the keep-alive
+        alarm, still in ALARM from the idle minutes before, cannot set the count back to 0; and, with a warm pool of
+        fewer instances than ``max_worker_tasks``, its maximum at the pool's size, so that a further task waits for the
+        pool's replacement instead of a fresh instance (``cdk.queue_scaling``). 0: no hold. Default: 420 (the pool's
+        replacement initializes in about 7 minutes: boot, image pull, weights; docs/scaling.md).
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
       alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
@@ -748,8 +748,9 @@ class AsyncInferenceService(Construct):
 
     @classmethod
     def _scaling_options(cls, props: AsyncInferenceServiceProps) -> dict[str, Any]:
-        """``QueueScaling``'s options for a model but its service and queues. A wake holds the maximum too when the
-        fleet has a warm pool: the hold then lasts until the pool's replacement is ready for a second task."""
+        """``QueueScaling``'s options for a model but its service and queues. With a warm pool of fewer instances than
+        its most tasks, a wake's hold also keeps the maximum at the tasks the pool can start, until the pool's
+        replacement is ready."""
         return {
             "jobs_per_task": props.effective_jobs_per_task(),
             "max_tasks": props.max_worker_tasks,
@@ -760,8 +761,16 @@ class AsyncInferenceService(Construct):
             "keep_alive_minutes": props.idle_minutes_before_scale_in,
             "wake_check_interval": Duration.seconds(props.wake_check_interval_seconds),
             "wake_hold": Duration.seconds(props.wake_hold_seconds),
-            "wake_hold_maximum": cls._warm_instances(props) > 0,
+            "wake_hold_maximum": cls._hold_maximum(props),
         }
+
+    @classmethod
+    def _hold_maximum(cls, props: AsyncInferenceServiceProps) -> int | None:
+        """The most tasks a wake's hold allows: one per pooled instance, when the pool starts fewer than the most
+        tasks (None: the hold raises the minimum only; without a pool a further task comes from a fresh instance
+        whenever it is asked for)."""
+        pool = cls._warm_instances(props)
+        return pool if 0 < pool < props.max_worker_tasks else None
 
     @staticmethod
     def _warm_instances(props: AsyncInferenceServiceProps) -> int:
@@ -850,9 +859,10 @@ class AsyncInferenceService(Construct):
         """What a route needs to wake its fleet from zero: its service and its scaling maximum (which the end of a
         wake's hold restores), and the GPU group an instance starts in."""
         target = scaling.wake_target
+        held = {"worker_hold_max_tasks": target.hold_max_tasks, "worker_max_tasks": target.max_tasks}
         return {
             "worker_service": target.service,
-            **({} if target.max_tasks is None else {"worker_max_tasks": target.max_tasks}),
+            **({} if target.hold_max_tasks is None else held),
             "worker_group": capacity.auto_scaling_group.auto_scaling_group_name,
         }
 

@@ -160,6 +160,7 @@ class BatchController:
                         wake.hold_s,
                         route.worker_group,
                         route.worker_max_tasks,
+                        route.worker_hold_max_tasks,
                     )
                 )
             self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
-from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_MAX_TASKS, ENV_WORKER_GROUP
+from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_MAX_TASKS, ENV_WAKE_MAX_TASKS, ENV_WORKER_GROUP
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
 from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     burst_trace = burst(requests)
     if isinstance(model, EncoderShape):
         burst_trace = embedding_requests(burst_trace, model.max_tokens)
-    for label, variant in (("held at one task", template), ("minimum only", _without(template, "hold_cap"))):
+    for label, variant in (("hold's maximum", template), ("minimum only", _without(template, "hold_cap"))):
         ((run, summary),) = run_all(variant, ("deployed",), run_requests=burst_trace).values()
         finished = [j.finished_s for j in run.jobs if j.finished_s is not None]
         trade_off[label] = {
@@ -495,10 +495,13 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
                 variables.pop(ENV_WORKER_GROUP, None)
                 continue
             variables.pop(ENV_WAKE_MAX_TASKS, None)
+            variables.pop(ENV_WAKE_HOLD_MAX_TASKS, None)
             routes = variables.get(ENV_MODEL_FLEETS)
             if isinstance(routes, dict) and "Fn::Join" in routes:
                 parts = routes["Fn::Join"][1]
-                parts[:] = [re.sub(r'"worker_max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts]
+                parts[:] = [
+                    re.sub(r'"worker_(?:hold_)?max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts
+                ]
         return result
     if choice == "pool_pre_initialized":
         result["Resources"] = {

@@ -193,7 +193,7 @@ def scenarios(
             check_interval_s=deployed.wake.check_interval_s,
             hold_s=deployed.wake.hold_s,
             starts_instance=deployed.wake.starts_instance,
-            hold_caps=deployed.wake.hold_caps,
+            hold_max_tasks=deployed.wake.hold_max_tasks,
         )
         if deployed.wake
         else None

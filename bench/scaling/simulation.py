@@ -53,8 +53,8 @@ class ApiWake:
     """The API's wake from zero: on accepting a job, if the service's desired count is 0, set it to 1 at once; each
     API instance checks at most once per ``check_interval_s`` (one call per burst, not per job). With ``hold_s`` the
     wake also raises the scalable target's minimum to 1 for that long (RegisterScalableTarget, and a scheduled action
-    that puts it back), so that no alarm re-invoking a scale-to-zero undoes it; with ``hold_caps`` the maximum is 1
-    too (after a wake from zero), so that no scale-out adds a task while the first starts. With ``starts_instance`` a wake from
+    that puts it back), so that no alarm re-invoking a scale-to-zero undoes it; with ``hold_max_tasks`` the maximum is
+    that too (after a wake from zero), so that no scale-out adds a task beyond it while the first starts. With ``starts_instance`` a wake from
     zero also raises the GPU group from 0 instances to 1 (two more calls), so the instance does not wait for managed
     scaling's next minute."""
 
@@ -62,7 +62,7 @@ class ApiWake:
     check_interval_s: float = 60.0
     hold_s: float = 0.0
     starts_instance: bool = False
-    hold_caps: bool = False
+    hold_max_tasks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -392,8 +392,8 @@ def simulate(
         if scenario.api_wake.hold_s and target is not None:
             hold_until = env.now + scenario.api_wake.hold_s
             target.minimum = max(policy.minimum, 1)
-            if woke and scenario.api_wake.hold_caps:
-                target.maximum = 1
+            if woke and scenario.api_wake.hold_max_tasks is not None:
+                target.maximum = scenario.api_wake.hold_max_tasks
             env.process(release_hold(hold_until))
 
     def release_hold(at: float):

@@ -69,13 +69,15 @@ class WorkerSpec:
 class WakeSpec:
     """The wake from zero: the functions that may set the service's desired count, how often each checks, and how
     long a wake holds the scaling minimum at one task (0 when the template gives none, or no permission for it), and
-    whether the hold keeps the maximum at one task too."""
+    the maximum the hold keeps meanwhile (None: none)."""
 
     functions: tuple[str, ...]
     check_interval_s: float
     hold_s: float = 0.0
     starts_instance: bool = False  # every waking function names the GPU group and may raise its desired capacity
-    hold_caps: bool = False  # the hold keeps the scaling maximum at one task too (the functions know the maximum)
+    hold_max_tasks: int | None = (
+        None  # the scaling maximum while the hold lasts (None: the hold raises the minimum only)
+    )
 
 
 @dataclass
@@ -302,15 +304,16 @@ def _routes_group(value: Any, group_id: str) -> bool:
     )
 
 
-def _route_max_tasks(value: Any, service: Mapping[str, Any]) -> int | None:
-    """The ``worker_max_tasks`` of the MODEL_FLEETS route that names the service (``_routes_service``), or None."""
+def _route_hold_max_tasks(value: Any, service: Mapping[str, Any]) -> int | None:
+    """The ``worker_hold_max_tasks`` of the MODEL_FLEETS route that names the service (``_routes_service``), or
+    None."""
     name, cluster = service["Properties"].get("ServiceName"), _ref(service["Properties"].get("Cluster"))
     if not name or not isinstance(value, dict) or "Fn::Join" not in value:
         return None
     parts = value["Fn::Join"][1]
     for part, after in zip(parts, parts[1:], strict=False):
         if part == {"Ref": cluster} and isinstance(after, str):
-            found = re.match(rf'/{re.escape(name)}","worker_max_tasks":(\d+)', after)
+            found = re.match(rf'/{re.escape(name)}","worker_hold_max_tasks":(\d+)', after)
             if found:
                 return int(found.group(1))
     return None
@@ -377,10 +380,10 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
         if _names_service(named, service_id, service):
-            most = variables.get(_env.ENV_WAKE_MAX_TASKS)
+            most = variables.get(_env.ENV_WAKE_HOLD_MAX_TASKS)
         else:
-            most = _route_max_tasks(variables.get(_env.ENV_MODEL_FLEETS), service)
-        caps.add(bool(hold) and most is not None)
+            most = _route_hold_max_tasks(variables.get(_env.ENV_MODEL_FLEETS), service)
+        caps.add(int(most) if hold and most is not None else None)
         # The instance start: the group named in the environment (a further fleet's: in its route), and
         # SetDesiredCapacity on it in the role.
         group_named = _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id
@@ -392,14 +395,14 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1 or len(caps) != 1:
         raise TemplateError(
             f"functions {functions} wake the service at different intervals {sorted(intervals)}, "
-            f"holds {sorted(holds)}, with and without the instance start or the hold's maximum"
+            f"holds {sorted(holds)}, with and without the instance start, or hold maxima {caps}"
         )
     return WakeSpec(
         functions=tuple(sorted(functions)),
         check_interval_s=intervals.pop(),
         hold_s=holds.pop(),
         starts_instance=starts.pop(),
-        hold_caps=caps.pop(),
+        hold_max_tasks=caps.pop(),
     )
 
 

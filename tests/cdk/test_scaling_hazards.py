@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from aws_cdk.assertions import Match
 
-from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_S, ENV_WAKE_MAX_TASKS, ENV_WORKER_CLUSTER
+from async_inference.config import (
+    ENV_MODEL_FLEETS,
+    ENV_WAKE_HOLD_MAX_TASKS,
+    ENV_WAKE_HOLD_S,
+    ENV_WAKE_MAX_TASKS,
+    ENV_WORKER_CLUSTER,
+)
 from tests.cdk.helpers import role_actions
 
 
@@ -26,7 +33,7 @@ def _role_id(synthesized, function) -> str:
     return synthesized.stack.get_logical_id(function.role.node.default_child)
 
 
-def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthesized):
+def test_every_waking_function_holds_the_minimum_for_seven_minutes_and_may(synthesized):
     """GIVEN the functions that wake the workers WHEN reading their environment and role THEN each holds the scaling
     minimum for 420 s (WAKE_HOLD_S) and may RegisterScalableTarget and PutScheduledAction (the hold and its end)."""
     service = synthesized.stack.service
@@ -40,28 +47,34 @@ def test_every_waking_function_holds_the_minimum_for_five_minutes_and_may(synthe
         assert actions["application-autoscaling:PutScheduledAction"] == ["*"]
 
 
-def test_every_waking_function_knows_the_maximum_its_hold_restores(synth_variant):
-    """GIVEN a stack of at most 3 tasks WHEN reading the waking functions' environment THEN each carries the service's
-    scaling maximum (WAKE_MAX_TASKS, and the route's worker_max_tasks in MODEL_FLEETS): a wake holds the maximum at one
-    task and its end puts back 3."""
+def test_every_waking_function_holds_the_maximum_at_what_the_pool_starts_and_knows_what_to_restore(synth_variant):
+    """GIVEN a stack of at most 3 tasks with a warm pool of 1 WHEN reading the waking functions' environment THEN each
+    holds the maximum at 1 task during a hold (WAKE_HOLD_MAX_TASKS) and restores 3 (WAKE_MAX_TASKS), and the route in
+    MODEL_FLEETS says the same."""
     variant = synth_variant(max_worker_tasks=3, max_gpu_instances=3)
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
-        assert variables[ENV_WAKE_MAX_TASKS] == "3"
+        assert (variables[ENV_WAKE_HOLD_MAX_TASKS], variables[ENV_WAKE_MAX_TASKS]) == ("1", "3")
         routes = json.dumps(variables[ENV_MODEL_FLEETS])
-        assert '\\"worker_max_tasks\\":3' in routes, routes
+        assert '\\"worker_hold_max_tasks\\":1,\\"worker_max_tasks\\":3' in routes, routes
 
 
-def test_without_a_warm_pool_the_hold_holds_the_minimum_only(synth_variant):
-    """GIVEN a stack without a warm pool WHEN reading the waking functions' environment THEN none carries the maximum
-    (a second task would come from a fresh instance whenever it is asked for: the hold does not delay it)."""
-    variant = synth_variant(gpu_warm_pool_instances=0)
+@pytest.mark.parametrize(
+    "options",
+    [{"gpu_warm_pool_instances": 0}, {"gpu_warm_pool_instances": 2}],
+    ids=["no-pool", "pool-starts-every-task"],
+)
+def test_without_a_pool_or_with_one_that_starts_every_task_the_hold_holds_the_minimum_only(synth_variant, options):
+    """GIVEN a stack without a warm pool, or with one of as many instances as its most tasks WHEN reading the waking
+    functions' environment THEN none holds the maximum (without a pool a further task comes from a fresh instance
+    whenever it is asked for; with a pool that large it comes from the pool at once)."""
+    variant = synth_variant(**options)
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
-        assert ENV_WAKE_MAX_TASKS not in variables
-        assert "worker_max_tasks" not in json.dumps(variables[ENV_MODEL_FLEETS])
+        assert ENV_WAKE_HOLD_MAX_TASKS not in variables and ENV_WAKE_MAX_TASKS not in variables
+        assert "max_tasks" not in json.dumps(variables[ENV_MODEL_FLEETS])
 
 
 def test_no_hold_no_permission(synth_variant):

@@ -59,10 +59,28 @@ def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fle
     assert first.wake is not None and second.wake is not None
     assert first.wake.functions == second.wake.functions and len(second.wake.functions) == 3
     assert first.wake.starts_instance and second.wake.starts_instance  # the further group through its route
-    assert first.wake.hold_caps and second.wake.hold_caps  # the further maximum through its route
+    # the first fleet's pool (1) starts fewer than its 2 tasks: the hold keeps its maximum at 1; the second's (1)
+    # starts its one task: no maximum held
+    assert (first.wake.hold_max_tasks, second.wake.hold_max_tasks) == (1, None)
     assert second.cluster.release_empty  # the first fleet's release function releases the shared cluster's groups
     with pytest.raises(ValueError, match="expected one ECS ScalableTarget"):
         read(two_fleets)  # the whole template is several fleets: read one at a time
+
+
+def test_a_further_fleets_hold_maximum_is_read_from_its_route(tmp_path):
+    """GIVEN a second fleet of up to 3 tasks with a warm pool of 1 WHEN its fleet is read THEN its wake holds the
+    maximum at 1 (the route's worker_hold_max_tasks), as the first fleet's does from the functions' environment."""
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    from aws_cdk import App
+    from aws_cdk.assertions import Template
+
+    from app import build
+
+    larger = {**SECOND, "max_worker_tasks": 3, "max_gpu_instances": 3}
+    context = {**cdk_json_context(), "models": json.dumps([{"name": FIRST}, larger])}
+    template = Template.from_stack(build(App(context=context, outdir=str(tmp_path)))).to_json()
+    first, second = read_fleets(template).values()
+    assert (first.wake.hold_max_tasks, second.wake.hold_max_tasks) == (1, 1)
 
 
 def test_each_fleet_runs_in_the_simulator_within_its_own_ceiling(two_fleets):

@@ -124,7 +124,7 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
     # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
     # the service, ecs:UpdateService on it), at 60 s, each holding the service at one task for the wake hold (minimum
-    # and maximum: WAKE_MAX_TASKS) and starting the GPU instance (WORKER_AUTO_SCALING_GROUP naming the group,
+    # and maximum: WAKE_HOLD_MAX_TASKS) and starting the GPU instance (WORKER_AUTO_SCALING_GROUP naming the group,
     # autoscaling:SetDesiredCapacity on it)
     wake = read(stack_template).wake
     handlers = {
@@ -137,7 +137,7 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
         check_interval_s=PROPS.wake_check_interval_seconds,
         hold_s=PROPS.wake_hold_seconds,
         starts_instance=True,
-        hold_caps=True,
+        hold_max_tasks=1,
     )
     assert sorted(handlers.values()) == [
         "lambdas.api.handler.lambda_handler",
@@ -155,7 +155,7 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
     )
     assert deployed.name == "deployed" and deployed.api_wake is not None
     assert (deployed.api_wake.check_interval_s, deployed.api_wake.hold_s) == (60, PROPS.wake_hold_seconds)
-    assert deployed.api_wake.starts_instance and deployed.api_wake.hold_caps
+    assert deployed.api_wake.starts_instance and deployed.api_wake.hold_max_tasks == 1
     assert (deployed.task_protection, deployed.protection_tokens_per_s, deployed.instance_warmup_s) == (
         "long_jobs",
         20.0,
@@ -183,13 +183,13 @@ def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permiss
 
 
 def test_the_hold_reads_as_holding_the_maximum_only_when_the_functions_know_it(stack_template):
-    # GIVEN the stack with WAKE_MAX_TASKS taken out of every waking function's environment
+    # GIVEN the stack with WAKE_HOLD_MAX_TASKS taken out of every waking function's environment
     variant = copy.deepcopy(stack_template)
     for function in variant["Resources"].values():
         if function["Type"] == "AWS::Lambda::Function":
-            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WAKE_MAX_TASKS, None)
+            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WAKE_HOLD_MAX_TASKS, None)
     # WHEN read THEN a wake's hold raises the minimum only (a scale-out may add a task while the first starts)
-    assert read(stack_template).wake.hold_caps and not read(variant).wake.hold_caps
+    assert (read(stack_template).wake.hold_max_tasks, read(variant).wake.hold_max_tasks) == (1, None)
 
 
 def test_the_pool_reads_as_pre_initialized_only_with_the_launch_hook_and_the_user_data_that_pulls(stack_template):

@@ -181,7 +181,9 @@ def test_a_wake_that_knows_the_maximum_holds_the_service_at_one_task_and_schedul
     target = _scaling_target(service_arn)
     scaling.register_scalable_target(**target, MinCapacity=0, MaxCapacity=2)
     now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
-    waker = ServiceWaker.for_target(WakeTarget(cluster_of(service_arn), service_arn, 60, hold_s=300, max_tasks=2))
+    waker = ServiceWaker.for_target(
+        WakeTarget(cluster_of(service_arn), service_arn, 60, hold_s=300, max_tasks=2, hold_max_tasks=1)
+    )
     waker._utcnow, waker._clock = (lambda: now), Clock()
     # WHEN a job wakes it
     assert waker.job_queued() is True
@@ -211,7 +213,7 @@ def test_a_hold_that_fails_leaves_the_wake_standing(service_arn: str, caplog):
     # WHEN a job is queued THEN the service is woken, the hold's failure counted and logged
     assert waker.job_queued() is True
     assert (desired(service_arn), waker.failures) == (1, 1)
-    assert "could not hold it at one task" in caplog.text
+    assert "could not hold its scaling bounds" in caplog.text
 
 
 @pytest.fixture
@@ -302,14 +304,15 @@ def test_the_settings_carry_the_group_to_the_waker():
 
 def test_the_settings_and_a_fleets_route_carry_the_maximum_to_the_waker():
     # GIVEN the environment a deployed function gets: the first model's maximum, and a further fleet's route with its own
-    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group", 2)
+    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group", 2, 1)
     base = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="q", topic_arn="t", wake=target).to_env()
     # WHEN loaded THEN the waker holds the first model's service at one task and restores 2
     loaded = ServiceSettings.load(**_by_field(base))
-    assert loaded.wake == target and ServiceWaker.for_target(loaded.wake).max_tasks == 2
+    waker = ServiceWaker.for_target(loaded.wake)
+    assert loaded.wake == target and (waker.hold_max_tasks, waker.max_tasks) == (1, 2)
     # AND a further fleet's waker restores its route's maximum
     route = FleetRoute(queue_url="q2", worker_service="arn:aws:ecs:us-east-1:123456789012:service/workers/gpu2",
-                       worker_max_tasks=4)  # fmt: skip
+                       worker_max_tasks=4, worker_hold_max_tasks=2)  # fmt: skip
     service = JobService.from_config(dataclasses.replace(loaded.service, fleets={"second": route}))
     _, _, waker = service._route("second")
-    assert waker is not None and waker.max_tasks == 4
+    assert waker is not None and (waker.hold_max_tasks, waker.max_tasks) == (2, 4)
