@@ -200,6 +200,21 @@ class WakeTarget:
     max_tasks: int | None = None
     hold_max_tasks: int | None = None
 
+    def for_fleet(self, route: FleetRoute) -> WakeTarget | None:
+        """A further model's fleet's target: this one's cluster, interval and hold, the route's service, GPU group and
+        maxima. None when the route names no service to wake."""
+        if not route.worker_service:
+            return None
+        return WakeTarget(
+            self.cluster,
+            route.worker_service,
+            self.check_interval_s,
+            self.hold_s,
+            route.worker_group,
+            route.worker_max_tasks,
+            route.worker_hold_max_tasks,
+        )
+
     def to_env(self) -> dict[str, str]:
         env = {
             ENV_WORKER_CLUSTER: self.cluster,

@@ -262,20 +262,8 @@ class JobService:
         if route is None:
             return self.queue, self.lane, self.waker
         if model not in self._routed:
-            waker = None
-            if self._wake is not None and route.worker_service:
-                wake = self._wake
-                waker = ServiceWaker.for_target(
-                    WakeTarget(
-                        wake.cluster,
-                        route.worker_service,
-                        wake.check_interval_s,
-                        wake.hold_s,
-                        route.worker_group,
-                        route.worker_max_tasks,
-                        route.worker_hold_max_tasks,
-                    )
-                )
+            target = self._wake.for_fleet(route) if self._wake is not None else None
+            waker = ServiceWaker.for_target(target) if target is not None else None
             lane = JobQueue(route.batch_queue_url) if route.batch_queue_url else None
             self._routed[model] = (JobQueue(route.queue_url), lane, waker)
         return self._routed[model]

@@ -149,20 +149,8 @@ class BatchController:
         if route is None or not route.batch_queue_url:
             return self.chunks, self.waker
         if model not in self._lanes:
-            wake = self._wake
-            waker = None
-            if wake is not None and route.worker_service:
-                waker = ServiceWaker.for_target(
-                    WakeTarget(
-                        wake.cluster,
-                        route.worker_service,
-                        wake.check_interval_s,
-                        wake.hold_s,
-                        route.worker_group,
-                        route.worker_max_tasks,
-                        route.worker_hold_max_tasks,
-                    )
-                )
+            target = self._wake.for_fleet(route) if self._wake is not None else None
+            waker = ServiceWaker.for_target(target) if target is not None else None
             self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)
         return self._lanes[model]
 
