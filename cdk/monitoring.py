@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -49,12 +50,25 @@ def service_metric(name: str, service_name: str, statistic: str) -> cloudwatch.M
     )
 
 
+@dataclass(frozen=True)
+class MonitoredFleet:
+    """A further model's fleet: its job queue (an age alarm of its own, its depth on the dashboard) and its worker
+    service (running tasks). ``key`` suffixes its alarm's id (the fleet's construct id)."""
+
+    model: str
+    key: str
+    queue: sqs.IQueue
+    service: ecs.BaseService
+
+
 class Monitoring(Construct):
-    """Alarms when any dead-letter queue holds a message or the oldest job waits too long, and a dashboard.
+    """Alarms when any dead-letter queue holds a message or the oldest job of any model's queue waits too long, and a
+    dashboard: a row of queue depth, oldest job and running tasks per model's fleet, then the service's metrics.
 
     :param queue: the job queue.
     :param dead_letter_queues: name -> DLQ to alarm on (depth > 0).
     :param service: the worker service (running task count).
+    :param fleets: the further models' fleets, each with its own age alarm and dashboard row. Default: none.
     :param worker_service_name: the worker's Powertools service name (the ``service`` dimension of its metrics).
     :param api_service_name: the API function's Powertools service name.
     :param dead_letter_service_name: the DLQ function's Powertools service name. Default:
@@ -72,6 +86,7 @@ class Monitoring(Construct):
         dead_letter_queues: Mapping[str, sqs.IQueue],
         service: ecs.BaseService,
         worker_service_name: str,
+        fleets: Sequence[MonitoredFleet] = (),
         api_service_name: str,
         dead_letter_service_name: str = DEAD_LETTER_SERVICE_NAME,
         oldest_message_alarm_age: Duration = Duration.minutes(15),
@@ -91,50 +106,59 @@ class Monitoring(Construct):
                 evaluation_periods=1,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
-        oldest = queue.metric_approximate_age_of_oldest_message(statistic="Maximum", period=Duration.minutes(1))
-        self.alarms["OldestJob"] = oldest.create_alarm(
-            self,
-            "OldestJobTooOld",
-            alarm_description=f"A job has waited over {oldest_message_alarm_age.to_seconds()} s for a worker",
-            threshold=oldest_message_alarm_age.to_seconds(),
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=3,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
+        age = oldest_message_alarm_age.to_seconds()
+        first = MonitoredFleet("", "", queue, service)
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
+        for fleet in (first, *fleets):
+            oldest = fleet.queue.metric_approximate_age_of_oldest_message(
+                statistic="Maximum", period=Duration.minutes(1)
+            )
+            whose = f" of {fleet.model}" if fleet.model else ""
+            self.alarms[f"OldestJob{fleet.key}"] = oldest.create_alarm(
+                self,
+                f"OldestJobTooOld{fleet.key}",
+                alarm_description=f"A job{whose} has waited over {age} s for a worker",
+                threshold=age,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=3,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            self.dashboard.add_widgets(*self._fleet_widgets(fleet, oldest))
         if alarm_topic is not None:
             for alarm in self.alarms.values():
                 alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
-
-        running_tasks = cloudwatch.Metric(
-            namespace="ECS/ContainerInsights",
-            metric_name="RunningTaskCount",
-            dimensions_map={"ClusterName": service.cluster.cluster_name, "ServiceName": service.service_name},
-            statistic="Average",
-            period=Duration.minutes(1),
-        )
-        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
-        self.dashboard.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Queue depth and in-flight jobs",
-                left=[
-                    queue.metric_approximate_number_of_messages_visible(
-                        statistic="Maximum", period=Duration.minutes(1)
-                    ),
-                    queue.metric_approximate_number_of_messages_not_visible(
-                        statistic="Maximum", period=Duration.minutes(1)
-                    ),
-                ],
-                width=8,
-            ),
-            cloudwatch.GraphWidget(title="Age of oldest job (s)", left=[oldest], width=8),
-            cloudwatch.GraphWidget(title="Running worker tasks", left=[running_tasks], width=8),
-        )
         self.dashboard.add_widgets(
             *self._service_metric_widgets(worker_service_name, api_service_name, dead_letter_service_name)
         )
         self.dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
         )
+
+    @staticmethod
+    def _fleet_widgets(fleet: MonitoredFleet, oldest: cloudwatch.IMetric) -> list[cloudwatch.GraphWidget]:
+        """One fleet's row: its queue's depth and in-flight jobs, its oldest job's age, its running worker tasks."""
+        prefix = f"{fleet.model}: " if fleet.model else ""
+        running_tasks = cloudwatch.Metric(
+            namespace="ECS/ContainerInsights",
+            metric_name="RunningTaskCount",
+            dimensions_map={
+                "ClusterName": fleet.service.cluster.cluster_name,
+                "ServiceName": fleet.service.service_name,
+            },
+            statistic="Average",
+            period=Duration.minutes(1),
+        )
+        depth = [
+            fleet.queue.metric_approximate_number_of_messages_visible(statistic="Maximum", period=Duration.minutes(1)),
+            fleet.queue.metric_approximate_number_of_messages_not_visible(
+                statistic="Maximum", period=Duration.minutes(1)
+            ),
+        ]
+        return [
+            cloudwatch.GraphWidget(title=f"{prefix}Queue depth and in-flight jobs", left=depth, width=8),
+            cloudwatch.GraphWidget(title=f"{prefix}Age of oldest job (s)", left=[oldest], width=8),
+            cloudwatch.GraphWidget(title=f"{prefix}Running worker tasks", left=[running_tasks], width=8),
+        ]
 
     @staticmethod
     def _service_metric_widgets(

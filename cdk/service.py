@@ -56,7 +56,7 @@ from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_fleet import MAX_MODELS, ModelFleet, ModelSpec
 from cdk.model_store import ModelStore, parse_s3_uri
-from cdk.monitoring import Monitoring
+from cdk.monitoring import MonitoredFleet, Monitoring
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES, CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics, TopicSubscription
@@ -691,6 +691,10 @@ class AsyncInferenceService(Construct):
                 },
             },
             service=self.workers.service,
+            fleets=[
+                MonitoredFleet(fleet.spec.name, fleet.spec.construct_id, fleet.jobs.queue, fleet.workers.service)
+                for fleet in self.fleets
+            ],
             worker_service_name=self.workers.service_name,
             api_service_name=self.api.service_name,
             dead_letter_service_name=self.dead_letters.service_name,

@@ -10,7 +10,7 @@ from aws_cdk import App
 from app import props_from_context
 from async_inference import config, settings
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES
-from tests.cdk.helpers import role_actions
+from tests.cdk.helpers import dashboard_widgets, role_actions
 
 CHAT = "Qwen/Qwen2.5-1.5B-Instruct"
 EMBEDDING = "sentence-transformers/all-MiniLM-L6-v2"
@@ -175,6 +175,27 @@ def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two
     groups = json.dumps(actions["autoscaling:SetDesiredCapacity"])
     assert further_group in groups
     assert two.logical_id(service.capacity.auto_scaling_group) in groups
+
+
+def test_each_models_queue_has_its_own_oldest_job_alarm_and_dashboard_row(two):
+    """GIVEN a chat and an embedding model WHEN synthesized THEN each model's job queue has an age alarm (a further
+    model's jobs stuck behind a fleet that cannot start alarm too), and the dashboard has each fleet's queue depth,
+    oldest job and running tasks, the further one's titled with its model."""
+    service = two.stack.service
+    [fleet] = service.fleets
+    for queue in (service.jobs.queue, fleet.jobs.queue):
+        two.template.has_resource_properties(
+            "AWS::CloudWatch::Alarm",
+            {
+                "MetricName": "ApproximateAgeOfOldestMessage",
+                "Dimensions": [{"Name": "QueueName", "Value": {"Fn::GetAtt": [two.logical_id(queue), "QueueName"]}}],
+                "Threshold": 900,
+            },
+        )
+    assert set(service.monitoring.alarms) >= {"OldestJob", f"OldestJob{fleet.spec.construct_id}"}
+    titles = [w["properties"].get("title") for w in dashboard_widgets(two.template)]
+    for title in ("Queue depth and in-flight jobs", "Age of oldest job (s)", "Running worker tasks"):
+        assert title in titles and f"{EMBEDDING}: {title}" in titles
 
 
 def test_the_further_workers_may_take_from_their_own_queues_only(two):
