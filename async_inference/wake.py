@@ -53,8 +53,8 @@ logger = logging.getLogger("async_inference.wake")
 class ServiceWaker:
     """Sets ``service``'s desired count to 1 when it is 0, checking at most once per ``check_interval_s``, holds
     its scaling minimum at 1 for ``hold_s`` after a wake (none when 0; with ``hold_max_tasks`` and ``max_tasks`` its
-    maximum at ``hold_max_tasks``, put back to ``max_tasks`` when the hold ends), and raises ``group`` (the GPU Auto Scaling group, when given) from 0
-    instances to 1."""
+    maximum at ``hold_max_tasks``, put back to ``max_tasks`` when the hold ends), and raises ``group`` (the GPU Auto
+    Scaling group, when given) from 0 instances to 1."""
 
     def __init__(
         self,
