@@ -860,8 +860,8 @@ class AsyncInferenceService(Construct):
 
     @staticmethod
     def _wake_route(scaling: QueueScaling, capacity: GpuCapacity) -> dict[str, str | int]:
-        """What a route needs to wake its fleet from zero: its service and its scaling maximum (which the end of a
-        wake's hold restores), and the GPU group an instance starts in."""
+        """What a route needs to wake its fleet from zero: its service, the hold's bounds when the hold keeps a
+        maximum (the maximum while it lasts, and the one its end restores), and the GPU group an instance starts in."""
         target = scaling.wake_target
         held = {"worker_hold_max_tasks": target.hold_max_tasks, "worker_max_tasks": target.max_tasks}
         return {

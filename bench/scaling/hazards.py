@@ -73,9 +73,10 @@ def setting(name: str, requests: list[Request]) -> tuple[list[Request], list[Del
     raise KeyError(name)
 
 
-# The hold's trade-off (not a hazard): a wake keeps the service at one task for the hold, which saves the second
-# instance a burst one task clears anyway (the conversation trace's opening) and delays the second task a burst one
-# task cannot clear. ``burst`` is the second kind: the trace's jobs arriving within BURST_S of an idle stack.
+# The hold's trade-off (not a hazard): a wake keeps the service's maximum at what the warm pool can start for the hold,
+# which saves the fresh instance a burst one task clears anyway would get (the conversation trace's opening) and asks
+# later for the second task of a burst one task cannot clear. ``burst`` is the second kind: the trace's jobs arriving
+# within BURST_S of an idle stack.
 BURST_S = 300.0
 
 

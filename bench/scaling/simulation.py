@@ -54,9 +54,9 @@ class ApiWake:
     API instance checks at most once per ``check_interval_s`` (one call per burst, not per job). With ``hold_s`` the
     wake also raises the scalable target's minimum to 1 for that long (RegisterScalableTarget, and a scheduled action
     that puts it back), so that no alarm re-invoking a scale-to-zero undoes it; with ``hold_max_tasks`` the maximum is
-    that too (after a wake from zero), so that no scale-out adds a task beyond it while the first starts. With ``starts_instance`` a wake from
-    zero also raises the GPU group from 0 instances to 1 (two more calls), so the instance does not wait for managed
-    scaling's next minute."""
+    that too (after a wake from zero), so that no scale-out adds a task beyond it while the first starts. With
+    ``starts_instance`` a wake from zero also raises the GPU group from 0 instances to 1 (two more calls), so the
+    instance does not wait for managed scaling's next minute."""
 
     latency_s: float = 2 * API_CALL_S  # DescribeServices, UpdateService
     check_interval_s: float = 60.0

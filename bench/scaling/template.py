@@ -75,9 +75,8 @@ class WakeSpec:
     check_interval_s: float
     hold_s: float = 0.0
     starts_instance: bool = False  # every waking function names the GPU group and may raise its desired capacity
-    hold_max_tasks: int | None = (
-        None  # the scaling maximum while the hold lasts (None: the hold raises the minimum only)
-    )
+    # The scaling maximum while the hold lasts (None: the hold raises the minimum only).
+    hold_max_tasks: int | None = None
 
 
 @dataclass
