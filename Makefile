@@ -26,7 +26,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 test: venv
 	$(PY) -m pytest
 
-# Everything but the tests that load the real model, synthesize the stack or build a fresh venv.
+# Everything but the tests that load the real model, synthesize the app (tests/conftest.py marks each from the
+# fixtures it uses) or build a fresh venv.
 test-fast: venv
 	$(PY) -m pytest -m "not model and not cdk and not slow"
 

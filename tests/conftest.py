@@ -19,3 +19,25 @@ TEST_TENANTS = ("demo", "tenant-a", "tenant-b", "faults")
 def local_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cloud assembly of the app whose tenants are TEST_TENANTS."""
     return synthesize(tmp_path_factory.mktemp("cdk.out"), {"tenants": {tenant: {} for tenant in TEST_TENANTS}})
+
+
+# What makes a test synthesize the CDK app: one of these fixtures anywhere in its fixture closure, or a module that
+# synthesizes by itself. Such a test is marked `cdk` here, from what it uses, so that `make test-fast` (which
+# deselects `cdk`) cannot be defeated by a file that forgot its marker: 61 such tests once carried none.
+SYNTHESIZING_FIXTURES = frozenset({"local_assembly", "synthesized", "synth_variant", "stack_template", "worker_context"})
+SYNTHESIZING_CALLS = ("synthesize(", "Template.from_stack(", "App(", "tests.cdk.conftest")
+
+
+def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
+    if path not in cache:
+        text = path.read_text(encoding="utf-8") if path.suffix == ".py" else ""
+        cache[path] = any(call in text for call in SYNTHESIZING_CALLS)
+    return cache[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    modules: dict[Path, bool] = {}
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SYNTHESIZING_FIXTURES or _synthesizes(Path(item.path), modules):
+            item.add_marker(pytest.mark.cdk)
