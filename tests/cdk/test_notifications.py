@@ -85,7 +85,7 @@ def test_webhook_function_runs_outside_any_vpc(synthesized):
 
 def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
     """GIVEN the DLQ handler WHEN messages reach the job DLQ THEN it consumes them, reporting item failures."""
-    dlq = synthesized.logical_id(synthesized.stack.service.jobs.dead_letter_queue)
+    dlq = synthesized.logical_id(synthesized.stack.service.fleets[0].jobs.dead_letter_queue)
     synthesized.template.has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
         {"EventSourceArn": {"Fn::GetAtt": [dlq, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
