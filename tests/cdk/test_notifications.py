@@ -163,7 +163,8 @@ def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, s
 def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
     owner, name = attribute.split(".")
-    dlq = synthesized.logical_id(getattr(getattr(synthesized.stack.service, owner), name))
+    service = synthesized.stack.service
+    dlq = synthesized.logical_id(getattr(service.fleets[0] if owner == "jobs" else getattr(service, owner), name))
     synthesized.template.has_resource_properties(
         "AWS::CloudWatch::Alarm",
         {
