@@ -164,7 +164,7 @@ def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
     owner, name = attribute.split(".")
     service = synthesized.stack.service
-    dlq = synthesized.logical_id(getattr(service.fleets[0] if owner == "jobs" else getattr(service, owner), name))
+    dlq = synthesized.logical_id(getattr(getattr(service.fleets[0] if owner == "jobs" else service, owner), name))
     synthesized.template.has_resource_properties(
         "AWS::CloudWatch::Alarm",
         {
