@@ -20,9 +20,8 @@ from cdk_nag import AwsSolutionsChecks
 
 from async_inference.events_in import EventRule
 from cdk.ingestion_api import TenantPlan
-from cdk.model_fleet import ModelSpec
+from cdk.options import AsyncInferenceServiceProps, ModelSpec
 from cdk.result_topics import TopicSubscription
-from cdk.service import AsyncInferenceServiceProps
 from cdk.stack import AsyncInferenceStack
 
 STACK_NAME_CONTEXT = "stack_name"

@@ -201,8 +201,8 @@ class WakeTarget:
     hold_max_tasks: int | None = None
 
     def for_fleet(self, route: FleetRoute) -> WakeTarget | None:
-        """A further model's fleet's target: this one's cluster, interval and hold, the route's service, GPU group and
-        maxima. None when the route names no service to wake."""
+        """The target of the model whose route is ``route`` (every model's, the first's included): this one's cluster,
+        interval and hold, the route's service, GPU group and maxima. None when the route names no service to wake."""
         if not route.worker_service:
             return None
         return WakeTarget(

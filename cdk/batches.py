@@ -1,4 +1,5 @@
-"""Batches (docs/design/batches.md): the batch table, the batch-lane queue, the control queue and the controller."""
+"""Batches (docs/design/batches.md): the batch table, the control queue and the controller (each model's batch lane is
+its fleet's, cdk.model_fleet)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,11 @@ CONTROLLER_MAX_CONCURRENCY = 2
 
 
 class Batches(Construct):
-    """The batch table, the batch-lane queue (and its DLQ), the control queue (and its DLQ) and the controller.
+    """The batch table, the control queue (and its DLQ) and the controller.
 
     * ``table``: files and batches, one item each (partition key ``settings.BATCH_TABLE_PARTITION_KEY``), listed per
       tenant and kind, newest first, through ``settings.BATCH_OWNER_INDEX_NAME``; records expire
       ``settings.FILE_RETENTION_DAYS`` after creation (TTL). On-demand, encrypted, point-in-time recovery.
-    * ``lane_queue``: chunk claim checks for the workers (the second lane beside the job queue), with the job queue's
-      visibility timeout (workers extend it each heartbeat) and redrive to ``lane_dead_letter_queue`` after
-      ``settings.MAX_RECEIVE_COUNT`` receives.
     * ``control_queue``: BatchControl messages (plan, from the API; finalize, from the worker that counts a batch's
       last chunk), consumed one at a time by ``controller``; a step failing ``CONTROL_MAX_RECEIVE_COUNT`` times moves
       to ``control_dead_letter_queue``.
@@ -44,6 +42,7 @@ class Batches(Construct):
 
     :param code: the shared Lambda code.
     :param environment: the service's runtime configuration and Powertools settings.
+    :param lane_queue_url: the batch lane the core falls back to for a model without a route (BATCH_QUEUE_URL).
     :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.RETAIN``.
     """
 
@@ -54,6 +53,7 @@ class Batches(Construct):
         *,
         code: LambdaCode,
         environment: Mapping[str, str],
+        lane_queue_url: str,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, id)
@@ -83,16 +83,6 @@ class Batches(Construct):
             projection_type=dynamodb.ProjectionType.INCLUDE,
             non_key_attributes=["total"],
         )
-        self.lane_dead_letter_queue = secure_dead_letter_queue(self, "LaneDeadLetterQueue")
-        self.lane_queue = secure_queue(
-            self,
-            "LaneQueue",
-            dead_letter_queue=self.lane_dead_letter_queue,
-            max_receive_count=settings.MAX_RECEIVE_COUNT,
-            visibility_timeout=Duration.seconds(settings.VISIBILITY_TIMEOUT_S),
-            receive_message_wait_time=Duration.seconds(settings.RECEIVE_WAIT_TIME_S),
-            retention_period=Duration.days(14),
-        )
         self.control_dead_letter_queue = secure_dead_letter_queue(self, "ControlDeadLetterQueue")
         self.control_queue = secure_queue(
             self,
@@ -103,7 +93,7 @@ class Batches(Construct):
         )
         self.environment = {
             ENV_BATCH_TABLE: self.table.table_name,
-            ENV_BATCH_QUEUE_URL: self.lane_queue.queue_url,
+            ENV_BATCH_QUEUE_URL: lane_queue_url,
             ENV_BATCH_CONTROL_QUEUE_URL: self.control_queue.queue_url,
         }
         self.controller = code.new_function(

@@ -32,7 +32,8 @@ MAXIMUM_CONCURRENCY = 2
 
 
 class DeadLetterHandler(Construct):
-    """The Lambda that consumes the job DLQ (and the batch lane's, when given), with partial batch failures reported.
+    """The Lambda that consumes the DLQs of every model's job queue and batch lane (``consume``), with partial batch
+    failures reported.
 
     The construct decides how the queues it consumes behave as a consumer's queues: their visibility timeout is
     ``VISIBILITY_TIMEOUT`` (six times the function's), and a message the handler fails ``MAX_RECEIVE_COUNT`` times
@@ -40,11 +41,8 @@ class DeadLetterHandler(Construct):
     DLQ's 14-day retention ends. A DLQ made by ``cdk.job_queue.secure_dead_letter_queue`` has neither until then.
 
     :param code: the shared Lambda code.
-    :param dead_letter_queue: the job queue's DLQ.
-    :param environment: the service's runtime configuration and Powertools settings (with ``lane_dead_letter_queue``,
-        the batch resources' variables too: its chunks are counted in the batch table).
-    :param lane_dead_letter_queue: the batch lane's DLQ: its job claim checks fail their jobs, its chunks become
-        error lines. Default: none (the function consumes the job DLQ only).
+    :param environment: the service's runtime configuration and Powertools settings, and the batch resources'
+        variables (a lane's dead-lettered chunks are counted in the batch table).
     """
 
     def __init__(
@@ -53,9 +51,7 @@ class DeadLetterHandler(Construct):
         id: str,
         *,
         code: LambdaCode,
-        dead_letter_queue: sqs.Queue,
         environment: Mapping[str, str],
-        lane_dead_letter_queue: sqs.Queue | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.service_name = DEAD_LETTER_SERVICE_NAME
@@ -76,13 +72,11 @@ class DeadLetterHandler(Construct):
                 "kept for an operator (alarmed)."
             },
         )
-        # The event source grants the function consume on the DLQ (the only permission it needs on it).
-        for queue in (dead_letter_queue, lane_dead_letter_queue):
-            if queue is not None:
-                self.consume(queue)
 
     def consume(self, queue: sqs.Queue) -> None:
-        """Consume one more DLQ of claim checks or chunks (a further model's fleet's, cdk.model_fleet)."""
+        """Consume a DLQ of claim checks (a job queue's: their jobs fail) or of chunks (a batch lane's: they become
+        error lines), one of a model's fleet (cdk.model_fleet). The event source grants the function consume on it
+        (the only permission it needs on it)."""
         # The DLQ was built by its own construct before this consumer existed: its consumer settings are set here,
         # on the queue's CloudFormation resource.
         resource = queue.node.default_child

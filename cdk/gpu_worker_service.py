@@ -1,8 +1,8 @@
-"""GPU workers: a VPC, an ECS cluster on an Auto Scaling group of GPU instances, and the vLLM worker service."""
+"""GPU workers: an Auto Scaling group of GPU instances in a shared ECS cluster, and the vLLM worker service."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import jsii
@@ -23,6 +23,7 @@ from async_inference.config import (
     TASK_PROTECTION_MODES,
 )
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
+from cdk.worker_cluster import WorkerCluster
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
 STOP_TIMEOUT = Duration.seconds(120)
@@ -61,12 +62,8 @@ INSTANCE_WARMUP = Duration.seconds(120)
 class GpuWorkerService(Construct):
     """The vLLM worker as an ECS service on GPU instances that ECS scales with the tasks it has to place.
 
-    Instances live in private subnets; S3 and DynamoDB are reached through gateway endpoints and ECR and CloudWatch
-    Logs through interface endpoints, which keeps the multi-gigabyte image pulls off the NAT gateway. The NAT gateway
-    remains for SQS, SNS and the model download from Hugging Face. With ``public_subnets`` they live in public
-    subnets instead, each with a public IPv4 address and a security group that admits nothing inbound: no NAT gateway
-    and no interface endpoints (about $77 a month at us-east-1 list prices while scaled to zero), the gateway endpoints
-    kept.
+    Instances live in the worker subnets of ``cluster`` (:class:`cdk.worker_cluster.WorkerCluster`): private ones,
+    or public ones where each instance gets a public IPv4 address and a security group that admits nothing inbound.
 
     The Auto Scaling group is an ``AsgCapacityProvider`` with managed scaling (instances follow the tasks to place,
     down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
@@ -87,7 +84,7 @@ class GpuWorkerService(Construct):
       clears or lapses (``gpu_worker.task_protection.EXPIRES_IN_MINUTES``), and then drains in its stop timeout.
       Capacity dips by one task while its replacement loads the model.
     * ``start_before_stop=True`` (minimum healthy 100%, maximum 200%): a new task starts before an old one stops,
-      which needs a GPU beyond the running tasks; :class:`cdk.service.AsyncInferenceServiceProps` only allows it with
+      which needs a GPU beyond the running tasks; :class:`cdk.options.AsyncInferenceServiceProps` only allows it with
       spare instances under ``max_instances``. New tasks beyond the spare GPUs wait (PROVISIONING) until an old task
       stops; old tasks stop, as above, when idle or unprotected. No capacity dip, for the cost of the spare instance
       while a deployment runs.
@@ -119,14 +116,9 @@ class GpuWorkerService(Construct):
         expected run is its max_tokens at this rate (TASK_PROTECTION_TOKENS_PER_S). Default: 20.
     :param memory_reservation_mib: memory reserved for the worker container. Default: 12288 (fits a g5.xlarge).
     :param root_volume_gib: instance root volume (image layers, model weights). Default: 100.
-    :param nat_gateways: NAT gateways of the VPC (private subnets only). Default: 1.
-    :param public_subnets: the instances in public subnets with public IPv4 addresses, no NAT gateway and no
-        interface endpoints. Default: False.
-    :param availability_zones: the VPC's zones. Default: none, the region's first two.
-    :param log_retention: worker and flow log retention. Default: one month.
-    :param shared_with: another model's worker service whose VPC and cluster this one joins (its own GPU instances,
-        capacity provider, task definition and service in them): the stack's further models
-        (``cdk.model_fleet.ModelFleet``). Default: none, a VPC and cluster of its own.
+    :param cluster: the VPC and ECS cluster this service joins, with its own GPU instances, capacity provider, task
+        definition and service in them (every model's fleet, ``cdk.model_fleet.ModelFleet``).
+    :param log_retention: worker log retention. Default: one month.
     :param ecs_service_name: the ECS service's name, unique in the cluster. Default: ``WORKER_ECS_SERVICE_NAME``.
     """
 
@@ -149,11 +141,8 @@ class GpuWorkerService(Construct):
         task_protection_tokens_per_s: float = DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
-        nat_gateways: int = 1,
-        public_subnets: bool = False,
-        availability_zones: Sequence[str] = (),
+        cluster: WorkerCluster,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        shared_with: GpuWorkerService | None = None,
         ecs_service_name: str = WORKER_ECS_SERVICE_NAME,
     ) -> None:
         super().__init__(scope, id)
@@ -171,15 +160,7 @@ class GpuWorkerService(Construct):
                 f"instance_type {instance_type} is arm64 and ECS publishes its GPU-optimized AMI for x86_64 only: "
                 "give machine_image"
             )
-        if shared_with is not None:
-            self.public_subnets = shared_with.public_subnets
-            self.vpc, self.cluster = shared_with.vpc, shared_with.cluster
-        else:
-            self.public_subnets = public_subnets
-            self.vpc = self._vpc(nat_gateways, availability_zones, log_retention)
-            self.cluster = ecs.Cluster(
-                self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
-            )
+        self.public_subnets, self.vpc, self.cluster = cluster.public_subnets, cluster.vpc, cluster.cluster
         self.auto_scaling_group = self._gpu_instances(
             instance_type,
             machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
@@ -290,49 +271,6 @@ class GpuWorkerService(Construct):
             ENV_TASK_PROTECTION: self.task_protection,
             ENV_TASK_PROTECTION_TOKENS_PER_S: f"{self.task_protection_tokens_per_s:g}",
         }
-
-    def _vpc(self, nat_gateways: int, availability_zones: Sequence[str], log_retention: logs.RetentionDays) -> ec2.Vpc:
-        if self.public_subnets:
-            subnets = [ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)]
-        else:
-            subnets = [
-                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
-                ec2.SubnetConfiguration(name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20),
-            ]
-        vpc = ec2.Vpc(
-            self,
-            "Vpc",
-            # Given zones, or the region's first two (which may not offer the GPU type: `async-inference preflight`).
-            **({"availability_zones": list(availability_zones)} if availability_zones else {"max_azs": 2}),
-            nat_gateways=0 if self.public_subnets else nat_gateways,
-            subnet_configuration=subnets,
-            gateway_endpoints={
-                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
-                "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
-            },
-        )
-        vpc.add_flow_log(
-            "FlowLog",
-            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
-                logs.LogGroup(self, "FlowLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY)
-            ),
-        )
-        if self.public_subnets:
-            return vpc  # ECR and CloudWatch Logs over the internet gateway: no endpoint to pay while idle
-        for name, service in {
-            "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
-            "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
-            "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-        }.items():
-            endpoint = vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True)
-            acknowledge(
-                endpoint,
-                {
-                    # cdk-nag cannot evaluate the CIDR token; the rule CDK writes admits port 443 from the VPC only.
-                    "AwsSolutions-EC23": "Ingress is HTTPS from this VPC's own CIDR (the endpoint's default rule)."
-                },
-            )
-        return vpc
 
     def _gpu_instances(
         self, instance_type: str, machine_image: ec2.IMachineImage, max_instances: int, root_volume_gib: int

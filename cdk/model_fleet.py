@@ -1,92 +1,109 @@
-"""A model's own fleet: the models of the ``models`` context beyond the first, each with its claim-check queue pair,
-its batch lane, its worker service (in the first model's VPC and cluster, on GPU instances of its own type) and its
-scaling and capacity."""
+"""One model's fleet: its claim-check queue pair, its batch lane, its worker service (in the stack's VPC and cluster,
+on GPU instances of its own type), its scaling and capacity, its worker's permissions and its route."""
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aws_cdk import Duration
+from aws_cdk import ArnFormat, Duration, Stack, Tags
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.fleets import CHAT, MODEL_KINDS
+from async_inference.config import (
+    ENV_BATCH_QUEUE_URL,
+    ENV_DLQ_URL,
+    ENV_MODEL_KIND,
+    ENV_PROGRESS_INTERVAL_S,
+    ENV_QUEUE_URL,
+    ENV_SERVED_MODELS,
+    ENV_TOOL_CALL_PARSER,
+    ENV_WEBHOOK_QUEUE_URL,
+)
+from cdk.batches import Batches
+from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import WORKER_ECS_SERVICE_NAME, GpuWorkerService
 from cdk.job_queue import JobQueue, secure_dead_letter_queue, secure_queue
+from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore
+from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
+from cdk.options import AsyncInferenceServiceProps, ModelSpec
 from cdk.queue_scaling import CountedQueue, QueueScaling
+from cdk.result_topics import ResultTopics
+from cdk.webhook_dispatch import WebhookDispatch
+from cdk.websocket_push import WebSocketPush
+from cdk.worker_cluster import WorkerCluster
 
-# Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
-# Lambda allows 4 KB of variables a function: a route is about 480 bytes once its tokens resolve (two queue URLs and
-# a service ARN), beside about 1.6 KB the API function's other variables take. More models would need the routes in
-# an SSM parameter instead.
-MAX_MODELS = 4
-MAX_SLUG_CHARS = 32
+# The first model's resources were built in the service itself before every model had a fleet. Its fleet's id is
+# "Default", which CDK leaves out of logical ids, and its lane lies in a scope named as the service's Batches construct
+# where the lane was: so they keep the logical ids they were deployed with (tests/cdk/test_deployed_ids.py checks).
+DEPLOYED_FIRST_FLEET_ID = "Default"
+DEPLOYED_FIRST_LANE_SCOPE = "Batches"
+# Above the priority (100) of the Name tag ec2.LaunchTemplate gives itself.
+DEPLOYED_NAME_TAG_PRIORITY = 101
+
+
+@dataclass(frozen=True)
+class DeployedNames:
+    """The names the ``index``-th model's fleet was deployed with (``deployed_names``): the fleet's construct id, its
+    model store's (a child of the service) and its ECS service's."""
+
+    fleet_id: str
+    store_id: str
+    ecs_service_name: str
+
+
+def deployed_names(index: int, spec: ModelSpec) -> DeployedNames:
+    """``DEPLOYED_FIRST_FLEET_ID``, ``Models`` and ``WORKER_ECS_SERVICE_NAME`` for the first model; ``construct_id``,
+    ``Models<construct_id>`` and ``ecs_service_name`` of its spec for the others."""
+    if index == 0:
+        return DeployedNames(DEPLOYED_FIRST_FLEET_ID, "Models", WORKER_ECS_SERVICE_NAME)
+    return DeployedNames(spec.construct_id, f"Models{spec.construct_id}", spec.ecs_service_name)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    """One entry of the ``models`` context: a model and its fleet. Unset fields take the stack's own option of the
-    name in brackets.
+class SharedResources:
+    """What every fleet's worker uses of the service: the cluster it joins, the Lambda code of its capacity functions,
+    the worker environment the service gives every model (runtime configuration, webhook queue, batch table and
+    control queue, progress and push settings), and the resources its worker is granted on."""
 
-    :param name: the model's name, as requests name it (its Hugging Face id, or its name when the weights come from S3).
-    :param kind: ``"chat"`` (chat completions, responses) or ``"embedding"`` (embeddings). Default: chat.
-    :param source: where its weights come from, ``"huggingface"`` or ``"s3"`` (``model_source``).
-    :param s3_uri: ``s3://bucket/prefix/`` of its uploaded weights, with ``source="s3"``; never taken from the stack's
-        ``model_s3_uri`` (two models in one prefix). Default: none, the stack creates a bucket for it.
-    :param instance_type: its GPU instance type (``gpu_instance_type``).
-    :param max_worker_tasks: (``max_worker_tasks``). :param max_gpu_instances: (``max_gpu_instances``).
-    :param max_num_seqs: (``max_num_seqs``; a model ``cdk.capacity`` has no shape for, an embedding model for one,
-        must set it). :param jobs_per_task: (``jobs_per_task``). :param tool_call_parser: (``tool_call_parser``).
-    """
-
-    name: str
-    kind: str = CHAT
-    source: str | None = None
-    s3_uri: str | None = None
-    instance_type: str | None = None
-    max_worker_tasks: int | None = None
-    max_gpu_instances: int | None = None
-    max_num_seqs: int | None = None
-    jobs_per_task: float | None = None
-    tool_call_parser: str | None = None
-
-    def validate(self) -> None:
-        if not self.name or self.name != self.name.strip():
-            raise ValueError(f"models: name {self.name!r} must be a non-empty name without surrounding spaces")
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"models: {self.name} has kind {self.kind!r}; it must be one of {', '.join(MODEL_KINDS)}")
-
-    @property
-    def slug(self) -> str:
-        """The model's own name (after its organization) as an ECS service name suffix: lowercase letters, digits
-        and hyphens."""
-        return re.sub(r"[^a-z0-9]+", "-", self.name.split("/")[-1].lower()).strip("-")[:MAX_SLUG_CHARS].strip("-")
-
-    @property
-    def construct_id(self) -> str:
-        return "Fleet" + "".join(part.capitalize() for part in self.slug.split("-"))
-
-    @property
-    def ecs_service_name(self) -> str:
-        return f"{WORKER_ECS_SERVICE_NAME}-{self.slug}"
+    cluster: WorkerCluster
+    code: LambdaCode
+    worker_environment: Mapping[str, str]
+    bucket: ClaimCheckBucket
+    table: JobTable
+    results: ResultTopics
+    webhooks: WebhookDispatch
+    batches: Batches
+    push: WebSocketPush | None
 
 
 class ModelFleet(Construct):
-    """A further model's fleet, built as the first model's is (cdk/service.py): ``jobs`` (queue and DLQ),
-    ``lane_queue`` and ``lane_dead_letter_queue`` (its batch lane: chunks and jobs submitted with priority batch),
-    ``workers`` (joining ``shared_with``'s VPC and cluster), ``scaling`` on both queues, ``capacity`` (its warm pool;
-    the first fleet's release function releases the cluster's empty instances, this group's included).
+    """One model's fleet: ``jobs`` (its job queue and DLQ), ``lane_queue`` and ``lane_dead_letter_queue`` (its batch
+    lane: chunks, and jobs submitted with priority batch), ``workers`` (its GPU instances, task definition and service
+    in ``shared.cluster``), ``scaling`` on both queues, ``capacity`` (its warm pool, and, unless ``release_with`` is
+    given, the function that releases the cluster's empty instances, every fleet's group included).
 
-    :param environment: the worker's environment, its queues, model and engine options included (the caller builds
-        it as it builds the first model's).
-    :param worker_options: ``GpuWorkerService``'s other options, as the first model's are given.
-    :param scaling_options: ``QueueScaling``'s options but its service and queues.
+    The worker container gets the service's shared environment with its own model, engine options and queues, and
+    exactly the calls its code makes (``grant_worker``). ``route`` is the fleet's entry of MODEL_FLEETS
+    (``async_inference.fleets``), by which every function that queues work finds its queues.
+
+    :param spec: the model.
+    :param ecs_service_name: its ECS service's name, unique in the cluster (``deployed_names``).
+    :param props: the service's options as this model's fleet reads them (``AsyncInferenceServiceProps.for_model``).
+    :param shared: the service's resources the fleet uses.
+    :param models: the model's S3 store (``model_source`` ``"s3"``). Default: none.
+    :param release_with: the release function of another fleet in the same cluster, which releases this fleet's empty
+        instances too (it reads the groups from the cluster's capacity providers). Default: none, this fleet's
+        capacity has the release function (with ``release_empty_gpu_instances``).
     """
 
     def __init__(
@@ -95,21 +112,19 @@ class ModelFleet(Construct):
         id: str,
         *,
         spec: ModelSpec,
-        shared_with: GpuWorkerService,
-        code: LambdaCode,
-        worker_environment: Mapping[str, str],
-        secrets: Mapping[str, ecs.Secret] | None,
-        worker_options: Mapping[str, object],
-        scaling_options: Mapping[str, object],
-        warm_instances: int,
+        ecs_service_name: str,
+        props: AsyncInferenceServiceProps,
+        shared: SharedResources,
         models: ModelStore | None = None,
+        release_with: lambda_.Function | None = None,
     ) -> None:
         super().__init__(scope, id)
-        self.spec = spec
+        self.spec, self.props, self.shared, self.models = spec, props, shared, models
         self.jobs = JobQueue(self, "Jobs")
-        self.lane_dead_letter_queue = secure_dead_letter_queue(self, "LaneDeadLetterQueue")
+        lanes = Construct(self, DEPLOYED_FIRST_LANE_SCOPE) if id == DEPLOYED_FIRST_FLEET_ID else self
+        self.lane_dead_letter_queue = secure_dead_letter_queue(lanes, "LaneDeadLetterQueue")
         self.lane_queue = secure_queue(
-            self,
+            lanes,
             "LaneQueue",
             dead_letter_queue=self.lane_dead_letter_queue,
             max_receive_count=settings.MAX_RECEIVE_COUNT,
@@ -120,21 +135,46 @@ class ModelFleet(Construct):
         self.workers = GpuWorkerService(
             self,
             "Workers",
-            environment=worker_environment,
-            secrets=secrets,
-            shared_with=shared_with,
-            ecs_service_name=spec.ecs_service_name,
-            **worker_options,  # type: ignore[arg-type]
+            image_context=props.worker_image_context,
+            dockerfile=props.worker_dockerfile,
+            environment=self._worker_environment(),
+            secrets=self._secrets(),
+            instance_type=props.gpu_instance_type,
+            machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
+            if props.gpu_ami_parameter_name
+            else None,
+            max_instances=props.max_gpu_instances,
+            start_before_stop=props.deployment_spare_instances > 0,
+            instance_warmup=Duration.seconds(props.gpu_instance_warmup_seconds),
+            task_protection=props.worker_task_protection,
+            task_protection_tokens_per_s=props.worker_task_protection_tokens_per_s,
+            memory_reservation_mib=props.worker_memory_reservation_mib,
+            cluster=shared.cluster,
+            log_retention=props.log_retention,
+            ecs_service_name=ecs_service_name,
         )
         self.scaling = QueueScaling(
             self,
             "Scaling",
             service=self.workers.service,
+            # A batch-lane message is a chunk of BATCH_CHUNK_LINES lines (or one job submitted with priority batch:
+            # counting it as a full chunk over-provisions by at most one task's share while such jobs wait).
             queues=[
                 CountedQueue(self.jobs.queue),
                 CountedQueue(self.lane_queue, weight=settings.BATCH_CHUNK_LINES),
             ],
-            **scaling_options,  # type: ignore[arg-type]
+            jobs_per_task=props.effective_jobs_per_task(),
+            max_tasks=props.max_worker_tasks,
+            scale_out_cooldown=Duration.seconds(props.scale_out_cooldown_seconds),
+            scale_in_fill=props.scale_in_fill,
+            scale_in_minutes=props.scale_in_minutes,
+            scale_in_cooldown=Duration.seconds(props.scale_in_cooldown_seconds),
+            keep_alive_minutes=props.idle_minutes_before_scale_in,
+            wake_check_interval=Duration.seconds(props.wake_check_interval_seconds),
+            wake_hold=Duration.seconds(props.wake_hold_seconds),
+            # With a warm pool of fewer instances than the most tasks, a wake's hold also keeps the maximum at the
+            # tasks the pool can start, until the pool's replacement is ready.
+            wake_hold_maximum=props.wake_hold_maximum(),
         )
         self.capacity = GpuCapacity(
             self,
@@ -142,9 +182,139 @@ class ModelFleet(Construct):
             auto_scaling_group=self.workers.auto_scaling_group,
             cluster=self.workers.cluster,
             container=self.workers.container,
-            code=code,
-            warm_instances=warm_instances,
-            release_empty=False,
-            model=spec.name,  # its pool's instances fetch its weights before they are stopped
+            code=shared.code,
+            warm_instances=props.effective_warm_pool_instances(),
+            release_empty=props.release_empty_gpu_instances and release_with is None,
+            model=spec.name,  # the pool's instances fetch its weights before they are stopped
             models=models,
+        )
+        if release_with is not None:
+            self._grant_release(release_with)
+        self.grant_worker()
+        if id == DEPLOYED_FIRST_FLEET_ID:
+            self._keep_deployed_instance_name()
+
+    def route(self, *, wake: bool) -> dict[str, str | int]:
+        """The fleet's route (``async_inference.fleets.FleetRoute``), with the stack's tokens; with ``wake``, what a
+        wake from zero needs: its service, the hold's bounds when the hold keeps a maximum (the maximum while it
+        lasts, and the one its end restores), and the GPU group an instance starts in."""
+        route: dict[str, str | int] = {
+            "kind": self.spec.kind,
+            "queue_url": self.jobs.queue.queue_url,
+            "batch_queue_url": self.lane_queue.queue_url,
+        }
+        if wake:
+            target = self.scaling.wake_target
+            route["worker_service"] = target.service
+            if target.hold_max_tasks is not None:
+                route["worker_hold_max_tasks"] = target.hold_max_tasks
+                route["worker_max_tasks"] = target.max_tasks  # type: ignore[assignment]  # set with the hold maximum
+            route["worker_group"] = self.capacity.auto_scaling_group.auto_scaling_group_name
+        return route
+
+    def grant_send_jobs(self, function: lambda_.Function) -> None:
+        """Let ``function`` queue jobs on this model: its job queue, and its batch lane (priority batch)."""
+        self.jobs.queue.grant(function, "sqs:SendMessage")
+        self.lane_queue.grant(function, "sqs:SendMessage")
+
+    def grant_wake(self, function: lambda_.Function, *, environment: bool) -> None:
+        """Let ``function`` wake this fleet from zero: its service, and an instance of its GPU group at once instead
+        of after managed scaling's next minute. ``environment``: the service and group in the function's variables
+        too (``async_inference.config.WakeTarget``), not only in its route."""
+        self.scaling.grant_wake(function, environment=environment)
+        self.capacity.grant_instance_start(function, environment=environment)
+
+    def grant_worker(self) -> None:
+        """The worker's permissions: its job queue and batch lane, its model, and the shared resources."""
+        shared = self.shared
+        bucket, table, results = shared.bucket, shared.table, shared.results
+        requests, uploads, result_objects = settings.REQUEST_PREFIX, settings.UPLOAD_PREFIX, settings.RESULT_PREFIX
+        # Receive, extend and delete claim checks, and send back to the tail those of a tenant at its share
+        # (gpu_worker.fairness); read payloads; write results (reading one back when an earlier run wrote it first);
+        # check cancellations in batches; notify; queue "started" events.
+        worker = self.workers.task_definition.task_role
+        consume = ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage")
+        self.jobs.queue.grant(worker, *consume)
+        bucket.grant_get(worker, requests, uploads, result_objects)
+        bucket.grant_put(worker, result_objects)
+        table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        results.grant_publish(worker)
+        shared.webhooks.queue.grant(worker, "sqs:SendMessage")
+        if shared.push is not None:
+            shared.push.grant_publish_events(worker)  # job.started, job.progress
+        if self.models is not None:
+            self.models.grant_read(worker)  # the model's prefix, nothing else of its bucket
+
+        # The batch lane (docs/design/batches.md): receive, extend and delete chunk claim checks, and send back to the
+        # tail those its fair scout steps over (gpu_worker.fairness); ranged reads of input files; write parts; the
+        # batches' statuses (BatchGetItem) and chunk counts (UpdateItem, GetItem when already counted); finalize steps.
+        batches = shared.batches
+        self.lane_queue.grant(worker, *consume)
+        bucket.grant_get(worker, settings.FILE_PREFIX)
+        bucket.grant_put(worker, settings.BATCH_PREFIX)
+        batches.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+        batches.control_queue.grant(worker, "sqs:SendMessage")
+
+    def _worker_environment(self) -> dict[str, str]:
+        """The worker container's variables: the shared ones, with this model, its engine options and its queues."""
+        props = self.props
+        parser = props.effective_tool_call_parser()
+        return {
+            **self.shared.worker_environment,
+            ENV_QUEUE_URL: self.jobs.queue.queue_url,
+            ENV_DLQ_URL: self.jobs.dead_letter_queue.queue_url,
+            "ENGINE": "vllm",
+            "MODEL": props.model,
+            ENV_MODEL_KIND: self.spec.kind,
+            ENV_SERVED_MODELS: json.dumps([props.model]),  # its own model only: a batch line for another is a 404
+            **({ENV_TOOL_CALL_PARSER: parser} if parser else {}),
+            **(dict(self.models.environment) if self.models is not None else {}),
+            "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
+            ENV_WEBHOOK_QUEUE_URL: self.shared.webhooks.queue.queue_url,  # "started" events
+            **self.shared.batches.environment,  # the batch table, its counters and finalize steps
+            ENV_BATCH_QUEUE_URL: self.lane_queue.queue_url,
+            ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
+            **(self.shared.push.worker_environment if self.shared.push else {}),  # started and progress events
+        }
+
+    def _secrets(self) -> dict[str, ecs.Secret]:
+        """HF_TOKEN from ``hf_token_secret_arn`` (gated models from the Hub), or none."""
+        if self.props.model_source == "s3" or not self.props.hf_token_secret_arn:
+            return {}
+        token = secretsmanager.Secret.from_secret_complete_arn(self, "HuggingFaceToken", self.props.hf_token_secret_arn)
+        return {"HF_TOKEN": ecs.Secret.from_secrets_manager(token)}  # type: ignore[arg-type]
+
+    def _keep_deployed_instance_name(self) -> None:
+        """The launch template names its instances and volumes by its construct path (their Name tag), which for
+        the first fleet holds ``DEPLOYED_FIRST_FLEET_ID``: they keep the name they were deployed with, the path
+        without it."""
+        template = self.workers.node.find_child("LaunchTemplate")
+        deployed = template.node.path.replace(f"/{DEPLOYED_FIRST_FLEET_ID}/", "/")
+        Tags.of(template).add("Name", deployed, priority=DEPLOYED_NAME_TAG_PRIORITY)
+
+    def _grant_release(self, function: lambda_.Function) -> None:
+        """``function``, another fleet's release function in this cluster, releases this fleet's empty instances: the
+        same calls on this group as on its own (cdk.gpu_capacity.GpuCapacity)."""
+        stack = Stack.of(self)
+        group = self.workers.auto_scaling_group
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
+                resources=[
+                    stack.format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        acknowledge(
+            function,
+            {
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{rendered_account(stack)}:"
+                f"autoScalingGroup:*:autoScalingGroupName/<{stack.get_logical_id(group.node.default_child)}>]": "An "
+                "Auto Scaling group's ARN holds a generated id; the statement names another model's GPU group by name.",
+            },
         )

@@ -71,7 +71,8 @@ def up(outputs_file: str | None) -> int:
             "log_dir": str(stack.log_dir),
         }
         Path(outputs_file).write_text(json.dumps(document, indent=2))
-    print(f"Workers: {stack.worker_count} x engine '{stack.engine}'. Ctrl-C stops everything.", flush=True)
+    counts = ", ".join(f"{service} {stack.worker_count(service)}" for service in stack.fleets)
+    print(f"Workers: {counts} on engine '{stack.engine}'. Ctrl-C stops everything.", flush=True)
     wait_for_stop(stack)
     return 0
 

@@ -37,7 +37,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,13 +161,12 @@ class LocalDeployment:
         moto_port: int = 5000,
         ws_port: int | None = None,
         api_keys: dict[str, str] | None = None,
-        workers: int = 1,
+        workers: int | Mapping[str, int] = 1,
         engine: str = "cpu",
         worker_env: dict[str, str] | None = None,
         worker_log: IO[bytes] | int | None = None,
         log_dir: Path | str | None = None,
         served_models: tuple[str, ...] | list[str] | None = None,
-        fleet_workers: int = 1,
     ) -> None:
         self.assembly_dir = Path(assembly).resolve()  # the functions run from other directories
         self.api_port = api_port
@@ -177,8 +176,9 @@ class LocalDeployment:
         self.websocket: WebSocketApi | None = None
         self.moto = MotoServer(moto_port)
         self.api_keys = api_keys or dict(DEFAULT_API_KEYS)
-        self.worker_count = workers  # the first model's service (the one a one-model stack has)
-        self.fleet_workers = fleet_workers  # each further model's service
+        # The workers each model's ECS service starts: one count for every service, or counts by service name (a
+        # service not named starts none; tests start them).
+        self.worker_counts = workers
         self.engine = engine
         self.worker_env = worker_env or {}
         self.worker_log = worker_log
@@ -188,7 +188,7 @@ class LocalDeployment:
         self.deployment: Deployment | None = None
         self.resources: LocalResources | None = None
         self.functions: dict[str, LocalFunction] = {}
-        self.fleet: WorkerFleet | None = None  # the first model's (``fleets``' first)
+        self.fleet: WorkerFleet | None = None  # the default of ``start_worker``: a one-model stack's, ``fleets``' first
         self.fleets: dict[str, WorkerFleet] = {}  # ECS service name -> its workers
         self._pollers: list[Any] = []
         self._servers: list[Any] = []
@@ -259,10 +259,8 @@ class LocalDeployment:
                 poller.start()
             self._serve_api()
             self._serve_websocket()
-            for index, (name, task) in enumerate(service_task_definitions(self.deployment).items()):
-                self.fleets[name] = self._fleet(name, task, first=index == 0).start(
-                    self.worker_count if index == 0 else self.fleet_workers
-                )
+            for name, task in service_task_definitions(self.deployment).items():
+                self.fleets[name] = self._fleet(name, task).start(self.worker_count(name))
             self.fleet = next(iter(self.fleets.values()), None)
         except BaseException:
             self.stop()
@@ -306,15 +304,20 @@ class LocalDeployment:
             overrides[runtime_config.ENV_WEBSOCKET_CALLBACK_URL] = f"http://127.0.0.1:{self.ws_management_port}/{stage}"
         return overrides
 
-    def _fleet(self, name: str, task: TaskDefinition, *, first: bool) -> WorkerFleet:
-        """The workers of one ECS service, on the local engine of its model's kind."""
+    def worker_count(self, service: str) -> int:
+        """How many workers the ECS service named ``service`` starts with."""
+        if isinstance(self.worker_counts, int):
+            return self.worker_counts
+        return self.worker_counts.get(service, 0)
+
+    def _fleet(self, name: str, task: TaskDefinition) -> WorkerFleet:
+        """The workers of one ECS service, on the local engine of its model's kind, with host volumes of their own."""
         engine = local_engine(task.environment.get(ENV_MODEL_KIND, CHAT), self.engine)
-        volumes = self.log_dir / "volumes"
         return WorkerFleet(
             task,
             environment=self._worker_overrides(engine),
             unset=() if engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
-            volumes_dir=volumes if first else volumes / name,  # the first keeps the one-model stack's folder
+            volumes_dir=self.log_dir / "volumes" / name,
             log=self.worker_log,
         )
 

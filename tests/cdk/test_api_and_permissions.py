@@ -142,7 +142,8 @@ def _function_actions(synthesized, handler):
 
 def _worker_actions(synthesized):
     return role_actions(
-        synthesized.template, synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+        synthesized.template,
+        synthesized.logical_id(synthesized.stack.service.fleets[0].workers.task_definition.task_role),
     )
 
 
@@ -276,7 +277,7 @@ def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_e
 def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, handler):
     """GIVEN the API and upload functions WHEN reading their environment THEN the wake's cluster, service ARN and
     interval are set, by the names async_inference.config reads."""
-    workers = synthesized.stack.service.workers
+    workers = synthesized.stack.service.fleets[0].workers
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
@@ -294,7 +295,7 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
     """GIVEN the API and upload functions WHEN reading their environment and Auto Scaling statements THEN they know
     the GPU group by name, may raise its desired capacity (on that group's ARN only) and read it (DescribeAutoScaling
     Groups, which takes no resource), and may do nothing else in Auto Scaling."""
-    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
+    group_id = synthesized.logical_id(synthesized.stack.service.fleets[0].workers.auto_scaling_group)
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
@@ -334,9 +335,9 @@ def test_upload_role_sends_to_the_job_queue_and_its_failure_queue_only(synthesiz
     function's role)."""
     service = synthesized.stack.service
     queues = {
-        synthesized.logical_id(service.jobs.queue),
+        synthesized.logical_id(service.fleets[0].jobs.queue),
         synthesized.logical_id(service.uploads.failure_queue),
-        synthesized.logical_id(service.batches.lane_queue),
+        synthesized.logical_id(service.fleets[0].lane_queue),
     }
     sends = _function_actions(synthesized, UPLOAD)["sqs:SendMessage"]
     assert {resource["Fn::GetAtt"][0] for resource in sends} == queues
@@ -368,10 +369,10 @@ def test_api_sends_to_the_job_queues_the_deadline_queue_and_the_control_queue_on
     "batch")."""
     service = synthesized.stack.service
     queues = {
-        synthesized.logical_id(service.jobs.queue),
+        synthesized.logical_id(service.fleets[0].jobs.queue),
         synthesized.logical_id(service.upload_deadlines.queue),
         synthesized.logical_id(service.batches.control_queue),
-        synthesized.logical_id(service.batches.lane_queue),
+        synthesized.logical_id(service.fleets[0].lane_queue),
     }
     assert {r["Fn::GetAtt"][0] for r in _function_actions(synthesized, API)["sqs:SendMessage"]} == queues
 
@@ -441,7 +442,10 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
     checks of a tenant at its share back to the job queue and the batch lane (gpu_worker.fairness)."""
     actions = _worker_actions(synthesized)
     service = synthesized.stack.service
-    jobs, lane = synthesized.logical_id(service.jobs.queue), synthesized.logical_id(service.batches.lane_queue)
+    jobs, lane = (
+        synthesized.logical_id(service.fleets[0].jobs.queue),
+        synthesized.logical_id(service.fleets[0].lane_queue),
+    )
     webhook_queue = synthesized.logical_id(service.webhooks.queue)
     control = synthesized.logical_id(service.batches.control_queue)
     for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
@@ -471,7 +475,7 @@ def test_listing_is_confined_to_the_prefixes_a_principal_reads(synthesized, prin
     role = (
         function_role(synthesized.template, {"upload": UPLOAD, "api": API}[principal])
         if principal in ("upload", "api")
-        else synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+        else synthesized.logical_id(synthesized.stack.service.fleets[0].workers.task_definition.task_role)
     )
     bucket = synthesized.logical_id(synthesized.stack.service.bucket.bucket)
     statements = [s for s in role_statements(synthesized.template, role) if s["Action"] == "s3:ListBucket"]

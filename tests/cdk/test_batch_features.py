@@ -25,14 +25,14 @@ def _variables(synthesized, handler):
 def test_the_functions_that_queue_jobs_know_the_batch_lane(synthesized, handler):
     """GIVEN the API and upload functions WHEN reading their environment THEN they name the batch-lane queue, where a
     job with priority "batch" is queued."""
-    lane = synthesized.logical_id(synthesized.stack.service.batches.lane_queue)
+    lane = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_queue)
     assert _variables(synthesized, handler)[config.ENV_BATCH_QUEUE_URL] == {"Ref": lane}
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
 def test_the_functions_that_queue_jobs_may_send_to_the_batch_lane(synthesized, handler):
     """GIVEN the API and upload functions WHEN reading their roles THEN each may SendMessage to the batch lane."""
-    lane = synthesized.logical_id(synthesized.stack.service.batches.lane_queue)
+    lane = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_queue)
     sends = role_actions(synthesized.template, function_role(synthesized.template, handler))["sqs:SendMessage"]
     assert {"Fn::GetAtt": [lane, "Arn"]} in sends
 
@@ -50,7 +50,7 @@ def _function_id(synthesized, handler):
 def test_the_dlq_handler_consumes_the_batch_lanes_dlq_with_partial_failures(synthesized):
     """GIVEN the batch lane's DLQ WHEN reading the event source mappings THEN the DLQ handler consumes it, reporting
     failures per item (a message it cannot process stays for an operator)."""
-    lane_dlq = synthesized.logical_id(synthesized.stack.service.batches.lane_dead_letter_queue)
+    lane_dlq = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_dead_letter_queue)
     synthesized.template.has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
         {

@@ -71,11 +71,11 @@ def test_the_batch_lane_redrives_to_its_dlq_with_the_job_queues_timings(synthesi
     """GIVEN the batch-lane queue WHEN reading it THEN workers hold chunks as they hold jobs (visibility extended each
     heartbeat), and a chunk that keeps failing moves to its own DLQ after MAX_RECEIVE_COUNT receives."""
     service = synthesized.stack.service
-    dlq = synthesized.logical_id(service.batches.lane_dead_letter_queue)
+    dlq = synthesized.logical_id(service.fleets[0].lane_dead_letter_queue)
     [lane] = [
         r
         for lid, r in synthesized.resources("AWS::SQS::Queue").items()
-        if lid == synthesized.logical_id(service.batches.lane_queue)
+        if lid == synthesized.logical_id(service.fleets[0].lane_queue)
     ]
     assert lane["Properties"]["VisibilityTimeout"] == settings.VISIBILITY_TIMEOUT_S
     assert lane["Properties"]["RedrivePolicy"] == {
@@ -106,7 +106,8 @@ def test_the_controller_takes_one_control_step_at_a_time_with_partial_failures(s
 @pytest.mark.parametrize("dlq", ["lane_dead_letter_queue", "control_dead_letter_queue"])
 def test_each_batch_dlq_is_alarmed(synthesized, dlq):
     """GIVEN a batch DLQ WHEN reading the alarms THEN one fires when it holds a message."""
-    queue = synthesized.logical_id(getattr(synthesized.stack.service.batches, dlq))
+    owner = synthesized.stack.service.fleets[0] if dlq.startswith("lane") else synthesized.stack.service.batches
+    queue = synthesized.logical_id(getattr(owner, dlq))
     alarms = [a for a in synthesized.resources("AWS::CloudWatch::Alarm").values() if queue in json.dumps(a)]
     assert alarms and alarms[0]["Properties"]["MetricName"] == "ApproximateNumberOfMessagesVisible"
 
@@ -157,7 +158,7 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
     }
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.FILE_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
     assert _prefixes(actions["s3:PutObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*"}
-    lane = synthesized.logical_id(synthesized.stack.service.batches.lane_queue)
+    lane = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_queue)
     assert actions["sqs:SendMessage"] == [{"Fn::GetAtt": [lane, "Arn"]}]
     table = synthesized.logical_id(synthesized.stack.service.batches.table)
     assert actions["dynamodb:UpdateItem"] == [{"Fn::GetAtt": [table, "Arn"]}]
@@ -236,7 +237,7 @@ def test_the_stack_outputs_the_batch_resources(synthesized):
 def test_scaling_counts_the_batch_lane_by_its_lines(synthesized):
     """GIVEN the batch lane WHEN reading the scale-out alarm THEN its backlog sums the job queue and the batch-lane
     queue, a chunk weighing its BATCH_CHUNK_LINES lines."""
-    lane = synthesized.logical_id(synthesized.stack.service.batches.lane_queue)
+    lane = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_queue)
     alarms = [a for a in synthesized.resources("AWS::CloudWatch::Alarm").values() if lane in json.dumps(a)]
     assert alarms, "no alarm reads the batch lane"
     expressions = " ".join(m.get("Expression", "") for a in alarms for m in a["Properties"].get("Metrics", []))

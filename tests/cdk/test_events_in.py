@@ -58,7 +58,7 @@ def test_the_events_in_function_reads_the_inbox_and_queues_but_reads_no_other_pa
     assert not any(settings.RESULT_PREFIX in r or settings.UPLOAD_PREFIX in r for r in read)
     service = with_rules.stack.service
     sent = {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]}
-    wanted = (service.jobs.queue, service.batches.lane_queue, service.batches.control_queue)
+    wanted = (service.fleets[0].jobs.queue, service.fleets[0].lane_queue, service.batches.control_queue)
     assert {with_rules.logical_id(q) for q in wanted} <= sent
 
 

@@ -57,16 +57,16 @@ def test_each_model_gets_its_worker_service_task_definition_and_gpu_group(two):
     """GIVEN a chat and an embedding model WHEN synthesized THEN there are two task definitions, two services with
     distinct names in one cluster, and two GPU groups of each model's instance type and limits."""
     service = two.stack.service
-    [fleet] = service.fleets
+    first, fleet = service.fleets
     assert len(two.resources("AWS::ECS::TaskDefinition")) == 2
     assert len(two.resources("AWS::ECS::Cluster")) == 1 and len(two.resources("AWS::EC2::VPC")) == 1
     names = {s["Properties"]["ServiceName"] for s in two.resources("AWS::ECS::Service").values()}
     assert names == {"gpu-workers", "gpu-workers-all-minilm-l6-v2"}
-    cluster = _ref(two, service.workers.cluster)
+    cluster = _ref(two, first.workers.cluster)
     assert all(s["Properties"]["Cluster"] == cluster for s in two.resources("AWS::ECS::Service").values())
     groups = {lid: g["Properties"]["MaxSize"] for lid, g in two.resources("AWS::AutoScaling::AutoScalingGroup").items()}
     assert groups == {
-        two.logical_id(service.workers.auto_scaling_group): "2",
+        two.logical_id(first.workers.auto_scaling_group): "2",
         two.logical_id(fleet.workers.auto_scaling_group): "1",
     }
     templates = two.resources("AWS::EC2::LaunchTemplate").values()
@@ -78,18 +78,18 @@ def test_each_worker_runs_its_model_on_its_own_queues(two):
     """GIVEN the two task definitions WHEN reading their environments THEN each names its model, kind and batch size
     and reads its own job queue, DLQ and batch lane (the first model the one-model stack's)."""
     service = two.stack.service
-    [fleet] = service.fleets
-    first = _container_environment(two, service.workers)
-    second = _container_environment(two, fleet.workers)
+    chat, embedding = service.fleets
+    first = _container_environment(two, chat.workers)
+    second = _container_environment(two, embedding.workers)
     assert (first["MODEL"], first[config.ENV_MODEL_KIND], first["MAX_NUM_SEQS"]) == (CHAT, "chat", "135")
     assert (second["MODEL"], second[config.ENV_MODEL_KIND], second["MAX_NUM_SEQS"]) == (EMBEDDING, "embedding", "64")
     assert json.loads(first[config.ENV_SERVED_MODELS]) == [CHAT]
     assert json.loads(second[config.ENV_SERVED_MODELS]) == [EMBEDDING]
-    assert first[config.ENV_QUEUE_URL] == _ref(two, service.jobs.queue)
-    assert first[config.ENV_BATCH_QUEUE_URL] == _ref(two, service.batches.lane_queue)
-    assert second[config.ENV_QUEUE_URL] == _ref(two, fleet.jobs.queue)
-    assert second[config.ENV_DLQ_URL] == _ref(two, fleet.jobs.dead_letter_queue)
-    assert second[config.ENV_BATCH_QUEUE_URL] == _ref(two, fleet.lane_queue)
+    assert first[config.ENV_QUEUE_URL] == _ref(two, chat.jobs.queue)
+    assert first[config.ENV_BATCH_QUEUE_URL] == _ref(two, chat.lane_queue)
+    assert second[config.ENV_QUEUE_URL] == _ref(two, embedding.jobs.queue)
+    assert second[config.ENV_DLQ_URL] == _ref(two, embedding.jobs.dead_letter_queue)
+    assert second[config.ENV_BATCH_QUEUE_URL] == _ref(two, embedding.lane_queue)
     # The control queue and the batch table are shared: a batch is finalized by the one controller.
     assert second[config.ENV_BATCH_CONTROL_QUEUE_URL] == first[config.ENV_BATCH_CONTROL_QUEUE_URL]
 
@@ -97,7 +97,7 @@ def test_each_worker_runs_its_model_on_its_own_queues(two):
 def test_each_model_queue_dead_letters_into_its_own_dlq_which_the_dlq_handler_consumes(two):
     """GIVEN the further model's job queue and lane WHEN reading their redrive policies and the event sources THEN each
     moves to its own DLQ after MAX_RECEIVE_COUNT receives, and the DLQ handler consumes both DLQs."""
-    [fleet] = two.stack.service.fleets
+    _, fleet = two.stack.service.fleets
     resources = two.json["Resources"]
     pairs = ((fleet.jobs.queue, fleet.jobs.dead_letter_queue), (fleet.lane_queue, fleet.lane_dead_letter_queue))
     for queue, dlq in pairs:
@@ -120,14 +120,14 @@ def test_each_model_scales_on_its_own_queues_between_zero_and_its_limit(two):
     """GIVEN the two scalable targets WHEN reading them and the further model's scale-out alarm THEN each targets its
     own service with its own maximum, and the alarm reads the further model's queues only."""
     service = two.stack.service
-    [fleet] = service.fleets
+    first, fleet = service.fleets
     targets = sorted(
         (t["Properties"]["MaxCapacity"], json.dumps(t["Properties"]["ResourceId"]))
         for t in two.resources("AWS::ApplicationAutoScaling::ScalableTarget").values()
     )
     assert [maximum for maximum, _ in targets] == [1, 2]
     assert two.logical_id(fleet.workers.service) in targets[0][1]
-    assert two.logical_id(service.workers.service) in targets[1][1]
+    assert two.logical_id(first.workers.service) in targets[1][1]
     alarm = two.json["Resources"][two.logical_id(fleet.scaling.scale_out_alarm)]["Properties"]
     queues = {
         m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
@@ -145,13 +145,13 @@ def test_the_functions_that_queue_work_route_each_model_to_its_fleet(two, handle
     """GIVEN the API, upload and controller functions WHEN reading MODEL_FLEETS THEN each model's route names its
     kind, job queue, batch lane and service to wake; SERVED_MODELS lists both models (GET /v1/models)."""
     service = two.stack.service
-    [fleet] = service.fleets
+    first, fleet = service.fleets
     env = _function(two, handler)["Properties"]["Environment"]["Variables"]
     assert json.loads(env[config.ENV_SERVED_MODELS]) == [CHAT, EMBEDDING]
     rendered = json.dumps(env[config.ENV_MODEL_FLEETS])
     parts = env[config.ENV_MODEL_FLEETS]["Fn::Join"][1]
     first_at, second_at = rendered.index(json.dumps(CHAT)[1:-1]), rendered.index(json.dumps(EMBEDDING)[1:-1])
-    assert first_at < rendered.index(two.logical_id(service.jobs.queue)) < second_at
+    assert first_at < rendered.index(two.logical_id(first.jobs.queue)) < second_at
     assert second_at < rendered.index(two.logical_id(fleet.jobs.queue))
     assert second_at < rendered.index(two.logical_id(fleet.lane_queue))
     assert '\\"kind\\":\\"embedding\\"' in rendered and "gpu-workers-all-minilm-l6-v2" in rendered
@@ -164,7 +164,7 @@ def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two
     names the further fleet's GPU group, and the function may set that group's desired capacity, as it may the first's
     (whose group is in its WORKER_AUTO_SCALING_GROUP variable)."""
     service = two.stack.service
-    [fleet] = service.fleets
+    first, fleet = service.fleets
     function = _function(two, handler)
     rendered = json.dumps(function["Properties"]["Environment"]["Variables"][config.ENV_MODEL_FLEETS])
     further_group = two.logical_id(fleet.capacity.auto_scaling_group)
@@ -174,7 +174,7 @@ def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two
     actions = role_actions(two.template, function["Properties"]["Role"]["Fn::GetAtt"][0])
     groups = json.dumps(actions["autoscaling:SetDesiredCapacity"])
     assert further_group in groups
-    assert two.logical_id(service.capacity.auto_scaling_group) in groups
+    assert two.logical_id(first.capacity.auto_scaling_group) in groups
 
 
 def test_each_models_queue_has_its_own_oldest_job_alarm_and_dashboard_row(two):
@@ -182,8 +182,8 @@ def test_each_models_queue_has_its_own_oldest_job_alarm_and_dashboard_row(two):
     model's jobs stuck behind a fleet that cannot start alarm too), and the dashboard has each fleet's queue depth,
     oldest job and running tasks, the further one's titled with its model."""
     service = two.stack.service
-    [fleet] = service.fleets
-    for queue in (service.jobs.queue, fleet.jobs.queue):
+    first, fleet = service.fleets
+    for queue in (first.jobs.queue, fleet.jobs.queue):
         two.template.has_resource_properties(
             "AWS::CloudWatch::Alarm",
             {
@@ -202,13 +202,13 @@ def test_the_further_workers_may_take_from_their_own_queues_only(two):
     """GIVEN the further model's task role WHEN reading its SQS receives THEN it receives from its own job queue and
     lane, not from the first model's; the API may send to both models' queues."""
     service = two.stack.service
-    [fleet] = service.fleets
+    first, fleet = service.fleets
     actions = role_actions(two.template, two.logical_id(fleet.workers.task_definition.task_role))
     received = {r["Fn::GetAtt"][0] for r in actions["sqs:ReceiveMessage"]}
     assert received == {two.logical_id(fleet.jobs.queue), two.logical_id(fleet.lane_queue)}
     api_role = _function(two, API)["Properties"]["Role"]["Fn::GetAtt"][0]
     sent = {r["Fn::GetAtt"][0] for r in role_actions(two.template, api_role)["sqs:SendMessage"]}
-    assert {two.logical_id(q) for q in (service.jobs.queue, fleet.jobs.queue, fleet.lane_queue)} <= sent
+    assert {two.logical_id(q) for q in (first.jobs.queue, fleet.jobs.queue, fleet.lane_queue)} <= sent
 
 
 @pytest.mark.parametrize(

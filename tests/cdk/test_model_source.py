@@ -15,17 +15,17 @@ EXISTING = "s3://team-weights/llm/qwen-1.5b/"
 
 
 def _task_role_statements(variant, action):
-    role = variant.logical_id(variant.stack.service.workers.task_definition.task_role)
+    role = variant.logical_id(variant.stack.service.fleets[0].workers.task_definition.task_role)
     return [s for s in role_statements(variant.template, role) if s["Action"] == action]
 
 
 def _task_role_resources(variant, action):
-    role = variant.logical_id(variant.stack.service.workers.task_definition.task_role)
+    role = variant.logical_id(variant.stack.service.fleets[0].workers.task_definition.task_role)
     return role_actions(variant.template, role).get(action, [])
 
 
 def _execution_role_statements(variant, action):
-    role = variant.logical_id(variant.stack.service.workers.task_definition.execution_role)
+    role = variant.logical_id(variant.stack.service.fleets[0].workers.task_definition.execution_role)
     return [
         s
         for s in role_statements(variant.template, role)
@@ -40,7 +40,7 @@ def test_default_source_is_hugging_face_without_s3_or_token(synthesized):
     assert environment["MODEL"] == MODEL
     assert config.ENV_MODEL_S3_URI not in environment and config.ENV_MODEL_DIR not in environment
     assert "Secrets" not in synthesized.container()
-    assert synthesized.stack.service.models is None
+    assert synthesized.stack.service.fleets[0].models is None
 
 
 def test_hugging_face_token_secret_reaches_the_worker_as_a_container_secret(synth_variant):
@@ -58,7 +58,7 @@ def test_s3_source_without_a_uri_creates_a_private_encrypted_tls_only_bucket(syn
     """GIVEN model_source=s3 and no model_s3_uri WHEN synthesized THEN the stack creates the model bucket: public
     access blocked, encrypted, TLS only, access-logged, its name a stack output."""
     variant = synth_variant(model_source="s3")
-    bucket = variant.logical_id(variant.stack.service.models.bucket)
+    bucket = variant.logical_id(variant.stack.service.fleets[0].models.bucket)
     properties = variant.json["Resources"][bucket]["Properties"]
     assert properties["PublicAccessBlockConfiguration"] == {
         "BlockPublicAcls": True,
@@ -78,7 +78,7 @@ def test_s3_source_tells_the_worker_where_to_sync_from_and_to(synth_variant):
     """GIVEN the created model bucket WHEN reading the worker THEN MODEL_S3_URI is s3://<bucket>/<model>/ and
     MODEL_DIR lies under the /models host volume."""
     variant = synth_variant(model_source="s3")
-    bucket = variant.logical_id(variant.stack.service.models.bucket)
+    bucket = variant.logical_id(variant.stack.service.fleets[0].models.bucket)
     environment = variant.worker_environment()
     assert environment[config.ENV_MODEL_S3_URI] == {"Fn::Join": ["", ["s3://", {"Ref": bucket}, f"/{MODEL}/"]]}
     assert environment[config.ENV_MODEL_DIR] == {"Fn::Join": ["", ["/models/s3/", {"Ref": bucket}, f"/{MODEL}"]]}
@@ -90,7 +90,7 @@ def test_s3_source_lets_the_task_role_read_exactly_the_model_prefix(synth_varian
     """GIVEN the created model bucket WHEN reading the task role THEN it may get objects and list keys under the
     model's prefix only."""
     variant = synth_variant(model_source="s3")
-    bucket = variant.logical_id(variant.stack.service.models.bucket)
+    bucket = variant.logical_id(variant.stack.service.fleets[0].models.bucket)
     gets = [r for r in _task_role_resources(variant, "s3:GetObject") if bucket in str(r)]
     assert gets == [{"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, f"/{MODEL}/*"]]}]
     lists = [s for s in _task_role_statements(variant, "s3:ListBucket") if bucket in str(s["Resource"])]
@@ -110,7 +110,7 @@ def test_an_existing_prefix_is_read_in_place_and_no_bucket_is_created(synth_vari
     assert gets == [{"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::team-weights/llm/qwen-1.5b/*"]]}]
     [listing] = [s for s in _task_role_statements(variant, "s3:ListBucket") if "team-weights" in str(s)]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["llm/qwen-1.5b/*"]}}
-    assert not variant.stack.service.models.created
+    assert not variant.stack.service.fleets[0].models.created
     assert "ModelBucketName" not in variant.json.get("Outputs", {})
     variant.template.has_output("ModelS3Uri", {"Value": EXISTING})
 
@@ -121,4 +121,4 @@ def test_s3_sources_pass_cdk_nag_in_a_stack_with_account_and_region(synth_varian
     prefix's acknowledgement matches its finding (literal partition and account)."""
     options = {"model_source": "s3", **({"model_s3_uri": uri} if uri else {})}
     variant = synth_variant(region="eu-west-1", **options)  # raises on an unacknowledged finding
-    assert variant.stack.service.models.created is (uri is None)
+    assert variant.stack.service.fleets[0].models.created is (uri is None)

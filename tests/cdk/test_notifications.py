@@ -85,7 +85,7 @@ def test_webhook_function_runs_outside_any_vpc(synthesized):
 
 def test_dlq_handler_consumes_the_job_dlq_with_batch_item_failures(synthesized):
     """GIVEN the DLQ handler WHEN messages reach the job DLQ THEN it consumes them, reporting item failures."""
-    dlq = synthesized.logical_id(synthesized.stack.service.jobs.dead_letter_queue)
+    dlq = synthesized.logical_id(synthesized.stack.service.fleets[0].jobs.dead_letter_queue)
     synthesized.template.has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
         {"EventSourceArn": {"Fn::GetAtt": [dlq, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
@@ -163,7 +163,8 @@ def test_counts_are_summed_and_times_shown_as_mean_and_tail(synthesized, name, s
 def test_a_message_in_a_dlq_raises_an_alarm(synthesized, attribute):
     """GIVEN a DLQ WHEN it holds one message THEN an alarm fires (depth > 0)."""
     owner, name = attribute.split(".")
-    dlq = synthesized.logical_id(getattr(getattr(synthesized.stack.service, owner), name))
+    service = synthesized.stack.service
+    dlq = synthesized.logical_id(getattr(getattr(service.fleets[0] if owner == "jobs" else service, owner), name))
     synthesized.template.has_resource_properties(
         "AWS::CloudWatch::Alarm",
         {

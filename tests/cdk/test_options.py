@@ -10,9 +10,9 @@ from aws_cdk import App
 from app import props_from_context
 from async_inference import settings
 from cdk import capacity
+from cdk.options import AsyncInferenceServiceProps
 from cdk.queue_scaling import CountedQueue, validate
 from cdk.result_topics import TopicSubscription
-from cdk.service import AsyncInferenceServiceProps
 from tests.cdk.conftest import cdk_json_context
 
 pytestmark = pytest.mark.cdk

@@ -90,7 +90,7 @@ def test_no_hold_no_permission(synth_variant):
 def test_keep_alive_never_reads_an_unpublished_minute_as_idle(synthesized):
     """GIVEN the keep-alive alarm WHEN reading it THEN no metric is FILLed and missing data is not breaching: a queue
     SQS does not publish (inactive, or resuming for up to 15 minutes) never reads as idle."""
-    alarm = synthesized.stack.service.scaling.idle_alarm
+    alarm = synthesized.stack.service.fleets[0].scaling.idle_alarm
     properties = synthesized.json["Resources"][synthesized.logical_id(alarm)]["Properties"]
     [expression] = [m["Expression"] for m in properties["Metrics"] if "Expression" in m]
     assert "FILL" not in expression
@@ -100,7 +100,7 @@ def test_keep_alive_never_reads_an_unpublished_minute_as_idle(synthesized):
 def test_scale_out_sets_a_count_never_adds_one(synthesized):
     """GIVEN the scale-out alarm's policy WHEN reading it THEN it is ExactCapacity whose steps set 1..max tasks from
     the tasks needed (the alarm's metric), so an unpublished DesiredTaskCount cannot double a cold start's task."""
-    scaling = synthesized.stack.service.scaling
+    scaling = synthesized.stack.service.fleets[0].scaling
     alarm = synthesized.json["Resources"][synthesized.logical_id(scaling.scale_out_alarm)]["Properties"]
     [policy_ref] = alarm["AlarmActions"]
     policy = synthesized.json["Resources"][policy_ref["Ref"]]["Properties"]["StepScalingPolicyConfiguration"]
@@ -112,7 +112,7 @@ def test_warm_pool_keeps_stopped_instances(synthesized):
     """GIVEN the GPU group WHEN synthesized THEN a warm pool keeps one instance Stopped, an absolute size (MinSize =
     MaxGroupPreparedCapacity; without ReuseOnScaleIn: tests/cdk/test_warm_pool.py); the ECS agent waits out the pool's
     initialization; vLLM's compile cache lives on the weights' volume."""
-    workers = synthesized.stack.service.workers
+    workers = synthesized.stack.service.fleets[0].workers
     synthesized.template.has_resource_properties(
         "AWS::AutoScaling::WarmPool",
         {
@@ -144,7 +144,7 @@ def test_empty_instances_are_released_every_minute_by_protection_and_count_never
     group, may drain this cluster's instances, lift protection and lower the group's desired capacity, and may not
     terminate an instance by id (the group's scale-in picks among unprotected instances only; ECS protects every
     instance that runs a task)."""
-    capacity = synthesized.stack.service.capacity
+    capacity = synthesized.stack.service.fleets[0].capacity
     function = capacity.release_function
     function_id = _function_id(synthesized, function)
     synthesized.template.has_resource_properties(
@@ -155,7 +155,7 @@ def test_empty_instances_are_released_every_minute_by_protection_and_count_never
         },
     )
     variables = synthesized.json["Resources"][function_id]["Properties"]["Environment"]["Variables"]
-    workers = synthesized.stack.service.workers
+    workers = synthesized.stack.service.fleets[0].workers
     group_id = synthesized.logical_id(workers.auto_scaling_group)
     assert variables[ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
     actions = role_actions(synthesized.template, _role_id(synthesized, function))

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.cdk
 
 def test_job_queue_redrives_to_its_dlq_after_the_shared_max_receive_count(synthesized):
     """GIVEN the synthesized app WHEN reading the job queue THEN it redrives to the DLQ after MAX_RECEIVE_COUNT."""
-    jobs = synthesized.stack.service.jobs
+    jobs = synthesized.stack.service.fleets[0].jobs
     synthesized.template.has_resource_properties(
         "AWS::SQS::Queue",
         {
@@ -49,7 +49,7 @@ def test_every_queue_is_encrypted(synthesized):
 @pytest.mark.parametrize("attribute", ["queue", "dead_letter_queue"])
 def test_job_queues_refuse_requests_without_tls(synthesized, attribute):
     """GIVEN the job queue and its DLQ WHEN reading their queue policies THEN non-TLS requests are denied."""
-    queue = getattr(synthesized.stack.service.jobs, attribute)
+    queue = getattr(synthesized.stack.service.fleets[0].jobs, attribute)
     statements = policy_of(synthesized.template, "AWS::SQS::QueuePolicy", synthesized.logical_id(queue))
     assert denies_insecure_transport(statements)
 

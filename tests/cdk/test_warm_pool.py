@@ -24,7 +24,9 @@ def _user_data(synthesized) -> str:
 
 
 def _instance_role_id(synthesized) -> str:
-    return synthesized.stack.get_logical_id(synthesized.stack.service.workers.instance_role.node.default_child)
+    return synthesized.stack.get_logical_id(
+        synthesized.stack.service.fleets[0].workers.instance_role.node.default_child
+    )
 
 
 def _statements(synthesized, action: str) -> list[dict[str, Any]]:
@@ -48,7 +50,7 @@ def test_launch_hook_holds_pool_instances_until_completed(synthesized):
     """GIVEN the GPU group WHEN synthesized THEN a launch lifecycle hook with the name the instance script completes
     holds new instances (CONTINUE after 20 minutes if nothing completes it), and the warm pool, whose instances launch
     once it exists, is created after the hook and the role's rights to complete it."""
-    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
+    group_id = synthesized.logical_id(synthesized.stack.service.fleets[0].workers.auto_scaling_group)
     synthesized.template.has_resource_properties(
         "AWS::AutoScaling::LifecycleHook",
         {
@@ -59,7 +61,7 @@ def test_launch_hook_holds_pool_instances_until_completed(synthesized):
             "HeartbeatTimeout": 1200,
         },
     )
-    capacity = synthesized.stack.service.capacity
+    capacity = synthesized.stack.service.fleets[0].capacity
     [pool] = synthesized.resources("AWS::AutoScaling::WarmPool").values()
     assert set(pool["DependsOn"]) >= {
         synthesized.stack.get_logical_id(capacity.pool_init_hook.node.default_child),
@@ -98,7 +100,7 @@ def test_instance_role_may_complete_the_hook_of_this_group_only(synthesized):
     """GIVEN the instance role WHEN its statements are read THEN CompleteLifecycleAction is allowed on this one group
     (by its name) and nothing else, DescribeAutoScalingInstances (no resource-level permission) on *, and the image
     pull (which the agent makes with the execution role) on the worker image's repository only."""
-    group_id = synthesized.logical_id(synthesized.stack.service.workers.auto_scaling_group)
+    group_id = synthesized.logical_id(synthesized.stack.service.fleets[0].workers.auto_scaling_group)
     [complete] = _statements(synthesized, "autoscaling:CompleteLifecycleAction")
     assert complete["Action"] == "autoscaling:CompleteLifecycleAction"
     [resource] = [complete["Resource"]] if not isinstance(complete["Resource"], list) else complete["Resource"]

@@ -6,7 +6,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import config, settings
-from cdk.service import AsyncInferenceServiceProps
+from cdk.options import AsyncInferenceServiceProps
 from tests.cdk.helpers import function_role, role_actions, role_statements
 
 pytestmark = pytest.mark.cdk
@@ -214,7 +214,7 @@ def test_the_worker_publishes_job_events_and_knows_the_progress_interval(synthes
     environment = synthesized.worker_environment()
     assert environment[config.ENV_JOB_EVENTS_TOPIC_ARN] == {"Ref": topic}
     assert environment[config.ENV_PROGRESS_INTERVAL_S] == str(int(settings.PROGRESS_INTERVAL_S))
-    task_role = synthesized.logical_id(synthesized.stack.service.workers.task_definition.task_role)
+    task_role = synthesized.logical_id(synthesized.stack.service.fleets[0].workers.task_definition.task_role)
     assert {"Ref": topic} in role_actions(synthesized.template, task_role)["sns:Publish"]
 
 

@@ -189,7 +189,7 @@ def test_scale_out_alarm_reads_the_tasks_the_backlog_needs_when_more_than_wanted
     """GIVEN the scale-out alarm WHEN reading it THEN its metric is n = CEIL(backlog / J) when n exceeds the desired
     count (tasks still starting included) by one or more, else 0; it breaches at 1, on one minute of data, missing
     data not breaching."""
-    properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
+    properties = _alarm(synthesized, synthesized.stack.service.fleets[0].scaling.scale_out_alarm)
     needed = f"CEIL(({BACKLOG}) / {JOBS_PER_TASK:g})"
     assert _expression(properties) == f"IF({needed} - FILL(desired, 0) >= 1, {needed}, 0)"
     assert _stats(properties) == {**SQS_BACKLOG, **DESIRED}
@@ -202,7 +202,7 @@ def test_scale_out_sets_the_tasks_needed_one_step_per_count_with_a_one_minute_co
     """GIVEN the scale-out policy WHEN k tasks needed breach THEN it sets the count to k (ExactCapacity; bounds
     relative to the threshold 1), up to the task maximum, after a 60 s cooldown: setting, not adding, so a desired
     count Container Insights has not published yet (read as 0) cannot ask for a task twice."""
-    policy = _alarm_policy(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
+    policy = _alarm_policy(synthesized, synthesized.stack.service.fleets[0].scaling.scale_out_alarm)
     config = policy["StepScalingPolicyConfiguration"]
     assert (config["AdjustmentType"], config["MetricAggregationType"], config["Cooldown"]) == (
         "ExactCapacity",
@@ -218,8 +218,8 @@ def test_scale_out_sets_the_tasks_needed_one_step_per_count_with_a_one_minute_co
 def test_the_desired_count_is_container_insights_of_this_service(synthesized):
     """GIVEN the scaling alarms WHEN reading DesiredTaskCount's dimensions THEN they name this cluster and service,
     and the cluster publishes Container Insights."""
-    workers = synthesized.stack.service.workers
-    properties = _alarm(synthesized, synthesized.stack.service.scaling.scale_out_alarm)
+    workers = synthesized.stack.service.fleets[0].workers
+    properties = _alarm(synthesized, synthesized.stack.service.fleets[0].scaling.scale_out_alarm)
     [desired] = [m for m in properties["Metrics"] if m["Id"] == "desired"]
     assert desired["MetricStat"]["Metric"]["Dimensions"] == [
         {"Name": "ClusterName", "Value": {"Ref": synthesized.logical_id(workers.cluster)}},
@@ -233,7 +233,7 @@ def test_the_desired_count_is_container_insights_of_this_service(synthesized):
 def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_half_fill(synthesized):
     """GIVEN the step-down alarm WHEN reading it THEN it breaches when the desired count exceeds the tasks the backlog
     needs at half of J (never fewer than one) for 3 of 3 minutes, and removes one task, 120 s apart."""
-    alarm = synthesized.stack.service.scaling.scale_in_alarm
+    alarm = synthesized.stack.service.fleets[0].scaling.scale_in_alarm
     properties = _alarm(synthesized, alarm)
     half = JOBS_PER_TASK / 2
     assert _expression(properties) == (f"FILL(desired, 0) - IF(({BACKLOG}) > 0, CEIL(({BACKLOG}) / {half:g}), 1)")
@@ -253,7 +253,7 @@ def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_
     """GIVEN the keep-alive alarm WHEN a message is visible, in flight or was sent in a minute THEN that minute does
     not breach; 3 published idle minutes set the count to exactly 0, and a minute any queue did not publish (no FILL:
     missing, not breaching) never counts as idle."""
-    alarm = synthesized.stack.service.scaling.idle_alarm
+    alarm = synthesized.stack.service.fleets[0].scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
     assert _expression(properties) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
     assert _stats(properties) == {
@@ -299,7 +299,7 @@ def test_scaling_thresholds_follow_their_options(synth_variant):
         max_worker_tasks=3,
         max_gpu_instances=3,
     )
-    scaling = variant.stack.service.scaling
+    scaling = variant.stack.service.fleets[0].scaling
     short, spare, idle = (
         _alarm(variant, a) for a in (scaling.scale_out_alarm, scaling.scale_in_alarm, scaling.idle_alarm)
     )

@@ -89,7 +89,7 @@ def test_scaled_object_mirrors_the_ecs_limits_and_reads_as_the_keda_policy():
 def test_worker_model_and_batch_match_the_stack():
     # GIVEN the Deployment and cdk.json WHEN compared THEN the pod runs the model and batch the ECS task runs (the
     # batch cdk.capacity sizes when cdk.json sets none)
-    from cdk.service import AsyncInferenceServiceProps
+    from cdk.options import AsyncInferenceServiceProps
 
     env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     context = cdk_json_context()

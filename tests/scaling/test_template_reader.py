@@ -14,7 +14,7 @@ from bench.scaling.cloudwatch import evaluate_expression
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.template import TemplateError, WakeSpec, read, read_policy
-from cdk.service import AsyncInferenceServiceProps
+from cdk.options import AsyncInferenceServiceProps
 from tests.scaling.conftest import cdk_json_context
 
 pytestmark = pytest.mark.cdk
