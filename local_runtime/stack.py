@@ -316,6 +316,7 @@ class LocalDeployment:
             unset=() if engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
             volumes_dir=volumes if first else volumes / name,  # the first keeps the one-model stack's folder
             log=self.worker_log,
+            secretsmanager=self.client("secretsmanager"),
         )
 
     def _served_models_override(self, logical_id: str) -> dict[str, str]:
