@@ -24,11 +24,10 @@ from async_inference.config import (
 )
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 from cdk.worker_cluster import WorkerCluster
+from cdk.worker_image import context_patterns
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
 STOP_TIMEOUT = Duration.seconds(120)
-# Only what the worker image needs: the core package, the client package whose wire models the core imports, and the
-# worker (the build context is the repository root).
 MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
 MODELS_CONTAINER_PATH = "/models"  # where the host directory appears in the container (the image's HF_HOME is under it)
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
@@ -39,7 +38,9 @@ WORKER_SERVICE_NAME = "async-inference-worker"
 # GPU instance to launch, pull the image and turn healthy. The cost: a change that replaces the service (its launch
 # type, its cluster) needs another name first, as CloudFormation replaces no custom-named resource.
 WORKER_ECS_SERVICE_NAME = "gpu-workers"
-WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!async_inference_client", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
+# Only what the worker image needs (the build context is the repository root): the patterns of the ignore file beside
+# its Dockerfile, which BuildKit reads when it builds the staged asset, so the asset stages what the build will send.
+WORKER_IMAGE_EXCLUDE = context_patterns()
 # The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
 # loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
 HEALTH_CHECK_COMMAND = ["CMD", "python3", "-m", "gpu_worker.health"]

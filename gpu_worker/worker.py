@@ -223,6 +223,12 @@ class Worker:
     async def run(self) -> None:
         """Receive and run claims until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
+        # Weights not uploaded yet are waited for, the task healthy, before the start's deadline runs (model_source).
+        if self.model_source is not None and not await self._io(
+            self.model_source.wait_for_weights, stopping=self._stopping.is_set, beat=self.health.touch
+        ):
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread ends a
         # start that outlasts its deadline. The health file is touched only once the engine has started.
         with StartDeadline(self.config.start_timeout_s, self._start_timed_out):

@@ -319,6 +319,7 @@ class LocalDeployment:
             unset=() if engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
             volumes_dir=self.log_dir / "volumes" / name,
             log=self.worker_log,
+            secretsmanager=self.client("secretsmanager"),
         )
 
     def _served_models_override(self, logical_id: str) -> dict[str, str]:
