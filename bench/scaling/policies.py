@@ -27,6 +27,7 @@ group under ECS managed scaling), so they differ only in how they set the task c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -122,10 +123,11 @@ def sagemaker_resources(max_tasks: int, target: float = 5.0) -> dict[str, Any]:
     }
 
 
+@functools.cache
 def queue_processing_template(max_tasks: int, cpu_units: int, per_instance: float | None = None) -> dict[str, Any]:
     """aws-cdk-lib's QueueProcessingEc2Service with its scaling defaults, or with its steps at ``per_instance``
     messages a task (tuned), synthesized (max raised to the common ceiling; the container reserves the instance's CPU
-    so that CPUUtilization has a denominator)."""
+    so that CPUUtilization has a denominator). Cached: each trace's run reads the same synthesis."""
     from aws_cdk import App, Stack
     from aws_cdk import aws_applicationautoscaling as appscaling
     from aws_cdk import aws_ec2 as ec2
@@ -225,6 +227,7 @@ def scenarios(
                 warm_pool=deployed.cluster.warm_pool,
                 release_empty=deployed.cluster.release_empty,
                 pool_pre_initialized=deployed.cluster.pool_pre_initialized,
+                keep_alive=deployed.keep_alive,
             )
         )
     for name, target in (("sagemaker_default", 5.0), ("sagemaker_tuned", float(capacity))):
