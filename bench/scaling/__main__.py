@@ -133,6 +133,7 @@ FAIR = (
     "keda_tuned",
     "queue_processing_default",
     "queue_processing_tuned",
+    "keda_shipped",
 )
 TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
 # How far above the best tuned anchor's p95 wait after the first 15 minutes the deployed policy's may be (issue #29).

@@ -373,7 +373,9 @@ def simulate(
         while True:
             yield env.timeout(spec.polling_interval_s)
             queue.touch(env.now)  # GetQueueAttributes is an API action: the queue stays active
-            replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired)
+            # The aws-cloudwatch trigger reads the decision last published (one a minute; no publication delay here).
+            warm = bool(keep_alive_log and keep_alive_log[-1][2])
+            replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired, keep_warm=warm)
             if replicas is not None:
                 set_desired(replicas, "keda")
                 activities += 1
