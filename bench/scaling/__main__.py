@@ -23,6 +23,7 @@ from typing import Any
 
 from async_inference import settings
 from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_MAX_TASKS, ENV_WAKE_MAX_TASKS, ENV_WORKER_GROUP
+from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
 from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
@@ -135,6 +136,8 @@ FAIR = (
     "queue_processing_tuned",
     "keda_shipped",
 )
+# The deployed stack without the learned keep-alive (its fixed keep-alive alone): a row beside the fair table.
+FIXED_KEEP_ALIVE = "deployed_fixed_keep_alive"
 TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
 # How far above the best tuned anchor's p95 wait after the first 15 minutes the deployed policy's may be (issue #29).
 P95_SLACK_S = 10.0
@@ -312,6 +315,9 @@ def run(
 
     runs = run_all(template, FAIR)
     results = {name: summary for name, (_, summary) in runs.items()}
+    # What the learned keep-alive changes: the same stack with its decision never published (the fixed keep-alive).
+    ((_, fixed),) = run_all(_without(template, "keep_alive"), ("deployed",)).values()
+    results[FIXED_KEEP_ALIVE] = fixed
     _table(results)
 
     # --- sensitivity: one input changed at a time, the deployed policy and the tuned anchors ------------------------
@@ -554,7 +560,7 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
     """The template without its warm pool (and so without the hold's maximum, as the stack synthesizes it), its
-    instance release, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
+    instance release, its learned keep-alive's function, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
     so a hold raises only the minimum), or the pool's pre-initialization (its launch lifecycle hook) (the simulator's
     counterfactual rows)."""
     result = copy.deepcopy(template)
@@ -574,6 +580,13 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
                 parts[:] = [
                     re.sub(r'"worker_(?:hold_)?max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts
                 ]
+        return result
+    if choice == "keep_alive":  # the learned keep-alive's function gone: its decision is never published
+        result["Resources"] = {
+            k: v
+            for k, v in result["Resources"].items()
+            if ENV_KEEP_ALIVE_POLICY not in str(v.get("Properties", {}).get("Environment", ""))
+        }
         return result
     if choice == "pool_pre_initialized":
         result["Resources"] = {
