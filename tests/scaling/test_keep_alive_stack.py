@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+from aws_cdk import App, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_sqs as sqs
+
 from async_inference import settings
 from async_inference.keep_alive import (
     ENV_KEEP_ALIVE_POLICY,
     ENV_KEEP_ALIVE_QUEUES,
     ENV_KEEP_ALIVE_SERVICE,
 )
+from cdk.queue_scaling import QueueScaling
 
 
 def keep_alive_function(template: dict) -> tuple[str, dict]:
@@ -67,3 +74,16 @@ def test_the_function_knows_the_counted_queues_at_their_weights_and_the_service(
     assert f",{settings.BATCH_CHUNK_LINES}]]" in parts[-1]
     [service] = [r for r in stack_template["Resources"].values() if r["Type"] == "AWS::ECS::Service"]
     assert variables[ENV_KEEP_ALIVE_SERVICE] == service["Properties"]["ServiceName"]
+
+
+def test_queue_scaling_without_the_functions_code_refuses_the_learned_keep_alive():
+    # GIVEN a bare stack without the service's functions' code WHEN QueueScaling is built with the learned keep-alive
+    # THEN a ValueError names what to pass (the code, or learned_keep_alive=False)
+    stack = Stack(App(), "Bare")
+    cluster = ecs.Cluster(stack, "Cluster")
+    cluster.add_capacity("Capacity", instance_type=ec2.InstanceType("g5.xlarge"))
+    task = ecs.Ec2TaskDefinition(stack, "Task")
+    task.add_container("worker", image=ecs.ContainerImage.from_registry("worker"), memory_reservation_mib=256)
+    service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
+    with pytest.raises(ValueError, match="pass code=, or learned_keep_alive=False"):
+        QueueScaling(stack, "Scaling", service=service, queues=[sqs.Queue(stack, "Jobs")], jobs_per_task=16)
