@@ -251,14 +251,17 @@ def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_hal
 
 def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_or_sent(synthesized):
     """GIVEN the keep-alive alarm WHEN a message is visible, in flight or was sent in a minute THEN that minute does
-    not breach; 3 published idle minutes set the count to exactly 0, and a minute any queue did not publish (no FILL:
-    missing, not breaching) never counts as idle."""
+    not breach, nor while the learned keep-alive keeps the last task; 3 published idle minutes set the count to
+    exactly 0, and a minute any queue did not publish (no FILL: missing, not breaching) never counts as idle."""
     alarm = synthesized.stack.service.fleets[0].scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
-    assert _expression(properties) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _expression(properties) == (
+        " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent")) + " + FILL(keepWarm, 0)"
+    )
     assert _stats(properties) == {
         **SQS_BACKLOG,
         **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60) for i in (1, 2)},
+        "keepWarm": ("AsyncInference", "KeepWarm", "Maximum", 60),
     }
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
@@ -366,7 +369,12 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
     service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
     jobs, lane = sqs.Queue(stack, "Jobs"), sqs.Queue(stack, "Lane")
     scaling = QueueScaling(
-        stack, "Scaling", service=service, queues=[jobs, CountedQueue(lane, weight=0.5)], jobs_per_task=24
+        stack,
+        "Scaling",
+        service=service,
+        queues=[jobs, CountedQueue(lane, weight=0.5)],
+        jobs_per_task=24,
+        learned_keep_alive=False,
     )
     resources = Template.from_stack(stack).to_json()["Resources"]
 
