@@ -612,6 +612,7 @@ class AsyncInferenceService(Construct):
         self.capacity = GpuCapacity(
             self,
             "GpuCapacity",
+            workers=self.workers,
             auto_scaling_group=self.workers.auto_scaling_group,
             cluster=self.workers.cluster,
             container=self.workers.container,

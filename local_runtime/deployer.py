@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from async_inference import fleet_deploy_steps
 from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION, Assembly, Resolver, TemplateError, deployment_order
 
 logger = logging.getLogger("local_runtime.deployer")
@@ -628,6 +629,18 @@ def _service(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     )
 
 
+def _fleet_step(resource_type: str) -> Handler:
+    """A GPU fleet's custom resource (``async_inference.fleet_deploy_steps``): its Create step, run as its function
+    runs it, against moto (the worker service's DesiredCount reads 0 from it)."""
+
+    def handler(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+        event = {"ResourceType": resource_type, "RequestType": "Create", "ResourceProperties": props}
+        result = fleet_deploy_steps.handle(event, ecs=d.client("ecs"), autoscaling=d.client("autoscaling"))
+        return Physical(logical_id, resource_type, ref=result.physical_id, attributes=dict(result.data))
+
+    return handler
+
+
 # --- Emulated: run by the local runtime from the template -----------------------------------------------------------
 
 
@@ -699,6 +712,7 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     # registered in moto, and its container run by the local runtime's supervisor (local_runtime/workers.py)
     "AWS::ECS::TaskDefinition": ("deploy", _task_definition),
     "AWS::ECS::Service": ("deploy", _service),
+    **{kind: ("deploy", _fleet_step(kind)) for kind in fleet_deploy_steps.RESOURCE_TYPES},
     # emulated by the local runtime, from the template
     "AWS::Lambda::Function": ("emulate", _function),
     "AWS::Lambda::LayerVersion": ("emulate", _layer),
@@ -870,6 +884,11 @@ APPLIED_PROPERTIES: dict[str, set[str]] = {
         "PlatformVersion",
         "PropagateTags",
     },
+    **{
+        kind: {"ServiceToken", fleet_deploy_steps.PROP_CLUSTER, fleet_deploy_steps.PROP_SERVICE, "TaskDefinition"}
+        for kind in (fleet_deploy_steps.DESIRED_COUNT, fleet_deploy_steps.TASK_PROTECTION_RELEASE)
+    },
+    fleet_deploy_steps.INSTANCE_PROTECTION_RELEASE: {"ServiceToken", fleet_deploy_steps.PROP_GROUP},
 }
 
 
