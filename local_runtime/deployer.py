@@ -758,7 +758,9 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::AutoScaling::WarmPool": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::AutoScaling::LifecycleHook": _skip("no EC2 instances here", "tests/cdk/test_warm_pool.py"),
     "AWS::Events::Rule": _skip(
-        "its one target, the GPU instance release, acts on EC2 instances; none here", _WORKERS_TEST
+        "its targets act on or report EC2 instances and ECS tasks (the GPU instance release, failed launches and "
+        "stopped tasks to the alarm topic); none here",
+        "tests/cdk/test_operations_alarms.py",
     ),
     "AWS::ECS::CapacityProvider": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::ECS::ClusterCapacityProviderAssociations": _skip("no EC2 instances here", _WORKERS_TEST),
