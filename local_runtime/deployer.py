@@ -29,10 +29,13 @@ import secrets
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from async_inference import fleet_deploy_steps
 from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION, Assembly, Resolver, TemplateError, deployment_order
+
+if TYPE_CHECKING:
+    from local_runtime.deletion import Deletion
 
 logger = logging.getLogger("local_runtime.deployer")
 
@@ -112,6 +115,13 @@ class Deployment:
             name: self.resolver(output["Value"]) for name, output in self.assembly.template.get("Outputs", {}).items()
         }
         return self
+
+    def delete(self) -> Deletion:
+        """Delete the stack as CloudFormation would: reverse dependency order, deletion policies honoured
+        (``local_runtime.deletion``)."""
+        from local_runtime.deletion import delete_stack  # it imports this module's table
+
+        return delete_stack(self)
 
     def client(self, service: str) -> Any:
         return self._client(service)
