@@ -253,6 +253,14 @@ class GpuCapacity(Construct):
             },
         )
 
+    def grant_capacity_read(self, function: lambda_.Function) -> None:
+        """Let ``function`` (the API's, for GET /v1/models: ``async_inference.capacity_state``) read this group's
+        latest scaling activity: DescribeScalingActivities, which supports no resource-level permission (the
+        function's X-Ray statement already acknowledges Resource::* on its role)."""
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["autoscaling:DescribeScalingActivities"], resources=["*"])
+        )
+
     def _group_arn(self, group: autoscaling.AutoScalingGroup) -> str:
         """The group's ARN by its name (its id part is generated, so a wildcard stands for it)."""
         return Stack.of(self).format_arn(

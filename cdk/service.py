@@ -674,6 +674,8 @@ class AsyncInferenceService(Construct):
                 for function in queuing:
                     fleet.scaling.grant_wake(function, environment=False)
                     fleet.capacity.grant_instance_start(function, environment=False)
+            for capacity in (self.capacity, *(fleet.capacity for fleet in self.fleets)):
+                capacity.grant_capacity_read(self.api.handler)  # GET /v1/models reports failing launches
         self.monitoring = Monitoring(
             self,
             "Monitoring",
