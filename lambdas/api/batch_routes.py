@@ -15,6 +15,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
 from async_inference import settings
+from async_inference.aws import client
 from async_inference.batches.models import (
     BATCH_ID_PATTERN,
     FILE_ID_PATTERN,
@@ -29,7 +30,6 @@ from async_inference.batches.models import (
     Page,
 )
 from async_inference.batches.multipart import MultipartError, parse_file_form
-from async_inference.aws import client
 from async_inference.batches.service import BatchService
 from async_inference.capacity_state import CapacityState
 from async_inference.config import ServiceSettings
