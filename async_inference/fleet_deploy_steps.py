@@ -1,10 +1,11 @@
 """What CloudFormation asks of a GPU fleet beyond creating its resources: the custom resources of
 ``cdk.fleet_lifecycle``, each handled by ``handle``.
 
-* ``DESIRED_COUNT`` (the worker service's DesiredCount): 0 when the stack is created, so that CloudFormation waits for
-  no GPU task (the first job's wake starts one: ``async_inference.wake``); on an update, the count the service has
-  now, so that a deploy of new worker code never resets a fleet that scaling sized (CloudFormation sends a template's
-  DesiredCount with every UpdateService, aws/containers-roadmap#493).
+* ``DESIRED_COUNT`` (the worker service's DesiredCount): the count the service has now, which is 0 when the stack is
+  created (the service does not exist yet), so that CloudFormation waits for no GPU task (the first job's wake starts
+  one: ``async_inference.wake``); on a later deploy, whatever scaling set, so that a deploy of new worker code never
+  resets the fleet (CloudFormation sends a template's DesiredCount with every UpdateService,
+  aws/containers-roadmap#493), nor does the deploy that first adds this resource to an existing stack.
 * ``TASK_PROTECTION_RELEASE`` (deleted just before the worker service): sets the service to 0 tasks and lifts the
   scale-in protection of its tasks, which would otherwise keep the service's delete waiting until each protection
   lapses.
@@ -73,7 +74,12 @@ def _service_exists(ecs: Any, cluster: str, service: str) -> bool:
 
 
 def _active(ecs: Any, cluster: str, service: str) -> list[dict[str, Any]]:
-    described = ecs.describe_services(cluster=cluster, services=[service]).get("services", [])
+    try:
+        described = ecs.describe_services(cluster=cluster, services=[service]).get("services", [])
+    except Exception as exc:
+        if getattr(exc, "response", {}).get("Error", {}).get("Code") == "ClusterNotFoundException":
+            return []
+        raise
     return [s for s in described if s.get("status") == "ACTIVE"]
 
 
@@ -111,12 +117,12 @@ def handle(event: dict[str, Any], *, ecs: Any, autoscaling: Any) -> StepResult:
     else:
         physical_id = f"{props[PROP_CLUSTER]}/{props[PROP_SERVICE]}/{resource_type.removeprefix('Custom::')}"
     if resource_type == DESIRED_COUNT:
-        if request == "Create":
-            return StepResult(physical_id, {DESIRED_COUNT_ATTRIBUTE: 0})
-        if request == "Update":
-            count = current_desired_count(ecs, props[PROP_CLUSTER], props[PROP_SERVICE])
-            return StepResult(physical_id, {DESIRED_COUNT_ATTRIBUTE: count})
-        return StepResult(physical_id)
+        if request == "Delete":
+            return StepResult(physical_id)
+        # On Create too: a stack deployed before this resource existed creates it beside a running service, whose
+        # count it must keep; in a new stack the service does not exist yet, and that reads 0.
+        count = current_desired_count(ecs, props[PROP_CLUSTER], props[PROP_SERVICE])
+        return StepResult(physical_id, {DESIRED_COUNT_ATTRIBUTE: count})
     if request != "Delete":
         return StepResult(physical_id)
     try:

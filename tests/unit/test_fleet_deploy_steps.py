@@ -60,6 +60,17 @@ def test_an_update_keeps_the_count_scaling_set(aws):
     assert result.data == {DESIRED_COUNT_ATTRIBUTE: 3}
 
 
+def test_a_stack_upgraded_to_this_resource_keeps_its_running_count(aws):
+    # GIVEN a stack deployed before the resource existed: its service runs 2 tasks
+    ecs, autoscaling = aws
+    _service(ecs, 2)
+    # WHEN the deploy that adds the resource creates it THEN it answers 2 (0 would stop both tasks)
+    result = handle(
+        _event(DESIRED_COUNT, "Create", Cluster="c", Service="gpu-workers"), ecs=ecs, autoscaling=autoscaling
+    )
+    assert result.data == {DESIRED_COUNT_ATTRIBUTE: 2}
+
+
 def test_the_physical_id_is_stable_across_create_and_update(aws):
     # GIVEN the same properties WHEN created then updated THEN the physical id is the same (no replacement)
     ecs, autoscaling = aws

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+from moto import mock_aws
 
 
 @pytest.fixture
@@ -36,10 +37,13 @@ def answers() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 @pytest.fixture
-def handler(monkeypatch: pytest.MonkeyPatch) -> Any:
+def handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
-    return importlib.import_module("lambdas.fleet_deploy_steps.handler")
+    with mock_aws():  # ECS without the stack's cluster yet: a new stack
+        yield importlib.import_module("lambdas.fleet_deploy_steps.handler")
 
 
 class _Context:
