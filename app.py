@@ -78,6 +78,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
+    "alarm_email": _optional_str,
     "gpu_ami_parameter_name": _optional_str,
     "model_s3_uri": _optional_str,
     "hf_token_secret_arn": _optional_str,

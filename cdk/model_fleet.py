@@ -179,6 +179,7 @@ class ModelFleet(Construct):
         self.capacity = GpuCapacity(
             self,
             "GpuCapacity",
+            workers=self.workers,
             auto_scaling_group=self.workers.auto_scaling_group,
             cluster=self.workers.cluster,
             container=self.workers.container,

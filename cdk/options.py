@@ -229,7 +229,9 @@ class AsyncInferenceServiceProps:
         replacement initializes in about 7 minutes: boot, image pull, weights; docs/scaling.md).
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
-      alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
+      alarm_topic_arn: an existing SNS topic the alarms notify. Default: none, a topic of the stack's own (output
+        AlarmTopicArn).
+      alarm_email: an address subscribed to the alarm topic. Default: none.
       log_retention: Default: one month.
     Lifecycle
       destroy_data_on_delete: ``cdk destroy`` deletes the table and the bucket's objects. Default: False (retain).
@@ -282,6 +284,7 @@ class AsyncInferenceServiceProps:
     wake_hold_seconds: int = DEFAULT_WAKE_HOLD_S
     oldest_message_alarm_seconds: int = 900
     alarm_topic_arn: str | None = None
+    alarm_email: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     destroy_data_on_delete: bool = False
 

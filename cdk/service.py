@@ -224,6 +224,8 @@ class AsyncInferenceService(Construct):
             function.add_environment(ENV_MODEL_FLEETS, Stack.of(self).to_json_string(routes))
             for fleet in self.fleets if wake else ():
                 fleet.grant_wake(function, environment=fleet is self.fleets[0])
+        for fleet in self.fleets:
+            fleet.capacity.grant_capacity_read(self.api.handler)  # GET /v1/models reports failing launches
 
     def _monitoring(self, props: AsyncInferenceServiceProps) -> Monitoring:
         """Alarms and the dashboard: every DLQ, and each fleet's queue age and workers (``cdk.monitoring``; the first
@@ -261,6 +263,8 @@ class AsyncInferenceService(Construct):
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn
             else None,
+            alarm_email=props.alarm_email,
+            log_retention=props.log_retention,
         )
 
     def _model_store(self, props: AsyncInferenceServiceProps, id: str, removal: RemovalPolicy) -> ModelStore | None:

@@ -123,6 +123,8 @@ WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on
 WAKE_HOLD = ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
 # The wake's instance start: the GPU group's desired capacity, read and raised (cdk.gpu_capacity.grant_instance_start).
 WAKE_INSTANCE = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:SetDesiredCapacity")
+# GET /v1/models reads each GPU group's latest scaling activity (async_inference.capacity_state): the API only.
+CAPACITY_READ = ("autoscaling:DescribeScalingActivities",)
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage",
@@ -168,6 +170,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
         *WAKE,
         *WAKE_HOLD,
         *WAKE_INSTANCE,
+        *CAPACITY_READ,
     }
     assert _prefixes(actions["s3:PutObject"]) == {
         f"{settings.REQUEST_PREFIX}*",
@@ -307,7 +310,7 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
     ]
     # (CDK merges statements on the same resource: DescribeAutoScalingGroups shares "*" with X-Ray and the hold.)
     by_action = {a: s["Resource"] for s in statements for a in _as_list(s["Action"]) if a.startswith("autoscaling:")}
-    assert set(by_action) == set(WAKE_INSTANCE)
+    assert set(by_action) == set(WAKE_INSTANCE) | (set(CAPACITY_READ) if handler == API else set())
     assert by_action["autoscaling:DescribeAutoScalingGroups"] == "*"
     arn = json.dumps(by_action["autoscaling:SetDesiredCapacity"])
     assert "autoScalingGroupName/" in arn and group_id in arn and "*" not in arn.replace(":*:", ":")

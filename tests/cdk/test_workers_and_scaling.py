@@ -85,11 +85,14 @@ def test_service_runs_on_the_capacity_provider_with_the_circuit_breaker(synthesi
     )
 
 
-def test_service_template_sets_no_desired_count(synthesized):
+def test_service_template_sets_no_literal_desired_count(synthesized):
     """GIVEN CloudFormation re-applies a template's DesiredCount on every service update WHEN reading the worker
-    service THEN it has none, so a deploy of new worker code keeps the running fleet that scaling set."""
+    service THEN its DesiredCount is no literal but its Custom::WorkerDesiredCount's attribute (0 at create, the
+    service's own count after: tests/cdk/test_fleet_lifecycle.py), so a deploy of new worker code keeps the running
+    fleet that scaling set."""
     [service] = synthesized.resources("AWS::ECS::Service").values()
-    assert "DesiredCount" not in service["Properties"]
+    count_id, _ = service["Properties"]["DesiredCount"]["Fn::GetAtt"]
+    assert synthesized.json["Resources"][count_id]["Type"] == "Custom::WorkerDesiredCount"
 
 
 def _deployment_can_place_at_full_load(variant, gpus_per_instance=1):
