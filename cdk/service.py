@@ -52,6 +52,7 @@ from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import INSTANCE_WARMUP, MODELS_CONTAINER_PATH, GpuWorkerService, is_arm64
 from cdk.ingestion_api import IngestionApi, TenantPlan
 from cdk.job_queue import JobQueue
+from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_fleet import MAX_MODELS, ModelFleet, ModelSpec
@@ -514,6 +515,7 @@ class AsyncInferenceService(Construct):
         )
         self.jobs = JobQueue(self, "Jobs")
         self.table = JobTable(self, "JobTable", removal_policy=removal)
+        self.streams = JobStreams(self, "JobStreams", removal_policy=removal)  # streamed jobs' text (the API reads it)
         self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
         runtime = ServiceConfig(
@@ -540,7 +542,12 @@ class AsyncInferenceService(Construct):
             "Ingestion",
             code=code,
             # The API schedules each upload's deadline, stores files and batches and sends plan steps.
-            environment={**environment, **self.upload_deadlines.environment, **self.batches.environment},
+            environment={
+                **environment,
+                **self.upload_deadlines.environment,
+                **self.batches.environment,
+                **self.streams.environment,
+            },
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -727,6 +734,7 @@ class AsyncInferenceService(Construct):
             **self.batches.environment,  # the batch lane, its counters and finalize steps
             ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
             **(self.push.worker_environment if self.push else {}),  # started and progress events
+            **self.streams.environment,  # streamed jobs' text, as it decodes
         }
 
     def _worker_options(self, props: AsyncInferenceServiceProps) -> dict[str, Any]:
@@ -911,6 +919,7 @@ class AsyncInferenceService(Construct):
         api = self.api.handler
         table.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
         table.grant_tenant_listing(api)
+        self.streams.grant_follow(api)  # streams a job from its event log
         bucket.grant_put(api, requests)  # inline bodies
         bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
         bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
@@ -993,6 +1002,7 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(worker, result_objects)
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
+        self.streams.grant_append(worker)  # streamed jobs' text, as it decodes
         self.webhooks.queue.grant(worker, "sqs:SendMessage")
         if self.push is not None:
             self.push.grant_publish_events(worker)  # job.started, job.progress

@@ -52,6 +52,7 @@ from gpu_worker.announce import Announcer
 from gpu_worker.chunks import Chunks
 from gpu_worker.claims import InFlight, Outcome, UnknownKind
 from gpu_worker.config import WorkerConfig
+from gpu_worker.deltas import DeltaWriter
 from gpu_worker.engines.base import (
     Engine,
     FatalEngineError,
@@ -90,12 +91,14 @@ class Runner:
         metrics: WorkerMetrics,
         chunks: Chunks | None,
         io: IO,
+        deltas: DeltaWriter | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.service = service
         self.admission = admission
         self.progress = progress
+        self.deltas = deltas or DeltaWriter(engine, None, io=io)  # streamed jobs' text, as it decodes
         self.announcer = announcer
         self.policy = policy
         self.faults = faults
@@ -229,6 +232,8 @@ class Runner:
         job, outcome = await self._in_engine(claim, flight, request)
         if job is None:
             return await self._not_runnable(flight, claim.job_id)
+        if job.job_id not in self.lost:  # a job taken over is streamed by its new holder
+            await self.deltas.ended(job, outcome)
         if isinstance(outcome, asyncio.TimeoutError):
             await self.engine.abort(job.job_id)
             return await self._finish(
@@ -269,6 +274,7 @@ class Runner:
                             return None, None
                     if not slot.preempted:
                         self.progress.track(job)
+                        self.deltas.track(job, request)
                         try:
                             if job.job_id in self.cancelled:
                                 raise GenerationAborted(job.job_id)
@@ -283,6 +289,7 @@ class Runner:
                             return job, exc
                         finally:
                             self.progress.forget(job.job_id)
+                            self.deltas.forget(job.job_id)
                 first = True  # a batch-lane job preempted for an interactive one runs again from the start
         finally:
             flight.in_engine = False
