@@ -10,12 +10,20 @@ A route streams a job with::
 docs/streaming.md has the whole path, the store's cost and the transport.
 """
 
-from async_inference.streaming.follow import Follow, StreamInterrupted, follow
+from async_inference.streaming.follow import Follow, StreamInterrupted, end_of, follow
 from async_inference.streaming.log import ChoiceEnd, Delta, End, EventLog, Segment, ToolCallEnd
-from async_inference.streaming.sse import DONE, MEDIA_TYPE, chat_completion_chunks, completion_chunks, response_events
+from async_inference.streaming.sse import (
+    DONE,
+    KEEPALIVE,
+    MEDIA_TYPE,
+    chat_completion_chunks,
+    completion_chunks,
+    response_events,
+)
 
 __all__ = [
     "DONE",
+    "KEEPALIVE",
     "MEDIA_TYPE",
     "ChoiceEnd",
     "Delta",
@@ -27,6 +35,7 @@ __all__ = [
     "ToolCallEnd",
     "chat_completion_chunks",
     "completion_chunks",
+    "end_of",
     "follow",
     "response_events",
 ]

@@ -75,6 +75,11 @@ class Segment(BaseModel):
     end: End | None = None
 
     @property
+    def empty(self) -> bool:
+        """Neither text nor an end: a reader's keep-alive (``follow``), never written."""
+        return not self.deltas and self.end is None and self.completion_tokens is None
+
+    @property
     def attempt(self) -> int:
         return self.seq // SEQ_PER_ATTEMPT
 

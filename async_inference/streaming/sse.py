@@ -38,6 +38,7 @@ from async_inference.streaming.follow import StreamInterrupted
 from async_inference.streaming.log import End, Segment
 
 DONE = "data: [DONE]\n\n"
+KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: clients skip it, the connection is not idle
 MEDIA_TYPE = "text/event-stream"
 
 
@@ -99,6 +100,8 @@ def chat_completion_chunks(
         yield chunk([choice(index, {"role": "assistant", "content": ""})])
     try:
         for segment in segments:
+            if segment.empty:
+                yield KEEPALIVE
             for delta in segment.deltas:
                 if delta.text:
                     yield chunk([choice(delta.index, {"content": delta.text})])
@@ -165,6 +168,8 @@ def completion_chunks(
 
     try:
         for segment in segments:
+            if segment.empty:
+                yield KEEPALIVE
             for delta in segment.deltas:
                 if delta.text:
                     yield chunk([choice(delta.index, delta.text)])
@@ -199,7 +204,9 @@ def response_events(
     events = _ResponseEvents(response, clock)
     skip = -1 if starting_after is None else starting_after
     for event in events.of(segments):
-        if event["sequence_number"] > skip:
+        if event is None:
+            yield KEEPALIVE
+        elif event["sequence_number"] > skip:
             yield sse(event, event["type"])
 
 
@@ -221,11 +228,14 @@ class _ResponseEvents:
         self.sequence += 1
         return event
 
-    def of(self, segments: Iterable[Segment]) -> Iterator[dict[str, Any]]:
+    def of(self, segments: Iterable[Segment]) -> Iterator[dict[str, Any] | None]:
+        """The events of ``segments`` in order; None for a keep-alive (it takes no number)."""
         yield self.event("response.created", response=self.response)
         yield self.event("response.in_progress", response={**self.response, "status": "in_progress"})
         try:
             for segment in segments:
+                if segment.empty:
+                    yield None
                 for delta in segment.deltas:
                     if delta.index == 0 and delta.text:
                         yield from self.text_delta(delta.text)
