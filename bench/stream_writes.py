@@ -34,11 +34,11 @@ async def _io(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-async def writes_for(rate: int, tokens: int) -> int:
-    """The PutItems of one streamed job of ``tokens`` tokens decoded at ``rate`` a second."""
+def running_job(job_id: str) -> Job:
+    """A job as the worker holds it once it runs (its first attempt)."""
     now = dt.datetime.now(dt.UTC)
-    job = Job(
-        job_id="job_bench",
+    return Job(
+        job_id=job_id,
         tenant="bench",
         status=JobStatus.RUNNING,
         created_at=now,
@@ -49,10 +49,20 @@ async def writes_for(rate: int, tokens: int) -> int:
         deadline=now,
         timeout_s=600,
     )
-    words = " ".join(f"w{i}" for i in range(tokens))
+
+
+def streamed_request(prompt: str, max_tokens: int) -> ChatCompletionRequest:
+    """A chat request that asks to stream (set past the schema, which refuses it until the routes take it)."""
     request = ChatCompletionRequest(
-        model="m", messages=[{"role": "user", "content": words}], max_tokens=tokens
-    ).model_copy(update={"stream": True})
+        model="m", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0
+    )
+    return request.model_copy(update={"stream": True})
+
+
+async def writes_for(rate: int, tokens: int) -> int:
+    """The PutItems of one streamed job of ``tokens`` tokens decoded at ``rate`` a second."""
+    job = running_job("job_bench")
+    request = streamed_request(" ".join(f"w{i}" for i in range(tokens)), tokens)
     engine, log = EchoEngine(delay_s=tokens / rate), CountingLog()
     writer = DeltaWriter(engine, log, io=_io)  # type: ignore[arg-type]  # counts in place of the table
     writer.track(job, request)
