@@ -2,9 +2,9 @@
 
 A job streams when its request asks to (``streams``: ``stream: true``). While it is in the engine, a loop looks at
 its text every ``tick_s`` (``Engine.texts_so_far``: no request) and appends what each choice gained as one segment,
-at most one every ``interval_s`` per job (``STREAM_INTERVAL_S``), sooner only when the text waiting would no longer
-fit one DynamoDB write unit. So a job decoding r tokens a second costs about ``1 / interval_s`` PutItems a second
-however large r is, and its first token reaches the log within ``tick_s`` plus one PutItem.
+at most one every ``interval_s`` per job (``STREAM_INTERVAL_S``; its text is not even read before). So a job costs at
+most ``1 / interval_s`` PutItems a second however fast it decodes (a segment stays under one 1 KB write unit up to
+some 700 tokens a second), and its first token reaches the log within ``tick_s`` plus one PutItem.
 
 Only text that cannot be taken back is appended: not a trailing partial character (U+FFFD, a multi-byte character
 cut between tokens), not what could still be the start of a stop string, and nothing while the request offers tools
@@ -23,7 +23,6 @@ from typing import Any
 
 from async_inference.schemas import Job
 from async_inference.streaming.log import (
-    SEGMENT_TEXT_BYTES,
     SEQ_PER_ATTEMPT,
     ChoiceEnd,
     Delta,
@@ -141,11 +140,10 @@ class DeltaWriter:
         for stream in list(self._streams.values()):
             if not (stream.live and stream.in_engine) or stream.writing.locked():
                 continue
-            deltas = self._gained(stream)
-            if not deltas:
+            if not force and now - stream.written_at < self.interval_s:
                 continue
-            waiting = sum(len(d.text.encode()) for d in deltas)
-            if force or now - stream.written_at >= self.interval_s or waiting >= SEGMENT_TEXT_BYTES:
+            deltas = self._gained(stream)
+            if deltas:
                 due.append((stream, deltas))
         await asyncio.gather(*(self._append(stream, deltas, now) for stream, deltas in due))
         return len(due)

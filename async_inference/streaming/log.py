@@ -28,8 +28,6 @@ TTL_ATTRIBUTE = "expires_at"
 # A log outlives its job's run by this much: long enough to resume a dropped stream, short enough to cost nothing kept.
 RETENTION_S = 24 * 60 * 60
 SEQ_PER_ATTEMPT = 1_000_000  # segments one run may write: at 4 a second, over 69 hours
-# A segment is kept under one DynamoDB write unit (1 KB): the writer flushes a job's text once this much waits.
-SEGMENT_TEXT_BYTES = 768
 
 
 class Delta(BaseModel):
