@@ -18,7 +18,13 @@ from async_inference.jobs import JobStatus
 from async_inference.schemas import ChatCompletionRequest, Job
 from async_inference.streaming import EventLog, Follow, chat_completion_chunks, follow
 from gpu_worker.deltas import DeltaWriter, stable
-from gpu_worker.engines.base import Engine, Generation
+from gpu_worker.engines.base import (
+    Engine,
+    Generation,
+    GenerationAborted,
+    PermanentEngineError,
+    TransientEngineError,
+)
 from gpu_worker.engines.echo import EchoEngine
 from tests.streaming.sdk import parse
 
@@ -180,3 +186,28 @@ def test_the_first_chunk_of_a_cpu_engine_stream_is_read_while_the_job_runs(event
     assert "".join(c.choices[0].delta.content for _, c in streamed.arrivals) == streamed.generation.text
     # AND it cost at most one write per interval (however fast the engine decodes)
     assert streamed.writer.count.segments <= streamed.most_segments
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "error"),
+    [
+        (PermanentEngineError("the prompt is too long"), "failed", "the prompt is too long"),
+        (GenerationAborted("job"), "cancelled", "the job was cancelled"),
+        (TimeoutError(), "failed", "execution timed out"),
+    ],
+)
+def test_a_run_that_fails_ends_its_log_with_why(event_log: EventLog, run, outcome, status, error):
+    job = running_job(f"job_ended_{status}_{len(error)}")
+    writer = DeltaWriter(EchoEngine(), event_log, io=io)
+    writer.track(job, chat("a b"))
+    run(writer.ended(job, outcome))
+    [segment] = event_log.after(job.job_id)
+    assert segment.end is not None and (segment.end.status, segment.end.error) == (status, error)
+
+
+def test_a_transient_fault_writes_no_end_the_next_run_writes_its_own(event_log: EventLog, run):
+    job = running_job("job_transient")
+    writer = DeltaWriter(EchoEngine(), event_log, io=io)
+    writer.track(job, chat("a b"))
+    run(writer.ended(job, TransientEngineError("out of memory")))
+    assert event_log.after(job.job_id) == []
