@@ -301,6 +301,9 @@ class _Host:
 
     def open_stream(self, event: Any) -> http.client.HTTPResponse:
         """The response of ``/invoke-stream`` for ``event``, its body not read yet."""
+        if self.process.poll() is not None:  # as ``invoke``: Lambda starts a new execution environment
+            self._start()
+            self.wait_ready()
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self._function.timeout_s + 30)
         connection.request("POST", "/invoke-stream", body=json.dumps(event).encode())
         return connection.getresponse()
