@@ -107,14 +107,16 @@ def _after_shown(end: End, shown: dict[int, str]) -> End:
 
 def end_of(job: Job, result: dict[str, Any] | None = None) -> End | None:
     """The end of a job as the job itself tells it (None while it has not ended): a succeeded job's from its stored
-    chat.completion ``result`` (its choices, tool calls and usage), another's from its state and reason. A reader's
-    ``ended`` for ``follow``."""
+    ``result`` (a chat.completion, a text_completion or a Response, as the job's endpoint stores it: its choices or
+    output items, tool calls and usage), another's from its state and reason. A reader's ``ended`` for ``follow``."""
     if job.status not in FINAL_STATES:
         return None
     if job.status is not JobStatus.SUCCEEDED:
         return End(status=job.status.value, error=job.error)
     if result is None:
         return End(status="failed", error=f"the job succeeded but its result is gone: GET /v1/jobs/{job.job_id}")
+    if result.get("object") == "response":
+        return _response_end(result)
     choices = []
     for choice in result.get("choices", []):
         message = choice.get("message") or {}
@@ -125,7 +127,7 @@ def end_of(job: Job, result: dict[str, Any] | None = None) -> End | None:
         choices.append(
             ChoiceEnd(
                 index=choice.get("index", 0),
-                text=message.get("content") or "",
+                text=message.get("content") or choice.get("text") or "",  # text: a text_completion's choice
                 finish_reason=choice.get("finish_reason") or "stop",
                 tool_calls=calls,
                 refusal=message.get("refusal"),
@@ -138,4 +140,26 @@ def end_of(job: Job, result: dict[str, Any] | None = None) -> End | None:
         prompt_tokens=usage.get("prompt_tokens", 0),
         completion_tokens=usage.get("completion_tokens", 0),
         system_fingerprint=result.get("system_fingerprint"),
+    )
+
+
+def _response_end(response: dict[str, Any]) -> End:
+    """The end of a Responses job from its stored Response: its message's text and refusal, its function calls."""
+    text, refusal, calls = "", None, []
+    for item in response.get("output", []):
+        if item.get("type") == "message":
+            for part in item.get("content", []):
+                if part.get("type") == "output_text":
+                    text += part.get("text", "")
+                elif part.get("type") == "refusal":
+                    refusal = part.get("refusal")
+        elif item.get("type") == "function_call":
+            calls.append(ToolCallEnd(id=item["call_id"], name=item["name"], arguments=item["arguments"]))
+    finish = "length" if response.get("status") == "incomplete" else "tool_calls" if calls else "stop"
+    usage = response.get("usage") or {}
+    return End(
+        status="succeeded",
+        choices=[ChoiceEnd(text=text, finish_reason=finish, tool_calls=calls, refusal=refusal)],
+        prompt_tokens=usage.get("input_tokens", 0),
+        completion_tokens=usage.get("output_tokens", 0),
     )

@@ -113,3 +113,29 @@ def test_a_quiet_log_yields_keepalives_the_sdk_skips(event_log: EventLog):
     frames = list(chat_completion_chunks(segments, completion_id="c", model="m"))
     assert frames.count(KEEPALIVE) == 2
     assert "".join(c.choices[0].delta.content or "" for c in parse(frames, ChatCompletionChunk)) == "hi"
+
+
+def test_the_end_of_a_responses_job_is_read_from_its_stored_response():
+    # GIVEN a Responses job that ended with a call and some text, stored as its Response
+    response = {
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {"type": "message", "content": [{"type": "output_text", "text": "Let me look."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{}"},
+        ],
+        "usage": {"input_tokens": 9, "output_tokens": 4, "total_tokens": 13},
+    }
+    job = running_job("job_f8").model_copy(update={"status": JobStatus.SUCCEEDED})
+    # WHEN a reader takes its end from the job
+    end = end_of(job, response)
+    # THEN the Responses stream can be made of it: the text, the call, the usage
+    assert end is not None and end.choices[0].text == "Let me look." and end.choices[0].finish_reason == "tool_calls"
+    assert [(c.id, c.name) for c in end.choices[0].tool_calls] == [("call_1", "lookup")]
+    assert (end.prompt_tokens, end.completion_tokens) == (9, 4)
+
+
+def test_the_end_of_a_completions_job_is_read_from_its_text_completion():
+    result = {"object": "text_completion", "choices": [{"index": 0, "text": "once", "finish_reason": "length"}]}
+    end = end_of(running_job("job_f9").model_copy(update={"status": JobStatus.SUCCEEDED}), result)
+    assert end is not None and end.choices == [ChoiceEnd(text="once", finish_reason="length")]
