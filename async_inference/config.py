@@ -428,6 +428,9 @@ class DispatcherSettings(EnvSettings):
 ENV_JOB_EVENTS_TOPIC_ARN = "JOB_EVENTS_TOPIC_ARN"
 ENV_PROGRESS_INTERVAL_S = "PROGRESS_INTERVAL_S"
 ENV_CONNECTIONS_TABLE = "CONNECTIONS_TABLE_NAME"
+# The job event log of streamed jobs (async_inference.streaming.log); unset: nothing streams.
+ENV_STREAM_TABLE = "JOB_STREAM_TABLE_NAME"
+ENV_STREAM_INTERVAL_S = "STREAM_INTERVAL_S"
 # Where the push function posts to connections: the stage's management API (https://{api}.execute-api.../{stage}).
 ENV_WEBSOCKET_CALLBACK_URL = "WEBSOCKET_CALLBACK_URL"
 

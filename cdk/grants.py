@@ -31,6 +31,7 @@ def grant_functions(service: AsyncInferenceService) -> None:
     api = service.api.handler
     table.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
     table.grant_tenant_listing(api)
+    service.streams.grant_follow(api)  # streams a job from its event log
     bucket.grant_put(api, requests)  # inline bodies
     bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
     bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise

@@ -25,6 +25,7 @@ from cdk.events_in import EventsIn
 from cdk.gpu_worker_service import MODELS_CONTAINER_PATH
 from cdk.grants import grant_functions
 from cdk.ingestion_api import IngestionApi
+from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_fleet import ModelFleet, SharedResources, deployed_names
@@ -69,6 +70,7 @@ class AsyncInferenceService(Construct):
             removal_policy=removal,
         )
         self.table = JobTable(self, "JobTable", removal_policy=removal)
+        self.streams = JobStreams(self, "JobStreams", removal_policy=removal)  # streamed jobs' text (the API reads it)
         self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
         # The queues the core falls back to for a model without a route (async_inference.service, the batch
@@ -105,7 +107,12 @@ class AsyncInferenceService(Construct):
             "Ingestion",
             code=code,
             # The API schedules each upload's deadline, stores files and batches and sends plan steps.
-            environment={**environment, **self.upload_deadlines.environment, **self.batches.environment},
+            environment={
+                **environment,
+                **self.upload_deadlines.environment,
+                **self.batches.environment,
+                **self.streams.environment,
+            },
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -166,6 +173,7 @@ class AsyncInferenceService(Construct):
             webhooks=self.webhooks,
             batches=self.batches,
             push=self.push,
+            streams=self.streams,
         )
         self.models: dict[str, ModelStore | None] = {}
         for index, spec in enumerate(specs):

@@ -143,5 +143,11 @@ class Engine(abc.ABC):
         engine cannot tell. Cheap and non-blocking: the worker reads it for every running job at each progress beat."""
         return None
 
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        """Each choice's text so far, of a running request (what it would answer now, before stop strings are cut);
+        None when the request is not running here or the engine cannot tell (a streamed job's text then comes whole
+        at its end). Non-blocking; the worker reads it for streamed jobs several times a second (gpu_worker.deltas)."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 (optional hook)
         """Release the engine's resources."""

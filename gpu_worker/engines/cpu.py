@@ -545,6 +545,10 @@ class CpuEngine(Engine):
         rows = self._rows.get(request_id)
         return sum(len(row.tokens) for row in rows) if rows is not None else None
 
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        rows = self._rows.get(request_id)
+        return tuple(self._decode(list(row.tokens)) for row in rows) if rows is not None else None
+
     # -- batching --
 
     async def _schedule(self) -> None:

@@ -23,7 +23,8 @@ on machines without it.
 
 Progress: the serving layer asks the engine for the final output only (it does not stream); the engine client it is
 given (``_CountingClient``) asks for cumulative outputs instead, of which the serving layer keeps the last, the same
-final output, and counts each request's tokens as they come (``tokens_so_far``). With ``n`` > 1 the final output
+final output, and counts each request's tokens as they come (``tokens_so_far``) and keeps its text so far
+(``texts_so_far``, for streamed jobs). With ``n`` > 1 the final output
 alone is asked for (vLLM gathers the n sequences into it) and the progress is not known until the end.
 
 Abort: the request's task is cancelled, as vLLM's server does when a client goes away; vLLM's engine client aborts the
@@ -91,8 +92,11 @@ class _CountingClient:
     """vLLM's engine client as the serving layer is given it: the same client, except that ``generate`` counts each
     request's completion tokens as they come (see the module docstring)."""
 
-    def __init__(self, client: Any, counts: dict[str, int], output_kind: Any) -> None:
+    def __init__(
+        self, client: Any, counts: dict[str, int], output_kind: Any, texts: dict[str, tuple[str, ...]] | None = None
+    ) -> None:
         self._client, self._counts, self._output_kind = client, counts, output_kind
+        self._texts = texts if texts is not None else {}  # vLLM request id -> its text so far (gpu_worker.deltas)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -104,6 +108,7 @@ class _CountingClient:
         async for output in self._client.generate(prompt, sampling_params, request_id, *args, **kwargs):
             if counted and request_id in self._counts:
                 self._counts[request_id] = sum(len(o.token_ids) for o in output.outputs)
+                self._texts[request_id] = tuple(o.text for o in output.outputs)
             yield output
 
 
@@ -120,6 +125,7 @@ class VllmEngine(VllmBase):
         self._chat: Any = None  # vLLM's OpenAIServingChat
         self._request_model: Any = None  # vLLM's ChatCompletionRequest
         self._running: dict[str, int] = {}  # vLLM request id -> completion tokens so far
+        self._texts: dict[str, tuple[str, ...]] = {}  # vLLM request id -> each choice's text so far
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
         self._template_takes_tools = True  # read from the model's chat template at start
@@ -181,7 +187,7 @@ class VllmEngine(VllmBase):
         return takes
 
     def counting_client(self, engine: Any) -> _CountingClient:
-        return _CountingClient(engine, self._running, self._output_kind())
+        return _CountingClient(engine, self._running, self._output_kind(), self._texts)
 
     def _output_kind(self) -> Any:
         return getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
@@ -247,6 +253,7 @@ class VllmEngine(VllmBase):
             raise self._failure(exc, _refusal) from exc
         finally:
             self._running.pop(vllm_id, None)
+            self._texts.pop(vllm_id, None)
             self._tasks.pop(request_id, None)
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
@@ -305,6 +312,10 @@ class VllmEngine(VllmBase):
 
     def tokens_so_far(self, request_id: str) -> int | None:
         return self._running.get(f"chatcmpl-{request_id}")
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        # vLLM's detokenizer holds back what could still become a stop string, so its text so far never takes back
+        return self._texts.get(f"chatcmpl-{request_id}")
 
     async def abort(self, request_id: str) -> None:
         task = self._tasks.get(request_id)

@@ -184,9 +184,10 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
 
 def test_api_queries_only_the_tenant_index(synthesized):
     """GIVEN the list endpoints and the quota checks WHEN reading the API role's Query grants THEN they name the two
-    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, no
-    wildcard."""
+    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, and the job
+    event log a stream is read from; no wildcard."""
     table = synthesized.logical_id(synthesized.stack.service.table.table)
+    streams = synthesized.logical_id(synthesized.stack.service.streams.table)
     batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
     resources = _function_actions(synthesized, API)["dynamodb:Query"]
     in_flight = f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
@@ -198,6 +199,7 @@ def test_api_queries_only_the_tenant_index(synthesized):
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, in_flight]]},
+                {"Fn::GetAtt": [streams, "Arn"]},
             ],
         )
     )
@@ -424,6 +426,7 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
         "ecs:GetTaskProtection",
         *PUBLISH,
         "dynamodb:Query",  # the WebSocket connections' tenant index: which jobs a connection follows
+        "dynamodb:PutItem",  # streamed jobs' text, appended to the job event log (gpu_worker.deltas)
         "ecs:DescribeServices",  # whether a newer deployment waits (gpu_worker.deployments)
     }
 

@@ -448,6 +448,23 @@ def test_tokens_so_far_count_a_running_requests_tokens(run):
     assert engine.tokens_so_far("job-17") is None and result.text == "The capital of France is Paris."
 
 
+def test_texts_so_far_tell_a_running_requests_text_for_its_stream(run):
+    # GIVEN a request generating one token per 50 ms (gpu_worker.deltas streams what texts_so_far tells)
+    engine = started(run, FakeClient(step_s=0.05))
+
+    async def body():
+        task = asyncio.create_task(engine.generate("job-18", chat()))
+        await asyncio.sleep(0.18)
+        during = engine.texts_so_far("job-18")
+        return during, await task
+
+    during, result = run(body())
+    # THEN the text while it ran is the start of the answer, and nothing is told once it ended
+    assert during is not None and len(during) == 1 and during[0]
+    assert result.text.startswith(during[0]) and during[0] != result.text
+    assert engine.texts_so_far("job-18") is None
+
+
 def test_max_model_len_and_capacity_come_from_the_engine(run):
     engine = started(run)
     assert (engine.max_model_len, engine.capacity) == (1000, 64)
