@@ -35,6 +35,7 @@ from async_inference.config import (
     ENV_MODEL_KIND,
     ENV_PROGRESS_INTERVAL_S,
     ENV_QUEUE_URL,
+    ENV_REQUEST_LIMITS,
     ENV_SERVED_MODELS,
     ENV_TENANT_QUOTAS,
     ENV_TOOL_CALL_PARSER,
@@ -43,6 +44,7 @@ from async_inference.config import (
     ServiceConfig,
 )
 from async_inference.events_in import EventRule
+from async_inference.limits import RequestLimits
 from cdk import capacity
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
@@ -91,6 +93,9 @@ class AsyncInferenceServiceProps:
         Default: ``{"demo": TenantPlan()}``.
       api_stage_name: Default: ``"prod"``.
       create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+      request_limits: the bounds on one request's cost (json_schema size, depth and alternatives; the context
+        length a prompt is checked against; n x max_tokens), ``async_inference.limits.RequestLimits``; a tenant's plan
+        may change them (``TenantPlan.request_limits``). docs/limits.md has the table. Default: ``RequestLimits()``.
       waf_requests_per_5_min_per_ip: a WAF web ACL on the REST stage that blocks an IP address over this many
         requests in 5 minutes (authenticated or not) and requests from AWS's IP reputation list and with known bad
         inputs; unauthenticated floods then stop before the authorizer runs. None: no web ACL. Default: None.
@@ -224,6 +229,7 @@ class AsyncInferenceServiceProps:
     api_stage_name: str = "prod"
     create_api_gateway_cloudwatch_role: bool = True
     waf_requests_per_5_min_per_ip: int | None = None
+    request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
@@ -531,6 +537,8 @@ class AsyncInferenceService(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
             ENV_SERVED_MODELS: json.dumps([spec.name for spec in props.model_specs()]),
         }
+        if props.request_limits != RequestLimits():  # unset: every process holds requests to the defaults
+            environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
@@ -1035,6 +1043,8 @@ class AsyncInferenceService(Construct):
         batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
         batches.grant_quota_counts(controller)  # a planned batch's lines against max_batch_lines_in_flight
         controller.add_environment(ENV_TENANT_QUOTAS, self.api.tenant_quotas)
+        # The upload handler holds an uploaded request to its tenant's bounds on a request's cost.
+        self.uploads.handler.add_environment(ENV_TENANT_QUOTAS, self.api.tenant_quotas)
         bucket.grant_get(controller, files, parts)
         bucket.grant_put(controller, files)
         bucket.grant_delete(controller, files)  # an output file that came out empty

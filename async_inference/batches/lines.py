@@ -8,8 +8,11 @@ import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from async_inference.endpoints import LineRequest, parse_line_body
+from async_inference.limits import LimitExceeded, RequestLimits, check_request
+from async_inference.schemas import ChatCompletionRequest
 
 
 class BatchInputLine(BaseModel):
@@ -36,10 +39,19 @@ class BatchInputLine(BaseModel):
             raise ValueError(f"url must be {endpoint}, the batch's endpoint")
         return value
 
-    def request(self) -> LineRequest:
+    def request(self, limits: RequestLimits | None = None) -> LineRequest:
         """The body as the request its url takes (a chat.completions or an embeddings request...); a ValidationError
-        (the jobs API's) when the schema refuses it."""
-        return parse_line_body(self.url, self.body)
+        (the jobs API's) when the schema refuses it, or when a chat request is over ``limits`` (the bounds on its
+        cost, async_inference.limits; None: the defaults), naming the field and the limit as the jobs API does."""
+        request = parse_line_body(self.url, self.body)
+        if isinstance(request, ChatCompletionRequest):
+            try:
+                check_request(request, limits or RequestLimits())
+            except LimitExceeded as exc:
+                error = PydanticCustomError("limit_exceeded", "{message}", {"message": exc.message})
+                details = InitErrorDetails(type=error, loc=tuple(exc.field.split(".")), input=None)
+                raise ValidationError.from_exception_data(type(request).__name__, [details]) from exc
+        return request
 
 
 def line_errors(exc: ValidationError) -> dict[str, Any]:

@@ -16,7 +16,11 @@ logger = Logger()
 tracer = Tracer()
 config = ServiceSettings.load()
 service = JobService.from_config(
-    config.service, allow_local_webhooks=config.allow_local_webhooks, served_models=config.served_models
+    config.service,
+    allow_local_webhooks=config.allow_local_webhooks,
+    served_models=config.served_models,
+    quotas=config.tenant_quotas,  # read for each tenant's bounds on a request's cost (no submit happens here)
+    limits=config.request_limits,
 )
 
 
