@@ -258,3 +258,18 @@ def check_template_kwargs(kwargs: Mapping[str, Any], *, own_template: str | None
                 f"{key}: a template variable is a boolean, a number or a string of at most "
                 f"{MAX_TEMPLATE_KWARG_CHARS} characters"
             )
+
+
+# --- What an error may quote ----------------------------------------------------------------------------------------
+
+# An error quotes what the caller sent (a field's name, a method, a custom_id); it is stored in a record that DynamoDB
+# holds to 400 KB. A 420 KB method or a 1 MB field name quoted whole made the write fail on every retry, and the batch
+# or the upload job ended with no error at all.
+MAX_ERROR_CHARS = 1_000
+
+
+def clip(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` when it is at most ``limit`` characters, else its start and how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"

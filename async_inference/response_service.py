@@ -86,8 +86,9 @@ class ResponseService:
         return to_response(job, original)
 
     def delete(self, tenant: str, response_id: str) -> ResponseDeleted:
-        """Delete a response: an unfinished one is cancelled first; its Responses body goes, so the id is a 404
-        from then on (the job's own record and objects expire as every job's do)."""
+        """Delete a response: an unfinished one is cancelled first; its job goes with it (record, request and result:
+        GET /v1/jobs/{id} and a result URL given out before are 404s), then its Responses body, so the id is a 404
+        from then on (a crash in between leaves the body unreachable, for the bucket's lifecycle)."""
         job, _ = self._get(tenant, response_id)
         if job.status not in FINAL_STATES:
             try:
@@ -95,6 +96,7 @@ class ResponseService:
             except ServiceError as exc:
                 if exc.status != 409:  # 409: it ended meanwhile, nothing to stop
                     raise
+        self.jobs.delete(tenant, job.job_id)
         self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
         return ResponseDeleted(id=response_id)
 

@@ -19,7 +19,7 @@ from async_inference.config import ServiceConfig, WakeTarget
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
-from async_inference.limits import LimitExceeded, RequestLimits, check_request, limits_for
+from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, limits_for
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
     CHAT_ENDPOINT,
@@ -67,7 +67,7 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> tuple[s
     """A one-line message naming the first bad field, and one detail per error."""
     details = []
     for error in exc.errors(include_url=False):
-        loc = error_location(error)
+        loc = clip(error_location(error), 200)  # a field's name is the caller's: a 1 MB one is quoted by its start
         field = ".".join(filter(None, [prefix, loc if loc != "(body)" else ""]))
         details.append({"field": field or "(body)", "message": error_message(error)})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
@@ -477,6 +477,17 @@ class JobService:
             raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
         return cancelled
 
+    def delete(self, tenant: str, job_id: str) -> None:
+        """Delete a final job: its result and request objects (a presigned result URL given out before stops working),
+        then its record, so the id is a 404 from then on; 409 for a job not final yet (cancel it first)."""
+        job = self.get(tenant, job_id)
+        if job.status not in FINAL_STATES:
+            raise ServiceError(409, "conflict", f"job {job_id} is {job.status.value}: cancel it before deleting it")
+        for key in (job.result_key, job.request_key):
+            if key:
+                self.blobs.delete(key)
+        self.store.delete(job_id)
+
     # --- Upload events --------------------------------------------------------------------------------------------
 
     def accept_upload(self, key: str, size_bytes: int) -> Job | None:
@@ -663,6 +674,8 @@ class JobService:
         """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``).
         ``job`` may be a job id: the write needs nothing else (a worker failing a job it never started)."""
         job_id = job if isinstance(job, str) else job.job_id
+        if isinstance(fields.get("error"), str):
+            fields["error"] = clip(fields["error"])  # it may quote the request: the record must fit DynamoDB
         return self.store.transition(job_id, target, only_from=only_from, notified=False, **fields)
 
     def store_result(self, job: Job, result: JobResult) -> tuple[JobResult, dict[str, Any]]:

@@ -82,6 +82,8 @@ SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.
 
 # The Responses bodies of background responses (settings.responses_request_key), one per response, under any tenant.
 RESPONSES_BODIES = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}"
+# The Files API's presigned uploads (settings.file_upload_key), under any tenant and file.
+FILE_UPLOADS = f"{settings.FILE_PREFIX}*/{settings.FILE_UPLOAD_NAME}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -560,8 +562,9 @@ class AsyncInferenceService(Construct):
             "Uploads",
             code=code,
             bucket=self.bucket.bucket,
-            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
-            environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.lane_queue.queue_url},
+            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives; a
+            # file upload's bytes are checked against its record in the batch table.
+            environment={**environment, **self.batches.environment},
         )
         self.dead_letters = DeadLetterHandler(
             self,
@@ -922,9 +925,11 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(api, requests)  # inline bodies
         bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
         bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
-        # Background responses: the Responses body beside each response's job's request, read and deleted by the API.
+        # Background responses: the Responses body beside each response's job's request, read and deleted by the API;
+        # deleting a response deletes its job too (its record, request and result).
         bucket.grant_get(api, RESPONSES_BODIES)
-        bucket.grant_delete(api, RESPONSES_BODIES)
+        bucket.grant_delete(api, RESPONSES_BODIES, requests, result_objects)
+        table.grant_items(api, "dynamodb:DeleteItem")
         queue.grant(api, "sqs:SendMessage")
         self.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
         results.grant_publish(api)  # cancels and expiries notify
@@ -937,6 +942,9 @@ class AsyncInferenceService(Construct):
         bucket.grant_put(upload, requests)  # an accepted upload's checked bytes, out of reach of its presigned URL
         queue.grant(upload, "sqs:SendMessage")
         results.grant_publish(upload)
+        # A file upload whose file was deleted before its bytes arrived: its record read, its object deleted.
+        self.batches.grant_items(upload, "dynamodb:GetItem")
+        bucket.grant_delete(upload, FILE_UPLOADS)
 
         # The DLQ handler (its event source grants consuming the DLQ): fail the job, notify.
         dead_letters = self.dead_letters.handler
@@ -1083,6 +1091,7 @@ class AsyncInferenceService(Construct):
                 settings.FILE_PREFIX,
                 settings.BATCH_PREFIX,
                 RESPONSES_BODIES,
+                FILE_UPLOADS,
                 *((settings.INBOX_PREFIX,) if self.events_in is not None else ()),
             )
         }

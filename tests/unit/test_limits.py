@@ -179,3 +179,14 @@ def test_chat_template_kwargs_beyond_what_a_models_template_reads_are_refused(kw
 def test_the_variables_a_models_template_reads_are_accepted():
     request = _request(chat_template_kwargs={"enable_thinking": False, "reasoning_effort": "low"})
     assert request.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+
+
+# --- Errors that quote caller input ---------------------------------------------------------------------------------
+
+
+def test_a_long_quote_is_clipped_to_the_limit_and_says_how_much_was_left_out():
+    from async_inference.limits import MAX_ERROR_CHARS, clip
+
+    clipped = clip("m" * 420_000)
+    assert len(clipped) <= MAX_ERROR_CHARS and clipped.endswith("(419040 more characters)")
+    assert clip("short") == "short"
