@@ -213,6 +213,23 @@ def check_prompt(request: ChatCompletionRequest, limits: RequestLimits) -> None:
         )
 
 
+# A chat request's field as the request it was converted from names it: a background response's or a /v1/responses
+# batch line's (its input, its text.format, its tools without "function"), a /v1/completions line's (its prompt).
+_RESPONSES_FIELDS = {"messages": "input", "response_format.json_schema.schema": "text.format.schema"}
+_COMPLETIONS_FIELDS = {"messages": "prompt"}
+
+
+def field_in(endpoint: str | None, field: str) -> str:
+    """``field`` of the chat request the engine runs, as the request sent to ``endpoint`` names it (None: chat)."""
+    if endpoint == "/v1/responses":
+        if field.startswith("tools.") and ".function." in field:
+            field = field.replace(".function.", ".", 1)
+        return _RESPONSES_FIELDS.get(field, field)
+    if endpoint == "/v1/completions":
+        return _COMPLETIONS_FIELDS.get(field, field)
+    return field
+
+
 # --- Chat template variables ----------------------------------------------------------------------------------------
 
 # The variables each model family's own chat template reads, by the family (docs/limits.md). A request may set these

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from async_inference import settings
+from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
@@ -44,6 +45,7 @@ class ResponseService:
                 400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
             ) from exc
         self.jobs.check_model(request.model, field="model")
+        self.jobs.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an

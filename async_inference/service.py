@@ -19,7 +19,7 @@ from async_inference.config import ServiceConfig, WakeTarget
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
-from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, limits_for
+from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, field_in, limits_for
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
     CHAT_ENDPOINT,
@@ -269,15 +269,16 @@ class JobService:
         quota = (self.quotas or {}).get(tenant)
         return limits_for(self.limits, quota.request_limits if quota is not None else None)
 
-    def check_limits(self, tenant: str, request: object, *, prefix: str = "") -> None:
+    def check_limits(self, tenant: str, request: object, *, prefix: str = "", endpoint: str | None = None) -> None:
         """400 limit_exceeded, naming the field and the limit, for a chat request over one of the tenant's bounds on
-        a request's cost (async_inference.limits); other requests (embeddings) are not bounded here."""
+        a request's cost (async_inference.limits); other requests (embeddings) are not bounded here. ``endpoint``: the
+        one the request was converted from (``/v1/responses``), whose field names the error uses."""
         if not isinstance(request, ChatCompletionRequest):
             return
         try:
             check_request(request, self.limits_of(tenant))
         except LimitExceeded as exc:
-            field = prefix + exc.field
+            field = prefix + field_in(endpoint, exc.field)
             raise ServiceError(
                 400, "limit_exceeded", f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
             ) from exc

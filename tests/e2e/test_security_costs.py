@@ -54,6 +54,25 @@ def test_a_request_over_a_cost_limit_is_a_400_naming_the_field_and_the_limit(sta
     assert says in error["message"], error
 
 
+def test_a_background_response_over_a_cost_limit_is_a_400_naming_its_own_field(stack):
+    # WHEN a background response's text.format schema holds 1,600 alternatives
+    response = requests.post(
+        f"{stack.api_url}/v1/responses",
+        headers={"x-api-key": KEY},
+        timeout=30,
+        json={
+            "model": "echo-model",
+            "input": "hi",
+            "background": True,
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": ALTERNATIVES}},
+        },
+    )
+    # THEN it is a 400 naming the Responses field and the limit
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "limit_exceeded" and error["details"][0]["field"] == "text.format.schema", error
+
+
 @pytest.mark.parametrize(
     ("kwargs", "says"),
     [

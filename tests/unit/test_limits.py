@@ -153,6 +153,35 @@ def test_a_batch_line_over_a_limit_is_a_validation_error_naming_the_field():
     assert details[0]["field"] == "n" and "max_request_tokens" in message
 
 
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        (
+            "/v1/responses",
+            {"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "s"}}},
+            "text.format.schema",
+        ),
+        (
+            "/v1/responses",
+            {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"},
+            "tools.0.parameters",
+        ),
+        ("/v1/completions", {"model": "m", "prompt": "word " * 60_000}, "prompt"),
+    ],
+)
+def test_a_responses_or_completions_line_over_a_limit_names_the_field_as_its_own_request_does(url, body, field):
+    # GIVEN a line of another endpoint whose chat request would pass a limit (the schema: 1,600 alternatives)
+    if url == "/v1/responses" and "text" in body:
+        body["text"]["format"]["schema"] = _alternatives(1_600)
+    elif url == "/v1/responses":
+        body["tools"][0]["parameters"] = _alternatives(1_600)
+    line = BatchInputLine.model_validate({"custom_id": "a", "method": "POST", "url": url, "body": body})
+    # WHEN its request is read THEN the 400 names the field as that endpoint's request calls it
+    with pytest.raises(ValidationError) as caught:
+        line.request()
+    assert describe_validation_error(caught.value)[1][0]["field"] == field
+
+
 # --- chat_template_kwargs -------------------------------------------------------------------------------------------
 
 
