@@ -19,6 +19,7 @@ from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from async_inference.events_in import EventRule
+from async_inference.limits import RequestLimits
 from cdk.ingestion_api import TenantPlan
 from cdk.options import AsyncInferenceServiceProps, ModelSpec
 from cdk.result_topics import TopicSubscription
@@ -71,6 +72,7 @@ def _optional_str(value: Any) -> str | None:
 
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
+    "request_limits": lambda v: RequestLimits.model_validate(_json(v)),
     "subscriptions": _subscriptions,
     "models": _models,
     "event_rules": _event_rules,

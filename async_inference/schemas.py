@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from async_inference import settings
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
+from async_inference.limits import check_template_kwargs
 from async_inference.schema_patterns import unsupported_patterns
 
 # The wire objects a client reads are defined in the client package and imported here: the API answers with the very
@@ -483,6 +484,18 @@ def _nullable_when_optional(schema: dict[str, Any]) -> None:
 
 
 # The fields of the first request schema (a subset of chat.completions), which fingerprints were made of.
+def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """Only variables a model's own template reads (async_inference.limits.check_template_kwargs)."""
+    # Imported here: the completions module imports this one; its raw-prompt template is this project's own.
+    from async_inference.completions import RAW_PROMPT_TEMPLATE
+
+    try:
+        check_template_kwargs(value, own_template=RAW_PROMPT_TEMPLATE)
+    except ValueError as exc:
+        raise _refuse("invalid_template_kwargs", str(exc)) from exc
+    return value
+
+
 _FIRST_REQUEST_FIELDS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "n"})
 _FIRST_MESSAGE_FIELDS = frozenset({"role", "content", "name"})
 
@@ -542,9 +555,10 @@ class ChatCompletionRequest(_Strict):
         gt=0.0,
         description="vLLM extension: >1 discourages repeating tokens of the prompt and the output.",
     )
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_template_kwargs)] | None = Field(
         default=None,
-        description="vLLM extension: extra variables for the model's chat template (e.g. enable_thinking).",
+        description="vLLM extension: variables the model's own chat template reads (enable_thinking for Qwen3; "
+        "docs/limits.md lists them); never a chat_template of the caller's.",
     )
 
     # Accepted without effect on a self-hosted text model (README: "The request").

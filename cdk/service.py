@@ -15,9 +15,11 @@ from async_inference.config import (
     ENV_BATCH_QUEUE_URL,
     ENV_BATCH_TABLE,
     ENV_MODEL_FLEETS,
+    ENV_REQUEST_LIMITS,
     ENV_SERVED_MODELS,
     ServiceConfig,
 )
+from async_inference.limits import RequestLimits
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
@@ -91,6 +93,8 @@ class AsyncInferenceService(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
             ENV_SERVED_MODELS: json.dumps([spec.name for spec in specs]),
         }
+        if props.request_limits != RequestLimits():  # unset: every process holds requests to the defaults
+            environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
@@ -125,7 +129,9 @@ class AsyncInferenceService(Construct):
             code=code,
             bucket=self.bucket.bucket,
             # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
-            environment={**environment, ENV_BATCH_QUEUE_URL: self.batches.environment[ENV_BATCH_QUEUE_URL]},
+            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives; a
+            # file upload's bytes are checked against its record in the batch table.
+            environment={**environment, **self.batches.environment},
         )
         self.dead_letters = DeadLetterHandler(
             self, "DeadLetters", code=code, environment={**environment, **self.batches.environment}

@@ -210,11 +210,19 @@ class RestApi:
         return method, params
 
     def handle(
-        self, http_method: str, target: str, headers: dict[str, str], body: bytes, source_ip: str
+        self,
+        http_method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        source_ip: str,
+        multi_value_headers: dict[str, list[str]] | None = None,
     ) -> tuple[int, dict[str, str], Body]:
         """The answer to one request: its status, headers and body (the body's pieces as they come, for a method
-        whose integration streams)."""
+        whose integration streams). ``headers``: each header's last value, as API Gateway's proxy and authorizer
+        events carry them; ``multi_value_headers``: every value of each (None: one each, ``headers``'s)."""
         request_id = str(uuid.uuid4())
+        multi = multi_value_headers or {k: [v] for k, v in headers.items()}
         try:
             split = urlsplit(target)
             method, path_params = self.route(http_method, split.path)
@@ -224,7 +232,9 @@ class RestApi:
             authorizer: dict[str, Any] | None = None
             usage_key: str | None = None
             if method.authorizer is not None:
-                authorized = self._authorize(method, split.path, path_params, query, headers, identity, request_id)
+                authorized = self._authorize(
+                    method, split.path, path_params, query, headers, multi, identity, request_id
+                )
                 authorizer = {**authorized.context, "principalId": authorized.principal_id}
                 usage_key = authorized.usage_identifier_key
             if method.api_key_required:
@@ -235,6 +245,7 @@ class RestApi:
                 identity.update(apiKey=key, apiKeyId=key_id)
             self._validate(method, lowered, query)
             event = self._proxy_event(method, split.path, path_params, query, headers, body, identity, request_id)
+            event["multiValueHeaders"] = multi
             if authorizer is not None:
                 event["requestContext"]["authorizer"] = authorizer
             if method.streams:
@@ -256,6 +267,7 @@ class RestApi:
         path_params: dict[str, str],
         query: dict[str, list[str]],
         headers: dict[str, str],
+        multi_value_headers: dict[str, list[str]],
         identity: dict[str, Any],
         request_id: str,
     ) -> Any:
@@ -282,6 +294,7 @@ class RestApi:
                     path=path,
                     http_method=http_method,
                     headers=headers,
+                    multi_value_headers=multi_value_headers,
                     query=query,
                     path_parameters=path_params,
                     request_context=context,
@@ -479,9 +492,12 @@ def serve(api: RestApi, host: str, port: int) -> ThreadingHTTPServer:
                 status, headers, data = api.too_large()
             else:
                 body = self.rfile.read(length) if length else b""
-                status, headers, data = api.handle(
-                    self.command, self.path, dict(self.headers.items()), body, self.client_address[0]
-                )
+                # A repeated header keeps every value, as API Gateway's multiValueHeaders do (its headers: the last).
+                multi: dict[str, list[str]] = {}
+                for name, value in self.headers.items():
+                    multi.setdefault(name, []).append(value)
+                last = {name: values[-1] for name, values in multi.items()}
+                status, headers, data = api.handle(self.command, self.path, last, body, self.client_address[0], multi)
             self.send_response(status)
             for name, value in headers.items():
                 if name.lower() not in ("content-length", "connection", "transfer-encoding"):

@@ -46,6 +46,7 @@ service = JobService.from_config(
     allow_local_webhooks=config.allow_local_webhooks,
     served_models=config.served_models,
     quotas=config.tenant_quotas,
+    limits=config.request_limits,
 )
 batch_routes.configure(config)
 app.include_router(batch_routes.router)

@@ -179,7 +179,13 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     }
     responses = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"  # background responses' bodies
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*", responses}
-    assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*", responses}
+    # A deleted background response's job goes with it: its request and its result.
+    assert _prefixes(actions["s3:DeleteObject"]) == {
+        f"{settings.FILE_PREFIX}*",
+        responses,
+        f"{settings.REQUEST_PREFIX}*",
+        f"{settings.RESULT_PREFIX}*",
+    }
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
@@ -239,7 +245,7 @@ def test_the_keys_do_not_depend_on_the_stage_so_the_template_has_no_cycle(synthe
 def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     """GIVEN the upload function's role WHEN listing its actions THEN it reads and deletes under uploads/, lists only
     that prefix (so a missing key reads as 404), writes an accepted upload under requests/ only, queues, notifies,
-    and touches job items only."""
+    touches job items, and reads file records and deletes file uploads (a file deleted before its bytes arrived)."""
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem",
@@ -256,7 +262,11 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
         *WAKE_HOLD,
         *WAKE_INSTANCE,
     }
-    assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+    assert _prefixes(actions["s3:DeleteObject"]) == {
+        f"{settings.UPLOAD_PREFIX}*",
+        f"{settings.FILE_PREFIX}*/{settings.FILE_UPLOAD_NAME}*",
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}
 
 
