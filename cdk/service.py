@@ -12,7 +12,6 @@ from constructs import Construct
 
 from async_inference import settings
 from async_inference.config import (
-    ENV_BATCH_QUEUE_URL,
     ENV_BATCH_TABLE,
     ENV_MODEL_FLEETS,
     ENV_REQUEST_LIMITS,
