@@ -70,7 +70,7 @@ from gpu_worker.engines.base import (
     TopLogprob,
     TransientEngineError,
 )
-from gpu_worker.engines.common import chat_prompt_ids, check_context
+from gpu_worker.engines.common import chat_prompt_ids, check_context, check_prompt_chars, longest_token_chars
 from gpu_worker.engines.grammars import Grammars
 
 if TYPE_CHECKING:
@@ -300,6 +300,7 @@ class CpuEngine(Engine):
         self._rows: dict[str, list[_Row]] = {}  # request id -> its n rows
         self._vocab_size = 0
         self.grammars: Grammars | None = None  # made with the tokenizer
+        self._longest_token_chars = 1  # the most characters a token stands for, read from the tokenizer
         self._bitmask: Any = None  # xgrammar's token bitmask, capacity x vocabulary, made at the first grammar
         self._token_texts: dict[int, str] = {}
         self._wake: asyncio.Event | None = None
@@ -354,6 +355,7 @@ class CpuEngine(Engine):
         # here than in the first job's latency.
         with torch.inference_mode():
             model(input_ids=torch.tensor([[self._pad_id] * 4]), logits_to_keep=1)
+        self._longest_token_chars = longest_token_chars(self._tokenizer)
         self.grammars = Grammars(self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=sorted(self._eos_ids))
         self._model = model
         logger.info("cpu engine: loaded and warmed up %s in %.1f s", model_dir, time.monotonic() - started)
@@ -387,7 +389,9 @@ class CpuEngine(Engine):
             raise PermanentEngineError(f"request {request_id!r} is already running")
         asks = asks_of(request)
         self._check(asks)
-        prompt_ids = self.prompt_ids(asks)
+        check_prompt_chars(asks, longest_token_chars=self._longest_token_chars, max_model_len=self._max_model_len)
+        # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
+        prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
         check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
         schema = asks.output_schema()
         grammar = None
