@@ -33,6 +33,14 @@ async def run(engine: Engine, request_id: str, request: LineRequest) -> Output:
     return await engine.generate(request_id, chat_request(engine, request))
 
 
+def engine_rows(request: LineRequest) -> tuple[int, int]:
+    """What ``request`` takes of the engine (``gpu_worker.lanes.Admission.slot``): its rows (``n``; one for an
+    embedding or a response) and the most tokens each may generate."""
+    rows = getattr(request, "n", None) or 1
+    max_tokens = getattr(request, "max_tokens", None) or getattr(request, "max_output_tokens", None) or 0
+    return rows, max_tokens
+
+
 def chat_request(engine: Engine, request: LineRequest) -> ChatCompletionRequest:
     """The chat request a generating request runs."""
     if isinstance(request, CompletionRequest):

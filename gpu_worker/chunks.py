@@ -293,7 +293,10 @@ class ChunkRun:
             window = asyncio.timeout(left)
             try:
                 async with window:
-                    async with self.admission.slot(BATCH, line.line_id, first=first, tenant=self.claim.tenant) as slot:
+                    rows, max_tokens = answers.engine_rows(line.request)
+                    async with self.admission.slot(
+                        BATCH, line.line_id, first=first, tenant=self.claim.tenant, rows=rows, max_tokens=max_tokens
+                    ) as slot:
                         if self.stopped is not None or slot.preempted:
                             first = True
                             continue

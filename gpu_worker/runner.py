@@ -258,9 +258,12 @@ class Runner:
         flight.in_engine = True
         job: Job | None = None
         first = False  # a preempted job waits again at the head of its lane
+        rows, max_tokens = answers.engine_rows(request)
         try:
             while True:
-                async with self.admission.slot(flight.lane, claim.job_id, first=first, tenant=claim.tenant) as slot:
+                async with self.admission.slot(
+                    flight.lane, claim.job_id, first=first, tenant=claim.tenant, rows=rows, max_tokens=max_tokens
+                ) as slot:
                     if self.engine_dead is not None:
                         raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
                     if job is None:  # its first slot: it becomes running (once, however often it is preempted)

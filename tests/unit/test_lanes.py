@@ -286,3 +286,45 @@ def test_the_batch_budget_stops_asking_once_the_worker_stops():
         return await asyncio.wait_for(budget.take(10), timeout=1)
 
     assert run(scenario()) == 0
+
+
+def test_slots_count_engine_rows_so_one_tenants_n_8_requests_cannot_fill_the_engine_ahead_of_another():
+    async def scenario() -> tuple[list[str], int]:
+        # GIVEN an engine of 8 rows, and tenant a's 5 requests of n: 8 (40 rows) waiting for it
+        admission, release, log = Admission(8, reserve=1, abort=Aborts()), {}, []
+        most_rows = 0
+
+        async def request(tenant: str, request_id: str, rows: int) -> None:
+            nonlocal most_rows
+            release[request_id] = asyncio.Event()
+            async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows, max_tokens=16):
+                log.append(request_id)
+                most_rows = max(most_rows, admission.in_engine[INTERACTIVE])
+                await release[request_id].wait()
+
+        tasks = [asyncio.create_task(request("a", f"a{i}", 8)) for i in range(5)]
+        await settle()
+        # WHEN tenant b's one-row request arrives, and then the requests end one by one
+        tasks.append(asyncio.create_task(request("b", "b0", 1)))
+        await settle()
+        for _ in range(6):
+            for event in release.values():
+                event.set()
+            await settle()
+        await asyncio.gather(*tasks)
+        return log, most_rows
+
+    log, most_rows = run(scenario())
+    # THEN a's requests run one at a time (8 rows each), b's runs next after the first, and no more rows than the
+    # engine has were ever handed out
+    assert log[:2] == ["a0", "b0"]
+    assert most_rows == 8
+
+
+def test_a_request_wider_than_the_engine_takes_all_of_it():
+    async def scenario() -> int:
+        admission = Admission(4, reserve=1, abort=Aborts())
+        async with admission.slot(INTERACTIVE, "wide", rows=16):
+            return admission.free
+
+    assert run(scenario()) == 0
