@@ -11,9 +11,10 @@ through one ``Admission``:
   that line is aborted in the engine and waits again, at the head of the batch lane, to run from the start.
 
 So a batch never puts an interactive job behind it: an interactive job that reaches the engine starts within one
-engine step (a free reserved slot, or one freed by an abort). Only interactive jobs themselves can fill the engine
-against another interactive job, as without batches. With the batch lane alone, the engine runs
-``capacity - reserve`` lines at once.
+engine step (a free reserved slot, or one freed by an abort). Interactive jobs can fill the engine against another
+tenant's interactive job only up to half of it: a tenant holding more than half of the engine's rows has its youngest
+interactive request preempted (aborted, asking again at the head of the lane) when a request of a tenant holding none
+waits without the rows it needs. With the batch lane alone, the engine runs ``capacity - reserve`` lines at once.
 
 Slots are counted in engine rows, not requests: a request asking for ``n`` choices is ``n`` rows of the engine's
 batch (``capacity`` is rows), and takes ``n`` slots (all of them when ``n`` exceeds the capacity). Counted in
@@ -87,11 +88,12 @@ class Admission:
         self.reserve = reserve
         self._abort = abort
         self._interactive = 0  # interactive rows held
+        self._running: dict[Slot, None] = {}  # interactive slots held, oldest first
         self._batch: dict[Slot, None] = {}  # batch slots held, oldest first
         self._waiting: dict[str, collections.deque[tuple[asyncio.Future[None], Slot]]] = {
             lane: collections.deque() for lane in LANES
         }
-        self._preempting = 0  # rows of preempted batch slots not yet let go
+        self._preempting = 0  # rows of preempted slots not yet let go
         self._held: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}  # rows
         self._held_tokens: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}
         self._aborts: set[asyncio.Task[None]] = set()
@@ -191,6 +193,7 @@ class Admission:
         self._held_tokens[slot.lane][slot.tenant] += slot.tokens
         if slot.lane == INTERACTIVE:
             self._interactive += slot.rows
+            self._running[slot] = None
         else:
             self._batch[slot] = None
 
@@ -201,10 +204,11 @@ class Admission:
                 del held[slot.tenant]
         if slot.lane == INTERACTIVE:
             self._interactive -= slot.rows
+            self._running.pop(slot, None)
         else:
             self._batch.pop(slot, None)
-            if slot.preempted:
-                self._preempting -= slot.rows
+        if slot.preempted:
+            self._preempting -= slot.rows
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -244,10 +248,15 @@ class Admission:
 
     def _preempt(self) -> None:
         """Abort the youngest batch requests until their rows, the free rows and those already preempted cover the
-        rows of the interactive jobs waiting."""
+        rows of the interactive jobs waiting; then, if a tenant holding nothing still waits, the youngest interactive
+        request of a tenant holding more than half of the engine (``_rebalance``)."""
         needed = sum(slot.rows for _, slot in self._waiting[INTERACTIVE]) - max(0, self.free) - self._preempting
         if needed <= 0:
             return
+        self._preempt_batch(needed)
+        self._rebalance()
+
+    def _preempt_batch(self, needed: int) -> None:
         for victim in reversed(list(self._batch)):
             if needed <= 0:
                 break
@@ -260,6 +269,31 @@ class Admission:
             task = asyncio.get_running_loop().create_task(self._abort(victim.request_id))
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
+
+    def _rebalance(self) -> None:
+        """Abort the youngest interactive request of the tenant holding the most rows, when that is more than half of
+        the engine and a request of a tenant holding none waits without the rows it needs (one at a time: nothing
+        is preempted while an earlier preemption's rows are still being let go). Without it a tenant's requests with
+        ``n: 8`` on an engine of 8 rows keep another tenant's 8-token job waiting for a whole request of theirs, ten
+        times its time alone; the aborted request asks again at the head of the lane and runs from the start."""
+        held = self._held[INTERACTIVE]
+        if self._preempting or not held:
+            return
+        starving = [s for _, s in self._waiting[INTERACTIVE] if not s.first and held[s.tenant] == 0]
+        if not starving or self.free >= starving[0].rows:
+            return
+        heavy = max(held, key=lambda tenant: held[tenant])
+        if 2 * held[heavy] <= self.capacity:
+            return
+        victim = next((s for s in reversed(list(self._running)) if s.tenant == heavy and not s.preempted), None)
+        if victim is None:
+            return
+        victim.preempted = True
+        self._preempting += victim.rows
+        self.preemptions += 1
+        task = asyncio.get_running_loop().create_task(self._abort(victim.request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
 
 class HeldMessage(Protocol):

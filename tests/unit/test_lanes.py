@@ -328,3 +328,59 @@ def test_a_request_wider_than_the_engine_takes_all_of_it():
             return admission.free
 
     assert run(scenario()) == 0
+
+
+async def _hold_until(admission: Admission, tenant: str, request_id: str, rows: int, log: list[str]) -> None:
+    """Hold slots until aborted (the preempted flag set by the admission), as the runner does with a generation."""
+    async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows) as slot:
+        log.append(f"start {request_id}")
+        while not slot.preempted:
+            await asyncio.sleep(0.001)
+        log.append(f"preempted {request_id}")
+
+
+def test_a_tenant_holding_more_than_half_the_engine_has_its_youngest_request_preempted_for_a_tenant_holding_none():
+    async def scenario() -> tuple[list[str], list[str]]:
+        # GIVEN tenant a's request holding all 8 rows of the engine
+        aborts, log = Aborts(), []
+        admission = Admission(8, reserve=1, abort=aborts)
+        a = asyncio.create_task(_hold_until(admission, "a", "a0", 8, log))
+        await settle()
+        # WHEN tenant b's one-row request waits
+        release = asyncio.Event()
+        b = asyncio.create_task(hold(admission, INTERACTIVE, "b0", release, log))
+        await asyncio.wait_for(a, 1)
+        await settle()
+        release.set()
+        await b
+        return log, aborts.ids
+
+    log, aborted = run(scenario())
+    # THEN a's request is aborted in the engine and b's starts once its rows are let go
+    assert aborted == ["a0"]
+    assert log == ["start a0", "preempted a0", "b0"]
+
+
+def test_a_tenant_holding_half_the_engine_or_less_is_not_preempted():
+    async def scenario() -> list[str]:
+        # GIVEN tenants a and c holding 4 rows each of an engine of 8
+        aborts, log, release = Aborts(), [], asyncio.Event()
+        admission = Admission(8, reserve=1, abort=aborts)
+
+        async def hold_as(tenant: str, request_id: str, rows: int) -> None:
+            async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows):
+                log.append(request_id)
+                await release.wait()
+
+        held = [asyncio.create_task(hold_as("a", "a0", 4)), asyncio.create_task(hold_as("c", "c0", 4))]
+        await settle()
+        # WHEN tenant b's request waits
+        held.append(asyncio.create_task(hold_as("b", "b0", 1)))
+        await settle()
+        aborted = list(aborts.ids)
+        release.set()
+        await asyncio.gather(*held)
+        return aborted
+
+    # THEN nobody is preempted: b waits for the next rows that free
+    assert run(scenario()) == []
