@@ -4,7 +4,8 @@ A compile can take seconds; it must cost the other requests nothing but the CPU 
 
 - compiles run on one thread of their own (not the event loop's default pool, whose threads the decoding loop and the
   tokenizer use: several long compiles there left the decoding loop no thread), one at a time, with one compiler
-  thread (xgrammar's default is 8, which on a small host takes every core from the decoding loop);
+  thread (xgrammar's default is 8, which on a small host takes every core from the decoding loop), at the lowest CPU
+  priority (Linux schedules threads by their own nice value): a compile uses what the decoding loop leaves;
 - no lock is held while compiling: the cache is read and written under a lock held for a dictionary lookup only;
 - a compile has ``budget_s`` seconds: a request whose grammar is not ready by then fails with a
   ``PermanentEngineError`` naming the field, and its schema is remembered as too costly, so the same schema sent
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,6 +33,12 @@ from gpu_worker.engines.base import PermanentEngineError
 COMPILE_BUDGET_S = 5.0
 GRAMMAR_CACHE_BYTES = 256 * 1024 * 1024
 REFUSED_KEPT = 1024  # schemas remembered as over the budget
+
+
+def _lowest_priority() -> None:
+    """Run the calling thread at nice 19 (Linux: per thread; elsewhere, or not permitted, it keeps its priority)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class Grammars:
@@ -52,7 +61,9 @@ class Grammars:
         self._compiled: collections.OrderedDict[str, tuple[Any, int]] = collections.OrderedDict()
         self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()  # schema -> why
         self._running: dict[str, asyncio.Future[Any]] = {}  # compiles in flight, shared by requests for one schema
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="grammar-compile", initializer=_lowest_priority
+        )
         self.compiles = 0  # compiles started
 
     @staticmethod
