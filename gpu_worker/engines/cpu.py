@@ -298,6 +298,7 @@ class CpuEngine(Engine):
         self._pending: collections.deque[_Row] = collections.deque()  # shared with the decoding thread
         self._pending_lock = threading.Lock()
         self._rows: dict[str, list[_Row]] = {}  # request id -> its n rows
+        self._preparing: dict[str, bool] = {}  # request id -> aborted, while its prompt and grammar are made
         self._vocab_size = 0
         self.grammars: Grammars | None = None  # made with the tokenizer
         self._longest_token_chars = 1  # the most characters a token stands for, read from the tokenizer
@@ -385,22 +386,22 @@ class CpuEngine(Engine):
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         if self._model is None:
             raise TransientEngineError("the CPU engine is not started")
-        if request_id in self._rows:
+        if request_id in self._rows or request_id in self._preparing:
             raise PermanentEngineError(f"request {request_id!r} is already running")
         asks = asks_of(request)
         self._check(asks)
         check_prompt_chars(asks, longest_token_chars=self._longest_token_chars, max_model_len=self._max_model_len)
-        # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
-        prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
-        check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
-        schema = asks.output_schema()
-        grammar = None
-        if schema is not None:
-            # A compiled grammar is taken at once, so that requests sent together still join one prefill; only a
-            # compile goes to the grammars' own thread, within its budget (gpu_worker.engines.grammars).
-            assert self.grammars is not None
-            field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format"
-            grammar = self.grammars.cached(schema) or await self.grammars.get(schema, field_name)
+        # An abort that comes while the prompt is built (a preemption, a cancel) is kept until the rows exist.
+        self._preparing[request_id] = False
+        try:
+            # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
+            prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
+            check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
+            grammar = await self._grammar_of(asks)
+        finally:
+            aborted = self._preparing.pop(request_id)
+        if aborted:
+            raise GenerationAborted(request_id)
         loop = asyncio.get_running_loop()
         rows = [self._row(f"{request_id}/{i}", i, asks, prompt_ids, grammar, loop) for i in range(asks.n)]
         self._rows[request_id] = rows
@@ -419,6 +420,17 @@ class CpuEngine(Engine):
             prompt_tokens=len(prompt_ids),
             completion_tokens=sum(len(row.tokens) for row in rows),
         )
+
+    async def _grammar_of(self, asks: Asks) -> Any:
+        """The compiled grammar of the request's output schema, or None for free text."""
+        schema = asks.output_schema()
+        if schema is None:
+            return None
+        # A compiled grammar is taken at once, so that requests sent together still join one prefill; only a compile
+        # goes to the grammars' own thread, within its budget (gpu_worker.engines.grammars).
+        assert self.grammars is not None
+        field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format"
+        return self.grammars.cached(schema) or await self.grammars.get(schema, field_name)
 
     def _check(self, asks: Asks) -> None:
         """Refuse what the request asks beyond this engine (the schema has checked the ranges OpenAI documents)."""
@@ -502,6 +514,8 @@ class CpuEngine(Engine):
         )
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self._preparing:
+            self._preparing[request_id] = True  # generate raises GenerationAborted once its prompt is built
         for row in self._rows.get(request_id, []):
             row.aborted = True  # in the batch: the decoding thread answers it at its next step
             with self._pending_lock:
