@@ -89,6 +89,7 @@ class Admission:
         self._abort = abort
         self._interactive = 0  # interactive rows held
         self._running: dict[Slot, None] = {}  # interactive slots held, oldest first
+        self._anonymous: list[Slot] = []  # those taken by ``async with``
         self._batch: dict[Slot, None] = {}  # batch slots held, oldest first
         self._waiting: dict[str, collections.deque[tuple[asyncio.Future[None], Slot]]] = {
             lane: collections.deque() for lane in LANES
@@ -127,10 +128,12 @@ class Admission:
     # --- taking and giving slots ----------------------------------------------------------------------------------
 
     async def __aenter__(self) -> None:
-        await self._acquire(Slot(INTERACTIVE, ""))
+        slot = Slot(INTERACTIVE, "")
+        await self._acquire(slot)
+        self._anonymous.append(slot)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._release(Slot(INTERACTIVE, ""))
+        self._release(self._anonymous.pop())  # any of them: they are alike
 
     @asynccontextmanager
     async def slot(

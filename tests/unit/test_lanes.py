@@ -384,3 +384,13 @@ def test_a_tenant_holding_half_the_engine_or_less_is_not_preempted():
 
     # THEN nobody is preempted: b waits for the next rows that free
     assert run(scenario()) == []
+
+
+def test_slots_taken_with_async_with_are_all_let_go():
+    async def scenario() -> int:
+        admission = Admission(4, reserve=1, abort=Aborts())
+        async with admission, admission:
+            pass
+        return len(admission._running)
+
+    assert run(scenario()) == 0
