@@ -293,9 +293,9 @@ class ChunkRun:
             window = asyncio.timeout(left)
             try:
                 async with window:
-                    rows, max_tokens = answers.engine_rows(line.request)
+                    cost = answers.engine_cost(line.request)
                     async with self.admission.slot(
-                        BATCH, line.line_id, first=first, tenant=self.claim.tenant, rows=rows, max_tokens=max_tokens
+                        BATCH, line.line_id, first=first, tenant=self.claim.tenant, **cost
                     ) as slot:
                         if self.stopped is not None or slot.preempted:
                             first = True
