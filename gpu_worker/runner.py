@@ -257,15 +257,16 @@ class Runner:
     async def _in_engine(
         self, claim: ClaimCheck, flight: InFlight, request: LineRequest
     ) -> tuple[Job | None, answers.Output | BaseException | None]:
-        """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
-        and generate; the job and the generation or the engine error that ended it. The slot is free again before
-        the result is stored. The execution timeout counts from the start of the generation."""
+        """Take the engine's slots (its rows), move the job to running (None if it may not run) and generate: the job
+        and its generation or engine error, the slots freed before the result is stored, the timeout from the start."""
         flight.in_engine = True
         job: Job | None = None
         first = False  # a preempted job waits again at the head of its lane
         try:
             while True:
-                async with self.admission.slot(flight.lane, claim.job_id, first=first, tenant=claim.tenant) as slot:
+                async with self.admission.slot(
+                    flight.lane, claim.job_id, first=first, tenant=claim.tenant, **answers.engine_cost(request)
+                ) as slot:
                     if self.engine_dead is not None:
                         raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
                     if job is None:  # its first slot: it becomes running (once, however often it is preempted)
@@ -290,7 +291,7 @@ class Runner:
                         finally:
                             self.progress.forget(job.job_id)
                             self.deltas.forget(job.job_id)
-                first = True  # a batch-lane job preempted for an interactive one runs again from the start
+                first = True  # preempted (gpu_worker.lanes): it runs again from the start
         finally:
             flight.in_engine = False
 

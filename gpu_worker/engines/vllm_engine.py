@@ -64,6 +64,7 @@ from gpu_worker.engines.base import (
     TopLogprob,
     TransientEngineError,
 )
+from gpu_worker.engines.common import check_prompt_chars, longest_token_chars
 from gpu_worker.engines.vllm_common import VllmBase, VllmOptions
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class VllmEngine(VllmBase):
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
         self._template_takes_tools = True  # read from the model's chat template at start
+        self._longest_token_chars: int | None = None  # read from the tokenizer at start; None: vLLM's check only
 
     # -- lifecycle --
 
@@ -164,6 +166,7 @@ class VllmEngine(VllmBase):
         engine = self._new_engine(args)
         state = await self._app_state(self.counting_client(engine), args)
         self._template_takes_tools = self._chat_template_takes_tools(engine, state.openai_serving_chat)
+        self._longest_token_chars = self._read_longest_token_chars(engine)
         return engine, state.openai_serving_chat, VllmRequest
 
     @staticmethod
@@ -185,6 +188,17 @@ class VllmEngine(VllmBase):
         if not takes:
             logger.info("the chat template takes no tools: they are written into the messages as the CPU engine does")
         return takes
+
+    @staticmethod
+    def _read_longest_token_chars(engine: Any) -> int | None:
+        """The most characters a token of the served tokenizer stands for, for the length check made before vLLM
+        templates and tokenises a prompt (``gpu_worker.engines.common.check_prompt_chars``); None when the tokenizer
+        cannot be read (vLLM's own check, after tokenising, still refuses a prompt that does not fit)."""
+        try:
+            return longest_token_chars(engine.renderer.get_tokenizer())
+        except Exception:
+            logger.warning("could not read the tokenizer's tokens; prompts are checked by vLLM alone", exc_info=True)
+            return None
 
     def counting_client(self, engine: Any) -> _CountingClient:
         return _CountingClient(engine, self._running, self._output_kind(), self._texts)
@@ -231,7 +245,10 @@ class VllmEngine(VllmBase):
             raise TransientEngineError("the vLLM engine is not started")
         if request_id in self._tasks:
             raise PermanentEngineError(f"request {request_id!r} is already running")
-        legacy = asks_of(request).legacy_functions
+        asks = asks_of(request)
+        if self._longest_token_chars is not None:
+            check_prompt_chars(asks, longest_token_chars=self._longest_token_chars, max_model_len=self.max_model_len)
+        legacy = asks.legacy_functions
         try:
             vllm_request = self._request_model.model_validate(self.vllm_body(request_id, request))
         except ValueError as exc:  # pydantic's ValidationError: a request vLLM's schema refuses

@@ -134,8 +134,15 @@ class FakeVllmEngine(VllmEngine):
     """The adapter with ``_open`` giving the fakes instead of building vLLM; ``template_takes_tools`` is what the real
     ``_open`` reads from the model's chat template."""
 
-    def __init__(self, client: FakeClient | None = None, template_takes_tools: bool = True, **options):
+    def __init__(
+        self,
+        client: FakeClient | None = None,
+        template_takes_tools: bool = True,
+        longest_token_chars: int | None = None,
+        **options,
+    ):
         self.template_takes_tools = template_takes_tools
+        self.longest_token_chars = longest_token_chars
         super().__init__(
             model=options.pop("model", "/models/m"),
             vllm_module=ns(sampling_params=ns(RequestOutputKind=RequestOutputKind)),
@@ -146,6 +153,7 @@ class FakeVllmEngine(VllmEngine):
 
     async def _open(self):
         self._template_takes_tools = self.template_takes_tools
+        self._longest_token_chars = self.longest_token_chars
         return self.client, self.chat, FakeRequestModel
 
 
@@ -318,6 +326,16 @@ def test_a_prompt_too_long_for_the_context_is_prompt_too_long(run):
     )
     with pytest.raises(PromptTooLongError):
         run(engine.generate("job-9", chat()))
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_vllm_templates_it(run):
+    # GIVEN an engine whose tokenizer's longest token is 81 characters, and a 15 MB prompt
+    engine = started(run, longest_token_chars=81)
+
+    # WHEN it is generated, THEN it is refused for the context without reaching vLLM
+    with pytest.raises(PromptTooLongError, match="maximum context length"):
+        run(engine.generate("job-huge", chat("word " * 3_000_000)))
+    assert engine.chat.received == []
 
 
 def test_a_server_error_response_is_transient(run):
