@@ -251,14 +251,10 @@ class JobService:
         """Why a request of ``kind`` cannot run on ``model`` (status, code, message), or None when it can."""
         if not self.served.serves(model):
             return 404, "model_not_found", self.served.not_found_message(model)
-        route = self.fleets.get(model) or self._default_fleet()
+        route = self.fleets.get(model)
         if route is not None and route.kind != kind:
             return 400, "model_kind_mismatch", wrong_kind_message(model, route.kind, kind)
         return None
-
-    def _default_fleet(self) -> FleetRoute | None:
-        """The fleet a model without a route of its own runs on: the one whose queue is the configured queue."""
-        return next((route for route in self.fleets.values() if route.queue_url == self.queue.url), None)
 
     def _route(self, model: str | None) -> tuple[JobQueue, JobQueue | None, ServiceWaker | None]:
         """The job queue, batch lane and waker of ``model``'s fleet; the configured ones for a model without one."""

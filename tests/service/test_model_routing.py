@@ -112,22 +112,6 @@ def test_a_chat_job_for_an_embedding_model_is_a_400_naming_its_endpoint(stack):
     assert _depth(stack["queues"]["emb"]) == 0
 
 
-def test_an_embeddings_job_for_a_model_without_a_fleet_of_its_own_is_a_400_naming_chat(stack):
-    # GIVEN the API's service over the fleets, serving also a model without a route of its own (a local engine's
-    # name): such a model's jobs go to the configured queue, the first model's, a chat fleet
-    config = stack["config"]
-    service = JobService.from_config(config.service, served_models=[*config.served_models, "local/echo-model"])
-    before = _depth(stack["queues"]["chat"])
-    # WHEN an embeddings job names that model
-    submission = JobSubmission(endpoint="/v1/embeddings", request={"model": "local/echo-model", "input": "text"})
-    with pytest.raises(ServiceError) as raised:
-        service.submit("tenant-a", submission, None)
-    # THEN it is a 400 at once that says where that model's requests go, and nothing is queued to fail later
-    assert (raised.value.status, raised.value.code) == (400, "model_kind_mismatch")
-    assert "/v1/chat/completions" in raised.value.message and raised.value.details[0]["field"] == "request.model"
-    assert _depth(stack["queues"]["chat"]) == before
-
-
 def test_a_model_not_served_is_a_404_naming_it_and_queues_nothing(stack):
     # GIVEN the API's service over two fleets
     config = stack["config"]
