@@ -30,8 +30,8 @@ def sdk(stack: LocalDeployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A)
 
 
-@pytest.fixture(scope="module")
 def async_sdk(stack: LocalDeployment) -> openai.AsyncOpenAI:
+    """A client of its own for each event loop (asyncio.run makes one): its connections are bound to it."""
     return openai.AsyncOpenAI(base_url=stack.api_url + "/v1", api_key=KEY_A)
 
 
@@ -129,16 +129,17 @@ def test_a_chat_job_past_the_maximum_wait_is_a_504_naming_the_job_which_goes_on(
 # --- the official SDK, async -----------------------------------------------------------------------------------------
 
 
-def test_the_async_sdk_gets_chat_completions_and_responses_at_once(async_sdk, worker):
-    # GIVEN an echo worker WHEN the async SDK sends a chat completion, a completion and a response together
-    async def together():
-        return await asyncio.gather(
-            async_sdk.chat.completions.create(model="echo-model", messages=[{"role": "user", "content": "one two"}]),
-            async_sdk.completions.create(model="echo-model", prompt="three four"),
-        )
+def test_the_async_sdk_gets_chat_completions_and_responses_at_once(stack, worker):
+    # GIVEN an echo worker WHEN the async SDK sends a chat completion and a completion together, then a response
+    async def requests_():
+        async with async_sdk(stack) as sdk:
+            together = await asyncio.gather(
+                sdk.chat.completions.create(model="echo-model", messages=[{"role": "user", "content": "one two"}]),
+                sdk.completions.create(model="echo-model", prompt="three four"),
+            )
+            return *together, await sdk.responses.create(model="echo-model", input="five six")
 
-    chat, completion = asyncio.run(together())
-    response = asyncio.run(async_sdk.responses.create(model="echo-model", input="five six"))
+    chat, completion, response = asyncio.run(requests_())
     # THEN each is answered with its own object
     assert chat.choices[0].message.content == "one two" and completion.choices[0].text == "three four"
     assert response.output_text == "five six"
@@ -147,12 +148,15 @@ def test_the_async_sdk_gets_chat_completions_and_responses_at_once(async_sdk, wo
 # --- embeddings ------------------------------------------------------------------------------------------------------
 
 
-def test_embeddings_create_sync_and_async_are_answered_with_the_models_vectors(sdk, async_sdk, embedding_worker):
+def test_embeddings_create_sync_and_async_are_answered_with_the_models_vectors(stack, sdk, embedding_worker):
     # GIVEN the CPU embedding worker WHEN the SDK (base64 by default) and the async SDK (floats) embed texts
     answer = sdk.embeddings.create(model=EMBEDDING_MODEL, input=["A man is eating food.", "A man eats bread."])
-    floats = asyncio.run(
-        async_sdk.embeddings.create(model=EMBEDDING_MODEL, input="Stocks fell.", encoding_format="float")
-    )
+
+    async def embed():
+        async with async_sdk(stack) as client:
+            return await client.embeddings.create(model=EMBEDDING_MODEL, input="Stocks fell.", encoding_format="float")
+
+    floats = asyncio.run(embed())
     # THEN both are the embedding list, of the model's dimension
     assert [len(d.embedding) for d in answer.data] == [384, 384] and answer.usage.prompt_tokens > 0
     assert len(floats.data[0].embedding) == 384
