@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Annotated
+from typing import Annotated, Any
 
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.event_handler import Response as HttpResponse
@@ -23,6 +23,7 @@ from aws_lambda_powertools.event_handler import content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header
 from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 
 from async_inference import settings
 from async_inference.aws import PayloadTooLarge
@@ -71,11 +72,13 @@ IdempotencyKey = Annotated[
         description="Retrying with the same key waits on the same job instead of queueing another.",
     ),
 ]
-HELD = (
+HELD_DESCRIPTION = (
     "The request runs as a job (interactive priority, the tenant's quotas) and the connection is held until it ends, "
     f"at most {MAX_WAIT_S} s. The answer carries the job's id in the `{JOB_ID_HEADER}` header."
 )
-ANSWER_ERRORS = error_responses(
+
+
+_ANSWER_ERRORS = error_responses(
     400,
     415,
     422,
@@ -86,6 +89,11 @@ ANSWER_ERRORS = error_responses(
     e500="`server_error`: the job failed for a reason that is not the request's (the message names the job)",
     e504=f"`job_still_running`: the job did not end within {MAX_WAIT_S} s; it goes on (GET /v1/jobs/{{id}})",
 )
+
+
+def _documented(description: str, model: Any) -> dict[int, Any]:
+    """What a held route answers: ``model`` once its job succeeded, the errors of a job that did not."""
+    return {200: ok(description, model), **_ANSWER_ERRORS}
 
 
 def configure(service: JobService) -> None:
@@ -100,6 +108,12 @@ def _jobs() -> JobService:
     return jobs
 
 
+def _tenant() -> str:
+    event = router.current_event
+    assert isinstance(event, APIGatewayProxyEvent)  # what the REST API's resolver (the handler's app) makes
+    return tenant_of(event)
+
+
 def _waiter() -> JobWait:
     assert waiter is not None, "openai_routes.configure() was not called"
     return waiter
@@ -108,38 +122,41 @@ def _waiter() -> JobWait:
 @router.post(
     CHAT_ENDPOINT,
     summary="Create a chat completion (OpenAI's), answered from a queued job",
-    description=HELD,
-    responses={200: ok("The chat.completion", ChatCompletion), **ANSWER_ERRORS},
+    description=HELD_DESCRIPTION,
+    responses=_documented("The chat.completion", ChatCompletion),
 )
 def create_chat_completion(request: Annotated[ChatCompletionRequest, Body()], idempotency_key: IdempotencyKey = None):
-    return _answer(_held(JobSubmission(request=request), idempotency_key))
+    return _answer(_held(JobSubmission.model_validate({"request": request}), idempotency_key))
 
 
 @router.post(
     COMPLETIONS_ENDPOINT,
     summary="Create a text completion (OpenAI's legacy completions), answered from a queued job",
-    description=HELD + " The prompt runs as the chat request that continues it verbatim, as batch lines do.",
-    responses={200: ok("The text_completion", TextCompletion), **ANSWER_ERRORS},
+    description=HELD_DESCRIPTION
+    + " The prompt runs as the chat request that continues it verbatim, as batch lines do.",
+    responses=_documented("The text_completion", TextCompletion),
 )
 def create_completion(request: Annotated[CompletionRequest, Body()], idempotency_key: IdempotencyKey = None):
-    job = _held(JobSubmission(endpoint=COMPLETIONS_ENDPOINT, request=request.to_chat()), idempotency_key)
+    submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": request.to_chat()})
+    job = _held(submission, idempotency_key)
     return _answer(job, convert=_text_completion)
 
 
 @router.post(
     EMBEDDINGS_ENDPOINT,
     summary="Create embeddings (OpenAI's), answered from a queued job",
-    description=HELD,
-    responses={200: ok("The embedding list", EmbeddingList), **ANSWER_ERRORS},
+    description=HELD_DESCRIPTION,
+    responses=_documented("The embedding list", EmbeddingList),
 )
 def create_embeddings(request: Annotated[EmbeddingRequest, Body()], idempotency_key: IdempotencyKey = None):
-    return _answer(_held(JobSubmission(endpoint=EMBEDDINGS_ENDPOINT, request=request), idempotency_key))
+    submission = JobSubmission.model_validate({"endpoint": EMBEDDINGS_ENDPOINT, "request": request})
+    return _answer(_held(submission, idempotency_key))
 
 
 def answer_response(request: ResponseCreate, idempotency_key: str | None) -> HttpResponse:
     """``POST /v1/responses`` without ``background``: the response's job, held until it ends; the Response."""
     assert responses is not None, "openai_routes.configure() was not called"
-    tenant, started = tenant_of(router.current_event), time.monotonic()
+    tenant, started = _tenant(), time.monotonic()
     created = responses.create(tenant, request, idempotency_key)
     job = _wait(job_id_of(created.id), started)
     if job.status is not JobStatus.SUCCEEDED:
@@ -161,7 +178,7 @@ def _text_completion(job: Job, body: bytes) -> bytes:
 def _held(submission: JobSubmission, idempotency_key: str | None) -> Job:
     """Submit the job as POST /v1/jobs does (interactive priority) and wait for it: the job as it then stands."""
     started = time.monotonic()
-    submitted = _jobs().submit(tenant_of(router.current_event), submission, idempotency_key)
+    submitted = _jobs().submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
     return _wait(submitted.job.job_id, started)

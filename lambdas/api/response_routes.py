@@ -72,6 +72,8 @@ def _tenant() -> str:
             e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)",
             e409="`idempotency_key_in_progress`: a request with this Idempotency-Key is still being processed",
             e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs, or is over its usage plan",
+            e500="`server_error`: a held response's job failed for a reason that is not the request's",
+            e504="`job_still_running`: a held response did not end within the maximum wait; it goes on",
         ),
     },
 )
