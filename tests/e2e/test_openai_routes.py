@@ -38,8 +38,24 @@ def async_sdk(stack: LocalDeployment) -> openai.AsyncOpenAI:
 @pytest.fixture
 def embedding_worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
     process = stack.start_worker(ENGINE="cpu", MODEL_KIND="embedding")
+    warm_up(stack)
     yield process
     stack.stop_worker(process)
+
+
+def warm_up(stack: LocalDeployment, timeout_s: float = 180) -> None:
+    """Wait until a worker answers an embeddings job: the CPU embedding worker loads its model before it receives,
+    which takes longer than a held request waits on a loaded machine."""
+    headers = {"x-api-key": KEY_A, "Content-Type": "application/json"}
+    body = {"endpoint": "/v1/embeddings", "request": {"model": EMBEDDING_MODEL, "input": "warm up"}}
+    job_id = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps(body), headers=headers, timeout=30).json()[
+        "job_id"
+    ]
+    deadline = time.monotonic() + timeout_s
+    while (status := _job(stack, job_id)["status"]) in ("queued", "running"):
+        assert time.monotonic() < deadline, f"no embedding worker answered within {timeout_s} s"
+        time.sleep(1)
+    assert status == "succeeded", status
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import requests
 from local_runtime.stack import API_FUNCTION_INSTANCES, LocalDeployment
 from tests.conformance.openai_reference import CORPUS, MODEL_PLACEHOLDER, classify
 from tests.e2e.conftest import EMBEDDING_MODEL, TENANT_KEYS
+from tests.e2e.test_openai_routes import warm_up
 
 pytestmark = pytest.mark.e2e
 KEY_A = next(iter(TENANT_KEYS))
@@ -35,6 +36,7 @@ OBJECTS = {
 @pytest.fixture
 def embedding_worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
     process = stack.start_worker(ENGINE="cpu", MODEL_KIND="embedding")
+    warm_up(stack)
     yield process
     stack.stop_worker(process)
 
@@ -57,6 +59,8 @@ def _post_all(stack: LocalDeployment, endpoint: str, bodies: list[dict]) -> list
 
     def post(body: dict) -> tuple[int, dict]:
         answer = requests.post(stack.api_url + endpoint, data=json.dumps(body), headers=headers, timeout=60)
+        if answer.status_code >= 500:
+            print(f"\n{answer.status_code} for {json.dumps(body)[:300]}")
         return answer.status_code, answer.json()
 
     with ThreadPoolExecutor(API_FUNCTION_INSTANCES) as pool:
@@ -64,7 +68,8 @@ def _post_all(stack: LocalDeployment, endpoint: str, bodies: list[dict]) -> list
 
 
 def _tally(endpoint: str, answers: list[tuple[int, dict]]) -> tuple[int, Counter[str]]:
-    """How many were answered with the endpoint's object, and the others by status and code (and field for a 400)."""
+    """How many were answered with the endpoint's object, and the others by status, code and the field a 400 names,
+    or, for a job that ran and failed, ``job:`` and the start of its reason."""
     answered, others = 0, Counter()
     for status, body in answers:
         if status == 200 and body.get("object") == OBJECTS[endpoint]:
@@ -72,8 +77,18 @@ def _tally(endpoint: str, answers: list[tuple[int, dict]]) -> tuple[int, Counter
             continue
         error = body.get("error") or {}
         field = (error.get("details") or [{}])[0].get("field", "")
+        if "job_id" in error:  # accepted as a job, which ended without a result
+            field = "job: " + error["message"][:48]
         others[f"{status} {error.get('code')} {field}".strip()] += 1
     return answered, others
+
+
+def _refused_by_name(others: Counter[str]) -> bool:
+    """Whether each body not answered was refused with a 400 that names a field, or ran as a job the engine refused."""
+    return all(key.startswith("400 ") and len(key.split()) >= 3 for key in others)
+
+
+ECHO_LIMIT = "job: the echo engine cannot honour"  # what the echo engine refuses, the model-backed engines honour
 
 
 def test_valid_chat_bodies_are_accepted_and_answered_on_the_chat_route(stack, worker):
@@ -85,11 +100,19 @@ def test_valid_chat_bodies_are_accepted_and_answered_on_the_chat_route(stack, wo
     # WHEN each is posted to POST /v1/chat/completions as recorded
     answered, others = _tally("/v1/chat/completions", _post_all(stack, "/v1/chat/completions", valid))
     streamed, stream_others = _tally("/v1/chat/completions", _post_all(stack, "/v1/chat/completions", streaming))
-    print(f"\nchat: {answered}/{len(valid)} valid bodies answered ({answered / len(valid):.1%}); not: {dict(others)}")
+    echo_limits = sum(count for key, count in others.items() if ECHO_LIMIT in key)
+    accepted = answered + sum(count for key, count in others.items() if " job: " in key)
+    print(
+        f"\nchat: of {len(valid)} valid bodies, {accepted} accepted ({accepted / len(valid):.1%}), {answered} answered "
+        f"({answered / len(valid):.1%}), {echo_limits} refused by the echo engine (response_format, tool_choice); "
+        f"not answered: {dict(others)}"
+    )
     print(f"chat, streaming: {streamed}/{len(streaming)} answered; not: {dict(stream_others)}")
-    # THEN at least 95% are answered with a chat.completion, and a streaming one is a 400 naming stream, for now
-    assert answered >= 0.95 * len(valid), others
-    assert set(stream_others) <= {"400 unsupported_parameter stream", "400 invalid_request stream"}, stream_others
+    # THEN at least 95% are accepted as jobs; each accepted one is answered unless it asks what the echo engine
+    # cannot do; a streaming one is a 400 naming stream, for now
+    assert accepted >= 0.95 * len(valid), others
+    assert answered + echo_limits == accepted, others
+    assert set(stream_others) == {"400 invalid_request stream"}, stream_others
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/responses"])
@@ -98,8 +121,8 @@ def test_completions_and_responses_bodies_are_answered_or_refused_by_name(stack,
     bodies = _bodies(endpoint, "echo-model")
     answered, others = _tally(endpoint, _post_all(stack, endpoint, bodies))
     print(f"\n{endpoint}: {answered}/{len(bodies)} answered; not: {dict(others)}")
-    # THEN each is answered with the endpoint's object, or refused with a 400 that names a field
-    assert all(key.startswith("400 ") and len(key.split()) == 3 for key in others), others
+    # THEN each is answered with the endpoint's object, or refused with a 400 that names a field (or the echo engine's)
+    assert _refused_by_name(others), others
     assert answered > 0
 
 
@@ -107,5 +130,5 @@ def test_embeddings_bodies_are_answered_or_refused_by_name(stack, embedding_work
     bodies = _bodies("/v1/embeddings", EMBEDDING_MODEL)
     answered, others = _tally("/v1/embeddings", _post_all(stack, "/v1/embeddings", bodies))
     print(f"\n/v1/embeddings: {answered}/{len(bodies)} answered; not: {dict(others)}")
-    assert all(key.startswith("400 ") and len(key.split()) == 3 for key in others), others
+    assert _refused_by_name(others), others
     assert answered > 0
