@@ -220,8 +220,11 @@ def test_the_submission_is_one_of_an_inline_request_or_an_upload(document: dict[
 
 
 def test_the_idempotency_key_is_a_documented_header(document: dict[str, Any]) -> None:
-    [parameter] = [p for p in document["paths"]["/v1/jobs"]["post"].get("parameters", []) if p["in"] == "header"]
-    assert parameter["name"].lower() == "idempotency-key" and parameter["required"] is False
+    headers = {
+        p["name"].lower(): p for p in document["paths"]["/v1/jobs"]["post"].get("parameters", []) if p["in"] == "header"
+    }
+    assert set(headers) == {"idempotency-key", "prefer"}  # prefer: RFC 7240's wait=N (lambdas/api/openai_routes.py)
+    assert headers["idempotency-key"]["required"] is False and headers["prefer"]["required"] is False
 
 
 # --- The fuzz -------------------------------------------------------------------------------------------------------

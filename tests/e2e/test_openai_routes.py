@@ -231,3 +231,24 @@ def test_prefer_wait_answers_the_job_as_it_stands_once_the_wait_is_over(stack):
     assert answer.status_code == 202 and answer.json()["status"] == "queued", answer.text
     assert answer.headers["Preference-Applied"] == "wait=1"
     requests.post(f"{stack.api_url}/v1/jobs/{answer.json()['job_id']}/cancel", headers=headers, timeout=10)
+
+
+def test_a_retry_with_the_same_idempotency_key_is_answered_from_the_same_job(stack, worker):
+    # GIVEN a held chat request sent with an Idempotency-Key WHEN it is sent again with the same key
+    headers = {"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json", "Idempotency-Key": "held-1"}
+    body = json.dumps({"model": "echo-model", "messages": [{"role": "user", "content": "only once"}]})
+    first, second = (
+        requests.post(f"{stack.api_url}/v1/chat/completions", data=body, headers=headers, timeout=30) for _ in range(2)
+    )
+    # THEN both are answered with the one job's chat.completion
+    assert (first.status_code, second.status_code) == (200, 200), second.text
+    assert first.headers[JOB_ID_HEADER] == second.headers[JOB_ID_HEADER] and first.json() == second.json()
+
+
+def test_a_held_route_refuses_a_body_that_is_not_json_with_a_415_and_broken_json_with_a_400(stack):
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    url = f"{stack.api_url}/v1/embeddings"
+    as_text = requests.post(url, data="hello", headers={**headers, "Content-Type": "text/plain"}, timeout=10)
+    broken = requests.post(url, data="{", headers={**headers, "Content-Type": "application/json"}, timeout=10)
+    assert as_text.status_code == 415 and as_text.json()["error"]["code"] == "unsupported_media_type"
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
