@@ -847,13 +847,14 @@ class JobSubmission(_Strict):
         from async_inference.completions import CompletionRequest
 
         try:
-            completion = CompletionRequest.model_validate(data["request"])
+            # to_chat() validates the chat request it makes, whose limits (4 stop sequences) a completion's may pass.
+            completion = CompletionRequest.model_validate(data["request"]).to_chat()
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             location = error_location(first)
             field = "request" if location == "(body)" else f"request.{location}"
             raise _field_error(field, error_message(first)) from None
-        return {**data, "request": completion.to_chat()}
+        return {**data, "request": completion}
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> JobSubmission:

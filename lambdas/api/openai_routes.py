@@ -24,6 +24,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+from pydantic import ValidationError
 
 from async_inference import settings
 from async_inference.aws import PayloadTooLarge
@@ -40,9 +41,9 @@ from async_inference.schemas import (
     Job,
     JobSubmission,
 )
-from async_inference.service import JobService, ServiceError
+from async_inference.service import JobService, ServiceError, describe_validation_error
 from async_inference.sync_wait import MAX_WAIT_S, JobWait, preferred_wait_s
-from lambdas.api.openapi_document import error_responses, ok
+from lambdas.api.openapi_document import JOB_ID, JOB_ID_HEADER, error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
 # The routes have no return annotation: Powertools would validate the answer against it, and the answer is the job's
@@ -53,8 +54,6 @@ jobs: JobService | None = None  # set once by configure(), to the handler's JobS
 responses: ResponseService | None = None
 waiter: JobWait | None = None
 
-# The header that names the job behind an answer (a request that made no job, a 400 say, has none).
-JOB_ID_HEADER = "x-async-inference-job-id"
 # OpenAI's SDKs retry 408, 409, 429 and 5xx unless this header says not to; a retry would queue the same request as
 # a second job, so it is sent with every error that names a job.
 SHOULD_RETRY_HEADER = "x-should-retry"
@@ -93,7 +92,7 @@ _ANSWER_ERRORS = error_responses(
 
 def _documented(description: str, model: Any) -> dict[int, Any]:
     """What a held route answers: ``model`` once its job succeeded, the errors of a job that did not."""
-    return {200: ok(description, model), **_ANSWER_ERRORS}
+    return {200: ok(description, model, headers=JOB_ID), **_ANSWER_ERRORS}
 
 
 def configure(service: JobService) -> None:
@@ -137,7 +136,12 @@ def create_chat_completion(request: Annotated[ChatCompletionRequest, Body()], id
     responses=_documented("The text_completion", TextCompletion),
 )
 def create_completion(request: Annotated[CompletionRequest, Body()], idempotency_key: IdempotencyKey = None):
-    submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": request.to_chat()})
+    try:
+        chat = request.to_chat()
+    except ValidationError as exc:  # a limit of the chat request the completions model does not repeat (stop: 4)
+        message, details = describe_validation_error(exc)
+        raise ServiceError(400, "invalid_request", message, details) from exc
+    submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": chat})
     job = _held(submission, idempotency_key)
     return _answer(job, convert=_text_completion)
 

@@ -252,3 +252,11 @@ def test_a_held_route_refuses_a_body_that_is_not_json_with_a_415_and_broken_json
     broken = requests.post(url, data="{", headers={**headers, "Content-Type": "application/json"}, timeout=10)
     assert as_text.status_code == 415 and as_text.json()["error"]["code"] == "unsupported_media_type"
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_completion_with_more_stop_sequences_than_a_chat_request_takes_is_a_400_naming_stop(sdk):
+    # GIVEN five stop sequences (the chat request the prompt runs as takes four) WHEN a completion is created THEN a
+    # 400 names stop (it was a 500: the conversion's error escaped the route)
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(model="echo-model", prompt="x", stop=["a", "b", "c", "d", "e"])
+    assert caught.value.body["details"][0]["field"] == "stop" and "4 stop sequences" in caught.value.message
