@@ -260,3 +260,21 @@ def test_a_completion_with_more_stop_sequences_than_a_chat_request_takes_is_a_40
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.completions.create(model="echo-model", prompt="x", stop=["a", "b", "c", "d", "e"])
     assert caught.value.body["details"][0]["field"] == "stop" and "4 stop sequences" in caught.value.message
+
+
+def test_a_request_for_a_model_of_the_other_kind_is_a_400_at_once_naming_its_route(stack):
+    # GIVEN the local stack's models: echo-model a chat model, the embedding engine's model an embedding model
+    headers = {"x-api-key": KEY_A, "Content-Type": "application/json"}
+    as_job = {"endpoint": "/v1/embeddings", "request": {"model": "echo-model", "input": "text"}}
+    # WHEN an embeddings job, and a held embeddings request, name the chat model, and a chat request the other
+    job = requests.post(f"{stack.api_url}/v1/jobs", data=json.dumps(as_job), headers=headers, timeout=10)
+    held = requests.post(
+        f"{stack.api_url}/v1/embeddings", data=json.dumps(as_job["request"]), headers=headers, timeout=10
+    )
+    chat = {"model": EMBEDDING_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    other = requests.post(f"{stack.api_url}/v1/chat/completions", data=json.dumps(chat), headers=headers, timeout=10)
+    # THEN each is a 400 model_kind_mismatch at once, naming where that model's requests go, and no job is made (it
+    # was accepted, and failed on the worker)
+    for answer, route in ((job, "/v1/chat/completions"), (held, "/v1/chat/completions"), (other, "/v1/embeddings")):
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "model_kind_mismatch", answer.text
+        assert route in answer.json()["error"]["message"] and JOB_ID_HEADER not in answer.headers
