@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
@@ -799,7 +800,8 @@ class WebhookSpec(_Strict):
 
 
 CHAT_ENDPOINT = "/v1/chat/completions"
-JobEndpoint = Literal["/v1/chat/completions", "/v1/embeddings"]
+COMPLETIONS_ENDPOINT = "/v1/completions"
+JobEndpoint = Literal["/v1/chat/completions", "/v1/embeddings", "/v1/completions"]
 
 
 def _request_kind(value: Any) -> str:
@@ -830,8 +832,9 @@ class JobSubmission(_Strict):
 
     endpoint: JobEndpoint = Field(
         default=CHAT_ENDPOINT,
-        description="The OpenAI endpoint the request is for: chat.completions, or embeddings (answered as OpenAI's "
-        "embedding list).",
+        description="The OpenAI endpoint the request is for: chat.completions, embeddings (answered as OpenAI's "
+        "embedding list), or completions (a completions body: it runs as the chat request that continues its raw "
+        "prompt, as a batch's completions lines do, and its result is that chat.completion).",
     )
     request: JobRequest | None = None
     upload: UploadSpec | None = None
@@ -846,6 +849,27 @@ class JobSubmission(_Strict):
         "interactive job needs its slot. Its states, result and notifications are those of any job.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _completions_request(cls, data: Any) -> Any:
+        """A completions job's body, checked as a completions request, becomes the chat request it runs."""
+        if not isinstance(data, dict) or data.get("endpoint") != COMPLETIONS_ENDPOINT:
+            return data
+        if not isinstance(data.get("request"), dict):
+            return data
+        # Imported here: async_inference.completions builds its models on this module's.
+        from async_inference.completions import CompletionRequest
+
+        try:
+            # to_chat() validates the chat request it makes, whose limits (4 stop sequences) a completion's may pass.
+            completion = CompletionRequest.model_validate(data["request"]).to_chat()
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            location = error_location(first)
+            field = "request" if location == "(body)" else f"request.{location}"
+            raise _field_error(field, error_message(first)) from None
+        return {**data, "request": completion}
+
     @model_validator(mode="after")
     def _exactly_one_source(self) -> JobSubmission:
         if (self.request is None) == (self.upload is None):
@@ -853,8 +877,8 @@ class JobSubmission(_Strict):
                 "give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})"
             )
         embeddings = self.endpoint == EMBEDDINGS_ENDPOINT
-        if embeddings and self.upload is not None:
-            raise _field_error("upload", "an embeddings job takes its request inline: send it as 'request'")
+        if self.endpoint != CHAT_ENDPOINT and self.upload is not None:
+            raise _field_error("upload", f"a job for {self.endpoint} takes its request inline: send it as 'request'")
         if self.request is not None and embeddings != isinstance(self.request, EmbeddingRequest):
             wanted = "an embeddings body (model, input)" if embeddings else "a chat.completions body (model, messages)"
             raise _field_error("request", f"endpoint {self.endpoint} takes {wanted}")
@@ -970,6 +994,9 @@ class Job(_Internal):
     model: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     error: str | None = None
+    # The OpenAI error code of a failure that is the request's fault (``context_length_exceeded``): a client error, not
+    # to be retried; None for any other failure (``server_error``).
+    error_code: str | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     request_bucket: str

@@ -319,6 +319,18 @@ class IngestionApi(Construct):
         v1.add_resource("openapi.json").add_method("GET", integration)
         self._add_openai_routes(v1, integration, validator)
         add_responses_routes(v1, integration, validator)
+        self._add_held_routes(v1, integration, validator)
+
+    @staticmethod
+    def _add_held_routes(
+        v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator
+    ) -> None:
+        """OpenAI's request routes, each held until its job ends (lambdas/api/openai_routes.py): POST
+        /v1/chat/completions, /v1/completions and /v1/embeddings."""
+        idempotency_key = {"method.request.header.idempotency-key": False}
+        chat = v1.add_resource("chat").add_resource("completions")
+        for resource in (chat, v1.add_resource("completions"), v1.add_resource("embeddings")):
+            resource.add_method("POST", integration, request_validator=validator, request_parameters=idempotency_key)
 
     def _add_openai_routes(
         self, v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator

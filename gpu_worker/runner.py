@@ -244,7 +244,7 @@ class Runner:
                 return Outcome.leave("lease lost")  # its new holder ends it; the message is not this worker's to end
             return Outcome.delete("cancelled")  # cancelled while running: the cancel stored the final state, notified
         if isinstance(outcome, PermanentEngineError):
-            return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome))
+            return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome), error_code=outcome.code)
         if isinstance(outcome, TransientEngineError):
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, outcome)
             return self._retry(flight, "transient engine fault")

@@ -50,6 +50,7 @@ from async_inference import config as runtime_config
 from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
+from gpu_worker.engines.cpu_embedding import MINILM_NAME
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
@@ -324,15 +325,26 @@ class LocalDeployment:
 
     def _served_models_override(self, logical_id: str) -> dict[str, str]:
         """SERVED_MODELS for a function: the local chat engine's names in place of the template's chat models, and the
-        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2)."""
+        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2).
+
+        Each local name gets the first model's route (its queue, lane and service: where an unrouted name's work went
+        anyway) with its own kind, so that the API refuses a request of the other kind at once, as it does on AWS:
+        the local embedding engine's model is an embedding model, every other name a chat model."""
         if not self.served_models:
             return {}
         served = list(self.served_models)
         assert self.deployment is not None
         routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
-        if ANY_MODEL[0] not in served:
-            served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
-        return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
+        if ANY_MODEL[0] in served or not routes:
+            return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
+        served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
+        first = next(iter(routes.values()))
+        for name in [name for name in served if name not in routes]:
+            routes[name] = {**first, "kind": EMBEDDING if name == MINILM_NAME else CHAT}
+        return {
+            runtime_config.ENV_SERVED_MODELS: json.dumps(served),
+            runtime_config.ENV_MODEL_FLEETS: json.dumps(routes),
+        }
 
     def _worker_overrides(self, engine: str | None = None) -> dict[str, str]:
         """A worker's overrides, on ``engine`` (default: the one asked for)."""

@@ -91,11 +91,14 @@ class EngineError(Exception):
 
 class PermanentEngineError(EngineError):
     """The request can never succeed on this engine (prompt longer than the context, bad model name...).
-    The worker fails the job at once with this message as the reason."""
+    The worker fails the job at once with this message as the reason, and ``code`` as its error code: the request's
+    fault, which a client must fix rather than retry (a 400, as a batch line's is)."""
+
+    code = "invalid_request"
 
 
 class PromptTooLongError(PermanentEngineError):
-    pass
+    code = "context_length_exceeded"  # OpenAI's code for it
 
 
 class TransientEngineError(EngineError):

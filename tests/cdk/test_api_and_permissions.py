@@ -28,7 +28,7 @@ def test_every_method_requires_an_api_key_checked_by_the_authorizer(synthesized)
     which gives API Gateway the key (key source AUTHORIZER), so usage plans still throttle per tenant."""
     methods = synthesized.resources("AWS::ApiGateway::Method")
     [authorizer] = synthesized.resources("AWS::ApiGateway::Authorizer")
-    assert len(methods) == 22  # 17, and the 5 of the Responses API
+    assert len(methods) == 25  # 17, the 5 of the Responses API and the 3 held OpenAI routes
     assert all(m["Properties"]["ApiKeyRequired"] is True for m in methods.values())
     assert all(
         m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
