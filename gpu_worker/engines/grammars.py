@@ -7,10 +7,14 @@ A compile can take seconds; it must cost the other requests nothing but the CPU 
   thread (xgrammar's default is 8, which on a small host takes every core from the decoding loop), at the lowest CPU
   priority (Linux schedules threads by their own nice value): a compile uses what the decoding loop leaves;
 - no lock is held while compiling: the cache is read and written under a lock held for a dictionary lookup only;
-- a compile has ``budget_s`` seconds: a request whose grammar is not ready by then fails with a
-  ``PermanentEngineError`` naming the field, and its schema is remembered as too costly, so the same schema sent
-  again fails at once instead of compiling again (a compile cannot be stopped midway: it finishes on its thread and
-  is dropped);
+- a compile has ``budget_s`` seconds of its own CPU time (the compile thread's clock, read while it runs): a request
+  whose grammar takes more fails with a ``PermanentEngineError`` naming the field, and its schema is remembered as too
+  costly, so the same schema sent again fails at once instead of compiling again (a compile cannot be stopped midway:
+  it finishes on its thread and is dropped). CPU time, not wall time, because the compile runs at the lowest priority:
+  on a busy host a cheap schema's compile can take seconds of waiting, which is no fault of the schema and must not
+  fail it (a wall-time budget refused such schemas for good). The one-time tokenizer preparation before the first
+  compile is not counted. A request still waits at most ``wall_limit_s`` for its grammar; past that it fails as a
+  transient fault (retried, the schema not remembered);
 - the cache keeps at most ``cache_bytes`` of compiled grammars (xgrammar's ``memory_size_bytes``), least recently
   used out first, and xgrammar's own cache, unbounded by default, is off.
 
@@ -25,12 +29,15 @@ import contextlib
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpu_worker.engines.base import PermanentEngineError
+from gpu_worker.engines.base import PermanentEngineError, TransientEngineError
 
-COMPILE_BUDGET_S = 5.0
+COMPILE_BUDGET_S = 5.0  # CPU seconds of the compile itself
+COMPILE_WALL_LIMIT_S = 120.0  # the most a request waits for its grammar, queueing behind other compiles included
+CPU_POLL_S = 0.05
 GRAMMAR_CACHE_BYTES = 256 * 1024 * 1024
 REFUSED_KEPT = 1024  # schemas remembered as over the budget
 
@@ -51,11 +58,14 @@ class Grammars:
         vocab_size: int,
         stop_token_ids: list[int],
         budget_s: float = COMPILE_BUDGET_S,
+        wall_limit_s: float = COMPILE_WALL_LIMIT_S,
         cache_bytes: int = GRAMMAR_CACHE_BYTES,
     ) -> None:
         self._tokenizer_args = (tokenizer, vocab_size, stop_token_ids)
         self._compiler: Any = None  # made by the first compile, on the compile thread
         self.budget_s = budget_s
+        self.wall_limit_s = wall_limit_s
+        self._clock: tuple[str, int, float] | None = None  # the compile running: its key, CPU clock and start reading
         self.cache_bytes = cache_bytes
         self._lock = threading.Lock()  # held for lookups and inserts only, never for a compile
         self._compiled: collections.OrderedDict[str, tuple[Any, int]] = collections.OrderedDict()
@@ -96,43 +106,76 @@ class Grammars:
             running = asyncio.wrap_future(self._thread.submit(self._compile, key))
             self._running[key] = running
             running.add_done_callback(lambda _: self._running.pop(key, None))
+        deadline = time.monotonic() + self.wall_limit_s
         try:
-            # shield: a request that gives up leaves the compile to the others waiting for it (and to the cache)
-            return await asyncio.wait_for(asyncio.shield(running), timeout=self.budget_s)
-        except TimeoutError:
-            why = (
-                f"the schema's grammar did not compile within {self.budget_s:g} s, this deployment's budget; "
-                "simplify the schema (fewer alternatives or patterns, less nesting)"
-            )
-            self._refuse(key, why)
-            raise PermanentEngineError(f"{field}: {why}") from None
+            while not running.done():  # asyncio.wait leaves the compile running when a request gives up on it
+                await asyncio.wait({running}, timeout=CPU_POLL_S)
+                used = self.cpu_used(key)
+                if used is not None and used > self.budget_s:
+                    raise self._over_budget(key, field)
+                if not running.done() and time.monotonic() > deadline:
+                    raise TransientEngineError(
+                        f"{field}: the grammar was not ready within {self.wall_limit_s:g} s (other compiles ahead)"
+                    )
+            compiled, used = running.result()
         except (RuntimeError, ValueError) as exc:  # xgrammar's errors for schemas it cannot take
             why = f"the schema cannot be compiled to a grammar: {exc}"
             self._refuse(key, why)
             raise PermanentEngineError(f"{field}: {why}") from exc
+        if used > self.budget_s:  # finished between two looks, over the budget all the same
+            raise self._over_budget(key, field)
+        return compiled
+
+    def _over_budget(self, key: str, field: str) -> PermanentEngineError:
+        why = (
+            f"the schema's grammar did not compile within {self.budget_s:g} s of CPU, this deployment's budget; "
+            "simplify the schema (fewer alternatives or patterns, less nesting)"
+        )
+        self._refuse(key, why)
+        return PermanentEngineError(f"{field}: {why}")
+
+    def cpu_used(self, key: str) -> float | None:
+        """CPU seconds the compile of ``key`` has used so far, or None when it is not the one running."""
+        clock = self._clock
+        if clock is None or clock[0] != key:
+            return None
+        with contextlib.suppress(OSError):
+            return time.clock_gettime(clock[1]) - clock[2]
+        return None
 
     def _refuse(self, key: str, why: str) -> None:
         self._refused[key] = why
         if len(self._refused) > REFUSED_KEPT:
             self._refused.popitem(last=False)
 
-    def _compile(self, key: str) -> Any:
-        """On the compile thread: compile, and cache what compiled (even once its requests gave up on it)."""
+    def _compile(self, key: str) -> tuple[Any, float]:
+        """On the compile thread: compile, and cache what compiled within the budget (even once its requests gave up
+        on it); the grammar and the CPU seconds its compile used."""
         import xgrammar as xgr
 
         if self._compiler is None:
             tokenizer, vocab_size, stop_token_ids = self._tokenizer_args
             info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        # Compact JSON (no free whitespace between tokens): a small model left free to emit whitespace can emit it
-        # until max_tokens. Strict mode: no properties beyond the schema's, as OpenAI's strict structured outputs.
-        compiled = self._compiler.compile_json_schema(key, any_whitespace=False, strict_mode=True)
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+        started = time.clock_gettime(clock)
+        self._clock = (key, clock, started)
+        try:
+            # Compact JSON (no free whitespace between tokens): a small model left free to emit whitespace can emit
+            # it until max_tokens. Strict mode: no properties beyond the schema's, as OpenAI's strict structured
+            # outputs.
+            compiled = self._compiler.compile_json_schema(key, any_whitespace=False, strict_mode=True)
+            used = time.clock_gettime(clock) - started
+        finally:
+            self._clock = None
+        if used > self.budget_s:
+            return compiled, used  # not cached: refused by the request that asked
         size = int(getattr(compiled, "memory_size_bytes", 0))
         with self._lock:
             self._compiled[key] = (compiled, size)
             while len(self._compiled) > 1 and sum(s for _, s in self._compiled.values()) > self.cache_bytes:
                 self._compiled.popitem(last=False)
-        return compiled
+        return compiled, used
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -89,3 +89,41 @@ def test_a_compile_runs_off_the_event_loop_and_its_threads(tokenizer):
 
     # THEN they were not kept waiting behind it
     assert asyncio.run(body()) < 0.5
+
+
+class _Compiler:
+    """A stand-in for xgrammar's compiler whose compile waits ``wait_s`` (no CPU, as when a busy host leaves the
+    lowest-priority compile thread waiting) and then burns ``cpu_s`` of CPU."""
+
+    def __init__(self, *, wait_s: float = 0.0, cpu_s: float = 0.0) -> None:
+        self.wait_s, self.cpu_s = wait_s, cpu_s
+
+    def compile_json_schema(self, schema: str, **_: object) -> object:
+        time.sleep(self.wait_s)
+        started = time.thread_time()
+        while time.thread_time() - started < self.cpu_s:
+            pass
+        return object()
+
+
+def test_a_compile_that_waits_for_the_cpu_is_not_refused_for_its_wait(tokenizer):
+    # GIVEN a compile that takes 0.3 s of waiting (a busy host) and almost no CPU, and a 0.1 s budget
+    g = grammars(tokenizer, budget_s=0.1)
+    g._compiler = _Compiler(wait_s=0.3)
+    # WHEN a request asks for it THEN it gets its grammar: the budget is the compile's CPU, not the time it waited
+    assert asyncio.run(g.get(PERSON, "response_format")) is g.cached(PERSON)
+
+
+def test_a_compile_that_uses_more_cpu_than_the_budget_is_refused_while_it_runs(tokenizer):
+    # GIVEN a compile that burns 3 s of CPU and a 0.1 s budget
+    g = grammars(tokenizer, budget_s=0.1)
+    g._compiler = _Compiler(cpu_s=3.0)
+    # WHEN a request asks for it THEN it is refused once the compile's CPU passes the budget, while it still runs
+    with pytest.raises(PermanentEngineError, match=r"did not compile within 0.1 s of CPU"):
+        asyncio.run(g.get(PERSON, "response_format"))
+    assert g.cpu_used(Grammars.key(PERSON)) is not None
+    # AND once it has finished, nothing over the budget is in the cache
+    deadline = time.monotonic() + 120
+    while g.cpu_used(Grammars.key(PERSON)) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert g.cached(PERSON) is None
