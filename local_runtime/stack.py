@@ -23,7 +23,9 @@ Local overrides, on top of what the template gives:
   comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
   answer whatever model a request names; the template's own for vllm. The template's embedding models stay served
-  beside them: their local engine runs the real all-MiniLM-L6-v2;
+  beside them: their local engine runs the real all-MiniLM-L6-v2; and, when a served name has no route of the
+  template (``MODEL_FLEETS``), the ``*`` route (``async_inference.fleets.ANY_MODEL``) to the template's first chat
+  model's fleet, whose workers run the local engine that answers those names (the template's routes stay as they are);
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -47,6 +49,7 @@ import boto3
 from botocore.config import Config
 
 from async_inference import config as runtime_config
+from async_inference import fleets
 from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
@@ -296,7 +299,7 @@ class LocalDeployment:
             "POWERTOOLS_TRACE_DISABLED": "true",
             runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
-            **self._served_models_override(logical_id),
+            **self._model_overrides(logical_id),
         }
         assert self.deployment is not None
         if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):
@@ -321,9 +324,11 @@ class LocalDeployment:
             log=self.worker_log,
         )
 
-    def _served_models_override(self, logical_id: str) -> dict[str, str]:
+    def _model_overrides(self, logical_id: str) -> dict[str, str]:
         """SERVED_MODELS for a function: the local chat engine's names in place of the template's chat models, and the
-        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2)."""
+        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2). For a
+        function that routes work (MODEL_FLEETS), when a served name has no route: the ``*`` route, the template's
+        first chat model's, for the local engine's names."""
         if not self.served_models:
             return {}
         served = list(self.served_models)
@@ -331,7 +336,11 @@ class LocalDeployment:
         routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
         if ANY_MODEL[0] not in served:
             served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
-        return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
+        overrides = {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
+        stand_in = next((route for route in routes.values() if route.get("kind", CHAT) == CHAT), None)
+        if stand_in is not None and any(name not in routes for name in served):
+            overrides[runtime_config.ENV_MODEL_FLEETS] = json.dumps({**routes, fleets.ANY_MODEL: stand_in})
+        return overrides
 
     def _worker_overrides(self, engine: str | None = None) -> dict[str, str]:
         """A worker's overrides, on ``engine`` (default: the one asked for)."""

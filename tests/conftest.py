@@ -24,7 +24,9 @@ def local_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # What makes a test synthesize the CDK app: one of these fixtures anywhere in its fixture closure, or a module that
 # synthesizes by itself. Such a test is marked `cdk` here, from what it uses, so that `make test-fast` (which
 # deselects `cdk`) cannot be defeated by a file that forgot its marker: 61 such tests once carried none.
-SYNTHESIZING_FIXTURES = frozenset({"local_assembly", "synthesized", "synth_variant", "stack_template", "worker_context"})
+SYNTHESIZING_FIXTURES = frozenset(
+    {"local_assembly", "synthesized", "synth_variant", "stack_template", "worker_context"}
+)
 SYNTHESIZING_CALLS = ("synthesize(", "Template.from_stack(", "App(", "tests.cdk.conftest")
 
 
