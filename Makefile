@@ -48,5 +48,6 @@ up: venv $(ASSEMBLY)
 clean:
 	rm -rf cdk.out cdk.out.demo .pytest_cache bench/results
 
+# make vllm-cpu-check, make gpu-check, make image-check (the worker image without Docker): checks/checks.mk
 -include checks/checks.mk
 -include bench/bench.mk

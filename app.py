@@ -19,6 +19,7 @@ from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from async_inference.events_in import EventRule
+from async_inference.limits import RequestLimits
 from cdk.ingestion_api import TenantPlan
 from cdk.options import AsyncInferenceServiceProps, ModelSpec
 from cdk.result_topics import TopicSubscription
@@ -71,6 +72,7 @@ def _optional_str(value: Any) -> str | None:
 
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tenants": _tenants,
+    "request_limits": lambda v: RequestLimits.model_validate(_json(v)),
     "subscriptions": _subscriptions,
     "models": _models,
     "event_rules": _event_rules,
@@ -78,6 +80,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "availability_zones": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
+    "alarm_email": _optional_str,
     "gpu_ami_parameter_name": _optional_str,
     "model_s3_uri": _optional_str,
     "hf_token_secret_arn": _optional_str,

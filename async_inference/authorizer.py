@@ -44,6 +44,20 @@ def key_hash(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
+KEY_HEADERS = ("authorization", "x-api-key")
+
+
+def repeats_a_key_header(multi_value_headers: Mapping[str, Sequence[str] | None] | None) -> bool:
+    """Whether a request sends ``Authorization`` or ``x-api-key`` more than once. API Gateway hands an authorizer the
+    last value of a repeated header in ``headers`` (all of them in ``multiValueHeaders``): two x-api-key headers of
+    two tenants would be served as the second one's, so such a request is refused, as a Bearer key with a different
+    x-api-key is."""
+    counts: dict[str, int] = {}
+    for name, values in (multi_value_headers or {}).items():
+        counts[name.lower()] = counts.get(name.lower(), 0) + len(values or ())
+    return any(counts.get(name, 0) > 1 for name in KEY_HEADERS)
+
+
 def presented_keys(headers: Mapping[str, str] | None) -> list[str]:
     """The API keys a request presents: its Bearer token and its x-api-key, each when present."""
     lowered = {k.lower(): v for k, v in (headers or {}).items() if isinstance(v, str)}
@@ -105,9 +119,15 @@ class TenantKeys:
                     by_value[found[0]] = tenant
         self._by_value, self._read_at = by_value, now
 
-    def caller(self, headers: Mapping[str, str] | None) -> Caller | None:
-        """The tenant of a request's key(s); None when it presents none, an unknown or disabled one, or two keys of
-        different tenants."""
+    def caller(
+        self,
+        headers: Mapping[str, str] | None,
+        multi_value_headers: Mapping[str, Sequence[str] | None] | None = None,
+    ) -> Caller | None:
+        """The tenant of a request's key(s); None when it presents none, an unknown or disabled one, two keys of
+        different tenants, or a key header more than once (``multi_value_headers``: API Gateway's, every value)."""
+        if repeats_a_key_header(multi_value_headers):
+            return None
         keys = presented_keys(headers)
         tenants = {self.tenant_of(key) for key in keys}
         if not keys or None in tenants or len(tenants) != 1:

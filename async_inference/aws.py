@@ -155,6 +155,10 @@ class JobStore:
         item = self._table.get_item(Key={_PK: job_id}, ConsistentRead=True).get("Item")
         return _from_item(item) if item else None
 
+    def delete(self, job_id: str) -> None:
+        """Remove a job's record (a deleted background response's job); nothing when there is none."""
+        self._table.delete_item(Key={_PK: job_id})
+
     def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
         """Current state of up to 100 jobs in one request (the worker's cancellation check)."""
         ids = list(dict.fromkeys(job_ids))

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from async_inference import settings
 from async_inference.fleets import FleetRoute
+from async_inference.limits import RequestLimits
 from async_inference.quotas import TenantQuota
 
 ENV_TABLE = "JOBS_TABLE_NAME"
@@ -60,6 +61,7 @@ ENV_MODEL_KIND = "MODEL_KIND"
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
 # The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (the CDK sets them from the `tenants` context).
 ENV_TENANT_QUOTAS = "TENANT_QUOTAS"
+ENV_REQUEST_LIMITS = "REQUEST_LIMITS"  # the deployment's bounds on one request's cost (async_inference.limits)
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
 ENV_ALLOW_LOCAL_WEBHOOKS = "ALLOW_LOCAL_WEBHOOKS"
 # Overrides of settings.WEBHOOK_BACKOFF_BASE_S / _MAX_S, for the local runtime and tests (never set in the stack).
@@ -296,6 +298,11 @@ class ServiceSettings(EnvSettings):
     tenant_quotas: Json[dict[str, TenantQuota]] | None = Field(
         None, alias=ENV_TENANT_QUOTAS, description='per-tenant quotas, {"tenant": {"max_active_jobs": N}}; unset: none'
     )
+    request_limits: Json[RequestLimits] | None = Field(
+        None,
+        alias=ENV_REQUEST_LIMITS,
+        description='bounds on one request\'s cost, {"max_schema_bytes": N, ...} (docs/limits.md); unset: the defaults',
+    )
     batch_control_queue_url: str | None = Field(
         None, alias=ENV_BATCH_CONTROL_QUEUE_URL, description="the batch control queue's URL"
     )
@@ -384,6 +391,9 @@ class DispatcherSettings(EnvSettings):
 ENV_JOB_EVENTS_TOPIC_ARN = "JOB_EVENTS_TOPIC_ARN"
 ENV_PROGRESS_INTERVAL_S = "PROGRESS_INTERVAL_S"
 ENV_CONNECTIONS_TABLE = "CONNECTIONS_TABLE_NAME"
+# The job event log of streamed jobs (async_inference.streaming.log); unset: nothing streams.
+ENV_STREAM_TABLE = "JOB_STREAM_TABLE_NAME"
+ENV_STREAM_INTERVAL_S = "STREAM_INTERVAL_S"
 # Where the push function posts to connections: the stage's management API (https://{api}.execute-api.../{stage}).
 ENV_WEBSOCKET_CALLBACK_URL = "WEBSOCKET_CALLBACK_URL"
 

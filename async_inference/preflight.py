@@ -4,10 +4,16 @@ Each check reads the account (with the caller's AWS credentials and region) or t
 what it saw, and when something is missing, how to fix it. The checks, and what answers them:
 
 * ``gpu_quota``: the EC2 quota "Running On-Demand G and VT instances" (Service Quotas, ``L-DB2E81BA``, counted in
-  vCPUs) against ``instances`` x the GPU type's vCPUs (EC2 DescribeInstanceTypes). New accounts often have 0: the
-  instance never launches and the first deploy waits for a task that cannot start.
+  vCPUs) against what every GPU fleet may run at once: with ``--template`` (what ``make deploy`` passes), each Auto
+  Scaling group of the synthesized template, its MaxSize plus its warm pool's instances (they run while they
+  pre-initialize, and a released instance's replacement initializes while its group is at its maximum), times its
+  type's vCPUs (EC2 DescribeInstanceTypes); without it ``instances`` x one type. New accounts often have 0: no GPU
+  instance launches (the API still deploys and jobs queue: docs/deploying.md).
+* ``ecs_service_linked_role``: the role ``AWSServiceRoleForECS`` (IAM GetRole), which the capacity provider's managed
+  scaling needs; an account that never used ECS may lack it.
 * ``lambda_concurrency``: the account's Lambda concurrency (GetAccountSettings) against ``MIN_LAMBDA_CONCURRENCY``.
   New accounts get 10; the queue-driven functions may take 11 at once (their event sources' caps) beside the API's.
+  Below it the preflight fails (exit status 1), so ``make deploy`` stops before ``cdk deploy``.
 * ``zones``: the zones that offer the GPU type (EC2 DescribeInstanceTypeOfferings), against the zones the VPC will
   use (``availability_zones``, or the region's first two, which is what the stack takes without it).
 * ``bootstrap``: the CDK bootstrap stack (CloudFormation ``CDKToolkit``) and its version parameter (SSM
@@ -44,6 +50,42 @@ BOOTSTRAP_QUALIFIER = "hnb659fds"
 MIN_BOOTSTRAP_VERSION = 6
 # The zones the stack uses without availability_zones: the region's first two (cdk/gpu_worker_service.py, max_azs=2).
 DEFAULT_ZONE_COUNT = 2
+ECS_SERVICE_LINKED_ROLE = "AWSServiceRoleForECS"
+# The instance families the G and VT quota counts (g3 to g6e, g5g, gr6, vt1: EC2's "Running On-Demand G and VT
+# instances"); P instances have a quota of their own.
+G_AND_VT_FAMILIES = ("g", "vt")
+
+
+@dataclass(frozen=True)
+class GpuDemand:
+    """One GPU fleet's most instances running at once, of one type."""
+
+    instance_type: str
+    instances: int
+
+    @property
+    def in_g_and_vt_quota(self) -> bool:
+        return self.instance_type.split(".")[0].startswith(G_AND_VT_FAMILIES)
+
+
+def demand_from_template(template: dict[str, Any]) -> list[GpuDemand]:
+    """Each Auto Scaling group of a synthesized template: its launch template's instance type, and its MaxSize plus
+    its warm pool's instances (MaxGroupPreparedCapacity, else MinSize)."""
+    resources = template.get("Resources", {})
+    pools: dict[str, int] = {}
+    for pool in (r for r in resources.values() if r["Type"] == "AWS::AutoScaling::WarmPool"):
+        props = pool["Properties"]
+        group = props["AutoScalingGroupName"]["Ref"]
+        pools[group] = int(props.get("MaxGroupPreparedCapacity", props.get("MinSize", 0)))
+    demand = []
+    for logical_id, group in sorted(resources.items()):
+        if group["Type"] != "AWS::AutoScaling::AutoScalingGroup":
+            continue
+        props = group["Properties"]
+        launch = resources[props["LaunchTemplate"]["LaunchTemplateId"]["Ref"]]
+        instance_type = launch["Properties"]["LaunchTemplateData"]["InstanceType"]
+        demand.append(GpuDemand(instance_type, int(props["MaxSize"]) + pools.get(logical_id, 0)))
+    return demand
 
 
 @dataclass(frozen=True)
@@ -63,11 +105,17 @@ class Plan:
 
     instance_type: str = "g5.xlarge"
     instances: int = 2
+    # Every fleet's demand (``demand_from_template``); empty: ``instances`` of ``instance_type``.
+    demand: Sequence[GpuDemand] = ()
     zones: Sequence[str] = ()
     region: str | None = None
     qualifier: str = BOOTSTRAP_QUALIFIER
     min_bootstrap_version: int = MIN_BOOTSTRAP_VERSION
     min_lambda_concurrency: int = MIN_LAMBDA_CONCURRENCY
+
+    @property
+    def gpu_demand(self) -> list[GpuDemand]:
+        return list(self.demand) or [GpuDemand(self.instance_type, self.instances)]
 
     @property
     def arm64(self) -> bool:
@@ -86,37 +134,53 @@ def _error_code(exc: Exception) -> str:
 
 
 def check_gpu_quota(ec2: Any, quotas: Any, plan: Plan) -> Finding:
-    """The G and VT vCPU quota against what ``plan.instances`` instances of the type need."""
-    vcpus = ec2.describe_instance_types(InstanceTypes=[plan.instance_type])["InstanceTypes"][0]["VCpuInfo"][
-        "DefaultVCpus"
-    ]
-    needed = vcpus * plan.instances
+    """The G and VT vCPU quota against what every fleet's instances (warm pools included) need at once."""
+    counted = [d for d in plan.gpu_demand if d.in_g_and_vt_quota]
+    types = sorted({d.instance_type for d in counted})
+    described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"] if types else []
+    vcpus = {t["InstanceType"]: t["VCpuInfo"]["DefaultVCpus"] for t in described}
+    needed = sum(vcpus[d.instance_type] * d.instances for d in counted)
+    what = " + ".join(f"{d.instances} x {d.instance_type} ({vcpus[d.instance_type]} vCPUs)" for d in counted)
+    if not counted:
+        return Finding("gpu_quota", True, "no G or VT instance type in the plan")
     try:
         value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=G_AND_VT_QUOTA_CODE)["Quota"]["Value"]
     except Exception as exc:  # an account or region Service Quotas cannot answer for: say so, do not guess
         return Finding(
             "gpu_quota",
             False,
-            f"could not read the quota ({_error_code(exc)})",
+            f"could not read the quota ({_error_code(exc)}); {what} need {needed}",
             f"check 'Running On-Demand G and VT instances' ({G_AND_VT_QUOTA_CODE}) in the Service Quotas "
             f"console: it must be at least {needed} vCPUs",
         )
     if value >= needed:
-        return Finding(
-            "gpu_quota",
-            True,
-            f"{value:g} vCPUs of G and VT instances allowed; {plan.instances} x {plan.instance_type} need {needed}",
-        )
+        return Finding("gpu_quota", True, f"{value:g} vCPUs of G and VT instances allowed; {what} need {needed}")
     return Finding(
         "gpu_quota",
         False,
-        f"{value:g} vCPUs of G and VT instances allowed; {plan.instances} x {plan.instance_type} ({vcpus} vCPUs each) "
-        f"need {needed}: the instances would never launch and the first deploy would wait for its task",
+        f"{value:g} vCPUs of G and VT instances allowed; {what} need {needed}: instances beyond it never launch "
+        "(jobs stay queued)",
         f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {G_AND_VT_QUOTA_CODE} "
         f"--desired-value {needed}"
         + (f" --region {plan.region}" if plan.region else "")
-        + " (approval can take a day; or lower max_gpu_instances)",
+        + " (approval can take a day; or lower max_gpu_instances or gpu_warm_pool_instances)",
     )
+
+
+def check_service_linked_role(iam: Any) -> Finding:
+    """ECS's service-linked role, which capacity providers with managed scaling act through."""
+    try:
+        iam.get_role(RoleName=ECS_SERVICE_LINKED_ROLE)
+    except Exception as exc:
+        if _error_code(exc) != "NoSuchEntity":
+            raise
+        return Finding(
+            "ecs_service_linked_role",
+            False,
+            f"no {ECS_SERVICE_LINKED_ROLE} in this account: the GPU capacity provider cannot be created without it",
+            "aws iam create-service-linked-role --aws-service-name ecs.amazonaws.com",
+        )
+    return Finding("ecs_service_linked_role", True, f"{ECS_SERVICE_LINKED_ROLE} exists")
 
 
 def check_lambda_concurrency(lambda_: Any, plan: Plan) -> Finding:
@@ -283,6 +347,7 @@ def run_checks(plan: Plan, client: Callable[[str], Any], *, docker: bool = True,
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], Finding]]] = [
         ("gpu_quota", lambda: check_gpu_quota(ec2, client("service-quotas"), plan)),
+        ("ecs_service_linked_role", lambda: check_service_linked_role(client("iam"))),
         ("lambda_concurrency", lambda: check_lambda_concurrency(client("lambda"), plan)),
         ("zones", lambda: check_zones(ec2, plan)),
         ("bootstrap", lambda: check_bootstrap(client("cloudformation"), client("ssm"), plan)),
@@ -329,12 +394,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--zones", default="", help="availability_zones, comma-separated (default: the first two)")
     parser.add_argument("--no-docker", action="store_true", help="skip the Docker checks (a machine that only reads)")
+    parser.add_argument(
+        "--template",
+        default="",
+        help="a synthesized template (cdk.out/AsyncInference.template.json): every GPU fleet and warm pool counted "
+        "in the quota instead of --instance-type and --instances",
+    )
 
 
 def plan_from(args: argparse.Namespace, region: str | None) -> Plan:
+    demand: list[GpuDemand] = []
+    if getattr(args, "template", ""):
+        with open(args.template) as template:
+            demand = demand_from_template(json.load(template))
+    first = demand[0] if demand else GpuDemand(args.instance_type, args.instances)
     return Plan(
-        instance_type=args.instance_type,
+        instance_type=first.instance_type,  # the first fleet's: the worker image's platform
         instances=args.instances,
+        demand=demand,
         region=region,
         zones=tuple(z.strip() for z in args.zones.split(",") if z.strip()),
     )

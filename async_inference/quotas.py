@@ -23,6 +23,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from async_inference import settings
+from async_inference.limits import LimitOverrides
 
 
 class TenantQuota(BaseModel):
@@ -33,6 +34,8 @@ class TenantQuota(BaseModel):
     max_active_jobs: int = Field(settings.DEFAULT_MAX_ACTIVE_JOBS, ge=1)
     max_batch_lines_in_flight: int = Field(settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT, ge=1)
     max_stored_bytes: int = Field(settings.DEFAULT_MAX_STORED_BYTES, ge=1)
+    # The plan's changes to the deployment's bounds on one request's cost (async_inference.limits; None: none).
+    request_limits: LimitOverrides | None = None
 
 
 def quota_exceeded_message(tenant: str, limit: int) -> str:

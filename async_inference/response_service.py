@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from async_inference import settings
+from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
@@ -44,6 +45,7 @@ class ResponseService:
                 400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
             ) from exc
         self.jobs.check_model(request.model, field="model")
+        self.jobs.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
@@ -86,8 +88,9 @@ class ResponseService:
         return to_response(job, original)
 
     def delete(self, tenant: str, response_id: str) -> ResponseDeleted:
-        """Delete a response: an unfinished one is cancelled first; its Responses body goes, so the id is a 404
-        from then on (the job's own record and objects expire as every job's do)."""
+        """Delete a response: an unfinished one is cancelled first; its job goes with it (record, request and result:
+        GET /v1/jobs/{id} and a result URL given out before are 404s), then its Responses body, so the id is a 404
+        from then on (a crash in between leaves the body unreachable, for the bucket's lifecycle)."""
         job, _ = self._get(tenant, response_id)
         if job.status not in FINAL_STATES:
             try:
@@ -95,6 +98,7 @@ class ResponseService:
             except ServiceError as exc:
                 if exc.status != 409:  # 409: it ended meanwhile, nothing to stop
                     raise
+        self.jobs.delete(tenant, job.job_id)
         self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
         return ResponseDeleted(id=response_id)
 

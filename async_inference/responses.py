@@ -432,13 +432,8 @@ class ResponseCreate(_Strict):
 
     @model_validator(mode="after")
     def _background_and_store(self) -> ResponseCreate:
-        if self.background is not True:
-            raise _field_error(
-                "background",
-                "this service answers asynchronously: set background: true, then poll "
-                "GET /v1/responses/{id} (or be told by a webhook or the WebSocket API)",
-            )
-        if self.store is False:
+        # Without background the request is held until its job ends (lambdas/api/openai_routes.py).
+        if self.background is True and self.store is False:
             raise _field_error(
                 "store",
                 "a background response is stored until it is retrieved (as OpenAI requires "
@@ -702,7 +697,7 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
         reason = job.error or "the response failed"
         if job.status is JobStatus.EXPIRED:
             reason = f"expired before a worker ran it: {reason}"
-        error = ResponseError(code="server_error", message=reason)
+        error = ResponseError(code=job.error_code or "server_error", message=reason)
     usage = result.usage if result is not None else None  # a running job's tokens so far are not its usage
     text = request.text.model_dump(exclude_none=True, by_alias=True) if request.text else {}
     text.setdefault("format", {"type": "text"})
@@ -716,6 +711,7 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
         id=response_id,
         created_at=_seconds(job.created_at),
         status=status,
+        background=request.background is True,
         completed_at=_seconds(job.finished_at) if status == "completed" else None,
         error=error,
         incomplete_details=incomplete,

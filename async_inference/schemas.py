@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
@@ -30,6 +31,7 @@ from pydantic_core import PydanticCustomError
 from async_inference import settings
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JOB_ID_PATTERN, JobStatus
+from async_inference.limits import check_template_kwargs
 from async_inference.schema_patterns import unsupported_patterns
 
 # The wire objects a client reads are defined in the client package and imported here: the API answers with the very
@@ -483,6 +485,18 @@ def _nullable_when_optional(schema: dict[str, Any]) -> None:
 
 
 # The fields of the first request schema (a subset of chat.completions), which fingerprints were made of.
+def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """Only variables a model's own template reads (async_inference.limits.check_template_kwargs)."""
+    # Imported here: the completions module imports this one; its raw-prompt template is this project's own.
+    from async_inference.completions import RAW_PROMPT_TEMPLATE
+
+    try:
+        check_template_kwargs(value, own_template=RAW_PROMPT_TEMPLATE)
+    except ValueError as exc:
+        raise _refuse("invalid_template_kwargs", str(exc)) from exc
+    return value
+
+
 _FIRST_REQUEST_FIELDS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "n"})
 _FIRST_MESSAGE_FIELDS = frozenset({"role", "content", "name"})
 
@@ -542,9 +556,10 @@ class ChatCompletionRequest(_Strict):
         gt=0.0,
         description="vLLM extension: >1 discourages repeating tokens of the prompt and the output.",
     )
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_template_kwargs)] | None = Field(
         default=None,
-        description="vLLM extension: extra variables for the model's chat template (e.g. enable_thinking).",
+        description="vLLM extension: variables the model's own chat template reads (enable_thinking for Qwen3; "
+        "docs/limits.md lists them); never a chat_template of the caller's.",
     )
 
     # Accepted without effect on a self-hosted text model (README: "The request").
@@ -785,7 +800,8 @@ class WebhookSpec(_Strict):
 
 
 CHAT_ENDPOINT = "/v1/chat/completions"
-JobEndpoint = Literal["/v1/chat/completions", "/v1/embeddings"]
+COMPLETIONS_ENDPOINT = "/v1/completions"
+JobEndpoint = Literal["/v1/chat/completions", "/v1/embeddings", "/v1/completions"]
 
 
 def _request_kind(value: Any) -> str:
@@ -816,8 +832,9 @@ class JobSubmission(_Strict):
 
     endpoint: JobEndpoint = Field(
         default=CHAT_ENDPOINT,
-        description="The OpenAI endpoint the request is for: chat.completions, or embeddings (answered as OpenAI's "
-        "embedding list).",
+        description="The OpenAI endpoint the request is for: chat.completions, embeddings (answered as OpenAI's "
+        "embedding list), or completions (a completions body: it runs as the chat request that continues its raw "
+        "prompt, as a batch's completions lines do, and its result is that chat.completion).",
     )
     request: JobRequest | None = None
     upload: UploadSpec | None = None
@@ -832,6 +849,27 @@ class JobSubmission(_Strict):
         "interactive job needs its slot. Its states, result and notifications are those of any job.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _completions_request(cls, data: Any) -> Any:
+        """A completions job's body, checked as a completions request, becomes the chat request it runs."""
+        if not isinstance(data, dict) or data.get("endpoint") != COMPLETIONS_ENDPOINT:
+            return data
+        if not isinstance(data.get("request"), dict):
+            return data
+        # Imported here: async_inference.completions builds its models on this module's.
+        from async_inference.completions import CompletionRequest
+
+        try:
+            # to_chat() validates the chat request it makes, whose limits (4 stop sequences) a completion's may pass.
+            completion = CompletionRequest.model_validate(data["request"]).to_chat()
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            location = error_location(first)
+            field = "request" if location == "(body)" else f"request.{location}"
+            raise _field_error(field, error_message(first)) from None
+        return {**data, "request": completion}
+
     @model_validator(mode="after")
     def _exactly_one_source(self) -> JobSubmission:
         if (self.request is None) == (self.upload is None):
@@ -839,8 +877,8 @@ class JobSubmission(_Strict):
                 "give exactly one of 'request' (the chat.completions body) or 'upload' ({'size_bytes': N})"
             )
         embeddings = self.endpoint == EMBEDDINGS_ENDPOINT
-        if embeddings and self.upload is not None:
-            raise _field_error("upload", "an embeddings job takes its request inline: send it as 'request'")
+        if self.endpoint != CHAT_ENDPOINT and self.upload is not None:
+            raise _field_error("upload", f"a job for {self.endpoint} takes its request inline: send it as 'request'")
         if self.request is not None and embeddings != isinstance(self.request, EmbeddingRequest):
             wanted = "an embeddings body (model, input)" if embeddings else "a chat.completions body (model, messages)"
             raise _field_error("request", f"endpoint {self.endpoint} takes {wanted}")
@@ -956,6 +994,9 @@ class Job(_Internal):
     model: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     error: str | None = None
+    # The OpenAI error code of a failure that is the request's fault (``context_length_exceeded``): a client error, not
+    # to be retried; None for any other failure (``server_error``).
+    error_code: str | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     request_bucket: str

@@ -19,6 +19,7 @@ from async_inference.config import ServiceConfig, WakeSettings
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, route_of, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, field_in, limits_for
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
     CHAT_ENDPOINT,
@@ -66,7 +67,7 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> tuple[s
     """A one-line message naming the first bad field, and one detail per error."""
     details = []
     for error in exc.errors(include_url=False):
-        loc = error_location(error)
+        loc = clip(error_location(error), 200)  # a field's name is the caller's: a 1 MB one is quoted by its start
         field = ".".join(filter(None, [prefix, loc if loc != "(body)" else ""]))
         details.append({"field": field or "(body)", "message": error_message(error)})
     first = details[0] if details else {"field": "(body)", "message": "invalid"}
@@ -106,8 +107,11 @@ class JobService:
         quotas: Mapping[str, TenantQuota] | None = None,
         fleets: Mapping[str, FleetRoute] | None = None,
         wake: WakeSettings | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.store = store
+        # The deployment's bounds on one request's cost; a tenant's plan may change them (async_inference.limits).
+        self.limits = limits or RequestLimits()
         # Each model's queues and service (async_inference.fleets), the only way to a queue: a model without a route
         # is not served. None: no job is queued (a worker's service, which takes jobs from ``queue``).
         self.fleets = dict(fleets or {})
@@ -136,10 +140,12 @@ class JobService:
         allow_local_webhooks: bool = False,
         served_models: list[str] | None = None,
         quotas: Mapping[str, TenantQuota] | None = None,
+        limits: RequestLimits | None = None,
     ) -> JobService:
         """The service over the resources ``config`` names, with one set of clients for the process;
         ``served_models`` (the SERVED_MODELS setting) are the model names a job may ask for (None: any); ``quotas``
-        (the TENANT_QUOTAS setting) the per-tenant limits checked at submit (None: none)."""
+        (the TENANT_QUOTAS setting) the per-tenant limits checked at submit (None: none); ``limits`` (the
+        REQUEST_LIMITS setting) the deployment's bounds on one request's cost (None: the defaults)."""
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
@@ -152,6 +158,7 @@ class JobService:
             quotas=quotas,
             fleets=config.fleets,
             wake=config.wake,
+            limits=limits,
         )
 
     # --- API side -------------------------------------------------------------------------------------------------
@@ -193,6 +200,7 @@ class JobService:
         request = submission.request
         if request is not None:
             self.check_model(request.model, field="request.model", kind=kind_of_endpoint(submission.endpoint))
+            self.check_limits(tenant, request, prefix="request.")
         self._check_quota(tenant)
         now = utcnow()
         inline = request is not None
@@ -253,6 +261,25 @@ class JobService:
         if route is not None and route.kind != kind:
             return 400, "model_kind_mismatch", wrong_kind_message(model, route.kind, kind)
         return None
+
+    def limits_of(self, tenant: str) -> RequestLimits:
+        """The bounds on the cost of ``tenant``'s requests: the deployment's, with its plan's overrides."""
+        quota = (self.quotas or {}).get(tenant)
+        return limits_for(self.limits, quota.request_limits if quota is not None else None)
+
+    def check_limits(self, tenant: str, request: object, *, prefix: str = "", endpoint: str | None = None) -> None:
+        """400 limit_exceeded, naming the field and the limit, for a chat request over one of the tenant's bounds on
+        a request's cost (async_inference.limits); other requests (embeddings) are not bounded here. ``endpoint``: the
+        one the request was converted from (``/v1/responses``), whose field names the error uses."""
+        if not isinstance(request, ChatCompletionRequest):
+            return
+        try:
+            check_request(request, self.limits_of(tenant))
+        except LimitExceeded as exc:
+            field = prefix + field_in(endpoint, exc.field)
+            raise ServiceError(
+                400, "limit_exceeded", f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
+            ) from exc
 
     def _has_lane(self, model: str | None) -> bool:
         """Whether ``model``'s fleet has a batch lane (None, a model named only at upload: whether any fleet has)."""
@@ -457,6 +484,17 @@ class JobService:
             raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
         return cancelled
 
+    def delete(self, tenant: str, job_id: str) -> None:
+        """Delete a final job: its result and request objects (a presigned result URL given out before stops working),
+        then its record, so the id is a 404 from then on; 409 for a job not final yet (cancel it first)."""
+        job = self.get(tenant, job_id)
+        if job.status not in FINAL_STATES:
+            raise ServiceError(409, "conflict", f"job {job_id} is {job.status.value}: cancel it before deleting it")
+        for key in (job.result_key, job.request_key):
+            if key:
+                self.blobs.delete(key)
+        self.store.delete(job_id)
+
     # --- Upload events --------------------------------------------------------------------------------------------
 
     def accept_upload(self, key: str, size_bytes: int) -> Job | None:
@@ -552,6 +590,10 @@ class JobService:
             # The object was replaced between the event and the read: only the announced size is ever accepted.
             return None, b"", f"the object is {len(body)} bytes but {announced} were announced"
         request, reason = parse_request_body(body)
+        try:
+            self.check_limits(job.tenant, request)
+        except ServiceError as exc:
+            return None, body, f"{exc.code}: {exc.message}"
         return request, body, reason
 
     # --- Upload deadlines -----------------------------------------------------------------------------------------
@@ -639,6 +681,8 @@ class JobService:
         """The state write of ``finish`` alone, marked not notified yet; the caller publishes (``notify_many``).
         ``job`` may be a job id: the write needs nothing else (a worker failing a job it never started)."""
         job_id = job if isinstance(job, str) else job.job_id
+        if isinstance(fields.get("error"), str):
+            fields["error"] = clip(fields["error"])  # it may quote the request: the record must fit DynamoDB
         return self.store.transition(job_id, target, only_from=only_from, notified=False, **fields)
 
     def store_result(self, job: Job, result: JobResult) -> tuple[JobResult, dict[str, Any]]:

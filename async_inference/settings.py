@@ -183,6 +183,23 @@ def file_key(tenant: str, file_id: str) -> str:
     return f"{FILE_PREFIX}{tenant}/{file_id}/content"
 
 
+FILE_UPLOAD_NAME = "upload"  # the last part of a presigned file upload's key: its S3 event reaches the upload handler
+
+
+def file_upload_key(tenant: str, file_id: str) -> str:
+    """Where a file's presigned PUT puts its bytes (``POST /v1/files/uploads``): a name of its own, so that the upload
+    handler is told of client uploads (a file deleted before its upload arrived) and not of the batches' files."""
+    return f"{FILE_PREFIX}{tenant}/{file_id}/{FILE_UPLOAD_NAME}"
+
+
+def parse_file_upload_key(key: str) -> tuple[str, str] | None:
+    """(tenant, file_id) from a file upload key, or None when the key is not one."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] + "/" != FILE_PREFIX or parts[3] != FILE_UPLOAD_NAME:
+        return None
+    return parts[1], parts[2]
+
+
 def batch_input_key(tenant: str, batch_id: str) -> str:
     """A batch's own copy of its input file, taken at creation: the presigned URL that uploaded the file (valid 15
     minutes) cannot change what the batch validates and runs. Under FILE_PREFIX: the files' lifecycle and grants."""

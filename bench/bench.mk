@@ -6,3 +6,8 @@ bench: venv
 
 -include bench/soak.mk
 -include bench/scaling.mk
+
+# What each attack of issue 30 costs another tenant's job on the CPU engine (bench/attacks.py): ratios, goal <= 2.
+.PHONY: bench-attacks
+bench-attacks: venv
+	$(PY) -m bench.attacks

@@ -9,7 +9,7 @@ ASSEMBLY := cdk.out/manifest.json
 CDK_INPUTS := app.py cdk.json lambdas/requirements.txt gpu_worker/requirements.txt \
 	$(shell git ls-files -co --exclude-standard -- cdk async_inference lambdas gpu_worker 2>/dev/null)
 
-.PHONY: synth cdk-lint cdk-test
+.PHONY: synth cdk-lint cdk-test deploy
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -32,6 +32,15 @@ $(DEMO_ASSEMBLY): $(VENV)/.installed node_modules/.installed $(CDK_INPUTS)
 
 synth: $(ASSEMBLY)
 	$(MAKE) cdk-lint
+
+# A deploy, gated: the preflight reads every GPU fleet and warm pool from the synthesized template, checks the account
+# (G/VT vCPU quota, ECS's service-linked role, Lambda concurrency, zones, bootstrap, Docker) and exits 1 on anything
+# missing, printing how to fix it, so `cdk deploy` of that same assembly runs only on a ready account. The options
+# (context) are cdk.json's, read by the synth; DEPLOY_ARGS passes cdk deploy's own (--profile, --require-approval).
+STACK_TEMPLATE := cdk.out/AsyncInference.template.json
+deploy: $(ASSEMBLY)
+	$(PY) -m async_inference.cli preflight --template $(STACK_TEMPLATE)
+	$(NPX) cdk deploy --app cdk.out $(DEPLOY_ARGS)
 
 # W3005 (DependsOn already implied by a GetAtt) is how aws-cdk-lib writes every Lambda's role dependency; not ours.
 cdk-lint: venv

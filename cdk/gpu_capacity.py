@@ -14,7 +14,8 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from async_inference.config import ENV_MODEL_DIR, ENV_MODEL_S3_URI, ENV_WORKER_CLUSTER
-from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH
+from cdk.fleet_lifecycle import FleetLifecycle
+from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH, GpuWorkerService
 from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
@@ -63,6 +64,12 @@ class GpuCapacity(Construct):
       raise this group from 0 to 1 instance (``async_inference.wake``), so the instance starts at once rather than
       after managed scaling's next CapacityProviderReservation minute.
 
+    * Deploy and delete steps (``lifecycle``, ``cdk.fleet_lifecycle.FleetLifecycle``): the worker service created at
+      0 tasks and kept at its own count by later deploys, and the scale-in protections lifted before the service and
+      the group are deleted.
+
+    :param workers: the fleet's worker service (the deploy and delete steps act on its service, capacity provider and
+        group).
     :param auto_scaling_group: the GPU group of the capacity provider (managed scaling and managed termination
         protection on).
     :param cluster: the ECS cluster.
@@ -81,6 +88,7 @@ class GpuCapacity(Construct):
         scope: Construct,
         id: str,
         *,
+        workers: GpuWorkerService,
         auto_scaling_group: autoscaling.AutoScalingGroup,
         cluster: ecs.ICluster,
         container: ecs.ContainerDefinition,
@@ -110,6 +118,7 @@ class GpuCapacity(Construct):
             )
             # The pool's first instances launch once it exists: the hook must hold them and the role let them finish.
             self.warm_pool.node.add_dependency(self.pool_init_hook, self.pool_init_policy)
+        self.lifecycle = FleetLifecycle(self, "Lifecycle", workers=workers, code=code)
         self.release_function = None
         if release_empty:
             self.release_function = self._release(auto_scaling_group, cluster, code)
@@ -239,6 +248,14 @@ class GpuCapacity(Construct):
                 f"autoScalingGroup:*:autoScalingGroupName/<{stack.get_logical_id(group.node.default_child)}>]": "An "
                 "Auto Scaling group's ARN holds a generated id; the statement names the one GPU group by name.",
             },
+        )
+
+    def grant_capacity_read(self, function: lambda_.Function) -> None:
+        """Let ``function`` (the API's, for GET /v1/models: ``async_inference.capacity_state``) read this group's
+        latest scaling activity: DescribeScalingActivities, which supports no resource-level permission (the
+        function's X-Ray statement already acknowledges Resource::* on its role)."""
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["autoscaling:DescribeScalingActivities"], resources=["*"])
         )
 
     def _group_arn(self, group: autoscaling.AutoScalingGroup) -> str:

@@ -24,11 +24,10 @@ from async_inference.config import (
 )
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 from cdk.worker_cluster import WorkerCluster
+from cdk.worker_image import context_patterns
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
 STOP_TIMEOUT = Duration.seconds(120)
-# Only what the worker image needs: the core package, the client package whose wire models the core imports, and the
-# worker (the build context is the repository root).
 MODEL_CACHE_HOST_PATH = "/var/lib/async-inference/models"
 MODELS_CONTAINER_PATH = "/models"  # where the host directory appears in the container (the image's HF_HOME is under it)
 # The worker's Powertools service name: the ``service`` dimension of the metrics it emits (the dashboard plots by it).
@@ -39,7 +38,9 @@ WORKER_SERVICE_NAME = "async-inference-worker"
 # GPU instance to launch, pull the image and turn healthy. The cost: a change that replaces the service (its launch
 # type, its cluster) needs another name first, as CloudFormation replaces no custom-named resource.
 WORKER_ECS_SERVICE_NAME = "gpu-workers"
-WORKER_IMAGE_EXCLUDE = ["*", "!async_inference", "!async_inference_client", "!gpu_worker", "**/__pycache__", "**/*.pyc"]
+# Only what the worker image needs (the build context is the repository root): the patterns of the ignore file beside
+# its Dockerfile, which BuildKit reads when it builds the staged asset, so the asset stages what the build will send.
+WORKER_IMAGE_EXCLUDE = context_patterns()
 # The container health check. The contract (async_inference.config): the worker touches WORKER_HEALTH_FILE while its
 # loops run, and `python3 -m gpu_worker.health` exits non-zero once that file is older than HEALTH_MAX_AGE_S.
 HEALTH_CHECK_COMMAND = ["CMD", "python3", "-m", "gpu_worker.health"]
@@ -69,11 +70,12 @@ class GpuWorkerService(Construct):
     down to zero) and managed termination protection (ECS never terminates an instance that runs a task). The
     service's task count is scaled by :class:`cdk.queue_scaling.QueueScaling`.
 
-    Task count: the template sets no ``DesiredCount``. CloudFormation re-applies a template's DesiredCount on every
-    service update, so a fixed 0 would reset a busy fleet to zero tasks whenever new worker code is deployed. Without
-    it, an update keeps the count that scaling set; the consequence is on create, where ECS starts 1 task: the first
-    deploy launches one GPU instance, waits for that task to run (a check that the image and model start), and the
-    keep-alive alarm removes it after ``keep_alive_minutes`` without work (then managed scaling removes the instance).
+    Task count: ``cdk.fleet_lifecycle.FleetLifecycle`` (made by ``cdk.gpu_capacity.GpuCapacity``) gives the service's
+    ``DesiredCount``: 0 on create, so CloudFormation waits for no GPU task (a GPU quota of 0, no capacity in the zones,
+    a driver, image or model fault cannot roll back the API, queues and tables; the first job's wake starts the first
+    task), and the service's own count on later deploys. A literal 0 would not do: CloudFormation re-applies a
+    template's DesiredCount on every service update, resetting a busy fleet whenever new worker code is deployed; no
+    DesiredCount at all makes CloudFormation create the service at 1 and wait for that task.
 
     Deployments, at full load included (every GPU busy, every task protected):
 
@@ -242,9 +244,8 @@ class GpuWorkerService(Construct):
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
             circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
-            # No desired_count: see the class docstring (a template value would be re-applied on every update).
-            # ecs.Ec2Service then writes no DesiredCount; the flag @aws-cdk/aws-ecs-patterns:removeDefaultDesiredCount
-            # only concerns the ecs_patterns constructs, which would otherwise default it to 1.
+            # No desired_count: FleetLifecycle sets DesiredCount from its custom resource (class docstring). The flag
+            # @aws-cdk/aws-ecs-patterns:removeDefaultDesiredCount only concerns the ecs_patterns constructs.
             min_healthy_percent=100 if start_before_stop else 0,
             max_healthy_percent=200 if start_before_stop else 100,
             # Rebalancing moves tasks between zones by starting new ones and stopping old: a model load each, and a

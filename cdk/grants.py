@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 # The Responses bodies of background responses (settings.responses_request_key), one per response, under any tenant.
 RESPONSES_BODIES = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}"
+# The Files API's presigned uploads (settings.file_upload_key), under any tenant and file.
+FILE_UPLOADS = f"{settings.FILE_PREFIX}*/{settings.FILE_UPLOAD_NAME}"
 
 
 def grant_functions(service: AsyncInferenceService) -> None:
@@ -31,12 +33,15 @@ def grant_functions(service: AsyncInferenceService) -> None:
     api = service.api.handler
     table.grant_items(api, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
     table.grant_tenant_listing(api)
+    service.streams.grant_follow(api)  # streams a job from its event log
     bucket.grant_put(api, requests)  # inline bodies
     bucket.grant_put(api, uploads)  # presigned upload PUTs are signed with the function's role
     bucket.grant_get(api, result_objects, missing_as_404=False)  # presigned result GETs likewise
     # Background responses: the Responses body beside each response's job's request, read and deleted by the API.
+    # Deleting a response deletes its job too (its record, request and result).
     bucket.grant_get(api, RESPONSES_BODIES)
-    bucket.grant_delete(api, RESPONSES_BODIES)
+    bucket.grant_delete(api, RESPONSES_BODIES, requests, result_objects)
+    table.grant_items(api, "dynamodb:DeleteItem")
     service.upload_deadlines.queue.grant(api, "sqs:SendMessage")  # each upload job's deadline
     results.grant_publish(api)  # cancels and expiries notify
 
@@ -47,6 +52,9 @@ def grant_functions(service: AsyncInferenceService) -> None:
     bucket.grant_delete(upload, uploads)  # objects no job asked for, oversize bodies, accepted uploads
     bucket.grant_put(upload, requests)  # an accepted upload's checked bytes, out of reach of its presigned URL
     results.grant_publish(upload)
+    # A file upload whose file was deleted before its bytes arrived: its record read, its object deleted.
+    service.batches.grant_items(upload, "dynamodb:GetItem")
+    bucket.grant_delete(upload, FILE_UPLOADS)
 
     # The DLQ handler (its event source grants consuming the DLQ): fail the job, notify.
     dead_letters = service.dead_letters.handler
@@ -115,6 +123,8 @@ def _grant_batches(service: AsyncInferenceService) -> None:
     batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
     batches.grant_quota_counts(controller)  # a planned batch's lines against max_batch_lines_in_flight
     controller.add_environment(ENV_TENANT_QUOTAS, service.api.tenant_quotas)
+    # The upload handler holds an uploaded request to its tenant's bounds on a request's cost.
+    service.uploads.handler.add_environment(ENV_TENANT_QUOTAS, service.api.tenant_quotas)
     bucket.grant_get(controller, files, parts)
     bucket.grant_put(controller, files)
     bucket.grant_delete(controller, files)  # an output file that came out empty
@@ -153,6 +163,7 @@ def _acknowledge_grant_wildcards(service: AsyncInferenceService) -> None:
             settings.FILE_PREFIX,
             settings.BATCH_PREFIX,
             RESPONSES_BODIES,
+            FILE_UPLOADS,
             *((settings.INBOX_PREFIX,) if service.events_in is not None else ()),
         )
     }

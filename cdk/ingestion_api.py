@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
@@ -17,6 +18,7 @@ from constructs import Construct
 
 from async_inference import settings
 from async_inference.config import ENV_TENANT_API_KEY_IDS, ENV_TENANT_QUOTAS
+from async_inference.limits import LimitOverrides
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 from cdk.responses_routes import add_responses_routes
@@ -41,6 +43,9 @@ class TenantPlan:
         naming it. Default: ``settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT`` (200,000).
     :param max_stored_bytes: bytes of the tenant's files; an upload that would pass it is a 429 ``quota_exceeded``.
         Default: ``settings.DEFAULT_MAX_STORED_BYTES`` (10 GiB).
+    :param request_limits: the plan's changes to the deployment's bounds on one request's cost
+        (``async_inference.limits.LimitOverrides`` fields, e.g. ``{"max_request_tokens": 32768}``; docs/limits.md).
+        Default: none (the deployment's ``request_limits``).
     :param api_keys: the names of the tenant's API keys, one or two (two while rotating: add the new name, deploy,
         move the clients, remove the old name, deploy). Each is in the tenant's usage plan, and the plan's limits apply
         per key. Default: one key named by the tenant id.
@@ -52,9 +57,12 @@ class TenantPlan:
     max_active_jobs: int = settings.DEFAULT_MAX_ACTIVE_JOBS
     max_batch_lines_in_flight: int = settings.DEFAULT_MAX_BATCH_LINES_IN_FLIGHT
     max_stored_bytes: int = settings.DEFAULT_MAX_STORED_BYTES
+    request_limits: Mapping[str, Any] | None = None
     api_keys: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        if self.request_limits is not None:
+            LimitOverrides.model_validate(self.request_limits)  # a misspelt or negative limit fails the synth
         if isinstance(self.api_keys, str) or len(self.api_keys) > MAX_KEYS_PER_TENANT:
             raise ValueError(f"api_keys is a list of at most {MAX_KEYS_PER_TENANT} key names, got {self.api_keys!r}")
         for name in self.api_keys:
@@ -232,6 +240,7 @@ class IngestionApi(Construct):
                 "max_active_jobs": plan.max_active_jobs,
                 "max_batch_lines_in_flight": plan.max_batch_lines_in_flight,
                 "max_stored_bytes": plan.max_stored_bytes,
+                **({"request_limits": dict(plan.request_limits)} if plan.request_limits else {}),
             }
             for tenant, plan in tenants.items()
         }
@@ -310,6 +319,18 @@ class IngestionApi(Construct):
         v1.add_resource("openapi.json").add_method("GET", integration)
         self._add_openai_routes(v1, integration, validator)
         add_responses_routes(v1, integration, validator)
+        self._add_held_routes(v1, integration, validator)
+
+    @staticmethod
+    def _add_held_routes(
+        v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator
+    ) -> None:
+        """OpenAI's request routes, each held until its job ends (lambdas/api/openai_routes.py): POST
+        /v1/chat/completions, /v1/completions and /v1/embeddings."""
+        idempotency_key = {"method.request.header.idempotency-key": False}
+        chat = v1.add_resource("chat").add_resource("completions")
+        for resource in (chat, v1.add_resource("completions"), v1.add_resource("embeddings")):
+            resource.add_method("POST", integration, request_validator=validator, request_parameters=idempotency_key)
 
     def _add_openai_routes(
         self, v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator

@@ -31,6 +31,7 @@ from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.gpu_capacity import GpuCapacity
 from cdk.gpu_worker_service import WORKER_ECS_SERVICE_NAME, GpuWorkerService
 from cdk.job_queue import JobQueue, secure_dead_letter_queue, secure_queue
+from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore
@@ -84,6 +85,7 @@ class SharedResources:
     webhooks: WebhookDispatch
     batches: Batches
     push: WebSocketPush | None
+    streams: JobStreams
 
 
 class ModelFleet(Construct):
@@ -179,6 +181,7 @@ class ModelFleet(Construct):
         self.capacity = GpuCapacity(
             self,
             "GpuCapacity",
+            workers=self.workers,
             auto_scaling_group=self.workers.auto_scaling_group,
             cluster=self.workers.cluster,
             container=self.workers.container,
@@ -239,6 +242,7 @@ class ModelFleet(Construct):
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
         shared.webhooks.queue.grant(worker, "sqs:SendMessage")
+        shared.streams.grant_append(worker)  # streamed jobs' text, as it decodes
         if shared.push is not None:
             shared.push.grant_publish_events(worker)  # job.started, job.progress
         if self.models is not None:
@@ -274,6 +278,7 @@ class ModelFleet(Construct):
             ENV_BATCH_QUEUE_URL: self.lane_queue.queue_url,
             ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),
             **(self.shared.push.worker_environment if self.shared.push else {}),  # started and progress events
+            **self.shared.streams.environment,  # streamed jobs' text, as it decodes
         }
 
     def _secrets(self) -> dict[str, ecs.Secret]:

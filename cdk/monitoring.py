@@ -9,12 +9,14 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference import settings
 from cdk.dead_letter_handler import DEAD_LETTER_SERVICE_NAME
+from cdk.operations_alarms import OperationsAlarms
 
 FIVE_MINUTES = Duration.minutes(5)
 
@@ -74,7 +76,12 @@ class Monitoring(Construct):
     :param dead_letter_service_name: the DLQ function's Powertools service name. Default:
         ``cdk.dead_letter_handler.DEAD_LETTER_SERVICE_NAME``.
     :param oldest_message_alarm_age: alarm when the oldest queued job is older than this. Default: 15 minutes.
-    :param alarm_topic: where alarms notify. Default: none (alarms only show in CloudWatch).
+    :param alarm_topic: where alarms notify. Default: a topic of the stack's own (``cdk.operations_alarms``).
+    :param alarm_email: an address subscribed to the alarm topic. Default: none.
+    :param log_retention: retention of the log groups made for CDK's own functions. Default: one month.
+
+    Made last: ``operations`` (``cdk.operations_alarms.OperationsAlarms``) finds the stack's functions, APIs and GPU
+    fleets when it is made, alarms on each, and gives every alarm without an action the topic.
     """
 
     def __init__(
@@ -91,8 +98,14 @@ class Monitoring(Construct):
         dead_letter_service_name: str = DEAD_LETTER_SERVICE_NAME,
         oldest_message_alarm_age: Duration = Duration.minutes(15),
         alarm_topic: sns.ITopic | None = None,
+        alarm_email: str | None = None,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
+        self.operations = OperationsAlarms(
+            self, "Operations", alarm_topic=alarm_topic, alarm_email=alarm_email, log_retention=log_retention
+        )
+        self.alarm_topic = self.operations.topic
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         for name, dlq in dead_letter_queues.items():
             self.alarms[name] = dlq.metric_approximate_number_of_messages_visible(
@@ -124,14 +137,15 @@ class Monitoring(Construct):
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
             self.dashboard.add_widgets(*self._fleet_widgets(fleet, oldest))
-        if alarm_topic is not None:
-            for alarm in self.alarms.values():
-                alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
+        for alarm in self.alarms.values():
+            alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
         self.dashboard.add_widgets(
             *self._service_metric_widgets(worker_service_name, api_service_name, dead_letter_service_name)
         )
         self.dashboard.add_widgets(
-            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
+            cloudwatch.AlarmStatusWidget(
+                title="Alarms", alarms=[*self.alarms.values(), *self.operations.alarms.values()], width=24
+            )
         )
 
     @staticmethod

@@ -21,6 +21,7 @@ from async_inference.config import (
 )
 from async_inference.events_in import EventRule
 from async_inference.fleets import CHAT, MODEL_KINDS
+from async_inference.limits import RequestLimits
 from cdk import capacity
 from cdk.events_in import validate_rules
 from cdk.gpu_worker_service import INSTANCE_WARMUP, WORKER_ECS_SERVICE_NAME, is_arm64
@@ -106,6 +107,9 @@ class AsyncInferenceServiceProps:
         Default: ``{"demo": TenantPlan()}``.
       api_stage_name: Default: ``"prod"``.
       create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+      request_limits: the bounds on one request's cost (json_schema size, depth and alternatives; the context
+        length a prompt is checked against; n x max_tokens), ``async_inference.limits.RequestLimits``; a tenant's plan
+        may change them (``TenantPlan.request_limits``). docs/limits.md has the table. Default: ``RequestLimits()``.
       waf_requests_per_5_min_per_ip: a WAF web ACL on the REST stage that blocks an IP address over this many
         requests in 5 minutes (authenticated or not) and requests from AWS's IP reputation list and with known bad
         inputs; unauthenticated floods then stop before the authorizer runs. None: no web ACL. Default: None.
@@ -229,7 +233,9 @@ class AsyncInferenceServiceProps:
         replacement initializes in about 7 minutes: boot, image pull, weights; docs/scaling.md).
     Monitoring
       oldest_message_alarm_seconds: alarm threshold on the age of the oldest queued job. Default: 900.
-      alarm_topic_arn: an existing SNS topic the alarms notify. Default: none.
+      alarm_topic_arn: an existing SNS topic the alarms notify. Default: none, a topic of the stack's own (output
+        AlarmTopicArn).
+      alarm_email: an address subscribed to the alarm topic. Default: none.
       log_retention: Default: one month.
     Lifecycle
       destroy_data_on_delete: ``cdk destroy`` deletes the table and the bucket's objects. Default: False (retain).
@@ -239,6 +245,7 @@ class AsyncInferenceServiceProps:
     api_stage_name: str = "prod"
     create_api_gateway_cloudwatch_role: bool = True
     waf_requests_per_5_min_per_ip: int | None = None
+    request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
@@ -282,6 +289,7 @@ class AsyncInferenceServiceProps:
     wake_hold_seconds: int = DEFAULT_WAKE_HOLD_S
     oldest_message_alarm_seconds: int = 900
     alarm_topic_arn: str | None = None
+    alarm_email: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     destroy_data_on_delete: bool = False
 

@@ -17,6 +17,9 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from async_inference.config import DEFAULT_WAKE_CHECK_INTERVAL_S, DEFAULT_WAKE_HOLD_S, WakeTarget
+from async_inference.keep_alive import KeepAlivePolicy
+from cdk.keep_alive import LearnedKeepAlive
+from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 
 ONE_MINUTE = Duration.minutes(1)
@@ -26,7 +29,8 @@ ONE_MINUTE = Duration.minutes(1)
 # uncalibrated engine) saves 0.13 GPU hours but lets the p95 wait after the first 15 minutes reach 1.8 s, where every
 # tuned anchor's is at most that; 2 batches cost more at 16 sequences.
 JOBS_PER_TASK_IN_BATCHES = 1.0
-# CloudWatch takes at most 10 metrics in one metric math alarm; the keep-alive alarm reads three per queue.
+# CloudWatch takes at most 10 metrics in one metric math alarm; the keep-alive alarm reads three per queue and the
+# learned keep-alive's decision.
 MAX_ALARM_METRICS = 10
 METRICS_PER_QUEUE = 3
 
@@ -78,7 +82,11 @@ class QueueScaling(Construct):
       not publish (inactive for six hours, and "up to 15 minutes" after it is used again) never reads as idle and the
       fleet never goes to zero while jobs wait unpublished. The workers poll every counted queue, which keeps each
       active (publishing) while they run. Any message sent in a minute restarts it, even one received and finished
-      between two samples.
+      between two samples. With ``learned_keep_alive`` the sum also holds ``FILL(keepWarm, 0)``, the learned
+      keep-alive's decision (``cdk.keep_alive.LearnedKeepAlive``): 1 while the arrivals' idle-time histogram, bounded
+      by one cold start's price, says to keep the last task, so the fleet goes to zero at the learned keep-alive
+      rather than after the fixed minutes; FILL makes a decision not published (the function failing) the fixed
+      ``keep_alive_minutes`` again.
 
     A task stopped by the step-down gets SIGTERM and drains (the worker's ``drain_timeout_s``); ECS stops no task
     holding scale-in protection, which the worker takes only for jobs expected to outlast its drain.
@@ -100,6 +108,13 @@ class QueueScaling(Construct):
         ``wake_hold_maximum``). Default: 7 minutes: at least the keep-alive plus two minutes for the job's minute to
         reach the alarms, and about what a warm pool's replacement takes to initialize (boot, image pull, weights:
         444 s in docs/scaling.md), so that a second task asked for at the hold's end starts from the pool.
+    :param learned_keep_alive: add the learned keep-alive (``cdk.keep_alive.LearnedKeepAlive``) to the keep-alive
+        alarm. Default: True. Its function runs on ``code``.
+    :param keep_alive_policy: its settings. Default: ``KeepAlivePolicy`` with a job-second of waiting priced at
+        ``1 / jobs_per_task`` GPU-seconds (a job's share of a task), and ``keep_alive_minutes`` as the alarm's own
+        minutes and as the fixed keep-alive when the histogram is not representative.
+    :param code: the functions' code. Default: the ``LambdaCode`` the enclosing construct built (found in the
+        scopes above); required with ``learned_keep_alive`` when there is none.
     :param wake_hold_maximum: the most tasks while a wake's hold lasts (its end puts back ``max_tasks``): for a
         service whose GPU group has a warm pool of fewer instances than ``max_tasks``, the pool's size. A task beyond
         it, asked for while the first still starts, would start on a fresh instance when the pool's replacement would
@@ -124,6 +139,9 @@ class QueueScaling(Construct):
         wake_check_interval: Duration = Duration.seconds(DEFAULT_WAKE_CHECK_INTERVAL_S),
         wake_hold: Duration = Duration.seconds(DEFAULT_WAKE_HOLD_S),
         wake_hold_maximum: int | None = None,
+        learned_keep_alive: bool = True,
+        keep_alive_policy: KeepAlivePolicy | None = None,
+        code: LambdaCode | None = None,
     ) -> None:
         super().__init__(scope, id)
         counted = [q if isinstance(q, CountedQueue) else CountedQueue(q) for q in queues]
@@ -217,7 +235,7 @@ class QueueScaling(Construct):
         scale_in.add_adjustment(adjustment=-1, lower_bound=0)
         self.scale_in_alarm.add_alarm_action(cw_actions.ApplicationScalingAction(scale_in))
 
-        sent = {
+        sent: dict[str, cloudwatch.IMetric] = {
             f"sent{suffix}": q.queue.metric_number_of_messages_sent(statistic="Sum", period=ONE_MINUTE)
             for suffix, q in self._suffixed()
         }
@@ -225,12 +243,35 @@ class QueueScaling(Construct):
         # evaluation range holds enough published ones (so the newest, not yet published minute does not count) and
         # reads as not breaching when it does not (an inactive queue resuming: not idle).
         activity = " + ".join(f"visible{s} + inFlight{s} + sent{s}" for s, _ in self._suffixed())
+        self.keep_alive: LearnedKeepAlive | None = None
+        if learned_keep_alive:
+            code = code or LearnedKeepAlive.code_of(self)
+            if code is None:
+                raise ValueError(
+                    "learned_keep_alive needs the functions' code: pass code=, or learned_keep_alive=False"
+                )
+            self.keep_alive = LearnedKeepAlive(
+                self,
+                "KeepAlive",
+                service=service,
+                queues=counted,
+                code=code,
+                policy=keep_alive_policy
+                or KeepAlivePolicy(
+                    wait_price=1 / jobs_per_task,
+                    alarm_s=keep_alive_minutes * 60.0,
+                    fallback_s=keep_alive_minutes * 60.0,
+                ),
+            )
+            sent["keepWarm"] = self.keep_alive.keep_warm
+            activity += " + FILL(keepWarm, 0)"
         self.idle_alarm = self._alarm(
             "Idle",
             activity,
             {**queue_metrics, **sent},
-            description=f"No job visible, in flight or sent for {keep_alive_minutes} published minutes: scale workers "
-            "to zero",
+            description=f"No job visible, in flight or sent for {keep_alive_minutes} published minutes"
+            + (" and the learned keep-alive lets the last task go" if learned_keep_alive else "")
+            + ": scale workers to zero",
             comparison=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
             threshold=0,
             minutes=keep_alive_minutes,
@@ -379,11 +420,11 @@ def validate(
     """Reject options that could not scale the service (ValueError naming them)."""
     if not queues:
         raise ValueError("queues is empty: nothing would ever scale the workers out")
-    if len(queues) * METRICS_PER_QUEUE > MAX_ALARM_METRICS:
+    if len(queues) * METRICS_PER_QUEUE + 1 > MAX_ALARM_METRICS:
         raise ValueError(
-            f"queues ({len(queues)}) need {len(queues) * METRICS_PER_QUEUE} metrics in the keep-alive "
+            f"queues ({len(queues)}) need {len(queues) * METRICS_PER_QUEUE + 1} metrics in the keep-alive "
             f"alarm; CloudWatch allows {MAX_ALARM_METRICS}: count at most "
-            f"{MAX_ALARM_METRICS // METRICS_PER_QUEUE} queues"
+            f"{(MAX_ALARM_METRICS - 1) // METRICS_PER_QUEUE} queues"
         )
     if any(q.weight <= 0 for q in queues):
         raise ValueError(f"queue weights {[q.weight for q in queues]} must be positive: a message is work")

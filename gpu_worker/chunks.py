@@ -293,7 +293,10 @@ class ChunkRun:
             window = asyncio.timeout(left)
             try:
                 async with window:
-                    async with self.admission.slot(BATCH, line.line_id, first=first, tenant=self.claim.tenant) as slot:
+                    cost = answers.engine_cost(line.request)
+                    async with self.admission.slot(
+                        BATCH, line.line_id, first=first, tenant=self.claim.tenant, **cost
+                    ) as slot:
                         if self.stopped is not None or slot.preempted:
                             first = True
                             continue

@@ -16,6 +16,7 @@ from async_inference import config as env
 from async_inference import settings
 from async_inference.config import ServiceConfig, ServiceSettings
 from async_inference.served_models import ServedModels
+from gpu_worker.deltas import DEFAULT_INTERVAL_S as DEFAULT_STREAM_INTERVAL_S
 from gpu_worker.deployments import DEFAULT_INTERVAL_S as DEFAULT_DEPLOYMENT_CHECK_INTERVAL_S
 from gpu_worker.faults import Faults
 from gpu_worker.health import HealthSettings
@@ -79,6 +80,15 @@ class WorkerOptions(BaseModel):
         ge=0,
         alias=env.ENV_PROGRESS_INTERVAL_S,
         description="seconds between writes of a running job's tokens so far; 0: none",
+    )
+    stream_table_name: str | None = Field(
+        None, alias=env.ENV_STREAM_TABLE, description="the job event log, where streamed jobs' text goes as it decodes"
+    )
+    stream_interval_s: float = Field(
+        DEFAULT_STREAM_INTERVAL_S,
+        gt=0,
+        alias=env.ENV_STREAM_INTERVAL_S,
+        description="seconds between a streamed job's writes to its event log (each only when its text grew)",
     )
     # --- the loops
     heartbeat_interval_s: float = Field(

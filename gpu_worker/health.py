@@ -5,7 +5,9 @@
 with a one-line reason otherwise. The worker touches it first once its engine has started, then at every heartbeat of
 its event loop, so a hung loop goes stale. While it syncs and loads the model nothing touches it: a task is healthy
 only with a started engine, so a deployment whose model cannot load (a gated model without its token, a CUDA
-mismatch, out of memory) never turns healthy. A start that hangs is ended by the worker itself: past
+mismatch, out of memory) never turns healthy. The one exception: a worker waiting for its S3 prefix to hold the
+weights at all touches it while it waits (``gpu_worker.model_source``), since the stack's own bucket is empty at the
+first deploy. A start that hangs is ended by the worker itself: past
 ``WORKER_START_TIMEOUT_S`` (``StartDeadline``, a thread, since vLLM builds its engine with the event loop blocked) the
 process exits with ``EXIT_START_TIMEOUT``, and ECS replaces the task and frees its GPU.
 """

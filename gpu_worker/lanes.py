@@ -11,13 +11,22 @@ through one ``Admission``:
   that line is aborted in the engine and waits again, at the head of the batch lane, to run from the start.
 
 So a batch never puts an interactive job behind it: an interactive job that reaches the engine starts within one
-engine step (a free reserved slot, or one freed by an abort). Only interactive jobs themselves can fill the engine
-against another interactive job, as without batches. With the batch lane alone, the engine runs
-``capacity - reserve`` lines at once.
+engine step (a free reserved slot, or one freed by an abort). Interactive jobs can fill the engine against another
+tenant's interactive job only up to half of it: a tenant holding more than half of the engine's rows has its youngest
+interactive request preempted (aborted, asking again at the head of the lane) when a request of a tenant holding none
+waits without the rows it needs. With the batch lane alone, the engine runs ``capacity - reserve`` lines at once.
 
-Within a lane, a freed slot goes to the waiting request whose tenant holds the fewest slots of that lane, the oldest
-among those (a preempted request asking again keeps its place at the head): a tenant whose many requests wait here
-cannot keep another tenant's request waiting for longer than the next slot that frees (docs/security.md, "Fair
+Slots are counted in engine rows, not requests: a request asking for ``n`` choices is ``n`` rows of the engine's
+batch (``capacity`` is rows), and takes ``n`` slots (all of them when ``n`` exceeds the capacity). Counted in
+requests, 40 requests of one tenant with ``n: 8`` filled the engine's own queue eight times over, and another tenant's
+8-token job, admitted after the first few of them, waited 80 s behind 33 of them in the engine.
+
+Within a lane, freed slots go to the waiting request whose tenant holds the fewest rows of that lane, then the fewest
+tokens (its requests' rows times their ``max_tokens``: what they may still cost), then has the fewest rows waiting (a
+tenant's backlog goes after another's single request when both hold nothing), the oldest among those (a preempted
+request asking again keeps its place at the head); a request waits until it has all its rows, and the requests behind
+it in that order wait with it, so a large request is not starved by small ones. A tenant whose many requests wait here
+cannot keep another tenant's request waiting for longer than the rows it holds take to free (docs/security.md, "Fair
 scheduling").
 
 ``BatchBudget`` decides how many batch-lane messages to ask SQS for: enough that about one engine's worth of lines
@@ -50,14 +59,16 @@ def default_reserve(capacity: int) -> int:
 
 @dataclass(eq=False)
 class Slot:
-    """An engine slot held by one request. ``preempted`` is set when the admission aborted the request to give its
-    slot to an interactive job: the holder lets the slot go and asks again."""
+    """The engine slots (rows) held by one request. ``preempted`` is set when the admission aborted the request to
+    give its slots to an interactive job: the holder lets them go and asks again."""
 
     lane: str
     request_id: str
     preempted: bool = False
     tenant: str = ""
     first: bool = False  # asks again after a preemption: waits at the head of its lane
+    rows: int = 1  # engine rows: the request's n, at most the capacity
+    tokens: int = 0  # the most tokens its rows may generate (rows x max_tokens), for the fair order
 
 
 class Admission:
@@ -76,13 +87,16 @@ class Admission:
         self.capacity = capacity
         self.reserve = reserve
         self._abort = abort
-        self._interactive = 0  # interactive slots held
+        self._interactive = 0  # interactive rows held
+        self._running: dict[Slot, None] = {}  # interactive slots held, oldest first
+        self._anonymous: list[Slot] = []  # those taken by ``async with``
         self._batch: dict[Slot, None] = {}  # batch slots held, oldest first
         self._waiting: dict[str, collections.deque[tuple[asyncio.Future[None], Slot]]] = {
             lane: collections.deque() for lane in LANES
         }
-        self._preempting = 0  # preempted batch slots not yet let go
-        self._held: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}  # by tenant
+        self._preempting = 0  # rows of preempted slots not yet let go
+        self._held: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}  # rows
+        self._held_tokens: dict[str, collections.Counter[str]] = {lane: collections.Counter() for lane in LANES}
         self._aborts: set[asyncio.Task[None]] = set()
         self.preemptions = 0  # batch requests aborted for an interactive job, since start
 
@@ -90,11 +104,17 @@ class Admission:
 
     @property
     def free(self) -> int:
-        return self.capacity - self._interactive - len(self._batch)
+        """Engine rows no request holds."""
+        return self.capacity - self._interactive - self._batch_rows
+
+    @property
+    def _batch_rows(self) -> int:
+        return sum(slot.rows for slot in self._batch)
 
     @property
     def in_engine(self) -> dict[str, int]:
-        return {INTERACTIVE: self._interactive, BATCH: len(self._batch)}
+        """Engine rows held, by lane."""
+        return {INTERACTIVE: self._interactive, BATCH: self._batch_rows}
 
     @property
     def batch_waiting(self) -> int:
@@ -108,32 +128,47 @@ class Admission:
     # --- taking and giving slots ----------------------------------------------------------------------------------
 
     async def __aenter__(self) -> None:
-        await self._acquire(Slot(INTERACTIVE, ""))
+        slot = Slot(INTERACTIVE, "")
+        await self._acquire(slot)
+        self._anonymous.append(slot)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._release(Slot(INTERACTIVE, ""))
+        self._release(self._anonymous.pop())  # any of them: they are alike
 
     @asynccontextmanager
-    async def slot(self, lane: str, request_id: str, *, first: bool = False, tenant: str = "") -> AsyncIterator[Slot]:
-        """Hold an engine slot of ``lane`` for ``request_id`` of ``tenant``. ``first``: wait at the head of the lane
-        (a preempted request asking again keeps its place)."""
+    async def slot(
+        self,
+        lane: str,
+        request_id: str,
+        *,
+        first: bool = False,
+        tenant: str = "",
+        rows: int = 1,
+        max_tokens: int = 0,
+    ) -> AsyncIterator[Slot]:
+        """Hold the engine slots of ``lane`` for ``request_id`` of ``tenant``: ``rows`` of them (its ``n``; at most
+        the capacity), each generating up to ``max_tokens``. ``first``: wait at the head of the lane (a preempted
+        request asking again keeps its place)."""
         if lane not in LANES:
             raise ValueError(f"lane {lane!r} is not one of {LANES}")
-        held = Slot(lane, request_id, tenant=tenant, first=first)
+        rows = max(1, min(rows, self.capacity))
+        held = Slot(lane, request_id, tenant=tenant, first=first, rows=rows, tokens=rows * max(0, max_tokens))
         await self._acquire(held, first=first)
         try:
             yield held
         finally:
             self._release(held)
 
-    def _may_start(self, lane: str) -> bool:
-        if lane == INTERACTIVE:
-            return self.free > 0
-        return self.free > self.reserve and not self._waiting[INTERACTIVE]
+    def _may_start(self, slot: Slot) -> bool:
+        if slot.lane == INTERACTIVE:
+            return self.free >= slot.rows
+        # A request wider than capacity - reserve may start only into an empty engine, or it could never start.
+        room = self.free - self.reserve if self.free < self.capacity else self.capacity
+        return room >= slot.rows and not self._waiting[INTERACTIVE]
 
     async def _acquire(self, slot: Slot, *, first: bool = False) -> None:
         waiting = self._waiting[slot.lane]
-        if not waiting and self._may_start(slot.lane):
+        if not waiting and self._may_start(slot):
             self._grant(slot)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -157,68 +192,111 @@ class Admission:
             raise
 
     def _grant(self, slot: Slot) -> None:
-        self._held[slot.lane][slot.tenant] += 1
+        self._held[slot.lane][slot.tenant] += slot.rows
+        self._held_tokens[slot.lane][slot.tenant] += slot.tokens
         if slot.lane == INTERACTIVE:
-            self._interactive += 1
+            self._interactive += slot.rows
+            self._running[slot] = None
         else:
             self._batch[slot] = None
 
     def _release(self, slot: Slot) -> None:
-        held = self._held[slot.lane]
-        held[slot.tenant] -= 1
-        if held[slot.tenant] <= 0:
-            del held[slot.tenant]
+        for held, amount in ((self._held[slot.lane], slot.rows), (self._held_tokens[slot.lane], slot.tokens)):
+            held[slot.tenant] -= amount
+            if held[slot.tenant] <= 0:
+                del held[slot.tenant]
         if slot.lane == INTERACTIVE:
-            self._interactive -= 1
+            self._interactive -= slot.rows
+            self._running.pop(slot, None)
         else:
             self._batch.pop(slot, None)
-            if slot.preempted:
-                self._preempting -= 1
+        if slot.preempted:
+            self._preempting -= slot.rows
         self._dispatch()
 
     def _dispatch(self) -> None:
         """Hand free slots to waiters, interactive ones first; preempt for interactive waiters left without one."""
         for lane in LANES:
             waiting = self._waiting[lane]
-            while waiting and self._may_start(lane):
-                future, slot = self._next(lane)
+            while waiting:
+                index = self._next(lane)
+                future, slot = waiting[index]
                 if future.done():  # its waiter was cancelled
+                    del waiting[index]
                     continue
+                if not self._may_start(slot):
+                    break  # it waits for all its rows, and those behind it in the fair order wait with it
+                del waiting[index]
                 self._grant(slot)
                 future.set_result(None)
         self._preempt()
 
-    def _next(self, lane: str) -> tuple[asyncio.Future[None], Slot]:
-        """Take the waiter a freed slot of ``lane`` goes to: a preempted request asking again (at the head), else the
-        oldest of the tenant that holds the fewest of the lane's slots (one pass over those waiting: at most the
-        worker's held messages, or a chunk's lines)."""
+    def _next(self, lane: str) -> int:
+        """Where in ``lane``'s waiters is the one freed slots go to: a preempted request asking again (at the head),
+        else the oldest of the tenant that holds the fewest of the lane's rows, then tokens, then has the fewest rows
+        waiting (one pass over those waiting: at most the worker's held messages, or a chunk's lines)."""
         waiting = self._waiting[lane]
-        head = waiting[0]
-        if head[1].first or len(waiting) == 1:
-            return waiting.popleft()
-        held = self._held[lane]
-        best = min(range(len(waiting)), key=lambda i: (held[waiting[i][1].tenant], i))
-        entry = waiting[best]
-        del waiting[best]
-        return entry
+        if waiting[0][1].first or len(waiting) == 1:
+            return 0
+        rows, tokens = self._held[lane], self._held_tokens[lane]
+        backlog: collections.Counter[str] = collections.Counter()
+        for _, slot in waiting:
+            backlog[slot.tenant] += slot.rows
+
+        def order(i: int) -> tuple[int, int, int, int]:
+            tenant = waiting[i][1].tenant
+            return rows[tenant], tokens[tenant], backlog[tenant], i
+
+        return min(range(len(waiting)), key=order)
 
     def _preempt(self) -> None:
-        """Abort as many of the youngest batch requests as interactive jobs wait beyond those already preempted."""
-        needed = len(self._waiting[INTERACTIVE]) - max(0, self.free) - self._preempting
+        """Abort the youngest batch requests until their rows, the free rows and those already preempted cover the
+        rows of the interactive jobs waiting; then, if a tenant holding nothing still waits, the youngest interactive
+        request of a tenant holding more than half of the engine (``_rebalance``)."""
+        needed = sum(slot.rows for _, slot in self._waiting[INTERACTIVE]) - max(0, self.free) - self._preempting
         if needed <= 0:
             return
+        self._preempt_batch(needed)
+        self._rebalance()
+
+    def _preempt_batch(self, needed: int) -> None:
         for victim in reversed(list(self._batch)):
-            if needed == 0:
+            if needed <= 0:
                 break
             if victim.preempted:
                 continue
             victim.preempted = True
-            self._preempting += 1
+            self._preempting += victim.rows
             self.preemptions += 1
-            needed -= 1
+            needed -= victim.rows
             task = asyncio.get_running_loop().create_task(self._abort(victim.request_id))
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
+
+    def _rebalance(self) -> None:
+        """Abort the youngest interactive request of the tenant holding the most rows, when that is more than half of
+        the engine and a request of a tenant holding none waits without the rows it needs (one at a time: nothing
+        is preempted while an earlier preemption's rows are still being let go). Without it a tenant's requests with
+        ``n: 8`` on an engine of 8 rows keep another tenant's 8-token job waiting for a whole request of theirs, ten
+        times its time alone; the aborted request asks again at the head of the lane and runs from the start."""
+        held = self._held[INTERACTIVE]
+        if self._preempting or not held:
+            return
+        starving = [s for _, s in self._waiting[INTERACTIVE] if not s.first and held[s.tenant] == 0]
+        if not starving or self.free >= starving[0].rows:
+            return
+        heavy = max(held, key=lambda tenant: held[tenant])
+        if 2 * held[heavy] <= self.capacity:
+            return
+        victim = next((s for s in reversed(list(self._running)) if s.tenant == heavy and not s.preempted), None)
+        if victim is None:
+            return
+        victim.preempted = True
+        self._preempting += victim.rows
+        self.preemptions += 1
+        task = asyncio.get_running_loop().create_task(self._abort(victim.request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
 
 class HeldMessage(Protocol):

@@ -6,6 +6,13 @@ restarted task on the same host (``MODEL_DIR`` on the instance's volume) starts 
 recorded ETags live in ``MODEL_DIR/.model-source.json``. Each file is downloaded beside its final name and renamed into
 place, so a download cut short is never taken for a complete file; files download concurrently, and a large one in
 concurrent parts (boto3's transfer manager).
+
+A prefix without the model's ``config.json`` is waited on (``wait_for_weights``), not failed on: the stack's own
+model bucket is empty until the weights are uploaded after the first deploy (docs/deploying.md), and a worker that
+exited on it would be replaced in a loop, tripping the deployment circuit breaker and rolling the whole stack back.
+While it waits the worker stays healthy and says why in its log, listing the prefix again every ``WEIGHTS_POLL_S``.
+``config.json`` is the signal that the upload is complete: vLLM needs it in any model directory, and the documented
+upload sends it last, so a worker never syncs half an upload.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,6 +35,12 @@ MANIFEST_NAME = ".model-source.json"
 DOWNLOAD_THREADS = 8  # files at once
 PART_THREADS = 4  # parts at once within one large file
 _TRANSFER = TransferConfig(max_concurrency=PART_THREADS)
+READY_FILE = "config.json"
+# A prefix without READY_FILE is listed again this often (a LIST request: about $0.04 a day per waiting task at this rate), and the
+# reason the worker waits is logged again this often, so that a log read at any time shows it.
+WEIGHTS_POLL_S = 10.0
+WAITING_LOG_S = 300.0
+BEAT_S = 1.0  # how often the waiting worker's health file is touched, and its stop looked for
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -58,6 +72,32 @@ class ModelSource:
 
             s3 = client("s3")
         self._s3 = s3
+
+    def wait_for_weights(
+        self, *, stopping: Callable[[], bool], beat: Callable[[], None], poll_s: float = WEIGHTS_POLL_S
+    ) -> bool:
+        """Block until the prefix holds ``READY_FILE`` (True) or ``stopping()`` says to stop (False), calling ``beat``
+        (the worker's health file) every ``BEAT_S`` meanwhile. Blocking (the worker runs it in a thread)."""
+        logged_at: float | None = None
+        while READY_FILE not in self._list():
+            now = time.monotonic()
+            if logged_at is None or now - logged_at >= WAITING_LOG_S:
+                logger.warning(
+                    "%s holds no %s yet: waiting for the model's files, listing again every %g s (upload them there, "
+                    "%s last: docs/deploying.md, 'Before the weights are uploaded'); the worker takes no job until then",
+                    self.uri,
+                    READY_FILE,
+                    poll_s,
+                    READY_FILE,
+                )
+                logged_at = now
+            next_look = now + poll_s
+            while time.monotonic() < next_look:
+                if stopping():
+                    return False
+                beat()
+                time.sleep(min(BEAT_S, max(0.0, next_look - time.monotonic())))
+        return True
 
     def sync(self) -> SyncReport:
         """Download what is missing or changed; the files kept and fetched. Blocking (the worker runs it in a thread).

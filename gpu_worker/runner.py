@@ -52,6 +52,7 @@ from gpu_worker.announce import Announcer
 from gpu_worker.chunks import Chunks
 from gpu_worker.claims import InFlight, Outcome, UnknownKind
 from gpu_worker.config import WorkerConfig
+from gpu_worker.deltas import DeltaWriter
 from gpu_worker.engines.base import (
     Engine,
     FatalEngineError,
@@ -90,12 +91,14 @@ class Runner:
         metrics: WorkerMetrics,
         chunks: Chunks | None,
         io: IO,
+        deltas: DeltaWriter | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.service = service
         self.admission = admission
         self.progress = progress
+        self.deltas = deltas or DeltaWriter(engine, None, io=io)  # streamed jobs' text, as it decodes
         self.announcer = announcer
         self.policy = policy
         self.faults = faults
@@ -229,6 +232,8 @@ class Runner:
         job, outcome = await self._in_engine(claim, flight, request)
         if job is None:
             return await self._not_runnable(flight, claim.job_id)
+        if job.job_id not in self.lost:  # a job taken over is streamed by its new holder
+            await self.deltas.ended(job, outcome)
         if isinstance(outcome, asyncio.TimeoutError):
             await self.engine.abort(job.job_id)
             return await self._finish(
@@ -239,7 +244,7 @@ class Runner:
                 return Outcome.leave("lease lost")  # its new holder ends it; the message is not this worker's to end
             return Outcome.delete("cancelled")  # cancelled while running: the cancel stored the final state, notified
         if isinstance(outcome, PermanentEngineError):
-            return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome))
+            return await self._finish(flight, job, JobStatus.FAILED, error=str(outcome), error_code=outcome.code)
         if isinstance(outcome, TransientEngineError):
             logger.warning("job %s: transient engine fault (%s), leaving it for redelivery", job.job_id, outcome)
             return self._retry(flight, "transient engine fault")
@@ -252,15 +257,16 @@ class Runner:
     async def _in_engine(
         self, claim: ClaimCheck, flight: InFlight, request: LineRequest
     ) -> tuple[Job | None, answers.Output | BaseException | None]:
-        """Take one of the engine's slots, move the job to running (None when it may not run: cancelled, final...),
-        and generate; the job and the generation or the engine error that ended it. The slot is free again before
-        the result is stored. The execution timeout counts from the start of the generation."""
+        """Take the engine's slots (its rows), move the job to running (None if it may not run) and generate: the job
+        and its generation or engine error, the slots freed before the result is stored, the timeout from the start."""
         flight.in_engine = True
         job: Job | None = None
         first = False  # a preempted job waits again at the head of its lane
         try:
             while True:
-                async with self.admission.slot(flight.lane, claim.job_id, first=first, tenant=claim.tenant) as slot:
+                async with self.admission.slot(
+                    flight.lane, claim.job_id, first=first, tenant=claim.tenant, **answers.engine_cost(request)
+                ) as slot:
                     if self.engine_dead is not None:
                         raise FatalEngineError(f"not started: the engine died ({self.engine_dead})")
                     if job is None:  # its first slot: it becomes running (once, however often it is preempted)
@@ -269,6 +275,7 @@ class Runner:
                             return None, None
                     if not slot.preempted:
                         self.progress.track(job)
+                        self.deltas.track(job, request)
                         try:
                             if job.job_id in self.cancelled:
                                 raise GenerationAborted(job.job_id)
@@ -283,7 +290,8 @@ class Runner:
                             return job, exc
                         finally:
                             self.progress.forget(job.job_id)
-                first = True  # a batch-lane job preempted for an interactive one runs again from the start
+                            self.deltas.forget(job.job_id)
+                first = True  # preempted (gpu_worker.lanes): it runs again from the start
         finally:
             flight.in_engine = False
 
@@ -364,21 +372,21 @@ class Runner:
             await self._io(self.service.notify, job)
             return Outcome.delete("final, notified")
         if job.status is JobStatus.RUNNING and job.lease_owner not in (None, self.owner):
-            return self._held_elsewhere(job)
+            return _held_elsewhere(job, self.config.visibility_timeout_s)
         return self._retry(flight, f"job {job.status.value}")  # e.g. still awaiting its upload: try again later
 
-    def _held_elsewhere(self, job: Job) -> Outcome:
-        """A copy of the claim check of a job another worker runs: look again once its lease may have lapsed."""
-        now_ms = utcnow().timestamp() * 1000
-        left_s = max(0.0, ((job.lease_expires_ms or 0) - now_ms) / 1000)
-        visibility = self.config.visibility_timeout_s
-        if left_s <= visibility / 4:
-            # A lease a live holder would have renewed by now: its holder is gone (its message is coming back), so
-            # look again just after the lease lapses, and take the job over then.
-            return Outcome.retry(math.ceil(left_s) + 1, "lease lapsing")
-        # A live holder: hide the copy until the run would have timed out, so that it costs one receive per run.
-        started = job.started_at or utcnow()
-        until_s = (started - utcnow()).total_seconds() + job.timeout_s + visibility
-        logger.info("job %s runs on %s; its copy comes back in %.0f s", job.job_id, job.lease_owner, until_s)
-        hidden_s = min(SQS_MAX_VISIBILITY_S, max(math.ceil(left_s) + 1, math.ceil(until_s)))
-        return Outcome.retry(hidden_s, "held elsewhere")
+
+def _held_elsewhere(job: Job, visibility: int) -> Outcome:
+    """A copy of the claim check of a job another worker runs: look again once its lease may have lapsed."""
+    now_ms = utcnow().timestamp() * 1000
+    left_s = max(0.0, ((job.lease_expires_ms or 0) - now_ms) / 1000)
+    if left_s <= visibility / 4:
+        # A lease a live holder would have renewed by now: its holder is gone (its message is coming back), so
+        # look again just after the lease lapses, and take the job over then.
+        return Outcome.retry(math.ceil(left_s) + 1, "lease lapsing")
+    # A live holder: hide the copy until the run would have timed out, so that it costs one receive per run.
+    started = job.started_at or utcnow()
+    until_s = (started - utcnow()).total_seconds() + job.timeout_s + visibility
+    logger.info("job %s runs on %s; its copy comes back in %.0f s", job.job_id, job.lease_owner, until_s)
+    hidden_s = min(SQS_MAX_VISIBILITY_S, max(math.ceil(left_s) + 1, math.ceil(until_s)))
+    return Outcome.retry(hidden_s, "held elsewhere")

@@ -50,10 +50,12 @@ from async_inference.aws import (
     WebhookQueue,
 )
 from async_inference.service import JobService
+from async_inference.streaming.log import EventLog
 from gpu_worker.announce import Announcer
 from gpu_worker.chunks import BatchLedger, Chunks
 from gpu_worker.claims import Action, InFlight, Outcome
 from gpu_worker.config import ENV_START_TIMEOUT_S, WorkerConfig
+from gpu_worker.deltas import DeltaWriter
 from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.engines.base import Engine, FatalEngineError
 from gpu_worker.fairness import TenantShare
@@ -134,6 +136,8 @@ class Worker:
         self.progress = ProgressReporter(
             engine, self.service, events, interval_s=config.progress_interval_s, io=self._io, followers=followers
         )
+        log = EventLog(config.stream_table_name) if config.stream_table_name else None
+        self.deltas = DeltaWriter(engine, log, io=self._io, interval_s=config.stream_interval_s)
         self.chunks: Chunks | None = None
         if config.batch_queue_url is not None:
             assert batches is not None and config.control_queue_url is not None
@@ -154,6 +158,7 @@ class Worker:
             service=self.service,
             admission=self.admission,
             progress=self.progress,
+            deltas=self.deltas,
             announcer=Announcer(
                 self.service,
                 events=events,
@@ -223,6 +228,12 @@ class Worker:
     async def run(self) -> None:
         """Receive and run claims until ``stop``; then drain and hand back what is left."""
         asyncio.get_running_loop().set_default_executor(self._pool)
+        # Weights not uploaded yet are waited for, the task healthy, before the start's deadline runs (model_source).
+        if self.model_source is not None and not await self._io(
+            self.model_source.wait_for_weights, stopping=self._stopping.is_set, beat=self.health.touch
+        ):
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         # Fetching and loading a model take minutes, and vLLM builds its engine in the loop's thread: a thread ends a
         # start that outlasts its deadline. The health file is touched only once the engine has started.
         with StartDeadline(self.config.start_timeout_s, self._start_timed_out):
@@ -240,6 +251,7 @@ class Worker:
         )
         heartbeat = asyncio.create_task(self._heartbeat())
         progress = asyncio.create_task(self.progress.run()) if self.config.progress_interval_s > 0 else None
+        deltas = asyncio.create_task(self.deltas.run()) if self.deltas.log is not None else None
         try:
             await self.receiver.run(self.lanes, receivers)
             await self._drain()
@@ -247,6 +259,8 @@ class Worker:
             heartbeat.cancel()
             if progress is not None:
                 progress.cancel()
+            if deltas is not None:
+                deltas.cancel()
             await self.runner.announcer.close()
             for lane in self.lanes.values():
                 await lane.deletes.close()

@@ -58,6 +58,8 @@ class Request:
     path_parameters: dict[str, str]
     request_context: dict[str, Any]
     stage_variables: dict[str, str] = field(default_factory=dict)
+    # Every value of each header (``headers`` holds the last one, as API Gateway's event does); None: one each.
+    multi_value_headers: dict[str, list[str]] | None = None
 
 
 class RequestAuthorizer:
@@ -114,7 +116,7 @@ class RequestAuthorizer:
             "path": request.path,
             "httpMethod": request.http_method,
             "headers": request.headers,
-            "multiValueHeaders": {k: [v] for k, v in request.headers.items()},
+            "multiValueHeaders": request.multi_value_headers or {k: [v] for k, v in request.headers.items()},
             "queryStringParameters": {k: v[-1] for k, v in request.query.items()},
             "multiValueQueryStringParameters": request.query,
             "pathParameters": request.path_parameters,

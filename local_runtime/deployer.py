@@ -29,9 +29,13 @@ import secrets
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from async_inference import fleet_deploy_steps
 from local_runtime.template import LOCAL_ACCOUNT, LOCAL_REGION, Assembly, Resolver, TemplateError, deployment_order
+
+if TYPE_CHECKING:
+    from local_runtime.deletion import Deletion
 
 logger = logging.getLogger("local_runtime.deployer")
 
@@ -111,6 +115,13 @@ class Deployment:
             name: self.resolver(output["Value"]) for name, output in self.assembly.template.get("Outputs", {}).items()
         }
         return self
+
+    def delete(self) -> Deletion:
+        """Delete the stack as CloudFormation would: reverse dependency order, deletion policies honoured
+        (``local_runtime.deletion``)."""
+        from local_runtime.deletion import delete_stack  # it imports this module's table
+
+        return delete_stack(self)
 
     def client(self, service: str) -> Any:
         return self._client(service)
@@ -628,6 +639,18 @@ def _service(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     )
 
 
+def _fleet_step(resource_type: str) -> Handler:
+    """A GPU fleet's custom resource (``async_inference.fleet_deploy_steps``): its Create step, run as its function
+    runs it, against moto (the worker service's DesiredCount reads 0 from it)."""
+
+    def handler(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+        event = {"ResourceType": resource_type, "RequestType": "Create", "ResourceProperties": props}
+        result = fleet_deploy_steps.handle(event, ecs=d.client("ecs"), autoscaling=d.client("autoscaling"))
+        return Physical(logical_id, resource_type, ref=result.physical_id, attributes=dict(result.data))
+
+    return handler
+
+
 # --- Emulated: run by the local runtime from the template -----------------------------------------------------------
 
 
@@ -699,6 +722,7 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     # registered in moto, and its container run by the local runtime's supervisor (local_runtime/workers.py)
     "AWS::ECS::TaskDefinition": ("deploy", _task_definition),
     "AWS::ECS::Service": ("deploy", _service),
+    **{kind: ("deploy", _fleet_step(kind)) for kind in fleet_deploy_steps.RESOURCE_TYPES},
     # emulated by the local runtime, from the template
     "AWS::Lambda::Function": ("emulate", _function),
     "AWS::Lambda::LayerVersion": ("emulate", _layer),
@@ -744,7 +768,9 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::AutoScaling::WarmPool": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::AutoScaling::LifecycleHook": _skip("no EC2 instances here", "tests/cdk/test_warm_pool.py"),
     "AWS::Events::Rule": _skip(
-        "its one target, the GPU instance release, acts on EC2 instances; none here", _WORKERS_TEST
+        "its targets act on or report EC2 instances and ECS tasks (the GPU instance release, failed launches and "
+        "stopped tasks to the alarm topic); none here",
+        "tests/cdk/test_operations_alarms.py",
     ),
     "AWS::ECS::CapacityProvider": _skip("no EC2 instances here", _WORKERS_TEST),
     "AWS::ECS::ClusterCapacityProviderAssociations": _skip("no EC2 instances here", _WORKERS_TEST),
@@ -870,6 +896,11 @@ APPLIED_PROPERTIES: dict[str, set[str]] = {
         "PlatformVersion",
         "PropagateTags",
     },
+    **{
+        kind: {"ServiceToken", fleet_deploy_steps.PROP_CLUSTER, fleet_deploy_steps.PROP_SERVICE, "TaskDefinition"}
+        for kind in (fleet_deploy_steps.DESIRED_COUNT, fleet_deploy_steps.TASK_PROTECTION_RELEASE)
+    },
+    fleet_deploy_steps.INSTANCE_PROTECTION_RELEASE: {"ServiceToken", fleet_deploy_steps.PROP_GROUP},
 }
 
 

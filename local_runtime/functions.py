@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
@@ -46,6 +47,15 @@ _WARNED_RUNTIMES: set[str] = set()
 class InvokeResult:
     payload: Any
     error: bool  # the function raised (Lambda's X-Amz-Function-Error: Unhandled)
+
+
+@dataclass(frozen=True)
+class StreamedInvoke:
+    """An InvokeWithResponseStream: ``error`` when the function failed before its stream began, else its bytes as
+    they come (``chunks``; the execution environment is busy until they are read to the end or closed)."""
+
+    error: InvokeResult | None
+    chunks: Iterator[bytes]
 
 
 class FunctionError(RuntimeError):
@@ -168,6 +178,29 @@ class LocalFunction:
         finally:
             self._free.put(host)
 
+    def invoke_stream(self, event: Any) -> StreamedInvoke:
+        """Invoke with a response stream (``lambda_host.py``'s ``/invoke-stream``)."""
+        host = self._free.get()
+        try:
+            response = host.open_stream(event)
+        except BaseException:
+            self._free.put(host)
+            raise
+        if response.getheader("X-Amz-Function-Error") is not None:
+            payload = json.loads(response.read() or b"null")
+            self._free.put(host)
+            return StreamedInvoke(error=InvokeResult(payload=payload, error=True), chunks=iter(()))
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while data := response.read1(65536):
+                    yield data
+            finally:
+                response.close()
+                self._free.put(host)
+
+        return StreamedInvoke(error=None, chunks=chunks())
+
     def __call__(self, event: Any) -> Any:
         """Invoke and return the payload, raising FunctionError when the function raised (synchronous callers)."""
         result = self.invoke(event)
@@ -265,6 +298,15 @@ class _Host:
                 )
             finally:
                 connection.close()
+
+    def open_stream(self, event: Any) -> http.client.HTTPResponse:
+        """The response of ``/invoke-stream`` for ``event``, its body not read yet."""
+        if self.process.poll() is not None:  # as ``invoke``: Lambda starts a new execution environment
+            self._start()
+            self.wait_ready()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self._function.timeout_s + 30)
+        connection.request("POST", "/invoke-stream", body=json.dumps(event).encode())
+        return connection.getresponse()
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -9,6 +9,12 @@ exactly what the deployed function's import path holds. An import the package la
 Protocol (the shape of Lambda's Invoke API): ``POST /invoke`` with the event as JSON; 200 with the handler's result
 as JSON, or 200 with ``X-Amz-Function-Error: Unhandled`` and ``{"errorMessage", "errorType", "stackTrace"}``.
 ``GET /ready`` answers 200 once the handler module is imported (Lambda's init phase).
+
+``POST /invoke-stream`` is InvokeWithResponseStream as API Gateway's streaming Lambda proxy integration reads it: the
+handler's proxy response written as its metadata (the response without ``body``) as JSON, eight NUL bytes, then the
+body as it is produced: a body that is an iterable of str or bytes is written chunk by chunk, each as soon as the
+handler yields it (the function's whole run is under its timeout). A handler that fails before its first byte is
+answered as ``/invoke`` answers it; one that fails later ends the stream, as Lambda cuts it.
 """
 
 import argparse
@@ -85,6 +91,9 @@ def main() -> None:
 
         def do_POST(self) -> None:  # noqa: N802
             event = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+            if self.path == "/invoke-stream":
+                self._stream(event)
+                return
             context = Context(args.timeout)
             signal.setitimer(signal.ITIMER_REAL, args.timeout)
             try:
@@ -105,6 +114,31 @@ def main() -> None:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             self._send(200, body, headers)
+
+        def _stream(self, event: object) -> None:
+            context = Context(args.timeout)
+            signal.setitimer(signal.ITIMER_REAL, args.timeout)
+            started = False
+            try:
+                result = dict(handler(event, context))
+                body = result.pop("body", None) or ""
+                chunks = [body] if isinstance(body, (str, bytes)) else body
+                self.send_response(200)
+                self.end_headers()  # HTTP/1.0 without a length: the stream ends when the connection closes
+                started = True
+                self.wfile.write(json.dumps(result).encode() + b"\0" * 8)
+                self.wfile.flush()
+                for chunk in chunks:
+                    self.wfile.write(chunk.encode() if isinstance(chunk, str) else chunk)
+                    self.wfile.flush()
+            except (TimedOut, Exception) as exc:  # noqa: BLE001 - reported as Lambda reports it
+                stack = traceback.format_exception(type(exc), exc, exc.__traceback__)
+                print("".join(stack), file=sys.stderr, flush=True)
+                if not started:
+                    error = {"errorMessage": str(exc) or type(exc).__name__, "errorType": type(exc).__name__}
+                    self._send(200, json.dumps(error).encode(), {"X-Amz-Function-Error": "Unhandled"})
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
 
         def _send(self, status: int, body: bytes, headers: dict) -> None:
             self.send_response(status)

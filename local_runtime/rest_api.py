@@ -16,7 +16,12 @@ What API Gateway does before a request reaches the function, and what this does 
   Content-Type matches one reaches the function base64-encoded, as API Gateway's proxy integration sends it;
 * the request validator: required parameters (``BAD_REQUEST_PARAMETERS``); the payload limit, 10 MB
   (``REQUEST_TOO_LARGE``);
-* the function's answer: a proxy response is passed back; a function error is a 502 (``DEFAULT_5XX``).
+* the function's answer: a proxy response is passed back; a function error is a 502 (``DEFAULT_5XX``);
+* the integration's ``ResponseTransferMode``: ``STREAM`` invokes the function with a response stream
+  (InvokeWithResponseStream, the ``/response-streaming-invocations`` URI) and sends the client the status and headers
+  of the stream's metadata (the JSON before eight NUL bytes), then each piece of the body as it arrives (chunked
+  transfer encoding), as API Gateway's REST response streaming does; ``BUFFERED`` (the default) waits for the whole
+  response. A stream without its metadata is a 502 (``INTEGRATION_FAILURE``).
 
 Every gateway-generated error is rendered from the template's ``AWS::ApiGateway::GatewayResponse`` for its type
 (falling back to ``DEFAULT_4XX``/``DEFAULT_5XX``, then to API Gateway's own ``{"message": ...}``).
@@ -35,6 +40,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -62,7 +68,9 @@ _DEFAULTS = {
     "THROTTLED": (429, "Too Many Requests"),
     "QUOTA_EXCEEDED": (429, "Limit Exceeded"),
 }
-_FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/invocations$")
+_FUNCTION_ARN = re.compile(r"functions/(?P<arn>.+)/(?:response-streaming-)?invocations$")
+_STREAM_DELIMITER = b"\0" * 8  # between a streamed response's metadata and its body
+Body = bytes | Iterator[bytes]
 
 
 def unsupported(method: dict[str, Any], validator: dict[str, Any]) -> str | None:
@@ -81,6 +89,7 @@ class Method:
     http_method: str
     function: LocalFunction
     api_key_required: bool
+    streams: bool = False  # the integration's ResponseTransferMode is STREAM
     required_parameters: list[str] = field(default_factory=list)  # method.request.header.x ...
     authorizer: RequestAuthorizer | None = None
 
@@ -164,6 +173,7 @@ class RestApi:
                 http_method=props["HttpMethod"],
                 function=functions[deployment.function_by_arn(arn)],
                 api_key_required=bool(props.get("ApiKeyRequired")),
+                streams=integration.get("ResponseTransferMode", "BUFFERED") == "STREAM",
                 authorizer=authorizers[props["AuthorizerId"]] if props.get("AuthorizationType") == "CUSTOM" else None,
             )
             if validator.get("ValidateRequestParameters"):
@@ -200,9 +210,19 @@ class RestApi:
         return method, params
 
     def handle(
-        self, http_method: str, target: str, headers: dict[str, str], body: bytes, source_ip: str
-    ) -> tuple[int, dict[str, str], bytes]:
+        self,
+        http_method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        source_ip: str,
+        multi_value_headers: dict[str, list[str]] | None = None,
+    ) -> tuple[int, dict[str, str], Body]:
+        """The answer to one request: its status, headers and body (the body's pieces as they come, for a method
+        whose integration streams). ``headers``: each header's last value, as API Gateway's proxy and authorizer
+        events carry them; ``multi_value_headers``: every value of each (None: one each, ``headers``'s)."""
         request_id = str(uuid.uuid4())
+        multi = multi_value_headers or {k: [v] for k, v in headers.items()}
         try:
             split = urlsplit(target)
             method, path_params = self.route(http_method, split.path)
@@ -212,7 +232,9 @@ class RestApi:
             authorizer: dict[str, Any] | None = None
             usage_key: str | None = None
             if method.authorizer is not None:
-                authorized = self._authorize(method, split.path, path_params, query, headers, identity, request_id)
+                authorized = self._authorize(
+                    method, split.path, path_params, query, headers, multi, identity, request_id
+                )
                 authorizer = {**authorized.context, "principalId": authorized.principal_id}
                 usage_key = authorized.usage_identifier_key
             if method.api_key_required:
@@ -223,8 +245,14 @@ class RestApi:
                 identity.update(apiKey=key, apiKeyId=key_id)
             self._validate(method, lowered, query)
             event = self._proxy_event(method, split.path, path_params, query, headers, body, identity, request_id)
+            event["multiValueHeaders"] = multi
             if authorizer is not None:
                 event["requestContext"]["authorizer"] = authorizer
+            if method.streams:
+                streamed = method.function.invoke_stream(event)
+                if streamed.error is not None:
+                    raise GatewayError("INTEGRATION_FAILURE")
+                return self._streamed_response(streamed.chunks, request_id)
             result = method.function.invoke(event)
             if result.error or not isinstance(result.payload, dict) or "statusCode" not in result.payload:
                 raise GatewayError("INTEGRATION_FAILURE")
@@ -239,6 +267,7 @@ class RestApi:
         path_params: dict[str, str],
         query: dict[str, list[str]],
         headers: dict[str, str],
+        multi_value_headers: dict[str, list[str]],
         identity: dict[str, Any],
         request_id: str,
     ) -> Any:
@@ -265,6 +294,7 @@ class RestApi:
                     path=path,
                     http_method=http_method,
                     headers=headers,
+                    multi_value_headers=multi_value_headers,
                     query=query,
                     path_parameters=path_params,
                     request_context=context,
@@ -351,6 +381,33 @@ class RestApi:
         headers["x-amzn-RequestId"] = request_id
         return int(payload["statusCode"]), headers, data
 
+    @staticmethod
+    def _streamed_response(chunks: Iterator[bytes], request_id: str) -> tuple[int, dict[str, str], Body]:
+        """The status and headers of a response stream's metadata, and its body's pieces as they come."""
+        head = b""
+        for chunk in chunks:
+            head += chunk
+            if _STREAM_DELIMITER in head:
+                break
+        if _STREAM_DELIMITER not in head:
+            raise GatewayError("INTEGRATION_FAILURE", "the function's response stream has no metadata")
+        metadata_json, _, first = head.partition(_STREAM_DELIMITER)
+        try:
+            metadata = json.loads(metadata_json or b"{}")
+        except ValueError:
+            raise GatewayError("INTEGRATION_FAILURE", "the response stream's metadata is not JSON") from None
+        headers = {str(k): str(v) for k, v in (metadata.get("headers") or {}).items()}
+        for name, values in (metadata.get("multiValueHeaders") or {}).items():
+            headers[name] = ", ".join(str(v) for v in values)
+        headers["x-amzn-RequestId"] = request_id
+
+        def body() -> Iterator[bytes]:
+            if first:
+                yield first
+            yield from chunks
+
+        return int(metadata.get("statusCode", 200)), headers, body()
+
     def _gateway_response(self, error: GatewayError, request_id: str) -> tuple[int, dict[str, str], bytes]:
         status, default_message = _DEFAULTS[error.response_type]
         message = error.message or default_message
@@ -435,16 +492,33 @@ def serve(api: RestApi, host: str, port: int) -> ThreadingHTTPServer:
                 status, headers, data = api.too_large()
             else:
                 body = self.rfile.read(length) if length else b""
-                status, headers, data = api.handle(
-                    self.command, self.path, dict(self.headers.items()), body, self.client_address[0]
-                )
+                # A repeated header keeps every value, as API Gateway's multiValueHeaders do (its headers: the last).
+                multi: dict[str, list[str]] = {}
+                for name, value in self.headers.items():
+                    multi.setdefault(name, []).append(value)
+                last = {name: values[-1] for name, values in multi.items()}
+                status, headers, data = api.handle(self.command, self.path, last, body, self.client_address[0], multi)
             self.send_response(status)
             for name, value in headers.items():
                 if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                     self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
+            if isinstance(data, bytes):
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.wfile.write(data)
+            try:
+                for piece in data:
+                    if piece:  # an empty chunk would end the body
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            finally:
+                close = getattr(data, "close", None)
+                if close is not None:
+                    close()  # frees the function's execution environment if the client went away
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
 

@@ -23,9 +23,10 @@ Local overrides, on top of what the template gives:
   comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
   answer whatever model a request names; the template's own for vllm. The template's embedding models stay served
-  beside them: their local engine runs the real all-MiniLM-L6-v2; and, when a served name has no route of the
-  template (``MODEL_FLEETS``), the ``*`` route (``async_inference.fleets.ANY_MODEL``) to the template's first chat
-  model's fleet, whose workers run the local engine that answers those names (the template's routes stay as they are);
+  beside them: their local engine runs the real all-MiniLM-L6-v2; and ``MODEL_FLEETS``, the routes by which work
+  finds its queue: each served name the template's routes lack gets the first model's route with its own kind, and
+  with ``*`` served, the ``*`` route (``async_inference.fleets.ANY_MODEL``, either kind) is the first model's (the
+  template's routes stay as they are);
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -53,6 +54,7 @@ from async_inference import fleets
 from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
+from gpu_worker.engines.cpu_embedding import MINILM_NAME
 from local_runtime.deployer import Deployment, deployable
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
@@ -322,25 +324,35 @@ class LocalDeployment:
             unset=() if engine == "vllm" else LOCAL_ENGINE_MODEL_VARIABLES,
             volumes_dir=self.log_dir / "volumes" / name,
             log=self.worker_log,
+            secretsmanager=self.client("secretsmanager"),
         )
 
     def _model_overrides(self, logical_id: str) -> dict[str, str]:
         """SERVED_MODELS for a function: the local chat engine's names in place of the template's chat models, and the
-        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2). For a
-        function that routes work (MODEL_FLEETS), when a served name has no route: the ``*`` route, the template's
-        first chat model's, for the local engine's names."""
+        template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2).
+
+        Each local name gets the first model's route (its queue, lane and service) with its own kind, so that the API
+        refuses a request of the other kind at once, as it does on AWS: the local embedding engine's model is an
+        embedding model, every other name a chat model. With ``*`` served (the engines that answer any name), the
+        ``*`` route (``async_inference.fleets.ANY_MODEL``, of either kind) is the first model's."""
         if not self.served_models:
             return {}
         served = list(self.served_models)
         assert self.deployment is not None
         routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
-        if ANY_MODEL[0] not in served:
+        if not routes:
+            return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
+        first = next(iter(routes.values()))
+        if ANY_MODEL[0] in served:
+            routes[fleets.ANY_MODEL] = first
+        else:
             served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
-        overrides = {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
-        stand_in = next((route for route in routes.values() if route.get("kind", CHAT) == CHAT), None)
-        if stand_in is not None and any(name not in routes for name in served):
-            overrides[runtime_config.ENV_MODEL_FLEETS] = json.dumps({**routes, fleets.ANY_MODEL: stand_in})
-        return overrides
+            for name in [name for name in served if name not in routes]:
+                routes[name] = {**first, "kind": EMBEDDING if name == MINILM_NAME else CHAT}
+        return {
+            runtime_config.ENV_SERVED_MODELS: json.dumps(served),
+            runtime_config.ENV_MODEL_FLEETS: json.dumps(routes),
+        }
 
     def _worker_overrides(self, engine: str | None = None) -> dict[str, str]:
         """A worker's overrides, on ``engine`` (default: the one asked for)."""

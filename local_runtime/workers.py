@@ -4,7 +4,8 @@ A worker process gets what its container would, and nothing from the environment
 
 * the image's own configuration (the Dockerfile's ``ENV``, ``WORKDIR`` and ``ENTRYPOINT``/``CMD``, read from the
   image asset the template references), with container paths mapped to local directories;
-* the container definition's ``Environment`` and ``Secrets`` (read from the local Secrets Manager), resolved;
+* the container definition's ``Environment`` and ``Secrets`` (read from the local Secrets Manager when a worker
+  starts, as ECS reads them when it starts a task), resolved;
 * what ECS itself provides (``ECS_PROVIDED``): ``AWS_EXECUTION_ENV``; in AWS also credentials through
   ``AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`` and the agent and metadata endpoints, which locally are static
   credentials and nothing (task protection is then a no-op);
@@ -181,8 +182,14 @@ class WorkerFleet:
         unset: tuple[str, ...] = (),
         log: IO[bytes] | int | None = None,
         python: str = sys.executable,
+        secretsmanager: Any | None = None,
     ) -> None:
+        """``secretsmanager``: the client the task definition's ``Secrets`` are read with when a worker starts (a
+        task definition with secrets and no client is refused)."""
+        if task.secrets and secretsmanager is None:
+            raise TemplateError(f"the task definition has secrets ({sorted(task.secrets)}) and no Secrets Manager")
         self.task = task
+        self._secretsmanager = secretsmanager
         self._unset = unset
         self.python = python
         self._log = log
@@ -210,11 +217,14 @@ class WorkerFleet:
         return path
 
     def environment(self, extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
+        """A worker's environment, its secrets read now (as ECS reads them when it starts a task)."""
         image_env = {k: self._map_paths(v) for k, v in self.task.image.environment.items()}
+        secrets = self.task.resolved_secrets(self._secretsmanager) if self.task.secrets else {}
         env = {
             **CONTAINER_BASE_ENV,
             **image_env,
             **self.task.environment,
+            **secrets,
             **ECS_PROVIDED,
             **self._environment,
             **(extra or {}),
@@ -324,7 +334,8 @@ class _Slot:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         fleet = self._fleet
-        env = fleet.environment(self._extra_env, self._unset)
+        # Read once per start: the health check runs in the same environment, as in the container.
+        env = self._env = fleet.environment(self._extra_env, self._unset)
         self._started = time.monotonic()
         self._health_failures = 0
         self._kill_at: float | None = None
@@ -383,7 +394,7 @@ class _Slot:
         try:
             done = subprocess.run(
                 words,
-                env=fleet.environment(self._extra_env, self._unset),
+                env=self._env,
                 capture_output=True,
                 cwd=fleet.container_path(fleet.task.image.workdir),
                 timeout=float(spec.get("Timeout", 5)),

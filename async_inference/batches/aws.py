@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 from botocore.exceptions import ClientError
 
@@ -91,7 +92,7 @@ class FileObjects:
             Params={
                 "Bucket": self.bucket,
                 "Key": key,
-                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                "ResponseContentDisposition": content_disposition(filename),
             },
             ExpiresIn=expires_s,
         )
@@ -105,6 +106,16 @@ class FileObjects:
             ExpiresIn=expires_s,
         )
         return url, headers
+
+
+def content_disposition(filename: str) -> str:
+    """``attachment`` with the file's name as RFC 6266 says: ``filename*`` percent-encoded in UTF-8 (RFC 5987), the
+    name itself, and ``filename`` a quoted ASCII fallback with quotes, backslashes, control and non-ASCII characters
+    replaced, so no name can end the quoted string and add a parameter of its own (``a"; filename="evil.html``).
+    The fallback keeps letters, digits, ``.``, ``-``, ``_`` and spaces only: a parser that splits on ``;`` before it
+    reads quotes finds no second parameter either."""
+    fallback = "".join(c if c.isascii() and (c.isalnum() or c in "._- ") else "_" for c in filename) or "file"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 class _ChunkReader(io.RawIOBase):

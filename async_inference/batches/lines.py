@@ -8,8 +8,13 @@ import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from async_inference.completions import CompletionRequest
 from async_inference.endpoints import LineRequest, parse_line_body
+from async_inference.limits import LimitExceeded, RequestLimits, check_request, field_in
+from async_inference.responses import ResponseCreate, to_chat_request
+from async_inference.schemas import ChatCompletionRequest
 
 
 class BatchInputLine(BaseModel):
@@ -36,10 +41,33 @@ class BatchInputLine(BaseModel):
             raise ValueError(f"url must be {endpoint}, the batch's endpoint")
         return value
 
-    def request(self) -> LineRequest:
+    def request(self, limits: RequestLimits | None = None) -> LineRequest:
         """The body as the request its url takes (a chat.completions or an embeddings request...); a ValidationError
-        (the jobs API's) when the schema refuses it."""
-        return parse_line_body(self.url, self.body)
+        (the jobs API's) when the schema refuses it, or when a chat request is over ``limits`` (the bounds on its
+        cost, async_inference.limits; None: the defaults), naming the field and the limit as the jobs API does."""
+        request = parse_line_body(self.url, self.body)
+        chat = _as_chat(request)
+        if chat is not None:
+            try:
+                check_request(chat, limits or RequestLimits())
+            except LimitExceeded as exc:
+                error = PydanticCustomError("limit_exceeded", "{message}", {"message": exc.message})
+                field = field_in(self.url, exc.field)
+                details = InitErrorDetails(type=error, loc=tuple(field.split(".")), input=None)
+                raise ValidationError.from_exception_data(type(request).__name__, [details]) from exc
+        return request
+
+
+def _as_chat(request: LineRequest) -> ChatCompletionRequest | None:
+    """The chat request a line runs as (a completions line's, a responses line's), whose cost is bounded; None for
+    an embeddings line."""
+    if isinstance(request, ChatCompletionRequest):
+        return request
+    if isinstance(request, CompletionRequest):
+        return request.to_chat()
+    if isinstance(request, ResponseCreate):
+        return to_chat_request(request)
+    return None
 
 
 def line_errors(exc: ValidationError) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from async_inference import safe_json, settings
 from async_inference.batches.lines import BatchInputLine, line_errors
 from async_inference.batches.models import BatchError, ChunkRange
+from async_inference.limits import clip
 from async_inference.served_models import ServedModels
 
 
@@ -73,7 +74,8 @@ def plan(
 
     def error(code: str, message: str, line: int | None, param: str | None = None) -> None:
         if len(result.errors) < max_errors:
-            result.errors.append(BatchError(code=code, message=message, line=line, param=param))
+            # Clipped: a message quotes the line, and the batch record holding max_errors of them must fit DynamoDB.
+            result.errors.append(BatchError(code=code, message=clip(message), line=line, param=param))
 
     def close_chunk() -> None:
         if current:
@@ -120,10 +122,15 @@ def plan(
 # What a line whose structure BatchInputLine refuses is told, by the field at fault.
 _STRUCTURE_ERRORS = {
     "custom_id": ("missing_required_parameter", "custom_id is missing or not a non-empty string"),
-    "method": ("invalid_method", "method must be POST, got {got!r}"),
-    "url": ("invalid_url", "url must be {endpoint}, the batch's endpoint, got {got!r}"),
+    "method": ("invalid_method", "method must be POST, got {got}"),
+    "url": ("invalid_url", "url must be {endpoint}, the batch's endpoint, got {got}"),
     "body": ("missing_required_parameter", "body is missing or not a JSON object"),
 }
+
+
+def _shown(value: object) -> str:
+    """A value of the line as an error quotes it: its repr, clipped (a 420 KB method is quoted by its start)."""
+    return clip(repr(value), 200)
 
 
 def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str, result: Plan, error) -> None:  # noqa: ANN001
@@ -145,12 +152,12 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
     except ValidationError as exc:
         for name, got in line_errors(exc).items():
             code, message = _STRUCTURE_ERRORS[name]
-            error(code, f"line {n}: " + message.format(got=got, endpoint=endpoint), n, name)
+            error(code, f"line {n}: " + message.format(got=_shown(got), endpoint=endpoint), n, name)
         return
     if parsed.custom_id in seen:
         error(
             "duplicate_custom_id",
-            f"line {n}: custom_id {parsed.custom_id!r} is used by an earlier line",
+            f"line {n}: custom_id {_shown(parsed.custom_id)} is used by an earlier line",
             n,
             "custom_id",
         )
@@ -160,13 +167,14 @@ def _check_line(line: _Line, seen: set[str], served: ServedModels, endpoint: str
     if not isinstance(model, str):
         return  # the worker refuses the body with the jobs API's message, as a line of the error file
     if not served.serves(model):
-        error("model_not_found", f"line {n}: {served.not_found_message(model)}", n, "body.model")
+        error("model_not_found", f"line {n}: {served.not_found_message(clip(model, 256))}", n, "body.model")
     elif result.model is None:
         result.model = model
     elif model != result.model:
         error(
             "mismatched_model",
-            f"line {n}: model {model!r} differs from {result.model!r} of the earlier lines; a batch runs one model",
+            f"line {n}: model {_shown(model)} differs from {_shown(result.model)} of the earlier lines; a batch runs one "
+            "model",
             n,
             "body.model",
         )

@@ -124,7 +124,8 @@ class BatchService:
             size=request.bytes,
             upload_expires_at=utcnow() + dt.timedelta(seconds=expires_s),
         )
-        self.store.create(record)
+        record = record.model_copy(update={"key": settings.file_upload_key(tenant, record.id)})
+        self.store.create(record)  # before the URL exists: an upload's event always finds its record, or none
         url, headers = self.files.presign_put(record.key, size_bytes=request.bytes, expires_s=expires_s)
         upload = PresignedFileUpload(url=url, headers=headers, expires_at=epoch(record.upload_expires_at or utcnow()))
         return FileUpload(**record.wire().model_dump(), upload=upload)
@@ -153,10 +154,23 @@ class BatchService:
         )
 
     def delete_file(self, tenant: str, file_id: str) -> FileDeleted:
+        """Delete a file's record, then its bytes. A presigned PUT cannot be revoked: bytes it puts after this are
+        deleted when their upload event finds no record (``uploaded``)."""
         record = self.get_file(tenant, file_id)
         self.store.delete(record.id)  # the record first: a crash in between leaves bytes that the lifecycle expires
         self.files.delete(record.key)
         return FileDeleted(id=file_id, deleted=True)
+
+    def uploaded(self, key: str) -> FileRecord | None:
+        """A presigned file upload's object arrived (its S3 event): the file it belongs to, or None when no file
+        waits for these bytes (deleted before they arrived, or never one of this tenant's), and the object is
+        deleted: nothing stays stored that no record counts against its tenant's ``max_stored_bytes``."""
+        parsed = settings.parse_file_upload_key(key)
+        record = self.store.get_file(parsed[1]) if parsed is not None else None
+        if record is None or parsed is None or record.tenant != parsed[0] or record.key != key:
+            self.files.delete(key)
+            return None
+        return record
 
     # --- batches --------------------------------------------------------------------------------------------------
 

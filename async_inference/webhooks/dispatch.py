@@ -1,7 +1,8 @@
 """The dispatcher: one message on the webhook queue becomes one signed delivery, recorded on its job.
 
 ``dispatch`` is safe to call from several threads at once (the dispatcher Lambda delivers a whole batch at once):
-it keeps no state between calls, and its store and secrets are shared read-mostly.
+the only state it keeps between calls is which receivers held an attempt to its deadline
+(``async_inference.webhooks.slow_receivers``), and its store and secrets are shared read-mostly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from async_inference.webhooks.events import (
 )
 from async_inference.webhooks.secrets import TenantSecrets
 from async_inference.webhooks.signing import signed_headers
+from async_inference.webhooks.slow_receivers import SlowReceivers
 from async_inference.webhooks.url_safety import Resolver, UnsafeUrl, check_url, resolve
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class Dispatcher:
         max_receives: int = settings.WEBHOOK_MAX_RECEIVE_COUNT,
         resolver: Resolver = resolve,
         poster: Poster = post,
+        slow_receivers: SlowReceivers | None = None,
     ) -> None:
         self.store = store
         self.batches = batches
@@ -63,6 +66,7 @@ class Dispatcher:
         self.max_receives = max_receives
         self._resolver = resolver
         self._post = poster
+        self.slow_receivers = slow_receivers or SlowReceivers()
 
     def dispatch(self, body: str, receive_count: int) -> Outcome:
         event = parse_queued(body)
@@ -112,4 +116,14 @@ class Dispatcher:
         except KeyError as exc:
             logger.error("cannot sign webhook for tenant %s: %s", job.tenant, exc)
             return PostResult(status_code=None, error="the service has no signing secret for this tenant")
-        return self._post(target, headers, event.body.encode())
+        receiver = f"{target.host}:{target.port}"
+        paused = self.slow_receivers.paused(receiver)
+        if paused:
+            return PostResult(
+                status_code=None,
+                error=f"not attempted: this receiver's last delivery reached the deadline; paused {paused:.0f} s more",
+            )
+        result = self._post(target, headers, event.body.encode())
+        if result.timed_out:
+            self.slow_receivers.slow(receiver)
+        return result

@@ -97,11 +97,21 @@ class Batch(BaseModel):
     request_counts: BatchRequestCounts | None = None
 
 
+class ModelCapacity(BaseModel):
+    """Why the model's workers do not run (this service's addition to OpenAI's Model): its GPU instances' latest
+    launch failed, with EC2's reason (a vCPU quota, no capacity in the zones). Its jobs stay queued meanwhile."""
+
+    state: Literal["launch_failed"]
+    reason: str
+    since: int | None = None  # when the failed launch started, in seconds since the epoch
+
+
 class Model(BaseModel):
     id: str
     created: int
     object: Literal["model"] = "model"
     owned_by: str
+    capacity: ModelCapacity | None = None  # set only while the model's GPU launches fail
 
 
 _Item = TypeVar("_Item", bound=BaseModel)

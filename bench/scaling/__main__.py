@@ -23,6 +23,7 @@ from typing import Any
 
 from async_inference import settings
 from async_inference.config import ENV_MODEL_FLEETS
+from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
 from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
@@ -31,7 +32,8 @@ from bench.scaling.policies import scenarios
 from bench.scaling.report import plot, summarise
 from bench.scaling.simulation import Delays, simulate
 from bench.scaling.template import fleet_templates, read
-from bench.scaling.trace import AZURE_CONVERSATION, embedding_requests, load
+from bench.scaling.trace import AZURE_CONVERSATION, Request, embedding_requests, load
+from bench.scaling.traces import TRACES, shape, token_lengths
 from cdk.capacity import INSTANCE_GPUS, EncoderShape, kv_cache_tokens, max_num_seqs, percentile_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the anchors' capacity provider instance warm-up (default: ECS's 300 s; the deployed "
         "policy's is the template's)",
     )
+    parser.add_argument(
+        "--no-hazards",
+        dest="hazards",
+        action="store_false",
+        help="skip the hazard scenarios and the hold's trade-off",
+    )
+    parser.add_argument(
+        "--generated",
+        default=",".join(t.name for t in TRACES),
+        help="the generated traces (bench/scaling/traces.py) to run after --trace, each the fair table only, comma "
+        "separated; '' for none (default: all)",
+    )
     parser.add_argument("--limit", type=int, help="only the first N requests (quick looks)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
@@ -120,21 +134,76 @@ FAIR = (
     "keda_tuned",
     "queue_processing_default",
     "queue_processing_tuned",
+    "keda_shipped",
 )
+# The deployed stack without the learned keep-alive (its fixed keep-alive alone): a row beside the fair table.
+FIXED_KEEP_ALIVE = "deployed_fixed_keep_alive"
 TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
+# How far above the best tuned anchor's p95 wait after the first 15 minutes the deployed policy's may be (issue #29).
+P95_SLACK_S = 10.0
 BRIEF = ("gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "usd_per_million_jobs")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The given trace (with the sensitivity rows and the hazards), then each generated one (the fair table only);
+    the last line printed holds every trace's figures and checks."""
     args = parse(argv)
-    started = time.monotonic()
-    requests = load(args.trace)
-    if args.limit:
-        requests = requests[: args.limit]
     template = json.loads(args.template.read_text()) if args.template else synthesize()
     fleets = fleet_templates(template)
     if args.fleet is None and len(fleets) > 1:
         return _each_fleet(fleets, sys.argv[1:] if argv is None else argv)
+    requests = load(args.trace)
+    if args.limit:
+        requests = requests[: args.limit]
+    given = run(args, template, requests, args.trace.name)
+    if given is None:
+        return 0
+    documents = {args.trace.stem: given}
+    names = [n.strip() for n in args.generated.split(",") if n.strip()]
+    generators = {t.name: t for t in TRACES}
+    unknown = sorted(set(names) - set(generators))
+    if unknown:
+        raise SystemExit(f"--generated {', '.join(unknown)}: the generated traces are {', '.join(generators)}")
+    lengths = token_lengths(args.trace) if names else []
+    quick = argparse.Namespace(**{**vars(args), "sensitivity": False, "hazards": False, "sweep": ""})
+    for name in names:
+        generated = generators[name].build(lengths)
+        label = f"generated {name} {generators[name].parameters} seed {generators[name].seed}"
+        print(f"\n=== {label}: {shape(generated)} ===", flush=True)
+        document = run(quick, template, generated, name)
+        if document is not None:
+            documents[name] = document
+    summary = {
+        name: {
+            "shape": document["shape"],
+            "policies": {n: {k: s[k] for k in BRIEF} for n, s in document["policies"].items()},
+            "checks": document["checks"],
+        }
+        for name, document in documents.items()
+    }
+    every = {name: all(v for k, v in d["checks"].items() if isinstance(v, bool)) for name, d in summary.items()}
+    print(f"\nevery check on every trace: {all(every.values())} ({json.dumps(every)})")
+    print(
+        json.dumps(
+            {
+                "traces": summary,
+                "hazards": given["hazards"],
+                "hold_trade_off": given["hold_trade_off"],
+                "all_checks_hold": all(every.values()),
+            }
+        )
+    )
+    return 0
+
+
+def run(
+    args: argparse.Namespace, template: dict[str, Any], requests: list[Request], trace_name: str
+) -> dict[str, Any] | None:
+    """One trace: the fair table, and with ``args`` asking for them the sensitivity rows, the hazards, the hold's
+    trade-off and the sweep; a plot and a JSON document in ``args.out``. The document (None: a fleet the simulator
+    cannot model, skipped)."""
+    started = time.monotonic()
+    fleets = fleet_templates(template)
     if args.fleet is not None:
         if args.fleet not in fleets:
             raise SystemExit(f"--fleet {args.fleet}: the template's fleets are {', '.join(fleets)}")
@@ -156,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             f"fleet {args.fleet or next(iter(fleets))}: {deployed.worker.model} ({deployed.worker.kind}) has no shape "
             f"in cdk.capacity.{table}, which the simulated engine (a roofline of the model's steps) needs: skipped"
         )
-        return 0
+        return None
     if isinstance(model, EncoderShape):
         # An embedding fleet's jobs: the trace's arrivals and input lengths (truncated to what the model embeds), no
         # output tokens.
@@ -201,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     common = dict(ttl_s=args.ttl_s, tail_s=args.tail_s)
     print(
-        f"trace {args.trace.name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
+        f"trace {trace_name}: {len(requests)} jobs over {requests[-1].arrival_s / 60:.1f} min; "
         f"{model.name} ({deployed.worker.kind}) on {deployed.worker.instance_type} ({gpu.name}); max_num_seqs {seqs} "
         f"(rule: {'none, an encoder' if sized is None else sized}); "
         f"fleet ceiling {max_tasks} tasks; a fresh instance serves "
@@ -246,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = run_all(template, FAIR)
     results = {name: summary for name, (_, summary) in runs.items()}
+    # What the learned keep-alive changes: the same stack with its decision never published (the fixed keep-alive).
+    ((_, fixed),) = run_all(_without(template, "keep_alive"), ("deployed",)).values()
+    results[FIXED_KEEP_ALIVE] = fixed
     _table(results)
 
     # --- sensitivity: one input changed at a time, the deployed policy and the tuned anchors ------------------------
@@ -340,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- hazards ------------------------------------------------------------------------------------------------------
     hazards: dict[str, Any] = {}
-    for name in HAZARDS:
+    for name in HAZARDS if args.hazards else ():
         trace, readings = setting(name, requests)
         if isinstance(model, EncoderShape):
             trace = embedding_requests(trace, model.max_tokens)
@@ -357,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                     "p99_wait_s": summary["p99_wait_s"],
                 }
         hazards[name] = outcome
-    print("\nhazards (deployed policy, fixed and with its fix undone):")
+    if hazards:
+        print("\nhazards (deployed policy, fixed and with its fix undone):")
     for name, outcome in hazards.items():
         print(f"  {name}: " + "; ".join(f"{k}: {v}" for k, v in outcome.items()))
 
@@ -366,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     burst_trace = burst(requests)
     if isinstance(model, EncoderShape):
         burst_trace = embedding_requests(burst_trace, model.max_tokens)
-    for label, variant in (("hold's maximum", template), ("minimum only", _without(template, "hold_cap"))):
+    for label, variant in (
+        (("hold's maximum", template), ("minimum only", _without(template, "hold_cap"))) if args.hazards else ()
+    ):
         ((run, summary),) = run_all(variant, ("deployed",), run_requests=burst_trace).values()
         finished = [j.finished_s for j in run.jobs if j.finished_s is not None]
         trade_off[label] = {
@@ -376,10 +451,11 @@ def main(argv: list[str] | None = None) -> int:
             "last_job_done_s": round(max(finished), 1) if finished else None,
             "max_tasks": summary["max_tasks"],
         }
-    print(
-        f"\nthe hold's trade-off: {len(burst_trace)} jobs within {BURST_S:.0f} s of an idle stack: "
-        + "; ".join(f"{k}: {v}" for k, v in trade_off.items())
-    )
+    if trade_off:
+        print(
+            f"\nthe hold's trade-off: {len(burst_trace)} jobs within {BURST_S:.0f} s of an idle stack: "
+            + "; ".join(f"{k}: {v}" for k, v in trade_off.items())
+        )
 
     sweep = []
     for value in [v.strip() for v in args.sweep.split(",") if v.strip()]:
@@ -405,25 +481,22 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     # One file per fleet: the fleets of one run end within a second of each other.
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + (f"-{args.fleet}" if args.fleet else "")
+    stamp = (
+        dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        + f"-{Path(trace_name).stem}"
+        + (f"-{args.fleet}" if args.fleet else "")
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / f"scaling-{stamp}.png"
     plot(
         [runs[n][0] for n in ("deployed", *TUNED)],
         png,
-        f"{args.trace.name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}",
+        f"{trace_name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}",
     )
-    mine = results["deployed"]
-    checks = {
-        "gpu_hours_over_tuned": {n: round(mine["gpu_hours"] / results[n]["gpu_hours"], 3) for n in TUNED},
-        "p95_after_15min_not_above_tuned": all(
-            mine["p95_wait_after_15min_s"] <= results[n]["p95_wait_after_15min_s"] for n in TUNED
-        ),
-        "first_job_within_180_s": mine["first_job_start_s"] is not None and mine["first_job_start_s"] <= 180,
-    }
-    checks["gpu_hours_at_most_0_8_of_every_tuned"] = all(v <= 0.8 for v in checks["gpu_hours_over_tuned"].values())
+    checks = _checks(results)
     document = {
-        "trace": str(args.trace),
+        "trace": trace_name,
+        "shape": shape(requests),
         "jobs": len(requests),
         "max_num_seqs": seqs,
         "sized_max_num_seqs": sized,
@@ -441,18 +514,23 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(time.monotonic() - started, 1),
     }
     (args.out / f"scaling-{stamp}.json").write_text(json.dumps(document, indent=2))
-    print(f"\nchecks: {json.dumps(checks)}; plot {png}")
-    print(
-        json.dumps(
-            {
-                "policies": {n: {k: s[k] for k in BRIEF} for n, s in results.items()},
-                "hazards": hazards,
-                "hold_trade_off": trade_off,
-                "checks": checks,
-            }
-        )
-    )
-    return 0
+    print(f"\nchecks ({trace_name}): {json.dumps(checks)}; plot {png}", flush=True)
+    return document
+
+
+def _checks(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets on one trace: at most 0.8 x every tuned anchor's GPU hours, a p95 wait after the first 15
+    minutes at most the best tuned anchor's plus 10 s, a first job within 180 s of a submit to an idle stack."""
+    mine = results["deployed"]
+    best_p95 = min(results[n]["p95_wait_after_15min_s"] for n in TUNED)
+    over = {n: round(mine["gpu_hours"] / results[n]["gpu_hours"], 3) for n in TUNED}
+    return {
+        "gpu_hours_over_tuned": over,
+        "gpu_hours_at_most_0_8_of_every_tuned": all(v <= 0.8 for v in over.values()),
+        "best_tuned_p95_after_15min_s": best_p95,
+        "p95_after_15min_within_10_s_of_best_tuned": mine["p95_wait_after_15min_s"] <= best_p95 + P95_SLACK_S,
+        "first_job_within_180_s": mine["first_job_start_s"] is not None and mine["first_job_start_s"] <= 180,
+    }
 
 
 def _each_fleet(fleets: dict[str, dict[str, Any]], argv: list[str]) -> int:
@@ -493,7 +571,7 @@ def _drop_worker_groups(parts: list[Any]) -> None:
 
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
     """The template without its warm pool (and so without the hold's maximum, as the stack synthesizes it), its
-    instance release, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
+    instance release, its learned keep-alive's function, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
     so a hold raises only the minimum), or the pool's pre-initialization (its launch lifecycle hook) (the simulator's
     counterfactual rows)."""
     result = copy.deepcopy(template)
@@ -512,6 +590,13 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
                 parts[:] = [
                     re.sub(r'"worker_(?:hold_)?max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts
                 ]
+        return result
+    if choice == "keep_alive":  # the learned keep-alive's function gone: its decision is never published
+        result["Resources"] = {
+            k: v
+            for k, v in result["Resources"].items()
+            if ENV_KEEP_ALIVE_POLICY not in str(v.get("Properties", {}).get("Environment", ""))
+        }
         return result
     if choice == "pool_pre_initialized":
         result["Resources"] = {

@@ -6,6 +6,9 @@ Semantics (KEDA docs, "Scaling Deployments" and the aws-sqs-queue scaler; Kubern
   ApproximateNumberOfMessagesNotVisible when ``scaleOnInFlight`` (and ...Delayed when ``scaleOnDelayed``).
 * Activation: above ``activationQueueLength`` the trigger is active; KEDA itself takes the workload from 0 to 1 and
   notes the time. When the trigger has not been active for ``cooldownPeriod``, KEDA scales to ``minReplicaCount``.
+* An ``aws-cloudwatch`` trigger on the learned keep-alive's ``KeepWarm`` metric (``async_inference.keep_alive``)
+  is active while the decision keeps the last task: the cooldown then counts from the decision's last keep, not the
+  last message (``KedaSpec.keep_warm_trigger``). Other aws-cloudwatch triggers are refused, named.
 * Between 1 and ``maxReplicaCount`` the HPA scales on the metric as an AverageValue target of ``queueLength``:
   desired = ceil(messages / queueLength), skipped within 10 % tolerance, scale-up at most max(4 pods, 100 %) per
   sync, scale-down to the highest recommendation of the stabilization window (300 s).
@@ -20,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from async_inference import settings
+from async_inference.keep_alive import METRIC_KEEP_WARM
 from bench.scaling.figures import (
     HPA_SCALE_DOWN_STABILIZATION_S,
     HPA_SCALE_UP_PERCENT,
@@ -41,6 +46,8 @@ class KedaSpec:
     scale_on_in_flight: bool
     scale_on_delayed: bool
     scale_down_stabilization_s: float = HPA_SCALE_DOWN_STABILIZATION_S
+    # An aws-cloudwatch trigger on the learned keep-alive's KeepWarm: active while the decision keeps the last task.
+    keep_warm_trigger: bool = False
 
 
 def read_scaled_object(path: Path = MANIFESTS / "scaledobject.yaml") -> KedaSpec:
@@ -54,6 +61,17 @@ def read_scaled_object(path: Path = MANIFESTS / "scaledobject.yaml") -> KedaSpec
     if len(triggers) != 1:
         raise ValueError(f"{path}: expected one aws-sqs-queue trigger, found {len(triggers)}")
     meta = triggers[0].get("metadata", {})
+    keep_warm = False
+    for trigger in spec.get("triggers", []):
+        if trigger.get("type") != "aws-cloudwatch":
+            continue
+        watched = trigger.get("metadata", {})
+        if (watched.get("namespace"), watched.get("metricName")) != (settings.METRICS_NAMESPACE, METRIC_KEEP_WARM):
+            raise ValueError(
+                f"{path}: an aws-cloudwatch trigger on {watched.get('namespace')}/{watched.get('metricName')} is not "
+                f"modelled (only {settings.METRICS_NAMESPACE}/{METRIC_KEEP_WARM}, the learned keep-alive)"
+            )
+        keep_warm = True
     behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
     window = behavior.get("scaleDown", {}).get("stabilizationWindowSeconds", HPA_SCALE_DOWN_STABILIZATION_S)
 
@@ -70,6 +88,7 @@ def read_scaled_object(path: Path = MANIFESTS / "scaledobject.yaml") -> KedaSpec
         scale_on_in_flight=flag("scaleOnInFlight", True),
         scale_on_delayed=flag("scaleOnDelayed", False),
         scale_down_stabilization_s=float(window),
+        keep_warm_trigger=keep_warm,
     )
 
 
@@ -85,11 +104,14 @@ class KedaController:
     def messages(self, visible: int, in_flight: int) -> int:
         return visible + (in_flight if self.spec.scale_on_in_flight else 0)
 
-    def tick(self, now: float, visible: int, in_flight: int, replicas: int) -> int | None:
+    def tick(self, now: float, visible: int, in_flight: int, replicas: int, keep_warm: bool = False) -> int | None:
+        """``keep_warm``: the learned keep-alive's last published decision (read only with ``keep_warm_trigger``)."""
         spec = self.spec
         self.polls += 1
         metric = self.messages(visible, in_flight)
         active = metric > spec.activation_queue_length
+        if spec.keep_warm_trigger and keep_warm and replicas > 0:
+            self.last_active_s = now  # the trigger is active; its replica count (1) is what the HPA keeps at least
         if active:
             self.last_active_s = now
         if replicas == 0:

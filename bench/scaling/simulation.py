@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from async_inference import settings
+from async_inference.keep_alive import METRIC_KEEP_WARM, KeepAlivePolicy, decide
 from bench.scaling.autoscaling import ScalableTarget, StepPolicy, TargetTrackingPolicy
-from bench.scaling.cloudwatch import MetricId, MetricStore, Sources
+from bench.scaling.cloudwatch import MetricId, MetricStat, MetricStore, Sources
 from bench.scaling.ecs import MANAGED_SCALING_PHASE_S, Cluster, ClusterConfig, Task
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import (
@@ -46,6 +48,8 @@ SENT = MetricId("AWS/SQS", "NumberOfMessagesSent")
 DESIRED = MetricId("ECS/ContainerInsights", "DesiredTaskCount")
 RUNNING = MetricId("ECS/ContainerInsights", "RunningTaskCount")
 CPU = MetricId("AWS/ECS", "CPUUtilization")
+KEEP_WARM = MetricId(settings.METRICS_NAMESPACE, METRIC_KEEP_WARM)
+SENT_PER_MINUTE = MetricStat(SENT, "Sum", 60)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class Scenario:
     release_empty: bool | None = None  # the stack's instance release (None: the cluster config's)
     pool_pre_initialized: bool | None = None  # the pool's launch hook pulls image and weights (None: the cluster's)
     eks: bool = False  # runs on EKS (its control plane is part of the idle floor)
+    # The learned keep-alive's function (async_inference.keep_alive), run every minute on the published minutes of
+    # NumberOfMessagesSent; its decision is the KeepWarm metric.
+    keep_alive: KeepAlivePolicy | None = None
 
 
 @dataclass
@@ -118,6 +125,7 @@ class Run:
     releases: int = 0
     warm_pool: int = 0
     instance_starts_by_wake: int = 0  # instances the API's wake launched itself (not managed scaling)
+    keep_alive_log: list[tuple[float, float, bool]] = field(default_factory=list)  # (minute, keep-alive s, keep warm)
 
 
 def simulate(
@@ -236,8 +244,21 @@ def simulate(
             return None
         return float(bisect.bisect_left(sent_times, end) - bisect.bisect_left(sent_times, start))
 
+    def keep_warm() -> float | None:
+        # The function runs at the minute's end and reads what CloudWatch has published of the job queue's sends.
+        if scenario.keep_alive is None:
+            return None
+        end = math.floor(env.now / 60.0) * 60.0
+        window = scenario.keep_alive.window_minutes
+        minutes = [store.datapoint(SENT_PER_MINUTE, end - 60.0 * k, env.now) for k in range(window - 1, -1, -1)]
+        decision = decide(scenario.keep_alive, minutes)
+        keep_alive_log.append((env.now, decision.keep_alive_s, decision.keep_warm))
+        return float(decision.keep_warm)
+
+    keep_alive_log: list[tuple[float, float, bool]] = []
     sources = Sources(
         gauges={
+            KEEP_WARM: keep_warm,
             VISIBLE: lambda: len(queue.visible) if queue_published(env.now) else None,
             NOT_VISIBLE: lambda: queue.in_flight if queue_published(env.now) else None,
             DESIRED: desired_published,
@@ -352,7 +373,9 @@ def simulate(
         while True:
             yield env.timeout(spec.polling_interval_s)
             queue.touch(env.now)  # GetQueueAttributes is an API action: the queue stays active
-            replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired)
+            # The aws-cloudwatch trigger reads the decision last published (one a minute; no publication delay here).
+            warm = bool(keep_alive_log and keep_alive_log[-1][2])
+            replicas = keda.tick(env.now, len(queue.visible), queue.in_flight, cluster.desired, keep_warm=warm)
             if replicas is not None:
                 set_desired(replicas, "keda")
                 activities += 1
@@ -440,6 +463,7 @@ def simulate(
         releases=cluster.releases,
         warm_pool=config.warm_pool,
         instance_starts_by_wake=instance_starts,
+        keep_alive_log=keep_alive_log,
     )
 
 

@@ -27,6 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_inference import config as _env
+from async_inference import settings as _settings
+from async_inference.keep_alive import (
+    ENV_KEEP_ALIVE_POLICY,
+    ENV_KEEP_ALIVE_SERVICE,
+    METRIC_KEEP_WARM,
+    KeepAlivePolicy,
+)
 from bench.scaling.autoscaling import Step, StepPolicy, TargetTrackingPolicy
 from bench.scaling.cloudwatch import Alarm, MetricId, MetricQuery, MetricStat
 from bench.scaling.ecs import ClusterConfig
@@ -85,6 +92,8 @@ class Deployed:
     cluster: ClusterConfig
     worker: WorkerSpec
     wake: WakeSpec | None = None
+    # The learned keep-alive's decision function (None: none, or no alarm reads its decision).
+    keep_alive: KeepAlivePolicy | None = None
 
 
 def _resources(template: Mapping[str, Any], type_: str) -> dict[str, dict[str, Any]]:
@@ -396,6 +405,33 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     )
 
 
+def read_keep_alive(template: Mapping[str, Any], policy: PolicySpec) -> KeepAlivePolicy | None:
+    """The learned keep-alive of the worker service (``cdk.keep_alive.LearnedKeepAlive``): the function whose
+    KEEP_ALIVE_SERVICE names the service, run by a schedule, whose role may publish its decision, read by an alarm of
+    ``policy``. None when there is none; a function whose role may not publish, or whose decision no alarm reads,
+    decides nothing and is read as none."""
+    service_id, service = _single(template, "AWS::ECS::Service")
+    name = service["Properties"].get("ServiceName")
+    keep_warm = MetricId(_settings.METRICS_NAMESPACE, METRIC_KEEP_WARM)
+    if not any(keep_warm in alarm.query.metrics() for alarm in policy.alarms):
+        return None
+    scheduled = {
+        _ref(t.get("Arn"))
+        for rule in _resources(template, "AWS::Events::Rule").values()
+        if rule["Properties"].get("ScheduleExpression")
+        for t in rule["Properties"].get("Targets", [])
+    }
+    for function_id, function in _resources(template, "AWS::Lambda::Function").items():
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        named = variables.get(ENV_KEEP_ALIVE_SERVICE)
+        if ENV_KEEP_ALIVE_POLICY not in variables or not (named == name or _ref(named) == service_id):
+            continue
+        role = _ref(function["Properties"].get("Role"))
+        if function_id in scheduled and _role_allows(template, role, "cloudwatch:PutMetricData", "*"):
+            return KeepAlivePolicy.from_json(variables[ENV_KEEP_ALIVE_POLICY])
+    return None
+
+
 def read_capacity_choices(template: Mapping[str, Any], group_id: str) -> tuple[int, int | None, bool, bool]:
     """The warm pool's stopped instances beside ``group_id`` while it is at zero (0 without a pool) and the pool's
     MinSize, whether a function scheduled every minute releases the group's empty instances (its role may set the
@@ -583,4 +619,10 @@ def read(template: Mapping[str, Any]) -> Deployed:
         ),
         kind=str(env.get(_env.ENV_MODEL_KIND) or "chat"),
     )
-    return Deployed(policy=policy, cluster=cluster, worker=worker, wake=read_wake(template))
+    return Deployed(
+        policy=policy,
+        cluster=cluster,
+        worker=worker,
+        wake=read_wake(template),
+        keep_alive=read_keep_alive(template, policy),
+    )

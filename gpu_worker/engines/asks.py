@@ -25,6 +25,7 @@ from typing import Any
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.base import PermanentEngineError
+from gpu_worker.engines.schema_budget import check_schema
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -137,7 +138,8 @@ def _function(spec: dict[str, Any]) -> Function:
 
 
 def asks_of(request: ChatCompletionRequest) -> Asks:
-    """Read ``request``; a combination no engine can honour is a ``PermanentEngineError`` naming the field."""
+    """Read ``request``; a combination no engine can honour, or an output schema over the grammar's budget
+    (``gpu_worker.engines.schema_budget``), is a ``PermanentEngineError`` naming the field."""
     body = request.model_dump(mode="json", exclude_none=True)
     legacy = "functions" in body and "tools" not in body
     if legacy:
@@ -178,7 +180,7 @@ def asks_of(request: ChatCompletionRequest) -> Asks:
     except ValueError as exc:
         raise PermanentEngineError(f"logit_bias keys are token ids (integers as strings): {exc}") from exc
     logprobs = bool(body.get("logprobs"))
-    return Asks(
+    asks = Asks(
         messages=body["messages"],
         max_tokens=_get(body, "max_completion_tokens", _get(body, "max_tokens", request.max_tokens)),
         n=_get(body, "n", 1),
@@ -202,6 +204,10 @@ def asks_of(request: ChatCompletionRequest) -> Asks:
         legacy_functions=legacy,
         chat_template_kwargs=body.get("chat_template_kwargs") or {},
     )
+    output_schema = asks.output_schema()
+    if output_schema is not None:
+        check_schema(output_schema, "tools[].function.parameters" if asks.forces_tool_call else "response_format")
+    return asks
 
 
 def refuse_beyond_text(asks: Asks, engine: str) -> None:

@@ -91,11 +91,14 @@ class EngineError(Exception):
 
 class PermanentEngineError(EngineError):
     """The request can never succeed on this engine (prompt longer than the context, bad model name...).
-    The worker fails the job at once with this message as the reason."""
+    The worker fails the job at once with this message as the reason, and ``code`` as its error code: the request's
+    fault, which a client must fix rather than retry (a 400, as a batch line's is)."""
+
+    code = "invalid_request"
 
 
 class PromptTooLongError(PermanentEngineError):
-    pass
+    code = "context_length_exceeded"  # OpenAI's code for it
 
 
 class TransientEngineError(EngineError):
@@ -141,6 +144,12 @@ class Engine(abc.ABC):
     def tokens_so_far(self, request_id: str) -> int | None:
         """Completion tokens a running request has generated so far; None when the request is not running here or the
         engine cannot tell. Cheap and non-blocking: the worker reads it for every running job at each progress beat."""
+        return None
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        """Each choice's text so far, of a running request (what it would answer now, before stop strings are cut);
+        None when the request is not running here or the engine cannot tell (a streamed job's text then comes whole
+        at its end). Non-blocking; the worker reads it for streamed jobs several times a second (gpu_worker.deltas)."""
         return None
 
     async def close(self) -> None:  # noqa: B027 (optional hook)

@@ -23,7 +23,7 @@ generated, the end-of-sequence token included; ``prompt_tokens + max_tokens`` mu
 OpenAI's parameters (read by ``gpu_worker.engines.asks``; the README's "How the engines honour the request" says what
 each does here): a request is ``n`` rows of the batch; each row carries its own logits processors (``logit_bias``,
 ``repetition_penalty``, presence/frequency penalties, and xgrammar's grammar mask for ``response_format`` and forced
-tool calls, compiled once per schema) and warpers (``top_k``, ``min_p``), applied to its row of the batched logits,
+tool calls, compiled once per schema, off the shared path and within a budget: ``gpu_worker.engines.grammars``) and warpers (``top_k``, ``min_p``), applied to its row of the batched logits,
 so constrained and plain requests share one batch; logprobs are read from the raw logits before any of them. The
 grammar comes last: after every row's processors, the constrained rows' masks are filled into one bitmask allocated
 once for the engine's capacity and applied to the batch's logits in one call (xgrammar's batched use); plain rows are
@@ -70,7 +70,8 @@ from gpu_worker.engines.base import (
     TopLogprob,
     TransientEngineError,
 )
-from gpu_worker.engines.common import chat_prompt_ids, check_context
+from gpu_worker.engines.common import chat_prompt_ids, check_context, check_prompt_chars, longest_token_chars
+from gpu_worker.engines.grammars import Grammars
 
 if TYPE_CHECKING:
     from gpu_worker.engines.processors import GrammarMask
@@ -85,7 +86,6 @@ DEFAULT_CAPACITY = 8
 DEFAULT_MAX_MODEL_LEN = 2048
 GREEDY_BELOW = 1e-5  # vLLM treats a temperature under this as greedy
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
-GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept, by schema
 
 
 def _offline() -> None:
@@ -298,10 +298,10 @@ class CpuEngine(Engine):
         self._pending: collections.deque[_Row] = collections.deque()  # shared with the decoding thread
         self._pending_lock = threading.Lock()
         self._rows: dict[str, list[_Row]] = {}  # request id -> its n rows
+        self._preparing: dict[str, bool] = {}  # request id -> aborted, while its prompt and grammar are made
         self._vocab_size = 0
-        self._grammar_compiler: Any = None  # xgrammar's, made on the first constrained request
-        self._grammar_lock = threading.RLock()  # _grammar takes it, then _cached_grammar again
-        self._grammars: collections.OrderedDict[str, Any] = collections.OrderedDict()  # schema JSON -> compiled
+        self.grammars: Grammars | None = None  # made with the tokenizer
+        self._longest_token_chars = 1  # the most characters a token stands for, read from the tokenizer
         self._bitmask: Any = None  # xgrammar's token bitmask, capacity x vocabulary, made at the first grammar
         self._token_texts: dict[int, str] = {}
         self._wake: asyncio.Event | None = None
@@ -356,6 +356,8 @@ class CpuEngine(Engine):
         # here than in the first job's latency.
         with torch.inference_mode():
             model(input_ids=torch.tensor([[self._pad_id] * 4]), logits_to_keep=1)
+        self._longest_token_chars = longest_token_chars(self._tokenizer)
+        self.grammars = Grammars(self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=sorted(self._eos_ids))
         self._model = model
         logger.info("cpu engine: loaded and warmed up %s in %.1f s", model_dir, time.monotonic() - started)
 
@@ -372,6 +374,8 @@ class CpuEngine(Engine):
             _settle(row.future, GenerationAborted(row.request_id))
         with self._pending_lock:
             self._pending.clear()
+        if self.grammars is not None:
+            self.grammars.close()
 
     # -- requests --
 
@@ -382,18 +386,22 @@ class CpuEngine(Engine):
     async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
         if self._model is None:
             raise TransientEngineError("the CPU engine is not started")
-        if request_id in self._rows:
+        if request_id in self._rows or request_id in self._preparing:
             raise PermanentEngineError(f"request {request_id!r} is already running")
         asks = asks_of(request)
         self._check(asks)
-        prompt_ids = self.prompt_ids(asks)
-        check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
-        schema = asks.output_schema()
-        grammar = None
-        if schema is not None:
-            # A compiled grammar is taken at once, so that requests sent together still join one prefill; only a
-            # compile goes to a thread (it can take seconds).
-            grammar = self._cached_grammar(schema) or await asyncio.to_thread(self._grammar, schema, asks)
+        check_prompt_chars(asks, longest_token_chars=self._longest_token_chars, max_model_len=self._max_model_len)
+        # An abort that comes while the prompt is built (a preemption, a cancel) is kept until the rows exist.
+        self._preparing[request_id] = False
+        try:
+            # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
+            prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
+            check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
+            grammar = await self._grammar_of(asks)
+        finally:
+            aborted = self._preparing.pop(request_id)
+        if aborted:
+            raise GenerationAborted(request_id)
         loop = asyncio.get_running_loop()
         rows = [self._row(f"{request_id}/{i}", i, asks, prompt_ids, grammar, loop) for i in range(asks.n)]
         self._rows[request_id] = rows
@@ -412,6 +420,17 @@ class CpuEngine(Engine):
             prompt_tokens=len(prompt_ids),
             completion_tokens=sum(len(row.tokens) for row in rows),
         )
+
+    async def _grammar_of(self, asks: Asks) -> Any:
+        """The compiled grammar of the request's output schema, or None for free text."""
+        schema = asks.output_schema()
+        if schema is None:
+            return None
+        # A compiled grammar is taken at once, so that requests sent together still join one prefill; only a compile
+        # goes to the grammars' own thread, within its budget (gpu_worker.engines.grammars).
+        assert self.grammars is not None
+        field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format"
+        return self.grammars.cached(schema) or await self.grammars.get(schema, field_name)
 
     def _check(self, asks: Asks) -> None:
         """Refuse what the request asks beyond this engine (the schema has checked the ranges OpenAI documents)."""
@@ -466,42 +485,6 @@ class CpuEngine(Engine):
             top_logprobs=asks.top_logprobs if asks.logprobs else None,
         )
 
-    def _grammar(self, schema: dict[str, Any], asks: Asks) -> Any:
-        """The compiled xgrammar grammar for ``schema``, compiled once per schema (kept by its JSON text).
-
-        Compact JSON (no free whitespace between tokens): a small model left free to emit whitespace can emit it
-        until max_tokens. Strict mode: no properties beyond the schema's, as OpenAI's strict structured outputs."""
-        key = json.dumps(schema)  # not sorted: the grammar emits properties in the schema's order, as OpenAI does
-        with self._grammar_lock:
-            compiled = self._cached_grammar(schema, key)
-            if compiled is not None:
-                return compiled
-            if self._grammar_compiler is None:
-                import xgrammar as xgr
-
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=sorted(self._eos_ids)
-                )
-                self._grammar_compiler = xgr.GrammarCompiler(info)
-            try:
-                compiled = self._grammar_compiler.compile_json_schema(key, any_whitespace=False, strict_mode=True)
-            except Exception as exc:  # xgrammar raises RuntimeError / ValueError subclasses for schemas it cannot take
-                field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format.json_schema"
-                raise PermanentEngineError(f"{field_name}: the schema cannot be compiled to a grammar: {exc}") from exc
-            self._grammars[key] = compiled
-            if len(self._grammars) > GRAMMAR_CACHE_SIZE:
-                self._grammars.popitem(last=False)
-            return compiled
-
-    def _cached_grammar(self, schema: dict[str, Any], key: str | None = None) -> Any:
-        """The grammar already compiled for ``schema``, or None."""
-        key = key if key is not None else json.dumps(schema)
-        with self._grammar_lock:
-            compiled = self._grammars.get(key)
-            if compiled is not None:
-                self._grammars.move_to_end(key)
-            return compiled
-
     @staticmethod
     def _answer(completion: Completion, asks: Asks) -> Completion:
         """A row's text as the choice OpenAI returns: tool calls taken out of it where tools were offered.
@@ -531,6 +514,8 @@ class CpuEngine(Engine):
         )
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self._preparing:
+            self._preparing[request_id] = True  # generate raises GenerationAborted once its prompt is built
         for row in self._rows.get(request_id, []):
             row.aborted = True  # in the batch: the decoding thread answers it at its next step
             with self._pending_lock:
@@ -544,6 +529,10 @@ class CpuEngine(Engine):
         # The decoding thread appends to row.tokens between steps; len() of a list is atomic under the GIL.
         rows = self._rows.get(request_id)
         return sum(len(row.tokens) for row in rows) if rows is not None else None
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        rows = self._rows.get(request_id)
+        return tuple(self._decode(list(row.tokens)) for row in rows) if rows is not None else None
 
     # -- batching --
 

@@ -35,7 +35,8 @@ class EchoEngine(Engine):
         self._delay_s = delay_s
         self._max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
         self._aborts: dict[str, asyncio.Event] = {}
-        self._running: dict[str, tuple[float, int]] = {}  # request id -> (time.monotonic() at start, its tokens)
+        # request id -> (time.monotonic() at start, its tokens, its choice's text)
+        self._running: dict[str, tuple[float, int, str]] = {}
 
     @property
     def capacity(self) -> int:
@@ -62,7 +63,7 @@ class EchoEngine(Engine):
             choices=(Completion(text, finish),) * asks.n, prompt_tokens=prompt_tokens, completion_tokens=tokens * asks.n
         )
         aborted = self._aborts.setdefault(request_id, asyncio.Event())
-        self._running[request_id] = (time.monotonic(), generation.completion_tokens)
+        self._running[request_id] = (time.monotonic(), generation.completion_tokens, text)
         try:
             if self._delay_s:
                 try:
@@ -85,7 +86,16 @@ class EchoEngine(Engine):
         running = self._running.get(request_id)
         if running is None:
             return None
-        started, tokens = running
+        started, tokens, _ = running
         if not self._delay_s:
             return tokens
         return min(tokens, int(tokens * (time.monotonic() - started) / self._delay_s))
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        running = self._running.get(request_id)
+        if running is None:
+            return None
+        started, tokens, text = running
+        words = text.split()
+        shown = len(words) if not self._delay_s else int(len(words) * (time.monotonic() - started) / self._delay_s)
+        return (" ".join(words[: min(shown, len(words))]),)

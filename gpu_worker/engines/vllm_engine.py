@@ -23,7 +23,8 @@ on machines without it.
 
 Progress: the serving layer asks the engine for the final output only (it does not stream); the engine client it is
 given (``_CountingClient``) asks for cumulative outputs instead, of which the serving layer keeps the last, the same
-final output, and counts each request's tokens as they come (``tokens_so_far``). With ``n`` > 1 the final output
+final output, and counts each request's tokens as they come (``tokens_so_far``) and keeps its text so far
+(``texts_so_far``, for streamed jobs). With ``n`` > 1 the final output
 alone is asked for (vLLM gathers the n sequences into it) and the progress is not known until the end.
 
 Abort: the request's task is cancelled, as vLLM's server does when a client goes away; vLLM's engine client aborts the
@@ -63,6 +64,7 @@ from gpu_worker.engines.base import (
     TopLogprob,
     TransientEngineError,
 )
+from gpu_worker.engines.common import check_prompt_chars, longest_token_chars
 from gpu_worker.engines.vllm_common import VllmBase, VllmOptions
 
 logger = logging.getLogger(__name__)
@@ -91,8 +93,11 @@ class _CountingClient:
     """vLLM's engine client as the serving layer is given it: the same client, except that ``generate`` counts each
     request's completion tokens as they come (see the module docstring)."""
 
-    def __init__(self, client: Any, counts: dict[str, int], output_kind: Any) -> None:
+    def __init__(
+        self, client: Any, counts: dict[str, int], output_kind: Any, texts: dict[str, tuple[str, ...]] | None = None
+    ) -> None:
         self._client, self._counts, self._output_kind = client, counts, output_kind
+        self._texts = texts if texts is not None else {}  # vLLM request id -> its text so far (gpu_worker.deltas)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -104,6 +109,7 @@ class _CountingClient:
         async for output in self._client.generate(prompt, sampling_params, request_id, *args, **kwargs):
             if counted and request_id in self._counts:
                 self._counts[request_id] = sum(len(o.token_ids) for o in output.outputs)
+                self._texts[request_id] = tuple(o.text for o in output.outputs)
             yield output
 
 
@@ -120,9 +126,11 @@ class VllmEngine(VllmBase):
         self._chat: Any = None  # vLLM's OpenAIServingChat
         self._request_model: Any = None  # vLLM's ChatCompletionRequest
         self._running: dict[str, int] = {}  # vLLM request id -> completion tokens so far
+        self._texts: dict[str, tuple[str, ...]] = {}  # vLLM request id -> each choice's text so far
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # job id -> its create_chat_completion
         self._aborted: set[str] = set()
         self._template_takes_tools = True  # read from the model's chat template at start
+        self._longest_token_chars: int | None = None  # read from the tokenizer at start; None: vLLM's check only
 
     # -- lifecycle --
 
@@ -158,6 +166,7 @@ class VllmEngine(VllmBase):
         engine = self._new_engine(args)
         state = await self._app_state(self.counting_client(engine), args)
         self._template_takes_tools = self._chat_template_takes_tools(engine, state.openai_serving_chat)
+        self._longest_token_chars = self._read_longest_token_chars(engine)
         return engine, state.openai_serving_chat, VllmRequest
 
     @staticmethod
@@ -180,8 +189,19 @@ class VllmEngine(VllmBase):
             logger.info("the chat template takes no tools: they are written into the messages as the CPU engine does")
         return takes
 
+    @staticmethod
+    def _read_longest_token_chars(engine: Any) -> int | None:
+        """The most characters a token of the served tokenizer stands for, for the length check made before vLLM
+        templates and tokenises a prompt (``gpu_worker.engines.common.check_prompt_chars``); None when the tokenizer
+        cannot be read (vLLM's own check, after tokenising, still refuses a prompt that does not fit)."""
+        try:
+            return longest_token_chars(engine.renderer.get_tokenizer())
+        except Exception:
+            logger.warning("could not read the tokenizer's tokens; prompts are checked by vLLM alone", exc_info=True)
+            return None
+
     def counting_client(self, engine: Any) -> _CountingClient:
-        return _CountingClient(engine, self._running, self._output_kind())
+        return _CountingClient(engine, self._running, self._output_kind(), self._texts)
 
     def _output_kind(self) -> Any:
         return getattr(getattr(self._vllm, "sampling_params", None), "RequestOutputKind", None)
@@ -225,7 +245,10 @@ class VllmEngine(VllmBase):
             raise TransientEngineError("the vLLM engine is not started")
         if request_id in self._tasks:
             raise PermanentEngineError(f"request {request_id!r} is already running")
-        legacy = asks_of(request).legacy_functions
+        asks = asks_of(request)
+        if self._longest_token_chars is not None:
+            check_prompt_chars(asks, longest_token_chars=self._longest_token_chars, max_model_len=self.max_model_len)
+        legacy = asks.legacy_functions
         try:
             vllm_request = self._request_model.model_validate(self.vllm_body(request_id, request))
         except ValueError as exc:  # pydantic's ValidationError: a request vLLM's schema refuses
@@ -247,6 +270,7 @@ class VllmEngine(VllmBase):
             raise self._failure(exc, _refusal) from exc
         finally:
             self._running.pop(vllm_id, None)
+            self._texts.pop(vllm_id, None)
             self._tasks.pop(request_id, None)
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
@@ -305,6 +329,10 @@ class VllmEngine(VllmBase):
 
     def tokens_so_far(self, request_id: str) -> int | None:
         return self._running.get(f"chatcmpl-{request_id}")
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        # vLLM's detokenizer holds back what could still become a stop string, so its text so far never takes back
+        return self._texts.get(f"chatcmpl-{request_id}")
 
     async def abort(self, request_id: str) -> None:
         task = self._tasks.get(request_id)

@@ -15,6 +15,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
 from async_inference import settings
+from async_inference.aws import client
 from async_inference.batches.models import (
     BATCH_ID_PATTERN,
     FILE_ID_PATTERN,
@@ -30,6 +31,7 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.multipart import MultipartError, parse_file_form
 from async_inference.batches.service import BatchService
+from async_inference.capacity_state import CapacityState
 from async_inference.config import ServiceSettings
 from async_inference.service import ServiceError
 from lambdas.api.openapi_document import error_responses, ok
@@ -37,12 +39,14 @@ from lambdas.api.tenancy import tenant_of
 
 router = Router()
 batches: BatchService | None = None  # set once by configure(), with the handler's settings
+capacity: CapacityState | None = None  # each model's GPU launch failures, for GET /v1/models
 
 
 def configure(config: ServiceSettings) -> None:
     """Build the service over the resources the API function's settings name (read once, by the handler)."""
-    global batches
+    global batches, capacity
     batches = BatchService.from_settings(config)
+    capacity = CapacityState.from_routes(config.model_fleets, client("autoscaling"))
 
 
 FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="A file id as returned by POST /v1/files.")]
@@ -84,7 +88,8 @@ def _raw_body() -> bytes:
 )
 def list_models() -> Response[ModelList]:
     _tenant()
-    return _json(_service().models())
+    models = _service().models()
+    return _json(capacity.annotate_list(models) if capacity else models)
 
 
 @router.get(
@@ -94,7 +99,8 @@ def list_models() -> Response[ModelList]:
 )
 def get_model(model_id: Annotated[str, Path(max_length=256)]) -> Response[Model]:
     _tenant()
-    return _json(_service().model(model_id))
+    model = _service().model(model_id)
+    return _json(capacity.annotate(model) if capacity else model)
 
 
 # --- Files ----------------------------------------------------------------------------------------------------------

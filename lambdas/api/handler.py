@@ -10,6 +10,7 @@ as ``{"error": {"code", "message", "details"}}``; no exception text or stack tra
 import base64
 import binascii
 import json
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Annotated, Any
@@ -25,10 +26,11 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import safe_json, settings
 from async_inference.config import ServiceSettings
-from async_inference.jobs import JOB_ID_PATTERN, JobStatus
+from async_inference.jobs import FINAL_STATES, JOB_ID_PATTERN, JobStatus
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
 from async_inference.service import JobService, ServiceError
-from lambdas.api import batch_routes, media_type, response_routes
+from async_inference.sync_wait import MAX_WAIT_S
+from lambdas.api import batch_routes, media_type, openai_routes, response_routes
 from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
 from lambdas.api.tenancy import tenant_of
 
@@ -46,11 +48,14 @@ service = JobService.from_config(
     allow_local_webhooks=config.allow_local_webhooks,
     served_models=config.served_models,
     quotas=config.tenant_quotas,
+    limits=config.request_limits,
 )
 batch_routes.configure(config)
 app.include_router(batch_routes.router)
 response_routes.configure(service)
 app.include_router(response_routes.router)
+openai_routes.configure(service)
+app.include_router(openai_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
 MAX_IDEMPOTENCY_KEY_CHARS = 255
@@ -65,6 +70,15 @@ IdempotencyKey = Annotated[
         "is a 422 (409 while the first request is still being processed).",
     ),
 ]
+Prefer = Annotated[
+    str | None,
+    Header(
+        alias="prefer",
+        max_length=256,
+        description=f"RFC 7240 `wait=N`: hold the request up to N seconds (at most {MAX_WAIT_S}) while the job runs; "
+        "the answer is then the job as it stands (200 once it has ended), with `Preference-Applied`.",
+    ),
+]
 
 
 # Routes that read a request body; the others ignore any body sent (HTTP gives a GET's body no meaning).
@@ -73,6 +87,7 @@ _BODY_ROUTES = {
     ("POST", "/v1/batches"),
     ("POST", "/v1/files/uploads"),
     ("POST", response_routes.CREATE_ROUTE),
+    *(("POST", route) for route in openai_routes.BODY_ROUTES),
 }
 
 
@@ -99,6 +114,7 @@ def _tenant() -> str:
     "batch lane, where it runs in the engine slots interactive jobs leave free and yields its slot to them.",
     responses={
         202: ok("Queued (an inline `request`)", JobView),
+        200: ok("Ended while a `Prefer: wait=N` request waited", JobView),
         201: ok("Awaiting its upload (an `upload`): PUT the request to `upload.url`", JobView),
         **error_responses(
             400,
@@ -116,13 +132,18 @@ def _tenant() -> str:
 )
 @tracer.capture_method(capture_response=False)
 def create_job(
-    submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None
+    submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None, prefer: Prefer = None
 ) -> Response[JobView]:
+    started = time.monotonic()
     submitted = service.submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
+    job, headers = openai_routes.prefer_wait(submitted.job, prefer, started)
     status = HTTPStatus.CREATED if submitted.upload else HTTPStatus.ACCEPTED
-    return _json(status, service.view(submitted.job, upload=submitted.upload))
+    if "Preference-Applied" in headers and job.status in FINAL_STATES:
+        status = HTTPStatus.OK
+    view = service.view(job, upload=submitted.upload)
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=view, headers=headers)
 
 
 @app.get(

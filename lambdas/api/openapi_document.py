@@ -15,6 +15,7 @@ from typing import Any
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, HTTPBearer
 
 from async_inference import settings
+from async_inference.jobs import JOB_ID_PATTERN
 from async_inference.schemas import ErrorResponse
 
 API_KEY_HEADER = "x-api-key"
@@ -53,6 +54,15 @@ RETRY_AFTER = {
         "description": "While the job is unfinished: seconds to wait before the next GET (a fifth of its time in its "
         f"state, 1 to {settings.MAX_POLL_AFTER_S})",
         "schema": {"type": "integer", "minimum": 1, "maximum": settings.MAX_POLL_AFTER_S},
+    }
+}
+
+# The header that names the job behind an answer of a held route (lambdas/api/openai_routes.py) or of POST /v1/jobs.
+JOB_ID_HEADER = "x-async-inference-job-id"
+JOB_ID = {
+    JOB_ID_HEADER: {
+        "description": "The job that answered the request: GET /v1/jobs/{id} reads it, also after a 504",
+        "schema": {"type": "string", "pattern": JOB_ID_PATTERN},
     }
 }
 

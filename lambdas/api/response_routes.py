@@ -22,6 +22,7 @@ from async_inference.responses import (
     ResponseDeleted,
 )
 from async_inference.service import JobService
+from lambdas.api import openai_routes
 from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
@@ -55,13 +56,14 @@ def _tenant() -> str:
 
 @router.post(
     CREATE_ROUTE,
-    summary="Create a background response (OpenAI's Responses API; background: true is required)",
-    description="The response runs as a job: it is answered at once, `queued`; poll GET /v1/responses/{id} until its "
-    "status is final. A request without `background: true` is a 400 that says to set it; `stream: true`, "
+    summary="Create a response (OpenAI's Responses API), background or held until it ends",
+    description="The response runs as a job. With `background: true` it is answered at once, `queued`; poll GET "
+    "/v1/responses/{id} until its status is final. Without it the connection is held until the job ends and the "
+    "answer is the final Response (docs/openai-routes.md: the maximum wait, the job id header). `stream: true`, "
     "`previous_response_id`, `conversation`, hosted tools and other parameters this service cannot honour are 400s "
     "that name them (docs/design/responses.md).",
     responses={
-        200: ok("The response, queued", Response),
+        200: ok("The response: queued (background), else final", Response),
         **error_responses(
             400,
             415,
@@ -70,13 +72,17 @@ def _tenant() -> str:
             e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)",
             e409="`idempotency_key_in_progress`: a request with this Idempotency-Key is still being processed",
             e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs, or is over its usage plan",
+            e500="`server_error`: a held response's job failed for a reason that is not the request's",
+            e504="`job_still_running`: a held response did not end within the maximum wait; it goes on",
         ),
     },
 )
 def create_response(
     request: Annotated[ResponseCreate, Body()],
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key", min_length=1, max_length=255)] = None,
-) -> HttpResponse[Response]:
+):  # no return annotation (Powertools would validate against it): a held response's error is the error envelope
+    if request.background is not True:
+        return openai_routes.answer_response(request, idempotency_key)  # held until its job ends
     return _json(_service().create(_tenant(), request, idempotency_key))
 
 

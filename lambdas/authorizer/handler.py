@@ -2,7 +2,7 @@
 
 Allowed: the tenant goes to the API function in the authorizer context, and the key back to API Gateway as
 ``usageIdentifierKey`` (the API's key source is AUTHORIZER), so the tenant's usage plan still throttles and counts its
-requests. Refused (no key, an unknown or disabled one): "Unauthorized", which API Gateway answers with 401.
+requests. Refused (no key, an unknown or disabled one, a key header sent twice): "Unauthorized", which API Gateway answers with 401.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ keys = TenantKeys(json.loads(os.environ[ENV_TENANT_API_KEY_IDS]), ApiKeyValues()
 @tracer.capture_lambda_handler(capture_response=False)
 @event_source(data_class=APIGatewayAuthorizerRequestEvent)
 def lambda_handler(event: APIGatewayAuthorizerRequestEvent, context: LambdaContext) -> dict[str, Any]:
-    caller = keys.caller(event.headers)
+    caller = keys.caller(event.headers, event.get("multiValueHeaders"))
     if caller is None:
         logger.info("refused: no known API key", extra={"path": event.path})
         raise Exception("Unauthorized")  # API Gateway's word for a 401: this exact message

@@ -29,6 +29,7 @@ intake = EventIntake(
         allow_local_webhooks=config.allow_local_webhooks,
         served_models=config.served_models,
         quotas=config.tenant_quotas,
+        limits=config.request_limits,
     ),
     batches=BatchService.from_settings(config),
 )

@@ -1,4 +1,5 @@
-"""S3 "object created" events for presigned uploads: check the object and queue its job, or fail it with a reason."""
+"""S3 "object created" events for presigned uploads: check the object and queue its job, or fail it with a reason;
+for a Files API upload, delete the object when its file was deleted before it arrived."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.data_classes import S3Event, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from async_inference import settings
+from async_inference.batches.service import BatchService
 from async_inference.config import ServiceSettings
 from async_inference.service import JobService
 
@@ -16,12 +19,24 @@ logger = Logger()
 tracer = Tracer()
 config = ServiceSettings.load()
 service = JobService.from_config(
-    config.service, allow_local_webhooks=config.allow_local_webhooks, served_models=config.served_models
+    config.service,
+    allow_local_webhooks=config.allow_local_webhooks,
+    served_models=config.served_models,
+    quotas=config.tenant_quotas,  # read for each tenant's bounds on a request's cost (no submit happens here)
+    limits=config.request_limits,
 )
+
+
+# Files API uploads (settings.file_upload_key); None where the stack has no batches.
+files = BatchService.from_settings(config)
 
 
 @tracer.capture_method(capture_response=False)
 def accept(key: str, size: int) -> None:
+    if settings.parse_file_upload_key(key) is not None:
+        if files is not None and files.uploaded(key) is None:
+            logger.warning("file upload matches no file: deleted", extra={"key": key})
+        return
     job = service.accept_upload(key, size)
     if job is None:
         logger.warning("object under the upload prefix matches no waiting job", extra={"key": key})

@@ -1,7 +1,9 @@
 """The webhook dispatcher: one signed POST per event on the webhook queue, retried by SQS redelivery.
 
-The records of a batch are delivered at once (Powertools' AsyncBatchProcessor, each delivery on a thread of its own
-with its own timeout), so one tenant's slow or hanging endpoint delays no other delivery.
+The records of a batch are delivered at once (Powertools' AsyncBatchProcessor, each delivery on a thread of its own),
+each attempt ended at its deadline in wall time (``async_inference.webhooks.delivery``), and a receiver that held one
+to the deadline is not attempted again for a while (``async_inference.webhooks.slow_receivers``): one tenant's slow or
+hanging endpoint holds a batch, and the batches behind it, at most one deadline now and then.
 
 A failed delivery hides its message for the backoff of its receive count and is reported as a batch item failure;
 SQS redelivers it then, and after ``WEBHOOK_MAX_RECEIVE_COUNT`` receives moves it to the webhook DLQ. The event source

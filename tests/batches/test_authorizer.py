@@ -63,6 +63,16 @@ def test_either_header_maps_to_the_tenant_and_keys_of_two_tenants_are_refused():
     assert tenants.caller({}) is None
 
 
+def test_a_key_header_repeated_is_refused_whatever_its_values():
+    # GIVEN API Gateway's event for two x-api-key headers: headers holds the last, multiValueHeaders both
+    tenants = directory(Clock(), Keys({"id-a": ("key-a", True), "id-b": ("key-b", True)}))
+    for values in (["key-a", "key-b"], ["key-a", "key-a"]):
+        # WHEN the caller is looked up THEN it is refused, not served as the last value's tenant
+        assert tenants.caller({"x-api-key": values[-1]}, {"X-Api-Key": values}) is None
+    # AND one value of each header, as multiValueHeaders carries any request's, is served
+    assert tenants.caller({"x-api-key": "key-a"}, {"x-api-key": ["key-a"], "Accept": ["a", "b"]}).tenant == "a"
+
+
 def test_a_disabled_key_is_refused():
     tenants = directory(Clock(), Keys({"id-a": ("key-a", False), "id-b": ("key-b", True)}))
     assert tenants.caller({"x-api-key": "key-a"}) is None

@@ -28,7 +28,7 @@ def test_every_method_requires_an_api_key_checked_by_the_authorizer(synthesized)
     which gives API Gateway the key (key source AUTHORIZER), so usage plans still throttle per tenant."""
     methods = synthesized.resources("AWS::ApiGateway::Method")
     [authorizer] = synthesized.resources("AWS::ApiGateway::Authorizer")
-    assert len(methods) == 22  # 17, and the 5 of the Responses API
+    assert len(methods) == 25  # 17, the 5 of the Responses API and the 3 held OpenAI routes
     assert all(m["Properties"]["ApiKeyRequired"] is True for m in methods.values())
     assert all(
         m["Properties"]["AuthorizationType"] == "CUSTOM" and m["Properties"]["AuthorizerId"] == {"Ref": authorizer}
@@ -125,6 +125,8 @@ WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on
 WAKE_HOLD = ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
 # The wake's instance start: the GPU group's desired capacity, read and raised (cdk.gpu_capacity.grant_instance_start).
 WAKE_INSTANCE = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:SetDesiredCapacity")
+# GET /v1/models reads each GPU group's latest scaling activity (async_inference.capacity_state): the API only.
+CAPACITY_READ = ("autoscaling:DescribeScalingActivities",)
 # What a Lambda SQS event source grants its function on the queue (aws-cdk-lib's SqsEventSource).
 EVENT_SOURCE = {
     "sqs:ReceiveMessage",
@@ -170,6 +172,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
         *WAKE,
         *WAKE_HOLD,
         *WAKE_INSTANCE,
+        *CAPACITY_READ,
     }
     assert _prefixes(actions["s3:PutObject"]) == {
         f"{settings.REQUEST_PREFIX}*",
@@ -178,14 +181,21 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
     }
     responses = f"{settings.REQUEST_PREFIX}*/{settings.RESPONSES_REQUEST_NAME}*"  # background responses' bodies
     assert _prefixes(actions["s3:GetObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.FILE_PREFIX}*", responses}
-    assert _prefixes(actions["s3:DeleteObject"]) == {f"{settings.FILE_PREFIX}*", responses}
+    # A deleted background response's job goes with it: its request and its result.
+    assert _prefixes(actions["s3:DeleteObject"]) == {
+        f"{settings.FILE_PREFIX}*",
+        responses,
+        f"{settings.REQUEST_PREFIX}*",
+        f"{settings.RESULT_PREFIX}*",
+    }
 
 
 def test_api_queries_only_the_tenant_index(synthesized):
     """GIVEN the list endpoints and the quota checks WHEN reading the API role's Query grants THEN they name the two
-    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, no
-    wildcard."""
+    tenant indexes (jobs; files and batches), the unfinished-jobs index and the batches-in-flight index, and the job
+    event log a stream is read from; no wildcard."""
     table = synthesized.logical_id(synthesized.stack.service.table.table)
+    streams = synthesized.logical_id(synthesized.stack.service.streams.table)
     batch_table = synthesized.logical_id(synthesized.stack.service.batches.table)
     resources = _function_actions(synthesized, API)["dynamodb:Query"]
     in_flight = f"/index/{settings.BATCH_ACTIVE_INDEX_NAME}"
@@ -197,6 +207,7 @@ def test_api_queries_only_the_tenant_index(synthesized):
                 {"Fn::Join": ["", [{"Fn::GetAtt": [table, "Arn"]}, f"/index/{settings.ACTIVE_JOBS_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, f"/index/{settings.BATCH_OWNER_INDEX_NAME}"]]},
                 {"Fn::Join": ["", [{"Fn::GetAtt": [batch_table, "Arn"]}, in_flight]]},
+                {"Fn::GetAtt": [streams, "Arn"]},
             ],
         )
     )
@@ -236,7 +247,7 @@ def test_the_keys_do_not_depend_on_the_stage_so_the_template_has_no_cycle(synthe
 def test_upload_role_reads_and_deletes_uploads_only(synthesized):
     """GIVEN the upload function's role WHEN listing its actions THEN it reads and deletes under uploads/, lists only
     that prefix (so a missing key reads as 404), writes an accepted upload under requests/ only, queues, notifies,
-    and touches job items only."""
+    touches job items, and reads file records and deletes file uploads (a file deleted before its bytes arrived)."""
     actions = _function_actions(synthesized, UPLOAD)
     assert set(actions) == {
         "dynamodb:GetItem",
@@ -253,7 +264,11 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
         *WAKE_HOLD,
         *WAKE_INSTANCE,
     }
-    assert _prefixes(actions["s3:GetObject"]) == _prefixes(actions["s3:DeleteObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+    assert _prefixes(actions["s3:GetObject"]) == {f"{settings.UPLOAD_PREFIX}*"}
+    assert _prefixes(actions["s3:DeleteObject"]) == {
+        f"{settings.UPLOAD_PREFIX}*",
+        f"{settings.FILE_PREFIX}*/{settings.FILE_UPLOAD_NAME}*",
+    }
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.REQUEST_PREFIX}*"}
 
 
@@ -320,7 +335,7 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
     ]
     # (CDK merges statements on the same resource: DescribeAutoScalingGroups shares "*" with X-Ray and the hold.)
     by_action = {a: s["Resource"] for s in statements for a in _as_list(s["Action"]) if a.startswith("autoscaling:")}
-    assert set(by_action) == set(WAKE_INSTANCE)
+    assert set(by_action) == set(WAKE_INSTANCE) | (set(CAPACITY_READ) if handler == API else set())
     assert by_action["autoscaling:DescribeAutoScalingGroups"] == "*"
     arn = json.dumps(by_action["autoscaling:SetDesiredCapacity"])
     assert "autoScalingGroupName/" in arn and group_id in arn and "*" not in arn.replace(":*:", ":")
@@ -328,11 +343,13 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
 
 def test_without_wake_from_zero_no_function_gets_ecs_permissions_or_the_service(synth_variant):
     """GIVEN wake_from_zero=False WHEN synthesized THEN no function may call ECS nor names the worker service, and
-    none but the instance release may set the GPU group's capacity."""
+    none but the instance release may set the GPU group's capacity (the API may read the group's scaling activities,
+    for GET /v1/models to say why nothing runs)."""
     variant = synth_variant(wake_from_zero=False)
     for handler in (API, UPLOAD):
         role = function_role(variant.template, handler)
-        assert not [a for a in role_actions(variant.template, role) if a.startswith(("ecs:", "autoscaling:"))]
+        actions = role_actions(variant.template, role)
+        assert not [a for a in actions if a.startswith(("ecs:", "autoscaling:")) and a not in CAPACITY_READ]
     for function in variant.resources("AWS::Lambda::Function").values():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
         assert '"worker_service"' not in json.dumps(variables) and '"worker_group"' not in json.dumps(variables)
@@ -432,6 +449,7 @@ def test_worker_role_has_exactly_the_calls_the_worker_makes(synthesized):
         "ecs:GetTaskProtection",
         *PUBLISH,
         "dynamodb:Query",  # the WebSocket connections' tenant index: which jobs a connection follows
+        "dynamodb:PutItem",  # streamed jobs' text, appended to the job event log (gpu_worker.deltas)
         "ecs:DescribeServices",  # whether a newer deployment waits (gpu_worker.deployments)
     }
 

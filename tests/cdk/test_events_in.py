@@ -35,7 +35,8 @@ def test_each_rule_is_an_object_created_notification_on_its_prefix_to_the_events
         for rule in entry["Filter"]["Key"]["FilterRules"]
         if rule["Name"] == "prefix"
     }
-    assert set(prefixes) == {settings.UPLOAD_PREFIX, "inbox/docs/", "inbox/nightly/"}
+    # (files/: the upload function's notification of Files API uploads, tests/cdk/test_storage_and_messaging.py)
+    assert set(prefixes) == {settings.UPLOAD_PREFIX, settings.FILE_PREFIX, "inbox/docs/", "inbox/nightly/"}
     [(function_id, function)] = with_rules.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": HANDLER}}
     ).items()

@@ -177,9 +177,10 @@ def test_scaling_options_that_could_not_scale_are_rejected_naming_the_option(wor
 
 
 def test_more_queues_than_one_alarm_can_read_are_rejected():
-    """GIVEN four counted queues (12 metrics in the keep-alive alarm) WHEN validating THEN CloudWatch's 10 is named."""
+    """GIVEN four counted queues (12 metrics and the learned keep-alive's in the keep-alive alarm) WHEN validating
+    THEN CloudWatch's 10 is named."""
     queues = [CountedQueue(queue=None) for _ in range(4)]  # type: ignore[arg-type]  # validation reads no queue
-    with pytest.raises(ValueError, match=r"queues \(4\) need 12 metrics .* CloudWatch allows 10"):
+    with pytest.raises(ValueError, match=r"queues \(4\) need 13 metrics .* CloudWatch allows 10"):
         validate(queues, jobs_per_task=24, max_tasks=2, scale_in_fill=0.5, scale_in_minutes=3, keep_alive_minutes=3)
     with pytest.raises(ValueError, match="weights"):
         validate(

@@ -10,11 +10,13 @@ import pytest
 from aws_cdk.assertions import Match
 
 from async_inference import settings
-from async_inference.config import ENV_TENANT_QUOTAS
+from async_inference.config import ENV_REQUEST_LIMITS, ENV_TENANT_QUOTAS
+from async_inference.limits import RequestLimits
 from tests.cdk.helpers import function_role, role_actions
 
 API = "lambdas.api.handler.lambda_handler"
 CONTROLLER = "lambdas.batch_controller.handler.lambda_handler"
+UPLOAD = "lambdas.upload.handler.lambda_handler"
 
 
 def function(synthesized, handler: str) -> dict[str, Any]:
@@ -40,6 +42,24 @@ def test_each_tenants_limits_reach_the_api_and_the_batch_controller_from_the_ten
                 "max_stored_bytes": settings.DEFAULT_MAX_STORED_BYTES,
             },
         }
+
+
+def test_the_request_limits_reach_the_api_and_the_upload_handler_per_deployment_and_per_tenant(synth_variant):
+    # GIVEN a deployment that lowers the context, and a tenant whose plan raises n x max_tokens
+    synthesized = synth_variant(
+        request_limits={"context_tokens": 8192}, tenants={"big": {"request_limits": {"max_request_tokens": 32768}}}
+    )
+    for handler in (API, UPLOAD):
+        variables = function(synthesized, handler)["Properties"]["Environment"]["Variables"]
+        # THEN both functions hold requests to the deployment's limits, the defaults where it sets none
+        assert RequestLimits.model_validate_json(variables[ENV_REQUEST_LIMITS]) == RequestLimits(context_tokens=8192)
+        # AND the tenant's plan reaches them with its overrides
+        assert json.loads(variables[ENV_TENANT_QUOTAS])["big"]["request_limits"] == {"max_request_tokens": 32768}
+
+
+def test_a_misspelt_request_limit_in_a_plan_is_refused_at_synth(synth_variant):
+    with pytest.raises(ValueError, match="max_schema_byte"):
+        synth_variant(tenants={"typo": {"request_limits": {"max_schema_byte": 1}}})
 
 
 @pytest.mark.parametrize("limit", ["max_active_jobs", "max_batch_lines_in_flight", "max_stored_bytes"])

@@ -153,22 +153,20 @@ def test_bucket_allows_browser_puts_of_presigned_uploads(synthesized):
 
 
 def test_uploads_prefix_notifies_the_upload_function(synthesized):
-    """GIVEN the bucket notification WHEN an object is created under uploads/ THEN the upload Lambda is invoked."""
+    """GIVEN the bucket notification WHEN an object is created under uploads/, or a Files API upload's object lands
+    (files/.../upload) THEN the upload Lambda is invoked, and for nothing else."""
     upload = synthesized.logical_id(synthesized.stack.service.uploads.handler)
-    synthesized.template.has_resource_properties(
-        "Custom::S3BucketNotifications",
-        {
-            "NotificationConfiguration": {
-                "LambdaFunctionConfigurations": [
-                    {
-                        "Events": ["s3:ObjectCreated:*"],
-                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": settings.UPLOAD_PREFIX}]}},
-                        "LambdaFunctionArn": {"Fn::GetAtt": [upload, "Arn"]},
-                    }
-                ]
-            }
-        },
-    )
+    [notifications] = synthesized.resources("Custom::S3BucketNotifications").values()
+    configurations = notifications["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
+    filters = [
+        {rule["Name"]: rule["Value"] for rule in entry["Filter"]["Key"]["FilterRules"]}
+        for entry in configurations
+        if entry["LambdaFunctionArn"] == {"Fn::GetAtt": [upload, "Arn"]} and entry["Events"] == ["s3:ObjectCreated:*"]
+    ]
+    assert len(filters) == 2 and {frozenset(f.items()) for f in filters} == {
+        frozenset({("prefix", settings.UPLOAD_PREFIX)}),
+        frozenset({("prefix", settings.FILE_PREFIX), ("suffix", "/" + settings.FILE_UPLOAD_NAME)}),
+    }
 
 
 def test_job_table_is_on_demand_with_pitr_ttl_and_the_tenant_index(synthesized):

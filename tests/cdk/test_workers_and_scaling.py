@@ -85,11 +85,14 @@ def test_service_runs_on_the_capacity_provider_with_the_circuit_breaker(synthesi
     )
 
 
-def test_service_template_sets_no_desired_count(synthesized):
+def test_service_template_sets_no_literal_desired_count(synthesized):
     """GIVEN CloudFormation re-applies a template's DesiredCount on every service update WHEN reading the worker
-    service THEN it has none, so a deploy of new worker code keeps the running fleet that scaling set."""
+    service THEN its DesiredCount is no literal but its Custom::WorkerDesiredCount's attribute (0 at create, the
+    service's own count after: tests/cdk/test_fleet_lifecycle.py), so a deploy of new worker code keeps the running
+    fleet that scaling set."""
     [service] = synthesized.resources("AWS::ECS::Service").values()
-    assert "DesiredCount" not in service["Properties"]
+    count_id, _ = service["Properties"]["DesiredCount"]["Fn::GetAtt"]
+    assert synthesized.json["Resources"][count_id]["Type"] == "Custom::WorkerDesiredCount"
 
 
 def _deployment_can_place_at_full_load(variant, gpus_per_instance=1):
@@ -251,14 +254,17 @@ def test_step_down_removes_one_task_after_three_minutes_of_capacity_spare_at_hal
 
 def test_keep_alive_scales_to_zero_after_minutes_with_nothing_visible_in_flight_or_sent(synthesized):
     """GIVEN the keep-alive alarm WHEN a message is visible, in flight or was sent in a minute THEN that minute does
-    not breach; 3 published idle minutes set the count to exactly 0, and a minute any queue did not publish (no FILL:
-    missing, not breaching) never counts as idle."""
+    not breach, nor while the learned keep-alive keeps the last task; 3 published idle minutes set the count to
+    exactly 0, and a minute any queue did not publish (no FILL: missing, not breaching) never counts as idle."""
     alarm = synthesized.stack.service.fleets[0].scaling.idle_alarm
     properties = _alarm(synthesized, alarm)
-    assert _expression(properties) == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert _expression(properties) == (
+        " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent")) + " + FILL(keepWarm, 0)"
+    )
     assert _stats(properties) == {
         **SQS_BACKLOG,
         **{f"sent{i}": ("AWS/SQS", "NumberOfMessagesSent", "Sum", 60) for i in (1, 2)},
+        "keepWarm": ("AsyncInference", "KeepWarm", "Maximum", 60),
     }
     assert (properties["ComparisonOperator"], properties["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
     assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"], properties["TreatMissingData"]) == (
@@ -366,7 +372,12 @@ def test_queue_scaling_sums_the_weighted_backlog_of_every_counted_queue():
     service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
     jobs, lane = sqs.Queue(stack, "Jobs"), sqs.Queue(stack, "Lane")
     scaling = QueueScaling(
-        stack, "Scaling", service=service, queues=[jobs, CountedQueue(lane, weight=0.5)], jobs_per_task=24
+        stack,
+        "Scaling",
+        service=service,
+        queues=[jobs, CountedQueue(lane, weight=0.5)],
+        jobs_per_task=24,
+        learned_keep_alive=False,
     )
     resources = Template.from_stack(stack).to_json()["Resources"]
 

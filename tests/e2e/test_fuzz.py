@@ -44,7 +44,11 @@ MAX_EXAMPLES = 20  # per operation and mode: eight runs, about 20 s on two cores
 
 @pytest.fixture(scope="module")
 def fuzzed_stack(stack: LocalDeployment) -> Iterator[LocalDeployment]:
+    # A worker answers the routes that hold a request until its job ends (lambdas/api/openai_routes.py): without one
+    # each valid example would wait out the maximum wait and end as a 504.
+    worker = stack.start_worker()
     yield stack
+    stack.stop_worker(worker)
     # The fuzzer submits valid jobs too: take their claim checks off the shared queue so that later tests' workers
     # do not spend time on them (PurgeQueue, once: nothing else runs while this module ends).
     assert stack.resources is not None
@@ -92,6 +96,7 @@ RESPONSES_OPERATIONS = [
     ("POST", "/v1/responses/{response_id}/cancel"),
     ("GET", "/v1/responses/{response_id}/input_items"),
 ]
+HELD_OPERATIONS = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings")]
 PARAMETERLESS = {("GET", "/v1/models")}
 
 
@@ -104,7 +109,7 @@ def error_envelope(ctx: Any, response: Any, case: Any) -> None:
 
 
 def test_the_document_has_the_operations_fuzzed_here(api_schema: Any) -> None:
-    expected = OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS + [("POST", "/v1/files")]
+    expected = OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS + HELD_OPERATIONS + [("POST", "/v1/files")]
     assert sorted((op.method.upper(), op.path) for op in _operations(api_schema)) == sorted(expected)
 
 
@@ -142,7 +147,7 @@ def test_the_api_key_is_the_documents_security_scheme(document: dict[str, Any]) 
 # Each route's own statuses; every route also documents API Gateway's 401 (no key or an unknown one), 403 (a refused
 # key), 413 (10 MB) and 429 (usage plan).
 DOCUMENTED = {
-    ("POST", "/v1/jobs"): {"201", "202", "400", "404", "409", "413", "415", "422", "503"},
+    ("POST", "/v1/jobs"): {"200", "201", "202", "400", "404", "409", "413", "415", "422", "503"},
     ("GET", "/v1/jobs"): {"200", "400"},
     ("GET", "/v1/jobs/{job_id}"): {"200", "400", "404", "410"},
     ("POST", "/v1/jobs/{job_id}/cancel"): {"200", "400", "404", "409"},
@@ -165,6 +170,9 @@ def test_every_status_a_route_answers_is_documented_with_its_body(
         assert schema == {"$ref": f"#/components/schemas/{expected}"}, (status, schema)
 
 
+# A request held until its job ends (lambdas/api/openai_routes.py) also answers how its job ended: 500 failed, 504 still
+# running after the maximum wait.
+HELD = {"200", "400", "404", "409", "415", "422", "500", "503", "504"}
 OPENAI_DOCUMENTED = {
     ("GET", "/v1/models"): {"200"},
     ("GET", "/v1/models/{model_id}"): {"200", "400", "404"},
@@ -178,7 +186,10 @@ OPENAI_DOCUMENTED = {
     ("GET", "/v1/batches"): {"200", "400"},
     ("GET", "/v1/batches/{batch_id}"): {"200", "400", "404"},
     ("POST", "/v1/batches/{batch_id}/cancel"): {"200", "400", "404", "409"},
-    ("POST", "/v1/responses"): {"200", "400", "404", "409", "415", "422", "503"},
+    ("POST", "/v1/responses"): {"200", "400", "404", "409", "415", "422", "500", "503", "504"},
+    ("POST", "/v1/chat/completions"): HELD,
+    ("POST", "/v1/completions"): HELD,
+    ("POST", "/v1/embeddings"): HELD,
     ("GET", "/v1/responses/{response_id}"): {"200", "400", "404", "410"},
     ("DELETE", "/v1/responses/{response_id}"): {"200", "400", "404"},
     ("POST", "/v1/responses/{response_id}/cancel"): {"200", "400", "404", "409"},
@@ -209,8 +220,11 @@ def test_the_submission_is_one_of_an_inline_request_or_an_upload(document: dict[
 
 
 def test_the_idempotency_key_is_a_documented_header(document: dict[str, Any]) -> None:
-    [parameter] = [p for p in document["paths"]["/v1/jobs"]["post"].get("parameters", []) if p["in"] == "header"]
-    assert parameter["name"].lower() == "idempotency-key" and parameter["required"] is False
+    headers = {
+        p["name"].lower(): p for p in document["paths"]["/v1/jobs"]["post"].get("parameters", []) if p["in"] == "header"
+    }
+    assert set(headers) == {"idempotency-key", "prefer"}  # prefer: RFC 7240's wait=N (lambdas/api/openai_routes.py)
+    assert headers["idempotency-key"]["required"] is False and headers["prefer"]["required"] is False
 
 
 # --- The fuzz -------------------------------------------------------------------------------------------------------
@@ -228,7 +242,7 @@ def _operations(api_schema: Any) -> list[Any]:
         pytest.param(
             method, path, mode, id=f"{method}-{path}-{'valid' if mode is GenerationMode.POSITIVE else 'invalid'}"
         )
-        for method, path in OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS
+        for method, path in OPERATIONS + OPENAI_OPERATIONS + RESPONSES_OPERATIONS + HELD_OPERATIONS
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
         if not (mode is GenerationMode.NEGATIVE and (method, path) in PARAMETERLESS)  # nothing there to make invalid
     ],

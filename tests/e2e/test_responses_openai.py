@@ -142,13 +142,6 @@ def test_a_deleted_response_is_gone(sdk):
         sdk.responses.retrieve(created.id)
 
 
-def test_a_request_without_background_is_a_400_that_says_to_set_it(sdk):
-    # WHEN the SDK creates a response without background: true THEN a 400 names the field and says what to send
-    with pytest.raises(openai.BadRequestError) as caught:
-        sdk.responses.create(model="echo-model", input="hi")
-    assert "background: true" in caught.value.message and caught.value.body["details"][0]["field"] == "background"
-
-
 @pytest.mark.parametrize(
     ("changes", "field"),
     [

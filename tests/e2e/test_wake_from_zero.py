@@ -16,7 +16,6 @@ import pytest
 
 from async_inference.schemas import ChatCompletionRequest
 from async_inference_client import Client
-from local_runtime.deployer import CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
 from local_runtime.moto_server import free_port
 from local_runtime.stack import API_FUNCTION_INSTANCES, LocalDeployment
 
@@ -63,16 +62,28 @@ def submit_burst(local: LocalDeployment, jobs: int) -> None:
         api.submit(request)
 
 
-def test_the_service_deploys_into_moto_with_cloudformations_count_for_a_new_service(local: LocalDeployment):
-    # GIVEN the template's service, which sets no DesiredCount WHEN deployed THEN it starts at CloudFormation's 1,
-    # on the registered task definition
-    assert desired(local) == CLOUDFORMATION_NEW_SERVICE_DESIRED_COUNT
+def test_the_service_deploys_into_moto_at_zero_tasks(local: LocalDeployment):
+    # GIVEN the template's service, whose DesiredCount is its Custom::WorkerDesiredCount's (issue 27: CloudFormation's
+    # 1 for a service without one made the create wait for a GPU task) WHEN deployed THEN it starts at 0, on the
+    # registered task definition
+    assert desired(local) == 0
     cluster, arn = _service(local)
     [service] = local.client("ecs").describe_services(cluster=cluster, services=[arn])["services"]
     assert (
         service["taskDefinition"].startswith("arn:aws:ecs:us-east-1:")
         and ":task-definition/" in service["taskDefinition"]
     )
+
+
+def test_with_no_gpu_a_job_is_accepted_reads_queued_and_wakes_the_service(local: LocalDeployment):
+    # GIVEN the stack as created: the service at 0 tasks and no worker anywhere (a G quota of 0 runs none)
+    assert desired(local) == 0 and not local.workers
+    # WHEN a job is submitted
+    api = Client(local.api_url, KEY)
+    job = api.submit(ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "no gpu"}]))
+    # THEN it is accepted and reads queued, and the API asked ECS for the first task
+    assert job.status == "queued" and api.get(job.job_id).status == "queued"
+    assert desired(local) == 1
 
 
 def test_a_burst_on_a_service_at_zero_wakes_it_once_per_environment_and_interval(local: LocalDeployment):

@@ -152,3 +152,27 @@ def test_abort_stops_a_running_generation(engine, run):
     # THEN the caller is answered at the next decoding step, not after 1000 tokens (counted in steps, not seconds,
     # so that a loaded machine does not fail the test)
     assert run(body()) <= 2
+
+
+def test_an_abort_while_the_prompt_is_built_stops_the_request_before_it_reaches_the_batch(engine, run, monkeypatch):
+    # GIVEN a request whose prompt takes a while to build
+    import time
+
+    prompt_ids = engine.prompt_ids
+
+    def slow_prompt_ids(asks):
+        time.sleep(0.3)
+        return prompt_ids(asks)
+
+    monkeypatch.setattr(engine, "prompt_ids", slow_prompt_ids)
+
+    async def body():
+        task = asyncio.create_task(engine.generate("early-abort", chat(FRANCE, max_tokens=16)))
+        await asyncio.sleep(0.1)
+        # WHEN it is aborted meanwhile (a preemption or a cancel that came as it started)
+        await engine.abort("early-abort")
+        return await asyncio.gather(task, return_exceptions=True)
+
+    # THEN it ends aborted instead of running to its end
+    [outcome] = run(body())
+    assert isinstance(outcome, GenerationAborted)

@@ -307,3 +307,34 @@ def test_constrained_rows_sharing_the_batchs_bitmask_each_give_what_they_give_al
     assert batched == alone
     jsonschema.validate(json.loads(batched["person"]), PERSON)
     assert json.loads(batched["biased"])["unit"] in ("celsius", "fahrenheit")
+
+
+def test_a_schema_whose_compile_outlasts_the_budget_fails_its_request_while_a_plain_one_runs(engine, run, monkeypatch):
+    # GIVEN a compile budget shorter than a fresh schema's compile
+    monkeypatch.setattr(engine.grammars, "budget_s", 0.001)
+    costly = {
+        "type": "object",
+        "properties": {"v": {"anyOf": [{"type": "string", "pattern": f"^q{i}[a-z]+$"} for i in range(40)]}},
+    }
+
+    async def both():
+        return await asyncio.gather(
+            engine.generate(
+                "over-budget",
+                request(
+                    "Any.", response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": costly}}
+                ),
+            ),
+            engine.generate("plain-beside", request(FRANCE_Q, max_tokens=8)),
+            return_exceptions=True,
+        )
+
+    # WHEN it is asked beside a plain request
+    refused, plain = run(both())
+
+    # THEN it fails as the client's (the job fails, no retry), naming the field; the plain request answers
+    assert isinstance(refused, PermanentEngineError) and str(refused).startswith("response_format: ")
+    assert "Paris" in plain.text
+
+
+FRANCE_Q = "What is the capital of France?"

@@ -134,8 +134,15 @@ class FakeVllmEngine(VllmEngine):
     """The adapter with ``_open`` giving the fakes instead of building vLLM; ``template_takes_tools`` is what the real
     ``_open`` reads from the model's chat template."""
 
-    def __init__(self, client: FakeClient | None = None, template_takes_tools: bool = True, **options):
+    def __init__(
+        self,
+        client: FakeClient | None = None,
+        template_takes_tools: bool = True,
+        longest_token_chars: int | None = None,
+        **options,
+    ):
         self.template_takes_tools = template_takes_tools
+        self.longest_token_chars = longest_token_chars
         super().__init__(
             model=options.pop("model", "/models/m"),
             vllm_module=ns(sampling_params=ns(RequestOutputKind=RequestOutputKind)),
@@ -146,6 +153,7 @@ class FakeVllmEngine(VllmEngine):
 
     async def _open(self):
         self._template_takes_tools = self.template_takes_tools
+        self._longest_token_chars = self.longest_token_chars
         return self.client, self.chat, FakeRequestModel
 
 
@@ -320,6 +328,16 @@ def test_a_prompt_too_long_for_the_context_is_prompt_too_long(run):
         run(engine.generate("job-9", chat()))
 
 
+def test_a_prompt_that_cannot_fit_is_refused_before_vllm_templates_it(run):
+    # GIVEN an engine whose tokenizer's longest token is 81 characters, and a 15 MB prompt
+    engine = started(run, longest_token_chars=81)
+
+    # WHEN it is generated, THEN it is refused for the context without reaching vLLM
+    with pytest.raises(PromptTooLongError, match="maximum context length"):
+        run(engine.generate("job-huge", chat("word " * 3_000_000)))
+    assert engine.chat.received == []
+
+
 def test_a_server_error_response_is_transient(run):
     engine = started(run)
     engine.chat.response = lambda r: error(500, "InternalServerError", "No output received from the engine.")
@@ -446,6 +464,23 @@ def test_tokens_so_far_count_a_running_requests_tokens(run):
     # THEN the counting client saw its tokens while it ran
     assert during is not None and 1 <= during < 6
     assert engine.tokens_so_far("job-17") is None and result.text == "The capital of France is Paris."
+
+
+def test_texts_so_far_tell_a_running_requests_text_for_its_stream(run):
+    # GIVEN a request generating one token per 50 ms (gpu_worker.deltas streams what texts_so_far tells)
+    engine = started(run, FakeClient(step_s=0.05))
+
+    async def body():
+        task = asyncio.create_task(engine.generate("job-18", chat()))
+        await asyncio.sleep(0.18)
+        during = engine.texts_so_far("job-18")
+        return during, await task
+
+    during, result = run(body())
+    # THEN the text while it ran is the start of the answer, and nothing is told once it ended
+    assert during is not None and len(during) == 1 and during[0]
+    assert result.text.startswith(during[0]) and during[0] != result.text
+    assert engine.texts_so_far("job-18") is None
 
 
 def test_max_model_len_and_capacity_come_from_the_engine(run):

@@ -147,11 +147,85 @@ def test_the_cli_prints_each_missing_prerequisite_with_its_fix(moto: MotoServer,
     # WHEN the platform team runs the preflight
     code = cli.main(["preflight", "--no-docker", "--zones", "us-east-1a,us-east-1e"])
     out = capsys.readouterr().out
-    # THEN it fails, and each missing prerequisite is printed with its fix: the zone and the bootstrap (moto answers
-    # both), and the two quotas moto cannot report (said, not guessed)
+    # THEN it fails, and each missing prerequisite is printed with its fix: the zone, the bootstrap and ECS's
+    # service-linked role (moto answers them), and the two quotas moto cannot report (said, not guessed)
     assert code == 1
-    for check in ("gpu_quota", "lambda_concurrency", "zones", "bootstrap"):
+    for check in ("gpu_quota", "ecs_service_linked_role", "lambda_concurrency", "zones", "bootstrap"):
         line = next(line for line in out.splitlines() if f" {check}:" in line)
         assert line.startswith("MISSING"), line
-    assert out.count("fix: ") == 4
-    assert "missing: gpu_quota, lambda_concurrency, zones, bootstrap" in out
+    assert out.count("fix: ") == 5
+    assert "missing: gpu_quota, ecs_service_linked_role, lambda_concurrency, zones, bootstrap" in out
+
+
+# --- issue 27: every fleet and warm pool in the quota, ECS's service-linked role -------------------------------------
+
+
+def _template(*fleets: tuple[str, int, int]) -> dict:
+    """A synthesized template's GPU groups as aws-cdk-lib writes them: (instance type, MaxSize, warm pool size)."""
+    resources: dict = {}
+    for index, (instance_type, max_size, pool) in enumerate(fleets):
+        resources[f"Launch{index}"] = {
+            "Type": "AWS::EC2::LaunchTemplate",
+            "Properties": {"LaunchTemplateData": {"InstanceType": instance_type}},
+        }
+        resources[f"Group{index}"] = {
+            "Type": "AWS::AutoScaling::AutoScalingGroup",
+            "Properties": {
+                "MaxSize": str(max_size),
+                "MinSize": "0",
+                "LaunchTemplate": {"LaunchTemplateId": {"Ref": f"Launch{index}"}},
+            },
+        }
+        if pool:
+            resources[f"Pool{index}"] = {
+                "Type": "AWS::AutoScaling::WarmPool",
+                "Properties": {
+                    "AutoScalingGroupName": {"Ref": f"Group{index}"},
+                    "MinSize": pool,
+                    "MaxGroupPreparedCapacity": pool,
+                },
+            }
+    return {"Resources": resources}
+
+
+def test_every_fleet_and_its_warm_pool_count_in_the_gpu_quota(client):
+    # GIVEN two fleets: 2 x g5.xlarge with a pool of 1, 1 x g6.xlarge with a pool of 1 (4 vCPUs each type)
+    demand = preflight.demand_from_template(_template(("g5.xlarge", 2, 1), ("g6.xlarge", 1, 1)))
+    assert demand == [preflight.GpuDemand("g5.xlarge", 3), preflight.GpuDemand("g6.xlarge", 2)]
+    # WHEN the quota allows the first fleet's 2 instances only (8 vCPUs: what the preflight counted before)
+    finding = preflight.check_gpu_quota(client("ec2"), _quota(8), Plan(demand=demand))
+    # THEN it is missing: (3 + 2) x 4 = 20 vCPUs, and the fix asks for 20
+    assert not finding.ok and "need 20" in finding.detail
+    assert "--desired-value 20" in finding.fix
+    assert preflight.check_gpu_quota(client("ec2"), _quota(20), Plan(demand=demand)).ok
+
+
+def test_ecs_service_linked_role_is_missing_until_it_exists(client):
+    iam = client("iam")
+    # GIVEN an account that never used ECS THEN the role is missing, with the command that creates it
+    finding = preflight.check_service_linked_role(iam)
+    assert not finding.ok and finding.fix == "aws iam create-service-linked-role --aws-service-name ecs.amazonaws.com"
+    # WHEN it exists, as IAM names it (moto's CreateServiceLinkedRole spells it AWSServiceRoleForecs) THEN ok
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ecs.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
+    iam.create_role(
+        RoleName="AWSServiceRoleForECS",
+        Path="/aws-service-role/ecs.amazonaws.com/",
+        AssumeRolePolicyDocument=json.dumps(trust),
+    )
+    assert preflight.check_service_linked_role(iam).ok
+
+
+def test_the_cli_reads_the_fleets_from_the_synthesized_template(moto: MotoServer, monkeypatch, capsys, tmp_path):
+    # GIVEN a template with two fleets and the CLI pointed at it (what `make deploy` runs before cdk deploy)
+    for name, value in {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": moto.url}.items():
+        monkeypatch.setenv(name, value)
+    template = tmp_path / "AsyncInference.template.json"
+    template.write_text(json.dumps(_template(("g5.xlarge", 2, 1), ("g6.xlarge", 1, 0))))
+    # WHEN it runs THEN the quota line names both fleets, and it fails (exit 1) so that cdk deploy does not run
+    code = cli.main(["preflight", "--no-docker", "--template", str(template)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "3 x g5.xlarge" in out and "1 x g6.xlarge" in out

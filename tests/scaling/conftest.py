@@ -47,6 +47,8 @@ def _scaling_template(options: tuple[tuple[str, Any], ...]) -> str:
     task = ecs.Ec2TaskDefinition(stack, "Task")
     task.add_container("worker", image=ecs.ContainerImage.from_registry("worker"), memory_reservation_mib=256)
     service = ecs.Ec2Service(stack, "Service", cluster=cluster, task_definition=task)
+    # No functions' code in this bare stack: the learned keep-alive only when a test passes code.
+    options = (("learned_keep_alive", False), *options)
     QueueScaling(stack, "Scaling", service=service, queues=[sqs.Queue(stack, "Jobs")], **dict(options))
     return json.dumps(Template.from_stack(stack).to_json())
 

@@ -172,12 +172,13 @@ def test_the_simulator_command_simulates_every_fleet_of_the_three_model_stack(th
 
     path = tmp_path / "three.json"
     path.write_text(json.dumps(three_fleets))
-    assert main(["--template", str(path), "--limit", "200", "--no-sensitivity", "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    assert (
+        main(["--template", str(path), "--limit", "200", "--no-sensitivity", "--generated", "", "--out", str(out)]) == 0
+    )
     assert "skipped" not in capsys.readouterr().out
-    # one results file per fleet, named scaling-<time>-<fleet>.json
-    documents = {
-        p.stem.split("-", 2)[2]: json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("scaling-*.json"))
-    }
+    # one results file per fleet, named scaling-<time>-<trace>-<fleet>.json
+    documents = {p.stem.split("-", 3)[3]: json.loads(p.read_text()) for p in sorted(out.glob("scaling-*.json"))}
     assert sorted(documents) == sorted(fleet_templates(three_fleets))
     embedding = documents["gpu-workers-all-minilm-l6-v2"]["policies"]["deployed"]
     assert 0 < embedding["gpu_hours"] < math.inf and 0 < embedding["p95_wait_s"] < math.inf

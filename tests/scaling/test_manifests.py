@@ -75,15 +75,39 @@ def test_worker_environment_uses_the_names_the_code_reads():
 
 def test_scaled_object_mirrors_the_ecs_limits_and_reads_as_the_keda_policy():
     # GIVEN the ScaledObject WHEN the simulator reads it THEN zero to max_worker_tasks, activation on one message,
-    # in-flight counted, 15 s polling, 300 s cooldown, and the tuned target: what one pod handles, its MAX_NUM_SEQS
+    # in-flight counted, 15 s polling, the fixed keep-alive (3 minutes) as cooldown, the tuned target: what one pod
+    # handles, its MAX_NUM_SEQS, and the learned keep-alive's trigger
     spec = read_scaled_object(EKS / "scaledobject.yaml")
     assert (spec.min_replicas, spec.max_replicas) == (0, cdk_json_context()["max_worker_tasks"])
     assert (spec.activation_queue_length, spec.scale_on_in_flight, spec.scale_on_delayed) == (0, True, False)
     env = {e["name"]: e.get("value") for e in by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert (spec.polling_interval_s, spec.cooldown_period_s, spec.queue_length) == (15, 300, int(env["MAX_NUM_SEQS"]))
+    assert (spec.polling_interval_s, spec.cooldown_period_s, spec.queue_length) == (15, 180, int(env["MAX_NUM_SEQS"]))
+    assert spec.keep_warm_trigger
     trigger = by_kind("ScaledObject")["spec"]["triggers"][0]
     assert trigger["authenticationRef"]["name"] == by_kind("TriggerAuthentication")["metadata"]["name"]
     assert by_kind("ScaledObject")["spec"]["scaleTargetRef"]["name"] == by_kind("Deployment")["metadata"]["name"]
+
+
+def test_the_keep_warm_trigger_reads_the_metric_the_stack_publishes(stack_template):
+    # GIVEN the ScaledObject's aws-cloudwatch trigger and the synthesized stack WHEN compared THEN it reads the metric,
+    # statistic and dimension the ECS Idle alarm reads (the learned keep-alive's decision for the worker service)
+    from async_inference.keep_alive import ENV_KEEP_ALIVE_SERVICE
+
+    [watched] = [t["metadata"] for t in by_kind("ScaledObject")["spec"]["triggers"] if t["type"] == "aws-cloudwatch"]
+    resources = stack_template["Resources"]
+    [idle] = [r for k, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm" and "ScalingIdle" in k]
+    [keep_warm] = [m["MetricStat"] for m in idle["Properties"]["Metrics"] if m["Id"] == "keepWarm"]
+    [dimension] = keep_warm["Metric"]["Dimensions"]
+    assert (watched["namespace"], watched["metricName"], watched["metricStat"]) == (
+        keep_warm["Metric"]["Namespace"],
+        keep_warm["Metric"]["MetricName"],
+        keep_warm["Stat"],
+    )
+    [function] = [
+        r for r in resources.values() if ENV_KEEP_ALIVE_SERVICE in str(r["Properties"].get("Environment", ""))
+    ]
+    service = function["Properties"]["Environment"]["Variables"][ENV_KEEP_ALIVE_SERVICE]
+    assert (watched["dimensionName"], watched["dimensionValue"]) == (dimension["Name"], service)
 
 
 def test_worker_model_and_batch_match_the_stack():

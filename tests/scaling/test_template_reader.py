@@ -89,10 +89,12 @@ def test_step_down_reads_back_at_half_fill_for_three_minutes_one_task_at_a_time(
 
 def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(stack_template):
     # GIVEN the stack WHEN its keep-alive is read THEN it sums every queue's metrics unfilled (a minute any queue did
-    # not publish is missing, not idle) and treats missing data as not breaching
+    # not publish is missing, not idle) and the learned keep-alive's decision, and treats missing data as not breaching
     spec = read(stack_template).policy
     alarm = _alarm(spec, "Idle")
-    assert alarm.query.expression == " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent"))
+    assert alarm.query.expression == (
+        " + ".join(f"{m}{i}" for i in (1, 2) for m in ("visible", "inFlight", "sent")) + " + FILL(keepWarm, 0)"
+    )
     assert alarm.query.stats["sent1"].stat == "Sum"
     assert alarm.query.stats["sent1"].metric.resource == "" and alarm.query.stats["sent2"].metric.resource  # the lane
     minutes = PROPS.idle_minutes_before_scale_in
@@ -105,6 +107,32 @@ def test_keep_alive_reads_back_as_nothing_visible_in_flight_or_sent_then_zero(st
     assert policy.adjustment_type == "ExactCapacity"
     assert policy.step_for(0.0, upper_alarm=False).adjustment == 0
     assert len(spec.alarms) == 3 and not spec.tracking
+
+
+def test_the_learned_keep_alive_reads_back_as_the_policy_its_function_runs(stack_template):
+    # GIVEN the stack WHEN read THEN the keep-alive function's policy: a job-second of waiting priced at 1/J GPU-seconds,
+    # the alarm's own minutes as the fixed keep-alive, and the simulator's deployed scenario runs it
+    deployed = read(stack_template)
+    minutes = PROPS.idle_minutes_before_scale_in
+    assert deployed.keep_alive is not None
+    assert deployed.keep_alive.wait_price == pytest.approx(1 / J)
+    assert deployed.keep_alive.alarm_s == deployed.keep_alive.fallback_s == minutes * 60
+    [scenario] = scenarios(
+        stack_template, max_tasks=2, keda_spec=read_scaled_object(), cpu_vcpus=4.0, only=("deployed",)
+    )
+    assert scenario.keep_alive == deployed.keep_alive
+
+
+def test_a_keep_alive_function_that_may_not_publish_decides_nothing(stack_template):
+    # GIVEN the stack with the keep-alive function's PutMetricData statement removed WHEN read THEN no learned
+    # keep-alive: its decision would never reach the alarm, which FILLs it as 0
+    variant = copy.deepcopy(stack_template)
+    for resource in variant["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        statements = resource["Properties"]["PolicyDocument"]["Statement"]
+        statements[:] = [s for s in statements if s["Action"] != "cloudwatch:PutMetricData"]
+    assert read(variant).keep_alive is None
 
 
 def test_capacity_and_worker_settings_come_from_the_template(stack_template):

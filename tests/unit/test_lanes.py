@@ -286,3 +286,111 @@ def test_the_batch_budget_stops_asking_once_the_worker_stops():
         return await asyncio.wait_for(budget.take(10), timeout=1)
 
     assert run(scenario()) == 0
+
+
+def test_slots_count_engine_rows_so_one_tenants_n_8_requests_cannot_fill_the_engine_ahead_of_another():
+    async def scenario() -> tuple[list[str], int]:
+        # GIVEN an engine of 8 rows, and tenant a's 5 requests of n: 8 (40 rows) waiting for it
+        admission, release, log = Admission(8, reserve=1, abort=Aborts()), {}, []
+        most_rows = 0
+
+        async def request(tenant: str, request_id: str, rows: int) -> None:
+            nonlocal most_rows
+            release[request_id] = asyncio.Event()
+            async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows, max_tokens=16):
+                log.append(request_id)
+                most_rows = max(most_rows, admission.in_engine[INTERACTIVE])
+                await release[request_id].wait()
+
+        tasks = [asyncio.create_task(request("a", f"a{i}", 8)) for i in range(5)]
+        await settle()
+        # WHEN tenant b's one-row request arrives, and then the requests end one by one
+        tasks.append(asyncio.create_task(request("b", "b0", 1)))
+        await settle()
+        for _ in range(6):
+            for event in release.values():
+                event.set()
+            await settle()
+        await asyncio.gather(*tasks)
+        return log, most_rows
+
+    log, most_rows = run(scenario())
+    # THEN a's requests run one at a time (8 rows each), b's runs next after the first, and no more rows than the
+    # engine has were ever handed out
+    assert log[:2] == ["a0", "b0"]
+    assert most_rows == 8
+
+
+def test_a_request_wider_than_the_engine_takes_all_of_it():
+    async def scenario() -> int:
+        admission = Admission(4, reserve=1, abort=Aborts())
+        async with admission.slot(INTERACTIVE, "wide", rows=16):
+            return admission.free
+
+    assert run(scenario()) == 0
+
+
+async def _hold_until(admission: Admission, tenant: str, request_id: str, rows: int, log: list[str]) -> None:
+    """Hold slots until aborted (the preempted flag set by the admission), as the runner does with a generation."""
+    async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows) as slot:
+        log.append(f"start {request_id}")
+        while not slot.preempted:
+            await asyncio.sleep(0.001)
+        log.append(f"preempted {request_id}")
+
+
+def test_a_tenant_holding_more_than_half_the_engine_has_its_youngest_request_preempted_for_a_tenant_holding_none():
+    async def scenario() -> tuple[list[str], list[str]]:
+        # GIVEN tenant a's request holding all 8 rows of the engine
+        aborts, log = Aborts(), []
+        admission = Admission(8, reserve=1, abort=aborts)
+        a = asyncio.create_task(_hold_until(admission, "a", "a0", 8, log))
+        await settle()
+        # WHEN tenant b's one-row request waits
+        release = asyncio.Event()
+        b = asyncio.create_task(hold(admission, INTERACTIVE, "b0", release, log))
+        await asyncio.wait_for(a, 1)
+        await settle()
+        release.set()
+        await b
+        return log, aborts.ids
+
+    log, aborted = run(scenario())
+    # THEN a's request is aborted in the engine and b's starts once its rows are let go
+    assert aborted == ["a0"]
+    assert log == ["start a0", "preempted a0", "b0"]
+
+
+def test_a_tenant_holding_half_the_engine_or_less_is_not_preempted():
+    async def scenario() -> list[str]:
+        # GIVEN tenants a and c holding 4 rows each of an engine of 8
+        aborts, log, release = Aborts(), [], asyncio.Event()
+        admission = Admission(8, reserve=1, abort=aborts)
+
+        async def hold_as(tenant: str, request_id: str, rows: int) -> None:
+            async with admission.slot(INTERACTIVE, request_id, tenant=tenant, rows=rows):
+                log.append(request_id)
+                await release.wait()
+
+        held = [asyncio.create_task(hold_as("a", "a0", 4)), asyncio.create_task(hold_as("c", "c0", 4))]
+        await settle()
+        # WHEN tenant b's request waits
+        held.append(asyncio.create_task(hold_as("b", "b0", 1)))
+        await settle()
+        aborted = list(aborts.ids)
+        release.set()
+        await asyncio.gather(*held)
+        return aborted
+
+    # THEN nobody is preempted: b waits for the next rows that free
+    assert run(scenario()) == []
+
+
+def test_slots_taken_with_async_with_are_all_let_go():
+    async def scenario() -> int:
+        admission = Admission(4, reserve=1, abort=Aborts())
+        async with admission, admission:
+            pass
+        return len(admission._running)
+
+    assert run(scenario()) == 0

@@ -632,3 +632,70 @@ def test_refusal_reasons_cover_every_non_global_ipv4_special_range():
     ]:
         address = str(next(iter(ipaddress.ip_network(network).hosts()), ipaddress.ip_network(network).network_address))
         assert url_safety.refusal(address) is not None, network
+
+
+class _DrippingServer:
+    """A receiver that answers a POST with one header line every ``every_s``, never finishing its headers sooner."""
+
+    def __init__(self, lines: int, every_s: float) -> None:
+        import socket
+        import time
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+        def serve() -> None:
+            connection, _ = self.listener.accept()
+            with connection:
+                connection.recv(65536)
+                try:
+                    connection.sendall(b"HTTP/1.1 200 OK\r\n")
+                    for i in range(lines):
+                        time.sleep(every_s)
+                        connection.sendall(f"X-Drip-{i}: 1\r\n".encode())
+                    connection.sendall(b"Content-Length: 0\r\n\r\n")
+                except OSError:  # the client went away
+                    pass
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_receiver_dripping_its_headers_is_cut_at_the_deadline_in_wall_time():
+    import time
+
+    # GIVEN a receiver that sends one header line every 0.3 s for 4 s: no single read ever waits the 1 s timeout
+    server = _DrippingServer(lines=13, every_s=0.3)
+    try:
+        # WHEN a delivery with a 1 s deadline is made to it
+        started = time.monotonic()
+        result = delivery.post(local_target(server.port), {}, b"{}", deadline_s=1.0)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+
+    # THEN it ends at the deadline, a failed attempt that says why
+    assert took < 2.0
+    assert not result.delivered and result.error == "no response status within 1 s"
+
+
+def test_a_receiver_that_held_a_delivery_to_the_deadline_is_not_attempted_again_while_paused_others_are():
+    # GIVEN a dispatcher whose first delivery, to tenant t1's receiver, used its whole deadline
+    slow_job = make_job(url="https://slow.example.com/in")
+    other_job = make_job(url="https://fast.example.com/in", job_id="job_" + "b" * 32)
+    store = FakeStore(slow_job)
+    poster = FakePoster(PostResult(None, "no response status within 5 s", timed_out=True), PostResult(204))
+    d = dispatcher(store, poster)
+    d.dispatch(notification_body(slow_job), receive_count=1)
+
+    # WHEN another event for that receiver comes, then one for another receiver
+    again = d.dispatch(notification_body(slow_job), receive_count=1)
+    store.job = other_job
+    other = d.dispatch(notification_body(other_job), receive_count=1)
+
+    # THEN the slow receiver is not attempted (a failed attempt, retried after the backoff), the other one is
+    assert [call[0].host for call in poster.calls] == ["slow.example.com", "fast.example.com"]
+    assert not again.done and again.retry_in_s >= 30 and "not attempted" in again.reason
+    assert other.done and other.reason == "delivered"

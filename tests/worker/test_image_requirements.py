@@ -1,7 +1,8 @@
 """The worker image's Python dependencies are gpu_worker/requirements.lock (requirements.txt pinned with hashes) and
 nothing else (vLLM's image brings vLLM and torch, not what the worker imports). A worker started from a fresh venv
-made of that file alone (``--require-hashes``, as the Dockerfile installs it), over a copy of exactly what the
-Dockerfile copies, must run a job: an import the image lacks fails here, not at the first deployment.
+made of that file alone (``--require-hashes``, as the Dockerfile installs it), over the build context as BuildKit would
+send it from the asset the synth staged (``cdk.worker_image``), must run a job: an import the image lacks fails here,
+not at the first deployment. ``make image-check`` does the same over the pinned vLLM on the real engine.
 
 The venv is cached under ``.venv-image-<hash>/`` (git-ignored), keyed by the requirements file and the Python version,
 so repeated runs take seconds; a clean checkout (CI) builds it from scratch.
@@ -9,6 +10,7 @@ so repeated runs take seconds; a clean checkout (CI) builds it from scratch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import shutil
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from async_inference_client import Client
+from cdk.worker_image import WORKER_DOCKERFILE, assemble, context_files, copy_sources, missing_copy_sources
+from local_runtime.workers import WorkerFleet
 from tests.faults.fault_stack import FaultStack, chat
 
 pytestmark = pytest.mark.e2e
@@ -75,15 +79,24 @@ def test_the_dockerfile_copies_the_worker_packages():
 
 
 def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack, api: Client, tmp_path: Path):
-    # GIVEN a venv with gpu_worker/requirements.txt only, standing in for the image's Python
+    # GIVEN a venv with gpu_worker/requirements.txt only, standing in for the image's Python, and the files BuildKit
+    # would send from the staged asset (not the asset itself: the build filters it again with the ignore file)
     venv = image_venv()
+    assert stack.local.fleet is not None
+    task = stack.local.fleet.task
+    context = tmp_path / "context"
+    assemble(context, task.image.directory, WORKER_DOCKERFILE)
     log = tmp_path / "worker.log"
-    # WHEN a worker starts as the task definition says (its environment, the image's ENV and ENTRYPOINT, the image's
-    # staged build context as /app) with that Python, against the local stack
+    # WHEN a worker starts as the task definition says (its environment, the image's ENV and ENTRYPOINT, that
+    # context as /app) with that Python, against the local stack
+    fleet = WorkerFleet(
+        dataclasses.replace(task, image=dataclasses.replace(task.image, directory=context)),
+        environment=stack.local._worker_overrides("echo"),
+        volumes_dir=tmp_path / "volumes",
+        unset=("MODEL", "MODEL_S3_URI"),
+    )
     with open(log, "wb") as out:
-        worker = stack.local.start_worker(
-            python=str(venv / "bin" / "python"), log=out, ENGINE="echo", RECEIVE_WAIT_S="1"
-        )
+        worker = fleet.add(supervised=False, python=str(venv / "bin" / "python"), log=out, RECEIVE_WAIT_S="1")
     try:
         job_id = api.submit(chat("from the image requirements", max_tokens=4)).job_id
         deadline = time.monotonic() + 60
@@ -101,9 +114,12 @@ def test_a_worker_from_the_image_requirements_alone_runs_a_job(stack: FaultStack
     assert worker.returncode == 0, log.read_text()[-3000:]
 
 
-def test_the_staged_build_context_holds_what_the_dockerfile_copies(stack: FaultStack):
-    # The worker above runs from the image's build context as the synth staged it; the image gets what COPY takes.
+def test_the_staged_asset_sends_the_build_what_the_dockerfile_copies(stack: FaultStack):
+    # GIVEN the asset the synth staged (cdk.out/asset.*, what `cdk deploy` hands to `docker build`)
     assert stack.local.fleet is not None
-    context = stack.local.fleet.task.image.directory
-    for source, _ in image_copies():
-        assert (context / source).exists(), f"{source} is copied by the Dockerfile but not in the build context"
+    staged = stack.local.fleet.task.image.directory
+    # WHEN BuildKit filters it with the ignore file beside the Dockerfile THEN every COPY source is still there
+    files = context_files(staged, WORKER_DOCKERFILE)
+    assert missing_copy_sources(files, copy_sources((staged / WORKER_DOCKERFILE).read_text())) == []
+    # AND it is the context the repository itself gives: the asset's exclude and the ignore file agree
+    assert files == context_files()

@@ -85,10 +85,38 @@ def test_a_file_not_recorded_as_downloaded_is_fetched(s3: Any, model_uri: str, t
     assert (tmp_path / "model" / "config.json").read_bytes() == FILES["config.json"]
 
 
-def test_an_empty_prefix_fails_at_start(s3: Any, model_uri: str, tmp_path: Path):
+def test_a_sync_of_an_empty_prefix_fails(s3: Any, model_uri: str, tmp_path: Path):
+    # (The worker waits for objects first, below: an empty prefix here means they were removed meanwhile.)
     bucket, _ = parse_s3_uri(model_uri)
     with pytest.raises(ValueError, match="holds no objects"):
         ModelSource(f"s3://{bucket}/models/missing/", tmp_path / "model", s3=s3).sync()
+
+
+def test_waiting_for_the_weights_beats_until_their_config_arrives_last(s3: Any, model_uri: str, tmp_path: Path):
+    # GIVEN an empty prefix, and the files uploaded there while a source waits for them, config.json last
+    bucket, _ = parse_s3_uri(model_uri)
+    source = ModelSource(f"s3://{bucket}/models/later/", tmp_path / "model", s3=s3)
+    beats: list[float] = []
+
+    def beat() -> None:
+        beats.append(time.monotonic())
+        if len(beats) == 2:
+            s3.put_object(Bucket=bucket, Key="models/later/model.safetensors", Body=b"w")
+        if len(beats) == 4:
+            s3.put_object(Bucket=bucket, Key="models/later/config.json", Body=b"{}")
+
+    # WHEN it waits THEN it returns only once config.json is there, having beaten (the health file) meanwhile
+    assert source.wait_for_weights(stopping=lambda: False, beat=beat, poll_s=0.5) is True
+    assert len(beats) >= 4
+    assert sorted(source.sync().downloaded) == ["config.json", "model.safetensors"]
+
+
+def test_waiting_for_an_empty_prefix_ends_when_the_worker_stops(s3: Any, model_uri: str, tmp_path: Path):
+    bucket, _ = parse_s3_uri(model_uri)
+    source = ModelSource(f"s3://{bucket}/models/never/", tmp_path / "model", s3=s3)
+    started = time.monotonic()
+    assert source.wait_for_weights(stopping=lambda: time.monotonic() - started > 1, beat=lambda: None) is False
+    assert time.monotonic() - started < 5  # within a beat of the stop, not after a whole poll
 
 
 def test_a_key_that_would_leave_the_directory_is_refused(s3: Any, model_uri: str, tmp_path: Path):
@@ -127,6 +155,54 @@ def test_a_model_uri_without_a_directory_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MODEL_S3_URI", "https://models/qwen/")
     with pytest.raises(SettingsError, match="MODEL_S3_URI='https://models/qwen/': .*not an s3://"):
         WorkerSettings.load()
+
+
+def test_a_worker_waits_healthy_for_weights_not_uploaded_yet_then_runs_jobs(
+    stack: FaultStack, api: Client, s3: Any, tmp_path: Path
+):
+    # GIVEN the stack's own model bucket as the first deploy leaves it: empty (issue 27, blocker 2: the worker exited,
+    # ECS replaced it in a loop, and the deployment circuit breaker rolled the whole stack back)
+    bucket = "models-not-uploaded-yet"
+    s3.create_bucket(Bucket=bucket)
+    health = tmp_path / "health"
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO_ROOT),
+        **stack.env,
+        "ENGINE": "echo",
+        "RECEIVE_WAIT_S": "1",
+        "MODEL_S3_URI": f"s3://{bucket}/qwen/",
+        "MODEL_DIR": str(tmp_path / "model"),
+        "WORKER_HEALTH_FILE": str(health),
+        "HEALTH_MAX_AGE_S": "5",
+        "HEARTBEAT_INTERVAL_S": "1",
+    }
+    health_check = [sys.executable, "-m", "gpu_worker.health"]
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        # WHEN it has run for a while (past the health file's maximum age)
+        time.sleep(8)
+        # THEN it is still running, passes the container's health check, and its log says what it waits for
+        assert worker.poll() is None, log.read_text()[-3000:]
+        assert subprocess.run(health_check, env=env, cwd=REPO_ROOT).returncode == 0
+        assert f"s3://{bucket}/qwen/ holds no config.json yet: waiting for the model's files" in log.read_text()
+        # WHEN the weights are uploaded, config.json last as docs/deploying.md says, THEN it syncs them and runs jobs
+        for name in sorted(FILES, key=lambda name: name == "config.json"):
+            s3.put_object(Bucket=bucket, Key=f"qwen/{name}", Body=FILES[name])
+        job_id = api.submit(chat("after the upload", max_tokens=3)).job_id
+        deadline = time.monotonic() + 60
+        while api.get(job_id).status != "succeeded":
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    assert worker.returncode == 0, log.read_text()[-3000:]
+    assert json.loads((tmp_path / "model" / MANIFEST_NAME).read_text()).keys() == FILES.keys()
 
 
 def test_a_worker_syncs_the_model_before_it_takes_jobs(stack: FaultStack, api: Client, model_uri: str, tmp_path: Path):

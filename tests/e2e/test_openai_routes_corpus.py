@@ -1,0 +1,134 @@
+"""The shared corpus of real OpenAI request bodies (tests/conformance/corpus, /work/shared/data/openai_requests) posted
+as recorded, each to the route it was recorded on, against the local stack: the share of the bodies a text model can
+answer that are accepted and answered with OpenAI's object. Each test prints its figures (``pytest -s``).
+
+Which chat bodies a text model can answer is decided by the reference (tests/conformance/openai_reference.py), apart
+from the service's schema; a streaming body is counted apart (``stream: true`` is a 400 until streaming lands). The
+other endpoints have no reference: their figures are what was answered, and each refusal must be a 400 naming a field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from local_runtime.stack import API_FUNCTION_INSTANCES, LocalDeployment
+from tests.conformance.openai_reference import CORPUS, MODEL_PLACEHOLDER, classify
+from tests.e2e.conftest import EMBEDDING_MODEL, TENANT_KEYS
+from tests.e2e.test_openai_routes import warm_up
+
+pytestmark = pytest.mark.e2e
+KEY_A = next(iter(TENANT_KEYS))
+OBJECTS = {
+    "/v1/chat/completions": "chat.completion",
+    "/v1/completions": "text_completion",
+    "/v1/responses": "response",
+    "/v1/embeddings": "list",
+}
+
+
+@pytest.fixture
+def embedding_worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
+    process = stack.start_worker(ENGINE="cpu", MODEL_KIND="embedding")
+    warm_up(stack)
+    yield process
+    stack.stop_worker(process)
+
+
+def _bodies(endpoint: str, model: str) -> list[dict]:
+    bodies = []
+    for text in CORPUS.read_text().splitlines():
+        record = json.loads(text)
+        if record["endpoint"] == endpoint:
+            body = dict(record["body"])
+            if body.get("model") == MODEL_PLACEHOLDER:
+                body["model"] = model
+            bodies.append(body)
+    return bodies
+
+
+def _post_all(stack: LocalDeployment, endpoint: str, bodies: list[dict]) -> list[tuple[int, dict]]:
+    """Each body posted as recorded, as many at once as the local API has function instances."""
+    headers = {"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"}
+
+    def post(body: dict) -> tuple[int, dict]:
+        answer = requests.post(stack.api_url + endpoint, data=json.dumps(body), headers=headers, timeout=60)
+        if answer.status_code >= 500:
+            print(f"\n{answer.status_code} for {json.dumps(body)[:300]}")
+        return answer.status_code, answer.json()
+
+    with ThreadPoolExecutor(API_FUNCTION_INSTANCES) as pool:
+        return list(pool.map(post, bodies))
+
+
+def _tally(endpoint: str, answers: list[tuple[int, dict]]) -> tuple[int, Counter[str]]:
+    """How many were answered with the endpoint's object, and the others by status, code and the field a 400 names,
+    or, for a job that ran and failed, ``job:`` and the start of its reason."""
+    answered, others = 0, Counter()
+    for status, body in answers:
+        if status == 200 and body.get("object") == OBJECTS[endpoint]:
+            answered += 1
+            continue
+        error = body.get("error") or {}
+        field = (error.get("details") or [{}])[0].get("field", "")
+        if "job_id" in error:  # accepted as a job, which ended without a result
+            field = "job: " + error["message"][:48]
+        others[f"{status} {error.get('code')} {field}".strip()] += 1
+    return answered, others
+
+
+def _refused_by_name(others: Counter[str]) -> bool:
+    """Whether each body not answered was refused with a 400 that names a field, or ran as a job the engine refused."""
+    return all(key.startswith("400 ") and len(key.split()) >= 3 for key in others)
+
+
+ECHO_LIMIT = "job: the echo engine cannot honour"  # what the echo engine refuses, the model-backed engines honour
+
+
+def test_valid_chat_bodies_are_accepted_and_answered_on_the_chat_route(stack, worker):
+    # GIVEN the corpus's chat bodies that OpenAI takes and a text model can answer, and those that would be such
+    # but stream
+    bodies = _bodies("/v1/chat/completions", "echo-model")
+    valid = [b for b in bodies if classify(b).kind == "valid"]
+    streaming = [b for b in bodies if b.get("stream") is True and classify({**b, "stream": False}).kind == "valid"]
+    # WHEN each is posted to POST /v1/chat/completions as recorded
+    answered, others = _tally("/v1/chat/completions", _post_all(stack, "/v1/chat/completions", valid))
+    streamed, stream_others = _tally("/v1/chat/completions", _post_all(stack, "/v1/chat/completions", streaming))
+    echo_limits = sum(count for key, count in others.items() if ECHO_LIMIT in key)
+    accepted = answered + sum(count for key, count in others.items() if " job: " in key)
+    print(
+        f"\nchat: of {len(valid)} valid bodies, {accepted} accepted ({accepted / len(valid):.1%}), {answered} answered "
+        f"({answered / len(valid):.1%}), {echo_limits} refused by the echo engine (response_format, tool_choice); "
+        f"not answered: {dict(others)}"
+    )
+    print(f"chat, streaming: {streamed}/{len(streaming)} answered; not: {dict(stream_others)}")
+    # THEN at least 95% are accepted as jobs; each accepted one is answered unless it asks what the echo engine
+    # cannot do; a streaming one is a 400 naming stream, for now
+    assert accepted >= 0.95 * len(valid), others
+    assert answered + echo_limits == accepted, others
+    assert set(stream_others) == {"400 invalid_request stream"}, stream_others
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/responses"])
+def test_completions_and_responses_bodies_are_answered_or_refused_by_name(stack, worker, endpoint):
+    # GIVEN the corpus's bodies of the endpoint WHEN each is posted to it as recorded
+    bodies = _bodies(endpoint, "echo-model")
+    answered, others = _tally(endpoint, _post_all(stack, endpoint, bodies))
+    print(f"\n{endpoint}: {answered}/{len(bodies)} answered; not: {dict(others)}")
+    # THEN each is answered with the endpoint's object, or refused with a 400 that names a field (or the echo engine's)
+    assert _refused_by_name(others), others
+    assert answered > 0
+
+
+def test_embeddings_bodies_are_answered_or_refused_by_name(stack, embedding_worker):
+    bodies = _bodies("/v1/embeddings", EMBEDDING_MODEL)
+    answered, others = _tally("/v1/embeddings", _post_all(stack, "/v1/embeddings", bodies))
+    print(f"\n/v1/embeddings: {answered}/{len(bodies)} answered; not: {dict(others)}")
+    assert _refused_by_name(others), others
+    assert answered > 0
