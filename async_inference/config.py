@@ -46,8 +46,8 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 # other model is a 404 model_not_found. "*" in the list accepts every name (local engines that serve any name only).
 ENV_SERVED_MODELS = "SERVED_MODELS"
 # Each model's fleet, as a JSON object {"<model>": {"kind", "queue_url", "batch_queue_url", "worker_service"}}
-# (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model. Unset, or a model
-# it lacks: the configured queues (JOBS_QUEUE_URL, BATCH_QUEUE_URL), which are the first model's.
+# (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model, the only way to
+# a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues).
 ENV_MODEL_FLEETS = "MODEL_FLEETS"
 # Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
 # async_inference.events_in.EventRule.
@@ -115,24 +115,18 @@ ENV_TASK_PROTECTION_TOKENS_PER_S = "TASK_PROTECTION_TOKENS_PER_S"
 # protected rather than not when in doubt.
 DEFAULT_TASK_PROTECTION_TOKENS_PER_S = 20.0
 ENV_WORKER_FAULTS = "WORKER_FAULTS"
-# Wake from zero (async_inference.wake): the worker's ECS service, which the API and upload functions set to one task
-# when they queue a job and it has none, checking at most once per WAKE_CHECK_INTERVAL_S per execution environment.
+# Wake from zero (async_inference.wake): the functions that queue work set a fleet's ECS service (its route's
+# worker_service, in this cluster) to one task when they queue a job and it has none, checking at most once per
+# WAKE_CHECK_INTERVAL_S per execution environment.
 ENV_WORKER_CLUSTER = "WORKER_CLUSTER_NAME"
-ENV_WORKER_SERVICE = "WORKER_SERVICE_ARN"
 ENV_WAKE_CHECK_INTERVAL_S = "WAKE_CHECK_INTERVAL_S"
 DEFAULT_WAKE_CHECK_INTERVAL_S = 60
 # How long a wake holds the service's scaling minimum at one task (0: no hold): at least the keep-alive plus two
 # minutes, and about a warm pool replacement's initialization. See cdk/queue_scaling.py.
 ENV_WAKE_HOLD_S = "WAKE_HOLD_S"
 DEFAULT_WAKE_HOLD_S = 420
-# The most tasks a wake's hold allows (its scaling maximum while it lasts), and the maximum its end puts back. The stack
-# sets both for a fleet whose warm pool holds fewer instances than its most tasks (the hold then allows as many tasks
-# as the pool can start); without them the hold raises only the minimum. See cdk/queue_scaling.py.
-ENV_WAKE_HOLD_MAX_TASKS = "WAKE_HOLD_MAX_TASKS"
-ENV_WAKE_MAX_TASKS = "WAKE_MAX_TASKS"
-# The GPU Auto Scaling group a wake also starts an instance in (its desired capacity raised from 0 to 1), so that the
-# instance does not wait for ECS managed scaling's next CapacityProviderReservation minute (cdk/gpu_capacity.py).
-ENV_WORKER_GROUP = "WORKER_AUTO_SCALING_GROUP"
+# Each fleet's service, the GPU group a wake also starts an instance in, and the hold's maxima are in its route
+# (async_inference.fleets.FleetRoute), not in variables of their own.
 # Powertools' own names: the worker's EMF records use them as the Lambdas' do.
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 ENV_LOG_LEVEL = "LOG_LEVEL"
@@ -202,9 +196,18 @@ class WakeTarget:
     max_tasks: int | None = None
     hold_max_tasks: int | None = None
 
-    def for_fleet(self, route: FleetRoute) -> WakeTarget | None:
-        """The target of the model whose route is ``route`` (every model's, the first's included): this one's cluster,
-        interval and hold, the route's service, GPU group and maxima. None when the route names no service to wake."""
+
+@dataclass(frozen=True)
+class WakeSettings:
+    """The stack's wake from zero, the same for every fleet: the cluster, how often one process may check a service,
+    and how long a wake holds it. Each fleet's service, GPU group and maxima are in its route (``FleetRoute``)."""
+
+    cluster: str
+    check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
+    hold_s: float = 0.0
+
+    def target(self, route: FleetRoute) -> WakeTarget | None:
+        """The wake of the fleet whose route is ``route``; None when the route names no service to wake."""
         if not route.worker_service:
             return None
         return WakeTarget(
@@ -218,19 +221,11 @@ class WakeTarget:
         )
 
     def to_env(self) -> dict[str, str]:
-        env = {
+        return {
             ENV_WORKER_CLUSTER: self.cluster,
-            ENV_WORKER_SERVICE: self.service,
             ENV_WAKE_CHECK_INTERVAL_S: f"{self.check_interval_s:g}",
             ENV_WAKE_HOLD_S: f"{self.hold_s:g}",
         }
-        if self.group is not None:
-            env[ENV_WORKER_GROUP] = self.group
-        if self.max_tasks is not None:
-            env[ENV_WAKE_MAX_TASKS] = str(self.max_tasks)
-        if self.hold_max_tasks is not None:
-            env[ENV_WAKE_HOLD_MAX_TASKS] = str(self.hold_max_tasks)
-        return env
 
 
 @dataclass(frozen=True)
@@ -240,17 +235,15 @@ class ServiceConfig:
 
     table_name: str
     bucket_name: str
-    queue_url: str
+    # A worker's own job queue and its DLQ (None in the functions: they find each model's queues by its route).
+    queue_url: str | None
     topic_arn: str
     dlq_url: str | None = None
     # Unset: no upload job gets a scheduled expiry; a GET after its window still expires it.
     upload_deadlines_queue_url: str | None = None
     # Unset: queueing a job wakes nothing; the scaling alarms start a task within minutes.
-    wake: WakeTarget | None = None
+    wake: WakeSettings | None = None
     payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS
-    # The batch-lane queue (jobs submitted with priority "batch"). The CDK sets it through cdk.batches.Batches'
-    # environment, not here; the processes read it back with the rest.
-    batch_queue_url: str | None = None
     # Each model's queues and service (MODEL_FLEETS). The CDK sets it on the functions that queue work, not here.
     fleets: Mapping[str, FleetRoute] | None = None
 
@@ -258,18 +251,17 @@ class ServiceConfig:
         env = {
             ENV_TABLE: self.table_name,
             ENV_BUCKET: self.bucket_name,
-            ENV_QUEUE_URL: self.queue_url,
             ENV_TOPIC_ARN: self.topic_arn,
             ENV_PAYLOAD_RETENTION_DAYS: str(self.payload_retention_days),
         }
+        if self.queue_url:
+            env[ENV_QUEUE_URL] = self.queue_url
         if self.dlq_url:
             env[ENV_DLQ_URL] = self.dlq_url
         if self.upload_deadlines_queue_url:
             env[ENV_UPLOAD_DEADLINES_QUEUE_URL] = self.upload_deadlines_queue_url
         if self.wake:
             env.update(self.wake.to_env())
-        if self.batch_queue_url:
-            env[ENV_BATCH_QUEUE_URL] = self.batch_queue_url
         if self.fleets:
             routes = {name: route.model_dump(exclude_none=True) for name, route in self.fleets.items()}
             env[ENV_MODEL_FLEETS] = json.dumps(routes)
@@ -281,7 +273,7 @@ class ServiceSettings(EnvSettings):
 
     table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
     bucket_name: str = Field(alias=ENV_BUCKET, description="the claim-check bucket's name")
-    queue_url: str = Field(alias=ENV_QUEUE_URL, description="the job queue's URL")
+    queue_url: str | None = Field(None, alias=ENV_QUEUE_URL, description="a worker's job queue's URL")
     topic_arn: str = Field(alias=ENV_TOPIC_ARN, description="the result topic's ARN")
     dlq_url: str | None = Field(None, alias=ENV_DLQ_URL, description="the job queue's dead-letter queue URL")
     upload_deadlines_queue_url: str | None = Field(
@@ -297,12 +289,11 @@ class ServiceSettings(EnvSettings):
         None, alias=ENV_SERVED_MODELS, description='the model names the workers serve, as a JSON list: ["name", ...]'
     )
     batch_table_name: str | None = Field(None, alias=ENV_BATCH_TABLE, description="the batch table's name")
-    batch_queue_url: str | None = Field(None, alias=ENV_BATCH_QUEUE_URL, description="the batch-lane queue's URL")
     model_fleets: Json[dict[str, FleetRoute]] | None = Field(
         None,
         alias=ENV_MODEL_FLEETS,
         description='each model\'s queues and service, {"model": {"kind", "queue_url", "batch_queue_url", '
-        '"worker_service"}}; unset: every model on the configured queues',
+        '"worker_service"}}; unset: no model is served',
     )
     tenant_quotas: Json[dict[str, TenantQuota]] | None = Field(
         None, alias=ENV_TENANT_QUOTAS, description='per-tenant quotas, {"tenant": {"max_active_jobs": N}}; unset: none'
@@ -318,9 +309,6 @@ class ServiceSettings(EnvSettings):
     worker_cluster: str | None = Field(
         None, alias=ENV_WORKER_CLUSTER, description="the worker service's ECS cluster (wake from zero)"
     )
-    worker_service: str | None = Field(
-        None, alias=ENV_WORKER_SERVICE, description="the worker service's ARN, woken when a job is queued"
-    )
     wake_check_interval_s: float = Field(
         DEFAULT_WAKE_CHECK_INTERVAL_S,
         gt=0,
@@ -333,43 +321,12 @@ class ServiceSettings(EnvSettings):
         alias=ENV_WAKE_HOLD_S,
         description="seconds a wake holds the scaling minimum at one task",
     )
-    worker_group: str | None = Field(
-        None, alias=ENV_WORKER_GROUP, description="the GPU Auto Scaling group a wake starts an instance in"
-    )
-    wake_max_tasks: int | None = Field(
-        None,
-        ge=1,
-        alias=ENV_WAKE_MAX_TASKS,
-        description="the worker service's scaling maximum, which the end of a wake's hold restores",
-    )
-    wake_hold_max_tasks: int | None = Field(
-        None,
-        ge=1,
-        alias=ENV_WAKE_HOLD_MAX_TASKS,
-        description="the worker service's scaling maximum while a wake's hold lasts",
-    )
-
-    @model_validator(mode="after")
-    def _wake_complete(self) -> ServiceSettings:
-        if (self.worker_cluster is None) != (self.worker_service is None):
-            raise ValueError(
-                f"set both {ENV_WORKER_CLUSTER} and {ENV_WORKER_SERVICE} (the service to wake from zero), or neither"
-            )
-        return self
 
     @property
-    def wake(self) -> WakeTarget | None:
-        if self.worker_cluster is None or self.worker_service is None:
+    def wake(self) -> WakeSettings | None:
+        if self.worker_cluster is None:
             return None
-        return WakeTarget(
-            self.worker_cluster,
-            self.worker_service,
-            self.wake_check_interval_s,
-            self.wake_hold_s,
-            self.worker_group,
-            self.wake_max_tasks,
-            self.wake_hold_max_tasks,
-        )
+        return WakeSettings(self.worker_cluster, self.wake_check_interval_s, self.wake_hold_s)
 
     payload_retention_days: int = Field(
         settings.PAYLOAD_RETENTION_DAYS,
@@ -389,7 +346,6 @@ class ServiceSettings(EnvSettings):
             upload_deadlines_queue_url=self.upload_deadlines_queue_url,
             wake=self.wake,
             payload_retention_days=self.payload_retention_days,
-            batch_queue_url=self.batch_queue_url,
             fleets=self.model_fleets,
         )
 

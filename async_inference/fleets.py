@@ -4,13 +4,15 @@ the request names.
 
 The stack sets the routes at synth as one JSON object in ``MODEL_FLEETS`` (``async_inference.config``) on every
 function that queues work (the API, the upload handler, the batch controller):
-``{"<model>": {"kind": "chat", "queue_url": ..., "batch_queue_url": ..., "worker_service": ...}}``. A model without
-a route (a process built without the stack's configuration, or a local engine that answers any name) goes to the
-configured queue (``JOBS_QUEUE_URL``), which is the first model's.
+``{"<model>": {"kind": "chat", "queue_url": ..., "batch_queue_url": ..., "worker_service": ...}}``. The routes are
+the only way to a queue: a model without one is not served. The route named ``ANY_MODEL`` (``"*"``) takes every model
+the others do not name, of either kind: the local runtime sets it for its engines that answer any model name; the
+stack never does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -21,6 +23,8 @@ EMBEDDING: ModelKind = "embedding"
 MODEL_KINDS = (CHAT, EMBEDDING)
 # What a request of each kind is sent to: the error for a model of the other kind names it.
 KIND_ENDPOINTS: dict[str, str] = {CHAT: "/v1/chat/completions", EMBEDDING: "/v1/embeddings"}
+# The route of every model no other route names (as "*" in SERVED_MODELS serves every name).
+ANY_MODEL = "*"
 
 
 class FleetRoute(BaseModel):
@@ -35,6 +39,11 @@ class FleetRoute(BaseModel):
     worker_group: str | None = None  # its GPU Auto Scaling group, where a wake from zero starts an instance
     worker_max_tasks: int | None = None  # its service's scaling maximum, restored when a wake's hold ends
     worker_hold_max_tasks: int | None = None  # its service's maximum while a wake's hold lasts (None: not held)
+
+
+def route_of(routes: Mapping[str, FleetRoute], model: str) -> FleetRoute | None:
+    """``model``'s route, else the ``ANY_MODEL`` route, else None (no fleet serves it)."""
+    return routes.get(model) or routes.get(ANY_MODEL)
 
 
 def kind_of_endpoint(endpoint: str) -> str:

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from async_inference import safe_json, settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
-from async_inference.config import ServiceConfig, WakeTarget
+from async_inference.config import ServiceConfig, WakeSettings
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
-from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, wrong_kind_message
+from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, route_of, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, field_in, limits_for
 from async_inference.quotas import TenantQuota, quota_exceeded_message
@@ -96,42 +96,39 @@ class JobService:
         *,
         store: JobStore,
         blobs: Blobs,
-        queue: JobQueue,
         notifier: Notifier,
+        queue: JobQueue | None = None,
         deadlines: UploadDeadlines | None = None,
         upload_grace_s: int = settings.UPLOAD_GRACE_S,
         allow_local_webhooks: bool = False,
         served: ServedModels | None = None,
-        waker: ServiceWaker | None = None,
         idempotency_in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S,
         payload_retention_days: int = settings.PAYLOAD_RETENTION_DAYS,
-        lane: JobQueue | None = None,
         quotas: Mapping[str, TenantQuota] | None = None,
         fleets: Mapping[str, FleetRoute] | None = None,
-        wake: WakeTarget | None = None,
+        wake: WakeSettings | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
         self.store = store
         # The deployment's bounds on one request's cost; a tenant's plan may change them (async_inference.limits).
         self.limits = limits or RequestLimits()
-        # Each model's queues and service (async_inference.fleets); a model without a route uses queue, lane, waker.
+        # Each model's queues and service (async_inference.fleets), the only way to a queue: a model without a route
+        # is not served. None: no job is queued (a worker's service, which takes jobs from ``queue``).
         self.fleets = dict(fleets or {})
+        # None: queueing a job wakes nothing (the scaling alarms still start a task).
         self._wake = wake
         self._routed: dict[str, tuple[JobQueue, JobQueue | None, ServiceWaker | None]] = {}
         # None: no quotas (a store without the index of unfinished jobs); a tenant missing from it gets the defaults.
         self.quotas = quotas
         self.blobs = blobs
+        # A worker's own job queue (None in the functions, which queue by route).
         self.queue = queue
-        # The batch-lane queue, for jobs submitted with priority "batch"; None: such a job is a 400.
-        self.lane = lane
         self.notifier = notifier
         # None: upload jobs get no scheduled expiry (a GET after the window still expires them).
         self.deadlines = deadlines
         self.upload_grace_s = upload_grace_s
         self.allow_local_webhooks = allow_local_webhooks
         self.served = served or ServedModels.of(None)
-        # None: queueing a job wakes nothing (the scaling alarms still start a task).
-        self.waker = waker
         self.idempotency_in_progress_s = idempotency_in_progress_s
         self.payload_retention_days = payload_retention_days
 
@@ -152,14 +149,12 @@ class JobService:
         return cls(
             store=JobStore(config.table_name),
             blobs=Blobs(config.bucket_name),
-            queue=JobQueue(config.queue_url),
+            queue=JobQueue(config.queue_url) if config.queue_url else None,
             notifier=Notifier(config.topic_arn),
             deadlines=UploadDeadlines(config.upload_deadlines_queue_url) if config.upload_deadlines_queue_url else None,
             allow_local_webhooks=allow_local_webhooks,
             served=ServedModels.of(served_models),
-            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
             payload_retention_days=config.payload_retention_days,
-            lane=JobQueue(config.batch_queue_url) if config.batch_queue_url else None,
             quotas=quotas,
             fleets=config.fleets,
             wake=config.wake,
@@ -195,7 +190,9 @@ class JobService:
                 return self._replay(existing, fingerprint, idempotency_key)
         if submission.webhook is not None:
             self._check_webhook_url(submission.webhook.url)
-        if submission.priority == "batch" and self.lane is None:
+        if submission.priority == "batch" and not self._has_lane(
+            submission.request.model if submission.request else None
+        ):
             message = 'this deployment has no batch lane; submit with priority "interactive"'
             raise ServiceError(
                 400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}]
@@ -256,8 +253,9 @@ class JobService:
             raise ServiceError(status, code, message, [{"field": field, "message": message}])
 
     def model_problem(self, model: str, kind: str = CHAT) -> tuple[int, str, str] | None:
-        """Why a request of ``kind`` cannot run on ``model`` (status, code, message), or None when it can."""
-        if not self.served.serves(model):
+        """Why a request of ``kind`` cannot run on ``model`` (status, code, message), or None when it can. The
+        ``ANY_MODEL`` route takes a model of either kind."""
+        if not self.served.serves(model) or route_of(self.fleets, model) is None:
             return 404, "model_not_found", self.served.not_found_message(model)
         route = self.fleets.get(model)
         if route is not None and route.kind != kind:
@@ -283,13 +281,20 @@ class JobService:
                 400, "limit_exceeded", f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
             ) from exc
 
-    def _route(self, model: str | None) -> tuple[JobQueue, JobQueue | None, ServiceWaker | None]:
-        """The job queue, batch lane and waker of ``model``'s fleet; the configured ones for a model without one."""
-        route = self.fleets.get(model) if model else None
+    def _has_lane(self, model: str | None) -> bool:
+        """Whether ``model``'s fleet has a batch lane (None, a model named only at upload: whether any fleet has)."""
+        if model is None:
+            return any(route.batch_queue_url for route in self.fleets.values())
+        route = route_of(self.fleets, model)
+        return route is not None and route.batch_queue_url is not None
+
+    def _route(self, model: str) -> tuple[JobQueue, JobQueue | None, ServiceWaker | None]:
+        """The job queue, batch lane and waker of ``model``'s fleet (its route, checked at submit)."""
+        route = route_of(self.fleets, model)
         if route is None:
-            return self.queue, self.lane, self.waker
+            raise ValueError(f"no fleet serves the model {model!r}: MODEL_FLEETS has no route for it")
         if model not in self._routed:
-            target = self._wake.for_fleet(route) if self._wake is not None else None
+            target = self._wake.target(route) if self._wake is not None else None
             waker = ServiceWaker.for_target(target) if target is not None else None
             lane = JobQueue(route.batch_queue_url) if route.batch_queue_url else None
             self._routed[model] = (JobQueue(route.queue_url), lane, waker)
@@ -359,6 +364,7 @@ class JobService:
     def _enqueue(self, job: Job) -> None:
         # A job that reached the batch lane's priority before this function had a lane (a stale configuration) still
         # runs, on the job queue: queued in the wrong lane beats never queued.
+        assert job.model is not None, "a queued job names its model (at submit, or when its upload is accepted)"
         queue, lane, waker = self._route(job.model)
         queue = lane if job.priority == "batch" and lane is not None else queue
         try:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from async_inference import settings
 from async_inference.aws import client
+from async_inference.config import ServiceSettings
 from async_inference.schemas import JobSubmission
 from async_inference.service import JobService
 from local_runtime.moto_server import free_port
@@ -188,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         inbox.start()
         workers = [stack.start_worker() for _ in range(args.workers)]
         watched = workers[0]  # never killed: its RSS is the one compared
-        service = JobService.from_config(config)
+        # The API function's own settings: its routes (the local engine's "*" route among them) find the queue.
+        api = next(f for f in stack.functions.values() if f.handler == "lambdas.api.handler.lambda_handler")
+        api_settings = ServiceSettings.load(**api.environment)
+        service = JobService.from_config(api_settings.service, served_models=api_settings.served_models)
         submission = JobSubmission.model_validate(
             {"request": {"model": "echo", "max_tokens": 4, "messages": [{"role": "user", "content": "soak"}]}}
         )

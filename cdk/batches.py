@@ -12,7 +12,7 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_BATCH_CONTROL_QUEUE_URL, ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE
+from async_inference.config import ENV_BATCH_CONTROL_QUEUE_URL, ENV_BATCH_TABLE
 from cdk.job_queue import secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
 
@@ -42,7 +42,6 @@ class Batches(Construct):
 
     :param code: the shared Lambda code.
     :param environment: the service's runtime configuration and Powertools settings.
-    :param lane_queue_url: the batch lane the core falls back to for a model without a route (BATCH_QUEUE_URL).
     :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.RETAIN``.
     """
 
@@ -53,7 +52,6 @@ class Batches(Construct):
         *,
         code: LambdaCode,
         environment: Mapping[str, str],
-        lane_queue_url: str,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, id)
@@ -93,7 +91,6 @@ class Batches(Construct):
         )
         self.environment = {
             ENV_BATCH_TABLE: self.table.table_name,
-            ENV_BATCH_QUEUE_URL: lane_queue_url,
             ENV_BATCH_CONTROL_QUEUE_URL: self.control_queue.queue_url,
         }
         self.controller = code.new_function(

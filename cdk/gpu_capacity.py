@@ -13,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from async_inference.config import ENV_MODEL_DIR, ENV_MODEL_S3_URI, ENV_WORKER_CLUSTER, ENV_WORKER_GROUP
+from async_inference.config import ENV_MODEL_DIR, ENV_MODEL_S3_URI, ENV_WORKER_CLUSTER
 from cdk.fleet_lifecycle import FleetLifecycle
 from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH, GpuWorkerService
 from cdk.lambda_code import LambdaCode
@@ -227,14 +227,11 @@ class GpuCapacity(Construct):
         if models is not None:
             models.grant_read(role)
 
-    def grant_instance_start(self, function: lambda_.Function, *, environment: bool = True) -> None:
-        """Let ``function`` (one that wakes the worker service) start a GPU instance: the group's name in its
-        environment, SetDesiredCapacity on this one group, and DescribeAutoScalingGroups (no resource-level
-        permission exists for it) to see that the group is at 0 first. ``environment`` False: the permissions only
-        (a further model's group, named in the function's MODEL_FLEETS routes instead)."""
+    def grant_instance_start(self, function: lambda_.Function) -> None:
+        """Let ``function`` (one that wakes the worker service; its fleet's route names the group) start a GPU
+        instance: SetDesiredCapacity on this one group, and DescribeAutoScalingGroups (no resource-level permission
+        exists for it) to see that the group is at 0 first."""
         group = self.auto_scaling_group
-        if environment:
-            function.add_environment(ENV_WORKER_GROUP, group.auto_scaling_group_name)
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["autoscaling:SetDesiredCapacity"], resources=[self._group_arn(group)])
         )

@@ -220,12 +220,11 @@ class ModelFleet(Construct):
         self.jobs.queue.grant(function, "sqs:SendMessage")
         self.lane_queue.grant(function, "sqs:SendMessage")
 
-    def grant_wake(self, function: lambda_.Function, *, environment: bool) -> None:
+    def grant_wake(self, function: lambda_.Function) -> None:
         """Let ``function`` wake this fleet from zero: its service, and an instance of its GPU group at once instead
-        of after managed scaling's next minute. ``environment``: the service and group in the function's variables
-        too (``async_inference.config.WakeTarget``), not only in its route."""
-        self.scaling.grant_wake(function, environment=environment)
-        self.capacity.grant_instance_start(function, environment=environment)
+        of after managed scaling's next minute (both named in the fleet's ``route``)."""
+        self.scaling.grant_wake(function)
+        self.capacity.grant_instance_start(function)
 
     def grant_worker(self) -> None:
         """The worker's permissions: its job queue and batch lane, its model, and the shared resources."""

@@ -54,7 +54,7 @@ def service_metric(name: str, service_name: str, statistic: str) -> cloudwatch.M
 
 @dataclass(frozen=True)
 class MonitoredFleet:
-    """A further model's fleet: its job queue (an age alarm of its own, its depth on the dashboard) and its worker
+    """Another model's fleet (beside ``Monitoring``'s ``queue`` and ``service``): its job queue (an age alarm of its own, its depth on the dashboard) and its worker
     service (running tasks). ``key`` suffixes its alarm's id (the fleet's construct id)."""
 
     model: str
@@ -70,7 +70,7 @@ class Monitoring(Construct):
     :param queue: the job queue.
     :param dead_letter_queues: name -> DLQ to alarm on (depth > 0).
     :param service: the worker service (running task count).
-    :param fleets: the further models' fleets, each with its own age alarm and dashboard row. Default: none.
+    :param fleets: the other models' fleets, each with its own age alarm and dashboard row. Default: none.
     :param worker_service_name: the worker's Powertools service name (the ``service`` dimension of its metrics).
     :param api_service_name: the API function's Powertools service name.
     :param dead_letter_service_name: the DLQ function's Powertools service name. Default:

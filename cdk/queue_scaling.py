@@ -287,7 +287,7 @@ class QueueScaling(Construct):
 
     @property
     def wake_target(self) -> WakeTarget:
-        """The service a submitter wakes, as ``async_inference.config.ServiceSettings`` reads it back."""
+        """The service a submitter wakes (its fleet's route names it: ``cdk.model_fleet.ModelFleet.route``)."""
         return WakeTarget(
             cluster=self.service.cluster.cluster_name,
             service=self._service_arn_by_name,
@@ -297,14 +297,11 @@ class QueueScaling(Construct):
             hold_max_tasks=self.wake_hold_maximum,
         )
 
-    def grant_wake(self, function: lambda_.Function, *, environment: bool = True) -> None:
-        """Let ``function`` wake the service from zero: the service in its environment, DescribeServices and
-        UpdateService on this one service (``async_inference.wake`` makes no other ECS call), and the hold:
+    def grant_wake(self, function: lambda_.Function) -> None:
+        """Let ``function`` wake the service from zero (its fleet's route names it: ``wake_target``): DescribeServices
+        and UpdateService on this one service (``async_inference.wake`` makes no other ECS call), and the hold:
         RegisterScalableTarget and PutScheduledAction, on ``*`` since a template cannot name a scalable target's ARN
-        (CloudFormation returns none for AWS::ApplicationAutoScaling::ScalableTarget). ``environment`` False: the
-        permissions only (a further model's service, named in the function's MODEL_FLEETS routes instead)."""
-        for name, value in self.wake_target.to_env().items() if environment else ():
-            function.add_environment(name, value)
+        (CloudFormation returns none for AWS::ApplicationAutoScaling::ScalableTarget)."""
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["ecs:DescribeServices", "ecs:UpdateService"], resources=[self._service_arn_by_name]

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
-import jsii
-from aws_cdk import Duration, IResolvable, IResolveContext, RemovalPolicy, Stack, Token
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -17,6 +15,7 @@ from async_inference.config import (
     ENV_REQUEST_LIMITS,
     ENV_SERVED_MODELS,
     ServiceConfig,
+    WakeSettings,
 )
 from async_inference.limits import RequestLimits
 from cdk.batches import Batches
@@ -74,15 +73,12 @@ class AsyncInferenceService(Construct):
         self.streams = JobStreams(self, "JobStreams", removal_policy=removal)  # streamed jobs' text (the API reads it)
         self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
-        # The queues the core falls back to for a model without a route (async_inference.service, the batch
-        # controller) are the first model's; its fleet is built once the functions that read them are.
-        first = _later(lambda: self.fleets[0])
+        # No queue: the functions find each model's queues by its route (``_route``); each worker gets its own.
         runtime = ServiceConfig(
             table_name=self.table.table.table_name,
             bucket_name=self.bucket.bucket.bucket_name,
-            queue_url=first(lambda fleet: fleet.jobs.queue.queue_url),
+            queue_url=None,
             topic_arn=self.results.topic.topic_arn,
-            dlq_url=first(lambda fleet: fleet.jobs.dead_letter_queue.queue_url),
             payload_retention_days=props.retention_days,
         ).to_env()
         # Each fleet's workers serve their model under its name (vLLM's served_model_name defaults to it): every
@@ -102,7 +98,6 @@ class AsyncInferenceService(Construct):
             "Batches",
             code=code,
             environment=environment,
-            lane_queue_url=first(lambda fleet: fleet.lane_queue.queue_url),
             removal_policy=removal,
         )
         self.api = IngestionApi(
@@ -127,9 +122,7 @@ class AsyncInferenceService(Construct):
             "Uploads",
             code=code,
             bucket=self.bucket.bucket,
-            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives.
-            # Upload jobs submitted with priority "batch" are queued on the batch lane once their upload arrives; a
-            # file upload's bytes are checked against its record in the batch table.
+            # A file upload's bytes are checked against its record in the batch table.
             environment={**environment, **self.batches.environment},
         )
         self.dead_letters = DeadLetterHandler(
@@ -220,23 +213,29 @@ class AsyncInferenceService(Construct):
                 rules=props.event_rules,
                 environment={**environment, **self.batches.environment},
             )
-        self._route(props.wake_from_zero)
+        self._route(props)
         self.monitoring = self._monitoring(props)
         grant_functions(self)
 
-    def _route(self, wake: bool) -> None:
-        """Every function that queues work routes it by its model (async_inference.fleets): the API (jobs,
-        responses), the upload handler (uploaded jobs), the batch controller (chunks) and events in (jobs); with
-        ``wake``, each may wake any fleet from zero. The wake's cluster, interval and hold are read from the first
-        fleet's variables (``async_inference.config.WakeTarget``), each fleet's service and group from its route."""
+    def _route(self, props: AsyncInferenceServiceProps) -> None:
+        """Every function that queues work routes it by its model (async_inference.fleets), the only way it finds a
+        queue: the API (jobs, responses), the upload handler (uploaded jobs), the batch controller (chunks) and events
+        in (jobs). With ``wake_from_zero``, each may wake any fleet from zero: the stack's wake settings in its
+        variables (``async_inference.config.WakeSettings``), each fleet's service and group in its route."""
         queuing = [self.api.handler, self.uploads.handler, self.batches.controller]
         if self.events_in is not None:
             queuing.append(self.events_in.handler)
+        wake = props.wake_from_zero
         routes = {fleet.spec.name: fleet.route(wake=wake) for fleet in self.fleets}
+        wake_settings = WakeSettings(
+            self.cluster.cluster.cluster_name, props.wake_check_interval_seconds, props.wake_hold_seconds
+        )
         for function in queuing:
             function.add_environment(ENV_MODEL_FLEETS, Stack.of(self).to_json_string(routes))
+            for name, value in wake_settings.to_env().items() if wake else ():
+                function.add_environment(name, value)
             for fleet in self.fleets if wake else ():
-                fleet.grant_wake(function, environment=fleet is self.fleets[0])
+                fleet.grant_wake(function)
         for fleet in self.fleets:
             fleet.capacity.grant_capacity_read(self.api.handler)  # GET /v1/models reports failing launches
 
@@ -293,31 +292,3 @@ class AsyncInferenceService(Construct):
             access_logs=self.bucket.access_logs,
             removal_policy=removal,
         )
-
-
-def _later(target: Callable[[], ModelFleet]) -> Callable[[Callable[[ModelFleet], str]], str]:
-    """``first(attribute)``: a string token for ``attribute`` of the fleet ``target()`` returns, read at synthesis,
-    when that fleet exists."""
-
-    def token(attribute: Callable[[ModelFleet], str]) -> str:
-        return Token.as_string(_Resolved(lambda: attribute(target())))
-
-    return token
-
-
-@jsii.implements(IResolvable)
-class _Resolved:
-    """A value CDK reads at synthesis (``Lazy.string``'s producer cannot be written in Python: jsii calls it without
-    its context)."""
-
-    creation_stack: list[str] = []
-    type_hint = None
-
-    def __init__(self, value: Callable[[], str]) -> None:
-        self._value = value
-
-    def resolve(self, context: IResolveContext) -> str:  # noqa: ARG002
-        return self._value()
-
-    def to_string(self) -> str:
-        return Token.as_string(self)

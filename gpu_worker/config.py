@@ -208,6 +208,7 @@ class WorkerSettings(WorkerOptions, ServiceSettings, HealthSettings):
         alias=env.ENV_ENGINE,
         description="the inference engine: echo, simulated, cpu or vllm; the task definition sets it",
     )
+    queue_url: str = Field(alias=env.ENV_QUEUE_URL, description="the job queue of the worker's model")
     # --- the batch lane (docs/design/batches.md); unset: the worker serves the interactive lane only
     batch_queue_url: str | None = Field(
         None, alias=env.ENV_BATCH_QUEUE_URL, description='the batch-lane queue: batch chunks and "priority: batch" jobs'

@@ -23,7 +23,10 @@ Local overrides, on top of what the template gives:
   comma-separated): the template names the model the GPU workers serve, and the local engines serve another. By
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
   answer whatever model a request names; the template's own for vllm. The template's embedding models stay served
-  beside them: their local engine runs the real all-MiniLM-L6-v2;
+  beside them: their local engine runs the real all-MiniLM-L6-v2; and ``MODEL_FLEETS``, the routes by which work
+  finds its queue: each served name the template's routes lack gets the first model's route with its own kind, and
+  with ``*`` served, the ``*`` route (``async_inference.fleets.ANY_MODEL``, either kind) is the first model's (the
+  template's routes stay as they are);
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -47,6 +50,7 @@ import boto3
 from botocore.config import Config
 
 from async_inference import config as runtime_config
+from async_inference import fleets
 from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
@@ -297,7 +301,7 @@ class LocalDeployment:
             "POWERTOOLS_TRACE_DISABLED": "true",
             runtime_config.ENV_ALLOW_LOCAL_WEBHOOKS: "1",
             **{name: os.environ.get(name, value) for name, value in LOCAL_WEBHOOK_BACKOFF.items()},
-            **self._served_models_override(logical_id),
+            **self._model_overrides(logical_id),
         }
         assert self.deployment is not None
         if runtime_config.ENV_WEBSOCKET_CALLBACK_URL in environment_of(self.deployment, logical_id):
@@ -323,24 +327,28 @@ class LocalDeployment:
             secretsmanager=self.client("secretsmanager"),
         )
 
-    def _served_models_override(self, logical_id: str) -> dict[str, str]:
+    def _model_overrides(self, logical_id: str) -> dict[str, str]:
         """SERVED_MODELS for a function: the local chat engine's names in place of the template's chat models, and the
         template's embedding models kept, since the local embedding engine runs the real one (all-MiniLM-L6-v2).
 
-        Each local name gets the first model's route (its queue, lane and service: where an unrouted name's work went
-        anyway) with its own kind, so that the API refuses a request of the other kind at once, as it does on AWS:
-        the local embedding engine's model is an embedding model, every other name a chat model."""
+        Each local name gets the first model's route (its queue, lane and service) with its own kind, so that the API
+        refuses a request of the other kind at once, as it does on AWS: the local embedding engine's model is an
+        embedding model, every other name a chat model. With ``*`` served (the engines that answer any name), the
+        ``*`` route (``async_inference.fleets.ANY_MODEL``, of either kind) is the first model's."""
         if not self.served_models:
             return {}
         served = list(self.served_models)
         assert self.deployment is not None
         routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
-        if ANY_MODEL[0] in served or not routes:
+        if not routes:
             return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
-        served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
         first = next(iter(routes.values()))
-        for name in [name for name in served if name not in routes]:
-            routes[name] = {**first, "kind": EMBEDDING if name == MINILM_NAME else CHAT}
+        if ANY_MODEL[0] in served:
+            routes[fleets.ANY_MODEL] = first
+        else:
+            served += [name for name, route in routes.items() if route.get("kind") == EMBEDDING and name not in served]
+            for name in [name for name in served if name not in routes]:
+                routes[name] = {**first, "kind": EMBEDDING if name == MINILM_NAME else CHAT}
         return {
             runtime_config.ENV_SERVED_MODELS: json.dumps(served),
             runtime_config.ENV_MODEL_FLEETS: json.dumps(routes),

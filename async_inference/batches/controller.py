@@ -32,8 +32,8 @@ from async_inference.batches.models import (
     new_file_id,
 )
 from async_inference.batches.store import BatchStore
-from async_inference.config import ENV_BATCH_QUEUE_URL, ENV_BATCH_TABLE, ServiceSettings, SettingsError, WakeTarget
-from async_inference.fleets import FleetRoute, kind_of_endpoint, wrong_kind_message
+from async_inference.config import ENV_BATCH_TABLE, ENV_MODEL_FLEETS, ServiceSettings, SettingsError, WakeSettings
+from async_inference.fleets import FleetRoute, kind_of_endpoint, route_of, wrong_kind_message
 from async_inference.quotas import TenantQuota, batch_lines_message
 from async_inference.schemas import BatchControl, ChunkClaimCheck, utcnow
 from async_inference.served_models import ServedModels
@@ -58,41 +58,35 @@ class BatchController:
         *,
         store: BatchStore,
         files: FileObjects,
-        chunks: ChunkQueue,
         notifier: BatchNotifier,
         served: ServedModels,
-        waker: ServiceWaker | None = None,
+        fleets: Mapping[str, FleetRoute],
         quotas: Mapping[str, TenantQuota] | None = None,
-        fleets: Mapping[str, FleetRoute] | None = None,
-        wake: WakeTarget | None = None,
+        wake: WakeSettings | None = None,
     ) -> None:
         self.store = store
         # None: no quotas; a tenant missing from it gets the defaults (async_inference.quotas).
         self.quotas = quotas
-        # Each model's batch lane and service (async_inference.fleets): a batch's chunks go to its model's lane; a
-        # model without a route to ``chunks`` (and ``waker``).
-        self.fleets = dict(fleets or {})
+        # Each model's batch lane and service (async_inference.fleets): a batch's chunks go to its model's lane, and a
+        # model without a route, or whose fleet has no lane, is a batch error.
+        self.fleets = dict(fleets)
+        # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
         self._wake = wake
         self._lanes: dict[str, tuple[ChunkQueue, ServiceWaker | None]] = {}
-        # Chunks queued for an idle fleet wake it as a queued job does (None: the scaling alarms start a task).
-        self.waker = waker
         self.files = files
-        self.chunks = chunks
         self.notifier = notifier
         self.served = served
 
     @classmethod
     def from_settings(cls, config: ServiceSettings) -> BatchController:
         """The controller over the resources the settings name, with one set of clients for the process."""
-        if not config.batch_table_name or not config.batch_queue_url:
-            raise SettingsError(f"the batch controller needs {ENV_BATCH_TABLE} and {ENV_BATCH_QUEUE_URL}")
+        if not config.batch_table_name or config.model_fleets is None:
+            raise SettingsError(f"the batch controller needs {ENV_BATCH_TABLE} and {ENV_MODEL_FLEETS}")
         return cls(
             store=BatchStore(config.batch_table_name),
             files=FileObjects(config.bucket_name),
-            chunks=ChunkQueue(config.batch_queue_url),
             notifier=BatchNotifier(config.topic_arn),
             served=ServedModels.of(config.served_models),
-            waker=ServiceWaker.for_target(config.wake) if config.wake else None,
             quotas=config.tenant_quotas,
             fleets=config.model_fleets,
             wake=config.wake,
@@ -144,12 +138,12 @@ class BatchController:
             )
 
     def _lane(self, model: str | None) -> tuple[ChunkQueue, ServiceWaker | None]:
-        """The batch lane and waker of ``model``'s fleet; the configured ones for a model without a route."""
-        route = self.fleets.get(model) if model else None
+        """The batch lane and waker of ``model``'s fleet (its route, checked when the batch was validated)."""
+        route = route_of(self.fleets, model) if model else None
         if route is None or not route.batch_queue_url:
-            return self.chunks, self.waker
+            raise ValueError(f"no fleet with a batch lane serves the model {model!r}: MODEL_FLEETS has no lane for it")
         if model not in self._lanes:
-            target = self._wake.for_fleet(route) if self._wake is not None else None
+            target = self._wake.target(route) if self._wake is not None else None
             waker = ServiceWaker.for_target(target) if target is not None else None
             self._lanes[model] = (ChunkQueue(route.batch_queue_url), waker)
         return self._lanes[model]
@@ -165,6 +159,16 @@ class BatchController:
                 )
             )
             return found
+        if found.ok and found.model:
+            lane = route_of(self.fleets, found.model)
+            if lane is None or lane.batch_queue_url is None:
+                found.errors.append(
+                    planning.BatchError(
+                        code="model_not_found",
+                        message=f"{self.served.not_found_message(found.model)} (no fleet with a batch lane serves it)",
+                        param="body.model",
+                    )
+                )
         route = self.fleets.get(found.model) if found.ok and found.model else None
         wanted = kind_of_endpoint(record.endpoint)
         if route is not None and route.kind != wanted:

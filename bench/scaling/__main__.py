@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
-from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_MAX_TASKS, ENV_WAKE_MAX_TASKS, ENV_WORKER_GROUP
+from async_inference.config import ENV_MODEL_FLEETS
 from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
@@ -558,6 +558,17 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
         cloudwatch.RERUN_ACTIONS_IN_ALARM, cloudwatch.FILL_WITHOUT_DATA = True, True
 
 
+def _drop_worker_groups(parts: list[Any]) -> None:
+    """MODEL_FLEETS' joined parts without each route's ``worker_group`` (the last key of a route: ``,"worker_group":"``,
+    the group's Ref, then ``"`` and what follows)."""
+    key = ',"worker_group":"'
+    for index in range(len(parts) - 2, 0, -1):
+        before, after = parts[index - 1], parts[index + 1]
+        if isinstance(before, str) and before.endswith(key) and isinstance(after, str) and after.startswith('"'):
+            parts[index - 1], parts[index + 1] = before[: -len(key)], after[1:]
+            del parts[index]
+
+
 def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
     """The template without its warm pool (and so without the hold's maximum, as the stack synthesizes it), its
     instance release, its learned keep-alive's function, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
@@ -569,14 +580,13 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
             if resource["Type"] != "AWS::Lambda::Function":
                 continue
             variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-            if choice == "instance_start":
-                variables.pop(ENV_WORKER_GROUP, None)
-                continue
-            variables.pop(ENV_WAKE_MAX_TASKS, None)
-            variables.pop(ENV_WAKE_HOLD_MAX_TASKS, None)
             routes = variables.get(ENV_MODEL_FLEETS)
-            if isinstance(routes, dict) and "Fn::Join" in routes:
-                parts = routes["Fn::Join"][1]
+            if not (isinstance(routes, dict) and "Fn::Join" in routes):
+                continue
+            parts = routes["Fn::Join"][1]
+            if choice == "instance_start":
+                _drop_worker_groups(parts)
+            else:
                 parts[:] = [
                     re.sub(r'"worker_(?:hold_)?max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts
                 ]

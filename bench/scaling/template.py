@@ -14,7 +14,7 @@
 capacity provider's managed scaling target and instance warm-up, the launch template's instance type; from the
 worker's task definition MAX_NUM_SEQS and MODEL, whether the weights live on a host volume, its TASK_PROTECTION mode
 and decode rate, and whether the task role may set task protection; and which functions wake the service from zero
-(WORKER_SERVICE_ARN naming the service, ecs:UpdateService on it in the function's role) and how often
+(a MODEL_FLEETS route naming the service, ecs:UpdateService on it in the function's role) and how often
 (WAKE_CHECK_INTERVAL_S). What it cannot model it refuses, naming the resource and property.
 """
 
@@ -302,7 +302,7 @@ def _routes_service(value: Any, service: Mapping[str, Any]) -> bool:
 
 def _routes_group(value: Any, group_id: str) -> bool:
     """Whether MODEL_FLEETS names the GPU group ``group_id`` as a route's ``worker_group`` (the group a wake of that
-    further fleet starts an instance in)."""
+    fleet starts an instance in)."""
     if not isinstance(value, dict) or "Fn::Join" not in value:
         return False
     parts = value["Fn::Join"][1]
@@ -357,47 +357,38 @@ def _role_allows(template: Mapping[str, Any], role: str | None, action: str, res
 
 
 def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
-    """The functions that wake the worker service from zero, or None when none does."""
+    """The functions that wake the worker service from zero (their MODEL_FLEETS route names it), or None when none
+    does."""
     service_id, service = _single(template, "AWS::ECS::Service")
     group_id, _ = _single(template, "AWS::AutoScaling::AutoScalingGroup")
     functions, intervals, holds, starts, caps = [], set(), set(), set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
-        named = variables.get(_env.ENV_WORKER_SERVICE)
-        routed = _routes_service(variables.get(_env.ENV_MODEL_FLEETS), service)  # a further model's fleet
-        if not (_names_service(named, service_id, service) or routed):
+        routes = variables.get(_env.ENV_MODEL_FLEETS)
+        if not _routes_service(routes, service):
             continue
         role = _ref(function["Properties"].get("Role"))
         if not (
             _role_allows(template, role, "ecs:UpdateService", service_id)
-            or _role_allows(template, role, "ecs:UpdateService", named)
             or _role_updates(template, role, service_id, service)
         ):
             raise TemplateError(
-                f"{function_id}: {_env.ENV_WORKER_SERVICE} names {service_id} but its role may not "
+                f"{function_id}: its {_env.ENV_MODEL_FLEETS} route names {service_id} but its role may not "
                 "ecs:UpdateService it; the wake would fail at every check"
             )
         functions.append(function_id)
         intervals.add(float(variables.get(_env.ENV_WAKE_CHECK_INTERVAL_S, _env.DEFAULT_WAKE_CHECK_INTERVAL_S)))
         hold = float(variables.get(_env.ENV_WAKE_HOLD_S, 0) or 0)
-        role = _ref(function["Properties"].get("Role"))
         if hold and not all(
             _role_allows(template, role, a, "*")
             for a in ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:PutScheduledAction")
         ):
             hold = 0.0  # the hold's calls would be refused: the wake stands without it
         holds.add(hold)
-        if _names_service(named, service_id, service):
-            most = variables.get(_env.ENV_WAKE_HOLD_MAX_TASKS)
-        else:
-            most = _route_hold_max_tasks(variables.get(_env.ENV_MODEL_FLEETS), service)
-        caps.add(int(most) if hold and most is not None else None)
-        # The instance start: the group named in the environment (a further fleet's: in its route), and
-        # SetDesiredCapacity on it in the role.
-        group_named = _ref(variables.get(_env.ENV_WORKER_GROUP)) == group_id
-        if routed and not _names_service(named, service_id, service):
-            group_named = _routes_group(variables.get(_env.ENV_MODEL_FLEETS), group_id)
-        starts.add(group_named and _role_allows_group(template, role, group_id))
+        most = _route_hold_max_tasks(routes, service)
+        caps.add(most if hold else None)
+        # The instance start: the group named in the route, and SetDesiredCapacity on it in the role.
+        starts.add(_routes_group(routes, group_id) and _role_allows_group(template, role, group_id))
     if not functions:
         return None
     if len(intervals) != 1 or len(holds) != 1 or len(starts) != 1 or len(caps) != 1:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from async_inference.aws import JobQueue
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
 from gpu_worker.engines.base import Generation
@@ -72,9 +72,8 @@ def test_an_interactive_job_overtakes_a_batch_that_keeps_the_engine_busy(batches
 def test_a_batch_priority_job_preempted_for_an_interactive_one_runs_again_to_its_end(batches: BatchStack):
     # GIVEN a single job submitted with batch priority (its claim check on the batch lane), alone in a 1-slot engine
     service = JobService.from_config(batches.config)
-    service = JobService(
-        store=service.store, blobs=service.blobs, queue=JobQueue(batches.batch_queue_url), notifier=service.notifier
-    )
+    lane = {ANY_MODEL: FleetRoute(queue_url=batches.batch_queue_url)}  # its job on the batch lane, as a batch job's
+    service = JobService(store=service.store, blobs=service.blobs, notifier=service.notifier, fleets=lane)
     prompt = " ".join(f"w{i}" for i in range(150))  # 150 tokens: 3 s
     request = ChatCompletionRequest(model="echo-model", messages=[{"role": "user", "content": prompt}], max_tokens=150)
     batch_job = service.submit(TENANT, JobSubmission(request=request), None).job.job_id

@@ -99,13 +99,15 @@ def test_stage_has_access_logging_and_tracing(synthesized):
 
 @pytest.mark.parametrize("handler", [API, UPLOAD, DLQ, WEBHOOKS, DEADLINES])
 def test_functions_get_the_shared_runtime_configuration(synthesized, handler):
-    """GIVEN each function WHEN reading its environment THEN it has ServiceConfig's names and the metrics namespace."""
+    """GIVEN each function WHEN reading its environment THEN it has ServiceConfig's names and the metrics namespace,
+    and no job queue: the functions that queue work find each model's by its route (MODEL_FLEETS) only."""
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
     variables = function["Properties"]["Environment"]["Variables"]
-    expected = {config.ENV_TABLE, config.ENV_BUCKET, config.ENV_QUEUE_URL, config.ENV_TOPIC_ARN, config.ENV_DLQ_URL}
+    expected = {config.ENV_TABLE, config.ENV_BUCKET, config.ENV_TOPIC_ARN}
     assert expected <= set(variables)
+    assert not {config.ENV_QUEUE_URL, config.ENV_DLQ_URL, config.ENV_BATCH_QUEUE_URL} & set(variables)
     assert variables["POWERTOOLS_METRICS_NAMESPACE"] == settings.METRICS_NAMESPACE
     assert function["Properties"]["Runtime"] == RUNTIME.name
     assert function["Properties"]["TracingConfig"] == {"Mode": "Active"}
@@ -278,31 +280,38 @@ def test_the_functions_that_queue_jobs_may_wake_the_worker_service_and_nothing_e
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
-    service_arn = function["Properties"]["Environment"]["Variables"][config.ENV_WORKER_SERVICE]
+    cluster = synthesized.logical_id(synthesized.stack.service.fleets[0].workers.cluster)
     statements = [
         s
         for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
         if any(str(a).startswith("ecs:") for a in _as_list(s["Action"]))
     ]
-    assert statements == [{"Action": list(WAKE), "Effect": "Allow", "Resource": service_arn}]
-    assert "service/" in json.dumps(service_arn) and "gpu-workers" in json.dumps(service_arn)
+    assert [(s["Action"], s["Effect"]) for s in statements] == [(list(WAKE), "Allow")]
+    service_arn = statements[0]["Resource"]
+    assert {"Ref": cluster} in service_arn["Fn::Join"][1] and service_arn["Fn::Join"][1][-1].endswith("/gpu-workers")
+    assert "service/" in json.dumps(service_arn)
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
 def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, handler):
-    """GIVEN the API and upload functions WHEN reading their environment THEN the wake's cluster, service ARN and
-    interval are set, by the names async_inference.config reads."""
+    """GIVEN the API and upload functions WHEN reading their environment THEN the stack's wake settings (cluster,
+    interval, hold) are set by the names async_inference.config reads, and the service to wake only in the model's
+    MODEL_FLEETS route (async_inference.fleets), as every model's is."""
     workers = synthesized.stack.service.fleets[0].workers
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
     env = function["Properties"]["Environment"]["Variables"]
     assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
+    assert (env[config.ENV_WAKE_CHECK_INTERVAL_S], env[config.ENV_WAKE_HOLD_S]) == ("60", "420")
+    assert "WORKER_SERVICE_ARN" not in env and "WORKER_AUTO_SCALING_GROUP" not in env
     # The service's ARN from its cluster's name and its own, fixed at synth: no reference to the service resource.
-    assert synthesized.logical_id(workers.service) not in json.dumps(env[config.ENV_WORKER_SERVICE])
-    assert {"Ref": synthesized.logical_id(workers.cluster)} in env[config.ENV_WORKER_SERVICE]["Fn::Join"][1]
-    assert env[config.ENV_WORKER_SERVICE]["Fn::Join"][1][-1].endswith("/gpu-workers")
-    assert env[config.ENV_WAKE_CHECK_INTERVAL_S] == "60"
+    parts = env[config.ENV_MODEL_FLEETS]["Fn::Join"][1]
+    assert synthesized.logical_id(workers.service) not in json.dumps(parts)
+    assert any(
+        part == {"Ref": synthesized.logical_id(workers.cluster)} and str(after).startswith('/gpu-workers"')
+        for part, after in zip(parts, parts[1:], strict=False)
+    )
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
@@ -314,7 +323,11 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
-    assert function["Properties"]["Environment"]["Variables"][config.ENV_WORKER_GROUP] == {"Ref": group_id}
+    parts = function["Properties"]["Environment"]["Variables"][config.ENV_MODEL_FLEETS]["Fn::Join"][1]
+    assert any(
+        str(before).endswith('"worker_group":"') and part == {"Ref": group_id}
+        for before, part in zip(parts, parts[1:], strict=False)
+    )
     statements = [
         s
         for s in role_statements(synthesized.template, function_role(synthesized.template, handler))
@@ -339,7 +352,7 @@ def test_without_wake_from_zero_no_function_gets_ecs_permissions_or_the_service(
         assert not [a for a in actions if a.startswith(("ecs:", "autoscaling:")) and a not in CAPACITY_READ]
     for function in variant.resources("AWS::Lambda::Function").values():
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
-        assert config.ENV_WORKER_SERVICE not in variables and config.ENV_WORKER_GROUP not in variables
+        assert '"worker_service"' not in json.dumps(variables) and '"worker_group"' not in json.dumps(variables)
 
 
 def _as_list(value):

@@ -23,10 +23,14 @@ def _variables(synthesized, handler):
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])
 def test_the_functions_that_queue_jobs_know_the_batch_lane(synthesized, handler):
-    """GIVEN the API and upload functions WHEN reading their environment THEN they name the batch-lane queue, where a
-    job with priority "batch" is queued."""
+    """GIVEN the API and upload functions WHEN reading their environment THEN the model's route names its batch-lane
+    queue, where a job with priority "batch" is queued."""
     lane = synthesized.logical_id(synthesized.stack.service.fleets[0].lane_queue)
-    assert _variables(synthesized, handler)[config.ENV_BATCH_QUEUE_URL] == {"Ref": lane}
+    parts = _variables(synthesized, handler)[config.ENV_MODEL_FLEETS]["Fn::Join"][1]
+    assert any(
+        str(before).endswith('"batch_queue_url":"') and part == {"Ref": lane}
+        for before, part in zip(parts, parts[1:], strict=False)
+    )
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])

@@ -114,10 +114,11 @@ def test_each_batch_dlq_is_alarmed(synthesized, dlq):
 
 @pytest.mark.parametrize("handler", [API, CONTROLLER])
 def test_api_and_controller_get_the_batch_resources_and_the_served_model(synthesized, handler):
-    """GIVEN the API and the controller WHEN reading their environment THEN they name the batch table, the lane and the
-    control queue, and the served model (cdk.json's ``model``) that requests are checked against."""
+    """GIVEN the API and the controller WHEN reading their environment THEN they name the batch table, the control
+    queue, the routes (each model's lane) and the served model (cdk.json's ``model``) that requests are checked
+    against."""
     variables = _function(synthesized, handler)["Properties"]["Environment"]["Variables"]
-    assert {config.ENV_BATCH_TABLE, config.ENV_BATCH_QUEUE_URL, config.ENV_BATCH_CONTROL_QUEUE_URL} <= set(variables)
+    assert {config.ENV_BATCH_TABLE, config.ENV_MODEL_FLEETS, config.ENV_BATCH_CONTROL_QUEUE_URL} <= set(variables)
     assert json.loads(variables[config.ENV_SERVED_MODELS]) == [
         synthesized.stack.node.try_get_context("model") or "Qwen/Qwen2.5-1.5B-Instruct"
     ]

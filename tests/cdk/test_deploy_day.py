@@ -208,14 +208,18 @@ def test_the_functions_that_wake_the_workers_do_not_wait_for_the_worker_service(
     for needed in (logical_id, *policies):
         assert service not in _depends_on(template, needed) | {needed}, needed
     variables = function["Properties"]["Environment"]["Variables"]
-    assert "gpu-workers" in json.dumps(variables["WORKER_SERVICE_ARN"])
+    assert '/gpu-workers\\"' in json.dumps(variables["MODEL_FLEETS"])  # the route's worker_service
     statements = [
         s
         for lid in policies
         for s in template["Resources"][lid]["Properties"]["PolicyDocument"]["Statement"]
         if "ecs:UpdateService" in s["Action"]
     ]
-    assert [s["Resource"] for s in statements] == [variables["WORKER_SERVICE_ARN"]]
+    [resource] = [s["Resource"] for s in statements]
+    assert resource["Fn::Join"][1][-1].endswith("/gpu-workers")
+    # the same ARN's references (partition, region, account, the cluster) in the route, none of the service
+    references = [part for part in resource["Fn::Join"][1] if not isinstance(part, str)]
+    assert references and all(part in variables["MODEL_FLEETS"]["Fn::Join"][1] for part in references)
 
 
 def test_the_api_stage_does_not_wait_for_the_worker_service(synthesized):

@@ -83,6 +83,7 @@ DEPLOYED_SECOND_FLEET = {
 # Stateful resources added since that deploy, each on purpose: an update creates them and replaces nothing.
 ADDED = {
     "ServiceMonitoringOperationsAlarmTopic4EB03E43",  # the alarm topic every alarm notifies (issue 27)
+    "ServiceJobStreamsTable79272886",  # streamed jobs' text, the job event log (issue 28)
 }
 
 

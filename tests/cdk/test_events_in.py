@@ -44,7 +44,7 @@ def test_each_rule_is_an_object_created_notification_on_its_prefix_to_the_events
     assert all(entry["Events"] == ["s3:ObjectCreated:*"] for entry in lambdas)
     env = function["Properties"]["Environment"]["Variables"]
     assert [rule["prefix"] for rule in json.loads(env[config.ENV_EVENT_RULES])] == ["docs/", "nightly/"]
-    assert config.ENV_MODEL_FLEETS in env and config.ENV_WORKER_SERVICE in env
+    assert config.ENV_MODEL_FLEETS in env and config.ENV_WORKER_CLUSTER in env
 
 
 def test_the_events_in_function_reads_the_inbox_and_queues_but_reads_no_other_payload(with_rules):

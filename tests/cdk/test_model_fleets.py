@@ -162,7 +162,7 @@ def test_the_functions_that_queue_work_route_each_model_to_its_fleet(two, handle
 def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two, handler):
     """GIVEN a function that queues work WHEN reading its route for the further model and its role THEN the route
     names the further fleet's GPU group, and the function may set that group's desired capacity, as it may the first's
-    (whose group is in its WORKER_AUTO_SCALING_GROUP variable)."""
+    (whose group is in the first model's route)."""
     service = two.stack.service
     first, fleet = service.fleets
     function = _function(two, handler)

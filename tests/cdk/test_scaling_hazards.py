@@ -15,13 +15,7 @@ import json
 import pytest
 from aws_cdk.assertions import Match
 
-from async_inference.config import (
-    ENV_MODEL_FLEETS,
-    ENV_WAKE_HOLD_MAX_TASKS,
-    ENV_WAKE_HOLD_S,
-    ENV_WAKE_MAX_TASKS,
-    ENV_WORKER_CLUSTER,
-)
+from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_S, ENV_WORKER_CLUSTER
 from tests.cdk.helpers import role_actions
 
 
@@ -48,14 +42,13 @@ def test_every_waking_function_holds_the_minimum_for_seven_minutes_and_may(synth
 
 
 def test_every_waking_function_holds_the_maximum_at_what_the_pool_starts_and_knows_what_to_restore(synth_variant):
-    """GIVEN a stack of at most 3 tasks with a warm pool of 1 WHEN reading the waking functions' environment THEN each
-    holds the maximum at 1 task during a hold (WAKE_HOLD_MAX_TASKS) and restores 3 (WAKE_MAX_TASKS), and the route in
-    MODEL_FLEETS says the same."""
+    """GIVEN a stack of at most 3 tasks with a warm pool of 1 WHEN reading the waking functions' environment THEN the
+    model's route in MODEL_FLEETS holds the maximum at 1 task during a hold (worker_hold_max_tasks) and restores 3
+    (worker_max_tasks)."""
     variant = synth_variant(max_worker_tasks=3, max_gpu_instances=3)
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
-        assert (variables[ENV_WAKE_HOLD_MAX_TASKS], variables[ENV_WAKE_MAX_TASKS]) == ("1", "3")
         routes = json.dumps(variables[ENV_MODEL_FLEETS])
         assert '\\"worker_hold_max_tasks\\":1,\\"worker_max_tasks\\":3' in routes, routes
 
@@ -73,7 +66,6 @@ def test_without_a_pool_or_with_one_that_starts_every_task_the_hold_holds_the_mi
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
         variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
-        assert ENV_WAKE_HOLD_MAX_TASKS not in variables and ENV_WAKE_MAX_TASKS not in variables
         assert "max_tasks" not in json.dumps(variables[ENV_MODEL_FLEETS])
 
 

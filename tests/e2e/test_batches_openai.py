@@ -336,8 +336,10 @@ def test_cancel_while_validating_ends_it_cancelled_with_nothing_run(stack, sdk):
     store.create(record)
     inbox = Inbox(stack)
     assert sdk.batches.cancel(record.id).status == "cancelling"
+    lane = stack.resources.batch_queue_url
     config = ServiceSettings.load(
-        batch_table_name=stack.resources.batch_table_name, batch_queue_url=stack.resources.batch_queue_url
+        batch_table_name=stack.resources.batch_table_name,
+        model_fleets=json.dumps({"*": {"queue_url": lane, "batch_queue_url": lane}}),
     )
     BatchController.from_settings(config).plan(record.id)
     final = sdk.batches.retrieve(record.id)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # notifications, and API Gateway's account-wide logging role (shared with every API of the account and region).
 RETAINED = {
     "AWS::S3::Bucket": 2,  # the claim-check bucket and its access-log bucket
-    "AWS::DynamoDB::Table": 2,  # jobs and batches (and the job streams table with websocket_push)
+    "AWS::DynamoDB::Table": 3,  # jobs, batches and the job event log (cdk.job_streams, issue 28)
     "AWS::KMS::Key": 1,  # the result topics' key
     "AWS::IAM::Role": 1,  # API Gateway's CloudWatch role
     "AWS::ApiGateway::Account": 1,  # the account's setting that names it

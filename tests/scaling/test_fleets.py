@@ -48,8 +48,8 @@ def test_the_cdk_and_the_simulator_agree_on_the_first_models_service_name():
 
 def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fleets):
     """GIVEN a two-model template WHEN each fleet is read THEN the first model's fleet is read first, each with its
-    own maximum, instances, batch and model, and each woken by the functions that queue work (the further one
-    through its MODEL_FLEETS route)."""
+    own maximum, instances, batch and model, and each woken by the functions that queue work through its
+    MODEL_FLEETS route."""
     fleets = read_fleets(two_fleets)
     assert list(fleets) == ["gpu-workers", "gpu-workers-second-model"]
     first, second = fleets.values()
@@ -58,7 +58,7 @@ def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fle
     assert (first.worker.model, second.worker.model) == (FIRST, SECOND["name"])
     assert first.wake is not None and second.wake is not None
     assert first.wake.functions == second.wake.functions and len(second.wake.functions) == 3
-    assert first.wake.starts_instance and second.wake.starts_instance  # the further group through its route
+    assert first.wake.starts_instance and second.wake.starts_instance  # each group through its route
     # the first fleet's pool (1) starts fewer than its 2 tasks: the hold keeps its maximum at 1; the second's (1)
     # starts its one task: no maximum held
     assert (first.wake.hold_max_tasks, second.wake.hold_max_tasks) == (1, None)
@@ -67,9 +67,9 @@ def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fle
         read(two_fleets)  # the whole template is several fleets: read one at a time
 
 
-def test_a_further_fleets_hold_maximum_is_read_from_its_route(tmp_path):
+def test_a_second_fleets_hold_maximum_is_read_from_its_route(tmp_path):
     """GIVEN a second fleet of up to 3 tasks with a warm pool of 1 WHEN its fleet is read THEN its wake holds the
-    maximum at 1 (the route's worker_hold_max_tasks), as the first fleet's does from the functions' environment."""
+    maximum at 1 (the route's worker_hold_max_tasks), as the first fleet's does from its own."""
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     from aws_cdk import App
     from aws_cdk.assertions import Template

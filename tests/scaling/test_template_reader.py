@@ -10,6 +10,7 @@ import pytest
 
 from async_inference import config as env
 from async_inference import settings
+from bench.scaling.__main__ import _without
 from bench.scaling.cloudwatch import evaluate_expression
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
@@ -150,10 +151,10 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
-    # functions that queue work: the API, the upload and the batch controller functions (WORKER_SERVICE_ARN naming
+    # functions that queue work: the API, the upload and the batch controller functions (a MODEL_FLEETS route naming
     # the service, ecs:UpdateService on it), at 60 s, each holding the service at one task for the wake hold (minimum
-    # and maximum: WAKE_HOLD_MAX_TASKS) and starting the GPU instance (WORKER_AUTO_SCALING_GROUP naming the group,
-    # autoscaling:SetDesiredCapacity on it)
+    # and maximum: the route's worker_hold_max_tasks) and starting the GPU instance (the route's worker_group naming
+    # the group, autoscaling:SetDesiredCapacity on it)
     wake = read(stack_template).wake
     handlers = {
         lid: f["Properties"]["Handler"]
@@ -201,21 +202,15 @@ def test_the_simulators_deployed_scenario_is_what_the_template_says(stack_templa
 
 
 def test_the_instance_start_reads_back_only_with_the_group_named_and_the_permission_on_it(stack_template):
-    # GIVEN the stack with the group's name taken out of every waking function's environment
-    variant = copy.deepcopy(stack_template)
-    for function in variant["Resources"].values():
-        if function["Type"] == "AWS::Lambda::Function":
-            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WORKER_GROUP, None)
+    # GIVEN the stack with the group's name taken out of every waking function's routes
+    variant = _without(stack_template, "instance_start")
     # WHEN read THEN the wake no longer starts the instance (managed scaling does, a minute later)
     assert read(stack_template).wake.starts_instance and not read(variant).wake.starts_instance
 
 
 def test_the_hold_reads_as_holding_the_maximum_only_when_the_functions_know_it(stack_template):
-    # GIVEN the stack with WAKE_HOLD_MAX_TASKS taken out of every waking function's environment
-    variant = copy.deepcopy(stack_template)
-    for function in variant["Resources"].values():
-        if function["Type"] == "AWS::Lambda::Function":
-            function["Properties"].get("Environment", {}).get("Variables", {}).pop(env.ENV_WAKE_HOLD_MAX_TASKS, None)
+    # GIVEN the stack with the hold's maxima taken out of every waking function's routes
+    variant = _without(stack_template, "hold_cap")
     # WHEN read THEN a wake's hold raises the minimum only (a scale-out may add a task while the first starts)
     assert (read(stack_template).wake.hold_max_tasks, read(variant).wake.hold_max_tasks) == (1, None)
 
@@ -278,7 +273,7 @@ def test_a_function_that_names_the_service_without_permission_to_update_it_is_re
             document = resource["Properties"]["PolicyDocument"]
             document["Statement"] = [s for s in document["Statement"] if "ecs:UpdateService" not in json.dumps(s)]
     # WHEN read THEN the reader refuses, naming the function: such a wake would fail at every check
-    with pytest.raises(TemplateError, match=r"Service\w+: WORKER_SERVICE_ARN names .* may not ecs:UpdateService"):
+    with pytest.raises(TemplateError, match=r"Service\w+: its MODEL_FLEETS route names .* may not ecs:UpdateService"):
         read(template)
 
 

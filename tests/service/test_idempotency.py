@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from async_inference import settings
-from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
+from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import new_job_id
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService, ServiceError
@@ -53,7 +54,7 @@ def service(config: ServiceConfig, *, in_progress_s: int = settings.IDEMPOTENCY_
     return JobService(
         store=JobStore(config.table_name),
         blobs=Blobs(config.bucket_name),
-        queue=JobQueue(config.queue_url),
+        fleets={ANY_MODEL: FleetRoute(queue_url=config.queue_url)},
         notifier=Notifier(config.topic_arn),
         idempotency_in_progress_s=in_progress_s,
     )

@@ -8,12 +8,14 @@ import json
 import pytest
 
 from async_inference.aws import client
-from async_inference.config import ENV_MODEL_FLEETS, ENV_SERVED_MODELS, ServiceConfig, ServiceSettings, WakeTarget
+from async_inference.config import ENV_MODEL_FLEETS, ENV_SERVED_MODELS, ServiceConfig, ServiceSettings, WakeSettings
+from async_inference.fleets import ANY_MODEL
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import MotoServer
 
 CHAT, SECOND, EMBEDDING = "org/chat-model", "org/second-chat-model", "org/embedding-model"
+UNROUTED = "org/served-without-a-route"
 
 
 def _service(ecs, cluster: str, name: str) -> str:
@@ -62,12 +64,11 @@ def stack(moto: MotoServer) -> dict:
             table_name="routing-jobs",
             bucket_name="routing-claims",
             topic_arn=client("sns").create_topic(Name="routing-results")["TopicArn"],
-            queue_url=queues["chat"],
-            batch_queue_url=queues["chat-lane"],
-            wake=WakeTarget("routing", services["chat"], 60),
+            queue_url=None,
+            wake=WakeSettings("routing", 60),
         ).to_env(),
         ENV_MODEL_FLEETS: json.dumps(routes),
-        ENV_SERVED_MODELS: json.dumps([CHAT, SECOND, EMBEDDING]),
+        ENV_SERVED_MODELS: json.dumps([CHAT, SECOND, EMBEDDING, UNROUTED]),
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
@@ -129,7 +130,7 @@ def test_a_model_not_served_is_a_404_naming_it_and_queues_nothing(stack):
 
 def test_models_lists_every_model_of_every_fleet(stack):
     # GIVEN the settings the stack sets WHEN reading what GET /v1/models lists THEN both models, in order
-    assert stack["config"].served_models == [CHAT, SECOND, EMBEDDING]
+    assert stack["config"].served_models == [CHAT, SECOND, EMBEDDING, UNROUTED]
     assert list(stack["config"].model_fleets) == [CHAT, SECOND, EMBEDDING]
 
 
@@ -147,3 +148,36 @@ def test_an_uploaded_job_goes_to_the_queue_of_the_model_its_upload_names(stack):
     # THEN the job is queued on the second model's queue
     assert job is not None and (job.status.value, job.model, job.error) == ("queued", SECOND, None)
     assert _depth(queues["second"]) == before + 1
+
+
+def test_a_served_model_without_a_route_is_a_404_and_queues_nothing(stack):
+    # GIVEN the API's service whose SERVED_MODELS names a model that MODEL_FLEETS has no route for (the routes are the
+    # only way to a queue: there is no configured queue to fall back to)
+    config = stack["config"]
+    service = JobService.from_config(config.service, served_models=config.served_models)
+    before = {name: _depth(url) for name, url in stack["queues"].items()}
+    # WHEN a job names that model
+    with pytest.raises(ServiceError) as raised:
+        service.submit("tenant-a", _submission(UNROUTED), None)
+    # THEN it is a 404 model_not_found on request.model, and no queue got it
+    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+    assert raised.value.details[0]["field"] == "request.model"
+    assert {name: _depth(url) for name, url in stack["queues"].items()} == before
+
+
+def test_the_any_model_route_takes_a_model_no_other_route_names_of_either_kind(stack):
+    # GIVEN the API's service whose routes add the any-model route ("*", as the local runtime sets for its engines
+    # that answer any name) to the second model's fleet
+    config = stack["config"]
+    routes = {**config.model_fleets, ANY_MODEL: config.model_fleets[SECOND]}
+    base = JobService.from_config(config.service)
+    service = JobService(store=base.store, blobs=base.blobs, notifier=base.notifier, fleets=routes)
+    queues = stack["queues"]
+    before = [_depth(queues[name]) for name in ("chat", "second")]
+    # WHEN a chat job and an embeddings job name models no route names
+    service.submit("tenant-a", _submission("any-name"), None)
+    embedding = JobSubmission(endpoint="/v1/embeddings", request={"model": "any-embedder", "input": "hi"})
+    service.submit("tenant-a", embedding, None)
+    # THEN both are on the second model's queue, and a routed model still goes to its own
+    service.submit("tenant-a", _submission(CHAT), None)
+    assert [_depth(queues[name]) for name in ("chat", "second")] == [before[0] + 1, before[1] + 2]

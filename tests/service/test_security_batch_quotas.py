@@ -14,11 +14,12 @@ import pytest
 
 from async_inference import settings
 from async_inference.aws import client
-from async_inference.batches.aws import BatchNotifier, ChunkQueue, ControlQueue, FileObjects
+from async_inference.batches.aws import BatchNotifier, ControlQueue, FileObjects
 from async_inference.batches.controller import BatchController
 from async_inference.batches.models import BatchCreate, BatchStatus, FileUploadRequest
 from async_inference.batches.service import BatchService
 from async_inference.batches.store import BatchStore
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.quotas import TenantQuota
 from async_inference.served_models import ServedModels
 from async_inference.service import ServiceError
@@ -77,7 +78,12 @@ def apis(moto: MotoServer) -> tuple[BatchService, BatchController]:
     store, files, served = BatchStore("batches"), FileObjects("files"), ServedModels.of(None)
     service = BatchService(store=store, files=files, control=ControlQueue(control), served=served, quotas=QUOTAS)
     controller = BatchController(
-        store=store, files=files, chunks=ChunkQueue(lane), notifier=BatchNotifier(topic), served=served, quotas=QUOTAS
+        store=store,
+        files=files,
+        notifier=BatchNotifier(topic),
+        served=served,
+        fleets={ANY_MODEL: FleetRoute(queue_url=lane, batch_queue_url=lane)},
+        quotas=QUOTAS,
     )
     return service, controller
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from async_inference import settings
-from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
+from async_inference.aws import Blobs, JobStore, Notifier, client
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
 from async_inference.quotas import TenantQuota
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
@@ -62,7 +63,7 @@ def service(moto: MotoServer) -> JobService:
     return JobService(
         store=JobStore("jobs"),
         blobs=Blobs("claim-checks"),
-        queue=JobQueue(queue),
+        fleets={ANY_MODEL: FleetRoute(queue_url=queue)},
         notifier=Notifier(topic),
         quotas={LIMITED: TenantQuota(max_active_jobs=3)},
     )

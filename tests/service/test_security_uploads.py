@@ -14,8 +14,9 @@ import pytest
 import requests
 
 from async_inference import settings
-from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
+from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
 from async_inference.service import JobService
@@ -56,7 +57,7 @@ def service(tables: ServiceConfig) -> JobService:
     return JobService(
         store=JobStore(tables.table_name),
         blobs=Blobs(tables.bucket_name),
-        queue=JobQueue(queue_url),
+        fleets={ANY_MODEL: FleetRoute(queue_url=queue_url)},
         notifier=Notifier(tables.topic_arn),
     )
 
@@ -67,7 +68,10 @@ def claim_checks(service: JobService) -> list[dict[str, Any]]:
         messages = (
             client("sqs")
             .receive_message(
-                QueueUrl=service.queue.url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=60
+                QueueUrl=service.fleets[ANY_MODEL].queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=0,
+                VisibilityTimeout=60,
             )
             .get("Messages", [])
         )

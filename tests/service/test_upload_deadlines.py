@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from async_inference import settings
-from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, UploadDeadlines, client
+from async_inference.aws import Blobs, JobStore, Notifier, UploadDeadlines, client
 from async_inference.config import ServiceConfig
+from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec, utcnow
 from async_inference.service import JobService
@@ -83,7 +84,7 @@ def _service(config: ServiceConfig, *, grace_s: int = 0) -> JobService:
     return JobService(
         store=JobStore(config.table_name),
         blobs=Blobs(config.bucket_name),
-        queue=JobQueue(config.queue_url),
+        fleets={ANY_MODEL: FleetRoute(queue_url=config.queue_url)},
         notifier=Notifier(config.topic_arn),
         deadlines=UploadDeadlines(config.upload_deadlines_queue_url),
         upload_grace_s=grace_s,

@@ -14,7 +14,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.aws import WAKE_HOLD_RELEASE, CapacityGroup, WorkerService, client
-from async_inference.config import ServiceConfig, ServiceSettings, WakeTarget
+from async_inference.config import ServiceConfig, ServiceSettings, WakeSettings, WakeTarget
 from async_inference.fleets import FleetRoute
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from async_inference.service import JobService
@@ -95,20 +95,21 @@ def test_a_failed_wake_is_counted_and_logged_and_does_not_raise(moto: MotoServer
     assert records[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == settings.METRICS_NAMESPACE
 
 
-class FailingQueue:
-    def send(self, claim) -> None:
-        raise ConnectionError("SQS is down")
-
-
 def test_a_submit_wakes_only_after_its_job_is_queued(moto: MotoServer, service_arn: str):
-    # GIVEN the service settings a deployed API function reads (wake variables included) and a job queue
+    # GIVEN the service settings a deployed API function reads (the stack's wake variables, the model's route naming
+    # its service), the route's job queue not there (deleted)
+    sqs = client("sqs")
+    queue_url = sqs.create_queue(QueueName="jobs")["QueueUrl"]
+    sqs.delete_queue(QueueUrl=queue_url)
+    route = FleetRoute(queue_url=queue_url, worker_service=service_arn)
     env = {
         **ServiceConfig(
             table_name="jobs",
             bucket_name="claims",
             topic_arn=client("sns").create_topic(Name="results")["TopicArn"],
-            queue_url=client("sqs").create_queue(QueueName="jobs")["QueueUrl"],
-            wake=WakeTarget(cluster_of(service_arn), service_arn, 60),
+            queue_url=None,
+            wake=WakeSettings(cluster_of(service_arn), 60),
+            fleets={"m": route},
         ).to_env()
     }
     config = ServiceSettings.load(**{k: v for k, v in _by_field(env).items()})
@@ -120,16 +121,13 @@ def test_a_submit_wakes_only_after_its_job_is_queued(moto: MotoServer, service_a
         AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
     )
     service = JobService.from_config(config.service)
-    assert service.waker is not None
     submission = JobSubmission(request=ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]))
     # WHEN the queue refuses the job THEN the client gets its 503 and the service is not woken for nothing
-    queue = service.queue
-    service.queue = FailingQueue()
     with pytest.raises(Exception, match="job queue is unavailable"):
         service.submit("tenant-a", submission, None)
     assert desired(service_arn) == 0
-    # WHEN a job is queued THEN the service wants one task
-    service.queue = queue
+    # WHEN the queue is back and a job is queued THEN the service wants one task
+    assert sqs.create_queue(QueueName="jobs")["QueueUrl"] == queue_url
     service.submit("tenant-a", submission, None)
     assert desired(service_arn) == 1
 
@@ -292,27 +290,21 @@ def test_an_instance_start_that_fails_leaves_the_wake_standing(service_arn: str,
     assert [r[settings.METRIC_WAKE_FAILURES] for r in records] == [[1.0]]
 
 
-def test_the_settings_carry_the_group_to_the_waker():
-    # GIVEN the environment a deployed function gets with the group WHEN loaded THEN the waker starts instances there
-    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group")
-    base = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="q", topic_arn="t", wake=target).to_env()
-    loaded = ServiceSettings.load(**_by_field(base))
-    assert loaded.wake == target
-    waker = ServiceWaker.for_target(loaded.wake)
-    assert waker.group is not None and waker.group.name == "gpu-group"
-
-
-def test_the_settings_and_a_fleets_route_carry_the_maximum_to_the_waker():
-    # GIVEN the environment a deployed function gets: the first model's maximum, and a further fleet's route with its own
-    target = WakeTarget("workers", "arn:aws:ecs:us-east-1:123456789012:service/workers/gpu", 60, 300, "gpu-group", 2, 1)
-    base = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url="q", topic_arn="t", wake=target).to_env()
-    # WHEN loaded THEN the waker holds the first model's service at one task and restores 2
-    loaded = ServiceSettings.load(**_by_field(base))
-    waker = ServiceWaker.for_target(loaded.wake)
-    assert loaded.wake == target and (waker.hold_max_tasks, waker.max_tasks) == (1, 2)
-    # AND a further fleet's waker restores its route's maximum
+def test_the_settings_and_a_fleets_route_carry_the_group_and_the_maxima_to_the_waker():
+    # GIVEN the environment a deployed function gets: the stack's wake settings, and a fleet's route with its service,
+    # group and maxima
+    wake = WakeSettings("workers", 60, 300)
     route = FleetRoute(queue_url="q2", worker_service="arn:aws:ecs:us-east-1:123456789012:service/workers/gpu2",
-                       worker_max_tasks=4, worker_hold_max_tasks=2)  # fmt: skip
+                       worker_group="gpu-group", worker_max_tasks=4, worker_hold_max_tasks=2)  # fmt: skip
+    env = ServiceConfig(table_name="jobs", bucket_name="claims", queue_url=None, topic_arn="t", wake=wake).to_env()
+    # WHEN loaded and the fleet's waker is built
+    loaded = ServiceSettings.load(**_by_field(env))
     service = JobService.from_config(dataclasses.replace(loaded.service, fleets={"second": route}))
     _, _, waker = service._route("second")
-    assert waker is not None and (waker.hold_max_tasks, waker.max_tasks) == (2, 4)
+    # THEN it wakes the route's service in the stack's cluster, at the stack's interval and hold, starts instances in
+    # the route's group, holds the route's maximum and restores its own
+    assert loaded.wake == wake and waker is not None
+    assert (waker.service.cluster, waker.service.service) == ("workers", route.worker_service)
+    assert (waker.check_interval_s, waker.hold_s) == (60, 300)
+    assert waker.group is not None and waker.group.name == "gpu-group"
+    assert (waker.hold_max_tasks, waker.max_tasks) == (2, 4)

@@ -38,6 +38,15 @@ def test_without_engine_the_settings_refuse_naming_the_variable_and_the_choices(
         WorkerSettings.load()
 
 
+def test_without_its_job_queue_the_worker_refuses_naming_the_variable(worker_env: pytest.MonkeyPatch):
+    # GIVEN a worker's environment without JOBS_QUEUE_URL (optional for the functions, which route by model)
+    worker_env.setenv("ENGINE", "echo")
+    worker_env.delenv("JOBS_QUEUE_URL")
+    # WHEN its settings are read THEN they refuse, naming the variable and what it holds
+    with pytest.raises(SettingsError, match="JOBS_QUEUE_URL is not set .*the job queue of the worker's model"):
+        WorkerSettings.load()
+
+
 def test_an_unknown_engine_is_refused(worker_env: pytest.MonkeyPatch):
     worker_env.setenv("ENGINE", "tgi")
     with pytest.raises(SettingsError, match="ENGINE='tgi'"):
