@@ -178,11 +178,10 @@ def test_metadata_is_the_jobs_not_the_chat_requests():
     ("fields", "field"),
     [
         ({"stream": True}, "stream"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"store": False}, "store"),
         ({"include": ["message.output_text.logprobs"]}, "include.0"),
-        ({"truncation": "auto"}, "truncation"),
+        ({"truncation": "middle"}, "truncation"),
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
         ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools.0"),
         (
@@ -208,6 +207,14 @@ def test_a_request_without_background_is_valid_and_may_be_unstored(background):
     request = ResponseCreate.model_validate({"model": "m", "input": "hi", "background": background, "store": False})
     assert request.background is not True
     assert to_response(job(), request).background is False
+
+
+def test_a_continuation_with_auto_truncation_is_accepted_and_echoed_by_its_response():
+    # GIVEN a request that continues a stored response and lets the oldest turns be dropped
+    request = create(previous_response_id="resp_" + "cd" * 16, truncation="auto")
+    # WHEN its Response is made THEN the SDK's type reads both back as they were sent
+    response = as_sdk(to_response(job(JobStatus.QUEUED), request))
+    assert (response.previous_response_id, response.truncation) == ("resp_" + "cd" * 16, "auto")
 
 
 def test_a_stored_body_validates_back_to_the_same_request():
