@@ -28,6 +28,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationInfo,
     model_validator,
 )
 
@@ -58,6 +59,9 @@ _RESPONSE_ID_RE = re.compile(RESPONSE_ID_PATTERN)
 # A response's job is namespaced apart from /v1/jobs under one Idempotency-Key: the same key sent to both APIs makes
 # two jobs, not a response that replays a plain job.
 IDEMPOTENCY_NAMESPACE = "responses\x00"
+# The validation context of a batch line's body (async_inference.endpoints): a line runs without the tenant's stored
+# responses, so it cannot continue one.
+BATCH_LINE = "batch_line"
 
 
 def response_id_of(job_id: str) -> str:
@@ -448,6 +452,19 @@ class ResponseCreate(_Strict):
             raise _field_error(
                 "tool_choice", f"names the function {self.tool_choice.name!r}, which is not among the declared tools"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stateless_in_a_batch(self, info: ValidationInfo) -> ResponseCreate:
+        if not (info.context or {}).get(BATCH_LINE):
+            return self
+        if self.previous_response_id is not None:
+            raise _field_error(
+                "previous_response_id",
+                "a batch line cannot continue a stored response: send the earlier turns in input",
+            )
+        if self.truncation == "auto":
+            raise _field_error("truncation", "a batch line's input is run whole: omit truncation or send 'disabled'")
         return self
 
     def items(self) -> list[Item]:

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from async_inference import settings
+from async_inference.endpoints import RESPONSES_ENDPOINT, parse_line_body
 from async_inference.jobs import JobStatus
 from async_inference.responses import (
     ResponseCreate,
@@ -354,3 +355,15 @@ def test_an_earlier_turns_reasoning_item_is_accepted_and_left_out_of_the_chat_re
     request = create(input=[*turns[:1], reasoning, *turns[1:]])
     assert to_chat_request(request) == to_chat_request(create(input=turns))
     assert [item["type"] for item in input_items(response_id_of(JOB_ID), request)][1] == "reasoning"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [({"previous_response_id": "resp_" + "cd" * 16}, "previous_response_id"), ({"truncation": "auto"}, "truncation")],
+)
+def test_a_batch_line_cannot_continue_a_stored_response_nor_be_truncated(fields, field):
+    # GIVEN a /v1/responses batch line that names a previous response, or asks to be truncated (a line runs without
+    # the tenant's stored responses, and whole) WHEN its body is parsed THEN it is refused naming the field
+    with pytest.raises(ValidationError) as caught:
+        parse_line_body(RESPONSES_ENDPOINT, {"model": "m", "input": "hi", **fields})
+    assert error_location(caught.value.errors()[0]) == field
