@@ -167,7 +167,12 @@ class ResponseService:
             raise ServiceError(
                 404, "previous_response_not_found", f"previous_response_id: {message}", _field(message)
             ) from exc
-        result = self._result(job)
+        try:
+            result = self._result(job)
+        except ServiceError as exc:  # 410: its output is past the bucket's retention
+            raise ServiceError(
+                exc.status, exc.code, f"previous_response_id: {exc.message}", _field(exc.message)
+            ) from exc
         if result is None:
             status = to_response(job, original).status
             message = f"response {which} is {status}; only a completed response can be continued" + (

@@ -4,11 +4,15 @@ makes, and what ``truncation: "auto"`` drops from it."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from async_inference import settings
-from async_inference.conversation import Turn, fits, history, output_as_input, truncated
+from async_inference.conversation import MAX_CHAIN, Turn, fits, history, output_as_input, truncated
 from async_inference.limits import RequestLimits
+from async_inference.response_service import ResponseService
 from async_inference.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -19,6 +23,7 @@ from async_inference.responses import (
     ResponseOutputText,
     to_chat_request,
 )
+from async_inference.service import ServiceError
 
 LIMITS = RequestLimits(context_tokens=1_000, max_bytes_per_token=1.0)  # one byte, one token: easy to count
 
@@ -122,3 +127,33 @@ def test_auto_truncation_fits_the_chat_requests_message_limit():
     # WHEN truncation "auto" applies THEN the newest items that fit the message limit are kept
     kept = truncated(request, items, RequestLimits())
     assert len(to_chat_request(request, kept).messages) == settings.MAX_MESSAGES and kept[-1].text == "last"
+
+
+class EndlessChain(ResponseService):
+    """A ResponseService over a chain of stored responses that never ends (no AWS): each continues one before it."""
+
+    def __init__(self) -> None:
+        self.jobs = SimpleNamespace(limits_of=lambda tenant: RequestLimits())  # type: ignore[assignment]
+        self.read: list[str] = []
+
+    def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
+        self.read.append(response_id)
+        return Turn(create(input="q", previous_response_id=f"resp_{len(self.read):032x}"), [said("a")])
+
+
+def test_a_chain_longer_than_the_bound_is_a_400_naming_previous_response_id():
+    # GIVEN a chain of stored responses longer than MAX_CHAIN WHEN a response continues it without truncation
+    chain = EndlessChain()
+    with pytest.raises(ServiceError) as caught:
+        chain._conversation("t", create(previous_response_id="resp_" + "0" * 32))
+    # THEN it is a 400 naming previous_response_id, after reading no more than MAX_CHAIN responses
+    assert caught.value.status == 400 and caught.value.details[0]["field"] == "previous_response_id"
+    assert len(chain.read) == MAX_CHAIN
+
+
+def test_with_auto_truncation_a_chain_past_the_bound_runs_its_newest_responses():
+    # GIVEN the same chain WHEN a response continues it with truncation "auto"
+    chain = EndlessChain()
+    items = chain._conversation("t", create(input="last", previous_response_id="resp_" + "0" * 32, truncation="auto"))
+    # THEN the MAX_CHAIN newest responses' input and output are run, then the input
+    assert len(chain.read) == MAX_CHAIN and len(items) == 2 * MAX_CHAIN + 1 and items[-1].text == "last"
