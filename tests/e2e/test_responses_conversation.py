@@ -101,6 +101,16 @@ def test_a_previous_response_that_has_not_completed_is_a_400(sdk):
         sdk.responses.cancel(queued.id)
 
 
+def test_a_cancelled_previous_response_is_a_400_naming_it(sdk):
+    # GIVEN a background response cancelled before any worker ran it
+    cancelled = sdk.responses.create(model="echo-model", input="never mind", background=True)
+    sdk.responses.cancel(cancelled.id)
+    # WHEN a response continues it THEN it is a 400 naming previous_response_id and what the response is
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.responses.create(model="echo-model", input="go on", previous_response_id=cancelled.id)
+    assert field_of(caught.value) == "previous_response_id" and "cancelled" in caught.value.message
+
+
 def test_over_the_context_truncation_auto_drops_the_oldest_turn_and_disabled_is_a_400(sdk, worker):
     # GIVEN a stored response whose input fills most of the context (its output cut to 4 words)
     first = completed(sdk, input=LONG, max_output_tokens=4)
