@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from async_inference.completions import COMPLETIONS_ENDPOINT, CompletionRequest
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
-from async_inference.responses import ResponseCreate
+from async_inference.responses import BATCH_LINE, ResponseCreate
 from async_inference.schemas import CHAT_ENDPOINT, ChatCompletionRequest
 
 RESPONSES_ENDPOINT = "/v1/responses"
@@ -43,5 +43,5 @@ def parse_line_body(url: str, body: dict[str, Any]) -> LineRequest:
     model: Any = _MODELS[url][0]
     if url == RESPONSES_ENDPOINT:
         body = {**{k: v for k, v in body.items() if k not in _RESPONSE_KEEPING}, "background": True}
-    request: LineRequest = model.model_validate(body)
+    request: LineRequest = model.model_validate(body, context={BATCH_LINE: True})
     return request

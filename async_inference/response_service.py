@@ -11,17 +11,20 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from async_inference import settings
+from async_inference import conversation, settings
+from async_inference.conversation import Turn
 from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
     InputItemList,
+    Item,
     Response,
     ResponseCreate,
     ResponseDeleted,
     input_items,
     job_id_of,
+    output_items,
     response_id_of,
     to_chat_request,
     to_response,
@@ -36,9 +39,11 @@ class ResponseService:
         self.blobs = jobs.blobs
 
     def create(self, tenant: str, request: ResponseCreate, idempotency_key: str | None = None) -> Response:
-        """Queue the response's job; the Response as it stands (``queued``)."""
+        """Queue the response's job; the Response as it stands (``queued``). With ``previous_response_id`` the job
+        runs the stored conversation it continues, then the input (async_inference.conversation)."""
+        items = self._conversation(tenant, request)
         try:
-            chat = to_chat_request(request)
+            chat = to_chat_request(request, items)
         except ValidationError as exc:  # a limit of the chat request the Responses model does not repeat
             message, details = describe_validation_error(exc)
             raise ServiceError(
@@ -128,6 +133,54 @@ class ResponseService:
             has_more=len(items) > limit,
         )
 
+    # --- Conversation state ---------------------------------------------------------------------------------------
+
+    def _conversation(self, tenant: str, request: ResponseCreate) -> list[Item]:
+        """The items ``request`` runs: the history its ``previous_response_id`` names (the chain followed through each
+        stored response's own), then its input, as its ``truncation`` leaves them."""
+        turns: list[Turn] = []
+        response_id, continued_by = request.previous_response_id, None
+        while response_id is not None:
+            if len(turns) == conversation.MAX_CHAIN:
+                if request.truncation == "auto":
+                    break  # the oldest responses: what truncation would drop first
+                message = (
+                    f"the conversation is more than {conversation.MAX_CHAIN} responses long; send truncation: 'auto' "
+                    "to drop its oldest turns, or start a new conversation with the turns to keep in input"
+                )
+                raise ServiceError(400, "invalid_request", f"previous_response_id: {message}", _field(message))
+            turns.append(self._turn(tenant, response_id, continued_by))
+            response_id, continued_by = turns[-1].request.previous_response_id, response_id
+        items = [*conversation.history(reversed(turns)), *request.items()]
+        return conversation.truncated(request, items, self.jobs.limits_of(tenant))
+
+    def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
+        """A stored response of the conversation, completed (or cut at its token limit) with its output; 404 for an
+        unknown, deleted or another tenant's id, 400 for one that has not completed."""
+        which = response_id if continued_by is None else f"{response_id} (the previous response of {continued_by})"
+        try:
+            job, original = self._get(tenant, response_id)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
+            message = f"no response {which}: it is unknown or was deleted"
+            raise ServiceError(
+                404, "previous_response_not_found", f"previous_response_id: {message}", _field(message)
+            ) from exc
+        try:
+            result = self._result(job)
+        except ServiceError as exc:  # 410: its output is past the bucket's retention
+            raise ServiceError(
+                exc.status, exc.code, f"previous_response_id: {exc.message}", _field(exc.message)
+            ) from exc
+        if result is None:
+            status = to_response(job, original).status
+            message = f"response {which} is {status}; only a completed response can be continued" + (
+                ": wait until it completes" if job.status not in FINAL_STATES else ""
+            )
+            raise ServiceError(400, "invalid_request", f"previous_response_id: {message}", _field(message))
+        return Turn(original, output_items(response_id, result)[0])
+
     # --- Reads ----------------------------------------------------------------------------------------------------
 
     def _get(self, tenant: str, response_id: str) -> tuple[Job, ResponseCreate]:
@@ -168,3 +221,7 @@ class ResponseService:
         except KeyError as exc:
             raise expired from exc
         return ChatCompletion.model_validate_json(body)
+
+
+def _field(message: str) -> list[dict[str, str]]:
+    return [{"field": "previous_response_id", "message": message}]

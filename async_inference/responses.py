@@ -9,7 +9,7 @@ models are openai-python's own field for field (``openai.types.responses.respons
 What a request may hold is one of three kinds, as for chat (``async_inference.schemas``): honoured (converted into
 the chat request), accepted without effect (``store: true``, ``user``, prompt caching hints, ``service_tier``,
 ``text.verbosity``), and refused with a 400 naming the field: what needs state this service does not keep
-(``previous_response_id``, ``conversation``, ``prompt``), OpenAI-hosted tools, streaming, and what would change the
+(``conversation``, ``prompt``), OpenAI-hosted tools, streaming, and what would change the
 answer in a way the conversion cannot carry.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
@@ -27,6 +28,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationInfo,
     model_validator,
 )
 
@@ -43,6 +45,7 @@ from async_inference.schemas import (
     JSONSchemaObject,
     MetadataKey,
     MetadataValue,
+    PromptCacheOptions,
     TokenLimit,
     _by_type,
     _field_error,
@@ -56,6 +59,9 @@ _RESPONSE_ID_RE = re.compile(RESPONSE_ID_PATTERN)
 # A response's job is namespaced apart from /v1/jobs under one Idempotency-Key: the same key sent to both APIs makes
 # two jobs, not a response that replays a plain job.
 IDEMPOTENCY_NAMESPACE = "responses\x00"
+# The validation context of a batch line's body (async_inference.endpoints): a line runs without the tenant's stored
+# responses, so it cannot continue one.
+BATCH_LINE = "batch_line"
 
 
 def response_id_of(job_id: str) -> str:
@@ -206,6 +212,7 @@ def _known_item(value: Any) -> Any:
     return value
 
 
+Item = InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 InputItem = Annotated[
     Union[  # noqa: UP007 (a union of Annotated members, written as the schemas module writes its own)
         Annotated[InputMessage, Tag(TAG_MARK + "message")],
@@ -345,9 +352,8 @@ REFUSED = {
     "stream": "streaming is not supported yet: create the response with background: true and poll GET "
     "/v1/responses/{id} (docs/design/responses.md); omit stream or send false",
     "stream_options": "streaming is not supported yet: omit stream_options",
-    "previous_response_id": "this service keeps no conversation state between responses: send the earlier turns in "
-    "input (the previous response's output items are valid input items)",
-    "conversation": "this service keeps no conversations: send the earlier turns in input",
+    "conversation": "this service keeps no conversation objects: continue a response with previous_response_id, or "
+    "send the earlier turns in input",
     "prompt": "stored prompt templates live on OpenAI's servers: send the prompt's text in instructions and input",
     "max_tool_calls": "built-in tool calls are not run here, and a function call ends the response: omit "
     "max_tool_calls",
@@ -398,15 +404,20 @@ class ResponseCreate(_Strict):
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=settings.MAX_METADATA_KEYS)
     reasoning: Reasoning | None = None
     include: list[Annotated[Includable, BeforeValidator(_no_logprobs)]] | None = Field(default=None, max_length=16)
-    truncation: Literal["disabled"] | None = Field(
+    # Conversation state (async_inference.conversation): the stored response this one continues, and what to do when
+    # the history with the input cannot fit the model's context.
+    previous_response_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    truncation: Literal["disabled", "auto"] | None = Field(
         default=None,
-        description="Only 'disabled' (OpenAI's default): an input over the model's context fails the response.",
+        description="'disabled' (OpenAI's default): an input over the model's context is a 400; 'auto': the oldest "
+        "items of the conversation are dropped until it fits.",
     )
     # Accepted without effect, as for chat.
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=64)] | None = None
     prompt_cache_key: Annotated[str, StringConstraints(max_length=1024)] | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
     # An extension (the SDK sends it as extra_body={"webhook": {...}}): OpenAI configures webhooks per project, this
     # service per request, as for jobs and batches. The response's end is POSTed there as OpenAI's response.* event.
@@ -421,12 +432,6 @@ class ResponseCreate(_Strict):
             value = data.get(name)
             if value is not None and value is not False and value != []:
                 raise _field_error(name, message)
-        if data.get("truncation") == "auto":
-            raise _field_error(
-                "truncation",
-                "truncation 'auto' would drop input items the model did not fit, "
-                "which this service does not do: omit truncation or send 'disabled'",
-            )
         # An explicit null is the parameter left out, as OpenAI takes it; so are the refused ones sent empty.
         return {k: v for k, v in data.items() if v is not None and k not in REFUSED}
 
@@ -449,7 +454,20 @@ class ResponseCreate(_Strict):
             )
         return self
 
-    def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+    @model_validator(mode="after")
+    def _stateless_in_a_batch(self, info: ValidationInfo) -> ResponseCreate:
+        if not (info.context or {}).get(BATCH_LINE):
+            return self
+        if self.previous_response_id is not None:
+            raise _field_error(
+                "previous_response_id",
+                "a batch line cannot continue a stored response: send the earlier turns in input",
+            )
+        if self.truncation == "auto":
+            raise _field_error("truncation", "a batch line's input is run whole: omit truncation or send 'disabled'")
+        return self
+
+    def items(self) -> list[Item]:
         """The input as a list of items (a string input is one user message)."""
         if isinstance(self.input, str):
             return [InputMessage(role="user", content=self.input)]
@@ -459,13 +477,14 @@ class ResponseCreate(_Strict):
 # --- Request conversion: Responses -> chat.completions ---------------------------------------------------------------
 
 
-def chat_messages(request: ResponseCreate) -> list[dict[str, Any]]:
-    """The chat messages of a Responses request: ``instructions`` as the system message, then the input items;
-    consecutive function calls become one assistant message's ``tool_calls``, a call's output a ``tool`` message."""
+def chat_messages(request: ResponseCreate, items: Sequence[Item] | None = None) -> list[dict[str, Any]]:
+    """The chat messages of a Responses request: ``instructions`` as the system message, then the input items
+    (``items``: the conversation to run instead, its history and input, async_inference.conversation); consecutive
+    function calls become one assistant message's ``tool_calls``, a call's output a ``tool`` message."""
     messages: list[dict[str, Any]] = []
     if request.instructions is not None:
         messages.append({"role": "system", "content": request.instructions})
-    for item in request.items():
+    for item in request.items() if items is None else items:
         if isinstance(item, ReasoningItem):
             continue  # see ReasoningItem
         if isinstance(item, FunctionCallItem):
@@ -485,9 +504,9 @@ def chat_messages(request: ResponseCreate) -> list[dict[str, Any]]:
     return messages
 
 
-def to_chat_request(request: ResponseCreate) -> ChatCompletionRequest:
-    """The chat.completions request a background response's job runs."""
-    body: dict[str, Any] = {"model": request.model, "messages": chat_messages(request)}
+def to_chat_request(request: ResponseCreate, items: Sequence[Item] | None = None) -> ChatCompletionRequest:
+    """The chat.completions request a response's job runs (``items``: as for ``chat_messages``)."""
+    body: dict[str, Any] = {"model": request.model, "messages": chat_messages(request, items)}
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
     for name in (
@@ -498,6 +517,7 @@ def to_chat_request(request: ResponseCreate) -> ChatCompletionRequest:
         "safety_identifier",
         "prompt_cache_key",
         "prompt_cache_retention",
+        "prompt_cache_options",
         "service_tier",
     ):
         if getattr(request, name) is not None:
@@ -604,7 +624,7 @@ class Response(BaseModel):
     model: str
     output: list[ResponseOutputMessage | ResponseFunctionToolCall] = Field(default_factory=list)
     parallel_tool_calls: bool = True
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
     store: bool = True
     temperature: float | None = None
@@ -612,7 +632,7 @@ class Response(BaseModel):
     tool_choice: str | dict[str, Any] = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
     top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Literal["disabled", "auto"] = "disabled"
     usage: ResponseUsage | None = None
     user: str | None = None
 
@@ -721,12 +741,14 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
         model=request.model,
         output=output,
         parallel_tool_calls=request.parallel_tool_calls is not False,
+        previous_response_id=request.previous_response_id,
         reasoning=request.reasoning.model_dump(exclude={"generate_summary"}) if request.reasoning else None,
         temperature=request.temperature if request.temperature is not None else chat_defaults["temperature"].default,
         text=text,
         tool_choice=tool_choice,
         tools=[tool.model_dump() for tool in request.tools or ()],
         top_p=request.top_p if request.top_p is not None else chat_defaults["top_p"].default,
+        truncation=request.truncation or "disabled",
         usage=ResponseUsage(
             input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
         )

@@ -268,17 +268,20 @@ class JobService:
         return limits_for(self.limits, quota.request_limits if quota is not None else None)
 
     def check_limits(self, tenant: str, request: object, *, prefix: str = "", endpoint: str | None = None) -> None:
-        """400 limit_exceeded, naming the field and the limit, for a chat request over one of the tenant's bounds on
-        a request's cost (async_inference.limits); other requests (embeddings) are not bounded here. ``endpoint``: the
-        one the request was converted from (``/v1/responses``), whose field names the error uses."""
+        """400 limit_exceeded (context_length_exceeded for the model's context), naming the field and the limit, for a
+        chat request over one of the tenant's bounds on a request's cost (async_inference.limits); other requests
+        (embeddings) are not bounded here. ``endpoint``: the one the request was converted from (``/v1/responses``),
+        whose field names the error uses."""
         if not isinstance(request, ChatCompletionRequest):
             return
         try:
             check_request(request, self.limits_of(tenant))
         except LimitExceeded as exc:
             field = prefix + field_in(endpoint, exc.field)
+            # A prompt that cannot fit is OpenAI's context_length_exceeded, which clients know as their own error.
+            code = "context_length_exceeded" if exc.limit == "context_tokens" else "limit_exceeded"
             raise ServiceError(
-                400, "limit_exceeded", f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
+                400, code, f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
             ) from exc
 
     def _has_lane(self, model: str | None) -> bool:

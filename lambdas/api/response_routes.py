@@ -59,9 +59,11 @@ def _tenant() -> str:
     summary="Create a response (OpenAI's Responses API), background or held until it ends",
     description="The response runs as a job. With `background: true` it is answered at once, `queued`; poll GET "
     "/v1/responses/{id} until its status is final. Without it the connection is held until the job ends and the "
-    "answer is the final Response (docs/openai-routes.md: the maximum wait, the job id header). `stream: true`, "
-    "`previous_response_id`, `conversation`, hosted tools and other parameters this service cannot honour are 400s "
-    "that name them (docs/design/responses.md).",
+    "answer is the final Response (docs/openai-routes.md: the maximum wait, the job id header). "
+    "`previous_response_id` continues a stored response of the tenant's (404 `previous_response_not_found` for an "
+    "unknown, deleted or another tenant's id; 400 for one not completed); `truncation: auto` drops the oldest turns "
+    "that cannot fit the context. `stream: true`, `conversation`, hosted tools and other parameters this service "
+    "cannot honour are 400s that name them (docs/design/responses.md).",
     responses={
         200: ok("The response: queued (background), else final", Response),
         **error_responses(
@@ -69,7 +71,8 @@ def _tenant() -> str:
             415,
             422,
             503,
-            e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them)",
+            e404="`model_not_found`: this deployment does not serve that model (GET /v1/models lists them); "
+            "`previous_response_not_found`: no such response of yours to continue",
             e409="`idempotency_key_in_progress`: a request with this Idempotency-Key is still being processed",
             e429="`quota_exceeded`: the tenant has `max_active_jobs` unfinished jobs, or is over its usage plan",
             e500="`server_error`: a held response's job failed for a reason that is not the request's",

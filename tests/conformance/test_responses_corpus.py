@@ -59,3 +59,20 @@ def test_as_sent_without_background_most_bodies_run_held_and_every_refusal_names
     # THEN more than half convert to a chat request, and each other one names a field this service refuses
     assert accepted >= 45 and "background" not in refused, refused
     assert {field.split(".")[0] for field in refused} <= DOCUMENTED, refused
+
+
+def test_the_bodies_that_continue_a_stored_response_are_not_refused_for_it():
+    # GIVEN the corpus's bodies that continue a response with previous_response_id (the ids are OpenAI's: the
+    # service answers each with a 404 naming previous_response_id unless it names a response of the tenant's)
+    continuing = [body for body in _bodies(background=False) if body.get("previous_response_id")]
+    assert len(continuing) == 4
+    # WHEN each is validated THEN none is refused for previous_response_id; those that ask nothing else the service
+    # refuses (the SDK tests' bodies also send conversation, stream_options...) are accepted and convert
+    accepted, refused = 0, []
+    for body in continuing:
+        try:
+            to_chat_request(ResponseCreate.model_validate_json(json.dumps(body)))
+            accepted += 1
+        except ValidationError as exc:
+            refused.append(error_location(exc.errors()[0]))
+    assert "previous_response_id" not in refused and accepted >= 2, refused

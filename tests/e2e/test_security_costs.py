@@ -97,5 +97,5 @@ def test_an_uploaded_prompt_that_cannot_fit_the_context_fails_its_job_naming_the
     created = api.submit_upload(json.dumps(chat("word " * 200_000)).encode())
     # THEN the job fails at its upload with the limit, before any worker templates it
     final = api.wait(created.job_id, timeout_s=30)
-    assert final.status == "failed" and "limit_exceeded: messages" in (final.error or ""), final
+    assert final.status == "failed" and "context_length_exceeded: messages" in (final.error or ""), final
     assert "context_tokens" in final.error

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from async_inference import settings
+from async_inference.endpoints import RESPONSES_ENDPOINT, parse_line_body
 from async_inference.jobs import JobStatus
 from async_inference.responses import (
     ResponseCreate,
@@ -178,11 +179,10 @@ def test_metadata_is_the_jobs_not_the_chat_requests():
     ("fields", "field"),
     [
         ({"stream": True}, "stream"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"store": False}, "store"),
         ({"include": ["message.output_text.logprobs"]}, "include.0"),
-        ({"truncation": "auto"}, "truncation"),
+        ({"truncation": "middle"}, "truncation"),
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
         ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools.0"),
         (
@@ -208,6 +208,14 @@ def test_a_request_without_background_is_valid_and_may_be_unstored(background):
     request = ResponseCreate.model_validate({"model": "m", "input": "hi", "background": background, "store": False})
     assert request.background is not True
     assert to_response(job(), request).background is False
+
+
+def test_a_continuation_with_auto_truncation_is_accepted_and_echoed_by_its_response():
+    # GIVEN a request that continues a stored response and lets the oldest turns be dropped
+    request = create(previous_response_id="resp_" + "cd" * 16, truncation="auto")
+    # WHEN its Response is made THEN the SDK's type reads both back as they were sent
+    response = as_sdk(to_response(job(JobStatus.QUEUED), request))
+    assert (response.previous_response_id, response.truncation) == ("resp_" + "cd" * 16, "auto")
 
 
 def test_a_stored_body_validates_back_to_the_same_request():
@@ -347,3 +355,15 @@ def test_an_earlier_turns_reasoning_item_is_accepted_and_left_out_of_the_chat_re
     request = create(input=[*turns[:1], reasoning, *turns[1:]])
     assert to_chat_request(request) == to_chat_request(create(input=turns))
     assert [item["type"] for item in input_items(response_id_of(JOB_ID), request)][1] == "reasoning"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [({"previous_response_id": "resp_" + "cd" * 16}, "previous_response_id"), ({"truncation": "auto"}, "truncation")],
+)
+def test_a_batch_line_cannot_continue_a_stored_response_nor_be_truncated(fields, field):
+    # GIVEN a /v1/responses batch line that names a previous response, or asks to be truncated (a line runs without
+    # the tenant's stored responses, and whole) WHEN its body is parsed THEN it is refused naming the field
+    with pytest.raises(ValidationError) as caught:
+        parse_line_body(RESPONSES_ENDPOINT, {"model": "m", "input": "hi", **fields})
+    assert error_location(caught.value.errors()[0]) == field
