@@ -135,8 +135,8 @@ class IngestionApi(Construct):
     :param tenants: tenant id -> its usage plan.
     :param stage_name: API stage. Default: ``"prod"``.
     :param log_retention: access log retention. Default: one month.
-    :param create_cloudwatch_role: create the account-wide role API Gateway logs with; set False when the account
-        already has one configured. Default: True.
+    :param create_cloudwatch_role: create the account-wide role API Gateway logs with (it replaces the account's
+        own, for every API of the region); only for an account that has none. Default: False.
     :param waf_requests_per_5_min_per_ip: associate a WAF web ACL (``web_acl``) with the stage: a rate-based rule
         blocking an IP address over this many requests in 5 minutes (WAF's minimum is 10), AWS's IP reputation list
         and known-bad-inputs rule groups. Not AWS's common rule set: its 8 KB body limit would block job requests.
@@ -153,7 +153,7 @@ class IngestionApi(Construct):
         tenants: Mapping[str, TenantPlan],
         stage_name: str = "prod",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        create_cloudwatch_role: bool = True,
+        create_cloudwatch_role: bool = False,
         waf_requests_per_5_min_per_ip: int | None = None,
     ) -> None:
         super().__init__(scope, id)

@@ -40,6 +40,7 @@ WORKER_SUBNETS = ("private", "public")
 # Stopped instances in the GPU warm pool by default: one, for the wake (docs/scaling.md, decided by the simulator).
 DEFAULT_WARM_POOL_INSTANCES = 1
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
+AMI_ID_PATTERN = r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$"
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
 # Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
@@ -106,7 +107,10 @@ class AsyncInferenceServiceProps:
       tenants: tenant id -> usage plan (throttling, daily quota); one API key named by the tenant id each.
         Default: ``{"demo": TenantPlan()}``.
       api_stage_name: Default: ``"prod"``.
-      create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+      create_api_gateway_cloudwatch_role: create the role API Gateway logs with and name it in the account's API
+        Gateway settings, which are account-wide: an account that has one already would have it replaced for every
+        API of the region (and a stack delete retains it). The preflight says which the account needs
+        (``api_gateway_logging_role``). Default: False (the account's own role; a fresh account sets True once).
       request_limits: the bounds on one request's cost (json_schema size, depth and alternatives; the context
         length a prompt is checked against; n x max_tokens), ``async_inference.limits.RequestLimits``; a tenant's plan
         may change them (``TenantPlan.request_limits``). docs/limits.md has the table. Default: ``RequestLimits()``.
@@ -168,7 +172,11 @@ class AsyncInferenceServiceProps:
       gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
         Graviton GPU types such as g5g, amd64 otherwise).
       gpu_ami_parameter_name: SSM parameter holding the AMI of the GPU instances. Default: none, ECS's GPU-optimized
-        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type``.
+        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type`` (or ``gpu_ami_id``).
+        Either parameter is read at each deploy: the AMI floats, and a deploy after AWS publishes a new one changes
+        the launch template (docs/deploying.md, "The GPU instances' AMI").
+      gpu_ami_id: the AMI of the GPU instances, pinned (``ami-...``, of the deploy's region): it changes only when this
+        option does. Conflicts with ``gpu_ami_parameter_name``. Default: none (the AMI floats, as above).
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
@@ -243,7 +251,7 @@ class AsyncInferenceServiceProps:
 
     tenants: Mapping[str, TenantPlan] = field(default_factory=lambda: {"demo": TenantPlan()})
     api_stage_name: str = "prod"
-    create_api_gateway_cloudwatch_role: bool = True
+    create_api_gateway_cloudwatch_role: bool = False
     waf_requests_per_5_min_per_ip: int | None = None
     request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
@@ -263,6 +271,7 @@ class AsyncInferenceServiceProps:
     planned_sequence_tokens: int | None = None
     gpu_instance_type: str = "g5.xlarge"
     gpu_ami_parameter_name: str | None = None
+    gpu_ami_id: str | None = None
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
@@ -312,7 +321,14 @@ class AsyncInferenceServiceProps:
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
             )
-        if is_arm64(self.gpu_instance_type) and not self.gpu_ami_parameter_name:
+        if self.gpu_ami_id is not None and self.gpu_ami_parameter_name is not None:
+            raise ValueError(
+                f"gpu_ami_id ({self.gpu_ami_id}) conflicts with gpu_ami_parameter_name "
+                f"({self.gpu_ami_parameter_name}): pin the AMI with one, or let the parameter float it"
+            )
+        if self.gpu_ami_id is not None and not re.match(AMI_ID_PATTERN, self.gpu_ami_id):
+            raise ValueError(f"gpu_ami_id ({self.gpu_ami_id}) is not an AMI id (ami- and 8 or 17 hex digits)")
+        if is_arm64(self.gpu_instance_type) and not (self.gpu_ami_parameter_name or self.gpu_ami_id):
             raise ValueError(
                 f"gpu_instance_type ({self.gpu_instance_type}) is arm64, and ECS publishes its GPU-optimized AMI for "
                 "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
