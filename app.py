@@ -82,6 +82,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alarm_topic_arn": _optional_str,
     "alarm_email": _optional_str,
     "gpu_ami_parameter_name": _optional_str,
+    "gpu_ami_id": _optional_str,
     "model_s3_uri": _optional_str,
     "hf_token_secret_arn": _optional_str,
     "tool_call_parser": _optional_str,

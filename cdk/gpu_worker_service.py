@@ -59,6 +59,16 @@ HEALTH_CHECK_TIMEOUT = Duration.seconds(10)
 # second instance from launching for 5 minutes after the first.
 INSTANCE_WARMUP = Duration.seconds(120)
 
+# The SSM Agent's calls for Session Manager sessions on the GPU instances (the least-privilege instance policy the
+# Systems Manager User Guide gives for Session Manager, without S3 or KMS session logging).
+SESSION_MANAGER_ACTIONS = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+)
+
 
 class GpuWorkerService(Construct):
     """The vLLM worker as an ECS service on GPU instances that ECS scales with the tasks it has to place.
@@ -187,7 +197,8 @@ class GpuWorkerService(Construct):
                 "change submissions), scoped to this cluster.",
                 "AwsSolutions-IAM5[Resource::*]": "Written by ecs.Cluster for the container agent: ecs:Poll and "
                 "StartTelemetrySession carry a condition on this cluster; ecr:GetAuthorizationToken, "
-                "ecs:DiscoverPollEndpoint and the agent's log calls support no narrower resource.",
+                "ecs:DiscoverPollEndpoint and the agent's log calls support no narrower resource; nor do the SSM "
+                "Agent's Session Manager calls (ssm:UpdateInstanceInformation, ssmmessages:*Channel).",
             },
         )
         self.task_definition = ecs.Ec2TaskDefinition(self, "TaskDefinition")
@@ -281,6 +292,11 @@ class GpuWorkerService(Construct):
         )
         role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
         self.instance_role = role
+        # Session Manager (`aws ssm start-session --target <instance id>`): a shell on a GPU instance with no inbound
+        # port and no SSH key. These are the calls the SSM Agent makes for sessions ("Step 2: Verify or add instance
+        # permissions for Session Manager", Systems Manager User Guide), not AmazonSSMManagedInstanceCore's whole set
+        # (its ssm:Get*/List*, documents, parameters). None of them takes a narrower resource than "*".
+        role.add_to_policy(iam.PolicyStatement(actions=list(SESSION_MANAGER_ACTIONS), resources=["*"]))
         launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
