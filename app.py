@@ -78,6 +78,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "event_rules": _event_rules,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "availability_zones": lambda v: tuple(_json(v)),
+    "gpu_fallback_instance_types": lambda v: tuple(_json(v)),
     "worker_image_context": lambda v: Path(v).resolve(),
     "alarm_topic_arn": _optional_str,
     "alarm_email": _optional_str,

@@ -65,6 +65,9 @@ class GpuDemand:
 
     instance_type: str
     instances: int
+    # Types the group launches when EC2 has none of ``instance_type`` (its mixed instances policy's further overrides):
+    # the quota must hold the largest.
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def in_g_and_vt_quota(self) -> bool:
@@ -85,9 +88,13 @@ def demand_from_template(template: dict[str, Any]) -> list[GpuDemand]:
         if group["Type"] != "AWS::AutoScaling::AutoScalingGroup":
             continue
         props = group["Properties"]
-        launch = resources[props["LaunchTemplate"]["LaunchTemplateId"]["Ref"]]
-        instance_type = launch["Properties"]["LaunchTemplateData"]["InstanceType"]
-        demand.append(GpuDemand(instance_type, int(props["MaxSize"]) + pools.get(logical_id, 0)))
+        mixed = props.get("MixedInstancesPolicy", {}).get("LaunchTemplate")
+        reference = mixed["LaunchTemplateSpecification"] if mixed else props["LaunchTemplate"]
+        launch = resources[reference["LaunchTemplateId"]["Ref"]]
+        types = [o["InstanceType"] for o in mixed.get("Overrides", [])] if mixed else []
+        instance_type = types[0] if types else launch["Properties"]["LaunchTemplateData"]["InstanceType"]
+        instances = int(props["MaxSize"]) + pools.get(logical_id, 0)
+        demand.append(GpuDemand(instance_type, instances, tuple(types[1:])))
     return demand
 
 
@@ -142,11 +149,16 @@ def _error_code(exc: Exception) -> str:
 def check_gpu_quota(ec2: Any, quotas: Any, plan: Plan) -> Finding:
     """The G and VT vCPU quota against what every fleet's instances (warm pools included) need at once."""
     counted = [d for d in plan.gpu_demand if d.in_g_and_vt_quota]
-    types = sorted({d.instance_type for d in counted})
+    types = sorted({t for d in counted for t in (d.instance_type, *d.fallbacks)})
     described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"] if types else []
     vcpus = {t["InstanceType"]: t["VCpuInfo"]["DefaultVCpus"] for t in described}
-    needed = sum(vcpus[d.instance_type] * d.instances for d in counted)
-    what = " + ".join(f"{d.instances} x {d.instance_type} ({vcpus[d.instance_type]} vCPUs)" for d in counted)
+    largest = {d: max(vcpus[t] for t in (d.instance_type, *d.fallbacks)) for d in counted}
+    needed = sum(largest[d] * d.instances for d in counted)
+    what = " + ".join(
+        f"{d.instances} x {d.instance_type}"
+        + (f" or {' or '.join(d.fallbacks)} (at most {largest[d]} vCPUs)" if d.fallbacks else f" ({largest[d]} vCPUs)")
+        for d in counted
+    )
     if not counted:
         return Finding("gpu_quota", True, "no G or VT instance type in the plan")
     try:

@@ -144,6 +144,7 @@ class ModelFleet(Construct):
             secrets=self._secrets(),
             instance_type=props.gpu_instance_type,
             machine_image=machine_image(props),
+            fallback_instance_types=props.gpu_fallback_instance_types,
             max_instances=props.max_gpu_instances,
             start_before_stop=props.deployment_spare_instances > 0,
             instance_warmup=Duration.seconds(props.gpu_instance_warmup_seconds),

@@ -177,6 +177,12 @@ class AsyncInferenceServiceProps:
         the launch template (docs/deploying.md, "The GPU instances' AMI").
       gpu_ami_id: the AMI of the GPU instances, pinned (``ami-...``, of the deploy's region): it changes only when this
         option does. Conflicts with ``gpu_ami_parameter_name``. Default: none (the AMI floats, as above).
+      gpu_fallback_instance_types: further instance types of the same GPUs as ``gpu_instance_type`` (the same
+        ``cdk.capacity.INSTANCE_GPUS`` entry: the task's GPU and ``max_num_seqs`` hold on each), tried in order when
+        EC2 has no capacity of the first (the group's mixed instances policy, on-demand ``prioritized``), e.g.
+        ``["g5.2xlarge", "g5.4xlarge"]`` for g5.xlarge. The fleets on ``gpu_instance_type`` take them; a model of
+        another type does not. Conflicts with a warm pool (PutWarmPool refuses a group with a mixed instances policy,
+        EC2 Auto Scaling API Reference): set ``gpu_warm_pool_instances`` to 0. Default: none (one type).
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
@@ -272,6 +278,7 @@ class AsyncInferenceServiceProps:
     gpu_instance_type: str = "g5.xlarge"
     gpu_ami_parameter_name: str | None = None
     gpu_ami_id: str | None = None
+    gpu_fallback_instance_types: tuple[str, ...] = ()
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
@@ -321,6 +328,7 @@ class AsyncInferenceServiceProps:
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
             )
+        self._validate_fallback_instance_types()
         if self.gpu_ami_id is not None and self.gpu_ami_parameter_name is not None:
             raise ValueError(
                 f"gpu_ami_id ({self.gpu_ami_id}) conflicts with gpu_ami_parameter_name "
@@ -413,6 +421,9 @@ class AsyncInferenceServiceProps:
             planned_sequence_tokens=None if spec.max_num_seqs is not None else self.planned_sequence_tokens,
             jobs_per_task=given(spec.jobs_per_task, self.jobs_per_task),
             tool_call_parser=given(spec.tool_call_parser, self.tool_call_parser),
+            gpu_fallback_instance_types=self.gpu_fallback_instance_types
+            if given(spec.instance_type, self.gpu_instance_type) == self.gpu_instance_type
+            else (),
         )
 
     def _validate_models(self) -> None:
@@ -463,6 +474,30 @@ class AsyncInferenceServiceProps:
         if self.jobs_per_task is not None:
             return self.jobs_per_task
         return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()
+
+    def _validate_fallback_instance_types(self) -> None:
+        fallbacks = self.gpu_fallback_instance_types
+        if not fallbacks:
+            return
+        if isinstance(fallbacks, str) or self.gpu_instance_type in fallbacks or len(set(fallbacks)) != len(fallbacks):
+            raise ValueError(
+                f"gpu_fallback_instance_types ({fallbacks!r}) is a list of further types, each once, without "
+                f"gpu_instance_type ({self.gpu_instance_type})"
+            )
+        gpus = capacity.INSTANCE_GPUS.get(self.gpu_instance_type)
+        for other in fallbacks:
+            if gpus is None or capacity.INSTANCE_GPUS.get(other) != gpus:
+                raise ValueError(
+                    f"gpu_fallback_instance_types names {other}, whose GPUs are not gpu_instance_type "
+                    f"({self.gpu_instance_type})'s in cdk.capacity.INSTANCE_GPUS: a task sized for one GPU would "
+                    "not fit the other (add the type's row there if it has the same GPUs)"
+                )
+        if self.effective_warm_pool_instances() > 0:
+            raise ValueError(
+                f"gpu_fallback_instance_types ({', '.join(fallbacks)}) conflicts with a warm pool of "
+                f"{self.effective_warm_pool_instances()}: EC2 Auto Scaling puts no warm pool on a group with a mixed "
+                "instances policy; set gpu_warm_pool_instances to 0"
+            )
 
     def effective_warm_pool_instances(self) -> int:
         """``gpu_warm_pool_instances``, or ``DEFAULT_WARM_POOL_INSTANCES``, at most ``max_gpu_instances``."""

@@ -1,5 +1,5 @@
 """Issue 27's medium and low operational findings, on the synthesized template: Session Manager on the GPU
-instances, the GPU AMI pinned by an option."""
+instances, the GPU AMI pinned by an option, fallback instance types of the same GPUs."""
 
 from __future__ import annotations
 
@@ -65,5 +65,46 @@ def test_gpu_ami_id_pins_the_launch_templates_image(synth_variant):
 def test_an_ami_option_that_cannot_hold_is_refused_naming_it(options, says):
     """GIVEN an AMI id that is not one, or both AMI options WHEN the app reads them THEN a ValueError names it."""
     with pytest.raises(ValueError, match="gpu_ami_id") as raised:
+        props_from_context(App(context=options))
+    assert says in str(raised.value)
+
+
+FALLBACKS = ["g5.2xlarge", "g5.4xlarge"]
+
+
+def test_fallback_types_launch_in_order_when_the_first_has_no_capacity(synth_variant):
+    """GIVEN gpu_fallback_instance_types (same A10G) and no warm pool WHEN synthesized THEN the GPU group's mixed
+    instances policy lists the first type then the fallbacks, on-demand only, prioritized in that order, and the
+    capacity provider still drives the group."""
+    variant = synth_variant(gpu_fallback_instance_types=FALLBACKS, gpu_warm_pool_instances=0)
+    [group] = variant.resources("AWS::AutoScaling::AutoScalingGroup").values()
+    policy = group["Properties"]["MixedInstancesPolicy"]
+    types = [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]]
+    assert types == ["g5.xlarge", *FALLBACKS]
+    assert policy["InstancesDistribution"]["OnDemandAllocationStrategy"] == "prioritized"
+    assert policy["InstancesDistribution"]["OnDemandPercentageAboveBaseCapacity"] == 100
+    assert "LaunchTemplate" not in group["Properties"]
+    [provider] = variant.resources("AWS::ECS::CapacityProvider").values()
+    group_id = variant.logical_id(variant.stack.service.fleets[0].workers.auto_scaling_group)
+    assert provider["Properties"]["AutoScalingGroupProvider"]["AutoScalingGroupArn"] == {"Ref": group_id}
+
+
+def test_without_fallbacks_the_group_launches_its_one_type_from_the_template(synthesized):
+    [group] = synthesized.resources("AWS::AutoScaling::AutoScalingGroup").values()
+    assert "MixedInstancesPolicy" not in group["Properties"] and "LaunchTemplate" in group["Properties"]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"gpu_fallback_instance_types": ["g6.xlarge"], "gpu_warm_pool_instances": 0}, "whose GPUs are not"),
+        ({"gpu_fallback_instance_types": ["g5.2xlarge"]}, "conflicts with a warm pool of 1"),
+        ({"gpu_fallback_instance_types": ["g5.xlarge"], "gpu_warm_pool_instances": 0}, "without gpu_instance_type"),
+    ],
+)
+def test_fallback_types_that_cannot_hold_are_refused_naming_the_option(options, says):
+    """GIVEN a fallback of other GPUs, a warm pool beside fallbacks (PutWarmPool refuses a mixed instances policy),
+    or the first type again WHEN the app reads them THEN a ValueError names gpu_fallback_instance_types and why."""
+    with pytest.raises(ValueError, match="gpu_fallback_instance_types") as raised:
         props_from_context(App(context=options))
     assert says in str(raised.value)

@@ -266,3 +266,21 @@ def test_the_cli_checks_the_logging_role_against_the_synthesized_template(
     assert next(
         line for line in capsys.readouterr().out.splitlines() if " api_gateway_logging_role:" in line
     ).startswith("MISSING")
+
+
+def test_a_group_with_fallback_types_counts_its_largest_in_the_gpu_quota(client):
+    # GIVEN a group of 2 that launches g5.xlarge (4 vCPUs), else g5.4xlarge (16), through its mixed instances policy
+    template = _template(("g5.xlarge", 2, 0))
+    group = template["Resources"]["Group0"]["Properties"]
+    group["MixedInstancesPolicy"] = {
+        "LaunchTemplate": {
+            "LaunchTemplateSpecification": group.pop("LaunchTemplate"),
+            "Overrides": [{"InstanceType": "g5.xlarge"}, {"InstanceType": "g5.4xlarge"}],
+        }
+    }
+    demand = preflight.demand_from_template(template)
+    assert demand == [preflight.GpuDemand("g5.xlarge", 2, ("g5.4xlarge",))]
+    # WHEN the quota holds two of the first type only
+    finding = preflight.check_gpu_quota(client("ec2"), _quota(8), Plan(demand=demand))
+    # THEN it is missing: the fallback may be what launches, 2 x 16 vCPUs
+    assert not finding.ok and "need 32" in finding.detail and "or g5.4xlarge" in finding.detail
