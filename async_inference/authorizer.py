@@ -4,8 +4,9 @@
 
 API Gateway's own authorizer cache cannot be used here: with caching on, every identity source must be present in a
 request or API Gateway answers 401 without calling the authorizer, and a request carries one header or the other. So
-the gateway's TTL is 0 and the cache is this one: the tenants' key values, read from API Gateway by the keys' ids (this
-stack's keys only) and kept ``KEYS_TTL_S``; a value not among them re-reads the keys at most every ``REFRESH_MIN_S``
+the gateway's TTL is 0 and the cache is this one: the tenants' key values, read from API Gateway in one ``GetApiKeys``
+call (500 keys a page) whatever the number of tenants, of which only this stack's key ids count, and kept
+``KEYS_TTL_S``; a value not among them re-reads the keys at most every ``REFRESH_MIN_S``
 (a caller cannot make each request cost an API Gateway read).
 
 Revocation bound: a key disabled or deleted in API Gateway stops authorizing, on the REST API and on WebSocket
@@ -23,13 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 BEARER = "bearer "
-# The revocation bound (docs/security.md). Each refresh reads every key of the stack once (GetApiKey per key id), per
-# execution environment: 30 s keeps that well under API Gateway's control-plane rate for dozens of tenants.
+# The revocation bound (docs/security.md). Each refresh, per execution environment, is one GetApiKeys page of up to 500
+# keys (a GetApiKey per key id made 200 reads a refresh for 100 tenants rotating keys, against API Gateway's
+# control-plane total of 10 requests a second per account, "Amazon API Gateway quotas", managing an API).
 KEYS_TTL_S = 30.0
 REFRESH_MIN_S = 10.0
 
-# key id -> (value, enabled), or None when there is no such key
-FetchKey = Callable[[str], "tuple[str, bool] | None"]
+# Every API key the role may read: key id -> (value, enabled)
+FetchKeys = Callable[[], Mapping[str, "tuple[str, bool]"]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class TenantKeys:
     def __init__(
         self,
         key_ids: Mapping[str, str | Sequence[str]],
-        fetch: FetchKey,
+        fetch: FetchKeys,
         *,
         clock: Callable[[], float] = time.monotonic,
         ttl_s: float = KEYS_TTL_S,
@@ -111,10 +113,11 @@ class TenantKeys:
             return any(t == tenant and key_hash(value) == hashed for value, t in self._by_value.items())
 
     def _read(self, now: float) -> None:
+        every_key = self._fetch()  # one call for all tenants' keys
         by_value = {}
         for tenant, ids in self._key_ids.items():
             for key_id in ids:
-                found = self._fetch(key_id)
+                found = every_key.get(key_id)  # a key of another API of the account never maps to a tenant
                 if found is not None and found[1]:
                     by_value[found[0]] = tenant
         self._by_value, self._read_at = by_value, now

@@ -1031,16 +1031,21 @@ class ConnectionPoster:
 
 
 class ApiKeyValues:
-    """An API key's value and whether it is enabled, by id (``apigateway:GET`` on that key only)."""
+    """Every API key of the account in the region, with its value: key id -> (value, enabled), from ``GetApiKeys``
+    pages of ``PAGE_SIZE`` (one call up to that many keys)."""
+
+    PAGE_SIZE = 500  # GetApiKeys' largest page (its limit parameter, API Gateway REST API reference)
 
     def __init__(self, apigateway: Any | None = None) -> None:
         self._apigateway = apigateway or client("apigateway")
 
-    def __call__(self, key_id: str) -> tuple[str, bool] | None:
-        try:
-            key = self._apigateway.get_api_key(apiKey=key_id, includeValue=True)
-        except ClientError as exc:
-            if is_error(exc, "NotFoundException"):
-                return None
-            raise
-        return key["value"], bool(key.get("enabled", True))
+    def __call__(self) -> dict[str, tuple[str, bool]]:
+        found: dict[str, tuple[str, bool]] = {}
+        position: dict[str, str] = {}
+        while True:
+            page = self._apigateway.get_api_keys(includeValues=True, limit=self.PAGE_SIZE, **position)
+            for key in page.get("items", []):
+                found[key["id"]] = (key["value"], bool(key.get("enabled", True)))
+            if not page.get("position"):
+                return found
+            position = {"position": page["position"]}

@@ -9,6 +9,11 @@ for a quarter of an hour. Once a minute this releases every instance of the clus
 2. they are described again: one that got a task before it drained is set back to ACTIVE and kept;
 3. the others lose their Auto Scaling scale-in protection and the group's desired capacity drops by their number.
 
+Nothing is released while a service of the cluster has tasks it has not started yet (desired above running): ECS may
+be about to place one of them on an empty instance (the wake starts an instance and raises the service's desired
+count together, and a task waiting for capacity is placed on the next instance that registers), and draining that
+instance would send the task to wait for yet another one. The release waits for the next minute instead.
+
 An instance that runs a task is never released: ECS turns on its scale-in protection before placing a task on it
 ("Control the instances Amazon ECS terminates", managed termination protection), the group's scale-in only picks
 unprotected instances ("Use instance scale-in protection", EC2 Auto Scaling User Guide), and only the instances this
@@ -61,8 +66,22 @@ def capacity_groups(ecs: Any, cluster: str) -> list[str]:
     ]
 
 
+def tasks_to_place(ecs: Any, cluster: str) -> int:
+    """Tasks the cluster's services want and do not run yet: desired above running, summed over its services."""
+    arns: list[str] = []
+    for page in ecs.get_paginator("list_services").paginate(cluster=cluster):
+        arns += page["serviceArns"]
+    waiting = 0
+    for start in range(0, len(arns), 10):  # DescribeServices takes 10 at a time
+        for service in ecs.describe_services(cluster=cluster, services=arns[start : start + 10])["services"]:
+            waiting += max(0, service.get("desiredCount", 0) - service.get("runningCount", 0))
+    return waiting
+
+
 def release_empty_instances(ecs: Any, autoscaling: Any, *, cluster: str, group: str) -> Released:
     """Drain, check again and release the cluster's instances that run no task (the protocol above)."""
+    if tasks_to_place(ecs, cluster):
+        return Released((), ())
     arns: list[str] = []
     for page in ecs.get_paginator("list_container_instances").paginate(cluster=cluster, status="ACTIVE"):
         arns += page["containerInstanceArns"]

@@ -18,6 +18,9 @@ what it saw, and when something is missing, how to fix it. The checks, and what 
   use (``availability_zones``, or the region's first two, which is what the stack takes without it).
 * ``bootstrap``: the CDK bootstrap stack (CloudFormation ``CDKToolkit``) and its version parameter (SSM
   ``/cdk-bootstrap/<qualifier>/version``), at least the version the synthesized assets require.
+* ``api_gateway_logging_role`` (with ``--template``): the account's API Gateway logging role (GetAccount), one per
+  account and region, against whether the template creates one (``create_api_gateway_cloudwatch_role``): a role there
+  would be replaced for every API of the region; none there and none created fails the deploy at the stage.
 * ``docker``: a Docker engine answering, with buildx; ``image_platform``: the worker image's platform (amd64 for g5)
   against this machine's, and whether buildx can build it (an emulated build is slow, and fails without QEMU).
 
@@ -62,6 +65,9 @@ class GpuDemand:
 
     instance_type: str
     instances: int
+    # Types the group launches when EC2 has none of ``instance_type`` (its mixed instances policy's further overrides):
+    # the quota must hold the largest.
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def in_g_and_vt_quota(self) -> bool:
@@ -82,9 +88,13 @@ def demand_from_template(template: dict[str, Any]) -> list[GpuDemand]:
         if group["Type"] != "AWS::AutoScaling::AutoScalingGroup":
             continue
         props = group["Properties"]
-        launch = resources[props["LaunchTemplate"]["LaunchTemplateId"]["Ref"]]
-        instance_type = launch["Properties"]["LaunchTemplateData"]["InstanceType"]
-        demand.append(GpuDemand(instance_type, int(props["MaxSize"]) + pools.get(logical_id, 0)))
+        mixed = props.get("MixedInstancesPolicy", {}).get("LaunchTemplate")
+        reference = mixed["LaunchTemplateSpecification"] if mixed else props["LaunchTemplate"]
+        launch = resources[reference["LaunchTemplateId"]["Ref"]]
+        types = [o["InstanceType"] for o in mixed.get("Overrides", [])] if mixed else []
+        instance_type = types[0] if types else launch["Properties"]["LaunchTemplateData"]["InstanceType"]
+        instances = int(props["MaxSize"]) + pools.get(logical_id, 0)
+        demand.append(GpuDemand(instance_type, instances, tuple(types[1:])))
     return demand
 
 
@@ -112,6 +122,9 @@ class Plan:
     qualifier: str = BOOTSTRAP_QUALIFIER
     min_bootstrap_version: int = MIN_BOOTSTRAP_VERSION
     min_lambda_concurrency: int = MIN_LAMBDA_CONCURRENCY
+    # Whether the template creates API Gateway's account logging role (create_api_gateway_cloudwatch_role); None:
+    # no template read, not checked.
+    creates_logging_role: bool | None = None
 
     @property
     def gpu_demand(self) -> list[GpuDemand]:
@@ -136,11 +149,16 @@ def _error_code(exc: Exception) -> str:
 def check_gpu_quota(ec2: Any, quotas: Any, plan: Plan) -> Finding:
     """The G and VT vCPU quota against what every fleet's instances (warm pools included) need at once."""
     counted = [d for d in plan.gpu_demand if d.in_g_and_vt_quota]
-    types = sorted({d.instance_type for d in counted})
+    types = sorted({t for d in counted for t in (d.instance_type, *d.fallbacks)})
     described = ec2.describe_instance_types(InstanceTypes=types)["InstanceTypes"] if types else []
     vcpus = {t["InstanceType"]: t["VCpuInfo"]["DefaultVCpus"] for t in described}
-    needed = sum(vcpus[d.instance_type] * d.instances for d in counted)
-    what = " + ".join(f"{d.instances} x {d.instance_type} ({vcpus[d.instance_type]} vCPUs)" for d in counted)
+    largest = {d: max(vcpus[t] for t in (d.instance_type, *d.fallbacks)) for d in counted}
+    needed = sum(largest[d] * d.instances for d in counted)
+    what = " + ".join(
+        f"{d.instances} x {d.instance_type}"
+        + (f" or {' or '.join(d.fallbacks)} (at most {largest[d]} vCPUs)" if d.fallbacks else f" ({largest[d]} vCPUs)")
+        for d in counted
+    )
     if not counted:
         return Finding("gpu_quota", True, "no G or VT instance type in the plan")
     try:
@@ -181,6 +199,37 @@ def check_service_linked_role(iam: Any) -> Finding:
             "aws iam create-service-linked-role --aws-service-name ecs.amazonaws.com",
         )
     return Finding("ecs_service_linked_role", True, f"{ECS_SERVICE_LINKED_ROLE} exists")
+
+
+def creates_logging_role(template: dict[str, Any]) -> bool:
+    """Whether a synthesized template sets API Gateway's account logging role (an ``AWS::ApiGateway::Account``)."""
+    return any(r["Type"] == "AWS::ApiGateway::Account" for r in template.get("Resources", {}).values())
+
+
+def check_api_gateway_logging_role(apigateway: Any, plan: Plan) -> Finding:
+    """The account's API Gateway logging role (GetAccount's cloudwatchRoleArn, one per account and region) against
+    what the template does with it: a role there would be replaced, for every API of the region; with none there
+    and none created, the stage's logs cannot be turned on and the deploy fails."""
+    existing = apigateway.get_account().get("cloudwatchRoleArn")
+    option = "create_api_gateway_cloudwatch_role"
+    if plan.creates_logging_role and existing:
+        return Finding(
+            "api_gateway_logging_role",
+            False,
+            f"the account already logs API Gateway with {existing}; this deploy would replace it for every API "
+            "of the region",
+            f"-c {option}=false (cdk.json's context), synthesize again",
+        )
+    if not plan.creates_logging_role and not existing:
+        return Finding(
+            "api_gateway_logging_role",
+            False,
+            "no API Gateway logging role in this account and region: the stage's access and error logs cannot be "
+            "turned on, and the deploy would fail at the stage",
+            f"-c {option}=true for this account's first deploy (the stack creates the role), or set one: aws "
+            "apigateway update-account --patch-operations op=replace,path=/cloudwatchRoleArn,value=<role ARN>",
+        )
+    return Finding("api_gateway_logging_role", True, f"logging role: {existing or 'created by this stack'}")
 
 
 def check_lambda_concurrency(lambda_: Any, plan: Plan) -> Finding:
@@ -352,6 +401,8 @@ def run_checks(plan: Plan, client: Callable[[str], Any], *, docker: bool = True,
         ("zones", lambda: check_zones(ec2, plan)),
         ("bootstrap", lambda: check_bootstrap(client("cloudformation"), client("ssm"), plan)),
     ]
+    if plan.creates_logging_role is not None:
+        checks.append(("api_gateway_logging_role", lambda: check_api_gateway_logging_role(client("apigateway"), plan)))
     findings = []
     for name, check in checks:
         try:
@@ -404,9 +455,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_from(args: argparse.Namespace, region: str | None) -> Plan:
     demand: list[GpuDemand] = []
+    logging_role = None
     if getattr(args, "template", ""):
-        with open(args.template) as template:
-            demand = demand_from_template(json.load(template))
+        with open(args.template) as file:
+            template = json.load(file)
+        demand, logging_role = demand_from_template(template), creates_logging_role(template)
     first = demand[0] if demand else GpuDemand(args.instance_type, args.instances)
     return Plan(
         instance_type=first.instance_type,  # the first fleet's: the worker image's platform
@@ -414,6 +467,7 @@ def plan_from(args: argparse.Namespace, region: str | None) -> Plan:
         demand=demand,
         region=region,
         zones=tuple(z.strip() for z in args.zones.split(",") if z.strip()),
+        creates_logging_role=logging_role,
     )
 
 

@@ -50,8 +50,15 @@ API_FUNCTION_TIMEOUT_S = 29  # API Gateway's integration timeout: no request run
 IDEMPOTENCY_IN_PROGRESS_S = API_FUNCTION_TIMEOUT_S + 5
 
 # --- Presigned URLs -------------------------------------------------------------------------------------------------
-PRESIGNED_UPLOAD_EXPIRY_S = 15 * 60  # the API contract promises at most 15 minutes
-PRESIGNED_RESULT_EXPIRY_S = 60 * 60
+# A presigned URL stops working when the credentials that signed it expire, whatever its X-Amz-Expires ("Why is my
+# presigned URL for an Amazon S3 bucket expiring before the expiration time that I specified?", AWS Knowledge Center:
+# "services that assume a role, such as the AWS Lambda execution role, don't necessarily comply with the role's session
+# duration settings"). The functions sign with their execution role's session, whose expiry Lambda neither states nor
+# exposes (no AWS_CREDENTIAL_EXPIRATION), so no URL they sign is promised longer than this: the 15 minutes the upload
+# URLs have always had on the same credentials. A GET of the job signs a fresh one.
+SIGNED_URL_MAX_S = 15 * 60
+PRESIGNED_UPLOAD_EXPIRY_S = SIGNED_URL_MAX_S  # the API contract promises at most 15 minutes
+PRESIGNED_RESULT_EXPIRY_S = SIGNED_URL_MAX_S  # an hour once: past the signing session's end on some reads
 
 # --- Upload deadlines -----------------------------------------------------------------------------------------------
 # An upload job's presign window is min(PRESIGNED_UPLOAD_EXPIRY_S, its ttl) from creation; the API sends a message

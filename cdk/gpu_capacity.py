@@ -285,6 +285,24 @@ class GpuCapacity(Construct):
                 actions=["ecs:ListContainerInstances", "ecs:DescribeClusters"], resources=[cluster.cluster_arn]
             )
         )
+        # Nothing is released while a service of the cluster has tasks to place (async_inference.instance_release):
+        # ListServices takes no resource, only the ecs:cluster condition (Service Authorization Reference, Amazon ECS);
+        # DescribeServices names the cluster's services.
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:ListServices"],
+                resources=["*"],
+                conditions={"ArnEquals": {"ecs:cluster": cluster.cluster_arn}},
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:DescribeServices"],
+                resources=[
+                    stack.format_arn(service="ecs", resource="service", resource_name=f"{cluster.cluster_name}/*")
+                ],
+            )
+        )
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["ecs:DescribeCapacityProviders"],
@@ -322,6 +340,8 @@ class GpuCapacity(Construct):
                 f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:container-instance/"
                 f"<{cluster_id}>/*]": "Container instance ids are assigned at launch; the statement admits only this "
                 "cluster's instances, to describe them and set them DRAINING or ACTIVE.",
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'ecs')}:{account}:service/<{cluster_id}>/*]": "DescribeServices, read-only, on this cluster's services: their desired and running counts say "
+                "whether a task waits to be placed (then nothing is released).",
                 f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{account}:autoScalingGroup:*:"
                 f"autoScalingGroupName/<{group_id}>]": "An Auto Scaling group's ARN holds a generated id; the statement "
                 "names the one GPU group by name.",

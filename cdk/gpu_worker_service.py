@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import jsii
 from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack
@@ -59,6 +60,16 @@ HEALTH_CHECK_TIMEOUT = Duration.seconds(10)
 # second instance from launching for 5 minutes after the first.
 INSTANCE_WARMUP = Duration.seconds(120)
 
+# The SSM Agent's calls for Session Manager sessions on the GPU instances (the least-privilege instance policy the
+# Systems Manager User Guide gives for Session Manager, without S3 or KMS session logging).
+SESSION_MANAGER_ACTIONS = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+)
+
 
 class GpuWorkerService(Construct):
     """The vLLM worker as an ECS service on GPU instances that ECS scales with the tasks it has to place.
@@ -105,6 +116,8 @@ class GpuWorkerService(Construct):
     :param machine_image: AMI of the GPU instances. Default: ECS's GPU-optimized Amazon Linux 2023 AMI, which exists
         for x86_64 only; required for an arm64 ``instance_type`` (an AMI with the NVIDIA driver, the NVIDIA container
         toolkit and the ECS agent with GPU support).
+    :param fallback_instance_types: further types of the same GPUs, launched in this order when EC2 has no capacity
+        of ``instance_type`` (a mixed instances policy, on-demand ``prioritized``). Default: none (one type).
     :param max_instances: most GPU instances at once. Default: 2.
     :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
         Default: False (stop-before-start).
@@ -136,6 +149,7 @@ class GpuWorkerService(Construct):
         service_name: str = WORKER_SERVICE_NAME,
         instance_type: str = "g5.xlarge",
         machine_image: ec2.IMachineImage | None = None,
+        fallback_instance_types: Sequence[str] = (),
         max_instances: int = 2,
         start_before_stop: bool = False,
         instance_warmup: Duration = INSTANCE_WARMUP,
@@ -168,6 +182,7 @@ class GpuWorkerService(Construct):
             machine_image or ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
             max_instances,
             root_volume_gib,
+            fallback_instance_types,
         )
         self.capacity_provider = ecs.AsgCapacityProvider(
             self,
@@ -187,7 +202,8 @@ class GpuWorkerService(Construct):
                 "change submissions), scoped to this cluster.",
                 "AwsSolutions-IAM5[Resource::*]": "Written by ecs.Cluster for the container agent: ecs:Poll and "
                 "StartTelemetrySession carry a condition on this cluster; ecr:GetAuthorizationToken, "
-                "ecs:DiscoverPollEndpoint and the agent's log calls support no narrower resource.",
+                "ecs:DiscoverPollEndpoint and the agent's log calls support no narrower resource; nor do the SSM "
+                "Agent's Session Manager calls (ssm:UpdateInstanceInformation, ssmmessages:*Channel).",
             },
         )
         self.task_definition = ecs.Ec2TaskDefinition(self, "TaskDefinition")
@@ -274,13 +290,23 @@ class GpuWorkerService(Construct):
         }
 
     def _gpu_instances(
-        self, instance_type: str, machine_image: ec2.IMachineImage, max_instances: int, root_volume_gib: int
+        self,
+        instance_type: str,
+        machine_image: ec2.IMachineImage,
+        max_instances: int,
+        root_volume_gib: int,
+        fallback_instance_types: Sequence[str],
     ) -> autoscaling.AutoScalingGroup:
         security_group = ec2.SecurityGroup(
             self, "InstanceSecurityGroup", vpc=self.vpc, description="GPU workers: outbound only"
         )
         role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
         self.instance_role = role
+        # Session Manager (`aws ssm start-session --target <instance id>`): a shell on a GPU instance with no inbound
+        # port and no SSH key. These are the calls the SSM Agent makes for sessions ("Step 2: Verify or add instance
+        # permissions for Session Manager", Systems Manager User Guide), not AmazonSSMManagedInstanceCore's whole set
+        # (its ssm:Get*/List*, documents, parameters). None of them takes a narrower resource than "*".
+        role.add_to_policy(iam.PolicyStatement(actions=list(SESSION_MANAGER_ACTIONS), resources=["*"]))
         launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -315,10 +341,20 @@ class GpuWorkerService(Construct):
             vpc_subnets=ec2.SubnetSelection(
                 subnet_type=ec2.SubnetType.PUBLIC if self.public_subnets else ec2.SubnetType.PRIVATE_WITH_EGRESS
             ),
-            launch_template=launch_template,
+            **_launch(launch_template, [instance_type, *fallback_instance_types]),
             min_capacity=0,
             max_capacity=max_instances,
         )
+        if fallback_instance_types:
+            acknowledge(
+                group,
+                {
+                    # The rule reads block devices from a group's own launch template, not through a mixed instances
+                    # policy's, and throws; the one template's root volume is encrypted above.
+                    "AwsSolutions::AwsSolutions-EC26": "The launch template's only volume (its root, gp3) is encrypted; "
+                    "the group reaches the template through its mixed instances policy, which the rule cannot read."
+                },
+            )
         acknowledge(
             group,
             {
@@ -383,6 +419,24 @@ class _AfterCapacityProviderAssociation:
                 "for: add the capacity provider to the cluster"
             )
         node.node.add_dependency(association)
+
+
+def _launch(launch_template: ec2.LaunchTemplate, instance_types: Sequence[str]) -> dict[str, Any]:
+    """The group's launch: the template alone for one type; for several, a mixed instances policy that launches the
+    first type EC2 has capacity for, in order (on-demand only: a Spot interruption would end a job mid-answer)."""
+    if len(instance_types) == 1:
+        return {"launch_template": launch_template}
+    policy = autoscaling.MixedInstancesPolicy(
+        launch_template=launch_template,
+        launch_template_overrides=[
+            autoscaling.LaunchTemplateOverrides(instance_type=ec2.InstanceType(t)) for t in instance_types
+        ],
+        instances_distribution=autoscaling.InstancesDistribution(
+            on_demand_allocation_strategy=autoscaling.OnDemandAllocationStrategy.PRIORITIZED,
+            on_demand_percentage_above_base_capacity=100,
+        ),
+    )
+    return {"mixed_instances_policy": policy}
 
 
 def is_arm64(instance_type: str) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
@@ -126,15 +127,16 @@ class IngestionApi(Construct):
     The authorizer's results are not cached by API Gateway (TTL 0): with caching on, API Gateway requires *every*
     identity source in every request and answers 401 without calling the authorizer when one is missing, and a request
     carries one of two headers. The authorizer function caches the tenants' keys itself
-    (``async_inference.authorizer``), so a request costs an invocation but no API Gateway read.
+    (``async_inference.authorizer``), so a request costs an invocation but no API Gateway read; a refresh is one
+    ``GetApiKeys`` call (``grant_read_api_keys``).
 
     :param code: the shared Lambda code.
     :param environment: the service's runtime configuration and Powertools settings.
     :param tenants: tenant id -> its usage plan.
     :param stage_name: API stage. Default: ``"prod"``.
     :param log_retention: access log retention. Default: one month.
-    :param create_cloudwatch_role: create the account-wide role API Gateway logs with; set False when the account
-        already has one configured. Default: True.
+    :param create_cloudwatch_role: create the account-wide role API Gateway logs with (it replaces the account's
+        own, for every API of the region); only for an account that has none. Default: False.
     :param waf_requests_per_5_min_per_ip: associate a WAF web ACL (``web_acl``) with the stage: a rate-based rule
         blocking an IP address over this many requests in 5 minutes (WAF's minimum is 10), AWS's IP reputation list
         and known-bad-inputs rule groups. Not AWS's common rule set: its 8 KB body limit would block job requests.
@@ -151,7 +153,7 @@ class IngestionApi(Construct):
         tenants: Mapping[str, TenantPlan],
         stage_name: str = "prod",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        create_cloudwatch_role: bool = True,
+        create_cloudwatch_role: bool = False,
         waf_requests_per_5_min_per_ip: int | None = None,
     ) -> None:
         super().__init__(scope, id)
@@ -249,7 +251,7 @@ class IngestionApi(Construct):
         self.handler.add_environment(ENV_TENANT_QUOTAS, self.tenant_quotas)
         key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
-        self._grant_read_api_keys(self.authorizer_function)
+        grant_read_api_keys(self.authorizer_function)
         self.web_acl = self._add_web_acl(waf_requests_per_5_min_per_ip) if waf_requests_per_5_min_per_ip else None
 
     def _add_web_acl(self, limit: int) -> wafv2.CfnWebACL:
@@ -362,15 +364,6 @@ class IngestionApi(Construct):
             "POST", integration, request_validator=validator, request_parameters=batch_id
         )
 
-    def _grant_read_api_keys(self, grantee: iam.IGrantable) -> iam.Grant:
-        """apigateway:GET on this API's tenant keys only, for the authorizer to read their values (``GetApiKey`` with
-        ``includeValue``), not every key of the region."""
-        return iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["apigateway:GET"],
-            resource_arns=[key.key_arn for keys in self.api_keys.values() for key in keys],
-        )
-
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
         # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
@@ -425,6 +418,16 @@ class IngestionApi(Construct):
             "logs with; this AWS managed policy is the documented one and grants only CloudWatch Logs writes.",
         }
         acknowledge(self.api, findings)
+
+
+def grant_read_api_keys(function: lambda_.Function) -> iam.Grant:
+    """apigateway:GET on the region's API key collection: ``GetApiKeys`` with ``includeValues`` reads every tenant's key
+    in one call (``async_inference.aws.ApiKeyValues``). The collection is the only resource GetApiKeys takes, so the
+    role could read the values of other APIs' keys of the account in the region too; the code trusts only the key ids
+    its stack names. A ``GetApiKey`` per key id, on each key's ARN, kept the role to this stack's keys at the price of
+    one control-plane call per key every refresh (docs/deploying.md, "Tenants")."""
+    collection = Stack.of(function).format_arn(service="apigateway", account="", resource="/apikeys")
+    return iam.Grant.add_to_principal(grantee=function, actions=["apigateway:GET"], resource_arns=[collection])
 
 
 def _visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:

@@ -19,10 +19,11 @@ class JobStreams(Construct):
     service sits at zero; DynamoDB and not S3, because a segment costs one write unit ($0.625 a million) where a PUT
     costs $5 a million, and a reader's poll is a Query on the key (docs/streaming.md has the cost per thousand tokens).
 
-    :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.RETAIN``.
+    :param removal_policy: what ``cdk destroy`` does with the table. Default: ``RemovalPolicy.DESTROY``: it holds at
+        most a day of streamed text, every job's result being in the claim-check bucket, so a delete leaves it not.
     """
 
-    def __init__(self, scope: Construct, id: str, *, removal_policy: RemovalPolicy = RemovalPolicy.RETAIN) -> None:
+    def __init__(self, scope: Construct, id: str, *, removal_policy: RemovalPolicy = RemovalPolicy.DESTROY) -> None:
         super().__init__(scope, id)
         self.table = dynamodb.Table(
             self,

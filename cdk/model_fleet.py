@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import jsii
 from aws_cdk import ArnFormat, Duration, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
@@ -142,9 +143,8 @@ class ModelFleet(Construct):
             environment=self._worker_environment(),
             secrets=self._secrets(),
             instance_type=props.gpu_instance_type,
-            machine_image=ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
-            if props.gpu_ami_parameter_name
-            else None,
+            machine_image=machine_image(props),
+            fallback_instance_types=props.gpu_fallback_instance_types,
             max_instances=props.max_gpu_instances,
             start_before_stop=props.deployment_spare_instances > 0,
             instance_warmup=Duration.seconds(props.gpu_instance_warmup_seconds),
@@ -322,3 +322,27 @@ class ModelFleet(Construct):
                 "Auto Scaling group's ARN holds a generated id; the statement names another model's GPU group by name.",
             },
         )
+
+
+@jsii.implements(ec2.IMachineImage)
+class PinnedImage:
+    """One AMI by id, as the launch template's literal ImageId (``ec2.MachineImage.generic_linux`` needs the region
+    at synth, which an environment-agnostic stack does not have)."""
+
+    def __init__(self, ami_id: str) -> None:
+        self.ami_id = ami_id
+
+    def get_image(self, scope: Construct) -> ec2.MachineImageConfig:
+        return ec2.MachineImageConfig(
+            image_id=self.ami_id, os_type=ec2.OperatingSystemType.LINUX, user_data=ec2.UserData.for_linux()
+        )
+
+
+def machine_image(props: AsyncInferenceServiceProps) -> ec2.IMachineImage | None:
+    """The GPU instances' AMI: pinned (``gpu_ami_id``), read from a parameter at each deploy
+    (``gpu_ami_parameter_name``), or None: ECS's GPU-optimized AMI, read from its public parameter at each deploy."""
+    if props.gpu_ami_id:
+        return PinnedImage(props.gpu_ami_id)
+    if props.gpu_ami_parameter_name:
+        return ec2.MachineImage.from_ssm_parameter(props.gpu_ami_parameter_name)
+    return None

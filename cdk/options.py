@@ -40,6 +40,7 @@ WORKER_SUBNETS = ("private", "public")
 # Stopped instances in the GPU warm pool by default: one, for the wake (docs/scaling.md, decided by the simulator).
 DEFAULT_WARM_POOL_INSTANCES = 1
 # A complete secret ARN ends with the 6 characters Secrets Manager appends: IAM grants on a partial ARN would not match.
+AMI_ID_PATTERN = r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$"
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
 # Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
@@ -106,7 +107,10 @@ class AsyncInferenceServiceProps:
       tenants: tenant id -> usage plan (throttling, daily quota); one API key named by the tenant id each.
         Default: ``{"demo": TenantPlan()}``.
       api_stage_name: Default: ``"prod"``.
-      create_api_gateway_cloudwatch_role: create the account-wide role API Gateway logs with. Default: True.
+      create_api_gateway_cloudwatch_role: create the role API Gateway logs with and name it in the account's API
+        Gateway settings, which are account-wide: an account that has one already would have it replaced for every
+        API of the region (and a stack delete retains it). The preflight says which the account needs
+        (``api_gateway_logging_role``). Default: False (the account's own role; a fresh account sets True once).
       request_limits: the bounds on one request's cost (json_schema size, depth and alternatives; the context
         length a prompt is checked against; n x max_tokens), ``async_inference.limits.RequestLimits``; a tenant's plan
         may change them (``TenantPlan.request_limits``). docs/limits.md has the table. Default: ``RequestLimits()``.
@@ -168,7 +172,17 @@ class AsyncInferenceServiceProps:
       gpu_instance_type: Default: ``"g5.xlarge"``. Its architecture sets the worker image's platform (arm64 for
         Graviton GPU types such as g5g, amd64 otherwise).
       gpu_ami_parameter_name: SSM parameter holding the AMI of the GPU instances. Default: none, ECS's GPU-optimized
-        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type``.
+        Amazon Linux 2023 AMI, which is x86_64 only; required with an arm64 ``gpu_instance_type`` (or ``gpu_ami_id``).
+        Either parameter is read at each deploy: the AMI floats, and a deploy after AWS publishes a new one changes
+        the launch template (docs/deploying.md, "The GPU instances' AMI").
+      gpu_ami_id: the AMI of the GPU instances, pinned (``ami-...``, of the deploy's region): it changes only when this
+        option does. Conflicts with ``gpu_ami_parameter_name``. Default: none (the AMI floats, as above).
+      gpu_fallback_instance_types: further instance types of the same GPUs as ``gpu_instance_type`` (the same
+        ``cdk.capacity.INSTANCE_GPUS`` entry: the task's GPU and ``max_num_seqs`` hold on each), tried in order when
+        EC2 has no capacity of the first (the group's mixed instances policy, on-demand ``prioritized``), e.g.
+        ``["g5.2xlarge", "g5.4xlarge"]`` for g5.xlarge. The fleets on ``gpu_instance_type`` take them; a model of
+        another type does not. Conflicts with a warm pool (PutWarmPool refuses a group with a mixed instances policy,
+        EC2 Auto Scaling API Reference): set ``gpu_warm_pool_instances`` to 0. Default: none (one type).
       gpus_per_instance: GPUs of ``gpu_instance_type``. Default: 1.
       max_gpu_instances: Default: 2.
       max_worker_tasks: one task per GPU. Default: 2.
@@ -243,7 +257,7 @@ class AsyncInferenceServiceProps:
 
     tenants: Mapping[str, TenantPlan] = field(default_factory=lambda: {"demo": TenantPlan()})
     api_stage_name: str = "prod"
-    create_api_gateway_cloudwatch_role: bool = True
+    create_api_gateway_cloudwatch_role: bool = False
     waf_requests_per_5_min_per_ip: int | None = None
     request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
@@ -263,6 +277,8 @@ class AsyncInferenceServiceProps:
     planned_sequence_tokens: int | None = None
     gpu_instance_type: str = "g5.xlarge"
     gpu_ami_parameter_name: str | None = None
+    gpu_ami_id: str | None = None
+    gpu_fallback_instance_types: tuple[str, ...] = ()
     gpus_per_instance: int = 1
     max_gpu_instances: int = 2
     max_worker_tasks: int = 2
@@ -312,7 +328,15 @@ class AsyncInferenceServiceProps:
                 f"max_worker_tasks ({self.max_worker_tasks}) exceeds max_gpu_instances ({self.max_gpu_instances}) x "
                 f"gpus_per_instance ({self.gpus_per_instance}): each task needs a GPU, the extra tasks could never run"
             )
-        if is_arm64(self.gpu_instance_type) and not self.gpu_ami_parameter_name:
+        self._validate_fallback_instance_types()
+        if self.gpu_ami_id is not None and self.gpu_ami_parameter_name is not None:
+            raise ValueError(
+                f"gpu_ami_id ({self.gpu_ami_id}) conflicts with gpu_ami_parameter_name "
+                f"({self.gpu_ami_parameter_name}): pin the AMI with one, or let the parameter float it"
+            )
+        if self.gpu_ami_id is not None and not re.match(AMI_ID_PATTERN, self.gpu_ami_id):
+            raise ValueError(f"gpu_ami_id ({self.gpu_ami_id}) is not an AMI id (ami- and 8 or 17 hex digits)")
+        if is_arm64(self.gpu_instance_type) and not (self.gpu_ami_parameter_name or self.gpu_ami_id):
             raise ValueError(
                 f"gpu_instance_type ({self.gpu_instance_type}) is arm64, and ECS publishes its GPU-optimized AMI for "
                 "x86_64 only: set gpu_ami_parameter_name to an SSM parameter holding an arm64 AMI with the NVIDIA "
@@ -397,6 +421,9 @@ class AsyncInferenceServiceProps:
             planned_sequence_tokens=None if spec.max_num_seqs is not None else self.planned_sequence_tokens,
             jobs_per_task=given(spec.jobs_per_task, self.jobs_per_task),
             tool_call_parser=given(spec.tool_call_parser, self.tool_call_parser),
+            gpu_fallback_instance_types=self.gpu_fallback_instance_types
+            if given(spec.instance_type, self.gpu_instance_type) == self.gpu_instance_type
+            else (),
         )
 
     def _validate_models(self) -> None:
@@ -447,6 +474,30 @@ class AsyncInferenceServiceProps:
         if self.jobs_per_task is not None:
             return self.jobs_per_task
         return JOBS_PER_TASK_IN_BATCHES * self.effective_max_num_seqs()
+
+    def _validate_fallback_instance_types(self) -> None:
+        fallbacks = self.gpu_fallback_instance_types
+        if not fallbacks:
+            return
+        if isinstance(fallbacks, str) or self.gpu_instance_type in fallbacks or len(set(fallbacks)) != len(fallbacks):
+            raise ValueError(
+                f"gpu_fallback_instance_types ({fallbacks!r}) is a list of further types, each once, without "
+                f"gpu_instance_type ({self.gpu_instance_type})"
+            )
+        gpus = capacity.INSTANCE_GPUS.get(self.gpu_instance_type)
+        for other in fallbacks:
+            if gpus is None or capacity.INSTANCE_GPUS.get(other) != gpus:
+                raise ValueError(
+                    f"gpu_fallback_instance_types names {other}, whose GPUs are not gpu_instance_type "
+                    f"({self.gpu_instance_type})'s in cdk.capacity.INSTANCE_GPUS: a task sized for one GPU would "
+                    "not fit the other (add the type's row there if it has the same GPUs)"
+                )
+        if self.effective_warm_pool_instances() > 0:
+            raise ValueError(
+                f"gpu_fallback_instance_types ({', '.join(fallbacks)}) conflicts with a warm pool of "
+                f"{self.effective_warm_pool_instances()}: EC2 Auto Scaling puts no warm pool on a group with a mixed "
+                "instances policy; set gpu_warm_pool_instances to 0"
+            )
 
     def effective_warm_pool_instances(self) -> int:
         """``gpu_warm_pool_instances``, or ``DEFAULT_WARM_POOL_INSTANCES``, at most ``max_gpu_instances``."""

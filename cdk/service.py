@@ -70,7 +70,7 @@ class AsyncInferenceService(Construct):
             removal_policy=removal,
         )
         self.table = JobTable(self, "JobTable", removal_policy=removal)
-        self.streams = JobStreams(self, "JobStreams", removal_policy=removal)  # streamed jobs' text (the API reads it)
+        self.streams = JobStreams(self, "JobStreams")  # streamed jobs' text (the API reads it): goes with the stack
         self.results = ResultTopics(self, "Results", subscriptions=props.subscriptions, tenants=list(props.tenants))
 
         # No queue: the functions find each model's queues by its route (``_route``); each worker gets its own.

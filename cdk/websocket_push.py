@@ -18,6 +18,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from async_inference import config, settings
+from cdk.ingestion_api import grant_read_api_keys
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
@@ -214,9 +215,8 @@ class WebSocketPush(Construct):
             resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
         )
         # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
-        key_arns = [key.key_arn for keys in api_keys.values() for key in keys]
         for function in (self.routes_handler, self.push_handler):
-            iam.Grant.add_to_principal(grantee=function, actions=["apigateway:GET"], resource_arns=key_arns)
+            grant_read_api_keys(function)
         iam.Grant.add_to_principal(
             grantee=self.push_handler,
             actions=["dynamodb:Query"],

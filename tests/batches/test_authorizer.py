@@ -8,20 +8,21 @@ from typing import Any
 import pytest
 
 from async_inference.authorizer import TenantKeys, presented_keys
+from async_inference.aws import ApiKeyValues
 from local_runtime.authorizers import AuthorizerRefused, Request, RequestAuthorizer
 from local_runtime.functions import InvokeResult
 
 
 class Keys:
-    """API Gateway's GetApiKey as the authorizer sees it, counting the reads."""
+    """API Gateway's GetApiKeys as the authorizer sees it (every key of the region), counting the reads."""
 
     def __init__(self, keys: dict[str, tuple[str, bool]]) -> None:
         self.keys = keys
         self.reads = 0
 
-    def __call__(self, key_id: str) -> tuple[str, bool] | None:
+    def __call__(self) -> dict[str, tuple[str, bool]]:
         self.reads += 1
-        return self.keys.get(key_id)
+        return dict(self.keys)
 
 
 class Clock:
@@ -84,10 +85,10 @@ def test_keys_are_read_once_per_ttl_and_unknown_values_cannot_force_reads():
     for _ in range(50):
         tenants.caller({"x-api-key": "key-a"})
         tenants.caller({"x-api-key": "guess"})
-    assert keys.reads == 2  # one read of the two keys, for all 100 requests
+    assert keys.reads == 1  # one read of every key, for all 100 requests
     clock.now = 11
     tenants.caller({"x-api-key": "guess"})
-    assert keys.reads == 4  # an unknown value re-reads at most every refresh_min_s
+    assert keys.reads == 2  # an unknown value re-reads at most every refresh_min_s
     keys.keys["id-a"] = ("key-a", False)  # disabled meanwhile
     clock.now = 400
     assert tenants.caller({"x-api-key": "key-a"}) is None  # seen at the next read after the TTL
@@ -187,3 +188,39 @@ def test_refusals_are_the_gateway_responses_api_gateway_gives(function, response
 def test_caching_without_an_identity_source_is_refused_as_api_gateway_refuses_it():
     with pytest.raises(ValueError, match="no identity source"):
         RequestAuthorizer("A", {"Type": "REQUEST"}, Function(allow()))  # type: ignore[arg-type]
+
+
+class ApiGateway:
+    """API Gateway's GetApiKeys over ``count`` keys, in pages of the limit asked for, counting the calls."""
+
+    def __init__(self, count: int) -> None:
+        self.items = [{"id": f"id-{n}", "value": f"key-{n}", "enabled": True} for n in range(count)]
+        self.calls = 0
+
+    def get_api_keys(self, *, includeValues: bool, limit: int, position: str = "0") -> dict[str, Any]:
+        self.calls += 1
+        start = int(position)
+        page = {
+            "items": [item if includeValues else {**item, "value": None} for item in self.items][start : start + limit]
+        }
+        return {**page, "position": str(start + limit)} if start + limit < len(self.items) else page
+
+
+def test_a_refresh_of_a_hundred_tenants_rotating_keys_is_one_api_gateway_call():
+    # GIVEN 100 tenants with two keys each (200 keys: a GetApiKey per key id made 200 calls a refresh)
+    gateway = ApiGateway(200)
+    key_ids = {f"t{n}": [f"id-{2 * n}", f"id-{2 * n + 1}"] for n in range(100)}
+    tenants = TenantKeys(key_ids, ApiKeyValues(gateway), clock=Clock())
+    # WHEN a request is authorized (the cache is read)
+    caller = tenants.caller({"x-api-key": "key-199"})
+    # THEN it is the key's tenant, read with one call
+    assert caller.tenant == "t99" and gateway.calls == 1
+
+
+def test_more_keys_than_a_page_are_read_page_by_page():
+    # GIVEN more keys in the region than one GetApiKeys page holds
+    gateway = ApiGateway(ApiKeyValues.PAGE_SIZE + 1)
+    # WHEN every key is read
+    keys = ApiKeyValues(gateway)()
+    # THEN the last page's key is there too, after two calls
+    assert len(keys) == ApiKeyValues.PAGE_SIZE + 1 and gateway.calls == 2

@@ -16,7 +16,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from async_inference.config import ENV_MODEL_FLEETS, ENV_WAKE_HOLD_S, ENV_WORKER_CLUSTER
-from tests.cdk.helpers import role_actions
+from tests.cdk.helpers import role_actions, role_statements
 
 
 def _function_id(synthesized, function) -> str:
@@ -168,3 +168,18 @@ def test_capacity_provider_keeps_managed_termination_protection(synthesized):
     synthesized.template.has_resource_properties(
         "AWS::AutoScaling::AutoScalingGroup", {"NewInstancesProtectedFromScaleIn": True}
     )
+
+
+def test_the_instance_release_may_read_this_clusters_services_only(synthesized):
+    """GIVEN the instance release, which releases nothing while a service of the cluster has tasks to place WHEN
+    reading its role THEN it may list the services of this cluster only (ecs:cluster condition) and describe this
+    cluster's services."""
+    workers = synthesized.stack.service.fleets[0].workers
+    function = synthesized.stack.service.fleets[0].capacity.release_function
+    cluster = {"Fn::GetAtt": [synthesized.logical_id(workers.cluster), "Arn"]}
+    statements = role_statements(synthesized.template, _role_id(synthesized, function))
+    [listing] = [s for s in statements if s["Action"] == "ecs:ListServices"]
+    assert listing["Condition"] == {"ArnEquals": {"ecs:cluster": cluster}}
+    [describing] = [s for s in statements if s["Action"] == "ecs:DescribeServices"]
+    resource = json.dumps(describing["Resource"])
+    assert ":service/" in resource and synthesized.logical_id(workers.cluster) in resource

@@ -243,5 +243,5 @@ def test_the_websocket_routes_may_count_a_tenants_connections_and_the_push_may_r
     routes = role_actions(template, function_role(template, "lambdas.websocket.handler.lambda_handler"))
     push = role_actions(template, function_role(template, "lambdas.push.handler.lambda_handler"))
     assert settings.CONNECTION_TENANT_INDEX_NAME in json.dumps(routes["dynamodb:Query"])
-    keys = synthesized.resources("AWS::ApiGateway::ApiKey")
-    assert len(push["apigateway:GET"]) == len(keys) and all("apikeys/" in json.dumps(r) for r in push["apigateway:GET"])
+    [keys] = push["apigateway:GET"]
+    assert json.dumps(keys).endswith('"::/apikeys"]]}')

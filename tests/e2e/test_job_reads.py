@@ -64,6 +64,8 @@ def test_a_result_past_its_retention_is_410_gone_with_a_message(stack, api, work
     assert job.result_expires_at is not None
     assert job.result_expires_at - job.finished_at >= dt.timedelta(days=settings.PAYLOAD_RETENTION_DAYS)
     assert job.result.expires_at <= job.result_expires_at
+    # AND its URL is signed for no longer than the functions' session credentials are trusted to last (an hour once)
+    assert f"X-Amz-Expires={settings.SIGNED_URL_MAX_S}&" in str(job.result.url) and settings.SIGNED_URL_MAX_S <= 900
     # WHEN its retention has passed (the bucket's lifecycle deletes the object then)
     set_item(stack, job.job_id, result_expires_at=ago(1))
     response = get(stack, job.job_id)

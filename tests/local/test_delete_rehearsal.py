@@ -21,14 +21,12 @@ from local_runtime.stack import LOCAL_KEYS
 from local_runtime.template import LOCAL_REGION, Assembly, deployment_order
 
 ROOT = Path(__file__).resolve().parents[2]
-# What a delete leaves on purpose (destroy_data_on_delete off): the jobs' data, the key that encrypts the result
-# notifications, and API Gateway's account-wide logging role (shared with every API of the account and region).
+# What a delete leaves on purpose (destroy_data_on_delete off): the jobs' data and the key that encrypts the result
+# notifications. API Gateway's account-wide logging role is the account's own by default (not created, not deleted).
 RETAINED = {
     "AWS::S3::Bucket": 2,  # the claim-check bucket and its access-log bucket
-    "AWS::DynamoDB::Table": 3,  # jobs, batches and the job event log (cdk.job_streams, issue 28)
+    "AWS::DynamoDB::Table": 2,  # jobs and batches (the job event log, a day of streamed text, goes with the stack)
     "AWS::KMS::Key": 1,  # the result topics' key
-    "AWS::IAM::Role": 1,  # API Gateway's CloudWatch role
-    "AWS::ApiGateway::Account": 1,  # the account's setting that names it
 }
 
 

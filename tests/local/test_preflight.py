@@ -229,3 +229,58 @@ def test_the_cli_reads_the_fleets_from_the_synthesized_template(moto: MotoServer
     out = capsys.readouterr().out
     assert code == 1
     assert "3 x g5.xlarge" in out and "1 x g6.xlarge" in out
+
+
+# --- issue 27: API Gateway's account logging role is not overwritten --------------------------------------------------
+
+
+def test_an_accounts_api_gateway_logging_role_is_never_replaced_and_a_missing_one_is_asked_for(client):
+    apigateway = client("apigateway")
+    # GIVEN a fresh account (no logging role) and a template that creates none (the default)
+    finding = preflight.check_api_gateway_logging_role(apigateway, Plan(creates_logging_role=False))
+    # THEN it is missing, naming the option that creates it
+    assert not finding.ok and "create_api_gateway_cloudwatch_role=true" in finding.fix
+    # WHEN the account has a role of its own
+    role = "arn:aws:iam::123456789012:role/platform-apigw-logs"
+    apigateway.update_account(patchOperations=[{"op": "replace", "path": "/cloudwatchRoleArn", "value": role}])
+    # THEN the default template is ready, and one that creates a role is refused: it would replace the account's
+    assert preflight.check_api_gateway_logging_role(apigateway, Plan(creates_logging_role=False)).ok
+    replacing = preflight.check_api_gateway_logging_role(apigateway, Plan(creates_logging_role=True))
+    assert not replacing.ok and role in replacing.detail and "create_api_gateway_cloudwatch_role=false" in replacing.fix
+
+
+def test_the_cli_checks_the_logging_role_against_the_synthesized_template(
+    moto: MotoServer, monkeypatch, capsys, tmp_path
+):
+    # GIVEN an account with its own API Gateway logging role and a template that would create another
+    for name, value in {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": moto.url}.items():
+        monkeypatch.setenv(name, value)
+    boto3.client("apigateway", region_name=REGION).update_account(
+        patchOperations=[{"op": "replace", "path": "/cloudwatchRoleArn", "value": "arn:aws:iam::1:role/logs"}]
+    )
+    template = _template(("g5.xlarge", 1, 0))
+    template["Resources"]["Account"] = {"Type": "AWS::ApiGateway::Account", "Properties": {}}
+    (tmp_path / "t.json").write_text(json.dumps(template))
+    # WHEN `make deploy`'s preflight runs THEN the logging role is missing, so cdk deploy does not run
+    assert cli.main(["preflight", "--no-docker", "--template", str(tmp_path / "t.json")]) == 1
+    assert next(
+        line for line in capsys.readouterr().out.splitlines() if " api_gateway_logging_role:" in line
+    ).startswith("MISSING")
+
+
+def test_a_group_with_fallback_types_counts_its_largest_in_the_gpu_quota(client):
+    # GIVEN a group of 2 that launches g5.xlarge (4 vCPUs), else g5.4xlarge (16), through its mixed instances policy
+    template = _template(("g5.xlarge", 2, 0))
+    group = template["Resources"]["Group0"]["Properties"]
+    group["MixedInstancesPolicy"] = {
+        "LaunchTemplate": {
+            "LaunchTemplateSpecification": group.pop("LaunchTemplate"),
+            "Overrides": [{"InstanceType": "g5.xlarge"}, {"InstanceType": "g5.4xlarge"}],
+        }
+    }
+    demand = preflight.demand_from_template(template)
+    assert demand == [preflight.GpuDemand("g5.xlarge", 2, ("g5.4xlarge",))]
+    # WHEN the quota holds two of the first type only
+    finding = preflight.check_gpu_quota(client("ec2"), _quota(8), Plan(demand=demand))
+    # THEN it is missing: the fallback may be what launches, 2 x 16 vCPUs
+    assert not finding.ok and "need 32" in finding.detail and "or g5.4xlarge" in finding.detail

@@ -29,6 +29,7 @@ class Fake:
     task_on_drain: str | None = None
     desired: int = 0
     calls: list[str] = field(default_factory=list)
+    services: list[dict[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.desired = len(self.instances)
@@ -38,12 +39,18 @@ class Fake:
         fake = self
 
         class Pages:
-            def paginate(self, cluster, status):
+            def paginate(self, cluster, status=None):
+                if name == "list_services":
+                    yield {"serviceArns": [f"svc/{n}" for n in range(len(fake.services))]}
+                    return
                 yield {
                     "containerInstanceArns": [i.arn for i in fake.instances if i.status == status and not i.terminated]
                 }
 
         return Pages()
+
+    def describe_services(self, cluster, services):
+        return {"services": [self.services[int(arn.split("/")[1])] for arn in services]}
 
     def describe_container_instances(self, cluster, containerInstances):
         return {
@@ -104,6 +111,24 @@ def test_an_instance_that_got_a_task_before_its_drain_is_kept_and_made_active_ag
     assert done.released == () and done.kept == ("i-late",)
     assert (late.status, late.protected, late.terminated, fake.desired) == ("ACTIVE", True, False, 1)
     assert fake.calls == ["DRAINING ['ci/late']", "ACTIVE ['ci/late']"]
+
+
+def test_an_empty_instance_is_kept_while_a_service_has_a_task_to_place():
+    # GIVEN an empty instance (just started by the wake) and a service whose desired count is above its running count
+    fresh = Instance("ci/fresh", "i-fresh")
+    fake = Fake([fresh], services=[{"desiredCount": 1, "runningCount": 0}])
+    # WHEN the release runs THEN it drains nothing and releases nothing: the task may be placed on that instance
+    done = release_empty_instances(fake, fake, cluster="c", group="g")
+    assert done.released == () and fake.calls == []
+    assert (fresh.status, fresh.protected, fresh.terminated, fake.desired) == ("ACTIVE", True, False, 1)
+
+
+def test_an_empty_instance_is_released_once_every_service_runs_what_it_wants():
+    # GIVEN an empty instance and services that run all they want (one at zero)
+    idle = Instance("ci/idle", "i-idle")
+    fake = Fake([idle], services=[{"desiredCount": 0, "runningCount": 0}, {"desiredCount": 2, "runningCount": 2}])
+    # WHEN the release runs THEN the empty instance goes
+    assert release_empty_instances(fake, fake, cluster="c", group="g").released == ("i-idle",)
 
 
 def test_nothing_to_release_makes_no_change():

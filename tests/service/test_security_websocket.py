@@ -39,8 +39,8 @@ class Clock:
 
 
 class Keys(dict):
-    def __call__(self, key_id: str) -> Any:
-        return self.get(key_id)
+    def __call__(self) -> Any:
+        return dict(self)
 
 
 @pytest.fixture(scope="module")

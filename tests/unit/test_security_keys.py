@@ -15,10 +15,10 @@ class Clock:
 
 
 class Keys(dict):
-    """API Gateway's GetApiKey: key id -> (value, enabled)."""
+    """API Gateway's GetApiKeys: every key, key id -> (value, enabled)."""
 
-    def __call__(self, key_id: str):
-        return self.get(key_id)
+    def __call__(self):
+        return dict(self)
 
 
 def test_a_disabled_key_stops_working_within_the_documented_bound_of_seconds():

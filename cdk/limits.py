@@ -1,0 +1,94 @@
+"""The AWS quotas a synthesized template meets or fails only at deploy time, and one template's figures against them.
+
+CloudFormation refuses a stack over its resource, output or parameter count, or a template over its size, when the
+deploy starts; Lambda refuses a function whose environment is over 4 KB when CloudFormation creates it, half-way
+through. ``figures`` reads them from the template JSON, so a test can hold every stack of the app under them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# "AWS CloudFormation quotas" (CloudFormation User Guide): resources, outputs and parameters declared in one template;
+# the template body's size when it is read from S3, as the CDK deploys it (a body passed inline may hold 51,200 bytes).
+MAX_RESOURCES = 500
+MAX_OUTPUTS = 200
+MAX_PARAMETERS = 200
+MAX_TEMPLATE_BYTES = 1_048_576
+# "Lambda quotas" (Lambda Developer Guide): "Function environment variables: 4 KB, for all environment variables
+# associated with the function, in aggregate", counted over the resolved names and values.
+MAX_ENVIRONMENT_BYTES = 4096
+# What a Ref or Fn::GetAtt resolves to is not in the template: an ARN, a queue URL or a generated name. Each counts as
+# this many bytes (an SQS queue URL with a CloudFormation-generated 80-character name is about 135; a Lambda or SNS
+# ARN under 128), so an environment under the quota here is under it deployed.
+RESOLVED_TOKEN_BYTES = 140
+_PSEUDO_BYTES = {"AWS::Region": 14, "AWS::Partition": 10, "AWS::AccountId": 12, "AWS::URLSuffix": 13}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One template against the quotas: counts, its size, and its largest function environment."""
+
+    resources: int
+    outputs: int
+    parameters: int
+    template_bytes: int
+    largest_environment_bytes: int
+    largest_environment: str  # the function's logical id ("" without functions)
+
+    def over(self) -> list[str]:
+        """Each quota the template passes, named with its figure and the quota."""
+        checks = [
+            ("resources", self.resources, MAX_RESOURCES),
+            ("outputs", self.outputs, MAX_OUTPUTS),
+            ("parameters", self.parameters, MAX_PARAMETERS),
+            ("template bytes", self.template_bytes, MAX_TEMPLATE_BYTES),
+            (f"environment bytes of {self.largest_environment}", self.largest_environment_bytes, MAX_ENVIRONMENT_BYTES),
+        ]
+        return [f"{name}: {value} over {limit}" for name, value, limit in checks if value > limit]
+
+
+def resolved_bytes(value: Any) -> int:
+    """Bytes ``value`` takes once CloudFormation resolves it: literals as written, each Ref or Fn::GetAtt as
+    ``RESOLVED_TOKEN_BYTES`` (a pseudo parameter as its longest value), Fn::Join as its parts and separators."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, (int, float, bool)):
+        return len(json.dumps(value))
+    if isinstance(value, dict) and len(value) == 1:
+        [(key, inner)] = value.items()
+        if key == "Ref":
+            return _PSEUDO_BYTES.get(inner, RESOLVED_TOKEN_BYTES)
+        if key == "Fn::GetAtt":
+            return RESOLVED_TOKEN_BYTES
+        if key == "Fn::Join":
+            separator, parts = inner
+            return sum(resolved_bytes(part) for part in parts) + len(separator) * max(len(parts) - 1, 0)
+    return len(json.dumps(value))  # any other intrinsic: as written, a bound good enough for a rare case
+
+
+def environment_bytes(function: dict[str, Any]) -> int:
+    """A function resource's environment once resolved: every name and value (Lambda's quota counts both)."""
+    variables = function.get("Properties", {}).get("Environment", {}).get("Variables", {})
+    return sum(len(name.encode()) + resolved_bytes(value) for name, value in variables.items())
+
+
+def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figures:
+    """The template's figures; ``template_bytes``: its file's size (default: its compact JSON's)."""
+    resources = template.get("Resources", {})
+    environments = {
+        logical_id: environment_bytes(resource)
+        for logical_id, resource in resources.items()
+        if resource["Type"] == "AWS::Lambda::Function"
+    }
+    largest = max(environments, key=lambda k: environments[k], default="")
+    return Figures(
+        resources=len(resources),
+        outputs=len(template.get("Outputs", {})),
+        parameters=len(template.get("Parameters", {})),
+        template_bytes=template_bytes if template_bytes is not None else len(json.dumps(template).encode()),
+        largest_environment_bytes=environments.get(largest, 0),
+        largest_environment=largest,
+    )
