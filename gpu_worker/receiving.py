@@ -12,7 +12,6 @@ deleting, retrying and handing back are the worker's.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from async_inference.aws import JobQueue, QueueMessage
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.claims import InFlight, parse_claim
 from gpu_worker.config import WorkerConfig
-from gpu_worker.fairness import ScanPause, TenantShare
+from gpu_worker.fairness import ScanPause, TenantShare, rows_held
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 
 __all__ = ["DELETE_BATCH_DELAY_S", "Lane", "Receiver", "open_lanes"]
@@ -181,7 +180,7 @@ class Receiver:
         pause = ScanPause()
         while not self._stopping():
             await asyncio.sleep(pause.next_s)
-            holding = collections.Counter(f.tenant for f in self._held.values() if f.lane == lane.name and f.tenant)
+            holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
             if not holding or not budget.saturated() or self._stopping():
                 continue  # nothing to look past, or the budget's own receive is taking messages
             try:
@@ -225,7 +224,7 @@ class Receiver:
     ) -> list[tuple[InFlight, Exception | None]]:
         """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
         their places given back; ``pause``: wait before the next look when none was held, longer each time."""
-        holding = collections.Counter(f.tenant for f in self._held.values() if f.lane == lane.name and f.tenant)
+        holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
         keep, requeue = share.split([flight for flight, _ in received], holding)
         if not requeue:
             if pause is not None and received:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpu_worker.fairness import FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_S, ScanPause, TenantShare
+from gpu_worker.fairness import FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_S, ScanPause, TenantShare, rows_held
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 from gpu_worker.worker import WorkerConfig
 
@@ -83,6 +83,7 @@ def test_among_tenants_holding_as_many_slots_the_oldest_waiter_goes_first():
 class Received:
     tenant: str | None
     receive_count: int = 1
+    rows: int = 1
 
 
 def test_a_tenant_at_its_share_has_its_messages_requeued_and_others_kept():
@@ -95,6 +96,18 @@ def test_a_tenant_at_its_share_has_its_messages_requeued_and_others_kept():
     # must not start over); B's and the message without a tenant are kept
     assert keep == [received[0], received[2], received[4], received[5]]
     assert requeue == [received[1], received[3]] and share.requeued == 2
+
+
+def test_a_tenants_share_counts_the_engine_rows_of_its_messages_not_the_messages():
+    # GIVEN a worker of 8 rows with a share of 12 (capacity plus prefetch), tenant A holding one request of n 8
+    share = TenantShare(12)
+    holding = rows_held([Received("a", rows=8)])
+    # WHEN 40 more of A's n-8 requests are received, then B's one-row job
+    received = [Received("a", rows=8) for _ in range(40)] + [Received("b")]
+    keep, requeue = share.split(received, holding)
+    # THEN A keeps one more (it held 8 rows, under its 12; then 16), the other 39 are requeued, and B's job is kept
+    assert keep == [received[0], received[40]]
+    assert len(requeue) == 39
 
 
 @pytest.mark.parametrize(("capacity", "prefetch", "room"), [(2, 4, 2), (64, None, 16), (4, 1, 1), (4, 0, 1)])
