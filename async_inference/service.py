@@ -435,7 +435,7 @@ class JobService:
         return JobView(
             **job.model_dump(
                 include={"job_id", "status", "created_at", "started_at", "finished_at", "attempts", "model"}
-                | {"metadata", "error", "usage", "webhook", "priority"}
+                | {"metadata", "error", "error_code", "usage", "webhook", "priority"}
             ),
             result=result,
             result_expires_at=expires_at,
