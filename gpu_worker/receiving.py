@@ -150,7 +150,8 @@ class Receiver:
                 return
             received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
             if lane.name == INTERACTIVE:
-                received = await self._share(lane, received, self.share, pause=self._scan_pause)
+                full = len(messages) == taken
+                received = await self._share(lane, received, self.share, pause=self._scan_pause, full=full)
             await self._received(len(received), held_before=len(self._held))
             for flight, parse_error in received:
                 self._start(flight, lane, parse_error)
@@ -221,9 +222,11 @@ class Receiver:
         share: TenantShare,
         *,
         pause: ScanPause | None,
+        full: bool = False,
     ) -> list[tuple[InFlight, Exception | None]]:
         """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
-        their places given back; ``pause``: wait before the next look when none was held, longer each time."""
+        their places given back; ``pause``: wait before the next look when none was held, longer each time, unless
+        the receive was ``full`` (more may be behind it)."""
         holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
         keep, requeue = share.split([flight for flight, _ in received], holding)
         if not requeue:
@@ -243,6 +246,6 @@ class Receiver:
         elif pause is not None:
             # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
             # not at once, and later each time nothing new turns up.
-            await asyncio.sleep(pause.nothing())
+            await asyncio.sleep(pause.nothing(full=full))
         kept = {id(f) for f in keep}
         return [(flight, error) for flight, error in received if id(flight) in kept]
