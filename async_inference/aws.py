@@ -632,6 +632,9 @@ class Notifier:
             TopicArn=self.topic_arn,
             Message=notification.model_dump_json(exclude_none=True),
             MessageAttributes=notification_attributes(notification, has_webhook=has_webhook),
+            # The tenant as message group: SNS forwards it to the SQS standard queues subscribed (the webhook queue),
+            # where it makes them fair queues: one tenant's backlog of events does not hold another's back.
+            MessageGroupId=notification.tenant,
         )
 
     def publish_batch(self, notifications: list[tuple[ResultNotification, bool]]) -> list[bool]:
@@ -665,6 +668,7 @@ class Notifier:
                 "Id": str(i),
                 "Message": bodies[i],
                 "MessageAttributes": notification_attributes(notifications[i][0], has_webhook=notifications[i][1]),
+                "MessageGroupId": notifications[i][0].tenant,  # as publish's
             }
             for i in chunk
         ]

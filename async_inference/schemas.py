@@ -814,6 +814,12 @@ def _request_kind(value: Any) -> str:
     return TAG_MARK + ("embeddings" if embedding else "chat")
 
 
+def engine_rows(request: ChatCompletionRequest | EmbeddingRequest) -> int:
+    """The engine rows a request takes: a chat request's ``n`` choices are n generations; an embeddings request is
+    one."""
+    return request.n if isinstance(request, ChatCompletionRequest) else 1
+
+
 JobRequest = Annotated[
     Union[  # noqa: UP007
         Annotated[ChatCompletionRequest, Tag(TAG_MARK + "chat")],
@@ -913,6 +919,9 @@ class ClaimCheck(_Internal):
     model: str | None = None  # lets a fleet route by model without reading the payload
     deadline: dt.datetime  # still queued after this: the job expires and never runs
     timeout_s: int  # a running generation is aborted after this
+    # The engine rows the request takes (its n), so that a worker's tenant share counts rows before it reads the
+    # payload (gpu_worker.fairness). A claim check written before it existed reads as one row.
+    rows: int = Field(1, ge=1)
 
 
 class EmbeddingClaimCheck(ClaimCheck):
@@ -1022,6 +1031,7 @@ class Job(_Internal):
     lease_owner: str | None = None
     lease_expires_ms: int | None = None
     endpoint: str | None = None  # JobSubmission.endpoint when not chat.completions (its claim check's kind says it)
+    rows: int = 1  # engine_rows of its request, carried by its claim check; set when the request is known
 
     @property
     def upload_window_ends_at(self) -> dt.datetime:
@@ -1039,6 +1049,7 @@ class Job(_Internal):
             model=self.model,
             deadline=self.deadline,
             timeout_s=self.timeout_s,
+            rows=self.rows,
         )
 
 

@@ -37,6 +37,7 @@ from async_inference.schemas import (
     UploadDeadline,
     Usage,
     WebhookState,
+    engine_rows,
     error_location,
     error_message,
     utcnow,
@@ -225,6 +226,7 @@ class JobService:
             else None,
             priority=submission.priority,
             endpoint=submission.endpoint if submission.endpoint != CHAT_ENDPOINT else None,
+            rows=engine_rows(request) if request is not None else 1,
         )
         if inline:
             # The payload is in S3 before the job exists, so no reader ever sees a job without its payload.
@@ -442,7 +444,7 @@ class JobService:
         return JobView(
             **job.model_dump(
                 include={"job_id", "status", "created_at", "started_at", "finished_at", "attempts", "model"}
-                | {"metadata", "error", "usage", "webhook", "priority"}
+                | {"metadata", "error", "error_code", "usage", "webhook", "priority"}
             ),
             result=result,
             result_expires_at=expires_at,
@@ -552,7 +554,9 @@ class JobService:
         # The bytes checked, not the object at the upload key (a later PUT may have replaced it since the read).
         accepted_key = settings.request_key(tenant, job_id)
         self.blobs.put_json(accepted_key, body)
-        queued = self.store.transition(job.job_id, JobStatus.QUEUED, model=request.model, request_key=accepted_key)
+        queued = self.store.transition(
+            job.job_id, JobStatus.QUEUED, model=request.model, request_key=accepted_key, rows=engine_rows(request)
+        )
         if queued is None:
             return self.store.get(job_id)  # another event accepted it (and sends its claim check), or it ended
         self._send_accepted(queued)

@@ -11,3 +11,8 @@ bench: venv
 .PHONY: bench-attacks
 bench-attacks: venv
 	$(PY) -m bench.attacks
+
+# The same engine attacks through the local stack (the API, moto, one CPU-engine worker): bench/attacks_stack.py.
+.PHONY: bench-attacks-stack
+bench-attacks-stack: venv
+	$(PY) -m bench.attacks_stack

@@ -146,6 +146,11 @@ class InFlight:
         return engine_requests(self.claim)
 
     @property
+    def rows(self) -> int:
+        """The engine rows its claim says its request takes (one for a claim that does not say)."""
+        return self.claim.rows if isinstance(self.claim, ClaimCheck) else 1
+
+    @property
     def ident(self) -> str:
         return ident(self.claim) if self.claim is not None else self.message.message_id
 

@@ -12,7 +12,6 @@ deleting, retrying and handing back are the worker's.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from async_inference.aws import JobQueue, QueueMessage
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.claims import InFlight, parse_claim
 from gpu_worker.config import WorkerConfig
-from gpu_worker.fairness import ScanPause, TenantShare
+from gpu_worker.fairness import ScanPause, TenantShare, rows_held
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 
 __all__ = ["DELETE_BATCH_DELAY_S", "Lane", "Receiver", "open_lanes"]
@@ -151,7 +150,8 @@ class Receiver:
                 return
             received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
             if lane.name == INTERACTIVE:
-                received = await self._share(lane, received, self.share, pause=self._scan_pause)
+                full = len(messages) == taken
+                received = await self._share(lane, received, self.share, pause=self._scan_pause, full=full)
             await self._received(len(received), held_before=len(self._held))
             for flight, parse_error in received:
                 self._start(flight, lane, parse_error)
@@ -181,7 +181,7 @@ class Receiver:
         pause = ScanPause()
         while not self._stopping():
             await asyncio.sleep(pause.next_s)
-            holding = collections.Counter(f.tenant for f in self._held.values() if f.lane == lane.name and f.tenant)
+            holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
             if not holding or not budget.saturated() or self._stopping():
                 continue  # nothing to look past, or the budget's own receive is taking messages
             try:
@@ -222,10 +222,12 @@ class Receiver:
         share: TenantShare,
         *,
         pause: ScanPause | None,
+        full: bool = False,
     ) -> list[tuple[InFlight, Exception | None]]:
         """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
-        their places given back; ``pause``: wait before the next look when none was held, longer each time."""
-        holding = collections.Counter(f.tenant for f in self._held.values() if f.lane == lane.name and f.tenant)
+        their places given back; ``pause``: wait before the next look when none was held, longer each time, unless
+        the receive was ``full`` (more may be behind it)."""
+        holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
         keep, requeue = share.split([flight for flight, _ in received], holding)
         if not requeue:
             if pause is not None and received:
@@ -244,6 +246,6 @@ class Receiver:
         elif pause is not None:
             # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
             # not at once, and later each time nothing new turns up.
-            await asyncio.sleep(pause.nothing())
+            await asyncio.sleep(pause.nothing(full=full))
         kept = {id(f) for f in keep}
         return [(flight, error) for flight, error in received if id(flight) in kept]

@@ -9,7 +9,7 @@ batches (the heartbeat), and on a stop it drains them and hands back what is lef
 Up to ``engine.capacity`` requests are in the engine at once (``gpu_worker.lanes.Admission``), and a few more messages
 are held beyond that (prefetch) so that reading payloads and writing results overlap generation instead of leaving
 engine slots idle: messages are received in batches of 10, and each claim finishes on its own. One tenant holds at
-most its share of the interactive lane's messages; one received beyond it goes back to the tail of the queue
+most its share of the interactive lane's messages, counted in engine rows; one received beyond it goes back to the tail of the queue
 (``gpu_worker.fairness``), so that another tenant's job is held, and started at the next free slot, however long a
 backlog the first has queued.
 
@@ -186,7 +186,7 @@ class Worker:
             io=self._io,
             received=self.policy.received,
             start=self._start,
-            # One tenant holds at most held_messages; the fair room beyond it is only ever filled by other tenants'.
+            # One tenant holds at most held_messages' worth of engine rows; the fair room beyond it is only ever filled by other tenants'.
             share=TenantShare(config.held_messages(engine.capacity)),
             visibility_timeout_s=config.visibility_timeout_s,
             receive_wait_s=config.receive_wait_s,

@@ -1,7 +1,7 @@
 """The dispatcher: one message on the webhook queue becomes one signed delivery, recorded on its job.
 
 ``dispatch`` is safe to call from several threads at once (the dispatcher Lambda delivers a whole batch at once):
-the only state it keeps between calls is which receivers held an attempt to its deadline
+the only state it keeps between calls is which receivers, and which tenants' receivers, held an attempt to its deadline
 (``async_inference.webhooks.slow_receivers``), and its store and secrets are shared read-mostly.
 """
 
@@ -57,6 +57,7 @@ class Dispatcher:
         resolver: Resolver = resolve,
         poster: Poster = post,
         slow_receivers: SlowReceivers | None = None,
+        slow_tenants: SlowReceivers | None = None,
     ) -> None:
         self.store = store
         self.batches = batches
@@ -67,6 +68,9 @@ class Dispatcher:
         self._resolver = resolver
         self._post = poster
         self.slow_receivers = slow_receivers or SlowReceivers()
+        # By tenant as well as by receiver: a tenant's receivers are as many hosts and ports as it names, and each
+        # new one would hold a batch, and the batches behind it, for a whole deadline.
+        self.slow_tenants = slow_tenants or SlowReceivers()
 
     def dispatch(self, body: str, receive_count: int) -> Outcome:
         event = parse_queued(body)
@@ -117,13 +121,19 @@ class Dispatcher:
             logger.error("cannot sign webhook for tenant %s: %s", job.tenant, exc)
             return PostResult(status_code=None, error="the service has no signing secret for this tenant")
         receiver = f"{target.host}:{target.port}"
-        paused = self.slow_receivers.paused(receiver)
-        if paused:
+        if paused := self.slow_receivers.paused(receiver):
             return PostResult(
                 status_code=None,
                 error=f"not attempted: this receiver's last delivery reached the deadline; paused {paused:.0f} s more",
             )
+        if paused := self.slow_tenants.paused(job.tenant):
+            return PostResult(
+                status_code=None,
+                error="not attempted: a delivery to another receiver of this tenant reached the deadline; paused "
+                f"{paused:.0f} s more",
+            )
         result = self._post(target, headers, event.body.encode())
         if result.timed_out:
             self.slow_receivers.slow(receiver)
+            self.slow_tenants.slow(job.tenant)
         return result

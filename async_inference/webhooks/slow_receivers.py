@@ -5,7 +5,9 @@ batch waits for it, whoever's events are in it. Bounding each attempt (``deliver
 a batch; a receiver that used its whole deadline is not attempted again, by this dispatcher process, for
 ``SLOW_RECEIVER_PAUSE_S``: its events during that time are failed attempts at once (recorded, retried after the usual
 backoff, the dead-letter queue after the last), so that a tenant with many events for a slow receiver costs the other
-tenants' batches one deadline per pause, not one per event. A receiver is its URL's host and port.
+tenants' batches one deadline per pause, not one per event. A receiver is its URL's host and port. The dispatcher keeps
+the same account by tenant (any of its receivers held an attempt to the deadline: the tenant's other receivers are
+left alone too), or a tenant naming a new host or port for each event would cost one deadline per batch.
 """
 
 from __future__ import annotations

@@ -90,6 +90,11 @@ class JobView(BaseModel):
     model: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     error: str | None = None
+    error_code: str | None = Field(
+        default=None,
+        description="A failed job's OpenAI error code when the failure is the request's (context_length_exceeded, "
+        "invalid_request): fix the request rather than retry it. None for the service's own failures.",
+    )
     usage: Usage | None = None
     result: PresignedUrl | None = None
     result_expires_at: dt.datetime | None = Field(

@@ -608,15 +608,28 @@ class CpuEngine(Engine):
         from transformers import DynamicCache
 
         self.admissions += 1
-        width = max(len(r.prompt_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):  # left padding: every row's next token goes in the same column
-            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-            mask[i, width - len(row.prompt_ids) :] = 1
+        # The n rows of one request share its prompt (one list): it is prefilled once and its cache copied to each
+        # row, as vLLM's parallel sampling shares the prompt's blocks. Prefilled n times, a request of n 8 held the
+        # engine for eight prompts, and another tenant's request that came during it waited for all eight.
+        prompts: list[list[int]] = []
+        distinct: dict[int, int] = {}  # id of a prompt list -> its row in the prefill
+        for row in rows:
+            if id(row.prompt_ids) not in distinct:
+                distinct[id(row.prompt_ids)] = len(prompts)
+                prompts.append(row.prompt_ids)
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):  # left padding: every row's next token goes in the same column
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self._model.config)
         logits = self._forward(input_ids, mask, positions, cache)
+        if len(prompts) < len(rows):
+            spread = torch.tensor([distinct[id(row.prompt_ids)] for row in rows])
+            cache.batch_select_indices(spread)
+            logits, mask, positions = logits[spread], mask[spread], positions[spread]
         if not batch.rows:
             batch.rows, batch.cache, batch.mask, batch.positions = list(rows), cache, mask, positions[:, -1:]
             return logits

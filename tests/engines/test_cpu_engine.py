@@ -60,6 +60,28 @@ def test_batched_greedy_equals_single_greedy(engine, run):
     assert [g.text for g in batched] == [g.text for g in single]
 
 
+def test_the_n_choices_of_a_request_are_prefilled_as_one_prompt_and_each_gets_its_greedy_answer(
+    engine, run, monkeypatch
+):
+    # GIVEN the greedy answer of a request alone, and a spy on the rows each forward pass is given
+    alone = run(engine.generate("n-alone", chat(FRANCE, max_tokens=16)))
+    widths: list[tuple[int, int]] = []
+    forward = engine._forward
+
+    def spy(input_ids, *args):
+        widths.append(tuple(input_ids.shape))
+        return forward(input_ids, *args)
+
+    monkeypatch.setattr(engine, "_forward", spy)
+    # WHEN the same request asks for 8 choices
+    eight = run(engine.generate("n-eight", chat(FRANCE, max_tokens=16, n=8)))
+    # THEN its prompt was prefilled once (one row, its full length: the decoding steps feed one token a row), and
+    # every choice is the greedy answer
+    prefills = [shape for shape in widths if shape[1] > 1]
+    assert prefills == [(1, len(engine.prompt_ids(chat(FRANCE))))]
+    assert [choice.text for choice in eight.choices] == [alone.text] * 8
+
+
 def test_a_request_joins_a_running_batch_and_gets_its_greedy_answer(engine, run):
     # GIVEN the greedy answer of a short request alone
     alone = run(engine.generate("join-alone", chat(FRANCE, max_tokens=16)))

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpu_worker.fairness import FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_S, ScanPause, TenantShare
+from gpu_worker.fairness import (
+    FAIR_SCAN_PAUSE_MAX_S,
+    FAIR_SCAN_PAUSE_S,
+    FAIR_SCAN_STEPS,
+    ScanPause,
+    TenantShare,
+    rows_held,
+)
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 from gpu_worker.worker import WorkerConfig
 
@@ -83,6 +90,7 @@ def test_among_tenants_holding_as_many_slots_the_oldest_waiter_goes_first():
 class Received:
     tenant: str | None
     receive_count: int = 1
+    rows: int = 1
 
 
 def test_a_tenant_at_its_share_has_its_messages_requeued_and_others_kept():
@@ -95,6 +103,18 @@ def test_a_tenant_at_its_share_has_its_messages_requeued_and_others_kept():
     # must not start over); B's and the message without a tenant are kept
     assert keep == [received[0], received[2], received[4], received[5]]
     assert requeue == [received[1], received[3]] and share.requeued == 2
+
+
+def test_a_tenants_share_counts_the_engine_rows_of_its_messages_not_the_messages():
+    # GIVEN a worker of 8 rows with a share of 12 (capacity plus prefetch), tenant A holding one request of n 8
+    share = TenantShare(12)
+    holding = rows_held([Received("a", rows=8)])
+    # WHEN 40 more of A's n-8 requests are received, then B's one-row job
+    received = [Received("a", rows=8) for _ in range(40)] + [Received("b")]
+    keep, requeue = share.split(received, holding)
+    # THEN A keeps one more (it held 8 rows, under its 12; then 16), the other 39 are requeued, and B's job is kept
+    assert keep == [received[0], received[40]]
+    assert len(requeue) == 39
 
 
 @pytest.mark.parametrize(("capacity", "prefetch", "room"), [(2, 4, 2), (64, None, 16), (4, 1, 1), (4, 0, 1)])
@@ -135,3 +155,13 @@ def test_the_scan_pause_doubles_while_only_tenants_at_their_share_turn_up_and_re
     # WHEN a look finds a message to hold THEN the next pause is the shortest again
     pause.found()
     assert pause.nothing() == FAIR_SCAN_PAUSE_S
+
+
+def test_after_a_full_receive_of_tenants_at_their_share_the_lane_looks_again_at_once_a_few_times_then_pauses():
+    # GIVEN a lane's pause WHEN receives keep coming back full of messages of tenants at their share (a backlog in
+    # front of another tenant's message)
+    pause = ScanPause()
+    waits = [pause.nothing(full=True) for _ in range(FAIR_SCAN_STEPS + 2)]
+    # THEN it looks again at once FAIR_SCAN_STEPS times, then pauses as after any look that found nothing, and again
+    # looks at once after that pause
+    assert waits == [0.0] * FAIR_SCAN_STEPS + [FAIR_SCAN_PAUSE_S, 0.0]

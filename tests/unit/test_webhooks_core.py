@@ -684,13 +684,13 @@ def test_a_receiver_dripping_its_headers_is_cut_at_the_deadline_in_wall_time():
 def test_a_receiver_that_held_a_delivery_to_the_deadline_is_not_attempted_again_while_paused_others_are():
     # GIVEN a dispatcher whose first delivery, to tenant t1's receiver, used its whole deadline
     slow_job = make_job(url="https://slow.example.com/in")
-    other_job = make_job(url="https://fast.example.com/in", job_id="job_" + "b" * 32)
+    other_job = make_job(url="https://fast.example.com/in", job_id="job_" + "b" * 32, tenant="t2")
     store = FakeStore(slow_job)
     poster = FakePoster(PostResult(None, "no response status within 5 s", timed_out=True), PostResult(204))
-    d = dispatcher(store, poster)
+    d = dispatcher(store, poster, secrets=TenantSecrets({"t1": SECRET, "t2": SECRET}.get))
     d.dispatch(notification_body(slow_job), receive_count=1)
 
-    # WHEN another event for that receiver comes, then one for another receiver
+    # WHEN another event for that receiver comes, then one for another tenant's receiver
     again = d.dispatch(notification_body(slow_job), receive_count=1)
     store.job = other_job
     other = d.dispatch(notification_body(other_job), receive_count=1)
@@ -699,3 +699,28 @@ def test_a_receiver_that_held_a_delivery_to_the_deadline_is_not_attempted_again_
     assert [call[0].host for call in poster.calls] == ["slow.example.com", "fast.example.com"]
     assert not again.done and again.retry_in_s >= 30 and "not attempted" in again.reason
     assert other.done and other.reason == "delivered"
+
+
+def test_a_tenant_whose_receiver_held_a_delivery_to_the_deadline_has_its_other_receivers_paused_not_other_tenants():
+    # GIVEN a dispatcher whose first delivery, to one of tenant t1's receivers, used its whole deadline
+    jobs = [
+        make_job(url="https://slow-1.example.com/in"),
+        make_job(url="https://slow-2.example.com/in", job_id="job_" + "b" * 32),
+        make_job(url="https://fast.example.com/in", job_id="job_" + "c" * 32, tenant="t2"),
+    ]
+    store = FakeStore(jobs[0])
+    poster = FakePoster(PostResult(None, "no response status within 5 s", timed_out=True), PostResult(204))
+    d = dispatcher(store, poster, secrets=TenantSecrets({"t1": SECRET, "t2": SECRET}.get))
+    d.dispatch(notification_body(jobs[0]), receive_count=1)
+
+    # WHEN t1's next event names another receiver (a new host, as a tenant may for each event), then t2's comes
+    outcomes = []
+    for job in jobs[1:]:
+        store.job = job
+        outcomes.append(d.dispatch(notification_body(job), receive_count=1))
+
+    # THEN t1's other receiver is not attempted (it would hold the batch, and t2's behind it, for another deadline);
+    # t2's is delivered
+    assert [call[0].host for call in poster.calls] == ["slow-1.example.com", "fast.example.com"]
+    assert not outcomes[0].done and "another receiver of this tenant" in outcomes[0].reason
+    assert outcomes[1].done and outcomes[1].reason == "delivered"

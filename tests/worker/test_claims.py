@@ -40,6 +40,16 @@ def test_a_claim_check_as_producers_write_it_without_a_kind_is_a_job():
     assert (flight.ident, flight.job_id, flight.lines) == (JOB.job_id, JOB.job_id, 1)
 
 
+def test_a_claim_check_written_before_rows_existed_reads_as_one_row_and_a_newer_one_as_its_rows():
+    # GIVEN a claim check without rows (written before they existed) and one of a request with n 8
+    old = JOB.model_dump(mode="json", exclude={"rows"})
+    assert "rows" not in old
+    wide = JOB.model_copy(update={"rows": 8}).model_dump_json()
+    # WHEN each is parsed THEN the old one holds one engine row, the new one its 8
+    rows = [InFlight(QueueMessage("m", "r", body, 1), claim=parse_claim(body)).rows for body in (json.dumps(old), wide)]
+    assert rows == [1, 8]
+
+
 def test_a_chunk_claim_check_is_a_chunk_standing_for_its_lines():
     claim = parse_claim(CHUNK.model_dump_json())
     assert claim == CHUNK
