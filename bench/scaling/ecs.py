@@ -322,9 +322,12 @@ class Cluster:
 
     def release_tick(self, now: float) -> None:
         """The stack's instance release: drain every ready instance that runs no task, check again, release it (the
-        group terminates it: no ReuseOnScaleIn for a group used by ECS). An instance with a task is never released."""
+        group terminates it: no ReuseOnScaleIn for a group used by ECS). An instance with a task is never released, and
+        nothing is while a task waits to be placed."""
         if not self.config.release_empty:
             return
+        if any(t.state == "PROVISIONING" and not t.stop_requested for t in self.tasks):
+            return  # a task waits to be placed (async_inference.instance_release: nothing is released then)
         for instance in self.live_instances():
             if instance.ready_s is not None and not instance.tasks:
                 instance.terminated_s = now
