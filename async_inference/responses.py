@@ -9,7 +9,7 @@ models are openai-python's own field for field (``openai.types.responses.respons
 What a request may hold is one of three kinds, as for chat (``async_inference.schemas``): honoured (converted into
 the chat request), accepted without effect (``store: true``, ``user``, prompt caching hints, ``service_tier``,
 ``text.verbosity``), and refused with a 400 naming the field: what needs state this service does not keep
-(``previous_response_id``, ``conversation``, ``prompt``), OpenAI-hosted tools, streaming, and what would change the
+(``previous_response_id``, ``conversation``, ``prompt``), OpenAI-hosted tools, and what would change the
 answer in a way the conversion cannot carry.
 """
 
@@ -43,6 +43,7 @@ from async_inference.schemas import (
     JSONSchemaObject,
     MetadataKey,
     MetadataValue,
+    StreamOptions,
     TokenLimit,
     _by_type,
     _field_error,
@@ -342,9 +343,6 @@ def _no_logprobs(value: Any) -> Any:
 
 # Parameters OpenAI takes that a background job here cannot honour, and what to do instead: a 400 names them.
 REFUSED = {
-    "stream": "streaming is not supported yet: create the response with background: true and poll GET "
-    "/v1/responses/{id} (docs/design/responses.md); omit stream or send false",
-    "stream_options": "streaming is not supported yet: omit stream_options",
     "previous_response_id": "this service keeps no conversation state between responses: send the earlier turns in "
     "input (the previous response's output items are valid input items)",
     "conversation": "this service keeps no conversations: send the earlier turns in input",
@@ -385,6 +383,9 @@ class ResponseCreate(_Strict):
     input: Input
     instructions: Text | None = None
     background: bool | None = None
+    # The answer as Responses events while the job decodes (docs/streaming.md); the job streams to its event log.
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
     store: bool | None = None
     max_output_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -491,6 +492,7 @@ def to_chat_request(request: ResponseCreate) -> ChatCompletionRequest:
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
     for name in (
+        "stream",
         "temperature",
         "top_p",
         "parallel_tool_calls",
