@@ -229,7 +229,7 @@ class AsyncInferenceService(Construct):
         responses), the upload handler (uploaded jobs), the batch controller (chunks) and events in (jobs); with
         ``wake``, each may wake any fleet from zero. The wake's cluster, interval and hold are read from the first
         fleet's variables (``async_inference.config.WakeTarget``), each fleet's service and group from its route."""
-        queuing = [self.api.handler, self.uploads.handler, self.batches.controller]
+        queuing = [*self.api.functions, self.uploads.handler, self.batches.controller]
         if self.events_in is not None:
             queuing.append(self.events_in.handler)
         routes = {fleet.spec.name: fleet.route(wake=wake) for fleet in self.fleets}
