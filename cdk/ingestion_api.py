@@ -22,7 +22,7 @@ from async_inference.limits import LimitOverrides
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 from cdk.responses_routes import add_responses_routes
-from cdk.streaming_function import new_streaming_function
+from cdk.streaming_function import STREAM_TIMEOUT, new_streaming_function
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
 MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
@@ -310,8 +310,12 @@ class IngestionApi(Construct):
     def _add_routes(self) -> None:
         integration = apigw.LambdaIntegration(self.handler, allow_test_invoke=False)
         # API Gateway invokes the streaming function with InvokeWithResponseStream and sends its answer as it comes.
+        # Its timeout may be up to 15 minutes for a streamed integration (without a quota increase): the stream's own.
         streamed = apigw.LambdaIntegration(
-            self.stream_handler, allow_test_invoke=False, response_transfer_mode=apigw.ResponseTransferMode.STREAM
+            self.stream_handler,
+            allow_test_invoke=False,
+            response_transfer_mode=apigw.ResponseTransferMode.STREAM,
+            timeout=STREAM_TIMEOUT,
         )
         # Parameters only. The body is validated once, by the function, with the pydantic models that also write the
         # OpenAPI document: a second schema here (API Gateway's draft-4 model) answered "Invalid request body" for

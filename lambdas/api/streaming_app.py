@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import os
-
 from typing import Any
 
 from async_inference.streaming.asgi import ENV_PROXY_HANDLER, proxy_app

@@ -57,6 +57,7 @@ def test_the_routes_that_may_stream_have_stream_integrations_to_the_streaming_fu
     for route in STREAMED_ROUTES:
         integration = methods[route]["Properties"]["Integration"]
         assert integration["ResponseTransferMode"] == "STREAM", route
+        assert integration["TimeoutInMillis"] == 900_000, route  # API Gateway holds a stream up to 15 minutes
         assert "response-streaming-invocations" in str(integration["Uri"]) and stream_id in str(integration["Uri"])
     for route in HELD_ROUTES | {("POST", "/v1/jobs")}:
         assert methods[route]["Properties"]["Integration"].get("ResponseTransferMode", "BUFFERED") == "BUFFERED"

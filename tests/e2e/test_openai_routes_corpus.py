@@ -63,7 +63,11 @@ def _post_all(stack: LocalDeployment, endpoint: str, bodies: list[dict]) -> list
         if answer.status_code >= 500:
             print(f"\n{answer.status_code} for {json.dumps(body)[:300]}")
         if answer.headers.get("content-type", "").startswith("text/event-stream"):
-            return answer.status_code, _streamed(endpoint, answer.text, answer.headers[JOB_ID_HEADER])
+            made = _streamed(endpoint, answer.text, answer.headers[JOB_ID_HEADER])
+            # A stream's status is sent before the job runs; one that ended on the request's fault (its error's code
+            # is the job's error code, not server_error) counts as the 400 its held request would have been.
+            code = made.get("error", {}).get("code")
+            return (400 if code not in (None, "server_error", "failed") else answer.status_code), made
         return answer.status_code, answer.json()
 
     with ThreadPoolExecutor(API_FUNCTION_INSTANCES) as pool:
