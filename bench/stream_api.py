@@ -20,15 +20,18 @@ import asyncio
 import json
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
 import requests
 
-from async_inference.config import ENV_STREAM_TABLE
+from async_inference.config import ENV_STREAM_TABLE, ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
+from gpu_worker.worker import WorkerConfig
 from local_runtime.functions import environment_of
 from local_runtime.stack import LocalDeployment
+from local_runtime.worker_thread import WorkerThread
 
 CPU_MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = (
@@ -78,8 +81,11 @@ def direct_ttft(prompts: list[str], max_tokens: int) -> list[float]:
         loop.close()
 
 
-def streamed(api_url: str, api_key: str, prompt: str, max_tokens: int) -> tuple[float, int]:
-    """One streamed chat completion through the API: seconds to its first content chunk, and its completion tokens."""
+def streamed(
+    api_url: str, api_key: str, prompt: str, max_tokens: int, engine: Any = None
+) -> tuple[float, int, str, float, float | None]:
+    """One streamed chat completion through the API: seconds to its first content chunk, its completion tokens, its
+    job id and when it was posted (``time.perf_counter``)."""
     body = _request(prompt, max_tokens).model_dump(exclude_none=True)
     body |= {"stream": True, "stream_options": {"include_usage": True}}
     started, first, tokens = time.perf_counter(), None, 0
@@ -87,7 +93,11 @@ def streamed(api_url: str, api_key: str, prompt: str, max_tokens: int) -> tuple[
         f"{api_url}/v1/chat/completions", json=body, headers={"x-api-key": api_key}, stream=True, timeout=300
     ) as answer:
         answer.raise_for_status()
-        for line in answer.iter_lines():
+        job_id = answer.headers["x-async-inference-job-id"]
+        engine_text: list[float] = []
+        if engine is not None:
+            threading.Thread(target=_first_text, args=(engine, job_id, engine_text), daemon=True).start()
+        for line in answer.iter_lines(chunk_size=None):  # each piece as it arrives (512 would wait for more)
             if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[len(b"data: ") :])
@@ -96,13 +106,24 @@ def streamed(api_url: str, api_key: str, prompt: str, max_tokens: int) -> tuple[
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     assert first is not None, "the stream carried no content"
-    return first, tokens
+    return first, tokens, job_id, started, (engine_text[0] - started if engine_text else None)
+
+
+def _first_text(engine: Any, request_id: str, found: list[float], timeout_s: float = 60) -> None:
+    """When ``engine`` first has text for ``request_id`` (looked at every 5 ms), appended to ``found``."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        texts = engine.texts_so_far(request_id)
+        if texts and texts[0].strip():
+            found.append(time.perf_counter())
+            return
+        time.sleep(0.005)
 
 
 def stream_run(stack: LocalDeployment, api_key: str, counter: Any, max_tokens: int = 32) -> dict[str, Any]:
     """Time to first token direct and through the API (p50, each sample), and AWS requests per 1,000 streamed
     tokens; ``counter``: a ``bench.run.RequestCounter`` installed in this process."""
-    from bench.run import FunctionRequests, RunningWorker, Timed, wait_until
+    from bench.run import FunctionRequests, Timed, wait_until
     from gpu_worker.engines import make_engine
 
     prompts = list(PROMPTS)
@@ -113,25 +134,31 @@ def stream_run(stack: LocalDeployment, api_key: str, counter: Any, max_tokens: i
         for logical_id in stack.functions
         if ENV_STREAM_TABLE in (env := environment_of(stack.deployment, logical_id))
     ]
-    os.environ[ENV_STREAM_TABLE] = tables[0]  # the worker's log, as its task definition names it
     timed = Timed(make_engine("cpu"))
-    with RunningWorker(timed, receive_wait_s=20):
+    # A worker in this process (its requests counted), writing the log its task definition names.
+    config = WorkerConfig(service=ServiceSettings.load().service, receive_wait_s=20, **{ENV_STREAM_TABLE: tables[0]})
+    with WorkerThread.for_engine(timed, config):
         wait_until(lambda: timed.ready, 300)
         streamed(stack.api_url, api_key, prompts[0], 4)  # the API function's and the worker's first job: warm both
         counter.reset()
         functions = FunctionRequests(stack.moto.url)
         with functions.recording():
-            samples = [streamed(stack.api_url, api_key, p, max_tokens) for p in prompts]
+            samples = [streamed(stack.api_url, api_key, p, max_tokens, timed.inner) for p in prompts]
             time.sleep(0.5)  # the last job's deletes and state writes
         worker_requests = counter.total("worker")
     function_requests = sum(functions.counts().values())
-    through = [first for first, _ in samples]
-    tokens = sum(n for _, n in samples)
+    through = [first for first, *_ in samples]
+    tokens = sum(n for _, n, *_ in samples)
+    # Where the time goes: from the POST to the engine's start (the API's submit, the worker's receive), the rest after.
+    to_engine = [timed.started[job_id] - posted for _, _, job_id, posted, _ in samples]
+    engine_text = [round(t, 4) if t is not None else None for *_, t in samples]
     return {
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "direct_ttft_s": [round(t, 4) for t in direct],
         "api_ttft_s": [round(t, 4) for t in through],
+        "post_to_engine_start_s": [round(t, 4) for t in to_engine],
+        "post_to_engine_first_text_s": engine_text,
         "direct_ttft_p50_s": statistics.median(direct),
         "api_ttft_p50_s": statistics.median(through),
         "api_added_ttft_p50_s": statistics.median(through) - statistics.median(direct),
