@@ -12,7 +12,8 @@ completions line is refused by name until that engine routes it to vLLM's comple
 Accepted and honoured: ``prompt`` (one string), ``max_tokens`` (OpenAI's default 16), ``temperature``, ``top_p``,
 ``n``, ``stop``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``; ``user`` without effect. Refused
 with a 400 naming the field: several prompts or token arrays in ``prompt`` (one line, one prompt; token ids are
-OpenAI's tokenizer's), ``echo``, ``logprobs``, ``suffix``, ``best_of`` above 1, ``stream``.
+OpenAI's tokenizer's), ``echo``, ``logprobs``, ``suffix``, ``best_of`` above 1. ``stream`` (and
+``stream_options``) is carried to the chat request: the worker streams the job, the route sends its chunks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from async_inference.schemas import (
     ChoiceCount,
     Penalty,
     StopSequence,
+    StreamOptions,
     TokenId,
     TokenLimit,
     Usage,
@@ -90,7 +92,8 @@ class CompletionRequest(_Strict):
     ] = None
     suffix: Annotated[str | None, _refused("suffix (insertion) is not supported: omit suffix", (None,))] = None
     best_of: Annotated[int | None, _refused("best_of is not supported: use n", (None, 1))] = None
-    stream: Annotated[bool | None, _refused("stream is not supported: a batch line answers once")] = None
+    stream: bool | None = None  # the route streams text_completion chunks as the job decodes (docs/streaming.md)
+    stream_options: StreamOptions | None = None
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat request the engine runs: the prompt as the one message, written out verbatim."""
@@ -100,7 +103,7 @@ class CompletionRequest(_Strict):
             "chat_template_kwargs": {"chat_template": RAW_PROMPT_TEMPLATE},
         }
         for name in ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                     "frequency_penalty", "logit_bias", "user"):  # fmt: skip
+                     "frequency_penalty", "logit_bias", "user", "stream", "stream_options"):  # fmt: skip
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         return ChatCompletionRequest.model_validate(body)

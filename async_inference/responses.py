@@ -9,7 +9,7 @@ models are openai-python's own field for field (``openai.types.responses.respons
 What a request may hold is one of three kinds, as for chat (``async_inference.schemas``): honoured (converted into
 the chat request), accepted without effect (``store: true``, ``user``, prompt caching hints, ``service_tier``,
 ``text.verbosity``), and refused with a 400 naming the field: what needs state this service does not keep
-(``conversation``, ``prompt``), OpenAI-hosted tools, streaming, and what would change the
+(``conversation``, ``prompt``), OpenAI-hosted tools, and what would change the
 answer in a way the conversion cannot carry.
 """
 
@@ -46,6 +46,7 @@ from async_inference.schemas import (
     MetadataKey,
     MetadataValue,
     PromptCacheOptions,
+    StreamOptions,
     TokenLimit,
     _by_type,
     _field_error,
@@ -349,9 +350,6 @@ def _no_logprobs(value: Any) -> Any:
 
 # Parameters OpenAI takes that a background job here cannot honour, and what to do instead: a 400 names them.
 REFUSED = {
-    "stream": "streaming is not supported yet: create the response with background: true and poll GET "
-    "/v1/responses/{id} (docs/design/responses.md); omit stream or send false",
-    "stream_options": "streaming is not supported yet: omit stream_options",
     "conversation": "this service keeps no conversation objects: continue a response with previous_response_id, or "
     "send the earlier turns in input",
     "prompt": "stored prompt templates live on OpenAI's servers: send the prompt's text in instructions and input",
@@ -391,6 +389,9 @@ class ResponseCreate(_Strict):
     input: Input
     instructions: Text | None = None
     background: bool | None = None
+    # The answer as Responses events while the job decodes (docs/streaming.md); the job streams to its event log.
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
     store: bool | None = None
     max_output_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -510,6 +511,7 @@ def to_chat_request(request: ResponseCreate, items: Sequence[Item] | None = None
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
     for name in (
+        "stream",
         "temperature",
         "top_p",
         "parallel_tool_calls",

@@ -85,10 +85,10 @@ MetadataValue = Annotated[str, StringConstraints(max_length=settings.MAX_METADAT
 # attribute name == wire name, OpenAI's documented ranges. Three kinds of parameter:
 # - honoured: they change the answer, and the engines apply them;
 # - accepted without effect: they change nothing a self-hosted text model does (``user``, ``store``, ``metadata``,
-#   ``service_tier``, prompt caching hints, ``stream_options`` without streaming, ``reasoning_effort`` and
+#   ``service_tier``, prompt caching hints, ``stream_options.include_obfuscation``, ``reasoning_effort`` and
 #   ``verbosity`` for a model without them, ``prediction``, a latency hint whose answer is the same);
-# - refused with a 400 that names the field and says what to do instead: what a text-only job cannot do (streaming,
-#   image/audio/file inputs, audio output, OpenAI-hosted tools and moderation).
+# - refused with a 400 that names the field and says what to do instead: what a text-only job cannot do (image,
+#   audio and file inputs, audio output, OpenAI-hosted tools and moderation).
 # An explicit null means "omitted", as OpenAI takes it, for every optional top-level parameter.
 
 
@@ -451,17 +451,6 @@ TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-def _not_streaming(value: Any) -> Any:
-    if value is True:
-        raise _refuse(
-            "unsupported_parameter",
-            "streaming is not supported: a job answers once, when it is done; "
-            "omit stream (or send false) and poll GET /v1/jobs/{id}, or be told by a webhook or the "
-            "WebSocket API",
-        )
-    return value
-
-
 def _refused_parameter(message: str) -> Any:
     """A parameter OpenAI takes that this deployment refuses unless null: the 400's message is the documented one."""
 
@@ -563,10 +552,12 @@ class ChatCompletionRequest(_Strict):
     )
 
     # Accepted without effect on a self-hosted text model (README: "The request").
-    stream: Annotated[Literal[False], BeforeValidator(_not_streaming)] = Field(
+    # Honoured by the OpenAI routes: the answer streams as the worker decodes (docs/streaming.md). A job sent to
+    # POST /v1/jobs with it is streamed to its event log too, and answered as any job.
+    stream: bool = Field(
         default=False,
-        description="Only false: a job answers once, when it is done (poll GET /v1/jobs/{id}, or a "
-        "webhook or the WebSocket API tells you); true is refused (400).",
+        description="true: POST /v1/chat/completions answers with server-sent events (chat.completion.chunk) as the "
+        "job decodes",
     )
     stream_options: StreamOptions | None = None
     user: Annotated[str, StringConstraints(max_length=256)] | None = None

@@ -11,6 +11,9 @@
   json_schema (xgrammar's mask on every step) and unconstrained, in one run, in rounds that alternate which goes
   first: the median of the rounds' structured tokens/s divided by unconstrained tokens/s (goal: at least 0.9).
   ``--only-structured`` runs this alone, without the local stack (``--rounds`` sets the rounds).
+- stream_ttft_added_p50_s, requests_per_1000_streamed_tokens: CPU engine, a warm worker: the time to first token of a
+  streamed chat completion through the API less the engine's own, at p50 (goal: at most 0.5 s), and the AWS requests
+  (worker and functions) per 1,000 streamed tokens (bench/stream_api.py).
 - batch_requests_per_line, batch_engine_utilisation, interactive_wait_under_batch_p95_s: a 5,000-line batch through a
   worker with both lanes (bench/batch_bench.py), with the ratio of the last to its goal (2 x idle pickup + one step).
 
@@ -45,6 +48,7 @@ from async_inference.aws import client
 from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
 from async_inference_client import Client
+from bench.stream_api import stream_run
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.worker import WorkerConfig
 from local_runtime.moto_server import free_port
@@ -696,7 +700,7 @@ def main() -> None:
         api = Client(stack.api_url, API_KEY)
         moto_rate = emulator_rate(stack)
         print(f"moto server answers {moto_rate:.0f} requests/s here (8 callers)", flush=True)
-        full = single = requests = pickup = batch = efficiency = structured = None
+        full = single = requests = pickup = batch = efficiency = structured = streaming = None
         if args.only_embeddings:
             embeddings = embedding_runs(stack, counter, args.embedding_lines)
         elif not args.only_batch:
@@ -745,6 +749,16 @@ def main() -> None:
                 f"{efficiency['pipeline_tokens_per_s']:.1f} tok/s: {efficiency['efficiency']:.3f}"
             )
         if not args.skip_cpu and not args.only_batch and not args.only_embeddings:
+            print(
+                "time to first token: CPU engine, through the API streamed against the engine directly...", flush=True
+            )
+            streaming = stream_run(stack, API_KEY, counter)
+            print(
+                f"  direct p50 {streaming['direct_ttft_p50_s']:.3f} s, through the API p50 "
+                f"{streaming['api_ttft_p50_s']:.3f} s (+{streaming['api_added_ttft_p50_s']:.3f} s, goal <= 0.5); "
+                f"{streaming['requests_per_1000_streamed_tokens']:.0f} AWS requests per 1,000 streamed tokens"
+            )
+        if not args.skip_cpu and not args.only_batch and not args.only_embeddings:
             structured = report_structured(args)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     if full is not None:
@@ -756,6 +770,10 @@ def main() -> None:
         "structured_output_speed_ratio": round(structured["ratio"], 4) if structured else None,
         "requests_per_job": round(requests["requests_per_job"], 3) if requests else None,
         "idle_pickup_p50_s": round(pickup["p50_s"], 4) if pickup else None,
+        "stream_ttft_added_p50_s": round(streaming["api_added_ttft_p50_s"], 4) if streaming else None,
+        "requests_per_1000_streamed_tokens": (
+            round(streaming["requests_per_1000_streamed_tokens"], 1) if streaming else None
+        ),
         **(batch["summary"] if batch else {}),
         **(embeddings["summary"] if embeddings else {}),
     }
@@ -768,6 +786,7 @@ def main() -> None:
         "pickup": pickup,
         "efficiency": efficiency,
         "structured": structured,
+        "streaming": streaming,
         "batch": batch,
         "embeddings": embeddings,
     }

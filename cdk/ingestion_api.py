@@ -23,6 +23,7 @@ from async_inference.limits import LimitOverrides
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 from cdk.responses_routes import add_responses_routes
+from cdk.streaming_function import STREAM_TIMEOUT, new_streaming_function
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
 MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
@@ -174,6 +175,18 @@ class IngestionApi(Construct):
             environment=environment,
             timeout=Duration.seconds(settings.API_FUNCTION_TIMEOUT_S),  # API Gateway's integration timeout
         )
+        assert self.handler.role is not None  # new_function makes one
+        # The OpenAI routes that may stream run on the same handler under Lambda Web Adapter (docs/streaming.md).
+        self.stream_handler = new_streaming_function(
+            self,
+            "StreamHandler",
+            code=code,
+            proxy_handler="lambdas.api.handler.lambda_handler",
+            role=self.handler.role,
+            service_name=self.service_name,
+            environment=environment,
+        )
+        self.functions = (self.handler, self.stream_handler)  # the same code, role and environment
         self.authorizer_function = code.new_function(
             self,
             "Authorizer",
@@ -248,7 +261,8 @@ class IngestionApi(Construct):
         }
         # The TENANT_QUOTAS value: the API's, and the batch controller's (which checks a batch's lines once counted).
         self.tenant_quotas = json.dumps(quotas, sort_keys=True)
-        self.handler.add_environment(ENV_TENANT_QUOTAS, self.tenant_quotas)
+        for function in self.functions:
+            function.add_environment(ENV_TENANT_QUOTAS, self.tenant_quotas)
         key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
         self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         grant_read_api_keys(self.authorizer_function)
@@ -297,6 +311,14 @@ class IngestionApi(Construct):
 
     def _add_routes(self) -> None:
         integration = apigw.LambdaIntegration(self.handler, allow_test_invoke=False)
+        # API Gateway invokes the streaming function with InvokeWithResponseStream and sends its answer as it comes.
+        # Its timeout may be up to 15 minutes for a streamed integration (without a quota increase): the stream's own.
+        streamed = apigw.LambdaIntegration(
+            self.stream_handler,
+            allow_test_invoke=False,
+            response_transfer_mode=apigw.ResponseTransferMode.STREAM,
+            timeout=STREAM_TIMEOUT,
+        )
         # Parameters only. The body is validated once, by the function, with the pydantic models that also write the
         # OpenAPI document: a second schema here (API Gateway's draft-4 model) answered "Invalid request body" for
         # inputs whose function error names the field to fix, and drifted from the models.
@@ -320,19 +342,27 @@ class IngestionApi(Construct):
         )
         v1.add_resource("openapi.json").add_method("GET", integration)
         self._add_openai_routes(v1, integration, validator)
-        add_responses_routes(v1, integration, validator)
-        self._add_held_routes(v1, integration, validator)
+        add_responses_routes(v1, integration, validator, streamed=streamed)
+        self._add_held_routes(v1, integration, streamed, validator)
 
     @staticmethod
     def _add_held_routes(
-        v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator
+        v1: apigw.IResource,
+        integration: apigw.Integration,
+        streamed: apigw.Integration,
+        validator: apigw.IRequestValidator,
     ) -> None:
-        """OpenAI's request routes, each held until its job ends (lambdas/api/openai_routes.py): POST
-        /v1/chat/completions, /v1/completions and /v1/embeddings."""
+        """OpenAI's request routes, each held until its job ends or streamed as it decodes
+        (lambdas/api/openai_routes.py): POST /v1/chat/completions and /v1/completions on the streaming function,
+        /v1/embeddings (never streamed) on the API function."""
         idempotency_key = {"method.request.header.idempotency-key": False}
         chat = v1.add_resource("chat").add_resource("completions")
-        for resource in (chat, v1.add_resource("completions"), v1.add_resource("embeddings")):
-            resource.add_method("POST", integration, request_validator=validator, request_parameters=idempotency_key)
+        for resource, target in (
+            (chat, streamed),
+            (v1.add_resource("completions"), streamed),
+            (v1.add_resource("embeddings"), integration),
+        ):
+            resource.add_method("POST", target, request_validator=validator, request_parameters=idempotency_key)
 
     def _add_openai_routes(
         self, v1: apigw.IResource, integration: apigw.Integration, validator: apigw.IRequestValidator

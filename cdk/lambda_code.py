@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -39,7 +40,8 @@ _PIP_PLATFORM = ["--platform", "manylinux2014_x86_64", "--implementation", "cp",
 # The Lambda runtime ships boto3/botocore. A botocore pulled in by aws-xray-sdk would sit before the runtime's on
 # sys.path (layers come first) and pair an arbitrary botocore with the runtime's boto3, so it is removed from the layer.
 _PROVIDED_BY_RUNTIME = ("boto3", "botocore", "s3transfer")
-_SOURCE_SUFFIXES = {".py", ".json", ".txt"}
+# .sh: the streaming API function's start command, which Lambda Web Adapter executes (its mode is kept: executable).
+_SOURCE_SUFFIXES = {".py", ".json", ".txt", ".sh"}
 
 
 def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
@@ -88,6 +90,7 @@ def _stage_sources(project_root: Path, packages: Sequence[str], cache_root: Path
                 destination = staged / path.relative_to(project_root)
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, destination)
+                shutil.copymode(path, destination)
     return staged
 
 
@@ -140,8 +143,10 @@ class LambdaCode(Construct):
         environment: Mapping[str, str],
         timeout: Duration = Duration.seconds(30),
         memory_size: int = 512,
+        role: iam.IRole | None = None,
     ) -> lambda_.Function:
-        """A function of ``RUNTIME`` on the shared code and layer, traced with X-Ray, with its own log group."""
+        """A function of ``RUNTIME`` on the shared code and layer, traced with X-Ray, with its own log group; ``role``:
+        another function's (the two share every grant), else its own."""
         log_group = logs.LogGroup(
             scope, f"{id}Logs", retention=self.log_retention, removal_policy=RemovalPolicy.DESTROY
         )
@@ -159,6 +164,7 @@ class LambdaCode(Construct):
             memory_size=memory_size,
             tracing=lambda_.Tracing.ACTIVE,
             log_group=log_group,
+            role=role,
         )
         acknowledge(
             function,

@@ -222,7 +222,7 @@ class AsyncInferenceService(Construct):
         queue: the API (jobs, responses), the upload handler (uploaded jobs), the batch controller (chunks) and events
         in (jobs). With ``wake_from_zero``, each may wake any fleet from zero: the stack's wake settings in its
         variables (``async_inference.config.WakeSettings``), each fleet's service and group in its route."""
-        queuing = [self.api.handler, self.uploads.handler, self.batches.controller]
+        queuing = [*self.api.functions, self.uploads.handler, self.batches.controller]
         if self.events_in is not None:
             queuing.append(self.events_in.handler)
         wake = props.wake_from_zero

@@ -229,7 +229,7 @@ class DeltaWriter:
         if isinstance(outcome, GenerationAborted):
             return End(status="cancelled", error="the job was cancelled")
         if isinstance(outcome, PermanentEngineError):
-            return End(status="failed", error=str(outcome))
+            return End(status="failed", error=str(outcome), code=outcome.code)
         if isinstance(outcome, TimeoutError):
             return End(status="failed", error="execution timed out")
         return None

@@ -1,6 +1,7 @@
 """``make demo``: the whole pipeline locally with the real model, jobs inline and by presigned upload, their results,
 the SNS notifications they produced, one job's webhook delivered to a local receiver and verified, and a background
-response created and polled with the official ``openai`` SDK, unmodified, and an embeddings job run by the embedding
+response created and polled with the official ``openai`` SDK, unmodified, a chat completion streamed with it as it
+decodes, and an embeddings job run by the embedding
 model's own fleet (the real all-MiniLM-L6-v2). Exit status 0 only if every job succeeded, the webhook verified, the
 response answered and the embeddings came back."""
 
@@ -27,6 +28,7 @@ INLINE_PROMPTS = [
 ]
 UPLOAD_PROMPT = "Explain in two sentences why the sky is blue."
 RESPONSE_PROMPT = "Name three primary colours."
+STREAM_PROMPT = "Write two sentences about the sea."
 EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the demo template's second model (cdk/cdk.mk)
 EMBEDDING_TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell sharply."]
 
@@ -112,15 +114,18 @@ def run_demo(stack: LocalDeployment) -> int:
 
         webhook_ok = show_webhook(api, receiver, jobs[0][0], stack.webhook_secrets[stack.api_keys[api_key]])
         receiver.stop()
-        response_ok = show_background_response(openai.OpenAI(base_url=stack.api_url + "/v1", api_key=api_key))
+        sdk = openai.OpenAI(base_url=stack.api_url + "/v1", api_key=api_key)
+        response_ok = show_background_response(sdk)
+        stream_ok = show_streamed_chat(sdk)
         embeddings_ok = show_embeddings(api)
 
     ok = all(final.status == "succeeded" for final, _ in finals) and webhook_ok and response_ok and embeddings_ok
+    ok = ok and stream_ok
     print(
         "\ndemo "
         + (
-            "succeeded: every job finished with a result, the webhook verified, the background response answered and "
-            "the embeddings came back"
+            "succeeded: every job finished with a result, the webhook verified, the background response answered, "
+            "the chat streamed and the embeddings came back"
             if ok
             else "FAILED: see above"
         )
@@ -180,6 +185,28 @@ def show_background_response(sdk: openai.OpenAI, timeout_s: float = 300.0) -> bo
         f"   usage: input_tokens={usage.input_tokens} output_tokens={usage.output_tokens}" if usage else "   no usage"
     )
     return bool(response.output_text)  # completed, or incomplete at max_output_tokens: an answer either way
+
+
+def show_streamed_chat(sdk: openai.OpenAI) -> bool:
+    """Stream one chat completion with the official SDK (``stream=True``), printing each delta as it comes; True when
+    it streamed an answer."""
+    print("\nA streamed chat completion, with the official openai SDK (client.chat.completions.create(stream=True)):")
+    started, first, text = time.monotonic(), None, ""
+    print("   ", end="", flush=True)
+    for chunk in sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": STREAM_PROMPT}], max_tokens=48, temperature=0, stream=True
+    ):
+        delta = chunk.choices[0].delta.content if chunk.choices else None
+        if delta:
+            first = first if first is not None else time.monotonic() - started
+            text += delta
+            print(delta, end="", flush=True)
+    print()
+    if first is None:
+        print("   FAILED: the stream carried no text")
+        return False
+    print(f"   first token after {first:.2f} s, the whole answer after {time.monotonic() - started:.2f} s")
+    return True
 
 
 def show_embeddings(api: Client) -> bool:

@@ -132,6 +132,10 @@ class Deployment:
     def of_type(self, resource_type: str) -> dict[str, Physical]:
         return {lid: p for lid, p in self.resources.items() if p.type == resource_type}
 
+    def has_ref(self, resource_type: str, ref: Any) -> bool:
+        """Whether a deployed resource of ``resource_type`` has ``ref`` as its Ref or an attribute."""
+        return any(p.ref == ref or ref in p.attributes.values() for p in self.of_type(resource_type).values())
+
     def by_ref(self, resource_type: str, ref: Any) -> Physical:
         for physical in self.of_type(resource_type).values():
             if physical.ref == ref or ref in physical.attributes.values():

@@ -31,6 +31,7 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
+from async_inference.streaming.asgi import ENV_PROXY_HANDLER
 from local_runtime.deployer import Deployment
 from local_runtime.moto_server import free_port
 from local_runtime.template import LOCAL_REGION, TemplateError
@@ -58,6 +59,9 @@ class StreamedInvoke:
     chunks: Iterator[bytes]
 
 
+WEB_ADAPTER_WRAPPER = ("AWS_LAMBDA_EXEC_WRAPPER", "/opt/bootstrap")
+
+
 class FunctionError(RuntimeError):
     """A synchronous invocation whose function raised; the message is Lambda's errorMessage."""
 
@@ -80,6 +84,26 @@ def lambda_provided(name: str, props: dict[str, Any], code_dir: Path) -> dict[st
         "LANG": "en_US.UTF-8",
         "PATH": "/usr/local/bin:/usr/bin:/bin",
     }
+
+
+def is_web_adapter(environment: dict[str, str]) -> bool:
+    """Whether a function runs under Lambda Web Adapter (its wrapper starts the adapter: cdk/streaming_function.py)."""
+    return environment.get(WEB_ADAPTER_WRAPPER[0]) == WEB_ADAPTER_WRAPPER[1]
+
+
+def local_handler(handler: str, environment: dict[str, str]) -> str:
+    """The Python handler a function runs locally: its ``Handler``; for a Web Adapter function (whose ``Handler`` is
+    the start command of an ASGI server), the proxy handler its ASGI app serves, named by ``PROXY_HANDLER``. The local
+    host's stream invocation writes what the adapter would stream from that app's answer."""
+    if not is_web_adapter(environment):
+        return handler
+    try:
+        return environment[ENV_PROXY_HANDLER]
+    except KeyError:
+        raise TemplateError(
+            f"a Web Adapter function (handler {handler!r}) runs locally only with {ENV_PROXY_HANDLER} naming the "
+            "proxy handler its ASGI app serves"
+        ) from None
 
 
 def runtime_packages_dir(root: Path) -> Path:
@@ -133,12 +157,15 @@ class LocalFunction:
         self.logical_id = logical_id
         self.name: str = physical.ref
         self.arn: str = physical.attributes["Arn"]
-        self.handler: str = props["Handler"]
+        template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
+        self.handler: str = local_handler(props["Handler"], template_env)
         self.timeout_s = float(props.get("Timeout", 3))
         self.code_dir = deployment.assembly.asset_path(logical_id)
         paths = [str(self.code_dir)]
         if layers_run_here(runtime):
             for layer_arn in props.get("Layers", []):
+                if is_web_adapter(template_env) and not deployment.has_ref("AWS::Lambda::LayerVersion", layer_arn):
+                    continue  # the adapter's own layer (published by AWS): the host's /invoke-stream stands in for it
                 layer = deployment.by_ref("AWS::Lambda::LayerVersion", layer_arn)
                 paths.append(str(deployment.assembly.asset_path(layer.logical_id) / "python"))
             paths.append(str(runtime_packages_dir(deployment.assembly.directory / ".local-lambda-runtime")))
@@ -153,7 +180,6 @@ class LocalFunction:
                 )
             paths.extend(site.getsitepackages())
         self.paths = paths
-        template_env = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
         self.environment = {**lambda_provided(self.name, props, self.code_dir), **template_env, **extra_env}
         self._log = log
         self.instances = instances

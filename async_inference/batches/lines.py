@@ -47,6 +47,13 @@ class BatchInputLine(BaseModel):
         cost, async_inference.limits; None: the defaults), naming the field and the limit as the jobs API does."""
         request = parse_line_body(self.url, self.body)
         chat = _as_chat(request)
+        if chat is not None and chat.stream:  # the routes stream; a line's answer is a line of the output file
+            error = PydanticCustomError(
+                "unsupported_parameter",
+                "a batch line is answered once, in the batch's output file: omit stream (or send false)",
+            )
+            details = InitErrorDetails(type=error, loc=("stream",), input=True)
+            raise ValidationError.from_exception_data(type(request).__name__, [details])
         if chat is not None:
             try:
                 check_request(chat, limits or RequestLimits())

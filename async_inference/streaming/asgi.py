@@ -29,6 +29,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 REQUEST_CONTEXT_HEADER = "x-amzn-request-context"
+# A Web Adapter function's variable naming the proxy handler its ASGI app serves (module.function, as a Handler).
+ENV_PROXY_HANDLER = "PROXY_HANDLER"
 LAMBDA_CONTEXT_HEADER = "x-amzn-lambda-context"
 
 

@@ -112,7 +112,7 @@ def end_of(job: Job, result: dict[str, Any] | None = None) -> End | None:
     if job.status not in FINAL_STATES:
         return None
     if job.status is not JobStatus.SUCCEEDED:
-        return End(status=job.status.value, error=job.error)
+        return End(status=job.status.value, error=job.error, code=job.error_code)
     if result is None:
         return End(status="failed", error=f"the job succeeded but its result is gone: GET /v1/jobs/{job.job_id}")
     if result.get("object") == "response":

@@ -64,6 +64,9 @@ class End(BaseModel):
     completion_tokens: int = 0
     system_fingerprint: str | None = None
     error: str | None = None
+    # The request's fault (``context_length_exceeded``, ``invalid_request``: the job's ``error_code``), else None: a
+    # stream tells the client it is its error to fix, as a held request's 400 does.
+    code: str | None = None
 
 
 class Segment(BaseModel):

@@ -54,6 +54,8 @@ def _error(message: str, kind: str = "server_error", code: str | None = None) ->
 
 def _end_error(end: End) -> dict[str, Any]:
     reason = end.error or f"the job ended {end.status}"
+    if end.code is not None:  # the request's fault, as a held request's 400 says
+        return _error(f"the job {end.status}: {reason}", kind="invalid_request_error", code=end.code)
     return _error(f"the job {end.status}: {reason}", code=end.status)
 
 
@@ -273,7 +275,7 @@ class _ResponseEvents:
             failed = {
                 **self.response,
                 "status": status,
-                "error": {"code": "server_error", "message": end.error or f"the response {status}"},
+                "error": {"code": end.code or "server_error", "message": end.error or f"the response {status}"},
             }
             yield self.event("response.failed", response=failed)
             return

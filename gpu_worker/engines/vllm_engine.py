@@ -225,6 +225,9 @@ class VllmEngine(VllmBase):
         body = request.model_dump(mode="json", exclude_none=True)
         body.pop("functions", None)
         body.pop("function_call", None)
+        # A streamed job streams through the worker's event log (gpu_worker/deltas.py): vLLM answers it whole.
+        body.pop("stream", None)
+        body.pop("stream_options", None)
         body.update(model=self._served_name, request_id=request_id)
         if asks.tools:
             body["tools"] = [{"type": "function", "function": f.signature()["function"]} for f in asks.tools]

@@ -43,6 +43,7 @@ from async_inference.schemas import (
 )
 from async_inference.service import JobService, ServiceError, describe_validation_error
 from async_inference.sync_wait import MAX_WAIT_S, JobWait, preferred_wait_s
+from lambdas.api import stream_answers
 from lambdas.api.openapi_document import JOB_ID, JOB_ID_HEADER, error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
@@ -100,6 +101,7 @@ def configure(service: JobService) -> None:
     jobs = service
     responses = ResponseService(service)
     waiter = JobWait(service.store)
+    stream_answers.configure(service)
 
 
 def _jobs() -> JobService:
@@ -125,7 +127,10 @@ def _waiter() -> JobWait:
     responses=_documented("The chat.completion", ChatCompletion),
 )
 def create_chat_completion(request: Annotated[ChatCompletionRequest, Body()], idempotency_key: IdempotencyKey = None):
-    return _answer(_held(JobSubmission.model_validate({"request": request}), idempotency_key))
+    submission = JobSubmission.model_validate({"request": request})
+    if request.stream:
+        return stream_answers.chat(_submitted(submission, idempotency_key), request)
+    return _answer(_held(submission, idempotency_key))
 
 
 @router.post(
@@ -142,6 +147,8 @@ def create_completion(request: Annotated[CompletionRequest, Body()], idempotency
         message, details = describe_validation_error(exc)
         raise ServiceError(400, "invalid_request", message, details) from exc
     submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": chat})
+    if chat.stream:
+        return stream_answers.completion(_submitted(submission, idempotency_key), chat)
     job = _held(submission, idempotency_key)
     return _answer(job, convert=_text_completion)
 
@@ -161,12 +168,36 @@ def answer_response(request: ResponseCreate, idempotency_key: str | None) -> Htt
     """``POST /v1/responses`` without ``background``: the response's job, held until it ends; the Response."""
     assert responses is not None, "openai_routes.configure() was not called"
     tenant, started = _tenant(), time.monotonic()
+    if request.stream:
+        stream_answers.check_available()
     created = responses.create(tenant, request, idempotency_key)
+    if request.stream:  # background or not: the events while it runs; a background one goes on if the client leaves
+        job = _jobs().get(tenant, job_id_of(created.id))
+        return stream_answers.response(job, created.model_dump(mode="json"))
     job = _wait(job_id_of(created.id), started)
     if job.status is not JobStatus.SUCCEEDED:
         return _unanswered(job)
     answer = responses.retrieve(tenant, created.id)
     return _ok(job, answer.model_dump_json().encode())
+
+
+def resume_response(response_id: str, starting_after: int | None) -> HttpResponse:
+    """``GET /v1/responses/{id}?stream=true``: the response's events from its job's event log, after
+    ``starting_after``; the response echoed in the first events is the one created (queued, no output yet)."""
+    assert responses is not None, "openai_routes.configure() was not called"
+    current = responses.retrieve(_tenant(), response_id)
+    job = _jobs().get(_tenant(), job_id_of(response_id))
+    created = current.model_copy(
+        update={
+            "status": "queued",
+            "output": [],
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+            "completed_at": None,
+        }
+    )
+    return stream_answers.response(job, created.model_dump(mode="json"), starting_after)
 
 
 def _text_completion(job: Job, body: bytes) -> bytes:
@@ -182,10 +213,17 @@ def _text_completion(job: Job, body: bytes) -> bytes:
 def _held(submission: JobSubmission, idempotency_key: str | None) -> Job:
     """Submit the job as POST /v1/jobs does (interactive priority) and wait for it: the job as it then stands."""
     started = time.monotonic()
+    return _wait(_submitted(submission, idempotency_key).job_id, started)
+
+
+def _submitted(submission: JobSubmission, idempotency_key: str | None) -> Job:
+    """Submit the job as POST /v1/jobs does (interactive priority): the job as submitted."""
+    if submission.request is not None and getattr(submission.request, "stream", False):
+        stream_answers.check_available()  # before a job is made that nobody could read
     submitted = _jobs().submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
-    return _wait(submitted.job.job_id, started)
+    return submitted.job
 
 
 def _wait(job_id: str, started: float) -> Job:

@@ -59,11 +59,12 @@ def _tenant() -> str:
     summary="Create a response (OpenAI's Responses API), background or held until it ends",
     description="The response runs as a job. With `background: true` it is answered at once, `queued`; poll GET "
     "/v1/responses/{id} until its status is final. Without it the connection is held until the job ends and the "
-    "answer is the final Response (docs/openai-routes.md: the maximum wait, the job id header). "
+    "answer is the final Response (docs/openai-routes.md: the maximum wait, the job id header). With `stream: true` "
+    "the answer is the response's events as it decodes (docs/streaming.md). "
     "`previous_response_id` continues a stored response of the tenant's (404 `previous_response_not_found` for an "
     "unknown, deleted or another tenant's id; 400 for one not completed); `truncation: auto` drops the oldest turns "
-    "that cannot fit the context. `stream: true`, `conversation`, hosted tools and other parameters this service "
-    "cannot honour are 400s that name them (docs/design/responses.md).",
+    "that cannot fit the context. `conversation`, hosted tools and other parameters this service cannot honour are "
+    "400s that name them (docs/design/responses.md).",
     responses={
         200: ok("The response: queued (background), else final", Response),
         **error_responses(
@@ -84,17 +85,26 @@ def create_response(
     request: Annotated[ResponseCreate, Body()],
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key", min_length=1, max_length=255)] = None,
 ):  # no return annotation (Powertools would validate against it): a held response's error is the error envelope
-    if request.background is not True:
-        return openai_routes.answer_response(request, idempotency_key)  # held until its job ends
+    if request.background is not True or request.stream:
+        return openai_routes.answer_response(request, idempotency_key)  # held until its job ends, or streamed
     return _json(_service().create(_tenant(), request, idempotency_key))
 
 
 @router.get(
     "/v1/responses/<response_id>",
-    summary="A background response: its status and, once final, its output",
+    summary="A response: its status and, once final, its output; with stream=true its events (a resumed stream)",
+    description="`stream=true` answers the response's events as `POST /v1/responses` with `stream: true` does, from "
+    "the job's event log, on any API instance: after `starting_after`, the `sequence_number` of the last event the "
+    "client received, it continues with the next one.",
     responses={200: ok("The response", Response), **error_responses(400, 410, e404=NO_RESPONSE)},
 )
-def get_response(response_id: ResponseId) -> HttpResponse[Response]:
+def get_response(
+    response_id: ResponseId,
+    stream: Annotated[bool, Query()] = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+):  # no return annotation: a streamed answer is text/event-stream, which Powertools would validate as a Response
+    if stream:
+        return openai_routes.resume_response(response_id, starting_after)
     return _json(_service().retrieve(_tenant(), response_id))
 
 

@@ -123,3 +123,20 @@ def test_an_embeddings_lines_body_is_an_embeddings_request_and_a_token_array_a_4
     assert tokens.result.response.status_code == 400 and body["param"] == "input"
     assert body["message"].startswith("the body is not a valid embeddings request: ")
     assert "token arrays are not accepted" in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/v1/chat/completions", {**TOOLS_BODY, "stream": True}),
+        ("/v1/completions", {"model": "m", "prompt": "Once", "stream": True}),
+        ("/v1/responses", {"model": "m", "input": "hi", "stream": True}),
+    ],
+)
+def test_a_line_that_asks_to_stream_is_refused_naming_stream(url, body):
+    # GIVEN a line asking to stream (the routes stream; a line is answered in the output file)
+    parsed = BatchInputLine.model_validate_json(json.dumps(line("a", body, url=url)))
+    # WHEN its body is read as a request THEN the refusal names stream
+    with pytest.raises(ValidationError) as caught:
+        parsed.request()
+    assert caught.value.errors()[0]["loc"] == ("stream",)

@@ -91,7 +91,6 @@ def test_throttling_and_quota_answers_are_429_in_the_error_envelope(stack, respo
         ({"request": chat(temperature="hot")}, "request.temperature"),
         ({"request": {"model": "m", "messages": [{"role": "robot", "content": "x"}]}}, "request.messages.0.role"),
         ({"request": chat(stop=["a", "b", "c", "d", "e"])}, "request.stop"),
-        ({"request": chat(stream=True)}, "request.stream"),
         ({"request": chat(top_logprobs=2)}, "request.top_logprobs"),
         ({"request": chat(max_tokens=10, max_completion_tokens=20)}, "request.max_completion_tokens"),
         (

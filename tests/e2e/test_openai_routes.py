@@ -121,12 +121,6 @@ def test_a_request_that_is_too_long_for_the_context_is_a_400_context_length_exce
     assert response.status == "failed" and response.error.code == "context_length_exceeded"
 
 
-def test_stream_true_is_a_400_naming_stream(sdk):
-    with pytest.raises(openai.BadRequestError) as caught:
-        sdk.chat.completions.create(model="echo-model", messages=[{"role": "user", "content": "hi"}], stream=True)
-    assert caught.value.body["details"][0]["field"] == "stream"
-
-
 def test_a_chat_job_past_the_maximum_wait_is_a_504_naming_the_job_which_goes_on(stack, sdk):
     # GIVEN no worker WHEN the SDK creates a chat completion THEN after the maximum wait it gets a 504 naming the job,
     # once (not retried: a retry would queue the request again)

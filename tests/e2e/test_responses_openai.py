@@ -145,7 +145,6 @@ def test_a_deleted_response_is_gone(sdk):
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"stream": True}, "stream"),
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
         ({"store": False}, "store"),
     ],

@@ -3,6 +3,8 @@ own typed objects, and its accumulators rebuild the whole answer from them."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -223,3 +225,20 @@ def test_a_failed_run_ends_with_response_failed_and_its_reason():
     events, _ = responses_state(response_events(segments, response=response_object()))
     assert events[-1].type == "response.failed"
     assert events[-1].response.error.message == "the prompt is too long"
+
+
+def test_a_run_failed_by_the_request_ends_the_chat_stream_with_its_code():
+    # GIVEN a run that failed on the request's fault (the job's error code) WHEN streamed as chat chunks THEN the
+    # error event carries that code as a client error, as the held request's 400 would (not server_error)
+    end = End(status="failed", error="the prompt is longer than the context", code="context_length_exceeded")
+    frames = list(chat_completion_chunks([Segment(seq=1_000_001, end=end)], completion_id="c", model="m"))
+    [error] = [json.loads(f[len("data: ") :]) for f in frames if f.startswith('data: {"error"')]
+    assert error["error"]["code"] == "context_length_exceeded"
+    assert error["error"]["type"] == "invalid_request_error"
+
+
+def test_a_run_failed_by_the_request_ends_with_response_failed_and_its_code():
+    end = End(status="failed", error="the prompt is longer than the context", code="context_length_exceeded")
+    events, _ = responses_state(response_events([Segment(seq=1_000_001, end=end)], response=response_object()))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "context_length_exceeded"

@@ -178,7 +178,6 @@ def test_metadata_is_the_jobs_not_the_chat_requests():
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
-        ({"stream": True}, "stream"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"store": False}, "store"),
         ({"include": ["message.output_text.logprobs"]}, "include.0"),
@@ -199,6 +198,13 @@ def test_what_cannot_be_honoured_is_refused_by_name(fields, field):
     # WHEN a request holds a parameter this service cannot honour THEN validation names that field
     location, message = refusal(fields)
     assert location == field, message
+
+
+def test_stream_is_carried_to_the_chat_request_the_job_runs():
+    # GIVEN a streamed Responses request WHEN it is converted THEN its job's chat request streams (the worker writes
+    # its event log only for a request with stream true)
+    assert to_chat_request(create(stream=True, stream_options={"include_obfuscation": False})).stream is True
+    assert to_chat_request(create()).stream is False
 
 
 @pytest.mark.parametrize("background", [None, False])
