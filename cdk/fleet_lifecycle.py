@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from aws_cdk import ArnFormat, CustomResource, Duration, Stack, Token
+from aws_cdk import CustomResource, Duration, Stack, Token
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -20,7 +20,7 @@ from async_inference.fleet_deploy_steps import (
     PROP_SERVICE,
     TASK_PROTECTION_RELEASE,
 )
-from cdk.gpu_worker_service import GpuWorkerService
+from cdk.gpu_worker_service import GpuWorkerService, group_arn
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
 
@@ -106,14 +106,7 @@ class FleetLifecycle(Construct):
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceProtection"],
-                resources=[
-                    stack.format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+                resources=[group_arn(group)],
             )
         )
         function.add_to_role_policy(

@@ -3,7 +3,7 @@ of instances that run no task."""
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
@@ -15,7 +15,7 @@ from constructs import Construct
 
 from async_inference.config import ENV_MODEL_DIR, ENV_MODEL_S3_URI, ENV_WORKER_CLUSTER
 from cdk.fleet_lifecycle import FleetLifecycle
-from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH, GpuWorkerService
+from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH, GpuWorkerService, group_arn
 from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
@@ -202,9 +202,7 @@ class GpuCapacity(Construct):
             "PoolInitPolicy",
             roles=[role],
             statements=[
-                iam.PolicyStatement(
-                    actions=["autoscaling:CompleteLifecycleAction"], resources=[self._group_arn(group)]
-                ),
+                iam.PolicyStatement(actions=["autoscaling:CompleteLifecycleAction"], resources=[group_arn(group)]),
                 # No resource-level permission exists for it.
                 iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingInstances"], resources=["*"]),
             ],
@@ -233,7 +231,7 @@ class GpuCapacity(Construct):
         exists for it) to see that the group is at 0 first."""
         group = self.auto_scaling_group
         function.add_to_role_policy(
-            iam.PolicyStatement(actions=["autoscaling:SetDesiredCapacity"], resources=[self._group_arn(group)])
+            iam.PolicyStatement(actions=["autoscaling:SetDesiredCapacity"], resources=[group_arn(group)])
         )
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingGroups"], resources=["*"])
@@ -256,15 +254,6 @@ class GpuCapacity(Construct):
         function's X-Ray statement already acknowledges Resource::* on its role)."""
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["autoscaling:DescribeScalingActivities"], resources=["*"])
-        )
-
-    def _group_arn(self, group: autoscaling.AutoScalingGroup) -> str:
-        """The group's ARN by its name (its id part is generated, so a wildcard stands for it)."""
-        return Stack.of(self).format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
 
     def _release(self, group: autoscaling.AutoScalingGroup, cluster: ecs.ICluster, code: LambdaCode):
@@ -322,7 +311,7 @@ class GpuCapacity(Construct):
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
-                resources=[self._group_arn(group)],
+                resources=[group_arn(group)],
             )
         )
         # DescribeAutoScalingGroups supports no resource-level permission; the function's own X-Ray statement already

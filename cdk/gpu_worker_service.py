@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import jsii
-from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aspects, Duration, IAspect, RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
@@ -69,6 +69,16 @@ SESSION_MANAGER_ACTIONS = (
     "ssmmessages:OpenControlChannel",
     "ssmmessages:OpenDataChannel",
 )
+
+
+def group_arn(group: autoscaling.AutoScalingGroup) -> str:
+    """The group's ARN by its name (its id part is generated, so a wildcard stands for it)."""
+    return Stack.of(group).format_arn(
+        service="autoscaling",
+        resource="autoScalingGroup",
+        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
 
 
 class GpuWorkerService(Construct):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jsii
-from aws_cdk import ArnFormat, Duration, Stack, Tags
+from aws_cdk import Duration, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
@@ -30,7 +30,7 @@ from async_inference.config import (
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.gpu_capacity import GpuCapacity
-from cdk.gpu_worker_service import WORKER_ECS_SERVICE_NAME, GpuWorkerService
+from cdk.gpu_worker_service import WORKER_ECS_SERVICE_NAME, GpuWorkerService, group_arn
 from cdk.job_queue import JobQueue, secure_dead_letter_queue, secure_queue
 from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
@@ -304,14 +304,7 @@ class ModelFleet(Construct):
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceProtection", "autoscaling:SetDesiredCapacity"],
-                resources=[
-                    stack.format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name=f"*:autoScalingGroupName/{group.auto_scaling_group_name}",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+                resources=[group_arn(group)],
             )
         )
         acknowledge(

@@ -151,7 +151,8 @@ def test_capacity_and_worker_settings_come_from_the_template(stack_template):
 
 def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stack_template):
     # GIVEN the stack WHEN the reader looks for functions that may set the worker service's count THEN it finds the
-    # functions that queue work: the API, the upload and the batch controller functions (a MODEL_FLEETS route naming
+    # functions that queue work: the API and its streaming function (lambdas/api/run.sh under the Web Adapter), the
+    # upload and the batch controller functions (a MODEL_FLEETS route naming
     # the service, ecs:UpdateService on it), at 60 s, each holding the service at one task for the wake hold (minimum
     # and maximum: the route's worker_hold_max_tasks) and starting the GPU instance (the route's worker_group naming
     # the group, autoscaling:SetDesiredCapacity on it)
@@ -172,6 +173,7 @@ def test_the_wake_reads_back_as_the_functions_that_queue_jobs_once_a_minute(stac
         "lambdas.api.handler.lambda_handler",
         "lambdas.batch_controller.handler.lambda_handler",
         "lambdas.upload.handler.lambda_handler",
+        "lambdas/api/run.sh",
     ]
 
 
