@@ -432,10 +432,46 @@ def check_worker(model_dir: Path, expected: list[Generation]) -> None:
                     check(f"worker: {name}", False, f"{job.status.value}: {job.error}")
                 else:
                     check_parameters("worker", name, fields, api.result(job))
+            check_stream(stack.api_url, key, expected[1])
         finally:
             stack.stop()
     if not all(r.ok for r in results if r.name.startswith("worker")):
         print(f"--- worker log (tail) {log_path}\n{log_path.read_text(errors='replace')[-4000:]}", flush=True)
+
+
+def check_stream(api_url: str, key: str, want: Generation) -> None:
+    """``stream: true`` through the local stack's OpenAI route to the worker on real vLLM: the official SDK reads
+    ``chat.completion.chunk`` events from the job's event log, written while vLLM decodes; their text joined is the
+    greedy answer, in more than one piece, the last chunk carrying the usage."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=api_url + "/v1", api_key=key, max_retries=0, timeout=600)
+    started = time.monotonic()
+    stream = sdk.chat.completions.create(
+        model=SERVED_NAME,
+        messages=[{"role": "user", "content": PROMPTS[1]}],
+        max_tokens=GREEDY_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[tuple[float, str]] = []
+    usage = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append((time.monotonic() - started, chunk.choices[0].delta.content))
+        if chunk.usage is not None:
+            usage = chunk.usage
+    text = "".join(piece for _, piece in pieces)
+    check(
+        "worker: stream: true through the OpenAI route, as vLLM decodes",
+        text == want.text
+        and len(pieces) > 1
+        and usage is not None
+        and usage.completion_tokens == want.completion_tokens,
+        f"{len(pieces)} content chunks, first at {pieces[0][0] if pieces else 0:.2f} s, last at "
+        f"{pieces[-1][0] if pieces else 0:.2f} s; {text!r}; usage {usage.model_dump() if usage else None}",
+    )
 
 
 def main() -> int:
