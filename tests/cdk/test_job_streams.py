@@ -46,7 +46,8 @@ def test_the_worker_only_appends_to_the_log_and_the_api_only_queries_it(synthesi
     """GIVEN the roles WHEN reading their grants on the log THEN the worker has PutItem alone, the API Query alone."""
     arn = {"Fn::GetAtt": [_streams(synthesized), "Arn"]}
     worker = role_actions(
-        synthesized.template, synthesized.logical_id(synthesized.stack.service.fleets[0].workers.task_definition.task_role)
+        synthesized.template,
+        synthesized.logical_id(synthesized.stack.service.fleets[0].workers.task_definition.task_role),
     )
     api = role_actions(synthesized.template, function_role(synthesized.template, API))
     assert {a for a, resources in worker.items() if arn in resources} == {"dynamodb:PutItem"}
