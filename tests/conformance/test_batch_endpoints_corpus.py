@@ -1,6 +1,7 @@
 """The corpus's real /v1/embeddings, /v1/completions and /v1/responses bodies (tests/conformance/corpus) as batch
-lines: each is accepted (and a generating one converts to the chat request the engine runs), or refused by a
-validation error naming a field; none raises anything else. The counts are the measure docs/design/embeddings.md
+lines, read as the worker reads a line (``BatchInputLine.request``): each is accepted (and a generating one converts to
+the chat request the engine runs, within its cost bounds), or refused by a validation error naming a field; none
+raises anything else. The counts are the measure docs/design/embeddings.md
 quotes: a change in them is a change in what real clients get."""
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from async_inference.completions import CompletionRequest
-from async_inference.endpoints import parse_line_body
-from async_inference.responses import ResponseCreate, to_chat_request
+from async_inference.batches.lines import BatchInputLine
 from async_inference.schemas import error_location
 from tests.conformance.openai_reference import CORPUS, MODEL_PLACEHOLDER
 
@@ -27,15 +26,12 @@ def answers(endpoint: str) -> tuple[int, int, Counter[str]]:
             continue
         total += 1
         body = {**record["body"], "model": "m"} if record["body"].get("model") == MODEL_PLACEHOLDER else record["body"]
+        line = BatchInputLine.model_validate({"custom_id": "c", "method": "POST", "url": endpoint, "body": body})
         try:
-            request = parse_line_body(endpoint, body)
+            line.request()
         except ValidationError as exc:
             refused[error_location(exc.errors()[0]).split(".")[0]] += 1
             continue
-        if isinstance(request, CompletionRequest):
-            request.to_chat()
-        elif isinstance(request, ResponseCreate):
-            to_chat_request(request)
         accepted += 1
     return total, accepted, refused
 
@@ -53,11 +49,11 @@ def answers(endpoint: str) -> tuple[int, int, Counter[str]]:
                 82,
                 53,
                 {
-                    "stream": 12,
+                    "stream": 11,
                     "input": 6,
                     "tools": 4,
+                    "conversation": 2,
                     "previous_response_id": 2,
-                    "stream_options": 1,
                     "type": 1,
                     "reasoning": 1,
                     "include": 1,
