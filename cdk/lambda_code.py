@@ -17,9 +17,12 @@ checkout gives the same layer, and ``cdk deploy`` publishes no new layer version
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -50,8 +53,10 @@ def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
     layer_dir = cache_root / f"deps-{digest}"
     if (layer_dir / ".complete").exists():
         return layer_dir
-    building = cache_root / f"deps-{digest}.building"
-    shutil.rmtree(building, ignore_errors=True)
+    # Built in a directory of its own and moved into place whole: two synths at once (test workers on a fresh clone)
+    # each build one, the first rename wins and the other's copy is dropped.
+    cache_root.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f"deps-{digest}.", suffix=".building", dir=cache_root))
     target = building / "python"
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     command += [*_PIP_PLATFORM, "--only-binary=:all:", "--require-hashes", "--target", str(target)]
@@ -66,8 +71,11 @@ def _install_dependencies(requirements: Path, cache_root: Path) -> Path:
     for record in target.glob("*.dist-info/RECORD"):
         _drop_outside_entries(record)
     (building / ".complete").write_text(digest)
-    shutil.rmtree(layer_dir, ignore_errors=True)
-    building.rename(layer_dir)
+    building.chmod(0o755)  # mkdtemp's directory is private; the asset is the directory's contents, as before
+    try:
+        building.rename(layer_dir)
+    except OSError:  # another synth built the same layer first
+        shutil.rmtree(building, ignore_errors=True)
     return layer_dir
 
 
@@ -81,17 +89,46 @@ def _drop_outside_entries(record: Path) -> None:
 
 
 def _stage_sources(project_root: Path, packages: Sequence[str], cache_root: Path) -> Path:
-    """A directory holding only the service's own packages, so the asset hash changes only when they do."""
-    staged = cache_root / "sources"
-    shutil.rmtree(staged, ignore_errors=True)
-    for package in packages:
-        for path in sorted((project_root / package).rglob("*")):
-            if path.is_file() and path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts:
-                destination = staged / path.relative_to(project_root)
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, destination)
-                shutil.copymode(path, destination)
+    """A directory holding only the service's own packages, so the asset hash changes only when they do.
+
+    It is named by its content and moved into place whole, never rewritten: a synth running beside this one (a test's
+    variant, ``make synth``) copies from a directory no other synth deletes under it."""
+    files = [
+        path
+        for package in packages
+        for path in sorted((project_root / package).rglob("*"))
+        if path.is_file() and path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts
+    ]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(project_root)}\0{path.stat().st_mode & 0o111}\0".encode())
+        digest.update(path.read_bytes())
+    staged = cache_root / f"sources-{digest.hexdigest()[:16]}"
+    if staged.is_dir():
+        os.utime(staged)  # used now: not pruned as stale
+        return staged
+    cache_root.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix="sources-", suffix=".building", dir=cache_root))
+    for path in files:
+        destination = building / path.relative_to(project_root)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination)
+        shutil.copymode(path, destination)
+    building.chmod(0o755)  # mkdtemp's directory is private
+    try:
+        building.rename(staged)
+    except OSError:  # another synth staged the same sources first
+        shutil.rmtree(building, ignore_errors=True)
+    _prune_stale_sources(cache_root, keep=staged)
     return staged
+
+
+def _prune_stale_sources(cache_root: Path, keep: Path) -> None:
+    """Remove staged sources of other code that no synth has used for a day (a synth in flight uses its own now)."""
+    stale_before = time.time() - 86_400
+    for entry in cache_root.glob("sources*"):
+        if entry != keep and entry.is_dir() and entry.stat().st_mtime < stale_before:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 class LambdaCode(Construct):

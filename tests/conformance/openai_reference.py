@@ -5,7 +5,7 @@ ranges and rules from OpenAI's API reference.
 
 Each body is one of:
 - ``invalid``: OpenAI refuses it (an unknown parameter, a wrong type, a value out of its documented range);
-- ``out_of_scope``: OpenAI takes it, but it asks for what a self-hosted text-only job cannot do: streaming, image,
+- ``out_of_scope``: OpenAI takes it, but it asks for what a self-hosted text-only job cannot do: image,
   audio or file inputs, audio output, OpenAI-hosted services (web search, moderation), custom tools. The service
   must refuse it with a 400 naming one of ``fields``;
 - ``valid``: OpenAI takes it and a text model can answer it: the service must accept it.
@@ -263,8 +263,6 @@ def _out_of_scope(body: dict[str, Any]) -> tuple[str, set[str]]:
         reasons.append(reason)
         fields.add(where)
 
-    if body.get("stream") is True:
-        add("streaming", "stream")
     for i, message in enumerate(body["messages"]):
         for j, part in enumerate(message["content"] if isinstance(message.get("content"), list) else ()):
             if part["type"] in NON_TEXT_PARTS:

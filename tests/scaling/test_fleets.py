@@ -57,7 +57,7 @@ def test_each_fleet_is_read_with_its_own_policy_capacity_worker_and_wake(two_fle
     assert (second.policy.maximum, second.cluster.max_instances, second.worker.max_num_seqs) == (1, 1, 64)
     assert (first.worker.model, second.worker.model) == (FIRST, SECOND["name"])
     assert first.wake is not None and second.wake is not None
-    assert first.wake.functions == second.wake.functions and len(second.wake.functions) == 3
+    assert first.wake.functions == second.wake.functions and len(second.wake.functions) == 4
     assert first.wake.starts_instance and second.wake.starts_instance  # each group through its route
     # the first fleet's pool (1) starts fewer than its 2 tasks: the hold keeps its maximum at 1; the second's (1)
     # starts its one task: no maximum held

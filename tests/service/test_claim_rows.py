@@ -12,6 +12,7 @@ import requests
 from async_inference import settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
+from async_inference.fleets import FleetRoute
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
 from async_inference.service import JobService
 from local_runtime.moto_server import MotoServer, free_port
@@ -43,6 +44,7 @@ def service(moto: MotoServer) -> JobService:
         blobs=Blobs(config.bucket_name),
         queue=JobQueue(config.queue_url),
         notifier=Notifier(config.topic_arn),
+        fleets={"m": FleetRoute(queue_url=config.queue_url)},  # a model's route is the only way to its queue
     )
 
 

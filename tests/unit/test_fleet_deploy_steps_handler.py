@@ -42,8 +42,10 @@ def handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     with mock_aws():  # ECS without the stack's cluster yet: a new stack
-        yield importlib.import_module("lambdas.fleet_deploy_steps.handler")
+        # Its clients are made at import: reloaded inside the mock, not those of a local stack that imported it first.
+        yield importlib.reload(importlib.import_module("lambdas.fleet_deploy_steps.handler"))
 
 
 class _Context:
