@@ -37,9 +37,16 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
+TESTS = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     modules: dict[Path, bool] = {}
     for item in items:
+        # `make test` runs on several processes (pytest-xdist, --dist loadgroup): each folder's tests run in one of
+        # them, in order, as they would alone: a folder's session stack is started once, and what a test leaves for
+        # the next (an exported endpoint, a drained queue) stays the folder's own.
+        item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(TESTS).parts[0]))
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & SYNTHESIZING_FIXTURES or _synthesizes(Path(item.path), modules):
             item.add_marker(pytest.mark.cdk)
