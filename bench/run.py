@@ -160,6 +160,14 @@ class Timed(Engine):
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
 
+    # What the worker reads of a running request: without them a streamed job's text would reach its log only whole,
+    # at the end, and the bench would time the wrapper, not the service.
+    def tokens_so_far(self, request_id: str) -> int | None:
+        return self.inner.tokens_so_far(request_id)
+
+    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
+        return self.inner.texts_so_far(request_id)
+
     async def close(self) -> None:
         await self.inner.close()
 
