@@ -498,6 +498,9 @@ class QueueMessage:
     queue_url: str | None = None  # the queue it was received from (receipt handles are valid there only)
 
 
+MAX_DELAY_S = 900  # SQS's longest DelaySeconds
+
+
 class JobQueue:
     """The claim-check queue."""
 
@@ -512,16 +515,18 @@ class JobQueue:
             QueueUrl=self.url, MessageBody=claim.model_dump_json(exclude_none=True), MessageGroupId=claim.tenant
         )
 
-    def requeue(self, messages: list[tuple[QueueMessage, str]]) -> list[str]:
+    def requeue(self, messages: list[tuple[QueueMessage, str]], *, delay_s: int = 0) -> list[str]:
         """Send each (message, tenant) received from this queue again at the tail, as a new message (its receive
-        count starts over), and delete the received one; the receipt handles not requeued (a failed send: that
-        message returns after its visibility timeout; a failed delete: both copies stay, and the job's lease lets
-        only one run). Up to 10 per request."""
+        count starts over) hidden for ``delay_s`` (at most SQS's 900), and delete the received one; the receipt
+        handles not requeued (a failed send: that message returns after its visibility timeout; a failed delete:
+        both copies stay, and the job's lease lets only one run). Up to 10 per request."""
         failed: list[str] = []
         for start in range(0, len(messages), settings.RECEIVE_BATCH_SIZE):
             chunk = messages[start : start + settings.RECEIVE_BATCH_SIZE]
             entries = [
-                {"Id": str(i), "MessageBody": m.body, "MessageGroupId": tenant} for i, (m, tenant) in enumerate(chunk)
+                {"Id": str(i), "MessageBody": m.body, "MessageGroupId": tenant}
+                | ({"DelaySeconds": min(delay_s, MAX_DELAY_S)} if delay_s > 0 else {})
+                for i, (m, tenant) in enumerate(chunk)
             ]
             response = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
             unsent = {int(f["Id"]) for f in response.get("Failed", [])}

@@ -96,6 +96,9 @@ class Action(str, enum.Enum):
     RETRY = "retry"  # visible again after ``retry_in_s`` (a transient or infrastructure fault)
     LEAVE = "leave"  # untouched: it returns after its visibility timeout (a copy of a claim running elsewhere)
     HAND_BACK = "hand_back"  # visible again at once: this worker cannot run it (its engine died)
+    # Sent again as a new message, hidden ``retry_in_s``, the received one deleted: declined by this worker though
+    # nothing is wrong with it, so it must not spend one of the receives that lead to the dead-letter queue
+    REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ class Outcome:
     @classmethod
     def leave(cls, reason: str = "") -> Outcome:
         return cls(Action.LEAVE, reason=reason)
+
+    @classmethod
+    def requeue(cls, after_s: int, reason: str = "") -> Outcome:
+        return cls(Action.REQUEUE, retry_in_s=max(0, int(after_s)), reason=reason)
 
     @classmethod
     def hand_back(cls, reason: str = "") -> Outcome:

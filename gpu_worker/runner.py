@@ -223,8 +223,9 @@ class Runner:
             )
         max_tokens = getattr(request, "max_tokens", 0)  # an embeddings request generates nothing
         if self.policy.refuses(max_tokens):
-            # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run.
-            return Outcome.retry(self.config.visibility_timeout_s, "left to the newer deployment")
+            # A newer deployment waits for this task: a job that could outlast the drain is the new tasks' to run. As
+            # a new message: each refusal by an old task would otherwise count toward the dead-letter queue.
+            return Outcome.requeue(self.config.visibility_timeout_s, "left to the newer deployment")
         if self.policy.is_long(max_tokens):
             flight.protect = True
             await self.policy.sync()

@@ -306,6 +306,16 @@ class Worker:
                 logger.exception(
                     "could not shorten the visibility of %s; it returns after the timeout", message.message_id
                 )
+        elif outcome.action is Action.REQUEUE:
+            self._inflight.pop(message.message_id, None)  # no heartbeat may extend it again
+            try:
+                failed = await self._io(
+                    lane.queue.requeue, [(message, flight.tenant or "")], delay_s=outcome.retry_in_s
+                )
+            except Exception:
+                failed = [message.receipt_handle]
+            if failed:
+                logger.warning("could not requeue %s; it returns after its visibility timeout", message.message_id)
         elif outcome.action is Action.HAND_BACK:
             self._handback[message.message_id] = flight
             if self.engine_dead is not None:

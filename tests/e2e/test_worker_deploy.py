@@ -124,6 +124,24 @@ def test_a_newer_deployment_clears_protection_and_leaves_long_jobs_to_it(stack, 
     assert (api.get(second.job_id).status, api.get(second.job_id).attempts) == ("queued", 0)
     assert api.get(first.job_id).status == "succeeded"
     assert agent.protection == [True, False]
-    api.cancel(
-        second.job_id
-    )  # its message stays on the queue: the next test's worker finds it cancelled and deletes it
+    api.cancel(second.job_id)
+    # AND it went back as a new message, so that leaving it spent none of the receives that lead to the dead-letter
+    # queue (each old task's refusal once counted one: a deployment could dead-letter a long job)
+    assert _receive_count_of(queue.url, second.job_id, timeout_s=15) == 1
+
+
+def _receive_count_of(queue_url: str, job_id: str, timeout_s: float) -> int | None:
+    """The receive count SQS reports for the job's claim check when this test receives it (which deletes it), putting
+    back any other message at once."""
+    sqs, deadline = client("sqs"), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for message in sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["ApproximateReceiveCount"]
+        ).get("Messages", []):
+            if job_id in message["Body"]:
+                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+                return int(message["Attributes"]["ApproximateReceiveCount"])
+            sqs.change_message_visibility(
+                QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+            )
+    return None
