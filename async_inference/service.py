@@ -1,6 +1,6 @@
 """What the service does with a job, independent of how the request arrived (API, S3 event, DLQ, worker).
 
-Handlers are thin adapters over this module; it talks to AWS only through the adapters in ``aws.py``.
+Handlers are thin adapters over this module; it talks to AWS only through the adapters in ``aws/``.
 """
 
 from __future__ import annotations

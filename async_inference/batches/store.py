@@ -17,7 +17,7 @@ from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
 
 from async_inference import settings
-from async_inference.aws import _BOTO_CONFIG, append_webhook_attempt, is_error, put_new
+from async_inference.aws import BOTO_CONFIG, append_webhook_attempt, is_error, put_new
 from async_inference.batches.models import (
     BATCH_SOURCES,
     FINAL_BATCH_STATES,
@@ -98,7 +98,7 @@ class BatchStore:
     """Files and batches in the batch table (``settings.BATCH_*`` names its keys and index)."""
 
     def __init__(self, table_name: str, dynamodb: Any | None = None) -> None:
-        self._dynamodb = dynamodb or boto3.resource("dynamodb", config=_BOTO_CONFIG)
+        self._dynamodb = dynamodb or boto3.resource("dynamodb", config=BOTO_CONFIG)
         self._table = self._dynamodb.Table(table_name)
 
     # --- the worker's two calls -----------------------------------------------------------------------------------
