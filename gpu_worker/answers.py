@@ -1,9 +1,9 @@
 """One request of any endpoint a batch line (or a job) may carry, on the engine: ``run`` hands it to the engine's
 method for it, ``body`` turns what the engine gave into OpenAI's answer for that endpoint. A chat.completions request
 is generated and answered as ``chat.completion`` (``gpu_worker.completions``); an embeddings request is embedded and
-answered as the embedding list (``async_inference.embeddings``); a completions request is generated as its raw
-prompt and answered as ``text_completion`` (``async_inference.completions``); a responses request is generated as the
-chat request a background response runs, and answered as the Response (``async_inference.responses``)."""
+answered as the embedding list (``async_inference.schemas.embeddings``); a completions request is generated as its raw
+prompt and answered as ``text_completion`` (``async_inference.schemas.completions``); a responses request is generated
+as the chat request a background response runs, and answered as the Response (``async_inference.responses``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from typing import TypedDict
 
 from pydantic import BaseModel
 
-from async_inference.completions import CompletionRequest, text_completion
-from async_inference.embeddings import EmbeddingRequest, embedding_list
 from async_inference.endpoints import LineRequest
 from async_inference.jobs import JobStatus
-from async_inference.responses import ResponseCreate, to_chat_request, to_response
-from async_inference.schemas import ChatCompletionRequest, Job
+from async_inference.responses import to_chat_request, to_response
+from async_inference.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    Job,
+    embedding_list,
+    text_completion,
+)
+from async_inference.schemas.responses import ResponseCreate
 from gpu_worker.completions import chat_completion
 from gpu_worker.engines.base import Engine, Generation, PermanentEngineError
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings, not_an_embedding_engine

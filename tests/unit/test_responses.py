@@ -15,7 +15,6 @@ from async_inference import settings
 from async_inference.endpoints import RESPONSES_ENDPOINT, parse_line_body
 from async_inference.jobs import JobStatus
 from async_inference.responses import (
-    ResponseCreate,
     input_items,
     job_id_of,
     response_id_of,
@@ -23,6 +22,7 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, Usage, error_location
+from async_inference.schemas.responses import ResponseCreate
 
 JOB_ID = "job_" + "ab" * 16
 NOW = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
