@@ -2,15 +2,17 @@
 
 A background response is a job underneath (docs/design/responses.md): ``to_chat_request`` turns a ``POST
 /v1/responses`` body into the chat.completions request the job runs, and ``to_response`` turns the job, the original
-body and the job's chat.completion result into the Response object that ``GET /v1/responses/{id}`` answers. The
-wire models are ``async_inference.schemas.responses``.
+body and the job's chat.completion result into the Response object that ``GET /v1/responses/{id}`` answers. A
+responses line of a batch runs as the same chat request and is answered with the same Response, through the same two
+functions (``gpu_worker.answers``). The wire models are ``async_inference.schemas.responses``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from async_inference.jobs import JobStatus
@@ -180,11 +182,53 @@ def output_items(
     return items, cut
 
 
-def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None = None) -> Response:
-    """The Response of a response's job: its status, the echo of the request's parameters, and once the job has
-    succeeded (``result`` given) its output and usage."""
-    response_id = response_id_of(job.job_id)
-    status = _STATUS[job.status]
+@dataclass(frozen=True)
+class ResponseRun:
+    """What a Response says of the run that answers it: a background response's job (``of_job``), or a batch line's
+    run, which has no job (``batch_line``)."""
+
+    response_id: str
+    status: JobStatus
+    created_at: dt.datetime
+    finished_at: dt.datetime | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+    error_code: str | None = None  # OpenAI's code of a failure that is the request's fault
+
+    @classmethod
+    def of_job(cls, job: Job) -> ResponseRun:
+        return cls(
+            response_id=response_id_of(job.job_id),
+            status=job.status,
+            created_at=job.created_at,
+            finished_at=job.finished_at,
+            metadata=job.metadata,
+            error=job.error,
+            error_code=job.error_code,
+        )
+
+    @classmethod
+    def batch_line(cls, suffix: str, request: ResponseCreate) -> ResponseRun:
+        """A batch line's response, answered now: ``resp_{suffix}``, created and completed at once, with the
+        request's metadata."""
+        now = dt.datetime.now(dt.UTC)
+        return cls(
+            response_id=f"resp_{suffix}",
+            status=JobStatus.SUCCEEDED,
+            created_at=now,
+            finished_at=now,
+            metadata=request.metadata or {},
+        )
+
+
+def to_response(run: Job | ResponseRun, request: ResponseCreate, result: ChatCompletion | None = None) -> Response:
+    """The Response of ``run`` (a response's job, or a ``ResponseRun``): its status, the echo of the request's
+    parameters, and once it has succeeded (``result`` given) its output and usage. The API answers with it for a
+    job, the batch worker for a responses line."""
+    if isinstance(run, Job):
+        run = ResponseRun.of_job(run)
+    response_id = run.response_id
+    status = _STATUS[run.status]
     output: list[ResponseOutputMessage | ResponseFunctionToolCall] = []
     incomplete = None
     if result is not None:
@@ -193,10 +237,10 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
             status, incomplete = "incomplete", IncompleteDetails(reason="max_output_tokens")
     error = None
     if status == "failed":
-        reason = job.error or "the response failed"
-        if job.status is JobStatus.EXPIRED:
+        reason = run.error or "the response failed"
+        if run.status is JobStatus.EXPIRED:
             reason = f"expired before a worker ran it: {reason}"
-        error = ResponseError(code=job.error_code or "server_error", message=reason)
+        error = ResponseError(code=run.error_code or "server_error", message=reason)
     usage = result.usage if result is not None else None  # a running job's tokens so far are not its usage
     text = request.text.model_dump(exclude_none=True, by_alias=True) if request.text else {}
     text.setdefault("format", {"type": "text"})
@@ -208,15 +252,15 @@ def to_response(job: Job, request: ResponseCreate, result: ChatCompletion | None
     chat_defaults = ChatCompletionRequest.model_fields
     return Response(
         id=response_id,
-        created_at=_seconds(job.created_at),
+        created_at=_seconds(run.created_at),
         status=status,
         background=request.background is True,
-        completed_at=_seconds(job.finished_at) if status == "completed" else None,
+        completed_at=_seconds(run.finished_at) if status == "completed" else None,
         error=error,
         incomplete_details=incomplete,
         instructions=request.instructions,
         max_output_tokens=request.max_output_tokens,
-        metadata=job.metadata,
+        metadata=dict(run.metadata),
         model=request.model,
         output=output,
         parallel_tool_calls=request.parallel_tool_calls is not False,
