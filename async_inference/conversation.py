@@ -24,7 +24,8 @@ from pydantic import TypeAdapter
 
 from async_inference import settings
 from async_inference.limits import RequestLimits, estimate_prompt_tokens
-from async_inference.responses import (
+from async_inference.responses import chat_messages, to_chat_request
+from async_inference.schemas.responses import (
     FunctionCallOutputItem,
     InputItem,
     Item,
@@ -32,8 +33,6 @@ from async_inference.responses import (
     ResponseCreate,
     ResponseFunctionToolCall,
     ResponseOutputMessage,
-    chat_messages,
-    to_chat_request,
 )
 
 # How many stored responses one request's history may follow. Each costs the API a job read and two S3 reads

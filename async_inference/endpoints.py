@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from async_inference.completions import COMPLETIONS_ENDPOINT, CompletionRequest
-from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
-from async_inference.responses import BATCH_LINE, ResponseCreate
-from async_inference.schemas import CHAT_ENDPOINT, ChatCompletionRequest
+from async_inference.schemas import (
+    CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+)
+from async_inference.schemas.responses import BATCH_LINE, ResponseCreate
 
 RESPONSES_ENDPOINT = "/v1/responses"
 BatchEndpoint = Literal["/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses"]

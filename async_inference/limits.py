@@ -252,7 +252,8 @@ MAX_TEMPLATE_KWARG_CHARS = 64
 def check_template_kwargs(kwargs: Mapping[str, Any], *, own_template: str | None = None) -> None:
     """``chat_template_kwargs`` as a model's own template may take them: keys from ``ALLOWED_TEMPLATE_KWARGS``, each a
     boolean, a number or a short string. ``own_template``: the one ``chat_template`` this project itself passes (a
-    completions line's, async_inference.completions), which is not the caller's. ValueError saying what to fix."""
+    completions line's, async_inference.schemas.completions), which is not the caller's. ValueError saying what to
+    fix."""
     for key, value in kwargs.items():
         if key == "chat_template" and own_template is not None and value == own_template:
             continue

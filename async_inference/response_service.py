@@ -17,11 +17,6 @@ from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
-    InputItemList,
-    Item,
-    Response,
-    ResponseCreate,
-    ResponseDeleted,
     input_items,
     job_id_of,
     output_items,
@@ -30,6 +25,7 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
+from async_inference.schemas.responses import InputItemList, Item, Response, ResponseCreate, ResponseDeleted
 from async_inference.service import JobService, ServiceError, describe_validation_error
 
 

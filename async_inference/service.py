@@ -16,16 +16,18 @@ from pydantic import ValidationError
 from async_inference import safe_json, settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, PayloadTooLarge, UploadDeadlines
 from async_inference.config import ServiceConfig, WakeSettings
-from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.fleets import CHAT, FleetRoute, kind_of_endpoint, route_of, wrong_kind_message
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.limits import LimitExceeded, RequestLimits, check_request, clip, field_in, limits_for
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
     CHAT_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
     ChatCompletion,
     ChatCompletionRequest,
     ClaimCheck,
+    EmbeddingList,
+    EmbeddingRequest,
     Job,
     JobSubmission,
     JobView,

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from async_inference.batches.models import BatchCreate, BatchStatus
-from async_inference.embeddings import EMBEDDINGS_ENDPOINT
+from async_inference.schemas import EMBEDDINGS_ENDPOINT
 from bench.batch_bench import API_THREAD, CONTROLLER_THREAD, TENANT, BatchBench, in_thread
 from gpu_worker.engines.cpu_embedding import (
     MINILM_NAME,

@@ -1,23 +1,27 @@
 """One request of any endpoint a batch line (or a job) may carry, on the engine: ``run`` hands it to the engine's
 method for it, ``body`` turns what the engine gave into OpenAI's answer for that endpoint. A chat.completions request
 is generated and answered as ``chat.completion`` (``gpu_worker.completions``); an embeddings request is embedded and
-answered as the embedding list (``async_inference.embeddings``); a completions request is generated as its raw
-prompt and answered as ``text_completion`` (``async_inference.completions``); a responses request is generated as the
-chat request a background response runs, and answered as the Response (``async_inference.responses``)."""
+answered as the embedding list (``async_inference.schemas.embeddings``); a completions request is generated as its raw
+prompt and answered as ``text_completion`` (``async_inference.schemas.completions``); a responses request is generated
+as the chat request a background response runs, and answered as the Response, by the conversions the API uses for a
+background response (``async_inference.responses``)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TypedDict
 
 from pydantic import BaseModel
 
-from async_inference.completions import CompletionRequest, text_completion
-from async_inference.embeddings import EmbeddingRequest, embedding_list
 from async_inference.endpoints import LineRequest
-from async_inference.jobs import JobStatus
-from async_inference.responses import ResponseCreate, to_chat_request, to_response
-from async_inference.schemas import ChatCompletionRequest, Job
+from async_inference.responses import ResponseRun, to_chat_request, to_response
+from async_inference.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    embedding_list,
+    text_completion,
+)
+from async_inference.schemas.responses import ResponseCreate
 from gpu_worker.completions import chat_completion
 from gpu_worker.engines.base import Engine, Generation, PermanentEngineError
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings, not_an_embedding_engine
@@ -77,24 +81,5 @@ def body(request: LineRequest, output: Output, *, suffix: str, job_id: str | Non
     if isinstance(request, CompletionRequest):
         return text_completion(completion, completion_id=f"cmpl-{suffix}")
     if isinstance(request, ResponseCreate):
-        return to_response(_answered(suffix, request), request, completion)
+        return to_response(ResponseRun.batch_line(suffix, request), request, completion)
     return completion
-
-
-def _answered(suffix: str, request: ResponseCreate) -> Job:
-    """A batch line's response has no job; ``to_response`` reads from one what the Response echoes (id, times,
-    status, metadata): this is the job the line would have been, succeeded now."""
-    now = dt.datetime.now(dt.UTC)
-    return Job(
-        job_id=f"job_{suffix}",
-        tenant="",
-        status=JobStatus.SUCCEEDED,
-        created_at=now,
-        updated_at=now,
-        finished_at=now,
-        metadata=request.metadata or {},
-        request_bucket="",
-        request_key="",
-        deadline=now,
-        timeout_s=1,
-    )

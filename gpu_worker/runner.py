@@ -35,10 +35,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from async_inference.embeddings import EMBEDDINGS_ENDPOINT
 from async_inference.endpoints import LineRequest
 from async_inference.jobs import FINAL_STATES, JobStatus
 from async_inference.schemas import (
+    EMBEDDINGS_ENDPOINT,
     ChunkClaimCheck,
     ClaimCheck,
     EmbeddingClaimCheck,

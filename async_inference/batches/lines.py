@@ -10,11 +10,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from async_inference.completions import CompletionRequest
 from async_inference.endpoints import LineRequest, parse_line_body
 from async_inference.limits import LimitExceeded, RequestLimits, check_request, field_in
-from async_inference.responses import ResponseCreate, to_chat_request
-from async_inference.schemas import ChatCompletionRequest
+from async_inference.responses import to_chat_request
+from async_inference.schemas import ChatCompletionRequest, CompletionRequest
+from async_inference.schemas.responses import ResponseCreate
 
 
 class BatchInputLine(BaseModel):

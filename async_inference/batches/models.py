@@ -8,11 +8,11 @@ import datetime as dt
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints
 
 from async_inference import settings
 from async_inference.endpoints import BatchEndpoint
-from async_inference.schemas import SCHEMA_VERSION, MetadataKey, MetadataValue, WebhookState
+from async_inference.schemas import SCHEMA_VERSION, MetadataKey, MetadataValue, StrictModel, TolerantModel, WebhookState
 from async_inference_client.models.batches import (  # noqa: F401 (re-exported for the service)
     BATCH_ID_PATTERN,
     FILE_ID_PATTERN,
@@ -72,14 +72,10 @@ BATCH_EVENTS = {
 # --- Request bodies -------------------------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
-class BatchWebhookSpec(_Strict):
+class BatchWebhookSpec(StrictModel):
     """A batch's webhook (an extension: the SDK sends it as ``extra_body={"webhook": {...}}``): the batch's end is
     POSTed there as OpenAI's webhook event, signed as job webhooks are (Standard Webhooks, the tenant's secret)."""
 
@@ -91,7 +87,7 @@ class BatchWebhookSpec(_Strict):
     )
 
 
-class BatchCreate(_Strict):
+class BatchCreate(StrictModel):
     """Body of ``POST /v1/batches`` (openai-python's BatchCreateParams, less output_expires_after), and ``webhook``."""
 
     input_file_id: Annotated[str, StringConstraints(pattern=FILE_ID_PATTERN)]
@@ -101,7 +97,7 @@ class BatchCreate(_Strict):
     webhook: BatchWebhookSpec | None = None
 
 
-class FileUploadRequest(_Strict):
+class FileUploadRequest(StrictModel):
     """Body of ``POST /v1/files/uploads``: a file too large to send through ``POST /v1/files``."""
 
     filename: Annotated[str, StringConstraints(min_length=1, max_length=255)]
@@ -112,9 +108,7 @@ class FileUploadRequest(_Strict):
 # --- Records (the batch table) --------------------------------------------------------------------------------------
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class _Record(TolerantModel):
     schema_version: Literal["1"] = SCHEMA_VERSION
     id: str
     tenant: str

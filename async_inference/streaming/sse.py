@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from async_inference.responses import (
+from async_inference.schemas.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputRefusal,

@@ -5,7 +5,8 @@ OpenAI server does:
 
 - a chat template in the request (``chat_template_kwargs.chat_template``) is refused, in vLLM's words (its
   ``--trust-request-chat-template`` is off by default); the one exception is the service's own template for
-  ``/v1/completions`` lines (``async_inference.completions.RAW_PROMPT_TEMPLATE``), which writes the prompt verbatim.
+  ``/v1/completions`` lines (``async_inference.schemas.chat.RAW_PROMPT_TEMPLATE``), which writes the prompt
+  verbatim.
   A caller's template is code run on the shared engine: one that loops 15k x 100k times stalled every tenant 50 s;
 - the arguments of ``apply_chat_template`` itself (``tokenize``, ``add_generation_prompt``, ``messages``...) are
   refused by name; other keys reach the template only if it reads them, and are dropped otherwise (vLLM's
@@ -23,8 +24,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from async_inference.completions import RAW_PROMPT_TEMPLATE
-from async_inference.schemas import ChatCompletionRequest
+from async_inference.schemas import RAW_PROMPT_TEMPLATE, ChatCompletionRequest
 from gpu_worker.engines.asks import Asks, asks_of, plain_messages, template_messages, text_of
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError
 

@@ -6,7 +6,8 @@ request goes to the serving object that ``vllm serve`` and ``vllm run-batch`` ha
 (``ServingEmbedding``, made by ``init_app_state`` from run-batch's command-line defaults plus this engine's options,
 as ``VllmEngine`` makes its chat serving object), so tokenisation, the input limit, ``dimensions`` (Matryoshka models
 only) and pooling are vLLM's. The adapter translates: in, the texts as vLLM's ``EmbeddingCompletionRequest`` (floats:
-this service encodes base64 itself, ``async_inference.embeddings``); out, the vectors and ``usage.prompt_tokens``.
+this service encodes base64 itself, ``async_inference.schemas.embeddings``); out, the vectors and
+``usage.prompt_tokens``.
 
 The options, the engine's start and close and the classification of errors are ``VllmEngine``'s, shared in
 ``gpu_worker.engines.vllm_common`` (``error_kind``); an error response (vLLM answers a request it refuses with a 4xx

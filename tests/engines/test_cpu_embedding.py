@@ -10,7 +10,7 @@ import openai.types
 import pytest
 from pydantic import ValidationError
 
-from async_inference.embeddings import EmbeddingRequest, decode_vector, embedding_list
+from async_inference.schemas import EmbeddingRequest, decode_vector, embedding_list
 from gpu_worker.engines import make_engine
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError
 from gpu_worker.engines.cpu_embedding import CpuEmbeddingEngine
@@ -128,7 +128,7 @@ def test_echo_has_no_embedding_flavour():
 
 def test_an_embeddings_request_on_a_chat_engine_is_refused_saying_what_it_needs():
     # GIVEN a worker whose engine serves a chat model (echo) WHEN an embeddings request reaches it
-    from async_inference.embeddings import EmbeddingRequest
+    from async_inference.schemas import EmbeddingRequest
     from gpu_worker import answers
     from gpu_worker.engines.echo import EchoEngine
 

@@ -17,7 +17,8 @@ import jsonschema  # noqa: E402
 import openai.types.responses as sdk  # noqa: E402
 
 from async_inference.jobs import JobStatus  # noqa: E402
-from async_inference.responses import ResponseCreate, to_chat_request, to_response  # noqa: E402
+from async_inference.responses import to_chat_request, to_response
+from async_inference.schemas.responses import ResponseCreate  # noqa: E402
 from gpu_worker.completions import chat_completion  # noqa: E402
 from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
 from tests.unit.test_responses import job  # noqa: E402

@@ -13,7 +13,8 @@ from async_inference import settings
 from async_inference.conversation import MAX_CHAIN, Turn, fits, history, output_as_input, truncated
 from async_inference.limits import RequestLimits
 from async_inference.response_service import ResponseService
-from async_inference.responses import (
+from async_inference.responses import to_chat_request
+from async_inference.schemas.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
     ResponseCreate,
@@ -21,7 +22,6 @@ from async_inference.responses import (
     ResponseOutputMessage,
     ResponseOutputRefusal,
     ResponseOutputText,
-    to_chat_request,
 )
 from async_inference.service import ServiceError
 

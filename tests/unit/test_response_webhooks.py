@@ -9,8 +9,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from async_inference.jobs import JobStatus
-from async_inference.responses import ResponseCreate
 from async_inference.schemas import ResultNotification, Timings, utcnow
+from async_inference.schemas.responses import ResponseCreate
 from async_inference.webhooks.delivery import PostResult
 from async_inference.webhooks.events import RESPONSE_EVENTS
 from tests.unit.test_webhooks_core import SECRET, FakePoster, FakeStore, dispatcher, make_job

@@ -15,7 +15,7 @@ from async_inference import settings
 from async_inference.endpoints import RESPONSES_ENDPOINT, parse_line_body
 from async_inference.jobs import JobStatus
 from async_inference.responses import (
-    ResponseCreate,
+    ResponseRun,
     input_items,
     job_id_of,
     response_id_of,
@@ -23,6 +23,7 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, Usage, error_location
+from async_inference.schemas.responses import ResponseCreate
 
 JOB_ID = "job_" + "ab" * 16
 NOW = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
@@ -254,6 +255,19 @@ def test_an_unfinished_or_unsuccessful_job_is_a_response_in_openais_status(statu
         assert response.error.code == "server_error" and "engine fault" in response.error.message
     else:
         assert response.error is None
+
+
+def test_a_batch_line_is_answered_with_the_response_of_a_job_that_succeeded_as_it_was_answered():
+    # GIVEN a responses line with metadata, and the chat.completion its chat request got
+    request = create(instructions="be brief", metadata={"k": "v"})
+    result = completion({"content": "hello there"})
+    # WHEN the batch worker answers it, with no job behind it
+    line = to_response(ResponseRun.batch_line("ab" * 16, request), request, result)
+    # THEN it is the Response the API gives for the job of that id, succeeded at the moment the line was answered
+    moment = dt.datetime.fromtimestamp(line.created_at, dt.UTC)
+    succeeded = job(metadata={"k": "v"}).model_copy(update={"created_at": moment, "finished_at": moment})
+    assert line == to_response(succeeded, request, result)
+    assert (line.id, line.status, line.completed_at) == ("resp_" + "ab" * 16, "completed", line.created_at)
 
 
 def test_a_succeeded_job_is_a_completed_response_with_output_text_and_usage():

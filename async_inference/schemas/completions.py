@@ -3,7 +3,7 @@ request the engine runs, and OpenAI's ``text_completion`` answer (openai-python 
 and ``completion.py``, field for field for what is accepted).
 
 The engines run chat requests. A completions line runs on the chat engine as one ``user`` message whose chat template
-is replaced by one that writes the message verbatim (``RAW_PROMPT_TEMPLATE``, passed as transformers'
+is replaced by one that writes the message verbatim (``schemas.chat.RAW_PROMPT_TEMPLATE``, passed as transformers'
 ``apply_chat_template(chat_template=...)``): the model continues the raw prompt, no role markers added. vLLM refuses a
 request's own chat template (its ``chat_template_kwargs`` may not name ``chat_template``), so on the vLLM engine a
 completions line is refused by name until that engine routes it to vLLM's completion serving
@@ -25,22 +25,13 @@ from pydantic import BaseModel, BeforeValidator, Field, StringConstraints
 from pydantic_core import PydanticCustomError
 
 from async_inference import settings
-from async_inference.schemas import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    ChoiceCount,
-    Penalty,
-    StopSequence,
-    StreamOptions,
-    TokenId,
-    TokenLimit,
-    Usage,
-    _Strict,
-)
+from async_inference.schemas.chat import RAW_PROMPT_TEMPLATE, ChatCompletionRequest
+from async_inference.schemas.fields import ChoiceCount, Penalty, StopSequence, StreamOptions, TokenId, TokenLimit
+from async_inference_client.models.base import StrictModel
+from async_inference_client.models.chat import ChatCompletion, Usage
 
 COMPLETIONS_ENDPOINT = "/v1/completions"
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (not chat's)
-RAW_PROMPT_TEMPLATE = "{{ messages[0]['content'] }}"
 
 
 def _one_text_prompt(value: Any) -> Any:
@@ -68,7 +59,7 @@ def _refused(message: str, allowed: tuple[Any, ...] = (None, False)) -> Any:
     return BeforeValidator(refuse)
 
 
-class CompletionRequest(_Strict):
+class CompletionRequest(StrictModel):
     """``POST /v1/completions``'s body, less what a job here cannot do (refused by name)."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
