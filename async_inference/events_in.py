@@ -115,7 +115,7 @@ class EventIntake:
     ) -> None:
         self.rules = rules
         self.claim_timeout_s = claim_timeout_s
-        self.jobs = jobs  # service.JobService
+        self.jobs = jobs  # jobs_service.JobApi
         self.batches = batches  # batches.service.BatchService; None: a .jsonl object is refused
         self.blobs = jobs.blobs
 

@@ -1,4 +1,4 @@
-"""Background responses over ``JobService``: a response is a job whose original Responses body is kept beside it.
+"""Background responses over the jobs API (``JobApi``): a response is a job whose original Responses body is kept beside it.
 
 Create writes the body (``settings.responses_request_key``) before the job exists, then submits the converted chat
 request as an ordinary job (same queue, claim check, worker, state and notifications); every read is the job's read
@@ -15,6 +15,7 @@ from async_inference import conversation, settings
 from async_inference.conversation import Turn
 from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.jobs_service import JobApi, ServiceError, describe_validation_error
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
     InputItemList,
@@ -30,12 +31,12 @@ from async_inference.responses import (
     to_response,
 )
 from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
-from async_inference.service import JobService, ServiceError, describe_validation_error
 
 
 class ResponseService:
-    def __init__(self, jobs: JobService) -> None:
+    def __init__(self, jobs: JobApi) -> None:
         self.jobs = jobs
+        self.models = jobs.models
         self.blobs = jobs.blobs
 
     def create(self, tenant: str, request: ResponseCreate, idempotency_key: str | None = None) -> Response:
@@ -49,8 +50,8 @@ class ResponseService:
             raise ServiceError(
                 400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
             ) from exc
-        self.jobs.check_model(request.model, field="model")
-        self.jobs.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
+        self.models.check_model(request.model, field="model")
+        self.models.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
@@ -152,7 +153,7 @@ class ResponseService:
             turns.append(self._turn(tenant, response_id, continued_by))
             response_id, continued_by = turns[-1].request.previous_response_id, response_id
         items = [*conversation.history(reversed(turns)), *request.items()]
-        return conversation.truncated(request, items, self.jobs.limits_of(tenant))
+        return conversation.truncated(request, items, self.models.limits_of(tenant))
 
     def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
         """A stored response of the conversation, completed (or cut at its token limit) with its output; 404 for an

@@ -49,7 +49,7 @@ from async_inference.aws import (
     QueueMessage,
     WebhookQueue,
 )
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 from async_inference.streaming.log import EventLog
 from gpu_worker.announce import Announcer
 from gpu_worker.chunks import BatchLedger, Chunks
@@ -155,12 +155,13 @@ class Worker:
         self.runner = Runner(
             config,
             engine,
-            service=self.service,
+            jobs=self.service.worker,
+            outcomes=self.service.outcomes,
             admission=self.admission,
             progress=self.progress,
             deltas=self.deltas,
             announcer=Announcer(
-                self.service,
+                self.service.outcomes,
                 events=events,
                 io=self._io,
                 webhooks=WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None,

@@ -31,10 +31,10 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.store import BatchStore, InvalidCursor
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import ServiceError
 from async_inference.quotas import TenantQuota, batch_lines_message, stored_bytes_message
 from async_inference.schemas import BatchControl, WebhookState, utcnow
 from async_inference.served_models import OWNED_BY, ServedModels
-from async_inference.service import ServiceError
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 CANCELLABLE = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})

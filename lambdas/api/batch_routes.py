@@ -33,7 +33,7 @@ from async_inference.batches.multipart import MultipartError, parse_file_form
 from async_inference.batches.service import BatchService
 from async_inference.capacity_state import CapacityState
 from async_inference.config import ServiceSettings
-from async_inference.service import ServiceError
+from async_inference.jobs_service import ServiceError
 from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 

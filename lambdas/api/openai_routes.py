@@ -2,7 +2,7 @@
 ``/v1/embeddings``, and ``POST /v1/responses`` without ``background`` (``answer_response``, called by
 response_routes), so that an OpenAI client pointed at this API with only a base URL and a key works unmodified.
 
-Each request becomes a job through the one submission path (``JobService.submit``; a response through
+Each request becomes a job through the one submission path (``JobApi.submit``; a response through
 ``ResponseService.create``): the same queue and lanes, interactive priority, tenant quotas, the wake from zero,
 Idempotency-Key and notifications. The connection is then held while the job runs (``async_inference.sync_wait``) and
 the answer is the job's result, OpenAI's object. Every answer to a request that made a job carries its id in the
@@ -31,6 +31,7 @@ from async_inference.aws import PayloadTooLarge
 from async_inference.completions import CompletionRequest, TextCompletion, text_completion
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JobStatus
+from async_inference.jobs_service import JobApi, ServiceError, describe_validation_error
 from async_inference.response_service import ResponseService
 from async_inference.responses import ResponseCreate, job_id_of
 from async_inference.schemas import (
@@ -41,7 +42,6 @@ from async_inference.schemas import (
     Job,
     JobSubmission,
 )
-from async_inference.service import JobService, ServiceError, describe_validation_error
 from async_inference.sync_wait import MAX_WAIT_S, JobWait, preferred_wait_s
 from lambdas.api import stream_answers
 from lambdas.api.openapi_document import JOB_ID, JOB_ID_HEADER, error_responses, ok
@@ -51,7 +51,7 @@ from lambdas.api.tenancy import tenant_of
 # stored result as it was written (or the error envelope), passed through unparsed.
 router = Router()
 metrics = Metrics()  # Powertools' metrics are one set per process: the handler's log_metrics flushes these too
-jobs: JobService | None = None  # set once by configure(), to the handler's JobService
+jobs: JobApi | None = None  # set once by configure(), to the handler's JobApi
 responses: ResponseService | None = None
 waiter: JobWait | None = None
 
@@ -96,15 +96,15 @@ def _documented(description: str, model: Any) -> dict[int, Any]:
     return {200: ok(description, model, headers=JOB_ID), **_ANSWER_ERRORS}
 
 
-def configure(service: JobService) -> None:
+def configure(api: JobApi) -> None:
     global jobs, responses, waiter
-    jobs = service
-    responses = ResponseService(service)
-    waiter = JobWait(service.store)
-    stream_answers.configure(service)
+    jobs = api
+    responses = ResponseService(api)
+    waiter = JobWait(api.store)
+    stream_answers.configure(api)
 
 
-def _jobs() -> JobService:
+def _jobs() -> JobApi:
     assert jobs is not None, "openai_routes.configure() was not called"
     return jobs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 
-from async_inference.service import ServiceError
+from async_inference.jobs_service import ServiceError
 
 
 def tenant_of(event: APIGatewayProxyEvent) -> str:

@@ -20,9 +20,9 @@ from async_inference.batches.models import BatchCreate, BatchStatus, FileUploadR
 from async_inference.batches.service import BatchService
 from async_inference.batches.store import BatchStore
 from async_inference.fleets import ANY_MODEL, FleetRoute
+from async_inference.jobs_service import ServiceError
 from async_inference.quotas import TenantQuota
 from async_inference.served_models import ServedModels
-from async_inference.service import ServiceError
 from local_runtime.moto_server import MotoServer, free_port
 
 BYTES, LINES, OTHER = "tenant-bytes", "tenant-lines", "tenant-other"

@@ -11,6 +11,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.conversation import MAX_CHAIN, Turn, fits, history, output_as_input, truncated
+from async_inference.jobs_service import ServiceError
 from async_inference.limits import RequestLimits
 from async_inference.response_service import ResponseService
 from async_inference.responses import (
@@ -23,7 +24,6 @@ from async_inference.responses import (
     ResponseOutputText,
     to_chat_request,
 )
-from async_inference.service import ServiceError
 
 LIMITS = RequestLimits(context_tokens=1_000, max_bytes_per_token=1.0)  # one byte, one token: easy to count
 
@@ -133,7 +133,7 @@ class EndlessChain(ResponseService):
     """A ResponseService over a chain of stored responses that never ends (no AWS): each continues one before it."""
 
     def __init__(self) -> None:
-        self.jobs = SimpleNamespace(limits_of=lambda tenant: RequestLimits())  # type: ignore[assignment]
+        self.models = SimpleNamespace(limits_of=lambda tenant: RequestLimits())  # type: ignore[assignment]
         self.read: list[str] = []
 
     def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
