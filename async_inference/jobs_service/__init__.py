@@ -26,6 +26,7 @@ from async_inference.jobs_service.deadlines import DeadlineCheck, UploadDeadline
 from async_inference.jobs_service.outcomes import JobOutcomes, build_notification
 from async_inference.jobs_service.queueing import JobQueues
 from async_inference.jobs_service.shared import (
+    ErrorKind,
     JobResult,
     ModelChecks,
     NotAClaimCheck,
@@ -42,6 +43,7 @@ from async_inference.served_models import ServedModels
 __all__ = [
     "DeadLetters",
     "DeadlineCheck",
+    "ErrorKind",
     "JobApi",
     "JobOutcomes",
     "JobQueues",

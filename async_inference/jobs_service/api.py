@@ -13,7 +13,7 @@ from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
 from async_inference.jobs_service.deadlines import UploadDeadlineWatch
 from async_inference.jobs_service.outcomes import JobOutcomes
 from async_inference.jobs_service.queueing import JobQueues
-from async_inference.jobs_service.shared import ModelChecks, ServiceError
+from async_inference.jobs_service.shared import ErrorKind, ModelChecks, ServiceError
 from async_inference.quotas import TenantQuota, quota_exceeded_message
 from async_inference.schemas import (
     CHAT_ENDPOINT,
@@ -97,7 +97,10 @@ class JobApi:
         ):
             message = 'this deployment has no batch lane; submit with priority "interactive"'
             raise ServiceError(
-                400, "invalid_request", f"priority: {message}", [{"field": "priority", "message": message}]
+                ErrorKind.INVALID,
+                "invalid_request",
+                f"priority: {message}",
+                [{"field": "priority", "message": message}],
             )
         request = submission.request
         if request is not None:
@@ -155,14 +158,16 @@ class JobApi:
         limit = quotas.get(tenant, TenantQuota()).max_active_jobs
         if self.store.count_active(tenant, up_to=limit) >= limit:
             message = quota_exceeded_message(tenant, limit)
-            raise ServiceError(429, "quota_exceeded", message, [{"field": "max_active_jobs", "message": message}])
+            raise ServiceError(
+                ErrorKind.QUOTA, "quota_exceeded", message, [{"field": "max_active_jobs", "message": message}]
+            )
 
     def _replay(self, existing: Job, fingerprint: str, idempotency_key: str | None) -> Submitted:
         """The answer to a request whose Idempotency-Key already has a job: that job, if the request is the same."""
         # Jobs stored before fingerprints were recorded have none: they match any retry, as they did then.
         if existing.request_fingerprint not in (None, fingerprint):
             raise ServiceError(
-                422,
+                ErrorKind.MISMATCH,
                 "idempotency_key_reused",
                 f"Idempotency-Key {idempotency_key!r} was used for a different request (job {existing.job_id}); "
                 "send a new key for a new request",
@@ -194,7 +199,7 @@ class JobApi:
             # Deleted, then written once: of two requests replacing a stale body at once, one writes, one gets a 409.
             self.blobs.delete(job.request_key)
         raise ServiceError(
-            409,
+            ErrorKind.CONFLICT,
             "idempotency_key_in_progress",
             f"a request with Idempotency-Key {job.idempotency_key!r} and a different body is in progress; retry in a "
             "few seconds",
@@ -206,7 +211,10 @@ class JobApi:
             check_url(url, allow_local=self.allow_local_webhooks)
         except UnsafeUrl as exc:
             raise ServiceError(
-                400, "invalid_request", f"webhook.url: {exc}", [{"field": "webhook.url", "message": str(exc)}]
+                ErrorKind.INVALID,
+                "invalid_request",
+                f"webhook.url: {exc}",
+                [{"field": "webhook.url", "message": str(exc)}],
             ) from exc
 
     def _upload_for(self, job: Job) -> PresignedUpload | None:
@@ -227,7 +235,7 @@ class JobApi:
         """The tenant's job; 404 for unknown ids and for other tenants' jobs alike, so ids cannot be probed."""
         job = self.store.get(job_id)
         if job is None or job.tenant != tenant:
-            raise ServiceError(404, "not_found", f"no job {job_id}")
+            raise ServiceError(ErrorKind.NOT_FOUND, "not_found", f"no job {job_id}")
         return self.deadlines.expire_if_due(job)
 
     def read(self, tenant: str, job_id: str) -> tuple[JobView, int | None]:
@@ -237,7 +245,7 @@ class JobApi:
         expires_at = self._result_expires_at(job)
         if expires_at is not None and utcnow() >= expires_at:
             raise ServiceError(
-                410,
+                ErrorKind.GONE,
                 "result_expired",
                 f"the result of job {job_id} expired at {expires_at.isoformat()}: results are kept "
                 f"{self.payload_retention_days} days after they are written",
@@ -280,16 +288,22 @@ class JobApi:
         try:
             return self.store.list_for_tenant(tenant, status=status, limit=limit, next_token=next_token)
         except ValueError as exc:
-            raise ServiceError(400, "invalid_request", str(exc), [{"field": "next", "message": str(exc)}]) from exc
+            raise ServiceError(
+                ErrorKind.INVALID, "invalid_request", str(exc), [{"field": "next", "message": str(exc)}]
+            ) from exc
 
     def cancel(self, tenant: str, job_id: str) -> Job:
         job = self.get(tenant, job_id)
         if job.status in FINAL_STATES:
-            raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled"
+            )
         cancelled = self.outcomes.finish(job, JobStatus.CANCELLED, error="cancelled by the client")
         if cancelled is None:  # it finished between our read and our write
             job = self.get(tenant, job_id)
-            raise ServiceError(409, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"job {job_id} is already {job.status.value} and cannot be cancelled"
+            )
         return cancelled
 
     def delete(self, tenant: str, job_id: str) -> None:
@@ -297,7 +311,9 @@ class JobApi:
         then its record, so the id is a 404 from then on; 409 for a job not final yet (cancel it first)."""
         job = self.get(tenant, job_id)
         if job.status not in FINAL_STATES:
-            raise ServiceError(409, "conflict", f"job {job_id} is {job.status.value}: cancel it before deleting it")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"job {job_id} is {job.status.value}: cancel it before deleting it"
+            )
         for key in (job.result_key, job.request_key):
             if key:
                 self.blobs.delete(key)

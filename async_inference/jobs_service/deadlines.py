@@ -12,7 +12,7 @@ from async_inference import settings
 from async_inference.aws import JobStore, UploadDeadlines
 from async_inference.jobs import JobStatus
 from async_inference.jobs_service.outcomes import JobOutcomes
-from async_inference.jobs_service.shared import ServiceError
+from async_inference.jobs_service.shared import ErrorKind, ServiceError
 from async_inference.schemas import Job, UploadDeadline, utcnow
 
 
@@ -52,7 +52,7 @@ class UploadDeadlineWatch:
         except Exception as exc:
             # Nothing is stored yet: the client retries (with its Idempotency-Key, onto the same job id).
             raise ServiceError(
-                503, "unavailable", "the upload deadline queue is unavailable; retry the request"
+                ErrorKind.UNAVAILABLE, "unavailable", "the upload deadline queue is unavailable; retry the request"
             ) from exc
 
     def check(self, body: str) -> DeadlineCheck:

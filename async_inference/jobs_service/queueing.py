@@ -9,7 +9,7 @@ from async_inference.config import WakeSettings
 from async_inference.fleets import FleetRoute, route_of
 from async_inference.jobs import JobStatus
 from async_inference.jobs_service.outcomes import JobOutcomes
-from async_inference.jobs_service.shared import ServiceError
+from async_inference.jobs_service.shared import ErrorKind, ServiceError
 from async_inference.schemas import Job
 from async_inference.wake import ServiceWaker
 
@@ -68,6 +68,8 @@ class JobQueues:
             failed = self.store.transition(job.job_id, JobStatus.FAILED, error=f"could not enqueue the job: {exc}")
             if failed is not None:
                 self.outcomes.notify(failed)
-            raise ServiceError(503, "unavailable", "the job queue is unavailable; retry the request") from exc
+            raise ServiceError(
+                ErrorKind.UNAVAILABLE, "unavailable", "the job queue is unavailable; retry the request"
+            ) from exc
         if waker is not None:
             waker.job_queued()  # never raises: the job is queued whatever the wake finds

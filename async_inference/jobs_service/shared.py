@@ -4,6 +4,7 @@ of a stored request body."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 
 from pydantic import ValidationError
 
@@ -22,12 +23,28 @@ class NotAClaimCheck(ValueError):
     """A dead-lettered message that is not a claim check: there is no job to fail; it is left for an operator."""
 
 
-class ServiceError(Exception):
-    """An error the client can fix or must know about; the API turns it into a JSON 4xx/5xx."""
+class ErrorKind(Enum):
+    """What went wrong, as the core knows it; the API adapter maps each kind to its HTTP status
+    (lambdas/api/errors.py), the other callers decide by it (retry, refuse, wrap)."""
 
-    def __init__(self, status: int, code: str, message: str, details: list[dict[str, str]] | None = None) -> None:
+    INVALID = "invalid"  # the request is wrong: the message names the field to fix
+    FORBIDDEN = "forbidden"  # the caller may not make it
+    NOT_FOUND = "not_found"  # no such thing of the caller's (an unknown id and another tenant's alike)
+    CONFLICT = "conflict"  # the thing's state forbids it now (already final, still in progress)
+    GONE = "gone"  # it existed, and its data has expired
+    TOO_LARGE = "too_large"  # over a size limit
+    MISMATCH = "mismatch"  # a retry (same Idempotency-Key) that is not the request it retries
+    QUOTA = "quota"  # over the tenant's quota
+    UNAVAILABLE = "unavailable"  # a dependency failed: the request may be retried as it is
+
+
+class ServiceError(Exception):
+    """An error the client can fix or must know about: its ``kind``, a stable ``code`` and a message that says what to
+    do; the API turns it into a JSON 4xx/5xx."""
+
+    def __init__(self, kind: ErrorKind, code: str, message: str, details: list[dict[str, str]] | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.kind = kind
         self.code = code
         self.message = message
         self.details = details or []
@@ -69,17 +86,17 @@ class ModelChecks:
         model_kind_mismatch for a model of another kind (a chat request for an embedding model) naming its endpoint."""
         problem = self.model_problem(model, kind)
         if problem is not None:
-            status, code, message = problem
-            raise ServiceError(status, code, message, [{"field": field, "message": message}])
+            error_kind, code, message = problem
+            raise ServiceError(error_kind, code, message, [{"field": field, "message": message}])
 
-    def model_problem(self, model: str, kind: str = CHAT) -> tuple[int, str, str] | None:
-        """Why a request of ``kind`` cannot run on ``model`` (status, code, message), or None when it can. The
+    def model_problem(self, model: str, kind: str = CHAT) -> tuple[ErrorKind, str, str] | None:
+        """Why a request of ``kind`` cannot run on ``model`` (error kind, code, message), or None when it can. The
         ``ANY_MODEL`` route takes a model of either kind."""
         if not self.served.serves(model) or route_of(self.fleets, model) is None:
-            return 404, "model_not_found", self.served.not_found_message(model)
+            return ErrorKind.NOT_FOUND, "model_not_found", self.served.not_found_message(model)
         route = self.fleets.get(model)
         if route is not None and route.kind != kind:
-            return 400, "model_kind_mismatch", wrong_kind_message(model, route.kind, kind)
+            return ErrorKind.INVALID, "model_kind_mismatch", wrong_kind_message(model, route.kind, kind)
         return None
 
     def limits_of(self, tenant: str) -> RequestLimits:
@@ -101,7 +118,7 @@ class ModelChecks:
             # A prompt that cannot fit is OpenAI's context_length_exceeded, which clients know as their own error.
             code = "context_length_exceeded" if exc.limit == "context_tokens" else "limit_exceeded"
             raise ServiceError(
-                400, code, f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
+                ErrorKind.INVALID, code, f"{field}: {exc.message}", [{"field": field, "message": exc.message}]
             ) from exc
 
 

@@ -30,7 +30,7 @@ from async_inference.jobs import FINAL_STATES, JOB_ID_PATTERN, JobStatus
 from async_inference.jobs_service import JobService, ServiceError
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
 from async_inference.sync_wait import MAX_WAIT_S
-from lambdas.api import batch_routes, media_type, openai_routes, response_routes
+from lambdas.api import batch_routes, errors, media_type, openai_routes, response_routes
 from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
 from lambdas.api.tenancy import tenant_of
 
@@ -202,9 +202,10 @@ def openapi():  # no return annotation: Powertools would try to validate the doc
 
 @app.exception_handler(ServiceError)
 def _api_error(exc: ServiceError) -> Response:
-    if exc.status >= 500:
+    status = errors.status_of(exc.kind)
+    if status >= 500:
         logger.error("service unavailable", extra={"code": exc.code})
-    return _error(exc.status, exc.code, exc.message, exc.details)
+    return _error(status, exc.code, exc.message, exc.details)
 
 
 @app.exception_handler(RequestValidationError)

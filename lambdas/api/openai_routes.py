@@ -31,7 +31,7 @@ from async_inference.aws import PayloadTooLarge
 from async_inference.completions import CompletionRequest, TextCompletion, text_completion
 from async_inference.embeddings import EMBEDDINGS_ENDPOINT, EmbeddingList, EmbeddingRequest
 from async_inference.jobs import JobStatus
-from async_inference.jobs_service import JobApi, ServiceError, describe_validation_error
+from async_inference.jobs_service import ErrorKind, JobApi, ServiceError, describe_validation_error
 from async_inference.response_service import ResponseService
 from async_inference.responses import ResponseCreate, job_id_of
 from async_inference.schemas import (
@@ -145,7 +145,7 @@ def create_completion(request: Annotated[CompletionRequest, Body()], idempotency
         chat = request.to_chat()
     except ValidationError as exc:  # a limit of the chat request the completions model does not repeat (stop: 4)
         message, details = describe_validation_error(exc)
-        raise ServiceError(400, "invalid_request", message, details) from exc
+        raise ServiceError(ErrorKind.INVALID, "invalid_request", message, details) from exc
     submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": chat})
     if chat.stream:
         return stream_answers.completion(_submitted(submission, idempotency_key), chat)
@@ -239,7 +239,7 @@ def _answer(job: Job, convert: Callable[[Job, bytes], bytes] | None = None) -> H
     try:
         body = _jobs().blobs.get(job.result_key, max_bytes=MAX_ANSWER_BYTES)
     except KeyError as exc:
-        raise ServiceError(410, "result_expired", f"the result of job {job.job_id} is gone") from exc
+        raise ServiceError(ErrorKind.GONE, "result_expired", f"the result of job {job.job_id} is gone") from exc
     except PayloadTooLarge:
         message = (
             f"the result of job {job.job_id} is larger than one answer can carry; read it from GET /v1/jobs/"

@@ -21,7 +21,7 @@ from aws_lambda_powertools.event_handler import Response as HttpResponse
 from async_inference.aws import PayloadTooLarge
 from async_inference.config import ENV_STREAM_TABLE
 from async_inference.jobs import JobStatus
-from async_inference.jobs_service import JobApi, ServiceError
+from async_inference.jobs_service import ErrorKind, JobApi, ServiceError
 from async_inference.schemas import ChatCompletionRequest, Job
 from async_inference.streaming import (
     MEDIA_TYPE,
@@ -55,7 +55,7 @@ def check_available() -> None:
     """Refuse ``stream: true`` before a job is made when there is no log to stream it from."""
     if _log is None:
         message = "stream: this deployment has no job event log to stream from; omit stream (or send false)"
-        raise ServiceError(400, "invalid_request", message, [{"field": "stream", "message": message}])
+        raise ServiceError(ErrorKind.INVALID, "invalid_request", message, [{"field": "stream", "message": message}])
 
 
 def chat(job: Job, request: ChatCompletionRequest) -> HttpResponse:

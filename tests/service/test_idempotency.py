@@ -16,7 +16,7 @@ from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import new_job_id
-from async_inference.jobs_service import JobApi, JobService, ServiceError
+from async_inference.jobs_service import ErrorKind, JobApi, JobService, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
 
@@ -87,7 +87,7 @@ def test_a_body_left_by_a_request_still_in_progress_holds_the_key_with_a_409(con
     with pytest.raises(ServiceError) as refused:
         service(config).submit(TENANT, submission("the second"), "in-flight")
     # THEN it is told to retry, and the first body stays
-    assert (refused.value.status, refused.value.code) == (409, "idempotency_key_in_progress")
+    assert (refused.value.kind, refused.value.code) == (ErrorKind.CONFLICT, "idempotency_key_in_progress")
     stored = client("s3").get_object(Bucket=config.bucket_name, Key=request_key)["Body"].read()
     assert b"the first" in stored
 

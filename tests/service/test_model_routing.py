@@ -10,7 +10,7 @@ import pytest
 from async_inference.aws import client
 from async_inference.config import ENV_MODEL_FLEETS, ENV_SERVED_MODELS, ServiceConfig, ServiceSettings, WakeSettings
 from async_inference.fleets import ANY_MODEL
-from async_inference.jobs_service import JobService, ServiceError
+from async_inference.jobs_service import ErrorKind, JobService, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
 from local_runtime.moto_server import MotoServer
 
@@ -108,7 +108,7 @@ def test_a_chat_job_for_an_embedding_model_is_a_400_naming_its_endpoint(stack):
     with pytest.raises(ServiceError) as raised:
         service.api.submit("tenant-a", _submission(EMBEDDING), None)
     # THEN it is a 400 on request.model that says where embedding requests go, and nothing is queued
-    assert (raised.value.status, raised.value.code) == (400, "model_kind_mismatch")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.INVALID, "model_kind_mismatch")
     assert "/v1/embeddings" in raised.value.message and raised.value.details[0]["field"] == "request.model"
     assert _depth(stack["queues"]["emb"]) == 0
 
@@ -122,7 +122,7 @@ def test_a_model_not_served_is_a_404_naming_it_and_queues_nothing(stack):
     with pytest.raises(ServiceError) as raised:
         service.api.submit("tenant-a", _submission("org/unknown"), None)
     # THEN it is a 404 model_not_found naming the model and the served ones, on request.model
-    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.NOT_FOUND, "model_not_found")
     assert "`org/unknown`" in raised.value.message and CHAT in raised.value.message and SECOND in raised.value.message
     assert raised.value.details[0]["field"] == "request.model"
     assert {name: _depth(url) for name, url in stack["queues"].items()} == before
@@ -160,7 +160,7 @@ def test_a_served_model_without_a_route_is_a_404_and_queues_nothing(stack):
     with pytest.raises(ServiceError) as raised:
         service.api.submit("tenant-a", _submission(UNROUTED), None)
     # THEN it is a 404 model_not_found on request.model, and no queue got it
-    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.NOT_FOUND, "model_not_found")
     assert raised.value.details[0]["field"] == "request.model"
     assert {name: _depth(url) for name, url in stack["queues"].items()} == before
 

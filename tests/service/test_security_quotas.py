@@ -13,7 +13,7 @@ from async_inference import settings
 from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
-from async_inference.jobs_service import JobService, ServiceError
+from async_inference.jobs_service import ErrorKind, JobService, ServiceError
 from async_inference.quotas import TenantQuota
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
 from local_runtime.moto_server import MotoServer, free_port
@@ -77,7 +77,7 @@ def test_a_tenant_at_its_active_job_limit_gets_a_429_naming_it_until_a_job_ends(
     with pytest.raises(ServiceError) as refused:
         service.api.submit(LIMITED, chat(), None)
     # THEN it is a 429 quota_exceeded that names the limit and its value
-    assert refused.value.status == 429 and refused.value.code == "quota_exceeded"
+    assert refused.value.kind is ErrorKind.QUOTA and refused.value.code == "quota_exceeded"
     assert "max_active_jobs" in refused.value.message and "3 jobs" in refused.value.message
     # AND once one of its jobs ends (cancelled here; any final state), it may submit one more, and only one
     service.api.cancel(LIMITED, jobs[0].job_id)

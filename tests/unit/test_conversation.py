@@ -11,7 +11,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.conversation import MAX_CHAIN, Turn, fits, history, output_as_input, truncated
-from async_inference.jobs_service import ServiceError
+from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.limits import RequestLimits
 from async_inference.response_service import ResponseService
 from async_inference.responses import (
@@ -147,7 +147,7 @@ def test_a_chain_longer_than_the_bound_is_a_400_naming_previous_response_id():
     with pytest.raises(ServiceError) as caught:
         chain._conversation("t", create(previous_response_id="resp_" + "0" * 32))
     # THEN it is a 400 naming previous_response_id, after reading no more than MAX_CHAIN responses
-    assert caught.value.status == 400 and caught.value.details[0]["field"] == "previous_response_id"
+    assert caught.value.kind is ErrorKind.INVALID and caught.value.details[0]["field"] == "previous_response_id"
     assert len(chain.read) == MAX_CHAIN
 
 
