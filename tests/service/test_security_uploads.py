@@ -131,7 +131,7 @@ def test_an_acceptance_interrupted_before_its_send_is_completed_by_the_events_re
         def crash(job: Any) -> None:
             raise TimeoutError("the function timed out")
 
-        patch.setattr(service, "_enqueue", crash)
+        patch.setattr(service.queues, "enqueue", crash)
         with pytest.raises(TimeoutError):
             service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
     assert service.store.get(submitted.job.job_id).status is JobStatus.QUEUED and claim_checks(service) == []

@@ -143,7 +143,7 @@ def test_an_inline_job_schedules_no_deadline(isolated, window):
     """GIVEN an inline job WHEN it is created THEN no upload deadline is sent (it has no upload to wait for)."""
     window(1)
     submission = JobSubmission(request=ChatCompletionRequest.model_validate_json(BODY))
-    _service(isolated).submit(TENANT, submission, None)
+    _service(isolated).api.submit(TENANT, submission, None)
     time.sleep(1.1)
     assert _receive(isolated.upload_deadlines_queue_url, wait_s=1) == []
 
