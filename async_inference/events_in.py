@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from async_inference import safe_json, settings
 from async_inference.batches.models import BatchCreate, BatchWebhookSpec
+from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, utcnow
 
 logger = logging.getLogger("async_inference.events_in")
@@ -115,7 +116,7 @@ class EventIntake:
     ) -> None:
         self.rules = rules
         self.claim_timeout_s = claim_timeout_s
-        self.jobs = jobs  # service.JobService
+        self.jobs = jobs  # jobs_service.JobApi
         self.batches = batches  # batches.service.BatchService; None: a .jsonl object is refused
         self.blobs = jobs.blobs
 
@@ -152,7 +153,7 @@ class EventIntake:
             submitted = self.jobs.submit(rule.tenant, submission, f"{IDEMPOTENCY_NAMESPACE}{key}:{etag}")
         except Exception as exc:  # ServiceError: a model not served, an unsafe webhook, a quota; or AWS
             message = getattr(exc, "message", None) or str(exc)
-            if getattr(exc, "status", 500) >= 500:
+            if not isinstance(exc, ServiceError) or exc.kind is ErrorKind.UNAVAILABLE:
                 raise  # retried by Lambda's asynchronous invocation, then kept in the failure queue
             return self._refused(key, message)
         logger.info("object became a job", extra={"key": key, "job_id": submitted.job.job_id})

@@ -24,6 +24,7 @@ from async_inference import settings
 from async_inference.authorizer import TenantKeys, key_hash, presented_keys
 from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
 from async_inference.batches.models import BatchNotification
+from async_inference.jobs_service import describe_validation_error
 from async_inference.schemas import (
     FINAL_EVENT_TYPES,
     BatchEvent,
@@ -32,7 +33,6 @@ from async_inference.schemas import (
     ResultNotification,
     Subscription,
 )
-from async_inference.service import describe_validation_error
 
 logger = logging.getLogger(__name__)
 

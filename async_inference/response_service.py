@@ -1,4 +1,4 @@
-"""Background responses over ``JobService``: a response is a job whose original Responses body is kept beside it.
+"""Background responses over the jobs API (``JobApi``): a response is a job whose original Responses body is kept beside it.
 
 Create writes the body (``settings.responses_request_key``) before the job exists, then submits the converted chat
 request as an ordinary job (same queue, claim check, worker, state and notifications); every read is the job's read
@@ -15,6 +15,7 @@ from async_inference import conversation, settings
 from async_inference.conversation import Turn
 from async_inference.endpoints import RESPONSES_ENDPOINT
 from async_inference.jobs import FINAL_STATES, JobStatus, new_job_id
+from async_inference.jobs_service import ErrorKind, JobApi, ServiceError, describe_validation_error
 from async_inference.responses import (
     IDEMPOTENCY_NAMESPACE,
     input_items,
@@ -26,12 +27,12 @@ from async_inference.responses import (
 )
 from async_inference.schemas import ChatCompletion, Job, JobSubmission, utcnow
 from async_inference.schemas.responses import InputItemList, Item, Response, ResponseCreate, ResponseDeleted
-from async_inference.service import JobService, ServiceError, describe_validation_error
 
 
 class ResponseService:
-    def __init__(self, jobs: JobService) -> None:
+    def __init__(self, jobs: JobApi) -> None:
         self.jobs = jobs
+        self.models = jobs.models
         self.blobs = jobs.blobs
 
     def create(self, tenant: str, request: ResponseCreate, idempotency_key: str | None = None) -> Response:
@@ -43,10 +44,13 @@ class ResponseService:
         except ValidationError as exc:  # a limit of the chat request the Responses model does not repeat
             message, details = describe_validation_error(exc)
             raise ServiceError(
-                400, "invalid_request", f"the request converts to an invalid chat request: {message}", details
+                ErrorKind.INVALID,
+                "invalid_request",
+                f"the request converts to an invalid chat request: {message}",
+                details,
             ) from exc
-        self.jobs.check_model(request.model, field="model")
-        self.jobs.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
+        self.models.check_model(request.model, field="model")
+        self.models.check_limits(tenant, chat, endpoint=RESPONSES_ENDPOINT)  # before its body is stored
         key = None if idempotency_key is None else IDEMPOTENCY_NAMESPACE + idempotency_key
         job_id = new_job_id(tenant, key)
         # Written before the job exists, so no reader sees a response's job without its body; never over an
@@ -80,11 +84,11 @@ class ResponseService:
             try:
                 job = self.jobs.cancel(tenant, job.job_id)
             except ServiceError as exc:
-                if exc.status != 409:
+                if exc.kind is not ErrorKind.CONFLICT:
                     raise
                 ended = to_response(self.jobs.get(tenant, job.job_id), original).status
                 raise ServiceError(
-                    409, "conflict", f"response {response_id} is already {ended} and cannot be cancelled"
+                    ErrorKind.CONFLICT, "conflict", f"response {response_id} is already {ended} and cannot be cancelled"
                 ) from exc
         return to_response(job, original)
 
@@ -97,7 +101,7 @@ class ResponseService:
             try:
                 self.jobs.cancel(tenant, job.job_id)
             except ServiceError as exc:
-                if exc.status != 409:  # 409: it ended meanwhile, nothing to stop
+                if exc.kind is not ErrorKind.CONFLICT:  # it ended meanwhile, nothing to stop
                     raise
         self.jobs.delete(tenant, job.job_id)
         self.blobs.delete(settings.responses_request_key(tenant, job.job_id))
@@ -115,7 +119,7 @@ class ResponseService:
             ids = [item["id"] for item in items]
             if after not in ids:
                 raise ServiceError(
-                    400,
+                    ErrorKind.INVALID,
                     "invalid_request",
                     f"after: {after!r} is not an input item of {response_id}",
                     [{"field": "after", "message": "not an input item of this response"}],
@@ -144,11 +148,13 @@ class ResponseService:
                     f"the conversation is more than {conversation.MAX_CHAIN} responses long; send truncation: 'auto' "
                     "to drop its oldest turns, or start a new conversation with the turns to keep in input"
                 )
-                raise ServiceError(400, "invalid_request", f"previous_response_id: {message}", _field(message))
+                raise ServiceError(
+                    ErrorKind.INVALID, "invalid_request", f"previous_response_id: {message}", _field(message)
+                )
             turns.append(self._turn(tenant, response_id, continued_by))
             response_id, continued_by = turns[-1].request.previous_response_id, response_id
         items = [*conversation.history(reversed(turns)), *request.items()]
-        return conversation.truncated(request, items, self.jobs.limits_of(tenant))
+        return conversation.truncated(request, items, self.models.limits_of(tenant))
 
     def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
         """A stored response of the conversation, completed (or cut at its token limit) with its output; 404 for an
@@ -157,24 +163,24 @@ class ResponseService:
         try:
             job, original = self._get(tenant, response_id)
         except ServiceError as exc:
-            if exc.status != 404:
+            if exc.kind is not ErrorKind.NOT_FOUND:
                 raise
             message = f"no response {which}: it is unknown or was deleted"
             raise ServiceError(
-                404, "previous_response_not_found", f"previous_response_id: {message}", _field(message)
+                ErrorKind.NOT_FOUND, "previous_response_not_found", f"previous_response_id: {message}", _field(message)
             ) from exc
         try:
             result = self._result(job)
-        except ServiceError as exc:  # 410: its output is past the bucket's retention
-            raise ServiceError(
-                exc.status, exc.code, f"previous_response_id: {exc.message}", _field(exc.message)
-            ) from exc
+        except ServiceError as exc:  # gone: its output is past the bucket's retention
+            raise ServiceError(exc.kind, exc.code, f"previous_response_id: {exc.message}", _field(exc.message)) from exc
         if result is None:
             status = to_response(job, original).status
             message = f"response {which} is {status}; only a completed response can be continued" + (
                 ": wait until it completes" if job.status not in FINAL_STATES else ""
             )
-            raise ServiceError(400, "invalid_request", f"previous_response_id: {message}", _field(message))
+            raise ServiceError(
+                ErrorKind.INVALID, "invalid_request", f"previous_response_id: {message}", _field(message)
+            )
         return Turn(original, output_items(response_id, result)[0])
 
     # --- Reads ----------------------------------------------------------------------------------------------------
@@ -182,11 +188,11 @@ class ResponseService:
     def _get(self, tenant: str, response_id: str) -> tuple[Job, ResponseCreate]:
         """The tenant's response: its job and its Responses body; 404 alike for an unknown id, another tenant's, a
         deleted response and a job that is not a response."""
-        not_found = ServiceError(404, "not_found", f"no response {response_id}")
+        not_found = ServiceError(ErrorKind.NOT_FOUND, "not_found", f"no response {response_id}")
         try:
             job = self.jobs.get(tenant, job_id_of(response_id))
         except (ValueError, ServiceError) as exc:
-            if isinstance(exc, ServiceError) and exc.status != 404:
+            if isinstance(exc, ServiceError) and exc.kind is not ErrorKind.NOT_FOUND:
                 raise
             raise not_found from exc
         try:
@@ -205,7 +211,7 @@ class ResponseService:
         if job.status is not JobStatus.SUCCEEDED or not job.result_key:
             return None
         expired = ServiceError(
-            410,
+            ErrorKind.GONE,
             "result_expired",
             f"the output of response {response_id_of(job.job_id)} expired: "
             f"results are kept {self.jobs.payload_retention_days} days after they are written",

@@ -6,7 +6,7 @@ left in the queues, and the RSS of a worker that ran throughout is at the end wi
 1,000 jobs. Writes bench/results/soak.json and ends with that JSON on one line.
 
 How it is measured, and why so:
-- Jobs enter through ``JobService.submit``, the core the API Lambda calls (the local gateway runs one handler call at a
+- Jobs enter through ``JobApi.submit``, the core the API Lambda calls (the local gateway runs one handler call at a
   time, which would make this a benchmark of the gateway), at most ``--backlog`` ahead of the notifications: a steady
   load over the whole run rather than one burst, so the queue stays as deep as a busy service's, and moto's
   ReceiveMessage (linear in queue depth) stays fast enough to get through 10,000 jobs in one sitting.
@@ -35,8 +35,8 @@ from pathlib import Path
 from async_inference import settings
 from async_inference.aws import client
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import JobService
 from async_inference.schemas import JobSubmission
-from async_inference.service import JobService
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalDeployment
 from local_runtime.subscribers import subscribe_queue
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         def submit(_: int) -> str:
             while submitted["n"] - inbox.notified >= args.backlog:
                 time.sleep(0.05)
-            job_id = service.submit(TENANT, submission, None).job.job_id
+            job_id = service.api.submit(TENANT, submission, None).job.job_id
             submitted["n"] += 1  # a progress figure; Counter updates under the GIL are close enough
             return job_id
 

@@ -23,7 +23,7 @@ FILE_UPLOADS = f"{settings.FILE_PREFIX}*/{settings.FILE_UPLOAD_NAME}"
 
 
 def grant_functions(service: AsyncInferenceService) -> None:
-    """Each principal gets exactly the calls its code makes (async_inference.aws, service.py, lambdas/*,
+    """Each principal gets exactly the calls its code makes (async_inference.aws, async_inference/jobs_service, lambdas/*,
     gpu_worker/worker.py), on the resources and key prefixes it makes them on."""
     bucket, table, results = service.bucket, service.table, service.results
     _acknowledge_grant_wildcards(service)

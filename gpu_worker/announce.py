@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from async_inference.aws import JobEvents, WebhookQueue
+from async_inference.jobs_service import JobOutcomes, JobResult
 from async_inference.schemas import Job, JobActivity
-from async_inference.service import JobResult, JobService
 from async_inference.webhooks.events import EVENT_STARTED, started_event
 from gpu_worker.batcher import Batcher
 
@@ -29,10 +29,12 @@ NOTIFY_BATCH_DELAY_S = 0.1
 class Announcer:
     """Announces the starts and ends of jobs: ``started`` (fire and forget), ``finished`` (published or not)."""
 
-    def __init__(self, service: JobService, *, webhooks: WebhookQueue | None, events: JobEvents | None, io: IO) -> None:
+    def __init__(
+        self, outcomes: JobOutcomes, *, webhooks: WebhookQueue | None, events: JobEvents | None, io: IO
+    ) -> None:
         """``webhooks``: where started webhooks go (None: jobs that ask for one do not get it, logged); ``events``:
         the job event topic (None: no job.started events)."""
-        self.service = service
+        self.outcomes = outcomes
         self._webhooks = webhooks
         self._events = events
         self._io = io
@@ -75,7 +77,7 @@ class Announcer:
             )
 
     async def _notify_batch(self, finished: list[tuple[Job, JobResult | None]]) -> list[bool]:
-        return await self._io(self.service.notify_many, finished)
+        return await self._io(self.outcomes.notify_many, finished)
 
     async def _publish_activities(self, activities: list[JobActivity]) -> list[bool]:
         assert self._events is not None

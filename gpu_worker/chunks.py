@@ -40,6 +40,7 @@ from async_inference import settings
 from async_inference.aws import Blobs, ControlQueue
 from async_inference.batches.lines import BatchInputLine, line_id
 from async_inference.endpoints import LineRequest, request_name
+from async_inference.jobs_service import describe_validation_error
 from async_inference.schemas import (
     BatchControl,
     BatchLineError,
@@ -49,7 +50,6 @@ from async_inference.schemas import (
     utcnow,
 )
 from async_inference.served_models import ServedModels
-from async_inference.service import describe_validation_error
 from gpu_worker import answers
 from gpu_worker.engines.base import (
     Engine,

@@ -1,5 +1,6 @@
-"""The claim runner: takes one claim of any kind (``gpu_worker.claims``) to its final state, through ``JobService``,
-and says what becomes of its message (``Outcome``). It never touches the queue: the pump (``gpu_worker.worker``) does.
+"""The claim runner: takes one claim of any kind (``gpu_worker.claims``) to its final state, through the job service's
+worker side (``WorkerJobs``) and its ``JobOutcomes``, and says what becomes of its message (``Outcome``). It never
+touches the queue: the pump (``gpu_worker.worker``) does.
 
 A job (``ClaimCheck``): its payload is read while it waits for an engine slot; it becomes ``running`` (``started_at``,
 its ``started`` webhook, its job.started event) only once it has a slot, and ends in the one order a crash can
@@ -37,6 +38,7 @@ from typing import Any
 
 from async_inference.endpoints import LineRequest
 from async_inference.jobs import FINAL_STATES, JobStatus
+from async_inference.jobs_service import JobOutcomes, JobResult, WorkerJobs, parse_request_body
 from async_inference.schemas import (
     EMBEDDINGS_ENDPOINT,
     ChunkClaimCheck,
@@ -46,7 +48,6 @@ from async_inference.schemas import (
     JobProgress,
     utcnow,
 )
-from async_inference.service import JobResult, JobService, parse_request_body
 from gpu_worker import answers
 from gpu_worker.announce import Announcer
 from gpu_worker.chunks import Chunks
@@ -82,7 +83,8 @@ class Runner:
         config: WorkerConfig,
         engine: Engine,
         *,
-        service: JobService,
+        jobs: WorkerJobs,
+        outcomes: JobOutcomes,
         admission: Admission,
         progress: ProgressReporter,
         announcer: Announcer,
@@ -95,7 +97,8 @@ class Runner:
     ) -> None:
         self.config = config
         self.engine = engine
-        self.service = service
+        self.jobs = jobs
+        self.outcomes = outcomes
         self.admission = admission
         self.progress = progress
         self.deltas = deltas or DeltaWriter(engine, None, io=io)  # streamed jobs' text, as it decodes
@@ -150,7 +153,7 @@ class Runner:
         expired batches."""
         job_ids = [f.job_id for f in flights if f.job_id]
         for start in range(0, len(job_ids), 100):
-            jobs = await self._io(self.service.lookup_many, job_ids[start : start + 100])
+            jobs = await self._io(self.jobs.lookup_many, job_ids[start : start + 100])
             for job in jobs.values():
                 if job.status is JobStatus.CANCELLED:
                     self.cancelled.add(job.job_id)
@@ -166,8 +169,8 @@ class Runner:
         for flight in due:
             flight.lease_renewed = now
         leased = [f.job_id for f in due if f.job_id]
-        for job_id in await self._io(self.service.renew_leases, self.owner, leased, self.config.visibility_timeout_s):
-            job = await self._io(self.service.lookup, job_id)
+        for job_id in await self._io(self.jobs.renew_leases, self.owner, leased, self.config.visibility_timeout_s):
+            job = await self._io(self.jobs.lookup, job_id)
             if job is not None and job.status is JobStatus.RUNNING and job.lease_owner != self.owner:
                 logger.warning(
                     "job %s: another worker took it over (this heartbeat was late); aborting it here", job_id
@@ -181,7 +184,7 @@ class Runner:
         """Let the leases of jobs handed back lapse now, so that the next worker starts them at once."""
         leased = [f.job_id for f in flights if f.job_id and f.leased]
         try:
-            await self._io(self.service.renew_leases, self.owner, leased, 0)
+            await self._io(self.jobs.renew_leases, self.owner, leased, 0)
         except Exception:  # they lapse by themselves within the visibility timeout
             logger.exception("could not release the leases of %d jobs handed back", len(leased))
 
@@ -208,11 +211,11 @@ class Runner:
 
     async def _job(self, claim: ClaimCheck, flight: InFlight) -> Outcome:
         if utcnow() > claim.deadline:
-            job = await self._io(self.service.lookup, claim.job_id)
+            job = await self._io(self.jobs.lookup, claim.job_id)
             if job is not None and job.status is JobStatus.QUEUED:
                 return await self._finish(flight, job, JobStatus.EXPIRED, error="still queued at its deadline")
         # Read while the job is still queued: the read overlaps the generation of the jobs in the engine.
-        raw = await self._io(self.service.read_request, claim)
+        raw = await self._io(self.jobs.read_request, claim)
         endpoint = EMBEDDINGS_ENDPOINT if isinstance(claim, EmbeddingClaimCheck) else None
         request, reason = parse_request_body(raw, endpoint) if raw is not None else (None, MISSING_PAYLOAD)
         if request is None:
@@ -300,7 +303,7 @@ class Runner:
         """Move the job to running as it takes its engine slot, and announce it; None when it may not run."""
         now = utcnow()
         job = await self._io(
-            self.service.start,
+            self.jobs.start,
             claim.job_id,
             started_at=now,
             progress=JobProgress(completion_tokens=0, updated_at=now),
@@ -333,11 +336,11 @@ class Runner:
         if result is not None:
             assert isinstance(job, Job)
             generated_tokens = getattr(result.usage, "completion_tokens", 0)
-            result, result_fields = await self._io(self.service.store_result, job, result)
+            result, result_fields = await self._io(self.outcomes.store_result, job, result)
             processing_s = time.monotonic() - flight.started
             fields.update(result_fields)
             self.faults.at("after_result_write", job_id)
-        finished = await self._io(self.service.end, job, target, **fields)
+        finished = await self._io(self.outcomes.end, job, target, **fields)
         self.faults.at("after_state_write", job_id)
         if finished is None:
             # Cancelled meanwhile, or another run of the job finished first. The message is done with only once that
@@ -357,7 +360,7 @@ class Runner:
 
     async def _not_runnable(self, flight: InFlight, job_id: str) -> Outcome:
         """The job could not be moved to running (or ended): find out why, and whether the message is done with."""
-        job = await self._io(self.service.lookup, job_id)
+        job = await self._io(self.jobs.lookup, job_id)
         if job is None:
             logger.error("claim check for unknown job %s; deleting it", job_id)
             return Outcome.delete("unknown job")
@@ -370,7 +373,7 @@ class Runner:
             finished_at = job.finished_at or job.updated_at
             if (utcnow() - finished_at).total_seconds() < self.config.visibility_timeout_s:
                 return self._retry(flight, "final, notification pending")
-            await self._io(self.service.notify, job)
+            await self._io(self.outcomes.notify, job)
             return Outcome.delete("final, notified")
         if job.status is JobStatus.RUNNING and job.lease_owner not in (None, self.owner):
             return _held_elsewhere(job, self.config.visibility_timeout_s)

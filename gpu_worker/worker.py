@@ -46,10 +46,11 @@ from async_inference.aws import (
     ConnectionStore,
     ControlQueue,
     JobEvents,
+    JobQueue,
     QueueMessage,
     WebhookQueue,
 )
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 from async_inference.streaming.log import EventLog
 from gpu_worker.announce import Announcer
 from gpu_worker.chunks import BatchLedger, Chunks
@@ -155,12 +156,13 @@ class Worker:
         self.runner = Runner(
             config,
             engine,
-            service=self.service,
+            jobs=self.service.worker,
+            outcomes=self.service.outcomes,
             admission=self.admission,
             progress=self.progress,
             deltas=self.deltas,
             announcer=Announcer(
-                self.service,
+                self.service.outcomes,
                 events=events,
                 io=self._io,
                 webhooks=WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None,
@@ -298,24 +300,9 @@ class Worker:
         if outcome.action is Action.DELETE:
             self.faults.at("before_delete", flight.ident)
             await lane.deletes.add(message.receipt_handle)
-        elif outcome.action is Action.RETRY:
+        elif outcome.action in (Action.RETRY, Action.REQUEUE):
             self._inflight.pop(message.message_id, None)  # no heartbeat may extend it again
-            try:
-                await self._io(lane.queue.change_visibility_batch, [message.receipt_handle], outcome.retry_in_s)
-            except Exception:
-                logger.exception(
-                    "could not shorten the visibility of %s; it returns after the timeout", message.message_id
-                )
-        elif outcome.action is Action.REQUEUE:
-            self._inflight.pop(message.message_id, None)  # no heartbeat may extend it again
-            try:
-                failed = await self._io(
-                    lane.queue.requeue, [(message, flight.tenant or "")], delay_s=outcome.retry_in_s
-                )
-            except Exception:
-                failed = [message.receipt_handle]
-            if failed:
-                logger.warning("could not requeue %s; it returns after its visibility timeout", message.message_id)
+            await self._io(put_back, lane.queue, flight, outcome)
         elif outcome.action is Action.HAND_BACK:
             self._handback[message.message_id] = flight
             if self.engine_dead is not None:
@@ -392,3 +379,20 @@ class Worker:
         # Their jobs' leases first: the worker that receives them next starts them at once.
         await self.runner.release(list(self._handback.values()))
         await self._set_visibility([flight.message for flight in self._handback.values()], 0)
+
+
+def put_back(queue: JobQueue, flight: InFlight, outcome: Outcome) -> None:
+    """A message the worker lets go of without deleting it: visible again after ``outcome.retry_in_s`` (``RETRY``), or
+    sent again as a new message hidden that long (``REQUEUE``); if that fails, it returns after its visibility
+    timeout."""
+    message = flight.message
+    try:
+        if outcome.action is Action.REQUEUE:
+            failed = queue.requeue([(message, flight.tenant or "")], delay_s=outcome.retry_in_s)
+        else:
+            failed = queue.change_visibility_batch([message.receipt_handle], outcome.retry_in_s)
+    except Exception:
+        logger.exception("could not put back %s", message.message_id)
+        failed = [message.receipt_handle]
+    if failed:
+        logger.warning("%s not put back (%s); it returns after its visibility timeout", message.message_id, outcome)

@@ -31,17 +31,19 @@ from async_inference.batches.models import (
 )
 from async_inference.batches.store import BatchStore, InvalidCursor
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.quotas import TenantQuota, batch_lines_message, stored_bytes_message
 from async_inference.schemas import BatchControl, WebhookState, utcnow
 from async_inference.served_models import OWNED_BY, ServedModels
-from async_inference.service import ServiceError
 from async_inference.webhooks.url_safety import UnsafeUrl, check_url
 
 CANCELLABLE = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 
 
-def _invalid(field: str, message: str, status: int = 400, code: str = "invalid_request") -> ServiceError:
-    return ServiceError(status, code, f"{field}: {message}", [{"field": field, "message": message}])
+def _invalid(
+    field: str, message: str, kind: ErrorKind = ErrorKind.INVALID, code: str = "invalid_request"
+) -> ServiceError:
+    return ServiceError(kind, code, f"{field}: {message}", [{"field": field, "message": message}])
 
 
 class BatchService:
@@ -89,7 +91,7 @@ class BatchService:
 
     def model(self, model_id: str) -> Model:
         if model_id not in self.served.names:
-            raise ServiceError(404, "model_not_found", self.served.not_found_message(model_id))
+            raise ServiceError(ErrorKind.NOT_FOUND, "model_not_found", self.served.not_found_message(model_id))
         return Model(id=model_id, created=self.started_at, owned_by=OWNED_BY)
 
     # --- files ----------------------------------------------------------------------------------------------------
@@ -101,7 +103,7 @@ class BatchService:
             raise _invalid("file", "the file is empty")
         if len(data) > settings.MAX_FILE_INLINE_BYTES:
             raise ServiceError(
-                413,
+                ErrorKind.TOO_LARGE,
                 "payload_too_large",
                 f"file: {len(data)} bytes is over the {settings.MAX_FILE_INLINE_BYTES} bytes POST /v1/files "
                 "takes through API Gateway and Lambda; use POST /v1/files/uploads (a presigned PUT, up to "
@@ -133,7 +135,7 @@ class BatchService:
     def get_file(self, tenant: str, file_id: str) -> FileRecord:
         record = self.store.get_file(file_id)
         if record is None or record.tenant != tenant:
-            raise ServiceError(404, "not_found", f"No such File object: {file_id}")
+            raise ServiceError(ErrorKind.NOT_FOUND, "not_found", f"No such File object: {file_id}")
         if record.awaiting_upload:
             record = self._confirm_upload(record)
         return record
@@ -148,7 +150,9 @@ class BatchService:
         """A presigned GET of the file's bytes (the API redirects there: a Lambda answer holds at most 6 MB)."""
         record = self.get_file(tenant, file_id)
         if record.awaiting_upload:
-            raise ServiceError(409, "conflict", f"file {file_id} has no content yet: its upload has not arrived")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"file {file_id} has no content yet: its upload has not arrived"
+            )
         return self.files.presign_get(
             record.key, expires_s=settings.PRESIGNED_RESULT_EXPIRY_S, filename=record.filename
         )
@@ -184,7 +188,9 @@ class BatchService:
         try:
             source = self.get_file(tenant, request.input_file_id)
         except ServiceError as exc:
-            raise _invalid("input_file_id", f"no file {request.input_file_id}", 404, "not_found") from exc
+            raise _invalid(
+                "input_file_id", f"no file {request.input_file_id}", ErrorKind.NOT_FOUND, "not_found"
+            ) from exc
         if source.purpose != "batch":
             raise _invalid(
                 "input_file_id",
@@ -201,7 +207,9 @@ class BatchService:
         try:
             self.files.copy(source.key, input_key)
         except KeyError as exc:
-            raise _invalid("input_file_id", f"file {source.id} has no content (deleted?)", 404, "not_found") from exc
+            raise _invalid(
+                "input_file_id", f"file {source.id} has no content (deleted?)", ErrorKind.NOT_FOUND, "not_found"
+            ) from exc
         now = utcnow()
         record = BatchRecord(
             id=batch_id,
@@ -230,13 +238,15 @@ class BatchService:
                     {"code": "unavailable", "message": "the batch could not be queued for validation; create it again"}
                 ],
             )
-            raise ServiceError(503, "unavailable", "the batch control queue is unavailable; retry the request") from exc
+            raise ServiceError(
+                ErrorKind.UNAVAILABLE, "unavailable", "the batch control queue is unavailable; retry the request"
+            ) from exc
         return record.wire()
 
     def get_batch(self, tenant: str, batch_id: str) -> BatchRecord:
         record = self.store.get_batch(batch_id)
         if record is None or record.tenant != tenant:
-            raise ServiceError(404, "not_found", f"No such Batch object: {batch_id}")
+            raise ServiceError(ErrorKind.NOT_FOUND, "not_found", f"No such Batch object: {batch_id}")
         return record
 
     def list_batches(self, tenant: str, *, after: str | None, limit: int) -> Page[Batch]:
@@ -250,13 +260,17 @@ class BatchService:
         if record.status is BatchStatus.CANCELLING:
             return record.wire()
         if record.status not in CANCELLABLE:
-            raise ServiceError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled"
+            )
         cancelled = self.store.transition(batch_id, BatchStatus.CANCELLING)
         if cancelled is None:  # it moved on between our read and our write
             record = self.get_batch(tenant, batch_id)
             if record.status is BatchStatus.CANCELLING:
                 return record.wire()
-            raise ServiceError(409, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled")
+            raise ServiceError(
+                ErrorKind.CONFLICT, "conflict", f"batch {batch_id} is {record.status.value} and cannot be cancelled"
+            )
         return cancelled.wire()
 
     # --- helpers --------------------------------------------------------------------------------------------------
@@ -273,7 +287,9 @@ class BatchService:
         stored = self.store.stored_bytes(tenant, up_to=limit)
         if stored + adding > limit:
             message = stored_bytes_message(tenant, limit, stored, adding)
-            raise ServiceError(429, "quota_exceeded", message, [{"field": "max_stored_bytes", "message": message}])
+            raise ServiceError(
+                ErrorKind.QUOTA, "quota_exceeded", message, [{"field": "max_stored_bytes", "message": message}]
+            )
 
     def _check_lines_in_flight(self, tenant: str) -> None:
         """429 quota_exceeded when the tenant's batches in flight hold ``max_batch_lines_in_flight`` lines already
@@ -286,7 +302,7 @@ class BatchService:
         if in_flight >= limit:
             message = batch_lines_message(tenant, limit, in_flight)
             raise ServiceError(
-                429, "quota_exceeded", message, [{"field": "max_batch_lines_in_flight", "message": message}]
+                ErrorKind.QUOTA, "quota_exceeded", message, [{"field": "max_batch_lines_in_flight", "message": message}]
             )
 
     @staticmethod

@@ -54,7 +54,7 @@ class Job(TolerantModel):
     notified: bool = False
     progress: JobProgress | None = None  # written while the job runs (gpu_worker.progress)
     priority: JobPriority = "interactive"  # "batch": its claim check goes to the batch-lane queue
-    # When the upload intake sent an upload job's one claim check (JobService.accept_upload); unset between its
+    # When the upload intake sent an upload job's one claim check (UploadIntake.accept_upload); unset between its
     # acceptance and the send, so a redelivered event can tell an interrupted acceptance from a replayed PUT.
     claim_sent_at: dt.datetime | None = None
     # The worker running the job, and until when (epoch milliseconds) its hold stands: renewed with the visibility of

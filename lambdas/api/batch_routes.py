@@ -33,7 +33,7 @@ from async_inference.batches.multipart import MultipartError, parse_file_form
 from async_inference.batches.service import BatchService
 from async_inference.capacity_state import CapacityState
 from async_inference.config import ServiceSettings
-from async_inference.service import ServiceError
+from async_inference.jobs_service import ErrorKind, ServiceError
 from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
@@ -60,7 +60,9 @@ FILES_ROUTE = "/v1/files"  # the one route whose body is multipart (binary): han
 
 def _service() -> BatchService:
     if batches is None:  # no batch table in this deployment's settings
-        raise ServiceError(404, "not_found", "this deployment has no batch table: the Files and Batches APIs are off")
+        raise ServiceError(
+            ErrorKind.NOT_FOUND, "not_found", "this deployment has no batch table: the Files and Batches APIs are off"
+        )
     return batches
 
 
@@ -124,7 +126,7 @@ def create_file() -> Response[FileObject]:
     try:
         form = parse_file_form(router.current_event.headers.get("content-type"), _raw_body())
     except MultipartError as exc:
-        raise ServiceError(400, "invalid_request", str(exc)) from exc
+        raise ServiceError(ErrorKind.INVALID, "invalid_request", str(exc)) from exc
     return _json(_service().create_file(tenant, filename=form.filename, purpose=form.purpose, data=form.data))
 
 

@@ -1,4 +1,4 @@
-"""The ingestion API: a thin adapter from API Gateway proxy events to ``JobService``.
+"""The ingestion API: a thin adapter from API Gateway proxy events to the job service's API side (``JobApi``).
 
 Routes validate their input with the core schemas (Powertools' OpenAPI validation), and the same models generate the
 OpenAPI document served at ``/v1/openapi.json``, so the document cannot drift from what is enforced. Every error leaves
@@ -27,10 +27,10 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from async_inference import safe_json, settings
 from async_inference.config import ServiceSettings
 from async_inference.jobs import FINAL_STATES, JOB_ID_PATTERN, JobStatus
+from async_inference.jobs_service import JobService, ServiceError
 from async_inference.schemas import JobList, JobSubmission, JobView, error_location, error_message
-from async_inference.service import JobService, ServiceError
 from async_inference.sync_wait import MAX_WAIT_S
-from lambdas.api import batch_routes, media_type, openai_routes, response_routes
+from lambdas.api import batch_routes, errors, media_type, openai_routes, response_routes
 from lambdas.api.openapi_document import RETRY_AFTER, SECURITY, SECURITY_SCHEMES, error_responses, ok, served
 from lambdas.api.tenancy import tenant_of
 
@@ -43,18 +43,18 @@ app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=safe
 app.enable_swagger(path="/v1/docs", title="Async inference API", version="1")
 
 config = ServiceSettings.load()
-service = JobService.from_config(
+jobs = JobService.from_config(
     config.service,
     allow_local_webhooks=config.allow_local_webhooks,
     served_models=config.served_models,
     quotas=config.tenant_quotas,
     limits=config.request_limits,
-)
+).api
 batch_routes.configure(config)
 app.include_router(batch_routes.router)
-response_routes.configure(service)
+response_routes.configure(jobs)
 app.include_router(response_routes.router)
-openai_routes.configure(service)
+openai_routes.configure(jobs)
 app.include_router(openai_routes.router)
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id as returned by POST /v1/jobs.")]
@@ -135,14 +135,14 @@ def create_job(
     submission: Annotated[JobSubmission, Body()], idempotency_key: IdempotencyKey = None, prefer: Prefer = None
 ) -> Response[JobView]:
     started = time.monotonic()
-    submitted = service.submit(_tenant(), submission, idempotency_key)
+    submitted = jobs.submit(_tenant(), submission, idempotency_key)
     if submitted.created:
         metrics.add_metric(name=settings.METRIC_JOBS_SUBMITTED, unit=MetricUnit.Count, value=1)
     job, headers = openai_routes.prefer_wait(submitted.job, prefer, started)
     status = HTTPStatus.CREATED if submitted.upload else HTTPStatus.ACCEPTED
     if "Preference-Applied" in headers and job.status in FINAL_STATES:
         status = HTTPStatus.OK
-    view = service.view(job, upload=submitted.upload)
+    view = jobs.view(job, upload=submitted.upload)
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=view, headers=headers)
 
 
@@ -153,7 +153,7 @@ def create_job(
 )
 @tracer.capture_method(capture_response=False)
 def get_job(job_id: JobId) -> Response[JobView]:
-    view, poll_after_s = service.read(_tenant(), job_id)
+    view, poll_after_s = jobs.read(_tenant(), job_id)
     # Retry-After on a 200: how long a poller should wait before the next GET (the SDK follows it).
     headers = {"Retry-After": str(poll_after_s)} if poll_after_s is not None else None
     return Response(status_code=HTTPStatus.OK, content_type=content_types.APPLICATION_JSON, body=view, headers=headers)
@@ -170,8 +170,8 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=settings.MAX_PAGE_SIZE)] = settings.DEFAULT_PAGE_SIZE,
     next: Annotated[str | None, Query(max_length=2048)] = None,
 ) -> Response[JobList]:
-    jobs, token = service.list(_tenant(), status=status, limit=limit, next_token=next)
-    return _json(HTTPStatus.OK, JobList(jobs=[service.view(j) for j in jobs], next=token))
+    page, token = jobs.list(_tenant(), status=status, limit=limit, next_token=next)
+    return _json(HTTPStatus.OK, JobList(jobs=[jobs.view(j) for j in page], next=token))
 
 
 @app.post(
@@ -184,7 +184,7 @@ def list_jobs(
 )
 @tracer.capture_method(capture_response=False)
 def cancel_job(job_id: JobId) -> Response[JobView]:
-    return _json(HTTPStatus.OK, service.view(service.cancel(_tenant(), job_id)))
+    return _json(HTTPStatus.OK, jobs.view(jobs.cancel(_tenant(), job_id)))
 
 
 @app.get("/v1/openapi.json", summary="This API's OpenAPI document", include_in_schema=False)
@@ -202,9 +202,10 @@ def openapi():  # no return annotation: Powertools would try to validate the doc
 
 @app.exception_handler(ServiceError)
 def _api_error(exc: ServiceError) -> Response:
-    if exc.status >= 500:
+    status = errors.status_of(exc.kind)
+    if status >= 500:
         logger.error("service unavailable", extra={"code": exc.code})
-    return _error(exc.status, exc.code, exc.message, exc.details)
+    return _error(status, exc.code, exc.message, exc.details)
 
 
 @app.exception_handler(RequestValidationError)

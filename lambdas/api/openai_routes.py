@@ -2,7 +2,7 @@
 ``/v1/embeddings``, and ``POST /v1/responses`` without ``background`` (``answer_response``, called by
 response_routes), so that an OpenAI client pointed at this API with only a base URL and a key works unmodified.
 
-Each request becomes a job through the one submission path (``JobService.submit``; a response through
+Each request becomes a job through the one submission path (``JobApi.submit``; a response through
 ``ResponseService.create``): the same queue and lanes, interactive priority, tenant quotas, the wake from zero,
 Idempotency-Key and notifications. The connection is then held while the job runs (``async_inference.sync_wait``) and
 the answer is the job's result, OpenAI's object. Every answer to a request that made a job carries its id in the
@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from async_inference import settings
 from async_inference.aws import PayloadTooLarge
 from async_inference.jobs import JobStatus
+from async_inference.jobs_service import ErrorKind, JobApi, ServiceError, describe_validation_error
 from async_inference.response_service import ResponseService
 from async_inference.responses import job_id_of
 from async_inference.schemas import (
@@ -46,7 +47,6 @@ from async_inference.schemas import (
     text_completion,
 )
 from async_inference.schemas.responses import ResponseCreate
-from async_inference.service import JobService, ServiceError, describe_validation_error
 from async_inference.sync_wait import MAX_WAIT_S, JobWait, preferred_wait_s
 from lambdas.api import stream_answers
 from lambdas.api.openapi_document import JOB_ID, JOB_ID_HEADER, error_responses, ok
@@ -56,7 +56,7 @@ from lambdas.api.tenancy import tenant_of
 # stored result as it was written (or the error envelope), passed through unparsed.
 router = Router()
 metrics = Metrics()  # Powertools' metrics are one set per process: the handler's log_metrics flushes these too
-jobs: JobService | None = None  # set once by configure(), to the handler's JobService
+jobs: JobApi | None = None  # set once by configure(), to the handler's JobApi
 responses: ResponseService | None = None
 waiter: JobWait | None = None
 
@@ -101,15 +101,15 @@ def _documented(description: str, model: Any) -> dict[int, Any]:
     return {200: ok(description, model, headers=JOB_ID), **_ANSWER_ERRORS}
 
 
-def configure(service: JobService) -> None:
+def configure(api: JobApi) -> None:
     global jobs, responses, waiter
-    jobs = service
-    responses = ResponseService(service)
-    waiter = JobWait(service.store)
-    stream_answers.configure(service)
+    jobs = api
+    responses = ResponseService(api)
+    waiter = JobWait(api.store)
+    stream_answers.configure(api)
 
 
-def _jobs() -> JobService:
+def _jobs() -> JobApi:
     assert jobs is not None, "openai_routes.configure() was not called"
     return jobs
 
@@ -150,7 +150,7 @@ def create_completion(request: Annotated[CompletionRequest, Body()], idempotency
         chat = request.to_chat()
     except ValidationError as exc:  # a limit of the chat request the completions model does not repeat (stop: 4)
         message, details = describe_validation_error(exc)
-        raise ServiceError(400, "invalid_request", message, details) from exc
+        raise ServiceError(ErrorKind.INVALID, "invalid_request", message, details) from exc
     submission = JobSubmission.model_validate({"endpoint": COMPLETIONS_ENDPOINT, "request": chat})
     if chat.stream:
         return stream_answers.completion(_submitted(submission, idempotency_key), chat)
@@ -244,7 +244,7 @@ def _answer(job: Job, convert: Callable[[Job, bytes], bytes] | None = None) -> H
     try:
         body = _jobs().blobs.get(job.result_key, max_bytes=MAX_ANSWER_BYTES)
     except KeyError as exc:
-        raise ServiceError(410, "result_expired", f"the result of job {job.job_id} is gone") from exc
+        raise ServiceError(ErrorKind.GONE, "result_expired", f"the result of job {job.job_id} is gone") from exc
     except PayloadTooLarge:
         message = (
             f"the result of job {job.job_id} is larger than one answer can carry; read it from GET /v1/jobs/"

@@ -13,16 +13,16 @@ from aws_lambda_powertools.event_handler import content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 
+from async_inference.jobs_service import JobApi
 from async_inference.response_service import ResponseService
 from async_inference.responses import RESPONSE_ID_PATTERN
 from async_inference.schemas.responses import InputItemList, Response, ResponseCreate, ResponseDeleted
-from async_inference.service import JobService
 from lambdas.api import openai_routes
 from lambdas.api.openapi_document import error_responses, ok
 from lambdas.api.tenancy import tenant_of
 
 router = Router()
-responses: ResponseService | None = None  # set once by configure(), over the handler's JobService
+responses: ResponseService | None = None  # set once by configure(), over the handler's JobApi
 CREATE_ROUTE = "/v1/responses"  # a route with a JSON body: handler.body_checks sizes and types it
 
 ResponseId = Annotated[
@@ -31,7 +31,7 @@ ResponseId = Annotated[
 NO_RESPONSE = "`not_found`: no such response of yours"
 
 
-def configure(jobs: JobService) -> None:
+def configure(jobs: JobApi) -> None:
     global responses
     responses = ResponseService(jobs)
 

@@ -21,8 +21,8 @@ from aws_lambda_powertools.event_handler import Response as HttpResponse
 from async_inference.aws import PayloadTooLarge
 from async_inference.config import ENV_STREAM_TABLE
 from async_inference.jobs import JobStatus
+from async_inference.jobs_service import ErrorKind, JobApi, ServiceError
 from async_inference.schemas import ChatCompletionRequest, Job
-from async_inference.service import JobService, ServiceError
 from async_inference.streaming import (
     MEDIA_TYPE,
     End,
@@ -37,16 +37,16 @@ from lambdas.api.openapi_document import JOB_ID_HEADER
 
 # Read once per process, as every setting; the API function's environment names the table (cdk/job_streams.py).
 _log: EventLog | None = None
-_jobs: JobService | None = None
+_jobs: JobApi | None = None
 # The stored result read for an end the log lacks; a stream's whole answer is far smaller (a Lambda answer's 6 MB).
 MAX_RESULT_BYTES = 6 * 1024 * 1024
 
 
-def configure(service: JobService, table_name: str | None = None) -> None:
+def configure(jobs: JobApi, table_name: str | None = None) -> None:
     """The log the streams are read from: ``table_name``, else the function's ``JOB_STREAM_TABLE_NAME``; without one,
     a streamed request is a 400 (this deployment has no log to stream from)."""
     global _log, _jobs
-    _jobs = service
+    _jobs = jobs
     name = table_name or os.environ.get(ENV_STREAM_TABLE)
     _log = EventLog(name) if name else None
 
@@ -55,7 +55,7 @@ def check_available() -> None:
     """Refuse ``stream: true`` before a job is made when there is no log to stream it from."""
     if _log is None:
         message = "stream: this deployment has no job event log to stream from; omit stream (or send false)"
-        raise ServiceError(400, "invalid_request", message, [{"field": "stream", "message": message}])
+        raise ServiceError(ErrorKind.INVALID, "invalid_request", message, [{"field": "stream", "message": message}])
 
 
 def chat(job: Job, request: ChatCompletionRequest) -> HttpResponse:
@@ -108,12 +108,12 @@ def _segments(job_id: str) -> Iterator[Any]:
     return follow(_log, job_id, ended=_ended(_jobs, job_id))
 
 
-def _ended(jobs: JobService, job_id: str) -> Callable[[], End | None]:
+def _ended(jobs: JobApi, job_id: str) -> Callable[[], End | None]:
     """The job's end as its record and stored result tell it: for an end the worker did not write to the log (a job
     cancelled through the API, dead-lettered, not streamed, or whose log expired)."""
 
     def ended() -> End | None:
-        job = jobs.lookup(job_id)
+        job = jobs.store.get(job_id)  # the stream's job, already the tenant's
         if job is None:
             return End(status="failed", error=f"job {job_id} is gone (deleted)")
         result = None

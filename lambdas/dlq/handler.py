@@ -25,7 +25,7 @@ from async_inference.aws import Blobs, ControlQueue
 from async_inference.batches.dead_letters import ChunkDeadLetters, is_chunk_message
 from async_inference.batches.store import BatchStore
 from async_inference.config import ServiceSettings
-from async_inference.service import JobService, NotAClaimCheck
+from async_inference.jobs_service import JobService, NotAClaimCheck
 
 logger = Logger()
 tracer = Tracer()
@@ -33,7 +33,7 @@ metrics = Metrics()
 # A batch of messages that all stay is an ordinary outcome here, not a failed invocation.
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 config = ServiceSettings.load()
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
+dead_letters = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks).dead_letters
 # None without the batch resources: a chunk is then left in the DLQ, as any message this handler cannot process.
 chunks = (
     ChunkDeadLetters(
@@ -52,7 +52,7 @@ def record_handler(record: SQSRecord) -> None:
     if is_chunk_message(record.body) and chunks is not None:
         return _chunk(record)
     try:
-        job = service.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
+        job = dead_letters.dead_letter(record.body, settings.MAX_RECEIVE_COUNT)
     except NotAClaimCheck as exc:
         metrics.add_metric(name=settings.METRIC_DEAD_LETTERS_UNPROCESSABLE, unit=MetricUnit.Count, value=1)
         logger.error(

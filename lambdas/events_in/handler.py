@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from async_inference.batches.service import BatchService
 from async_inference.config import ENV_EVENT_RULES, ServiceSettings, SettingsError
 from async_inference.events_in import EventIntake, EventRule
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 
 logger = Logger()
 tracer = Tracer()
@@ -30,7 +30,7 @@ intake = EventIntake(
         served_models=config.served_models,
         quotas=config.tenant_quotas,
         limits=config.request_limits,
-    ),
+    ).api,
     batches=BatchService.from_settings(config),
 )
 

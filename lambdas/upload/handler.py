@@ -13,18 +13,18 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from async_inference import settings
 from async_inference.batches.service import BatchService
 from async_inference.config import ServiceSettings
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 
 logger = Logger()
 tracer = Tracer()
 config = ServiceSettings.load()
-service = JobService.from_config(
+uploads = JobService.from_config(
     config.service,
     allow_local_webhooks=config.allow_local_webhooks,
     served_models=config.served_models,
     quotas=config.tenant_quotas,  # read for each tenant's bounds on a request's cost (no submit happens here)
     limits=config.request_limits,
-)
+).uploads
 
 
 # Files API uploads (settings.file_upload_key); None where the stack has no batches.
@@ -37,7 +37,7 @@ def accept(key: str, size: int) -> None:
         if files is not None and files.uploaded(key) is None:
             logger.warning("file upload matches no file: deleted", extra={"key": key})
         return
-    job = service.accept_upload(key, size)
+    job = uploads.accept_upload(key, size)
     if job is None:
         logger.warning("object under the upload prefix matches no waiting job", extra={"key": key})
     else:

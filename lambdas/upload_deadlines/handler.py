@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference.aws import UploadDeadlines
 from async_inference.config import ENV_UPLOAD_DEADLINES_QUEUE_URL, ServiceSettings
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 
 logger = Logger()
 tracer = Tracer()
@@ -28,7 +28,7 @@ processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failu
 config = ServiceSettings.load()
 if not config.upload_deadlines_queue_url:
     raise RuntimeError(f"{ENV_UPLOAD_DEADLINES_QUEUE_URL} is not set: this function consumes that queue")
-service = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks)
+watch = JobService.from_config(config.service, allow_local_webhooks=config.allow_local_webhooks).deadlines
 deadlines = UploadDeadlines(config.upload_deadlines_queue_url)
 
 
@@ -38,7 +38,7 @@ class NotYet(Exception):
 
 @tracer.capture_method(capture_response=False)
 def record_handler(record: SQSRecord) -> None:
-    check = service.check_upload_deadline(record.body)
+    check = watch.check(record.body)
     if check.retry_in_s:
         deadlines.hide(record.receipt_handle, check.retry_in_s)
         raise NotYet(f"job {check.job.job_id if check.job else None}: grace over in {check.retry_in_s} s")

@@ -15,9 +15,9 @@ from async_inference.batches.controller import BatchController
 from async_inference.batches.models import BatchStatus
 from async_inference.batches.store import BatchStore
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import parse_request_body
 from async_inference.schemas import BatchControl
 from async_inference.served_models import ServedModels
-from async_inference.service import parse_request_body
 from gpu_worker.engines.echo import EchoEngine
 from tests.batchworker.conftest import MODEL, AwsRequests, BatchStack, body, input_line, lines
 

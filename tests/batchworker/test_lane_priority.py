@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from async_inference.fleets import ANY_MODEL, FleetRoute
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import JobService
 from gpu_worker.engines.base import Generation
 from gpu_worker.engines.simulated import SimulatedEngine
 from tests.batchworker.conftest import BatchStack, body, input_line
@@ -76,7 +76,7 @@ def test_a_batch_priority_job_preempted_for_an_interactive_one_runs_again_to_its
     service = JobService(store=service.store, blobs=service.blobs, notifier=service.notifier, fleets=lane)
     prompt = " ".join(f"w{i}" for i in range(150))  # 150 tokens: 3 s
     request = ChatCompletionRequest(model="echo-model", messages=[{"role": "user", "content": prompt}], max_tokens=150)
-    batch_job = service.submit(TENANT, JobSubmission(request=request), None).job.job_id
+    batch_job = service.api.submit(TENANT, JobSubmission(request=request), None).job.job_id
     engine = Stepped(capacity=1, step_s=STEP_S)
     with batches.worker(engine, interactive_reserve=0) as worker:
         wait_until(lambda: engine.generating == 1, 30, "the batch-priority job to start")

@@ -15,7 +15,7 @@ from cdk.lambda_code import LambdaCode, _stage_sources
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # What the functions import first: the core with its schemas, the batch service, the push function's core.
-CORE_MODULES = "async_inference.service, async_inference.batches.service, async_inference.push"
+CORE_MODULES = "async_inference.jobs_service, async_inference.batches.service, async_inference.push"
 
 
 def _names(requirements: list[str]) -> set[str]:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, utcnow
-from async_inference.service import JobService
 from gpu_worker.engines.base import Generation
 from local_runtime.worker_thread import WorkerThread
 from tests.e2e.conftest import chat

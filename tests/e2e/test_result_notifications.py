@@ -6,8 +6,8 @@ import pytest
 
 from async_inference import settings
 from async_inference.aws import client
+from async_inference.jobs_service import JobService
 from async_inference.schemas import JobView, ResultNotification
-from async_inference.service import JobService
 from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from tests.e2e.conftest import Inbox, chat
@@ -112,7 +112,7 @@ def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_
         TableName=stack.resources.config.table_name, Key={settings.TABLE_PARTITION_KEY: {"S": gone}}
     )
     # WHEN the worker's batched path notifies both
-    published = service.notify_many([(job, None) for job in jobs])  # type: ignore[misc]
+    published = service.outcomes.notify_many([(job, None) for job in jobs])  # type: ignore[misc]
     # THEN both went out (after the one each got when cancelled), the job still in the table has its notification
     # recorded, and the gone job was not written back as a stub item
     assert published == [True, True]

@@ -14,8 +14,8 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from async_inference import settings
 from async_inference.aws import JobStore, client
+from async_inference.jobs_service import build_notification
 from async_inference.schemas import JobView, ResultNotification
-from async_inference.service import build_notification
 from async_inference.webhooks.receiver import Receiver
 from async_inference_client import ApiError, Client
 from local_runtime.stack import LocalDeployment

@@ -9,8 +9,8 @@ import pytest
 
 from async_inference.aws import JobQueue
 from async_inference.config import ServiceSettings
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest
-from async_inference.service import JobService
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.engines.echo import EchoEngine
 from gpu_worker.worker import Worker, WorkerConfig

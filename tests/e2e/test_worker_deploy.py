@@ -15,7 +15,7 @@ import pytest
 
 from async_inference.aws import client
 from async_inference.config import ServiceSettings
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 from gpu_worker.deployments import DeploymentWatch
 from gpu_worker.task_protection import TaskProtection
 from gpu_worker.worker import Worker, WorkerConfig

@@ -9,7 +9,7 @@ import pytest
 
 from async_inference.aws import JobQueue, client
 from async_inference.config import ServiceSettings
-from async_inference.service import JobService
+from async_inference.jobs_service import JobService
 from local_runtime.worker_thread import WorkerThread
 from tests.e2e.conftest import chat
 from tests.e2e.test_worker_batching import Concurrency, RecordingQueue, worker_for

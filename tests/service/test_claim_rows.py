@@ -13,8 +13,8 @@ from async_inference import settings
 from async_inference.aws import Blobs, JobQueue, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.fleets import FleetRoute
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
-from async_inference.service import JobService
 from local_runtime.moto_server import MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -58,7 +58,7 @@ def next_claim_check(service: JobService) -> dict[str, Any]:
 
 def test_an_inline_request_with_n_choices_is_queued_as_n_rows(service: JobService):
     # GIVEN a chat request asking for 8 choices WHEN it is submitted inline
-    submitted = service.submit(TENANT, JobSubmission(request=request(8)), None)
+    submitted = service.api.submit(TENANT, JobSubmission(request=request(8)), None)
     # THEN its claim check says it takes 8 engine rows
     claim = next_claim_check(service)
     assert (claim["job_id"], claim["rows"]) == (submitted.job.job_id, 8)
@@ -67,12 +67,12 @@ def test_an_inline_request_with_n_choices_is_queued_as_n_rows(service: JobServic
 def test_an_uploaded_request_with_n_choices_is_queued_as_n_rows(service: JobService):
     # GIVEN an upload job, whose request is not known at submission, and its uploaded request of 5 choices
     body = request(5).model_dump_json().encode()
-    submitted = service.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(body))), None)
+    submitted = service.api.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(body))), None)
     assert submitted.upload is not None
     response = requests.put(submitted.upload.url, data=body, headers=submitted.upload.headers, timeout=10)
     assert response.status_code == 200, response.text
     # WHEN the upload is accepted
-    service.accept_upload(submitted.job.request_key, len(body))
+    service.uploads.accept_upload(submitted.job.request_key, len(body))
     # THEN its claim check says it takes 5 engine rows
     claim = next_claim_check(service)
     assert (claim["job_id"], claim["rows"]) == (submitted.job.job_id, 5)

@@ -1,4 +1,4 @@
-"""Idempotency-Key semantics of JobService.submit against a real moto server over HTTP: the key is bound to the first
+"""Idempotency-Key semantics of JobApi.submit against a real moto server over HTTP: the key is bound to the first
 request's fingerprint; a request "in progress" (its body stored, its job not yet created) holds the key only for as
 long as a request can run.
 
@@ -16,8 +16,8 @@ from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import new_job_id
+from async_inference.jobs_service import ErrorKind, JobApi, JobService, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import LOCAL_CREDENTIALS, MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -50,14 +50,14 @@ def config() -> Iterator[ServiceConfig]:
     server.stop()
 
 
-def service(config: ServiceConfig, *, in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S) -> JobService:
+def service(config: ServiceConfig, *, in_progress_s: int = settings.IDEMPOTENCY_IN_PROGRESS_S) -> JobApi:
     return JobService(
         store=JobStore(config.table_name),
         blobs=Blobs(config.bucket_name),
         fleets={ANY_MODEL: FleetRoute(queue_url=config.queue_url)},
         notifier=Notifier(config.topic_arn),
         idempotency_in_progress_s=in_progress_s,
-    )
+    ).api
 
 
 def leave_a_body_without_a_job(config: ServiceConfig, key: str, prompt: str) -> str:
@@ -87,7 +87,7 @@ def test_a_body_left_by_a_request_still_in_progress_holds_the_key_with_a_409(con
     with pytest.raises(ServiceError) as refused:
         service(config).submit(TENANT, submission("the second"), "in-flight")
     # THEN it is told to retry, and the first body stays
-    assert (refused.value.status, refused.value.code) == (409, "idempotency_key_in_progress")
+    assert (refused.value.kind, refused.value.code) == (ErrorKind.CONFLICT, "idempotency_key_in_progress")
     stored = client("s3").get_object(Bucket=config.bucket_name, Key=request_key)["Body"].read()
     assert b"the first" in stored
 

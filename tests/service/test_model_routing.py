@@ -10,8 +10,8 @@ import pytest
 from async_inference.aws import client
 from async_inference.config import ENV_MODEL_FLEETS, ENV_SERVED_MODELS, ServiceConfig, ServiceSettings, WakeSettings
 from async_inference.fleets import ANY_MODEL
+from async_inference.jobs_service import ErrorKind, JobService, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import JobService, ServiceError
 from local_runtime.moto_server import MotoServer
 
 CHAT, SECOND, EMBEDDING = "org/chat-model", "org/second-chat-model", "org/embedding-model"
@@ -88,13 +88,13 @@ def test_a_job_goes_to_its_models_queue_and_wakes_its_models_service_only(stack)
     service = JobService.from_config(config.service, served_models=config.served_models)
     queues, services = stack["queues"], stack["services"]
     # WHEN a job for the second model is submitted
-    service.submit("tenant-a", _submission(SECOND), None)
+    service.api.submit("tenant-a", _submission(SECOND), None)
     # THEN its claim check is on the second model's queue, and only the second model's service is woken
     assert [_depth(queues[name]) for name in ("chat", "second")] == [0, 1]
     assert [_desired("routing", services[name]) for name in ("chat", "second", "emb")] == [0, 1, 0]
     # WHEN a job for the first model and a batch-priority job for the second are submitted
-    service.submit("tenant-a", _submission(CHAT), None)
-    service.submit("tenant-a", _submission(SECOND, priority="batch"), None)
+    service.api.submit("tenant-a", _submission(CHAT), None)
+    service.api.submit("tenant-a", _submission(SECOND, priority="batch"), None)
     # THEN each is on its own model's queue (the batch-priority one on the second model's lane)
     assert [_depth(queues[name]) for name in ("chat", "chat-lane", "second", "second-lane")] == [1, 0, 1, 1]
     assert [_desired("routing", services[name]) for name in ("chat", "second", "emb")] == [1, 1, 0]
@@ -106,9 +106,9 @@ def test_a_chat_job_for_an_embedding_model_is_a_400_naming_its_endpoint(stack):
     service = JobService.from_config(config.service, served_models=config.served_models)
     # WHEN a chat job names the embedding model
     with pytest.raises(ServiceError) as raised:
-        service.submit("tenant-a", _submission(EMBEDDING), None)
+        service.api.submit("tenant-a", _submission(EMBEDDING), None)
     # THEN it is a 400 on request.model that says where embedding requests go, and nothing is queued
-    assert (raised.value.status, raised.value.code) == (400, "model_kind_mismatch")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.INVALID, "model_kind_mismatch")
     assert "/v1/embeddings" in raised.value.message and raised.value.details[0]["field"] == "request.model"
     assert _depth(stack["queues"]["emb"]) == 0
 
@@ -120,9 +120,9 @@ def test_a_model_not_served_is_a_404_naming_it_and_queues_nothing(stack):
     before = {name: _depth(url) for name, url in stack["queues"].items()}
     # WHEN a job names a model the stack does not serve
     with pytest.raises(ServiceError) as raised:
-        service.submit("tenant-a", _submission("org/unknown"), None)
+        service.api.submit("tenant-a", _submission("org/unknown"), None)
     # THEN it is a 404 model_not_found naming the model and the served ones, on request.model
-    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.NOT_FOUND, "model_not_found")
     assert "`org/unknown`" in raised.value.message and CHAT in raised.value.message and SECOND in raised.value.message
     assert raised.value.details[0]["field"] == "request.model"
     assert {name: _depth(url) for name, url in stack["queues"].items()} == before
@@ -141,10 +141,10 @@ def test_an_uploaded_job_goes_to_the_queue_of_the_model_its_upload_names(stack):
     queues = stack["queues"]
     before = _depth(queues["second"])
     body = _submission(SECOND).request.model_dump_json(exclude_none=True).encode()
-    submitted = service.submit("tenant-a", JobSubmission(upload={"size_bytes": len(body)}), None)
+    submitted = service.api.submit("tenant-a", JobSubmission(upload={"size_bytes": len(body)}), None)
     # WHEN its body, for the second model, lands and the upload handler takes it in
     client("s3").put_object(Bucket="routing-claims", Key=submitted.job.request_key, Body=body)
-    job = service.accept_upload(submitted.job.request_key, len(body))
+    job = service.uploads.accept_upload(submitted.job.request_key, len(body))
     # THEN the job is queued on the second model's queue
     assert job is not None and (job.status.value, job.model, job.error) == ("queued", SECOND, None)
     assert _depth(queues["second"]) == before + 1
@@ -158,9 +158,9 @@ def test_a_served_model_without_a_route_is_a_404_and_queues_nothing(stack):
     before = {name: _depth(url) for name, url in stack["queues"].items()}
     # WHEN a job names that model
     with pytest.raises(ServiceError) as raised:
-        service.submit("tenant-a", _submission(UNROUTED), None)
+        service.api.submit("tenant-a", _submission(UNROUTED), None)
     # THEN it is a 404 model_not_found on request.model, and no queue got it
-    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+    assert (raised.value.kind, raised.value.code) == (ErrorKind.NOT_FOUND, "model_not_found")
     assert raised.value.details[0]["field"] == "request.model"
     assert {name: _depth(url) for name, url in stack["queues"].items()} == before
 
@@ -175,9 +175,9 @@ def test_the_any_model_route_takes_a_model_no_other_route_names_of_either_kind(s
     queues = stack["queues"]
     before = [_depth(queues[name]) for name in ("chat", "second")]
     # WHEN a chat job and an embeddings job name models no route names
-    service.submit("tenant-a", _submission("any-name"), None)
+    service.api.submit("tenant-a", _submission("any-name"), None)
     embedding = JobSubmission(endpoint="/v1/embeddings", request={"model": "any-embedder", "input": "hi"})
-    service.submit("tenant-a", embedding, None)
+    service.api.submit("tenant-a", embedding, None)
     # THEN both are on the second model's queue, and a routed model still goes to its own
-    service.submit("tenant-a", _submission(CHAT), None)
+    service.api.submit("tenant-a", _submission(CHAT), None)
     assert [_depth(queues[name]) for name in ("chat", "second")] == [before[0] + 1, before[1] + 2]

@@ -20,9 +20,9 @@ from async_inference.batches.models import BatchCreate, BatchStatus, FileUploadR
 from async_inference.batches.service import BatchService
 from async_inference.batches.store import BatchStore
 from async_inference.fleets import ANY_MODEL, FleetRoute
+from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.quotas import TenantQuota
 from async_inference.served_models import ServedModels
-from async_inference.service import ServiceError
 from local_runtime.moto_server import MotoServer, free_port
 
 BYTES, LINES, OTHER = "tenant-bytes", "tenant-lines", "tenant-other"
@@ -99,7 +99,7 @@ def test_a_tenant_at_its_stored_bytes_gets_a_429_naming_the_limit_until_it_delet
         service.create_upload(BYTES, FileUploadRequest(filename="b.jsonl", purpose="batch", bytes=50))
     # THEN each is a 429 quota_exceeded naming max_stored_bytes, what is stored and the limit
     for refused in (inline.value, upload.value):
-        assert refused.status == 429 and refused.code == "quota_exceeded"
+        assert refused.kind is ErrorKind.QUOTA and refused.code == "quota_exceeded"
         assert refused.message.startswith("max_stored_bytes:") and "60 bytes" in refused.message
         assert "limit of 100" in refused.message
     # and 40 bytes more still fit (an announced upload counts its announced size)
@@ -141,7 +141,7 @@ def test_batch_lines_in_flight_are_limited_at_creation_and_once_counted(apis):
     with pytest.raises(ServiceError) as refused:
         service.create_batch(LINES, request)
     # THEN that is a 429 quota_exceeded at once, naming the limit and the lines in flight
-    assert refused.value.status == 429 and refused.value.code == "quota_exceeded"
+    assert refused.value.kind is ErrorKind.QUOTA and refused.value.code == "quota_exceeded"
     assert refused.value.message.startswith("max_batch_lines_in_flight:") and "5 batch lines" in refused.value.message
     # WHEN the first batch ends (cancelled; its one chunk counted as a worker counts it, none of its lines run;
     # finalized) THEN its lines are given back: the batch is created

@@ -1,7 +1,7 @@
 """One upload job, one claim check: a presigned PUT replayed while the URL is valid queues nothing more and cannot
 change what the job runs; against a real moto server over HTTP (the PUTs go to its S3 through the presigned URL).
 
-The upload function runs on each S3 "object created" event: here ``JobService.accept_upload`` is called once per PUT,
+The upload function runs on each S3 "object created" event: here ``UploadIntake.accept_upload`` is called once per PUT,
 as that event would call it.
 """
 
@@ -18,8 +18,8 @@ from async_inference.aws import Blobs, JobStore, Notifier, client
 from async_inference.config import ServiceConfig
 from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec
-from async_inference.service import JobService
 from local_runtime.moto_server import MotoServer, free_port
 
 TENANT = "tenant-a"
@@ -68,7 +68,7 @@ def claim_checks(service: JobService) -> list[dict[str, Any]]:
         messages = (
             client("sqs")
             .receive_message(
-                QueueUrl=service.fleets[ANY_MODEL].queue_url,
+                QueueUrl=service.queues.fleets[ANY_MODEL].queue_url,
                 MaxNumberOfMessages=10,
                 WaitTimeSeconds=0,
                 VisibilityTimeout=60,
@@ -86,20 +86,20 @@ def put(upload: Any, data: bytes) -> None:
 
 
 def upload_job(service: JobService) -> Any:
-    return service.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(ORIGINAL))), None)
+    return service.api.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(ORIGINAL))), None)
 
 
 def test_a_replayed_upload_put_queues_nothing_and_changes_nothing(service):
     # GIVEN an upload job whose upload was PUT and accepted
     submitted = upload_job(service)
     put(submitted.upload, ORIGINAL)
-    accepted = service.accept_upload(submitted.job.request_key, len(ORIGINAL))
+    accepted = service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
     assert accepted.status is JobStatus.QUEUED
     # WHEN the same presigned URL is PUT twice more while it is valid, once with the same bytes, once with others
     put(submitted.upload, ORIGINAL)
-    again = service.accept_upload(submitted.job.request_key, len(ORIGINAL))
+    again = service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
     put(submitted.upload, SWAPPED)
-    swapped = service.accept_upload(submitted.job.request_key, len(SWAPPED))
+    swapped = service.uploads.accept_upload(submitted.job.request_key, len(SWAPPED))
     # THEN one claim check was sent, for the request that was checked, and the replays left no object behind
     [claim] = claim_checks(service)
     assert claim["job_id"] == submitted.job.job_id and again.status is swapped.status is JobStatus.QUEUED
@@ -115,8 +115,8 @@ def test_two_events_for_one_awaited_upload_queue_it_once(service):
     put(submitted.upload, ORIGINAL)
     put(submitted.upload, ORIGINAL)
     # WHEN both events are handled
-    first = service.accept_upload(submitted.job.request_key, len(ORIGINAL))
-    second = service.accept_upload(submitted.job.request_key, len(ORIGINAL))
+    first = service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
+    second = service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
     # THEN the job is queued with one claim check
     assert first.status is second.status is JobStatus.QUEUED
     assert [c["job_id"] for c in claim_checks(service)] == [submitted.job.job_id]
@@ -131,13 +131,13 @@ def test_an_acceptance_interrupted_before_its_send_is_completed_by_the_events_re
         def crash(job: Any) -> None:
             raise TimeoutError("the function timed out")
 
-        patch.setattr(service, "_enqueue", crash)
+        patch.setattr(service.queues, "enqueue", crash)
         with pytest.raises(TimeoutError):
-            service.accept_upload(submitted.job.request_key, len(ORIGINAL))
+            service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
     assert service.store.get(submitted.job.job_id).status is JobStatus.QUEUED and claim_checks(service) == []
     # WHEN Lambda redelivers the event once that invocation is surely over (the function's timeout: 0 s here)
     monkeypatch.setattr(settings, "UPLOAD_INTAKE_TIMEOUT_S", 0)
-    service.accept_upload(submitted.job.request_key, len(ORIGINAL))
-    service.accept_upload(submitted.job.request_key, len(ORIGINAL))  # and a replayed PUT's event after it
+    service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))
+    service.uploads.accept_upload(submitted.job.request_key, len(ORIGINAL))  # and a replayed PUT's event after it
     # THEN the claim check is sent, once
     assert [c["job_id"] for c in claim_checks(service)] == [submitted.job.job_id]

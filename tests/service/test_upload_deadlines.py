@@ -22,8 +22,8 @@ from async_inference.aws import Blobs, JobStore, Notifier, UploadDeadlines, clie
 from async_inference.config import ServiceConfig
 from async_inference.fleets import ANY_MODEL, FleetRoute
 from async_inference.jobs import JobStatus
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, UploadSpec, utcnow
-from async_inference.service import JobService
 from local_runtime.lambda_host import Context
 from local_runtime.moto_server import MotoServer, free_port
 from local_runtime.pollers import sqs_event
@@ -125,7 +125,7 @@ def window(monkeypatch: pytest.MonkeyPatch):
 
 
 def _upload_job(service: JobService, idempotency_key: str | None = None):
-    return service.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(BODY))), idempotency_key)
+    return service.api.submit(TENANT, JobSubmission(upload=UploadSpec(size_bytes=len(BODY))), idempotency_key)
 
 
 def test_creating_an_upload_job_schedules_its_deadline_at_the_window_end(isolated, window):
@@ -143,7 +143,7 @@ def test_an_inline_job_schedules_no_deadline(isolated, window):
     """GIVEN an inline job WHEN it is created THEN no upload deadline is sent (it has no upload to wait for)."""
     window(1)
     submission = JobSubmission(request=ChatCompletionRequest.model_validate_json(BODY))
-    _service(isolated).submit(TENANT, submission, None)
+    _service(isolated).api.submit(TENANT, submission, None)
     time.sleep(1.1)
     assert _receive(isolated.upload_deadlines_queue_url, wait_s=1) == []
 
@@ -155,7 +155,7 @@ def test_a_job_past_its_window_and_grace_expires_with_a_reason_and_a_ttl(config,
     window(1)
     job = _upload_job(service).job
     time.sleep(1.2)
-    check = service.check_upload_deadline(json.dumps({"schema_version": "1", "job_id": job.job_id}))
+    check = service.deadlines.check(json.dumps({"schema_version": "1", "job_id": job.job_id}))
     assert check.retry_in_s == 0
     assert check.job is not None and check.job.status is JobStatus.EXPIRED
     assert check.job.error == "the upload did not arrive within its 1-second presign window"
@@ -176,7 +176,7 @@ def test_a_deadline_that_comes_before_the_grace_is_over_asks_to_look_again(confi
     window(1)
     job = _upload_job(service).job
     time.sleep(1.1)
-    check = service.check_upload_deadline(json.dumps({"schema_version": "1", "job_id": job.job_id}))
+    check = service.deadlines.check(json.dumps({"schema_version": "1", "job_id": job.job_id}))
     assert 55 <= check.retry_in_s <= 60
     assert service.store.get(job.job_id).status is JobStatus.AWAITING_UPLOAD
 
@@ -187,9 +187,9 @@ def test_a_job_whose_upload_arrived_is_left_queued(config, window):
     window(1)
     job = _upload_job(service).job
     service.blobs.put_json(job.request_key, BODY)
-    assert service.accept_upload(job.request_key, len(BODY)).status is JobStatus.QUEUED
+    assert service.uploads.accept_upload(job.request_key, len(BODY)).status is JobStatus.QUEUED
     time.sleep(1.1)
-    check = service.check_upload_deadline(json.dumps({"schema_version": "1", "job_id": job.job_id}))
+    check = service.deadlines.check(json.dumps({"schema_version": "1", "job_id": job.job_id}))
     assert check.retry_in_s == 0 and check.job.status is JobStatus.QUEUED
 
 
@@ -199,7 +199,7 @@ def test_an_expiry_from_a_stale_read_cannot_expire_a_queued_job(config):
     service = _service(config)
     stale = _upload_job(service).job
     service.blobs.put_json(stale.request_key, BODY)
-    service.accept_upload(stale.request_key, len(BODY))
+    service.uploads.accept_upload(stale.request_key, len(BODY))
     moved = service.store.transition(stale.job_id, JobStatus.EXPIRED, only_from={JobStatus.AWAITING_UPLOAD})
     assert moved is None and service.store.get(stale.job_id).status is JobStatus.QUEUED
 
@@ -211,7 +211,7 @@ def test_a_get_after_the_window_and_grace_expires_the_job(config, window):
     window(1)
     job = _upload_job(service).job
     time.sleep(1.1)
-    got = service.get(TENANT, job.job_id)
+    got = service.api.get(TENANT, job.job_id)
     assert got.status is JobStatus.EXPIRED and "1-second presign window" in got.error
 
 
@@ -234,7 +234,7 @@ def test_the_handler_hides_an_early_deadline_and_reports_it_failed(isolated, mon
     for name, value in config.to_env().items():
         monkeypatch.setenv(name, value)
     handler = importlib.import_module("lambdas.upload_deadlines.handler")
-    monkeypatch.setattr(handler.service, "upload_grace_s", 3)
+    monkeypatch.setattr(handler.watch, "upload_grace_s", 3)
     window(1)
     job = _upload_job(_service(config)).job
     message = _receive_for(deadline_queue, job.job_id, wait_s=5)

@@ -16,8 +16,8 @@ from async_inference import settings
 from async_inference.aws import WAKE_HOLD_RELEASE, CapacityGroup, WorkerService, client
 from async_inference.config import ServiceConfig, ServiceSettings, WakeSettings, WakeTarget
 from async_inference.fleets import FleetRoute
+from async_inference.jobs_service import JobService
 from async_inference.schemas import ChatCompletionRequest, JobSubmission
-from async_inference.service import JobService
 from async_inference.wake import ServiceWaker
 from local_runtime.moto_server import MotoServer
 
@@ -124,11 +124,11 @@ def test_a_submit_wakes_only_after_its_job_is_queued(moto: MotoServer, service_a
     submission = JobSubmission(request=ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]))
     # WHEN the queue refuses the job THEN the client gets its 503 and the service is not woken for nothing
     with pytest.raises(Exception, match="job queue is unavailable"):
-        service.submit("tenant-a", submission, None)
+        service.api.submit("tenant-a", submission, None)
     assert desired(service_arn) == 0
     # WHEN the queue is back and a job is queued THEN the service wants one task
     assert sqs.create_queue(QueueName="jobs")["QueueUrl"] == queue_url
-    service.submit("tenant-a", submission, None)
+    service.api.submit("tenant-a", submission, None)
     assert desired(service_arn) == 1
 
 
@@ -300,7 +300,7 @@ def test_the_settings_and_a_fleets_route_carry_the_group_and_the_maxima_to_the_w
     # WHEN loaded and the fleet's waker is built
     loaded = ServiceSettings.load(**_by_field(env))
     service = JobService.from_config(dataclasses.replace(loaded.service, fleets={"second": route}))
-    _, _, waker = service._route("second")
+    _, _, waker = service.queues.route("second")
     # THEN it wakes the route's service in the stack's cluster, at the stack's interval and hold, starts instances in
     # the route's group, holds the route's maximum and restores its own
     assert loaded.wake == wake and waker is not None

@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from async_inference.config import ENV_STREAM_TABLE
 from async_inference.jobs import JobStatus
-from async_inference.service import parse_request_body
+from async_inference.jobs_service import parse_request_body
 from async_inference.streaming import EventLog, Follow, chat_completion_chunks, end_of, follow
 from gpu_worker.__main__ import batch_store
 from gpu_worker.config import WorkerSettings

@@ -11,6 +11,7 @@ import pytest
 
 from async_inference import settings
 from async_inference.conversation import MAX_CHAIN, Turn, fits, history, output_as_input, truncated
+from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.limits import RequestLimits
 from async_inference.response_service import ResponseService
 from async_inference.responses import to_chat_request
@@ -23,7 +24,6 @@ from async_inference.schemas.responses import (
     ResponseOutputRefusal,
     ResponseOutputText,
 )
-from async_inference.service import ServiceError
 
 LIMITS = RequestLimits(context_tokens=1_000, max_bytes_per_token=1.0)  # one byte, one token: easy to count
 
@@ -133,7 +133,7 @@ class EndlessChain(ResponseService):
     """A ResponseService over a chain of stored responses that never ends (no AWS): each continues one before it."""
 
     def __init__(self) -> None:
-        self.jobs = SimpleNamespace(limits_of=lambda tenant: RequestLimits())  # type: ignore[assignment]
+        self.models = SimpleNamespace(limits_of=lambda tenant: RequestLimits())  # type: ignore[assignment]
         self.read: list[str] = []
 
     def _turn(self, tenant: str, response_id: str, continued_by: str | None) -> Turn:
@@ -147,7 +147,7 @@ def test_a_chain_longer_than_the_bound_is_a_400_naming_previous_response_id():
     with pytest.raises(ServiceError) as caught:
         chain._conversation("t", create(previous_response_id="resp_" + "0" * 32))
     # THEN it is a 400 naming previous_response_id, after reading no more than MAX_CHAIN responses
-    assert caught.value.status == 400 and caught.value.details[0]["field"] == "previous_response_id"
+    assert caught.value.kind is ErrorKind.INVALID and caught.value.details[0]["field"] == "previous_response_id"
     assert len(chain.read) == MAX_CHAIN
 
 

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from async_inference.batches.lines import BatchInputLine
+from async_inference.jobs_service import describe_validation_error
 from async_inference.limits import (
     LimitExceeded,
     LimitOverrides,
@@ -19,7 +20,6 @@ from async_inference.limits import (
     limits_for,
 )
 from async_inference.schemas import ChatCompletionRequest
-from async_inference.service import describe_validation_error
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from async_inference import settings
+from async_inference.jobs_service import describe_validation_error
 from async_inference.schemas import ChatCompletionRequest, ClaimCheck, JobSubmission, error_location
-from async_inference.service import describe_validation_error
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -9,8 +9,8 @@ import pytest
 
 from async_inference import safe_json
 from async_inference.batches import planning
+from async_inference.jobs_service import parse_request_body
 from async_inference.served_models import ServedModels
-from async_inference.service import parse_request_body
 
 DEEP = "[" * 50_000 + "]" * 50_000
 DEEP_OBJECT = '{"a":' * 50_000 + "1" + "}" * 50_000
