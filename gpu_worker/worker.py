@@ -135,7 +135,7 @@ class Worker:
         events = JobEvents(config.events_topic_arn) if config.events_topic_arn else None
         followers = ConnectionStore(config.connections_table_name) if config.connections_table_name else None
         self.progress = ProgressReporter(
-            engine, self.service, events, interval_s=config.progress_interval_s, io=self._io, followers=followers
+            engine, self.service.store, events, interval_s=config.progress_interval_s, io=self._io, followers=followers
         )
         log = EventLog(config.stream_table_name) if config.stream_table_name else None
         self.deltas = DeltaWriter(engine, log, io=self._io, interval_s=config.stream_interval_s)

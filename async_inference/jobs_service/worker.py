@@ -51,7 +51,3 @@ class WorkerJobs:
     def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> list[str]:
         """Extend ``owner``'s leases on its running jobs; the ids it no longer holds."""
         return self.store.renew_leases(owner, job_ids, int(lease_s * 1000)) if job_ids else []
-
-    def record_progress(self, job_id: str, progress: Any) -> bool:
-        """Set a running job's tokens so far; False when it is no longer running."""
-        return self.store.record_progress(job_id, progress)
