@@ -270,6 +270,10 @@ class _Batch:
 # --- The engine -----------------------------------------------------------------------------------------------------
 
 
+# The longest a run that starts from an empty batch waits for callers still building their prompts (``_schedule``).
+GATHER_MAX_S = 0.25
+
+
 class CpuEngine(Engine):
     name = "cpu"
 
@@ -547,6 +551,12 @@ class CpuEngine(Engine):
             # the batch is full already.
             if len(self._pending) < self._capacity and self._gather_s > 0:
                 await asyncio.sleep(self._gather_s)
+                # Callers whose prompts are still being built (a busy host's threads start late) join this prefill,
+                # not the next: up to GATHER_MAX_S, for a slow grammar compile must not hold the others for long.
+                waited = self._gather_s
+                while self._preparing and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
+                    await asyncio.sleep(self._gather_s)
+                    waited += self._gather_s
             await asyncio.to_thread(self._decode_loop_safely)
 
     def _take_pending(self, most: int) -> list[_Row]:

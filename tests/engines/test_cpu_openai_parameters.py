@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import time
 
 import pytest
 
@@ -230,7 +231,7 @@ def test_requests_sent_together_as_a_batch_drains_are_prefilled_together(engine,
 
     def slow_prompt_ids(asks):
         if first_pending.is_set():
-            taken.wait(2)  # the loop is slow between the callers: long enough for a thread that takes rows to do so
+            taken.wait(0.1)  # the loop is slow between the callers: long enough for a thread that takes rows to do so
         return prompt_ids(asks)
 
     monkeypatch.setattr(engine, "_pending", SignallingDeque())
@@ -247,6 +248,29 @@ def test_requests_sent_together_as_a_batch_drains_are_prefilled_together(engine,
         return engine.admissions - admissions
 
     assert run(before_then_together()) == 1
+
+
+def test_callers_sent_together_whose_prompts_build_late_join_the_same_prefill(engine, run, monkeypatch):
+    """A busy host starts the threads that build prompts late: two of three callers sent together still have theirs
+    in the making when the first's gather window ends. They join its prefill (the window waits for callers still
+    preparing, up to GATHER_MAX_S); before, the first was prefilled alone and the other two made a second prefill,
+    which made the test above fail on a loaded CI machine."""
+    prompt_ids = engine.prompt_ids
+
+    def late_prompt_ids(asks):
+        if "late" in str(asks.messages):
+            time.sleep(0.1)  # five gather windows
+        return prompt_ids(asks)
+
+    monkeypatch.setattr(engine, "prompt_ids", late_prompt_ids)
+
+    async def together():
+        admissions = engine.admissions
+        texts = ("Who wrote Hamlet?", "late: who wrote Faust?", "late: who wrote Ulysses?")
+        await asyncio.gather(*(engine.generate(f"sent-{i}", request(t, max_tokens=4)) for i, t in enumerate(texts)))
+        return engine.admissions - admissions
+
+    assert run(together()) == 1
 
 
 def test_constrained_and_plain_requests_share_one_batch_and_plain_greedy_is_unchanged(engine, run):
