@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, Json, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -107,8 +107,9 @@ ENV_TASK_PROTECTION_RENEW_S = "TASK_PROTECTION_RENEW_S"
 # outlast its drain (max_tokens at TASK_PROTECTION_TOKENS_PER_S), so a step-down may stop a task whose jobs finish or
 # hand back within the drain; "busy" whenever it holds a job; "off" never. The task definition sets it.
 ENV_TASK_PROTECTION = "TASK_PROTECTION"
-TASK_PROTECTION_MODES = ("long_jobs", "busy", "off")
-DEFAULT_TASK_PROTECTION = "long_jobs"
+TaskProtection = Literal["long_jobs", "busy", "off"]
+TASK_PROTECTION_MODES: tuple[TaskProtection, ...] = get_args(TaskProtection)
+DEFAULT_TASK_PROTECTION: TaskProtection = "long_jobs"
 ENV_TASK_PROTECTION_TOKENS_PER_S = "TASK_PROTECTION_TOKENS_PER_S"
 # The decode rate one sequence is expected to keep: a full A10G batch of 135 sequences of 4,259 tokens decodes about
 # 21 tokens/s each (bench/scaling/engine.py's roofline for Qwen2.5-1.5B). Slower than most batches run, so a job is

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from async_inference import config as env
 from async_inference import settings
@@ -56,7 +57,7 @@ class WorkerOptions(BaseModel):
     """How the worker's loops run: every option defined once, with its variable, default and bounds. The process reads
     them from its environment (``WorkerSettings``); tests and benchmarks give them by name (``WorkerConfig``)."""
 
-    model_config = ConfigDict(frozen=True, validate_by_name=True, arbitrary_types_allowed=True)
+    model_config = SettingsConfigDict(frozen=True, validate_by_name=True, arbitrary_types_allowed=True)
 
     webhook_queue_url: str | None = Field(
         None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
@@ -137,7 +138,7 @@ class WorkerOptions(BaseModel):
         alias=env.ENV_TASK_PROTECTION_RENEW_S,
         description=f"seconds between renewals of the {EXPIRES_IN_MINUTES}-minute task protection while busy",
     )
-    task_protection: Literal["long_jobs", "busy", "off"] = Field(  # async_inference.config.TASK_PROTECTION_MODES
+    task_protection: env.TaskProtection = Field(
         env.DEFAULT_TASK_PROTECTION,
         alias=env.ENV_TASK_PROTECTION,
         description="when to hold ECS task protection: long_jobs (jobs that could outlast the drain), busy or off",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,7 +79,7 @@ class Admission:
     the request id of a preempted batch line.
     """
 
-    def __init__(self, capacity: int, *, reserve: int, abort: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, capacity: int, *, reserve: int, abort: Callable[[str], Coroutine[Any, Any, None]]) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if not 0 <= reserve < capacity:
@@ -302,7 +302,10 @@ class Admission:
 class HeldMessage(Protocol):
     """What the batch budget reads of a held batch-lane message (``gpu_worker.claims.InFlight``)."""
 
-    lines: int  # engine requests the message stands for: a chunk's lines, or 1 for a job
+    @property
+    def lines(self) -> int:
+        """Engine requests the message stands for: a chunk's lines, or 1 for a job."""
+
     in_engine: bool  # its requests are waiting for slots or generating
 
 

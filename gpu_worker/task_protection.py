@@ -59,7 +59,7 @@ class TaskProtection:
 
     async def _put(self, enabled: bool) -> None:
         assert self._url is not None
-        body = {"ProtectionEnabled": enabled}
+        body: dict[str, bool | int] = {"ProtectionEnabled": enabled}
         if enabled:
             body["ExpiresInMinutes"] = EXPIRES_IN_MINUTES
         request = urllib.request.Request(

@@ -104,6 +104,9 @@ class Worker:
         self.config = config
         self.engine = engine
         self.service = service or JobService.from_config(config.service)
+        if self.service.queue is None:
+            raise ValueError("the worker's JobService has no job queue: a worker receives from its fleet's queue")
+        jobs = self.service.queue
         self.health = HealthFile(config.health_file)
         self.metrics = metrics or WorkerMetrics(enabled=False)
         self.model_source = model_source
@@ -176,7 +179,7 @@ class Worker:
         self.lanes = open_lanes(
             config,
             engine.capacity,
-            jobs=self.service.queue,
+            jobs=jobs,
             admission=self.admission,
             held=self._inflight,
             stopping=self._stopping.is_set,

@@ -130,7 +130,7 @@ def prepare_smollm2(cache_dir: Path | None = None) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are dequantised already; without this the saved config says "gguf" and loaders look for it.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as set; unloaded, it is None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(into)

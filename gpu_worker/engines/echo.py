@@ -21,7 +21,7 @@ import time
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.asks import asks_of, last_user_text, refuse_beyond_text, text_of
-from gpu_worker.engines.base import Completion, Engine, Generation, GenerationAborted
+from gpu_worker.engines.base import Completion, Engine, FinishReason, Generation, GenerationAborted
 from gpu_worker.engines.common import check_context
 
 DEFAULT_MAX_MODEL_LEN = 1_000_000
@@ -54,7 +54,7 @@ class EchoEngine(Engine):
         check_context(prompt_tokens, asks.max_tokens, self._max_model_len)
         words = last_user_text(asks).split()
         text = " ".join(words[: asks.max_tokens])
-        finish = "length" if len(words) > asks.max_tokens else "stop"
+        finish: FinishReason = "length" if len(words) > asks.max_tokens else "stop"
         for stop in asks.stop:
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"

@@ -9,7 +9,7 @@ Each processor is called as transformers calls one, ``processor(input_ids, score
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import LogitsProcessor
@@ -27,7 +27,10 @@ class PresenceFrequencyPenalty(LogitsProcessor):
         if generated.numel() == 0:
             return scores
         counts = torch.bincount(generated, minlength=scores.shape[-1])[: scores.shape[-1]].to(scores.dtype)
-        return scores - (counts * self.frequency + (counts > 0).to(scores.dtype) * self.presence)
+        # torch's operators return Tensor; FloatTensor is the name transformers' LogitsProcessor signature uses.
+        return cast(
+            torch.FloatTensor, scores - (counts * self.frequency + (counts > 0).to(scores.dtype) * self.presence)
+        )
 
 
 class LogitBias(LogitsProcessor):
@@ -38,9 +41,9 @@ class LogitBias(LogitsProcessor):
         self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        scores = scores.clone()
-        scores[0, self.ids] += self.values.to(scores.dtype)
-        return scores
+        biased = scores.clone()
+        biased[0, self.ids] += self.values.to(scores.dtype)
+        return cast(torch.FloatTensor, biased)
 
 
 class GrammarMask:

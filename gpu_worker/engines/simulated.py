@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from async_inference.schemas import ChatCompletionRequest
 from gpu_worker.engines.asks import asks_of, last_user_text, refuse_beyond_text, text_of
-from gpu_worker.engines.base import Engine, Generation, GenerationAborted, PermanentEngineError
+from gpu_worker.engines.base import Engine, FinishReason, Generation, GenerationAborted, PermanentEngineError
 
 
 @dataclass
@@ -188,7 +188,7 @@ class SimulatedEngine(Engine):
     @staticmethod
     def _result(seq: _Sequence) -> Generation:
         text = " ".join(seq.words[i % len(seq.words)] for i in range(seq.length))
-        finish = "length" if seq.cut_by_max_tokens else "stop"
+        finish: FinishReason = "length" if seq.cut_by_max_tokens else "stop"
         for stop in seq.stops:
             if stop in text:
                 text, finish = text.split(stop, 1)[0], "stop"
