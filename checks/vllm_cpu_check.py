@@ -489,7 +489,7 @@ def main() -> int:
     print(f"vllm {vllm.__version__}", flush=True)
 
     from checks.vllm_cpu_embedding_check import check_embedding
-    from gpu_worker.engines.cpu import prepare_smollm2
+    from gpu_worker.engines.cpu_weights import prepare_smollm2
 
     if args.embedding_only:
         asyncio.run(check_embedding(check))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError
-from gpu_worker.engines.cpu import cached_model_dir, model_cache_dir
+from gpu_worker.engines.cpu_weights import cached_model_dir, model_cache_dir
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ LOOPING_TEMPLATE = "{% for i in range(15000) %}{% for j in range(100000) %}x{% e
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from gpu_worker.engines.cpu import prepare_smollm2
+    from gpu_worker.engines.cpu_weights import prepare_smollm2
 
     return AutoTokenizer.from_pretrained(prepare_smollm2(), local_files_only=True)
 

@@ -40,7 +40,7 @@ def patterned(branches: int, salt: str = "") -> dict:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from gpu_worker.engines.cpu import prepare_smollm2
+    from gpu_worker.engines.cpu_weights import prepare_smollm2
 
     return AutoTokenizer.from_pretrained(prepare_smollm2(), local_files_only=True)
 

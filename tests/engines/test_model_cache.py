@@ -1,4 +1,4 @@
-"""The model cache's directories (``gpu_worker.engines.cpu.cached_model_dir``): written once, whole, readable by all."""
+"""The model cache's directories (``gpu_worker.engines.cpu_weights.cached_model_dir``): written once, whole, readable by all."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.engines.cpu import cached_model_dir
+from gpu_worker.engines.cpu_weights import cached_model_dir
 
 
 def writer(calls: list[Path], text: str):
