@@ -53,7 +53,7 @@ BATCH_MAX_TOKENS = 64
 INTERACTIVE_RATE_PER_S = 2.0  # interactive jobs sent while the batch runs
 INTERACTIVE_TOKENS = 16
 TENANT = "bench"
-# Thread names the request counter (bench.run.RequestCounter) attributes to the API side and to the controller.
+# Thread names the request counter (bench.instruments.RequestCounter) attributes to the API side and to the controller.
 API_THREAD = "batch-api"
 CONTROLLER_THREAD = "batch-controller"
 LONG_POLL_S = 20  # what Lambda's SQS pollers wait for a message

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import concurrent.futures
 import csv
 import datetime as dt
@@ -32,35 +31,33 @@ import json
 import logging
 import os
 import statistics
-import threading
 import time
-import urllib.parse
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import botocore.client
-import requests
-
 from async_inference.aws import client
-from async_inference.config import ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
 from async_inference_client import Client
+from bench.instruments import (
+    API_KEY,
+    FunctionRequests,
+    RequestCounter,
+    RunningWorker,
+    Timed,
+    queue_depth,
+    submit_all,
+    wait_until,
+)
 from bench.stream_api import stream_run
-from gpu_worker.engines.base import Engine, Generation
-from gpu_worker.worker import WorkerConfig
+from bench.structured_bench import structured_run
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalDeployment
-from local_runtime.worker_thread import WorkerThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # /work/shared/data beside the main checkout; SHARED_DATA names it from a worktree elsewhere.
 SHARED_DATA = Path(os.environ.get("SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 SHAREGPT = SHARED_DATA / "ShareGPT_V3_filtered_500_v2.json"
 AZURE_TRACE = SHARED_DATA / "AzureLLMInferenceTrace_conv_2023.csv"
-API_KEY = "bench-api-key-0123456789"
 # The simulated GPU: 64 sequences per batch, 50 ms a decoding step (a 7B model on one A10G decodes a batch of 64 in
 # about that), so the engine's ceiling is 1,280 tokens/s. Output lengths are the GeneratedTokens of the Azure LLM
 # inference conversation trace (mean 211), so jobs end at staggered steps as real ones do, about 6 jobs/s at the
@@ -68,134 +65,6 @@ API_KEY = "bench-api-key-0123456789"
 # run); much shorter jobs would measure the emulator, not the worker.
 STEP_S = 0.05
 log = logging.getLogger("bench")
-
-
-# --- instrumentation ------------------------------------------------------------------------------------------------
-
-
-# Threads of the local runtime that stand in for AWS event sources (S3 -> Lambda, SQS -> Lambda): their polling has
-# no counterpart in a deployment, where the event source mappings are AWS's own.
-LOCAL_POLLERS = ("esm-", "async-")  # local_runtime/pollers.py names its threads by these prefixes
-# Threads of bench/batch_bench.py that run the API side of batches (BatchService) and the batch controller, by name
-# prefix, and the side their requests count for.
-BATCH_THREAD_SIDES = {"batch-api": "batch_api", "batch-controller": "batch_controller"}
-
-
-class RequestCounter:
-    """Counts every AWS API call made in this process, split by the side that made it: the worker (its I/O threads
-    are named ``io_*``), the local event pollers, the batch bench's API side and controller (BATCH_THREAD_SIDES), and
-    the API (any other thread). A thread started by a thread of the worker or of a batch side counts for that side:
-    boto3's managed transfers (the controller's output file writes) run on pool threads of their own."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
-        self._original = botocore.client.BaseClient._make_api_call
-        self._original_start = threading.Thread.start
-        counter = self
-
-        def counting(self_: Any, operation: str, params: dict[str, Any]) -> Any:
-            side = counter.side(threading.current_thread())
-            with counter._lock:
-                counter.counts[(side, operation)] += 1
-            return counter._original(self_, operation, params)
-
-        def start(thread: threading.Thread) -> None:
-            parent = counter.side(threading.current_thread())
-            if parent != "api":
-                thread._bench_side = parent  # type: ignore[attr-defined]
-            counter._original_start(thread)
-
-        botocore.client.BaseClient._make_api_call = counting  # type: ignore[method-assign]
-        threading.Thread.start = start  # type: ignore[method-assign]
-
-    @staticmethod
-    def side(thread: threading.Thread) -> str:
-        name = thread.name
-        if name.startswith("io"):
-            return "worker"
-        if name.startswith(LOCAL_POLLERS):
-            return "local"
-        named = next((side for prefix, side in BATCH_THREAD_SIDES.items() if name.startswith(prefix)), None)
-        return named or getattr(thread, "_bench_side", "api")
-
-    def reset(self) -> None:
-        with self._lock:
-            self.counts.clear()
-
-    def total(self, side: str | None = None) -> int:
-        return sum(n for (s, _), n in self.counts.items() if side is None or s == side)
-
-
-class Timed(Engine):
-    """Wraps an engine: records when each request started generating, and can lower the capacity the worker sees
-    (capacity 1 is the one-message-at-a-time worker)."""
-
-    def __init__(self, inner: Engine, capacity: int | None = None) -> None:
-        self.inner = inner
-        self.ready = False
-        self.name = inner.name
-        self._capacity = capacity or inner.capacity
-        self.started: dict[str, float] = {}
-        self.tokens = 0
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    async def start(self) -> None:
-        await self.inner.start()
-        self.ready = True
-
-    async def generate(self, request_id: str, request: ChatCompletionRequest) -> Generation:
-        self.started[request_id] = time.perf_counter()
-        generation = await self.inner.generate(request_id, request)
-        self.tokens += generation.completion_tokens
-        return generation
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    # What the worker reads of a running request: without them a streamed job's text would reach its log only whole,
-    # at the end, and the bench would time the wrapper, not the service.
-    def tokens_so_far(self, request_id: str) -> int | None:
-        return self.inner.tokens_so_far(request_id)
-
-    def texts_so_far(self, request_id: str) -> tuple[str, ...] | None:
-        return self.inner.texts_so_far(request_id)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-def RunningWorker(engine: Engine, receive_wait_s: int = 20, prefetch: int | None = None) -> WorkerThread:
-    """A worker in this process (so that its requests can be counted and its engine inspected)."""
-    config = WorkerConfig(service=ServiceSettings.load().service, receive_wait_s=receive_wait_s, prefetch=prefetch)
-    return WorkerThread.for_engine(engine, config)
-
-
-def submit_all(api: Client, bodies: list[dict[str, Any]], threads: int = 8) -> list[str]:
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        return [job.job_id for job in pool.map(api.submit, bodies)]
-
-
-def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("benchmark run did not finish in time")
-        time.sleep(poll_s)
-
-
-def queue_depth(queue_url: str) -> tuple[int, int]:
-    attributes = client("sqs").get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]), int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
 # --- the measurements -----------------------------------------------------------------------------------------------
@@ -292,52 +161,6 @@ def while_backlogged(samples: list[dict[str, float]], ceiling: float) -> float |
         return None
     end = samples[last]
     return end["tokens"] / end["t"] / ceiling
-
-
-class FunctionRequests:
-    """The AWS requests the stack's Lambda functions make, which run in processes of their own (the API's, the
-    authorizer's): recorded by moto server itself (its recorder, on only while ``recording``) and told apart by the
-    User-Agent botocore sends from a Lambda runtime (``exec-env/AWS_Lambda_...``, from its AWS_EXECUTION_ENV)."""
-
-    def __init__(self, moto_url: str) -> None:
-        self.url = f"{moto_url}/moto-api/recorder"
-
-    @contextmanager
-    def recording(self) -> Iterator[None]:
-        requests.post(f"{self.url}/reset-recording", timeout=10).raise_for_status()
-        requests.post(f"{self.url}/start-recording", timeout=10).raise_for_status()
-        try:
-            yield
-        finally:
-            requests.post(f"{self.url}/stop-recording", timeout=10).raise_for_status()
-
-    def counts(self) -> Counter[str]:
-        """Requests by operation (the X-Amz-Target, the query's Action, or the method and service of a REST call)."""
-        recording = requests.get(f"{self.url}/download-recording", timeout=60).text
-        counts: Counter[str] = Counter()
-        for line in recording.splitlines():
-            entry = json.loads(line)
-            headers = {name.lower(): value for name, value in entry["headers"].items()}
-            if "exec-env/AWS_Lambda" not in headers.get("user-agent", ""):
-                continue
-            counts[_operation(entry, headers)] += 1
-        return counts
-
-
-def _operation(entry: dict[str, Any], headers: dict[str, str]) -> str:
-    if "x-amz-target" in headers:
-        return headers["x-amz-target"].rsplit(".", 1)[-1]
-    query = urllib.parse.parse_qs(urllib.parse.urlparse(entry["url"]).query)
-    body = (
-        base64.b64decode(entry["body"]).decode("utf-8", "replace")
-        if entry.get("body_encoded")
-        else entry.get("body") or ""
-    )
-    action = query.get("Action") or urllib.parse.parse_qs(body).get("Action")
-    if action:
-        return action[0]
-    service = headers.get("authorization", "").split("/")[3:4]  # Credential=KEY/date/region/SERVICE/aws4_request
-    return f"{entry['method']} {service[0] if service else '?'}"
 
 
 def requests_run(stack: LocalDeployment, api: Client, counter: RequestCounter, jobs: int) -> dict[str, Any]:
@@ -441,103 +264,6 @@ def efficiency_run(api: Client, prompts: list[str], max_tokens: int) -> dict[str
         "pipeline_s": round(pipeline_s, 3),
         "pipeline_tokens_per_s": pipeline_tokens / pipeline_s,
         "efficiency": (pipeline_tokens / pipeline_s) / (direct_tokens / direct_s),
-    }
-
-
-# The structured run's schema: one free-text field longer than max_tokens can fill, so that constrained and
-# unconstrained answers both run to max_tokens and the ratio measures the grammar's cost per token at the same batch
-# size. Without minLength 12 of 32 answers closed their JSON early (2026-12-02), the batch shrank, and the tokens/s
-# ratio counted the shorter outputs against the grammar (a smaller batch's step costs almost as much).
-ANSWER_MIN_CHARS = 2000
-ANSWER_SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "string", "minLength": ANSWER_MIN_CHARS}},
-    "required": ["answer"],
-    "additionalProperties": False,
-}
-
-
-def structured_run(prompts: list[str], max_tokens: int, rounds: int = 4) -> dict[str, Any]:
-    """CPU engine, one instance: the same prompts, greedy, with the same max_tokens, unconstrained and with
-    response_format json_schema, each batch at once (the engine batches up to its capacity). Each round runs the two
-    batches back to back, the order alternating from round to round (plain first, then structured first), so that a
-    drift in the machine's speed falls on both alike; a round's ratio is its structured tokens/s over its plain
-    tokens/s, and the figure is the median of the rounds' ratios (the pooled ratio and every round's are kept beside
-    it, with the load average, to judge the run by). Both kinds are warmed up at full batch before timing; the first
-    request with the schema (xgrammar's tokenizer info and the grammar's compile, once per schema) is timed apart."""
-    from gpu_worker.engines import make_engine
-
-    engine = make_engine("cpu")
-    base = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0}
-    structured_format = {
-        "type": "json_schema",
-        "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True},
-    }
-    plain = [
-        ChatCompletionRequest.model_validate({**base, "messages": [{"role": "user", "content": p}]}) for p in prompts
-    ]
-    structured = [
-        ChatCompletionRequest.model_validate(
-            {**base, "messages": [{"role": "user", "content": p}], "response_format": structured_format}
-        )
-        for p in prompts
-    ]
-    kinds = {"plain": plain, "structured": structured}
-    totals: dict[str, list[float]] = {"plain": [0, 0.0, 0], "structured": [0, 0.0, 0]}  # tokens, s, cut
-    round_ratios: list[float] = []
-
-    async def timed(kind: str, round_: int) -> float:
-        start = time.perf_counter()
-        outputs = await asyncio.gather(*(engine.generate(f"{kind}-{round_}-{i}", r) for i, r in enumerate(kinds[kind])))
-        elapsed = time.perf_counter() - start
-        tokens = sum(o.completion_tokens for o in outputs)
-        totals[kind][0] += tokens
-        totals[kind][1] += elapsed
-        totals[kind][2] += sum(o.finish_reason == "length" for o in outputs)
-        return tokens / elapsed
-
-    async def run() -> float:
-        await engine.start()
-        start = time.perf_counter()
-        await engine.generate("compile", structured[0].model_copy(update={"max_tokens": 4}))
-        compile_s = time.perf_counter() - start
-        for kind, batch in kinds.items():  # warm-up: a full batch of each, a few tokens
-            await asyncio.gather(
-                *(
-                    engine.generate(f"warm-{kind}-{i}", r.model_copy(update={"max_tokens": 4}))
-                    for i, r in enumerate(batch)
-                )
-            )
-        for round_ in range(rounds):
-            order = ["plain", "structured"] if round_ % 2 == 0 else ["structured", "plain"]
-            rates = {kind: await timed(kind, round_) for kind in order}
-            round_ratios.append(rates["structured"] / rates["plain"])
-        await engine.close()
-        return compile_s
-
-    load_before = os.getloadavg()
-    loop = asyncio.new_event_loop()
-    compile_s = loop.run_until_complete(run())
-    loop.close()
-    plain_rate = totals["plain"][0] / totals["plain"][1]
-    structured_rate = totals["structured"][0] / totals["structured"][1]
-    return {
-        "prompts": len(prompts),
-        "max_tokens": max_tokens,
-        "rounds": rounds,
-        "first_request_with_the_schema_s": round(compile_s, 3),
-        "plain_tokens": totals["plain"][0],
-        "plain_s": round(totals["plain"][1], 3),
-        "plain_cut_by_max_tokens": totals["plain"][2],
-        "plain_tokens_per_s": plain_rate,
-        "structured_tokens": totals["structured"][0],
-        "structured_s": round(totals["structured"][1], 3),
-        "structured_cut_by_max_tokens": totals["structured"][2],
-        "structured_tokens_per_s": structured_rate,
-        "round_ratios": [round(r, 4) for r in round_ratios],
-        "ratio": statistics.median(round_ratios),
-        "ratio_pooled": structured_rate / plain_rate,
-        "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
     }
 
 

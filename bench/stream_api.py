@@ -9,8 +9,8 @@ Both sides run the CPU engine on the same prompts, one request at a time, greedy
   with content is read by the client. In between: the API function's submit (S3, DynamoDB, SQS), the worker's receive,
   the engine, the worker's log write (``STREAM_INTERVAL_S``) and the reader's poll (``Follow.poll_s``).
 
-AWS requests: the worker's (counted in this process by ``bench.run.RequestCounter``) and the API and authorizer
-functions' (recorded by moto server: ``bench.run.FunctionRequests``) over the streamed jobs, per 1,000 completion
+AWS requests: the worker's (counted in this process by ``bench.instruments.RequestCounter``) and the API and authorizer
+functions' (recorded by moto server: ``bench.instruments.FunctionRequests``) over the streamed jobs, per 1,000 completion
 tokens streamed.
 """
 
@@ -28,6 +28,7 @@ import requests
 
 from async_inference.config import ENV_STREAM_TABLE, ServiceSettings
 from async_inference.schemas import ChatCompletionRequest
+from bench.instruments import API_KEY, FunctionRequests, RequestCounter, Timed, wait_until
 from gpu_worker.worker import WorkerConfig
 from local_runtime.functions import environment_of
 from local_runtime.stack import LocalDeployment
@@ -122,8 +123,7 @@ def _first_text(engine: Any, request_id: str, found: list[float], timeout_s: flo
 
 def stream_run(stack: LocalDeployment, api_key: str, counter: Any, max_tokens: int = 32) -> dict[str, Any]:
     """Time to first token direct and through the API (p50, each sample), and AWS requests per 1,000 streamed
-    tokens; ``counter``: a ``bench.run.RequestCounter`` installed in this process."""
-    from bench.run import FunctionRequests, Timed, wait_until
+    tokens; ``counter``: a ``bench.instruments.RequestCounter`` installed in this process."""
     from gpu_worker.engines import make_engine
 
     prompts = list(PROMPTS)
@@ -170,7 +170,6 @@ def stream_run(stack: LocalDeployment, api_key: str, counter: Any, max_tokens: i
 
 
 def main() -> None:
-    from bench.run import API_KEY, RequestCounter
     from local_runtime.moto_server import free_port
 
     counter = RequestCounter()

@@ -1,4 +1,4 @@
-"""The benchmarks' engine wrapper (bench.run.Timed) is the engine it wraps to the worker: every hook the worker calls
+"""The benchmarks' engine wrapper (bench.instruments.Timed) is the engine it wraps to the worker: every hook the worker calls
 is passed through. It once kept ``texts_so_far`` to itself, so a streamed job's text reached its log only whole at
 the end, and `make bench` reported 1.36 s of added time to first token that was the wrapper's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from async_inference.schemas import ChatCompletionRequest
-from bench.run import Timed
+from bench.instruments import Timed
 from gpu_worker.engines.base import Engine, Generation
 from gpu_worker.engines.echo import EchoEngine
 
