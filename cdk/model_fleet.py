@@ -56,19 +56,39 @@ DEPLOYED_NAME_TAG_PRIORITY = 101
 @dataclass(frozen=True)
 class DeployedNames:
     """The names the ``index``-th model's fleet was deployed with (``deployed_names``): the fleet's construct id, its
-    model store's (a child of the service) and its ECS service's."""
+    model store's (a child of the service) and its ECS service's, and the ids of its alarms in ``cdk.monitoring``:
+    the suffix of its oldest-job alarm and the names of its two dead-letter queues' alarms."""
 
     fleet_id: str
     store_id: str
     ecs_service_name: str
+    alarm_key: str
+    job_dead_letters: str
+    lane_dead_letters: str
 
 
 def deployed_names(index: int, spec: ModelSpec) -> DeployedNames:
-    """``DEPLOYED_FIRST_FLEET_ID``, ``Models`` and ``WORKER_ECS_SERVICE_NAME`` for the first model; ``construct_id``,
-    ``Models<construct_id>`` and ``ecs_service_name`` of its spec for the others."""
+    """``DEPLOYED_FIRST_FLEET_ID``, ``Models``, ``WORKER_ECS_SERVICE_NAME`` and unsuffixed alarms for the first model;
+    ``construct_id``, ``Models<construct_id>``, ``ecs_service_name`` of its spec and alarms suffixed with its
+    construct id for the others."""
     if index == 0:
-        return DeployedNames(DEPLOYED_FIRST_FLEET_ID, "Models", WORKER_ECS_SERVICE_NAME)
-    return DeployedNames(spec.construct_id, f"Models{spec.construct_id}", spec.ecs_service_name)
+        return DeployedNames(
+            DEPLOYED_FIRST_FLEET_ID,
+            "Models",
+            WORKER_ECS_SERVICE_NAME,
+            alarm_key="",
+            job_dead_letters="JobDeadLetterQueue",
+            lane_dead_letters="BatchLaneDeadLetterQueue",
+        )
+    key = spec.construct_id
+    return DeployedNames(
+        key,
+        f"Models{key}",
+        spec.ecs_service_name,
+        alarm_key=key,
+        job_dead_letters=f"JobDeadLetterQueue{key}",
+        lane_dead_letters=f"LaneDeadLetterQueue{key}",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

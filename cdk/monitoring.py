@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -54,23 +54,23 @@ def service_metric(name: str, service_name: str, statistic: str) -> cloudwatch.M
 
 @dataclass(frozen=True)
 class MonitoredFleet:
-    """Another model's fleet (beside ``Monitoring``'s ``queue`` and ``service``): its job queue (an age alarm of its own, its depth on the dashboard) and its worker
-    service (running tasks). ``key`` suffixes its alarm's id (the fleet's construct id)."""
+    """A model's fleet: its job queue (an age alarm of its own, its depth on the dashboard), its worker service
+    (running tasks) and its dead-letter queues (name -> DLQ, an alarm each). ``key`` suffixes its age alarm's id
+    (``cdk.model_fleet.deployed_names``: the ids each fleet was deployed with)."""
 
     model: str
     key: str
     queue: sqs.IQueue
     service: ecs.BaseService
+    dead_letter_queues: Mapping[str, sqs.IQueue] = field(default_factory=dict)
 
 
 class Monitoring(Construct):
     """Alarms when any dead-letter queue holds a message or the oldest job of any model's queue waits too long, and a
     dashboard: a row of queue depth, oldest job and running tasks per model's fleet, then the service's metrics.
 
-    :param queue: the job queue.
-    :param dead_letter_queues: name -> DLQ to alarm on (depth > 0).
-    :param service: the worker service (running task count).
-    :param fleets: the other models' fleets, each with its own age alarm and dashboard row. Default: none.
+    :param dead_letter_queues: name -> DLQ of the shared resources to alarm on (depth > 0).
+    :param fleets: every model's fleet, each with its own age and dead-letter alarms and dashboard row.
     :param worker_service_name: the worker's Powertools service name (the ``service`` dimension of its metrics).
     :param api_service_name: the API function's Powertools service name.
     :param dead_letter_service_name: the DLQ function's Powertools service name. Default:
@@ -89,11 +89,9 @@ class Monitoring(Construct):
         scope: Construct,
         id: str,
         *,
-        queue: sqs.IQueue,
         dead_letter_queues: Mapping[str, sqs.IQueue],
-        service: ecs.BaseService,
+        fleets: Sequence[MonitoredFleet],
         worker_service_name: str,
-        fleets: Sequence[MonitoredFleet] = (),
         api_service_name: str,
         dead_letter_service_name: str = DEAD_LETTER_SERVICE_NAME,
         oldest_message_alarm_age: Duration = Duration.minutes(15),
@@ -107,7 +105,10 @@ class Monitoring(Construct):
         )
         self.alarm_topic = self.operations.topic
         self.alarms: dict[str, cloudwatch.Alarm] = {}
-        for name, dlq in dead_letter_queues.items():
+        if not fleets:
+            raise ValueError("Monitoring needs at least one model's fleet")
+        fleet_dead_letters = {name: dlq for fleet in fleets for name, dlq in fleet.dead_letter_queues.items()}
+        for name, dlq in {**dead_letter_queues, **fleet_dead_letters}.items():
             self.alarms[name] = dlq.metric_approximate_number_of_messages_visible(
                 statistic="Maximum", period=Duration.minutes(1)
             ).create_alarm(
@@ -120,17 +121,15 @@ class Monitoring(Construct):
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
         age = oldest_message_alarm_age.to_seconds()
-        first = MonitoredFleet("", "", queue, service)
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
-        for fleet in (first, *fleets):
+        for fleet in fleets:
             oldest = fleet.queue.metric_approximate_age_of_oldest_message(
                 statistic="Maximum", period=Duration.minutes(1)
             )
-            whose = f" of {fleet.model}" if fleet.model else ""
             self.alarms[f"OldestJob{fleet.key}"] = oldest.create_alarm(
                 self,
                 f"OldestJobTooOld{fleet.key}",
-                alarm_description=f"A job{whose} has waited over {age} s for a worker",
+                alarm_description=f"A job of {fleet.model} has waited over {age} s for a worker",
                 threshold=age,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
                 evaluation_periods=3,
@@ -151,7 +150,7 @@ class Monitoring(Construct):
     @staticmethod
     def _fleet_widgets(fleet: MonitoredFleet, oldest: cloudwatch.IMetric) -> list[cloudwatch.GraphWidget]:
         """One fleet's row: its queue's depth and in-flight jobs, its oldest job's age, its running worker tasks."""
-        prefix = f"{fleet.model}: " if fleet.model else ""
+        prefix = f"{fleet.model}: "
         running_tasks = cloudwatch.Metric(
             namespace="ECS/ContainerInsights",
             metric_name="RunningTaskCount",

@@ -22,7 +22,7 @@ from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.events_in import EventsIn
-from cdk.gpu_worker_service import MODELS_CONTAINER_PATH
+from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, WORKER_SERVICE_NAME
 from cdk.grants import grant_functions
 from cdk.ingestion_api import IngestionApi
 from cdk.job_streams import JobStreams
@@ -61,6 +61,7 @@ class AsyncInferenceService(Construct):
         removal = RemovalPolicy.DESTROY if props.destroy_data_on_delete else RemovalPolicy.RETAIN
         specs = props.model_specs()
         self.fleets: list[ModelFleet] = []
+        self._monitored: list[MonitoredFleet] = []
 
         self.bucket = ClaimCheckBucket(
             self,
@@ -189,6 +190,18 @@ class AsyncInferenceService(Construct):
                 release_with=self.fleets[0].capacity.release_function if self.fleets else None,
             )
             self.fleets.append(fleet)
+            self._monitored.append(
+                MonitoredFleet(
+                    spec.name,
+                    names.alarm_key,
+                    fleet.jobs.queue,
+                    fleet.workers.service,
+                    dead_letter_queues={
+                        names.job_dead_letters: fleet.jobs.dead_letter_queue,
+                        names.lane_dead_letters: fleet.lane_dead_letter_queue,
+                    },
+                )
+            )
             # Their dead letters fail their jobs and end their chunks as error lines.
             self.dead_letters.consume(fleet.jobs.dead_letter_queue)
             self.dead_letters.consume(fleet.lane_dead_letter_queue)
@@ -240,35 +253,22 @@ class AsyncInferenceService(Construct):
             fleet.capacity.grant_capacity_read(self.api.handler)  # GET /v1/models reports failing launches
 
     def _monitoring(self, props: AsyncInferenceServiceProps) -> Monitoring:
-        """Alarms and the dashboard: every DLQ, and each fleet's queue age and workers (``cdk.monitoring``; the first
-        fleet's alarms keep the names they were deployed with)."""
-        first, others = self.fleets[0], self.fleets[1:]
+        """Alarms and the dashboard: every DLQ, and each fleet's queue age and workers (``cdk.monitoring``; each
+        fleet's alarms keep the names it was deployed with: ``deployed_names``)."""
         return Monitoring(
             self,
             "Monitoring",
-            queue=first.jobs.queue,
             dead_letter_queues={
-                "JobDeadLetterQueue": first.jobs.dead_letter_queue,
                 "WebhookDeadLetterQueue": self.webhooks.dead_letter_queue,
                 "SubscriptionDeadLetterQueue": self.results.subscription_dead_letter_queue,
                 "UploadFailureQueue": self.uploads.failure_queue,
                 "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
-                "BatchLaneDeadLetterQueue": first.lane_dead_letter_queue,
                 "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
                 "UnhandledDeadLetterQueue": self.dead_letters.unhandled_queue,
                 **({"EventsInFailureQueue": self.events_in.failure_queue} if self.events_in else {}),
-                **{
-                    f"{kind}DeadLetterQueue{fleet.spec.construct_id}": queue
-                    for fleet in others
-                    for kind, queue in (("Job", fleet.jobs.dead_letter_queue), ("Lane", fleet.lane_dead_letter_queue))
-                },
             },
-            service=first.workers.service,
-            fleets=[
-                MonitoredFleet(fleet.spec.name, fleet.spec.construct_id, fleet.jobs.queue, fleet.workers.service)
-                for fleet in others
-            ],
-            worker_service_name=first.workers.service_name,
+            fleets=self._monitored,
+            worker_service_name=WORKER_SERVICE_NAME,
             api_service_name=self.api.service_name,
             dead_letter_service_name=self.dead_letters.service_name,
             oldest_message_alarm_age=Duration.seconds(props.oldest_message_alarm_seconds),

@@ -180,7 +180,7 @@ def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two
 def test_each_models_queue_has_its_own_oldest_job_alarm_and_dashboard_row(two):
     """GIVEN a chat and an embedding model WHEN synthesized THEN each model's job queue has an age alarm (a further
     model's jobs stuck behind a fleet that cannot start alarm too), and the dashboard has each fleet's queue depth,
-    oldest job and running tasks, the further one's titled with its model."""
+    oldest job and running tasks, each fleet's row titled with its model, the first's as the others'."""
     service = two.stack.service
     first, fleet = service.fleets
     for queue in (first.jobs.queue, fleet.jobs.queue):
@@ -195,7 +195,7 @@ def test_each_models_queue_has_its_own_oldest_job_alarm_and_dashboard_row(two):
     assert set(service.monitoring.alarms) >= {"OldestJob", f"OldestJob{fleet.spec.construct_id}"}
     titles = [w["properties"].get("title") for w in dashboard_widgets(two.template)]
     for title in ("Queue depth and in-flight jobs", "Age of oldest job (s)", "Running worker tasks"):
-        assert title in titles and f"{EMBEDDING}: {title}" in titles
+        assert f"{first.spec.name}: {title}" in titles and f"{EMBEDDING}: {title}" in titles
 
 
 def test_the_further_workers_may_take_from_their_own_queues_only(two):
