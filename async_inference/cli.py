@@ -6,7 +6,8 @@ variables the stack sets), the tenants' signing-secret ARNs from --secret-arns o
 WebhookSigningSecretArns, a JSON object tenant -> ARN). Output, --json and exit statuses are the client command's
 (``async_inference_client.cli``); 1 also means a redrive left messages in the DLQ. A new operator command is a module
 of its own and one ``command()`` line in ``build_parser``. ``preflight`` checks an account and this machine before the
-first ``cdk deploy`` (``async_inference.preflight``).
+first ``cdk deploy`` (``async_inference.preflight``); ``smoke`` sends one job through the deployed stack after it
+(``async_inference.smoke``).
 """
 
 from __future__ import annotations
@@ -183,6 +184,13 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return preflight.run(args)
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """``async_inference.smoke``: one job through the deployed stack, from its outputs to the answer, timed."""
+    from async_inference import smoke
+
+    return smoke.run(args)
+
+
 # --- Parser and entry point -----------------------------------------------------------------------------------------
 
 
@@ -232,6 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
         "platform teams: check the account and this machine before the first cdk deploy (AWS credentials)",
     )
     preflight.add_arguments(checks)
+
+    from async_inference import smoke
+
+    first_answer = command(
+        "smoke",
+        cmd_smoke,
+        "platform teams: one job through the deployed stack (its outputs, a tenant's key, the wake, the answer), timed",
+    )
+    smoke.add_arguments(first_answer)
     return parser
 
 

@@ -9,7 +9,7 @@ ASSEMBLY := cdk.out/manifest.json
 CDK_INPUTS := app.py cdk.json lambdas/requirements.txt gpu_worker/requirements.txt \
 	$(shell git ls-files -co --exclude-standard -- cdk async_inference lambdas gpu_worker 2>/dev/null)
 
-.PHONY: synth cdk-lint cdk-test deploy
+.PHONY: synth cdk-lint cdk-test deploy smoke
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -41,6 +41,12 @@ STACK_TEMPLATE := cdk.out/AsyncInference.template.json
 deploy: $(ASSEMBLY)
 	$(PY) -m async_inference.cli preflight --template $(STACK_TEMPLATE)
 	$(NPX) cdk deploy --app cdk.out $(DEPLOY_ARGS)
+
+# After a deploy: one job through the deployed stack, with the caller's AWS credentials (the stack's outputs and a
+# tenant's key) and the first answer, timed: the deploy itself starts no GPU task. SMOKE_ARGS: --tenant, --model,
+# --stack-name, --timeout (async_inference/smoke.py).
+smoke: venv
+	$(PY) -m async_inference.cli smoke $(SMOKE_ARGS)
 
 # W3005 (DependsOn already implied by a GetAtt) is how aws-cdk-lib writes every Lambda's role dependency; not ours.
 cdk-lint: venv
