@@ -1,0 +1,71 @@
+"""The least GPU time a keep-alive could spend on a trace: the best keep-alive in hindsight (issue 29).
+
+A keep-alive decides one thing, when to let the last task go. Knowing every arrival in advance, the best it can do
+between two consecutive submissions ``g`` seconds apart is the offline ski-rental choice: keep the task through the
+gap if ``g`` is below what a wake costs (``wake_gpu_s``: the GPU a wake burns before its task serves, plus what it
+makes the warm pool spend to replace the instance it took), otherwise let it go the moment the gap begins and pay
+one wake. So one task, kept or woken that way, costs
+
+    floor = wake_gpu_s + sum over consecutive submissions of min(gap, wake_gpu_s)
+
+(the first wake included; nothing kept after the last job). It counts no service time beyond the arrivals and no
+second task, and it lets no job wait for a wake a pre-warm could have hidden: it is below what any keep-alive on the
+same capacity layer spends, so a GPU target under it cannot be met by choosing when to let go, only by making a wake
+cheaper (``wake_gpu_s_within``) or by running fewer tasks than one. The ski-rental rule the learned keep-alive
+follows (``async_inference.keep_alive``) is within twice this floor on the pauses it has learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bench.scaling.figures import ColdStart
+
+
+def wake_gpu_s(cold: ColdStart, *, warm_pool: bool, pre_initialized: bool = True) -> float:
+    """GPU-seconds one wake from zero costs the stack: with a pool, the pooled instance's start to serving plus the
+    replacement the pool launches for it (billed while it initializes); without, a fresh instance's launch to
+    serving."""
+    if not warm_pool:
+        return cold.instance_boot_s + cold.fresh_task_s()
+    start = cold.warm_pool_start_s + cold.warm_task_s(
+        weights_cached=pre_initialized, page_cache_cold=True, compile_cached=False
+    )
+    return start + cold.pool_init_s(pre_initialized=pre_initialized)
+
+
+def keep_alive_floor_s(arrivals: Sequence[float], wake_s: float) -> float:
+    """GPU-seconds of one task under the best keep-alive in hindsight over ``arrivals`` (submission times, seconds),
+    each wake costing ``wake_s``; 0 for no arrival."""
+    ordered = sorted(arrivals)
+    if not ordered:
+        return 0.0
+    return wake_s + sum(min(later - earlier, wake_s) for earlier, later in zip(ordered, ordered[1:], strict=False))
+
+
+def wake_gpu_s_within(arrivals: Sequence[float], budget_s: float, *, tolerance_s: float = 0.5) -> float:
+    """The dearest wake (GPU-seconds) at which the floor over ``arrivals`` stays within ``budget_s`` (at least 0 s),
+    to within ``tolerance_s``."""
+    ordered = sorted(arrivals)
+    low, high = 0.0, max(budget_s, 0.0)
+    while high - low > tolerance_s:  # the floor grows with the wake's price (it is at least the price): bisect
+        middle = (low + high) / 2
+        low, high = (middle, high) if keep_alive_floor_s(ordered, middle) <= budget_s else (low, middle)
+    return round(low, 1)
+
+
+def floor_figures(
+    arrivals: Sequence[float], wake_s: float, tuned_gpu_hours: dict[str, float], *, target: float
+) -> dict[str, object]:
+    """The floor's GPU hours, its ratio to each tuned anchor's, whether ``target`` x the cheapest tuned anchor is
+    within reach of a keep-alive at this wake's price, and the dearest wake that would put it within reach."""
+    floor_h = keep_alive_floor_s(arrivals, wake_s) / 3600.0
+    budget_h = target * min(tuned_gpu_hours.values())
+    within = wake_gpu_s_within(arrivals, budget_h * 3600.0)
+    return {
+        "wake_gpu_s": round(wake_s, 1),
+        "gpu_hours": round(floor_h, 3),
+        "over_tuned": {name: round(floor_h / hours, 3) for name, hours in tuned_gpu_hours.items()},
+        "gpu_target_within_reach": floor_h <= budget_h,
+        "wake_gpu_s_for_target": within,
+    }
