@@ -17,6 +17,8 @@ follows (``async_inference.keep_alive``) is within twice this floor on the pause
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 
 from bench.scaling.figures import ColdStart
@@ -43,6 +45,25 @@ def keep_alive_floor_s(arrivals: Sequence[float], wake_s: float) -> float:
     return wake_s + sum(min(later - earlier, wake_s) for earlier, later in zip(ordered, ordered[1:], strict=False))
 
 
+def best_fixed_keep_alive(arrivals: Sequence[float], wake_s: float) -> tuple[float, float]:
+    """The one keep-alive (seconds after each submission) that would have cost least over ``arrivals``, and its
+    GPU-seconds: the first wake, each gap no longer than it kept through, each longer one kept for it and then woken
+    from, and it kept after the last submission. What a keep-alive that learns one number from the pauses (as the
+    paper's histogram does) approaches once it has seen them all; (0, 0) for no arrival."""
+    ordered = sorted(arrivals)
+    if not ordered:
+        return 0.0, 0.0
+    gaps = sorted(later - earlier for earlier, later in zip(ordered, ordered[1:], strict=False))
+    below = list(itertools.accumulate(gaps, initial=0.0))  # below[i]: the i shortest gaps' sum
+
+    def cost(keep_alive: float) -> float:
+        kept = bisect.bisect_right(gaps, keep_alive)
+        return wake_s + below[kept] + (len(gaps) - kept) * (keep_alive + wake_s) + keep_alive
+
+    best = min((0.0, *gaps), key=cost)
+    return best, cost(best)
+
+
 def wake_gpu_s_within(arrivals: Sequence[float], budget_s: float, *, tolerance_s: float = 0.5) -> float:
     """The dearest wake (GPU-seconds) at which the floor over ``arrivals`` stays within ``budget_s`` (at least 0 s),
     to within ``tolerance_s``."""
@@ -58,8 +79,10 @@ def floor_figures(
     arrivals: Sequence[float], wake_s: float, tuned_gpu_hours: dict[str, float], *, target: float
 ) -> dict[str, object]:
     """The floor's GPU hours, its ratio to each tuned anchor's, whether ``target`` x the cheapest tuned anchor is
-    within reach of a keep-alive at this wake's price, and the dearest wake that would put it within reach."""
+    within reach of a keep-alive at this wake's price, and the dearest wake that would put it within reach; and the
+    best fixed keep-alive in hindsight, with its GPU hours and ratios."""
     floor_h = keep_alive_floor_s(arrivals, wake_s) / 3600.0
+    fixed_s, fixed_gpu_s = best_fixed_keep_alive(arrivals, wake_s)
     budget_h = target * min(tuned_gpu_hours.values())
     within = wake_gpu_s_within(arrivals, budget_h * 3600.0)
     return {
@@ -68,4 +91,9 @@ def floor_figures(
         "over_tuned": {name: round(floor_h / hours, 3) for name, hours in tuned_gpu_hours.items()},
         "gpu_target_within_reach": floor_h <= budget_h,
         "wake_gpu_s_for_target": within,
+        "best_fixed_keep_alive_s": round(fixed_s, 1),
+        "best_fixed_keep_alive_gpu_hours": round(fixed_gpu_s / 3600.0, 3),
+        "best_fixed_keep_alive_over_tuned": {
+            name: round(fixed_gpu_s / 3600.0 / hours, 3) for name, hours in tuned_gpu_hours.items()
+        },
     }

@@ -6,7 +6,13 @@ import pytest
 
 from async_inference.keep_alive import KeepAlivePolicy
 from bench.scaling import figures
-from bench.scaling.floor import floor_figures, keep_alive_floor_s, wake_gpu_s, wake_gpu_s_within
+from bench.scaling.floor import (
+    best_fixed_keep_alive,
+    floor_figures,
+    keep_alive_floor_s,
+    wake_gpu_s,
+    wake_gpu_s_within,
+)
 from cdk.capacity import QWEN2_5_1_5B
 
 
@@ -55,3 +61,16 @@ def test_a_wake_from_the_pool_costs_what_the_keep_alive_prices_it_at() -> None:
     assert price == pytest.approx(KeepAlivePolicy().cold_start_gpu_s, abs=5.0)
     # and the pool's wake costs more GPU than a fresh instance's, which launches no replacement
     assert wake_gpu_s(cold, warm_pool=False) < price
+
+
+def test_the_best_fixed_keep_alive_keeps_through_the_pauses_a_wake_costs_more_than() -> None:
+    # GIVEN submissions with gaps of 100, 200 and 5,000 s and a wake that costs 500 GPU-seconds
+    arrivals = [0.0, 100.0, 300.0, 5300.0]
+    # WHEN the best single keep-alive is sought
+    keep_alive, gpu_s = best_fixed_keep_alive(arrivals, 500.0)
+    # THEN it keeps through the two short gaps and lets go soon after the long one began: 200 s, costing the first
+    # wake, 100 + 200 kept, 200 + a wake for the long gap and 200 after the last submission
+    assert keep_alive == 200.0
+    assert gpu_s == 500.0 + 100.0 + 200.0 + (200.0 + 500.0) + 200.0
+    # and no single keep-alive costs less than knowing each gap
+    assert gpu_s >= keep_alive_floor_s(arrivals, 500.0)
