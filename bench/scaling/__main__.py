@@ -26,7 +26,7 @@ from async_inference.config import ENV_MODEL_FLEETS
 from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
-from bench.scaling.floor import floor_figures, wake_gpu_s
+from bench.scaling.floor import floor_figures, replacement_gpu_s, wake_gpu_s
 from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
@@ -498,11 +498,13 @@ def run(
         f"{trace_name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}",
     )
     checks = _checks(results)
+    capacity = dict(warm_pool=cluster.warm_pool > 0, pre_initialized=cluster.pool_pre_initialized)
     floor = floor_figures(
         [r.arrival_s for r in requests],
-        wake_gpu_s(cold, warm_pool=cluster.warm_pool > 0, pre_initialized=cluster.pool_pre_initialized),
+        wake_gpu_s(cold, **capacity),
         {n: results[n]["gpu_hours"] for n in TUNED},
         target=GPU_TARGET,
+        waited_wake_s=replacement_gpu_s(cold, **capacity),
     )
     document = {
         "trace": trace_name,

@@ -2,17 +2,24 @@
 
 A keep-alive decides one thing, when to let the last task go. Knowing every arrival in advance, the best it can do
 between two consecutive submissions ``g`` seconds apart is the offline ski-rental choice: keep the task through the
-gap if ``g`` is below what a wake costs (``wake_gpu_s``: the GPU a wake burns before its task serves, plus what it
-makes the warm pool spend to replace the instance it took), otherwise let it go the moment the gap begins and pay
-one wake. So one task, kept or woken that way, costs
+gap if ``g`` is below what a wake costs, otherwise let it go the moment the gap begins and pay one wake. So one task,
+kept or woken that way, costs
 
-    floor = wake_gpu_s + sum over consecutive submissions of min(gap, wake_gpu_s)
+    floor = wake + sum over consecutive submissions of min(gap, wake)
 
-(the first wake included; nothing kept after the last job). It counts no service time beyond the arrivals and no
-second task, and it lets no job wait for a wake a pre-warm could have hidden: it is below what any keep-alive on the
-same capacity layer spends, so a GPU target under it cannot be met by choosing when to let go, only by making a wake
-cheaper (``wake_gpu_s_within``) or by running fewer tasks than one. The ski-rental rule the learned keep-alive
-follows (``async_inference.keep_alive``) is within twice this floor on the pauses it has learned.
+(the first wake included; nothing kept after the last job). What a wake costs depends on whether jobs wait for it:
+
+* **no job waits a wake** (``wake_gpu_s``): the instance is started a start's length before the submission (a
+  pre-warm), so the GPU it burns before serving lies in the gap, plus what the warm pool spends to replace the
+  instance it gave. A policy whose p95 wait stays near 0 after pauses pays this for nearly every wake.
+* **the jobs wait each wake** (``replacement_gpu_s``): the instance starts at the submission and its start overlaps
+  the session it serves (billed either way), so a wake costs only the pool's replacement, and each session after a
+  release waits the start.
+
+The floor counts no service time beyond the arrivals and no second task: it is below what any keep-alive on the same
+capacity layer spends at that reading, so a GPU target under it cannot be met by choosing when to let go, only by
+making a wake cheaper (``wake_gpu_s_within``) or by running fewer tasks than one. The ski-rental rule the learned
+keep-alive follows (``async_inference.keep_alive``) is within twice this floor on the pauses it has learned.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ def wake_gpu_s(cold: ColdStart, *, warm_pool: bool, pre_initialized: bool = True
         weights_cached=pre_initialized, page_cache_cold=True, compile_cached=False
     )
     return start + cold.pool_init_s(pre_initialized=pre_initialized)
+
+
+def replacement_gpu_s(cold: ColdStart, *, warm_pool: bool, pre_initialized: bool = True) -> float:
+    """GPU-seconds a wake costs beyond the session it serves when its jobs wait for it: the warm pool's replacement of
+    the instance it gave (0 without a pool)."""
+    return cold.pool_init_s(pre_initialized=pre_initialized) if warm_pool else 0.0
 
 
 def keep_alive_floor_s(arrivals: Sequence[float], wake_s: float) -> float:
@@ -76,12 +89,19 @@ def wake_gpu_s_within(arrivals: Sequence[float], budget_s: float, *, tolerance_s
 
 
 def floor_figures(
-    arrivals: Sequence[float], wake_s: float, tuned_gpu_hours: dict[str, float], *, target: float
+    arrivals: Sequence[float],
+    wake_s: float,
+    tuned_gpu_hours: dict[str, float],
+    *,
+    target: float,
+    waited_wake_s: float,
 ) -> dict[str, object]:
-    """The floor's GPU hours, its ratio to each tuned anchor's, whether ``target`` x the cheapest tuned anchor is
-    within reach of a keep-alive at this wake's price, and the dearest wake that would put it within reach; and the
-    best fixed keep-alive in hindsight, with its GPU hours and ratios."""
+    """The floor's GPU hours with no job waiting a wake (``wake_s``), its ratio to each tuned anchor's, whether
+    ``target`` x the cheapest tuned anchor is within its reach, and the dearest wake that would put it within reach;
+    the floor with the jobs waiting each wake (``waited_wake_s``) and its ratios; and the best fixed keep-alive in
+    hindsight (no job waiting a wake), with its GPU hours and ratios."""
     floor_h = keep_alive_floor_s(arrivals, wake_s) / 3600.0
+    waited_h = keep_alive_floor_s(arrivals, waited_wake_s) / 3600.0
     fixed_s, fixed_gpu_s = best_fixed_keep_alive(arrivals, wake_s)
     budget_h = target * min(tuned_gpu_hours.values())
     within = wake_gpu_s_within(arrivals, budget_h * 3600.0)
@@ -91,6 +111,11 @@ def floor_figures(
         "over_tuned": {name: round(floor_h / hours, 3) for name, hours in tuned_gpu_hours.items()},
         "gpu_target_within_reach": floor_h <= budget_h,
         "wake_gpu_s_for_target": within,
+        "waited_wake_gpu_s": round(waited_wake_s, 1),
+        "gpu_hours_jobs_waiting_each_wake": round(waited_h, 3),
+        "jobs_waiting_each_wake_over_tuned": {
+            name: round(waited_h / hours, 3) for name, hours in tuned_gpu_hours.items()
+        },
         "best_fixed_keep_alive_s": round(fixed_s, 1),
         "best_fixed_keep_alive_gpu_hours": round(fixed_gpu_s / 3600.0, 3),
         "best_fixed_keep_alive_over_tuned": {

@@ -10,6 +10,7 @@ from bench.scaling.floor import (
     best_fixed_keep_alive,
     floor_figures,
     keep_alive_floor_s,
+    replacement_gpu_s,
     wake_gpu_s,
     wake_gpu_s_within,
 )
@@ -45,11 +46,13 @@ def test_the_target_is_out_of_reach_when_the_floor_exceeds_it_for_the_cheapest_t
     arrivals = [0.0, 1000.0]
     tuned = {"cheap": 1000.0 / 3600 / 0.8 * 0.9, "dear": 1.0}
     # WHEN the floor's figures are taken
-    figures_ = floor_figures(arrivals, 500.0, tuned, target=0.8)
+    figures_ = floor_figures(arrivals, 500.0, tuned, target=0.8, waited_wake_s=400.0)
     # THEN the target is out of reach, and a cheaper wake is named that would bring it within
     assert figures_["gpu_target_within_reach"] is False
     assert figures_["wake_gpu_s_for_target"] < 500.0
     assert keep_alive_floor_s(arrivals, figures_["wake_gpu_s_for_target"]) <= 0.8 * tuned["cheap"] * 3600
+    # and with the jobs waiting each wake (only the pool's replacement paid beyond the session) the floor is lower
+    assert figures_["gpu_hours_jobs_waiting_each_wake"] == pytest.approx(800.0 / 3600, abs=1e-3)
 
 
 def test_a_wake_from_the_pool_costs_what_the_keep_alive_prices_it_at() -> None:
@@ -61,6 +64,11 @@ def test_a_wake_from_the_pool_costs_what_the_keep_alive_prices_it_at() -> None:
     assert price == pytest.approx(KeepAlivePolicy().cold_start_gpu_s, abs=5.0)
     # and the pool's wake costs more GPU than a fresh instance's, which launches no replacement
     assert wake_gpu_s(cold, warm_pool=False) < price
+    # and of it, what jobs that wait the wake do not save is the replacement's initialization: boot, pull, download
+    assert replacement_gpu_s(cold, warm_pool=True) == pytest.approx(
+        cold.instance_boot_s + cold.image_pull_s + cold.model_download_s
+    )
+    assert replacement_gpu_s(cold, warm_pool=False) == 0.0
 
 
 def test_the_best_fixed_keep_alive_keeps_through_the_pauses_a_wake_costs_more_than() -> None:
