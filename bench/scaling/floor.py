@@ -18,8 +18,9 @@ kept or woken that way, costs
 
 The floor counts no service time beyond the arrivals and no second task: it is below what any keep-alive on the same
 capacity layer spends at that reading, so a GPU target under it cannot be met by choosing when to let go, only by
-making a wake cheaper (``wake_gpu_s_within``) or by running fewer tasks than one. The ski-rental rule the learned
-keep-alive follows (``async_inference.keep_alive``) is within twice this floor on the pauses it has learned.
+making a wake cheaper (``wake_gpu_s_within``) or by running fewer tasks than one. The ski-rental rule (keep for one
+wake's price, then let go), which the learned keep-alive (``async_inference.keep_alive``) falls back on, costs at most
+twice this floor at the same price: a gap it lets go costs two wakes where knowing it cost one.
 """
 
 from __future__ import annotations
