@@ -9,12 +9,10 @@ each ``max_num_seqs``), and ends with one JSON line keyed by policy.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime as dt
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -22,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
-from async_inference.config import ENV_MODEL_FLEETS
-from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
-from bench.scaling import figures
+from bench.scaling import figures, report
+from bench.scaling.counterfactuals import without
 from bench.scaling.engine import EngineModel, fleet_shape
 from bench.scaling.floor import floor_figures, replacement_gpu_s, wake_gpu_s
 from bench.scaling.hazards import BURST_S, HAZARDS, burst, setting, unfixed
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
-from bench.scaling.report import plot, summarise
+from bench.scaling.report import GPU_TARGET, TUNED, plot, summarise
 from bench.scaling.simulation import Delays, simulate
 from bench.scaling.template import fleet_templates, read
 from bench.scaling.trace import AZURE_CONVERSATION, Request, embedding_requests, load
@@ -139,11 +136,6 @@ FAIR = (
 )
 # The deployed stack without the learned keep-alive (its fixed keep-alive alone): a row beside the fair table.
 FIXED_KEEP_ALIVE = "deployed_fixed_keep_alive"
-TUNED = ("sagemaker_tuned", "keda_tuned", "queue_processing_tuned")
-# How far above the best tuned anchor's p95 wait after the first 15 minutes the deployed policy's may be (issue #29).
-P95_SLACK_S = 10.0
-# At most this fraction of every tuned anchor's GPU hours (issue #29).
-GPU_TARGET = 0.8
 BRIEF = ("gpu_hours", "first_job_start_s", "p95_wait_after_15min_s", "usd_per_million_jobs")
 
 
@@ -320,9 +312,9 @@ def run(
     runs = run_all(template, FAIR)
     results = {name: summary for name, (_, summary) in runs.items()}
     # What the learned keep-alive changes: the same stack with its decision never published (the fixed keep-alive).
-    ((_, fixed),) = run_all(_without(template, "keep_alive"), ("deployed",)).values()
+    ((_, fixed),) = run_all(without(template, "keep_alive"), ("deployed",)).values()
     results[FIXED_KEEP_ALIVE] = fixed
-    _table(results)
+    report.table(results)
 
     # --- sensitivity: one input changed at a time, the deployed policy and the tuned anchors ------------------------
     sensitivity = []
@@ -374,16 +366,16 @@ def run(
     for label, template_variant in (
         (
             "deployed without the wake's instance start (managed scaling starts it)",
-            _without(template, "instance_start"),
+            without(template, "instance_start"),
         ),
         (
             "deployed without the hold's maximum (a wake holds only the minimum: a second task may be asked for while "
             "the first starts)",
-            _without(template, "hold_cap"),
+            without(template, "hold_cap"),
         ),
         (
             "warm pool without pre-initialization (no launch hook: pooled instances hold no image or weights)",
-            _without(template, "pool_pre_initialized"),
+            without(template, "pool_pre_initialized"),
         ),
         *(
             []
@@ -395,9 +387,9 @@ def run(
                 )
             ]
         ),
-        ("deployed without warm pool", _without(template, "warm_pool")),
-        ("deployed without instance release", _without(template, "release")),
-        ("deployed without both", _without(_without(template, "warm_pool"), "release")),
+        ("deployed without warm pool", without(template, "warm_pool")),
+        ("deployed without instance release", without(template, "release")),
+        ("deployed without both", without(without(template, "warm_pool"), "release")),
     ):
         if not args.sensitivity:
             break
@@ -444,7 +436,7 @@ def run(
     if isinstance(model, EncoderShape):
         burst_trace = embedding_requests(burst_trace, model.max_tokens)
     for label, variant in (
-        (("hold's maximum", template), ("minimum only", _without(template, "hold_cap"))) if args.hazards else ()
+        (("hold's maximum", template), ("minimum only", without(template, "hold_cap"))) if args.hazards else ()
     ):
         ((run, summary),) = run_all(variant, ("deployed",), run_requests=burst_trace).values()
         finished = [j.finished_s for j in run.jobs if j.finished_s is not None]
@@ -497,7 +489,7 @@ def run(
         png,
         f"{trace_name}, max_num_seqs {seqs}, ceiling {max_tasks} tasks, {deployed.worker.instance_type}",
     )
-    checks = _checks(results)
+    checks = report.checks(results)
     capacity = dict(warm_pool=cluster.warm_pool > 0, pre_initialized=cluster.pool_pre_initialized)
     floor = floor_figures(
         [r.arrival_s for r in requests],
@@ -532,21 +524,6 @@ def run(
     return document
 
 
-def _checks(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets on one trace: at most 0.8 x every tuned anchor's GPU hours, a p95 wait after the first 15
-    minutes at most the best tuned anchor's plus 10 s, a first job within 180 s of a submit to an idle stack."""
-    mine = results["deployed"]
-    best_p95 = min(results[n]["p95_wait_after_15min_s"] for n in TUNED)
-    over = {n: round(mine["gpu_hours"] / results[n]["gpu_hours"], 3) for n in TUNED}
-    return {
-        "gpu_hours_over_tuned": over,
-        "gpu_hours_at_most_0_8_of_every_tuned": all(v <= GPU_TARGET for v in over.values()),
-        "best_tuned_p95_after_15min_s": best_p95,
-        "p95_after_15min_within_10_s_of_best_tuned": mine["p95_wait_after_15min_s"] <= best_p95 + P95_SLACK_S,
-        "first_job_within_180_s": mine["first_job_start_s"] is not None and mine["first_job_start_s"] <= 180,
-    }
-
-
 def _each_fleet(fleets: dict[str, dict[str, Any]], argv: list[str]) -> int:
     """Simulate each model's fleet in turn (``main`` on the fleet's own template), the first model's first; the
     worst exit status."""
@@ -570,88 +547,6 @@ def _with_cloudwatch(rerun: bool, fill_without_data: bool, body):
         return body()
     finally:
         cloudwatch.RERUN_ACTIONS_IN_ALARM, cloudwatch.FILL_WITHOUT_DATA = True, True
-
-
-def _drop_worker_groups(parts: list[Any]) -> None:
-    """MODEL_FLEETS' joined parts without each route's ``worker_group`` (the last key of a route: ``,"worker_group":"``,
-    the group's Ref, then ``"`` and what follows)."""
-    key = ',"worker_group":"'
-    for index in range(len(parts) - 2, 0, -1):
-        before, after = parts[index - 1], parts[index + 1]
-        if isinstance(before, str) and before.endswith(key) and isinstance(after, str) and after.startswith('"'):
-            parts[index - 1], parts[index + 1] = before[: -len(key)], after[1:]
-            del parts[index]
-
-
-def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The template without its warm pool (and so without the hold's maximum, as the stack synthesizes it), its
-    instance release, its learned keep-alive's function, the wake's instance start, the hold's maximum (the functions do not know the service's maximum,
-    so a hold raises only the minimum), or the pool's pre-initialization (its launch lifecycle hook) (the simulator's
-    counterfactual rows)."""
-    result = copy.deepcopy(template)
-    if choice in ("instance_start", "hold_cap"):
-        for resource in result["Resources"].values():
-            if resource["Type"] != "AWS::Lambda::Function":
-                continue
-            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-            routes = variables.get(ENV_MODEL_FLEETS)
-            if not (isinstance(routes, dict) and "Fn::Join" in routes):
-                continue
-            parts = routes["Fn::Join"][1]
-            if choice == "instance_start":
-                _drop_worker_groups(parts)
-            else:
-                parts[:] = [
-                    re.sub(r'"worker_(?:hold_)?max_tasks":\d+,', "", p) if isinstance(p, str) else p for p in parts
-                ]
-        return result
-    if choice == "keep_alive":  # the learned keep-alive's function gone: its decision is never published
-        result["Resources"] = {
-            k: v
-            for k, v in result["Resources"].items()
-            if ENV_KEEP_ALIVE_POLICY not in str(v.get("Properties", {}).get("Environment", ""))
-        }
-        return result
-    if choice == "pool_pre_initialized":
-        result["Resources"] = {
-            k: v for k, v in result["Resources"].items() if v["Type"] != "AWS::AutoScaling::LifecycleHook"
-        }
-        return result
-    if choice == "warm_pool":  # as the stack synthesizes without a pool: the hold raises only the minimum
-        result = _without(result, "hold_cap")
-    kind = "AWS::AutoScaling::WarmPool" if choice == "warm_pool" else "AWS::Events::Rule"
-    result["Resources"] = {k: v for k, v in result["Resources"].items() if v["Type"] != kind}
-    return result
-
-
-def _table(results: dict[str, dict[str, Any]]) -> None:
-    columns = [
-        "gpu_hours",
-        "first_job_start_s",
-        "p95_wait_after_15min_s",
-        "p95_wait_s",
-        "p99_wait_s",
-        "expired",
-        "scale_events",
-        "max_tasks",
-        "usd_per_million_jobs",
-        "floor_per_million_jobs_usd",
-    ]
-    heads = (
-        "GPU h",
-        "1st job s",
-        "p95>15m s",
-        "p95 wait",
-        "p99 wait",
-        "expired",
-        "events",
-        "most",
-        "$/M jobs",
-        "floor $/M",
-    )
-    print(f"\n{'policy':<26}" + "".join(f"{c:>11}" for c in heads))
-    for name, summary in results.items():
-        print(f"{name:<26}" + "".join(f"{str(summary.get(c, '')):>11}" for c in columns))
 
 
 if __name__ == "__main__":

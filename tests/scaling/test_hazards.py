@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.scaling.__main__ import _without
+from bench.scaling.counterfactuals import without as _without
 from bench.scaling.engine import EngineModel
 from bench.scaling.figures import ColdStart
 from bench.scaling.hazards import burst, setting, unfixed

@@ -10,8 +10,8 @@ import pytest
 
 from async_inference import config as env
 from async_inference import settings
-from bench.scaling.__main__ import _without
 from bench.scaling.cloudwatch import evaluate_expression
+from bench.scaling.counterfactuals import without as _without
 from bench.scaling.keda import read_scaled_object
 from bench.scaling.policies import scenarios
 from bench.scaling.template import TemplateError, WakeSpec, read, read_policy
