@@ -43,17 +43,40 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
 # test file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot
 # say this: it marks a group in the test's node id, which pytest 9 no longer lets a plugin change.
 WHOLE_FOLDERS = ("tests/e2e/",)
+# Files that load the real model go out right after the whole folders: each costs a load and tens of seconds to
+# minutes of decoding whatever its number of tests (the conformance corpus run alone about 3 minutes), so handed out by
+# test count, as xdist does, the heaviest could start last and run alone while the other process idles.
+LOADS_THE_MODEL = "pytest.mark.model"
+
+
+def _scope_rank(scope: str) -> int:
+    """0: a whole folder; 1: a file that loads the real model; 2: any other file."""
+    if scope in WHOLE_FOLDERS:
+        return 0
+    path = Path(scope)
+    return 1 if path.suffix == ".py" and LOADS_THE_MODEL in path.read_text(encoding="utf-8") else 2
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderOrFile(LoadScopeScheduling):
-        """xdist's scope scheduling, largest scope first, with the scopes above."""
+        """xdist's scope scheduling with the scopes above: the whole folders first, then the files that load the
+        model, then the others, each rank largest first."""
+
+        _ranked = False
 
         def _split_scope(self, nodeid: str) -> str:
             folder = next((f for f in WHOLE_FOLDERS if nodeid.startswith(f)), None)
             return folder or nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ranked:  # the first assignment: the queue is complete, in xdist's order (most tests first)
+                self._ranked = True
+                ranked = sorted(self.workqueue.items(), key=lambda item: _scope_rank(item[0]))
+                self.workqueue.clear()
+                self.workqueue.update(ranked)
+            super()._assign_work_unit(node)
 
     return FolderOrFile(config, log)
 
