@@ -35,7 +35,7 @@ from async_inference.schemas import (
     Subscription,
 )
 from async_inference.streaming import log
-from async_inference.streaming.log import Segment
+from async_inference.streaming.log import EventLog, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,18 @@ def error_reply(code: str, message: str) -> str:
     return reply("error", code=code, message=message)
 
 
-class WebSocketRoutes:
-    """What each route does with its connection."""
+# The missed deltas one subscribe reply carries at most (their JSON): API Gateway's WebSocket messages are at most
+# 128 KB, and the reply has its own fields. The client subscribes again after the last for the rest ("more").
+MAX_MISSED_BYTES = 96 * 1024
 
-    def __init__(self, connections: ConnectionStore, tenants: TenantKeys) -> None:
+
+class WebSocketRoutes:
+    """What each route does with its connection; ``log``: the job event log, to answer ``starting_after``."""
+
+    def __init__(self, connections: ConnectionStore, tenants: TenantKeys, log: EventLog | None = None) -> None:
         self.connections = connections
         self.tenants = tenants
+        self.log = log
 
     def connect(
         self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None
@@ -92,7 +98,32 @@ class WebSocketRoutes:
                 return error_reply("gone", "the connection is closed: connect again")
         except TooManySubscriptions as exc:
             return error_reply("too_many_subscriptions", str(exc))
-        return reply("subscribed", **subscription.model_dump(mode="json", exclude_none=True, exclude={"action"}))
+        scope = subscription.model_dump(mode="json", exclude_none=True, exclude={"action"})
+        if subscription.starting_after is None or subscription.job_ids is None:
+            return reply("subscribed", **scope)
+        # Read after the subscription is stored: a segment written since is pushed, one written before is read here.
+        missed, more = self.missed(connection_id, subscription.job_ids[0], subscription.starting_after)
+        return reply("subscribed", **scope, missed=missed, more=more)
+
+    def missed(self, connection_id: str, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
+        """The job's deltas after ``after`` as ``job.delta`` messages, oldest first, up to ``MAX_MISSED_BYTES``; and
+        whether more remain. None of another tenant's job (its log reads as empty, as an unknown job's)."""
+        tenant = self.connections.tenant_of(connection_id)
+        if self.log is None or tenant is None:
+            return [], False
+        missed: list[dict[str, Any]] = []
+        size = 0
+        while True:
+            segments = self.log.after(job_id, after, tenant=tenant)
+            for segment in segments:
+                message = JobDelta(job_id=job_id, **segment.model_dump()).model_dump(mode="json", exclude_none=True)
+                size += len(json.dumps(message))
+                if size > MAX_MISSED_BYTES and missed:
+                    return missed, True
+                missed.append(message)
+                after = segment.seq
+            if not segments:
+                return missed, False
 
     @staticmethod
     def default(body: str | None) -> str:

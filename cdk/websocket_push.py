@@ -61,7 +61,9 @@ class WebSocketPush(Construct):
     WebSocket cannot set headers; an unknown key is refused at ``$connect``), send ``{"action": "subscribe",
     "job_ids": [...]}`` (or ``"batch_id": ...``, or ``"all": true``), and receive ``{"type": "job.started" |
     "job.progress" | "job.completed" | "job.failed" | "job.cancelled" | "job.expired", "job_id": ..., ...}`` for the
-    connection's tenant's jobs only (``async_inference.push``).
+    connection's tenant's jobs only (``async_inference.push``); with ``event_log``, a job submitted with ``stream:
+    true`` also sends its text as ``{"type": "job.delta", "job_id": ..., "seq": ..., "deltas": [...], ...}``, and
+    ``{"action": "subscribe", "job_ids": [id], "starting_after": seq}`` resumes it (docs/streaming.md).
 
     Connections and their subscriptions live in ``connections`` (TTL ``settings.CONNECTION_TTL_ATTRIBUTE``, API
     Gateway's 2-hour connection limit; a tenant index for the push). The push function is subscribed to the result
@@ -78,7 +80,8 @@ class WebSocketPush(Construct):
     :param environment: Powertools settings for the functions.
     :param event_log: the job event log table (``JobStreams.table``, its stream of new images on): each segment the
         workers write to it is pushed as a ``job.delta`` to the job's tenant's connections that follow the job, by the
-        delta push function, fed by the table's stream (an event source mapping: no request of the workers). Default:
+        delta push function, fed by the table's stream (an event source mapping: no request of the workers); the
+        routes function may Query it, to answer a subscription's ``starting_after`` with the deltas since. Default:
         None, no deltas pushed.
     :param stage_name: the WebSocket stage. Default: ``"prod"``.
     :param throttle_rate_limit: messages per second the stage accepts (all clients together). Default: 100.
@@ -132,9 +135,15 @@ class WebSocketPush(Construct):
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
                 config.ENV_TENANT_API_KEY_IDS: key_ids,
+                # A subscription with starting_after is answered with the job's deltas since, from the log.
+                **({config.ENV_STREAM_TABLE: event_log.table_name} if event_log is not None else {}),
             },
             timeout=Duration.seconds(10),
         )
+        if event_log is not None:
+            iam.Grant.add_to_principal(
+                grantee=self.routes_handler, actions=["dynamodb:Query"], resource_arns=[event_log.table_arn]
+            )
         self.api = apigwv2.WebSocketApi(
             self,
             "Api",

@@ -140,7 +140,11 @@ class DynamoDbStreamSource(threading.Thread):
                     attempt,
                 )
                 return
-            logger.warning("%s failed (%s); invoking the batch again", self.function.logical_id, result.payload)
+            logger.warning(
+                "%s failed (%s); invoking the batch again",
+                self.function.logical_id,
+                result.payload.get("errorMessage") if isinstance(result.payload, dict) else result.payload,
+            )
             self._stopping.wait(1)
 
     def stop(self) -> None:

@@ -116,14 +116,23 @@ class EventLog:
         repeated write of the same segment is harmless."""
         self._dynamodb.put_item(TableName=self.table_name, Item=segment.to_item(job_id, tenant=tenant))
 
-    def after(self, job_id: str, seq: int = -1, *, limit: int = 100) -> list[Segment]:
-        """Segments with a ``seq`` above ``seq``, oldest first (one strongly consistent Query, at most ``limit``)."""
+    def after(self, job_id: str, seq: int = -1, *, limit: int = 100, tenant: str | None = None) -> list[Segment]:
+        """Segments with a ``seq`` above ``seq``, oldest first (one strongly consistent Query, at most ``limit``);
+        with ``tenant``, only segments written for that tenant (another tenant's job reads as one with no log)."""
+        names = {"#pk": PARTITION_KEY, "#seq": SORT_KEY}
+        values: dict[str, Any] = {":job": {"S": job_id}, ":seq": {"N": str(seq)}}
+        only: dict[str, Any] = {}
+        if tenant is not None:
+            names["#tenant"] = TENANT_ATTRIBUTE
+            values[":tenant"] = {"S": tenant}
+            only["FilterExpression"] = "#tenant = :tenant"
         response = self._dynamodb.query(
             TableName=self.table_name,
             KeyConditionExpression="#pk = :job AND #seq > :seq",
-            ExpressionAttributeNames={"#pk": PARTITION_KEY, "#seq": SORT_KEY},
-            ExpressionAttributeValues={":job": {"S": job_id}, ":seq": {"N": str(seq)}},
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
             ConsistentRead=True,
             Limit=limit,
+            **only,
         )
         return [Segment.from_item(item) for item in response.get("Items", [])]

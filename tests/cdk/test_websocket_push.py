@@ -316,3 +316,16 @@ def test_the_delta_push_function_posts_to_the_stages_callback_url(synthesized):
     }
     for name in (config.ENV_WEBSOCKET_CALLBACK_URL, config.ENV_CONNECTIONS_TABLE, config.ENV_TENANT_API_KEY_IDS):
         assert functions[DELTA_PUSH][name] == functions[PUSH][name]
+
+
+def test_the_routes_function_may_only_query_the_event_log_to_resume_deltas(synthesized):
+    """GIVEN a subscription with starting_after WHEN reading the routes function THEN it finds the log by its variable
+    and may Query it (the deltas since), and no other call on it."""
+    log_table = synthesized.logical_id(synthesized.stack.service.streams.table)
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": ROUTES}}
+    ).values()
+    assert function["Properties"]["Environment"]["Variables"][config.ENV_STREAM_TABLE] == {"Ref": log_table}
+    actions = role_actions(synthesized.template, function_role(synthesized.template, ROUTES))
+    on_log = {name for name, resources in actions.items() if {"Fn::GetAtt": [log_table, "Arn"]} in resources}
+    assert on_log == {"dynamodb:Query"}

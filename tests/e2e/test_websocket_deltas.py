@@ -114,3 +114,59 @@ def test_a_job_that_does_not_stream_sends_no_deltas(stack: LocalDeployment, api:
                 types.append(message["type"])
     # THEN it was told the job's steps and no text
     assert types[-1] == "job.completed" and "job.delta" not in types, types
+
+
+def _text(deltas: list[dict[str, Any]]) -> str:
+    text = "".join(p["text"] for d in deltas for p in d.get("deltas", []) if p.get("index", 0) == 0)
+    return text + "".join(c.get("text", "") for d in deltas if "end" in d for c in d["end"]["choices"])
+
+
+def test_a_dropped_connection_resumes_after_the_last_delta_it_had(stack: LocalDeployment, api: Client):
+    # GIVEN a connection that read the first two deltas of a streamed job, then dropped
+    with socket(stack, KEY_A) as first:
+        assert subscribe(first, all=True)["type"] == "subscribed"
+        job = api.submit(chat(WORDS, stream=True))
+        had: list[dict[str, Any]] = []
+        while len(had) < 2:
+            message = json.loads(first.recv(timeout=60))
+            if message.get("job_id") == job.job_id and message["type"] == "job.delta":
+                had.append(message)
+    # WHEN a new connection subscribes to the job with starting_after the last seq it had
+    with socket(stack, KEY_A) as second:
+        answer = subscribe(second, job_ids=[job.job_id], starting_after=had[-1]["seq"])
+        # THEN the reply carries the deltas written since, from the next seq on
+        assert answer["type"] == "subscribed" and answer["starting_after"] == had[-1]["seq"], answer
+        missed = answer["missed"]
+        assert answer["more"] is False and all(m["type"] == "job.delta" for m in missed)
+        assert not missed or missed[0]["seq"] == had[-1]["seq"] + 1, missed
+        # AND the rest come live; those the reply carried already are told apart by their seq
+        got = had + missed
+        while "end" not in got[-1]:
+            message = json.loads(second.recv(timeout=60))
+            if message.get("type") == "job.delta" and message["seq"] > got[-1]["seq"]:
+                got.append(message)
+    seqs = [d["seq"] for d in got]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+    assert _text(got) == api.result(job.job_id).choices[0].message.content == WORDS
+
+
+def test_another_tenant_resuming_a_job_gets_no_deltas(stack: LocalDeployment, api: Client):
+    # GIVEN a streamed job of tenant-a that has ended, its log written
+    job = api.submit(chat("one two three four", stream=True))
+    assert api.wait(job.job_id, timeout_s=60).status.value == "succeeded"
+    # WHEN tenant-b subscribes to it from the start, and tenant-a does
+    with socket(stack, KEY_B) as other, socket(stack, KEY_A) as mine:
+        theirs = subscribe(other, job_ids=[job.job_id], starting_after=0)
+        own = subscribe(mine, job_ids=[job.job_id], starting_after=0)
+    # THEN tenant-b's reply carries nothing, as for a job that does not exist; tenant-a's the whole answer
+    assert theirs["type"] == "subscribed" and theirs["missed"] == [] and theirs["more"] is False
+    assert _text(own["missed"]) == "one two three four" and "end" in own["missed"][-1]
+
+
+def test_starting_after_without_exactly_one_job_is_refused_with_what_to_fix(stack: LocalDeployment):
+    # GIVEN a connection WHEN it asks to resume deltas of all its jobs
+    with socket(stack, KEY_A) as connection:
+        answer = subscribe(connection, all=True, starting_after=3)
+    # THEN the reply is an error that names starting_after and job_ids
+    assert answer["type"] == "error" and answer["code"] == "invalid_subscription", answer
+    assert "starting_after" in answer["message"] and "job_ids" in answer["message"]
