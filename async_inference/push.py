@@ -107,7 +107,7 @@ class WebSocketRoutes:
 
     def missed(self, connection_id: str, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
         """The job's deltas after ``after`` as ``job.delta`` messages, oldest first, up to ``MAX_MISSED_BYTES``; and
-        whether more remain. None of another tenant's job (its log reads as empty, as an unknown job's)."""
+        whether more remain. Nothing of another tenant's job: its log reads as empty, as an unknown job's."""
         tenant = self.connections.tenant_of(connection_id)
         if self.log is None or tenant is None:
             return [], False
