@@ -407,6 +407,12 @@ class WebSocketSettings(EnvSettings):
         alias=ENV_TENANT_API_KEY_IDS,
         description='the tenants\' API key ids, {"tenant": ["key id", ...]} (as the authorizer\'s)',
     )
+    stream_table_name: str | None = Field(
+        None,
+        alias=ENV_STREAM_TABLE,
+        description="the job event log's table: a subscription with starting_after is answered with the deltas since; "
+        "unset: with none",
+    )
 
 
 class PushSettings(EnvSettings):

@@ -1,8 +1,9 @@
 """The WebSocket API's logic: who may connect, what a subscription holds, and which connections each job event reaches.
 
-The routes' function (``lambdas/websocket``: $connect, $disconnect, subscribe, $default) and the push function
-(``lambdas/push``, subscribed to the result topic and the job event topic) are thin adapters over this module; AWS is
-reached only through the adapters of ``async_inference.aws`` they hand in.
+The routes' function (``lambdas/websocket``: $connect, $disconnect, subscribe, $default), the push function
+(``lambdas/push/handler.py``, subscribed to the result topic and the job event topic) and the delta push function
+(``lambdas/push/deltas.py``, fed by the job event log's stream: a streamed job's text as it decodes) are thin adapters
+over this module; AWS is reached only through the adapters of ``async_inference.aws`` they hand in.
 
 Tenant isolation: a connection belongs to the tenant of the API key it connected with, and an event is only ever
 posted to connections of the event's own tenant (``ConnectionStore.subscribers`` reads that tenant's connections and
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -33,6 +34,8 @@ from async_inference.schemas import (
     ResultNotification,
     Subscription,
 )
+from async_inference.streaming import log
+from async_inference.streaming.log import EventLog, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +59,18 @@ def error_reply(code: str, message: str) -> str:
     return reply("error", code=code, message=message)
 
 
-class WebSocketRoutes:
-    """What each route does with its connection."""
+# The missed deltas one subscribe reply carries at most (their JSON): API Gateway's WebSocket messages are at most
+# 128 KB, and the reply has its own fields. The client subscribes again after the last for the rest ("more").
+MAX_MISSED_BYTES = 96 * 1024
 
-    def __init__(self, connections: ConnectionStore, tenants: TenantKeys) -> None:
+
+class WebSocketRoutes:
+    """What each route does with its connection; ``log``: the job event log, to answer ``starting_after``."""
+
+    def __init__(self, connections: ConnectionStore, tenants: TenantKeys, log: EventLog | None = None) -> None:
         self.connections = connections
         self.tenants = tenants
+        self.log = log
 
     def connect(
         self, connection_id: str, headers: Mapping[str, str] | None, query: Mapping[str, str] | None
@@ -89,7 +98,32 @@ class WebSocketRoutes:
                 return error_reply("gone", "the connection is closed: connect again")
         except TooManySubscriptions as exc:
             return error_reply("too_many_subscriptions", str(exc))
-        return reply("subscribed", **subscription.model_dump(mode="json", exclude_none=True, exclude={"action"}))
+        scope = subscription.model_dump(mode="json", exclude_none=True, exclude={"action"})
+        if subscription.starting_after is None or subscription.job_ids is None:
+            return reply("subscribed", **scope)
+        # Read after the subscription is stored: a segment written since is pushed, one written before is read here.
+        missed, more = self.missed(connection_id, subscription.job_ids[0], subscription.starting_after)
+        return reply("subscribed", **scope, missed=missed, more=more)
+
+    def missed(self, connection_id: str, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
+        """The job's deltas after ``after`` as ``job.delta`` messages, oldest first, up to ``MAX_MISSED_BYTES``; and
+        whether more remain. Nothing of another tenant's job: its log reads as empty, as an unknown job's."""
+        tenant = self.connections.tenant_of(connection_id)
+        if self.log is None or tenant is None:
+            return [], False
+        missed: list[dict[str, Any]] = []
+        size = 0
+        while True:
+            segments = self.log.after(job_id, after, tenant=tenant)
+            for segment in segments:
+                message = JobDelta(job_id=job_id, **segment.model_dump()).model_dump(mode="json", exclude_none=True)
+                size += len(json.dumps(message))
+                if size > MAX_MISSED_BYTES and missed:
+                    return missed, True
+                missed.append(message)
+                after = segment.seq
+            if not segments:
+                return missed, False
 
     @staticmethod
     def default(body: str | None) -> str:
@@ -101,12 +135,21 @@ class WebSocketRoutes:
 # --- Pushing events -------------------------------------------------------------------------------------------------
 
 
+class JobDelta(Segment):
+    """A message the WebSocket API pushes to a connection that follows a streamed job: one segment of its event log,
+    as the worker wrote it (``async_inference.streaming.log.Segment``): its ``seq``, the text each choice gained since
+    the previous one, the completion tokens so far, and in the last one the run's ``end``."""
+
+    type: Literal["job.delta"] = "job.delta"
+    job_id: str
+
+
 @dataclass(frozen=True)
 class Pushed:
     """A job event and the tenant whose connections may be told."""
 
     tenant: str
-    event: JobEvent | BatchEvent
+    event: JobEvent | BatchEvent | JobDelta
 
 
 def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
@@ -137,6 +180,16 @@ def event_of(message: str, attributes: Mapping[str, str]) -> Pushed | None:
     return None
 
 
+def delta_of(image: Mapping[str, Any]) -> Pushed | None:
+    """The ``job.delta`` in an item of the job event log (a stream record's new image, deserialized); None for an item
+    without the job's tenant (written by a worker that did not record it: nobody can be told)."""
+    tenant, job_id, body = (image.get(name) for name in (log.TENANT_ATTRIBUTE, log.PARTITION_KEY, log.BODY_ATTRIBUTE))
+    if not (tenant and job_id and body):
+        return None
+    fields = {**json.loads(body), "seq": int(image[log.SORT_KEY]), "job_id": job_id}
+    return Pushed(str(tenant), JobDelta.model_validate(fields))
+
+
 @dataclass
 class PushOutcome:
     sent: int = 0
@@ -158,30 +211,40 @@ class Pusher:
         self.keys = keys
 
     def push(self, pushed: Pushed) -> PushOutcome:
+        return self.push_all([pushed])
+
+    def push_all(self, pushed: Sequence[Pushed]) -> PushOutcome:
+        """Each event to the connections that follow its job or batch, in the order given; the followers of a job are
+        read once for all of its events (a stream batch holds several segments of a job)."""
         outcome = PushOutcome()
-        data = pushed.event.model_dump_json(exclude_none=True).encode()
-        event = pushed.event
-        followers = (
-            self.connections.followers(pushed.tenant, job_id=event.job_id)
-            if isinstance(event, JobEvent)
-            else self.connections.followers(pushed.tenant, batch_id=event.batch_id)
-        )
+        scopes: dict[tuple[str, str, str], list[bytes]] = {}
+        for one in pushed:
+            event = one.event
+            scope = ("batch_id", event.batch_id) if isinstance(event, BatchEvent) else ("job_id", event.job_id)
+            scopes.setdefault((one.tenant, *scope), []).append(event.model_dump_json(exclude_none=True).encode())
+        for (tenant, kind, scope_id), messages in scopes.items():
+            self._tell(tenant, self.connections.followers(tenant, **{kind: scope_id}), messages, outcome)
+        return outcome
+
+    def _tell(
+        self, tenant: str, followers: list[tuple[str, str | None]], messages: list[bytes], outcome: PushOutcome
+    ) -> None:
         for connection_id, hashed in followers:
-            if self.keys is not None and hashed is not None and not self.keys.holds(pushed.tenant, hashed):
+            if self.keys is not None and hashed is not None and not self.keys.holds(tenant, hashed):
                 self.poster.disconnect(connection_id)
                 self.connections.close(connection_id)
                 outcome.revoked += 1
                 continue
-            try:
-                if self.poster.post(connection_id, data):
+            for data in messages:
+                try:
+                    if not self.poster.post(connection_id, data):
+                        outcome.gone += 1
+                        self.connections.close(connection_id)
+                        break
                     outcome.sent += 1
-                    continue
-            except Exception:
-                # One slow or throttled connection must not cost the others their event, nor send it to them twice
-                # on a retry of the whole invocation: a client that misses one reads the job on its next check.
-                logger.exception("post to connection %s failed", connection_id)
-                outcome.failed += 1
-                continue
-            outcome.gone += 1
-            self.connections.close(connection_id)
-        return outcome
+                except Exception:
+                    # One slow or throttled connection must not cost the others their event, nor send it to them
+                    # twice on a retry of the whole invocation: a client that misses one reads the job on its next
+                    # check (or, missing a delta, sees the gap in ``seq`` and resumes after the last it has).
+                    logger.exception("post to connection %s failed", connection_id)
+                    outcome.failed += 1

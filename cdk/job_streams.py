@@ -15,6 +15,9 @@ class JobStreams(Construct):
     """An on-demand DynamoDB table of log segments (``async_inference.streaming.log``: partition key ``job_id``,
     numeric sort key ``seq``), each expiring a day after it was written (TTL ``expires_at``).
 
+    The table's stream (new images) carries each segment to the WebSocket API's delta push (``WebSocketPush``), so a
+    subscriber gets the text as the workers write it with no other request of theirs.
+
     On demand, because streams come and go with interactive traffic and a provisioned table would be paid while the
     service sits at zero; DynamoDB and not S3, because a segment costs one write unit ($0.625 a million) where a PUT
     costs $5 a million, and a reader's poll is a Query on the key (docs/streaming.md has the cost per thousand tokens).
@@ -36,6 +39,7 @@ class JobStreams(Construct):
             ),
             encryption=dynamodb.TableEncryption.AWS_MANAGED,
             time_to_live_attribute=log.TTL_ATTRIBUTE,
+            stream=dynamodb.StreamViewType.NEW_IMAGE,
             removal_policy=removal_policy,
         )
 

@@ -148,6 +148,7 @@ class AsyncInferenceService(Construct):
                 topic_key=self.results.key,
                 api_keys=self.api.api_keys,
                 environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
+                event_log=self.streams.table,
                 stage_name=props.api_stage_name,
                 log_retention=props.log_retention,
             )

@@ -12,12 +12,15 @@ from aws_cdk import aws_apigatewayv2_integrations as integrations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from async_inference import config, settings
+from async_inference.streaming import log
 from cdk.ingestion_api import grant_read_api_keys
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
@@ -26,6 +29,13 @@ ROUTES_SERVICE_NAME = "async-inference-websocket"
 PUSH_SERVICE_NAME = "async-inference-push"
 # An event is worth pushing for a few minutes at most: a client that missed it reads the job at its next check.
 PUSH_MAX_EVENT_AGE = Duration.minutes(5)
+DELTA_PUSH_SERVICE_NAME = "async-inference-delta-push"
+# A text delta is worth pushing while its job is decoding; one a minute old (the least Lambda allows) is dropped, and
+# a client that missed it resumes with "starting_after".
+DELTA_MAX_RECORD_AGE = Duration.minutes(1)
+# Segments of several jobs written at about the same time reach the function in one invocation; Lambda reads each
+# shard about 4 times a second, so the invocations are bounded by the shards, not by the segments.
+DELTA_BATCH_SIZE = 100
 
 
 @jsii.implements(apigwv2.IAccessLogSettings)
@@ -51,7 +61,9 @@ class WebSocketPush(Construct):
     WebSocket cannot set headers; an unknown key is refused at ``$connect``), send ``{"action": "subscribe",
     "job_ids": [...]}`` (or ``"batch_id": ...``, or ``"all": true``), and receive ``{"type": "job.started" |
     "job.progress" | "job.completed" | "job.failed" | "job.cancelled" | "job.expired", "job_id": ..., ...}`` for the
-    connection's tenant's jobs only (``async_inference.push``).
+    connection's tenant's jobs only (``async_inference.push``); with ``event_log``, a job submitted with ``stream:
+    true`` also sends its text as ``{"type": "job.delta", "job_id": ..., "seq": ..., "deltas": [...], ...}``, and
+    ``{"action": "subscribe", "job_ids": [id], "starting_after": seq}`` resumes it (docs/streaming.md).
 
     Connections and their subscriptions live in ``connections`` (TTL ``settings.CONNECTION_TTL_ATTRIBUTE``, API
     Gateway's 2-hour connection limit; a tenant index for the push). The push function is subscribed to the result
@@ -66,6 +78,11 @@ class WebSocketPush(Construct):
     :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts, and the
         tenant each one names.
     :param environment: Powertools settings for the functions.
+    :param event_log: the job event log table (``JobStreams.table``, its stream of new images on): each segment the
+        workers write to it is pushed as a ``job.delta`` to the job's tenant's connections that follow the job, by the
+        delta push function, fed by the table's stream (an event source mapping: no request of the workers); the
+        routes function may Query it, to answer a subscription's ``starting_after`` with the deltas since. Default:
+        None, no deltas pushed.
     :param stage_name: the WebSocket stage. Default: ``"prod"``.
     :param throttle_rate_limit: messages per second the stage accepts (all clients together). Default: 100.
     :param throttle_burst_limit: burst of messages the stage accepts. Default: 200.
@@ -82,6 +99,7 @@ class WebSocketPush(Construct):
         topic_key: kms.IKey,
         api_keys: Mapping[str, Sequence[apigw.IApiKey]],
         environment: Mapping[str, str],
+        event_log: dynamodb.ITable | None = None,
         stage_name: str = "prod",
         throttle_rate_limit: float = 100,
         throttle_burst_limit: int = 200,
@@ -117,9 +135,15 @@ class WebSocketPush(Construct):
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
                 config.ENV_TENANT_API_KEY_IDS: key_ids,
+                # A subscription with starting_after is answered with the job's deltas since, from the log.
+                **({config.ENV_STREAM_TABLE: event_log.table_name} if event_log is not None else {}),
             },
             timeout=Duration.seconds(10),
         )
+        if event_log is not None:
+            iam.Grant.add_to_principal(
+                grantee=self.routes_handler, actions=["dynamodb:Query"], resource_arns=[event_log.table_arn]
+            )
         self.api = apigwv2.WebSocketApi(
             self,
             "Api",
@@ -142,19 +166,20 @@ class WebSocketPush(Construct):
         )
         self.url = self.stage.url
 
+        push_environment = {
+            **environment,
+            config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
+            config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
+            # To close, rather than tell, a connection whose key was revoked since it opened.
+            config.ENV_TENANT_API_KEY_IDS: key_ids,
+        }
         self.push_handler = code.new_function(
             self,
             "PushHandler",
             handler="lambdas.push.handler.lambda_handler",
             description="Pushes job events to the WebSocket connections subscribed to them",
             service_name=PUSH_SERVICE_NAME,
-            environment={
-                **environment,
-                config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
-                # To close, rather than tell, a connection whose key was revoked since it opened.
-                config.ENV_TENANT_API_KEY_IDS: key_ids,
-            },
+            environment=push_environment,
             timeout=Duration.seconds(30),
         )
         self.push_handler.configure_async_invoke(retry_attempts=2, max_event_age=PUSH_MAX_EVENT_AGE)
@@ -166,6 +191,45 @@ class WebSocketPush(Construct):
             config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
         }
         self._grant(api_keys)
+        self.delta_push_handler = (
+            self._push_deltas(code, event_log, push_environment) if event_log is not None else None
+        )
+
+    def _push_deltas(
+        self, code: LambdaCode, event_log: dynamodb.ITable, environment: Mapping[str, str]
+    ) -> lambda_.Function:
+        """The function the event log's stream invokes with its new segments; it posts each as a ``job.delta`` to the
+        connections that follow its job. Its grants are the push function's, and the stream's reads (the event
+        source's grant)."""
+        function = code.new_function(
+            self,
+            "DeltaPushHandler",
+            handler="lambdas.push.deltas.lambda_handler",
+            description="Pushes streamed jobs' text, from the job event log's stream, to the WebSocket connections",
+            service_name=DELTA_PUSH_SERVICE_NAME,
+            environment=environment,
+            timeout=Duration.seconds(30),
+        )
+        self._grant_push(function)
+        function.add_event_source(
+            event_sources.DynamoEventSource(
+                event_log,
+                starting_position=lambda_.StartingPosition.LATEST,
+                batch_size=DELTA_BATCH_SIZE,
+                max_record_age=DELTA_MAX_RECORD_AGE,
+                retry_attempts=2,
+                # Written segments only: the TTL's deletions (REMOVE records) and items without a tenant invoke nothing.
+                filters=[
+                    lambda_.FilterCriteria.filter(
+                        {
+                            "eventName": lambda_.FilterRule.is_equal("INSERT"),
+                            "dynamodb": {"NewImage": {log.TENANT_ATTRIBUTE: {"S": lambda_.FilterRule.exists()}}},
+                        }
+                    )
+                ],
+            )
+        )
+        return function
 
     def _connection_table(self) -> dynamodb.Table:
         string = dynamodb.AttributeType.STRING
@@ -214,30 +278,36 @@ class WebSocketPush(Construct):
             actions=["dynamodb:Query"],
             resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
         )
-        # The tenant keys' values: which tenant a key sent at $connect belongs to, and (push) whether it still does.
-        for function in (self.routes_handler, self.push_handler):
-            grant_read_api_keys(function)
-        iam.Grant.add_to_principal(
-            grantee=self.push_handler,
-            actions=["dynamodb:Query"],
-            resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
-        )
-        iam.Grant.add_to_principal(grantee=self.push_handler, actions=["dynamodb:DeleteItem"], resource_arns=[table])
-        self.stage.grant_management_api_access(self.push_handler)
-        stack = Stack.of(self)
-        acknowledge(
-            self.push_handler,
-            {
-                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'execute-api')}:{rendered_account(stack)}:"
-                f"<{stack.get_logical_id(self.api.node.default_child)}>/{self.stage.stage_name}/*/@connections/*]": "Connections of this API's stage only: their ids are assigned by API Gateway at run time.",
-            },
-        )
+        # The tenant keys' values: which tenant a key sent at $connect belongs to.
+        grant_read_api_keys(self.routes_handler)
+        self._grant_push(self.push_handler)
         acknowledge(
             self.api,
             {
                 "AwsSolutions-APIG4": "API Gateway allows an authorizer on $connect only; $connect is authenticated by "
                 "the routes function against the tenants' API keys (header or query parameter) and refuses any other "
                 "key, and every other route runs on a connection that passed it.",
+            },
+        )
+
+    def _grant_push(self, function: lambda_.Function) -> None:
+        """What a pushing function calls: the tenant index (who follows), DeleteItem (gone connections), the tenant
+        keys' values (whether a connection's key still holds), and the stage's connections (post, close)."""
+        table = self.connections.table_arn
+        grant_read_api_keys(function)
+        iam.Grant.add_to_principal(
+            grantee=function,
+            actions=["dynamodb:Query"],
+            resource_arns=[f"{table}/index/{settings.CONNECTION_TENANT_INDEX_NAME}"],
+        )
+        iam.Grant.add_to_principal(grantee=function, actions=["dynamodb:DeleteItem"], resource_arns=[table])
+        self.stage.grant_management_api_access(function)
+        stack = Stack.of(self)
+        acknowledge(
+            function,
+            {
+                f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'execute-api')}:{rendered_account(stack)}:"
+                f"<{stack.get_logical_id(self.api.node.default_child)}>/{self.stage.stage_name}/*/@connections/*]": "Connections of this API's stage only: their ids are assigned by API Gateway at run time.",
             },
         )
 

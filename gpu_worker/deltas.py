@@ -58,6 +58,7 @@ def stable(text: str, stops: list[str]) -> str:
 @dataclass
 class _Stream:
     job_id: str
+    tenant: str  # written with each segment: the WebSocket push tells this tenant's connections only
     attempt: int
     stops: list[str]
     live: bool  # text goes out while decoding (False: all of it at the end)
@@ -112,6 +113,7 @@ class DeltaWriter:
         stops = getattr(request, "stop", None) or []
         self._streams[job.job_id] = _Stream(
             job_id=job.job_id,
+            tenant=job.tenant,
             attempt=job.attempts,
             stops=[stops] if isinstance(stops, str) else list(stops),
             live=not (getattr(request, "tools", None) or getattr(request, "functions", None)),
@@ -166,7 +168,7 @@ class DeltaWriter:
             try:
                 segment = Segment(seq=stream.next_seq(), deltas=deltas, completion_tokens=tokens)
                 assert self.log is not None
-                await self._io(self.log.append, stream.job_id, segment)
+                await self._io(self.log.append, stream.job_id, segment, stream.tenant)
             except Exception as exc:
                 stream.seq -= 1
                 logger.warning("job %s: stream segment not written (%s); the next tick tries again", stream.job_id, exc)
@@ -193,7 +195,7 @@ class DeltaWriter:
             if end is None:
                 return
             try:
-                await self._io(self.log.append, job.job_id, Segment(seq=stream.next_seq(), end=end))
+                await self._io(self.log.append, job.job_id, Segment(seq=stream.next_seq(), end=end), stream.tenant)
                 self.count.segments += 1
             except Exception:
                 logger.exception("job %s: its stream's end not written; readers find it on the job", job.job_id)

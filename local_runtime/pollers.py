@@ -3,6 +3,7 @@
 * ``SqsEventSource``: an ``AWS::Lambda::EventSourceMapping`` on a queue. Batches of up to ``BatchSize``; with
   ``ReportBatchItemFailures`` only the reported records stay on the queue, without it a function error leaves the
   whole batch to come back after the queue's visibility timeout, as in AWS.
+* ``DynamoDbStreamSource`` (``local_runtime.dynamodb_streams``): an event source mapping on a table's stream.
 * ``AsyncInvoker``: asynchronous invocation (S3 notifications, SNS subscriptions). Lambda queues such events
   internally; here the deployer points the notification at a local queue instead (see
   ``Deployment.async_event_queue``). A failed invocation is retried ``MaximumRetryAttempts`` times (the function's
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from local_runtime.deployer import Deployment
+from local_runtime.dynamodb_streams import DynamoDbStreamSource
 from local_runtime.functions import InvokeResult, LocalFunction
 from local_runtime.template import LOCAL_REGION
 
@@ -245,18 +247,33 @@ class AsyncInvoker(_Poller):
         self._on_failure(record)
 
 
-def event_sources(deployment: Deployment, functions: dict[str, LocalFunction], sqs: Any, sns: Any) -> list[_Poller]:
-    """Every event source of the template's functions, ready to start."""
-    pollers: list[_Poller] = []
+def event_sources(
+    deployment: Deployment,
+    functions: dict[str, LocalFunction],
+    sqs: Any,
+    sns: Any,
+    streams: Any | None = None,
+) -> list[_Poller | DynamoDbStreamSource]:
+    """Every event source of the template's functions, ready to start (``streams``: a ``dynamodbstreams`` client, for
+    the mappings on tables' streams)."""
+    pollers: list[_Poller | DynamoDbStreamSource] = []
+    table_streams = {t.attributes.get("StreamArn") for t in deployment.of_type("AWS::DynamoDB::Table").values()}
     for mapping in deployment.of_type("AWS::Lambda::EventSourceMapping").values():
         props = mapping.properties
         function = functions[deployment.function_by_arn(props["FunctionName"])]
         source_arn = props["EventSourceArn"]
+        if source_arn in table_streams - {None}:
+            if streams is None:
+                raise ValueError(f"event source {source_arn} of {function.logical_id}: no dynamodbstreams client")
+            pollers.append(DynamoDbStreamSource(streams, function, stream_arn=source_arn, mapping=props))
+            continue
         queue = next(
             (q for q in deployment.of_type("AWS::SQS::Queue").values() if q.attributes["Arn"] == source_arn), None
         )
         if queue is None:
-            raise ValueError(f"event source {source_arn} of {function.logical_id}: only SQS sources run locally")
+            raise ValueError(
+                f"event source {source_arn} of {function.logical_id}: only SQS queues and DynamoDB streams run locally"
+            )
         pollers.append(
             SqsEventSource(
                 sqs,

@@ -259,7 +259,13 @@ class LocalDeployment:
             self._deploy(assembly)
             self._start_functions()
             assert self.deployment is not None
-            self._pollers = event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
+            self._pollers = event_sources(
+                self.deployment,
+                self.functions,
+                self.client("sqs"),
+                self.client("sns"),
+                self.client("dynamodbstreams"),
+            )
             for poller in self._pollers:
                 poller.start()
             self._serve_api()

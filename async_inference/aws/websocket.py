@@ -63,6 +63,15 @@ class ConnectionStore:
     def close(self, connection_id: str) -> None:
         self._table.delete_item(Key={_CONNECTION: connection_id})
 
+    def tenant_of(self, connection_id: str) -> str | None:
+        """The tenant an open connection belongs to; None when it is not open (any more)."""
+        item = self._table.get_item(
+            Key={_CONNECTION: connection_id},
+            ProjectionExpression="#tenant",
+            ExpressionAttributeNames={"#tenant": settings.CONNECTION_TENANT_KEY},
+        ).get("Item")
+        return str(item[settings.CONNECTION_TENANT_KEY]) if item else None
+
     def count(self, tenant: str, *, up_to: int) -> int:
         """The tenant's open connections (expired ones not yet deleted by TTL left out), counted up to ``up_to``."""
         kwargs: dict[str, Any] = {

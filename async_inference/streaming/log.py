@@ -1,7 +1,8 @@
 """A job's event log: what the worker wrote of its answer while decoding, in order, durable, readable by any process.
 
 One DynamoDB item per write (a *segment*): partition key ``job_id``, numeric sort key ``seq``, the segment's JSON in
-``body``, and ``expires_at`` (epoch seconds, the table's TTL). A segment carries the text each choice gained since the
+``body``, ``expires_at`` (epoch seconds, the table's TTL) and the job's ``tenant`` (the WebSocket push, fed by the
+table's stream, tells that tenant's connections only). A segment carries the text each choice gained since the
 previous one (``deltas``), the completion tokens so far, and, in the last one, how the run ended (``end``). The worker
 writes a segment per job at most every ``STREAM_INTERVAL_S`` (gpu_worker.deltas), so a token is never a request, and
 a reader resumes from any segment by its ``seq`` (a Query with ``seq > n``).
@@ -25,6 +26,8 @@ from async_inference.aws import client
 PARTITION_KEY = "job_id"
 SORT_KEY = "seq"
 TTL_ATTRIBUTE = "expires_at"
+TENANT_ATTRIBUTE = "tenant"
+BODY_ATTRIBUTE = "body"
 # A log outlives its job's run by this much: long enough to resume a dropped stream, short enough to cost nothing kept.
 RETENTION_S = 24 * 60 * 60
 SEQ_PER_ATTEMPT = 1_000_000  # segments one run may write: at 4 a second, over 69 hours
@@ -84,19 +87,21 @@ class Segment(BaseModel):
     def attempt(self) -> int:
         return self.seq // SEQ_PER_ATTEMPT
 
-    def to_item(self, job_id: str, now_s: float | None = None) -> dict[str, Any]:
+    def to_item(self, job_id: str, now_s: float | None = None, tenant: str | None = None) -> dict[str, Any]:
         body = self.model_dump_json(exclude={"seq"}, exclude_defaults=True)
         expires = int(now_s if now_s is not None else time.time()) + RETENTION_S
         return {
             PARTITION_KEY: {"S": job_id},
             SORT_KEY: {"N": str(self.seq)},
-            "body": {"S": body},
+            BODY_ATTRIBUTE: {"S": body},
             TTL_ATTRIBUTE: {"N": str(expires)},
+            **({TENANT_ATTRIBUTE: {"S": tenant}} if tenant else {}),
         }
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> Segment:
-        return cls.model_validate({**json.loads(item["body"]["S"]), "seq": int(item[SORT_KEY]["N"])})
+        """The segment in an item as DynamoDB returns it (a Query's, or a stream record's ``NewImage``)."""
+        return cls.model_validate({**json.loads(item[BODY_ATTRIBUTE]["S"]), "seq": int(item[SORT_KEY]["N"])})
 
 
 class EventLog:
@@ -106,18 +111,28 @@ class EventLog:
         self.table_name = table_name
         self._dynamodb = dynamodb or client("dynamodb")
 
-    def append(self, job_id: str, segment: Segment) -> None:
-        """Write one segment (PutItem). Written once per ``seq``: a repeated write of the same segment is harmless."""
-        self._dynamodb.put_item(TableName=self.table_name, Item=segment.to_item(job_id))
+    def append(self, job_id: str, segment: Segment, tenant: str | None = None) -> None:
+        """Write one segment (PutItem), with the job's ``tenant`` for the WebSocket push. Written once per ``seq``: a
+        repeated write of the same segment is harmless."""
+        self._dynamodb.put_item(TableName=self.table_name, Item=segment.to_item(job_id, tenant=tenant))
 
-    def after(self, job_id: str, seq: int = -1, *, limit: int = 100) -> list[Segment]:
-        """Segments with a ``seq`` above ``seq``, oldest first (one strongly consistent Query, at most ``limit``)."""
+    def after(self, job_id: str, seq: int = -1, *, limit: int = 100, tenant: str | None = None) -> list[Segment]:
+        """Segments with a ``seq`` above ``seq``, oldest first (one strongly consistent Query, at most ``limit``);
+        with ``tenant``, only segments written for that tenant (another tenant's job reads as one with no log)."""
+        names = {"#pk": PARTITION_KEY, "#seq": SORT_KEY}
+        values: dict[str, Any] = {":job": {"S": job_id}, ":seq": {"N": str(seq)}}
+        only: dict[str, Any] = {}
+        if tenant is not None:
+            names["#tenant"] = TENANT_ATTRIBUTE
+            values[":tenant"] = {"S": tenant}
+            only["FilterExpression"] = "#tenant = :tenant"
         response = self._dynamodb.query(
             TableName=self.table_name,
             KeyConditionExpression="#pk = :job AND #seq > :seq",
-            ExpressionAttributeNames={"#pk": PARTITION_KEY, "#seq": SORT_KEY},
-            ExpressionAttributeValues={":job": {"S": job_id}, ":seq": {"N": str(seq)}},
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
             ConsistentRead=True,
             Limit=limit,
+            **only,
         )
         return [Segment.from_item(item) for item in response.get("Items", [])]

@@ -130,7 +130,9 @@ class ErrorResponse(BaseModel):
 
 
 class Subscription(StrictModel):
-    """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``."""
+    """What a WebSocket client sends to be told about jobs: exactly one of ``job_ids``, ``batch_id`` or ``all``; with
+    one job id, ``starting_after`` (0, or the ``seq`` of the last ``job.delta`` the client has) also asks for the
+    streamed job's deltas written since, in the reply (a dropped connection resumed)."""
 
     action: Literal["subscribe"] = "subscribe"
     job_ids: list[Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]] | None = Field(
@@ -138,11 +140,14 @@ class Subscription(StrictModel):
     )
     batch_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     all: Literal[True] | None = None
+    starting_after: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _exactly_one_scope(self) -> Subscription:
         if sum(scope is not None for scope in (self.job_ids, self.batch_id, self.all)) != 1:
             raise ValueError("give exactly one of 'job_ids', 'batch_id' or 'all': true")
+        if self.starting_after is not None and len(self.job_ids or ()) != 1:
+            raise ValueError("'starting_after' resumes one job's deltas: give it with 'job_ids' of exactly one id")
         return self
 
 

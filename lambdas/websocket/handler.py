@@ -18,13 +18,17 @@ from async_inference.authorizer import TenantKeys
 from async_inference.aws import ApiKeyValues, ConnectionStore, TooManyConnections
 from async_inference.config import WebSocketSettings
 from async_inference.push import WebSocketRoutes
+from async_inference.streaming import EventLog
 
 logger = Logger()
 tracer = Tracer()
 config = WebSocketSettings.load()
 # The same key lookup as the REST API's authorizer: this stack's tenant keys, read by id, cached.
 routes = WebSocketRoutes(
-    ConnectionStore(config.connections_table_name), TenantKeys(config.tenant_api_key_ids, ApiKeyValues())
+    ConnectionStore(config.connections_table_name),
+    TenantKeys(config.tenant_api_key_ids, ApiKeyValues()),
+    # A subscription with starting_after is answered with the job's deltas since, read from its event log.
+    EventLog(config.stream_table_name) if config.stream_table_name else None,
 )
 
 

@@ -132,6 +132,8 @@ def _event_sources(synthesized) -> list[tuple[dict[str, Any], dict[str, Any], di
     found = []
     for mapping in synthesized.resources("AWS::Lambda::EventSourceMapping").values():
         queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+        if queue not in queues:  # a table's stream (the WebSocket delta push): its shards, not a queue, bound it
+            continue
         function = mapping["Properties"]["FunctionName"]["Ref"]
         found.append((mapping["Properties"], queues[queue]["Properties"], functions[function]["Properties"]))
     return found

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from aws_cdk.assertions import Match
 
@@ -13,6 +15,7 @@ pytestmark = pytest.mark.cdk
 
 ROUTES = "lambdas.websocket.handler.lambda_handler"
 PUSH = "lambdas.push.handler.lambda_handler"
+DELTA_PUSH = "lambdas.push.deltas.lambda_handler"
 
 
 def _function_id(synthesized, handler):
@@ -155,11 +158,12 @@ def test_manage_connections_is_the_push_functions_on_this_stage_only(synthesized
 
 
 def test_no_other_role_may_manage_connections(synthesized):
-    """GIVEN every role WHEN reading its policies THEN only the push function's grants ManageConnections."""
-    push_role = function_role(synthesized.template, PUSH)
+    """GIVEN every role WHEN reading its policies THEN only the push functions' (job events, deltas) grant
+    ManageConnections."""
+    pushers = {function_role(synthesized.template, handler) for handler in (PUSH, DELTA_PUSH)}
     roles = synthesized.resources("AWS::IAM::Role")
     holders = {role for role in roles if "execute-api:ManageConnections" in role_actions(synthesized.template, role)}
-    assert holders == {push_role}
+    assert holders == pushers and len(pushers) == 2
 
 
 def test_the_push_function_reads_the_tenant_index_and_deletes_gone_connections(synthesized):
@@ -232,3 +236,96 @@ def test_a_negative_progress_interval_is_refused():
     """GIVEN progress_interval_s below 0 WHEN validating THEN the error names it."""
     with pytest.raises(ValueError, match="progress_interval_s"):
         AsyncInferenceServiceProps(progress_interval_s=-1).validate()
+
+
+# --- Streamed jobs' text: the job event log's stream, pushed as job.delta ----------------------------------------------
+
+
+def _delta_mapping(synthesized):
+    [mapping] = synthesized.template.find_resources(
+        "AWS::Lambda::EventSourceMapping",
+        {"Properties": {"FunctionName": {"Ref": _function_id(synthesized, DELTA_PUSH)}}},
+    ).values()
+    return mapping["Properties"]
+
+
+def test_the_delta_push_function_reads_the_event_logs_stream_from_its_latest_record(synthesized):
+    """GIVEN the job event log WHEN reading the delta push function's event source THEN it is the log table's stream
+    of new images, read from the latest record (a delta is worth pushing while its job decodes), in batches of 100."""
+    log_table = synthesized.logical_id(synthesized.stack.service.streams.table)
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": Match.array_with([{"AttributeName": "seq", "KeyType": "RANGE"}]),
+            "StreamSpecification": {"StreamViewType": "NEW_IMAGE"},
+        },
+    )
+    mapping = _delta_mapping(synthesized)
+    assert mapping["EventSourceArn"] == {"Fn::GetAtt": [log_table, "StreamArn"]}
+    assert mapping["StartingPosition"] == "LATEST" and mapping["BatchSize"] == 100
+
+
+def test_only_written_segments_that_name_their_tenant_invoke_the_delta_push(synthesized):
+    """GIVEN the log's stream WHEN reading the mapping's filter THEN only inserted items with a tenant pass: the TTL's
+    deletions invoke nothing, and an item nobody can be told about is not delivered."""
+    [only] = _delta_mapping(synthesized)["FilterCriteria"]["Filters"]
+    assert json.loads(only["Pattern"]) == {
+        "eventName": ["INSERT"],
+        "dynamodb": {"NewImage": {"tenant": {"S": [{"exists": True}]}}},
+    }
+
+
+def test_a_stale_or_failing_delta_batch_is_not_retried_for_long(synthesized):
+    """GIVEN the mapping WHEN a batch keeps failing THEN it is retried twice and a record a minute old is dropped: the
+    shard is not held up behind it, and a client that missed a delta resumes from the log."""
+    mapping = _delta_mapping(synthesized)
+    assert mapping["MaximumRetryAttempts"] == 2 and mapping["MaximumRecordAgeInSeconds"] == 60
+
+
+def test_the_delta_push_function_reads_the_stream_and_pushes_as_the_push_function_does(synthesized):
+    """GIVEN the delta push function WHEN reading its role THEN it may read the log's stream (not the table), query the
+    connections' tenant index and delete gone connections, and manage this stage's connections, no more."""
+    log_table = synthesized.logical_id(synthesized.stack.service.streams.table)
+    actions = role_actions(synthesized.template, function_role(synthesized.template, DELTA_PUSH))
+    dynamo = {name for name in actions if name.startswith("dynamodb:")}
+    assert dynamo == {
+        "dynamodb:DescribeStream",
+        "dynamodb:GetRecords",
+        "dynamodb:GetShardIterator",
+        "dynamodb:ListStreams",
+        "dynamodb:Query",
+        "dynamodb:DeleteItem",
+    }
+    assert actions["dynamodb:GetRecords"] == [{"Fn::GetAtt": [log_table, "StreamArn"]}]
+    assert settings.CONNECTION_TENANT_INDEX_NAME in str(actions["dynamodb:Query"])
+    assert "execute-api:ManageConnections" in actions
+
+
+def test_the_delta_push_function_posts_to_the_stages_callback_url(synthesized):
+    """GIVEN the delta push function WHEN reading its environment THEN it has the push function's: the stage's
+    management URL, the connection table, the tenant keys."""
+    functions = {
+        handler: next(
+            iter(
+                synthesized.template.find_resources(
+                    "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
+                ).values()
+            )
+        )["Properties"]["Environment"]["Variables"]
+        for handler in (PUSH, DELTA_PUSH)
+    }
+    for name in (config.ENV_WEBSOCKET_CALLBACK_URL, config.ENV_CONNECTIONS_TABLE, config.ENV_TENANT_API_KEY_IDS):
+        assert functions[DELTA_PUSH][name] == functions[PUSH][name]
+
+
+def test_the_routes_function_may_only_query_the_event_log_to_resume_deltas(synthesized):
+    """GIVEN a subscription with starting_after WHEN reading the routes function THEN it finds the log by its variable
+    and may Query it (the deltas since), and no other call on it."""
+    log_table = synthesized.logical_id(synthesized.stack.service.streams.table)
+    [function] = synthesized.template.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": ROUTES}}
+    ).values()
+    assert function["Properties"]["Environment"]["Variables"][config.ENV_STREAM_TABLE] == {"Ref": log_table}
+    actions = role_actions(synthesized.template, function_role(synthesized.template, ROUTES))
+    on_log = {name for name, resources in actions.items() if {"Fn::GetAtt": [log_table, "Arn"]} in resources}
+    assert on_log == {"dynamodb:Query"}
