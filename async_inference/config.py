@@ -9,14 +9,15 @@ worker); a variable that is missing or malformed stops the process there, with a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
 from pydantic import Field, Json, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from async_inference import settings
+from async_inference import catalog, settings
 from async_inference.fleets import FleetRoute
 from async_inference.limits import RequestLimits
 from async_inference.quotas import TenantQuota
@@ -152,11 +153,44 @@ class EnvSettings(BaseSettings):
 
     @classmethod
     def load(cls, **values: Any) -> Self:
-        """The settings from the environment (``values`` win); SettingsError naming every bad variable."""
+        """The settings from the environment, the deployment's catalog filling the variables it holds that the
+        environment does not set (``values`` win); SettingsError naming every bad variable."""
+        aliases = {field.alias for field in cls.model_fields.values() if field.alias}
+        unset = {name for name in aliases & set(CATALOG_VARIABLES) if not os.environ.get(name)}
         try:
-            return cls(**values)
+            return cls(**{**catalog_variables(unset), **values})
         except ValidationError as exc:
             raise SettingsError(describe_errors(cls, exc)) from None
+
+
+# Which part of the catalog (async_inference.catalog) each variable is made from: a JSON object of each entry's value
+# under the key, or with no key the JSON list of the entries' names.
+CATALOG_VARIABLES: dict[str, tuple[catalog.Part, str | None]] = {
+    ENV_TENANT_API_KEY_IDS: (catalog.TENANTS, "api_key_ids"),
+    ENV_TENANT_QUOTAS: (catalog.TENANTS, "quota"),
+    ENV_WEBHOOK_SECRET_ARNS: (catalog.TENANTS, "webhook_secret_arn"),
+    ENV_MODEL_FLEETS: (catalog.MODELS, "route"),
+    ENV_SERVED_MODELS: (catalog.MODELS, None),
+}
+
+
+def catalog_value(entries: Mapping[str, Mapping[str, Any]], key: str | None) -> Any:
+    """A catalog variable's value (``CATALOG_VARIABLES``) from its part's entries, before JSON."""
+    if key is None:
+        return list(entries)
+    return {entry: value[key] for entry, value in entries.items() if key in value}
+
+
+def catalog_variables(names: Collection[str]) -> dict[str, str]:
+    """The variables ``names`` made from the deployed catalog (none without ``CATALOG_PATH``): what the stack once set
+    in the functions' environments."""
+    variables = {}
+    for name in names:
+        part, key = CATALOG_VARIABLES[name]
+        entries = catalog.deployed_part(part)
+        if entries is not None:
+            variables[name] = json.dumps(catalog_value(entries, key))
+    return variables
 
 
 def describe_errors(cls: type[BaseSettings], exc: ValidationError) -> str:
@@ -405,6 +439,14 @@ class WebSocketSettings(EnvSettings):
     tenant_api_key_ids: Json[dict[str, str | list[str]]] = Field(
         alias=ENV_TENANT_API_KEY_IDS,
         description='the tenants\' API key ids, {"tenant": ["key id", ...]} (as the authorizer\'s)',
+    )
+
+
+class AuthorizerSettings(EnvSettings):
+    """The REST API's authorizer."""
+
+    tenant_api_key_ids: Json[dict[str, str | list[str]]] = Field(
+        alias=ENV_TENANT_API_KEY_IDS, description='the tenants\' API key ids, {"tenant": ["key id", ...]}'
     )
 
 

@@ -104,9 +104,6 @@ class WebSocketPush(Construct):
         )
         self._topic_key = topic_key
 
-        key_ids = Stack.of(self).to_json_string(
-            {tenant: [key.key_id for key in keys] for tenant, keys in api_keys.items()}
-        )
         self.routes_handler = code.new_function(
             self,
             "RoutesHandler",
@@ -116,7 +113,6 @@ class WebSocketPush(Construct):
             environment={
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(10),
         )
@@ -152,8 +148,6 @@ class WebSocketPush(Construct):
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
                 config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
-                # To close, rather than tell, a connection whose key was revoked since it opened.
-                config.ENV_TENANT_API_KEY_IDS: key_ids,
             },
             timeout=Duration.seconds(30),
         )

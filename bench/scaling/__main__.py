@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from async_inference import settings
-from async_inference.config import ENV_MODEL_FLEETS
 from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 from bench.scaling import figures
 from bench.scaling.engine import EngineModel, fleet_shape
@@ -577,10 +576,10 @@ def _without(template: dict[str, Any], choice: str) -> dict[str, Any]:
     result = copy.deepcopy(template)
     if choice in ("instance_start", "hold_cap"):
         for resource in result["Resources"].values():
-            if resource["Type"] != "AWS::Lambda::Function":
+            # Each model's route: its parameter of the deployment's catalog (async_inference.catalog).
+            if resource["Type"] != "AWS::SSM::Parameter" or "/catalog/models/" not in str(resource["Properties"]):
                 continue
-            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-            routes = variables.get(ENV_MODEL_FLEETS)
+            routes = resource["Properties"]["Value"]
             if not (isinstance(routes, dict) and "Fn::Join" in routes):
                 continue
             parts = routes["Fn::Join"][1]
