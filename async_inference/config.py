@@ -48,7 +48,8 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 ENV_SERVED_MODELS = "SERVED_MODELS"
 # Each model's fleet, as a JSON object {"<model>": {"kind", "queue_url", "batch_queue_url", "worker_service"}}
 # (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model, the only way to
-# a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues).
+# a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues). The functions read it, SERVED_MODELS and
+# the tenants' variables below from the deployment's catalog (CATALOG_VARIABLES), not from their environment.
 ENV_MODEL_FLEETS = "MODEL_FLEETS"
 # Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
 # async_inference.events_in.EventRule.
@@ -57,10 +58,10 @@ ENV_EVENT_RULES = "EVENT_RULES"
 ENV_EVENT_BUS_NAME = "EVENT_BUS_NAME"
 # The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).
 ENV_MODEL_KIND = "MODEL_KIND"
-# The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also
-# reads).
+# The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (this stack's keys, from its catalog; one id alone
+# also reads).
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
-# The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (the CDK sets them from the `tenants` context).
+# The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (from the `tenants` context, through the catalog).
 ENV_TENANT_QUOTAS = "TENANT_QUOTAS"
 ENV_REQUEST_LIMITS = "REQUEST_LIMITS"  # the deployment's bounds on one request's cost (async_inference.limits)
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).

@@ -83,8 +83,8 @@ class AsyncInferenceService(Construct):
             payload_retention_days=props.retention_days,
         ).to_env()
         # Each fleet's workers serve their model under its name (vLLM's served_model_name defaults to it): every
-        # function checks requests against the names, so a job or batch line for another model is a 404.
-        # The functions that check them read the names from the deployment's catalog (cdk.catalog).
+        # function that takes requests checks them against the names (SERVED_MODELS, read from the deployment's
+        # catalog: ``_route``), so a job or batch line for another model is a 404.
         environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
         if props.request_limits != RequestLimits():  # unset: every process holds requests to the defaults
             environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()

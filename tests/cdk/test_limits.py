@@ -39,18 +39,6 @@ def test_an_environment_counts_references_as_resolved_and_joins_by_their_parts()
     assert limits.resolved_bytes(value) == len("https://") + 14 + limits.RESOLVED_TOKEN_BYTES
 
 
-def _tenants_and_models(tenants: int, models: int) -> dict[str, str]:
-    """A context of ``tenants`` tenants with the default plan and ``models`` chat models of one task each."""
-    names = [f"org/model-{n}" for n in range(models)]
-    specs = [{"name": name, "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1} for name in names]
-    return {
-        "tenants": json.dumps({f"tenant-{n}": {} for n in range(tenants)}),
-        "model": names[0],
-        "max_num_seqs": 64,
-        "models": json.dumps(specs),
-    }
-
-
 def _largest_environment(synthesized) -> tuple[int, str]:
     path = synthesized.outdir / synthesized.stack.template_file
     found = limits.figures(json.loads(path.read_text()))
@@ -61,7 +49,7 @@ def test_no_function_environment_grows_with_the_tenants_or_the_models(synth_vari
     """GIVEN the app with 2 tenants and 1 model, and with 12 tenants and 3 models WHEN each template's function
     environments are read THEN the largest is as large in both: the tenants' keys, quotas and secrets and the models'
     routes and names are read from the deployment's catalog (cdk.catalog), not from the environment."""
-    few = _largest_environment(synth_variant(**_tenants_and_models(2, 1)))
-    many = _largest_environment(synth_variant(**_tenants_and_models(12, 3)))
+    few = _largest_environment(synth_variant(**limits.synthetic_context(2, 1)))
+    many = _largest_environment(synth_variant(**limits.synthetic_context(12, 3)))
     assert many == few
     assert few[0] <= limits.MAX_ENVIRONMENT_BYTES
