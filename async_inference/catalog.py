@@ -47,12 +47,18 @@ def read_part(ssm: Any, root: str, part: Part) -> dict[str, dict[str, Any]]:
     return entries
 
 
-@functools.cache
 def deployed_part(part: Part) -> dict[str, dict[str, Any]] | None:
-    """``part`` of the catalog ``CATALOG_PATH`` names, read once per process (None without ``CATALOG_PATH``)."""
+    """``part`` of the catalog ``CATALOG_PATH`` names, read once per process and endpoint (None without
+    ``CATALOG_PATH``)."""
     root = os.environ.get(ENV_CATALOG_PATH)
     if not root:
         return None
+    return _deployed_part(root, os.environ.get("AWS_ENDPOINT_URL"), part)
+
+
+@functools.cache
+def _deployed_part(root: str, endpoint: str | None, part: Part) -> dict[str, dict[str, Any]]:
+    # Keyed by the endpoint too: a test process may read two local stacks (two moto servers) of the same path.
     import boto3
 
     return read_part(boto3.client("ssm"), root, part)

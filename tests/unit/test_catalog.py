@@ -23,10 +23,10 @@ def ssm(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     for name in ("TENANT_API_KEY_IDS", "TENANT_QUOTAS", "WEBHOOK_SECRET_ARNS", "MODEL_FLEETS", "SERVED_MODELS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(catalog.ENV_CATALOG_PATH, ROOT)
-    catalog.deployed_part.cache_clear()
+    catalog._deployed_part.cache_clear()
     with mock_aws():
         yield boto3.client("ssm")
-    catalog.deployed_part.cache_clear()
+    catalog._deployed_part.cache_clear()
 
 
 def _put(ssm, part: str, index: int, entry: dict) -> None:
