@@ -20,6 +20,7 @@ ROUTE = {"kind": "chat", "queue_url": "https://sqs/jobs"}
 @pytest.fixture
 def ssm(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # moto's mock answers AWS's own endpoints only
     for name in ("TENANT_API_KEY_IDS", "TENANT_QUOTAS", "WEBHOOK_SECRET_ARNS", "MODEL_FLEETS", "SERVED_MODELS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(catalog.ENV_CATALOG_PATH, ROOT)
