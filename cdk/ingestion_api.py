@@ -192,7 +192,7 @@ class IngestionApi(Construct):
             handler="lambdas.authorizer.handler.lambda_handler",
             description="Ingestion API authorizer: API key (Bearer or x-api-key) to tenant",
             service_name="async-inference-authorizer",
-            environment={},  # the tenants' key ids are added once the keys exist
+            environment={},  # the tenants' key ids: its catalog's (cdk.catalog), bound by the service
             timeout=Duration.seconds(10),
             memory_size=256,
         )
@@ -394,7 +394,8 @@ class IngestionApi(Construct):
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
-        # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
+        # authorizer reads the keys' ids (its catalog's parameters), so a key depending on the stage would be a
+        # dependency cycle.
         keys = [
             # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
             apigw.ApiKey(

@@ -63,8 +63,8 @@ class WebSocketPush(Construct):
     :param code: the shared Lambda code.
     :param result_topic: the result topic (final states).
     :param topic_key: the KMS key of the result topic; the job event topic is encrypted with it too.
-    :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts, and the
-        tenant each one names.
+    :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts (their ids
+        are read from the deployment's catalog, ``cdk.catalog``: the functions may read their values).
     :param environment: Powertools settings for the functions.
     :param stage_name: the WebSocket stage. Default: ``"prod"``.
     :param throttle_rate_limit: messages per second the stage accepts (all clients together). Default: 100.
