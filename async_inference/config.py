@@ -9,14 +9,15 @@ worker); a variable that is missing or malformed stops the process there, with a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, Json, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from async_inference import settings
+from async_inference import catalog, settings
 from async_inference.fleets import FleetRoute
 from async_inference.limits import RequestLimits
 from async_inference.quotas import TenantQuota
@@ -47,7 +48,8 @@ ENV_BATCH_TABLE = "BATCH_TABLE_NAME"
 ENV_SERVED_MODELS = "SERVED_MODELS"
 # Each model's fleet, as a JSON object {"<model>": {"kind", "queue_url", "batch_queue_url", "worker_service"}}
 # (async_inference.fleets): what queues a job or a batch's chunks routes them by the request's model, the only way to
-# a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues).
+# a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues). The functions read it, SERVED_MODELS and
+# the tenants' variables below from the deployment's catalog (CATALOG_VARIABLES), not from their environment.
 ENV_MODEL_FLEETS = "MODEL_FLEETS"
 # Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
 # async_inference.events_in.EventRule.
@@ -56,10 +58,10 @@ ENV_EVENT_RULES = "EVENT_RULES"
 ENV_EVENT_BUS_NAME = "EVENT_BUS_NAME"
 # The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).
 ENV_MODEL_KIND = "MODEL_KIND"
-# The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (the CDK sets this stack's keys; one id alone also
-# reads).
+# The authorizer's tenants: {"<tenant>": ["<API key id>", ...]} (this stack's keys, from its catalog; one id alone
+# also reads).
 ENV_TENANT_API_KEY_IDS = "TENANT_API_KEY_IDS"
-# The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (the CDK sets them from the `tenants` context).
+# The API's per-tenant quotas: {"<tenant>": {"max_active_jobs": N}} (from the `tenants` context, through the catalog).
 ENV_TENANT_QUOTAS = "TENANT_QUOTAS"
 ENV_REQUEST_LIMITS = "REQUEST_LIMITS"  # the deployment's bounds on one request's cost (async_inference.limits)
 # "1" only in the local runtime: lets webhooks target http://127.0.0.1 (never set in the stack).
@@ -153,11 +155,44 @@ class EnvSettings(BaseSettings):
 
     @classmethod
     def load(cls, **values: Any) -> Self:
-        """The settings from the environment (``values`` win); SettingsError naming every bad variable."""
+        """The settings from the environment, the deployment's catalog filling the variables it holds that the
+        environment does not set (``values`` win); SettingsError naming every bad variable."""
+        aliases = {field.alias for field in cls.model_fields.values() if field.alias}
+        unset = {name for name in aliases & set(CATALOG_VARIABLES) if not os.environ.get(name)}
         try:
-            return cls(**values)
+            return cls(**{**catalog_variables(unset), **values})
         except ValidationError as exc:
             raise SettingsError(describe_errors(cls, exc)) from None
+
+
+# Which part of the catalog (async_inference.catalog) each variable is made from: a JSON object of each entry's value
+# under the key, or with no key the JSON list of the entries' names.
+CATALOG_VARIABLES: dict[str, tuple[catalog.Part, str | None]] = {
+    ENV_TENANT_API_KEY_IDS: (catalog.TENANTS, "api_key_ids"),
+    ENV_TENANT_QUOTAS: (catalog.TENANTS, "quota"),
+    ENV_WEBHOOK_SECRET_ARNS: (catalog.TENANTS, "webhook_secret_arn"),
+    ENV_MODEL_FLEETS: (catalog.MODELS, "route"),
+    ENV_SERVED_MODELS: (catalog.MODELS, None),
+}
+
+
+def catalog_value(entries: Mapping[str, Mapping[str, Any]], key: str | None) -> Any:
+    """A catalog variable's value (``CATALOG_VARIABLES``) from its part's entries, before JSON."""
+    if key is None:
+        return list(entries)
+    return {entry: value[key] for entry, value in entries.items() if key in value}
+
+
+def catalog_variables(names: Collection[str]) -> dict[str, str]:
+    """The variables ``names`` made from the deployed catalog (none without ``CATALOG_PATH``): what the stack once set
+    in the functions' environments."""
+    variables = {}
+    for name in names:
+        part, key = CATALOG_VARIABLES[name]
+        entries = catalog.deployed_part(part)
+        if entries is not None:
+            variables[name] = json.dumps(catalog_value(entries, key))
+    return variables
 
 
 def describe_errors(cls: type[BaseSettings], exc: ValidationError) -> str:
@@ -412,6 +447,14 @@ class WebSocketSettings(EnvSettings):
         alias=ENV_STREAM_TABLE,
         description="the job event log's table: a subscription with starting_after is answered with the deltas since; "
         "unset: with none",
+    )
+
+
+class AuthorizerSettings(EnvSettings):
+    """The REST API's authorizer."""
+
+    tenant_api_key_ids: Json[dict[str, str | list[str]]] = Field(
+        alias=ENV_TENANT_API_KEY_IDS, description='the tenants\' API key ids, {"tenant": ["key id", ...]}'
     )
 
 

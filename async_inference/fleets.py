@@ -2,8 +2,9 @@
 lane and worker service (cdk/model_fleet.py), and whatever queues a job or a batch's chunks routes it by the model
 the request names.
 
-The stack sets the routes at synth as one JSON object in ``MODEL_FLEETS`` (``async_inference.config``) on every
-function that queues work (the API, the upload handler, the batch controller):
+The stack writes each model's route in the deployment's catalog (``async_inference.catalog``); every function that
+queues work (the API, the upload handler, the batch controller, events in) reads them at start as one JSON object,
+``MODEL_FLEETS`` (``async_inference.config``):
 ``{"<model>": {"kind": "chat", "queue_url": ..., "batch_queue_url": ..., "worker_service": ...}}``. The routes are
 the only way to a queue: a model without one is not served. The route named ``ANY_MODEL`` (``"*"``) takes every model
 the others do not name, of either kind: the local runtime sets it for its engines that answer any model name; the

@@ -10,7 +10,6 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 
 from async_inference import settings
-from async_inference.config import ENV_TENANT_QUOTAS
 from cdk.nag import acknowledge
 
 if TYPE_CHECKING:
@@ -122,9 +121,6 @@ def _grant_batches(service: AsyncInferenceService) -> None:
     controller = batches.controller
     batches.grant_items(controller, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
     batches.grant_quota_counts(controller)  # a planned batch's lines against max_batch_lines_in_flight
-    controller.add_environment(ENV_TENANT_QUOTAS, service.api.tenant_quotas)
-    # The upload handler holds an uploaded request to its tenant's bounds on a request's cost.
-    service.uploads.handler.add_environment(ENV_TENANT_QUOTAS, service.api.tenant_quotas)
     bucket.grant_get(controller, files, parts)
     bucket.grant_put(controller, files)
     bucket.grant_delete(controller, files)  # an output file that came out empty

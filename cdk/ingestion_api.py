@@ -18,7 +18,6 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from async_inference import settings
-from async_inference.config import ENV_TENANT_API_KEY_IDS, ENV_TENANT_QUOTAS
 from async_inference.limits import LimitOverrides
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
@@ -193,7 +192,7 @@ class IngestionApi(Construct):
             handler="lambdas.authorizer.handler.lambda_handler",
             description="Ingestion API authorizer: API key (Bearer or x-api-key) to tenant",
             service_name="async-inference-authorizer",
-            environment={},  # the tenants' key ids are added once the keys exist
+            environment={},  # the tenants' key ids: its catalog's (cdk.catalog), bound by the service
             timeout=Duration.seconds(10),
             memory_size=256,
         )
@@ -250,21 +249,20 @@ class IngestionApi(Construct):
             raise ValueError(f"API key names must be unique across tenants, got {sorted(names)}")
         for tenant, plan in tenants.items():
             self._add_tenant(validate_tenant_id(tenant), plan)
-        quotas = {
+        # Each tenant's entry of the deployment's catalog (cdk.catalog): its quotas (TENANT_QUOTAS, which the API,
+        # the upload handler and the batch controller check) and its key ids (TENANT_API_KEY_IDS, the authorizer's).
+        self.tenant_entries: dict[str, dict[str, Any]] = {
             tenant: {
-                "max_active_jobs": plan.max_active_jobs,
-                "max_batch_lines_in_flight": plan.max_batch_lines_in_flight,
-                "max_stored_bytes": plan.max_stored_bytes,
-                **({"request_limits": dict(plan.request_limits)} if plan.request_limits else {}),
+                "api_key_ids": [key.key_id for key in self.api_keys[tenant]],
+                "quota": {
+                    "max_active_jobs": plan.max_active_jobs,
+                    "max_batch_lines_in_flight": plan.max_batch_lines_in_flight,
+                    "max_stored_bytes": plan.max_stored_bytes,
+                    **({"request_limits": dict(plan.request_limits)} if plan.request_limits else {}),
+                },
             }
             for tenant, plan in tenants.items()
         }
-        # The TENANT_QUOTAS value: the API's, and the batch controller's (which checks a batch's lines once counted).
-        self.tenant_quotas = json.dumps(quotas, sort_keys=True)
-        for function in self.functions:
-            function.add_environment(ENV_TENANT_QUOTAS, self.tenant_quotas)
-        key_ids = {tenant: [key.key_id for key in keys] for tenant, keys in self.api_keys.items()}
-        self.authorizer_function.add_environment(ENV_TENANT_API_KEY_IDS, Stack.of(self).to_json_string(key_ids))
         grant_read_api_keys(self.authorizer_function)
         self.web_acl = self._add_web_acl(waf_requests_per_5_min_per_ip) if waf_requests_per_5_min_per_ip else None
 
@@ -396,7 +394,8 @@ class IngestionApi(Construct):
 
     def _add_tenant(self, tenant: str, plan: TenantPlan) -> None:
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
-        # authorizer's environment names the keys, so a key depending on the stage would be a dependency cycle.
+        # authorizer reads the keys' ids (its catalog's parameters), so a key depending on the stage would be a
+        # dependency cycle.
         keys = [
             # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
             apigw.ApiKey(

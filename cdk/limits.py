@@ -92,3 +92,53 @@ def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figu
         largest_environment_bytes=environments.get(largest, 0),
         largest_environment=largest,
     )
+
+
+def synthetic_context(tenants: int, models: int) -> dict[str, Any]:
+    """Context for ``tenants`` tenants on the default plan and ``models`` chat models of one task each (the first is
+    ``model``): what the measurements in docs/deploying.md ("Tenants") synthesize."""
+    names = [f"org/model-{n}" for n in range(models)]
+    specs = [{"name": name, "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1} for name in names]
+    return {
+        "tenants": json.dumps({f"tenant-{n}": {} for n in range(tenants)}),
+        "model": names[0],
+        "max_num_seqs": 64,
+        "models": json.dumps(specs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cdk.limits --tenants N --models M``: synthesize the app (cdk.json's context) with that many tenants
+    and models and print each template's figures, or why the synth refused it."""
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    from aws_cdk import App
+
+    from app import build
+
+    parser = argparse.ArgumentParser(prog="python -m cdk.limits", description=main.__doc__)
+    parser.add_argument("--tenants", type=int, default=2)
+    parser.add_argument("--models", type=int, default=1)
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parents[1]
+    context = {**json.loads((root / "cdk.json").read_text())["context"], **synthetic_context(args.tenants, args.models)}
+    with tempfile.TemporaryDirectory() as outdir:
+        try:
+            build(App(context=context, outdir=outdir)).node.root.synth()  # type: ignore[attr-defined]
+        except (RuntimeError, ValueError) as exc:  # over 500 resources (the CDK), or more models than MAX_MODELS
+            print(f"{args.tenants} tenants x {args.models} models: not synthesized: {str(exc).splitlines()[0]}")
+            return 1
+        for path in sorted(Path(outdir).glob("*.template.json")):
+            found = figures(json.loads(path.read_text()), path.stat().st_size)
+            print(
+                f"{args.tenants} tenants x {args.models} models: {path.name}: {found.resources} resources, "
+                f"{found.outputs} outputs, {found.template_bytes / 1024:.0f} KB, largest environment "
+                f"{found.largest_environment_bytes} bytes ({found.largest_environment}); over: {found.over() or 'none'}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

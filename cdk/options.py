@@ -43,10 +43,9 @@ DEFAULT_WARM_POOL_INSTANCES = 1
 AMI_ID_PATTERN = r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$"
 SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+-[A-Za-z0-9]{6}$"
 
-# Every function that queues work carries all the routes in one environment variable (async_inference.fleets), and
-# Lambda allows 4 KB of variables a function: a route is about 480 bytes once its tokens resolve (two queue URLs and
-# a service ARN), beside about 1.6 KB the API function's other variables take. More models would need the routes in
-# an SSM parameter instead.
+# Every model's fleet is about 49 resources of the one stack's 500 (CloudFormation's quota), beside about 270 shared
+# and 5 a tenant: `python -m cdk.limits` measures them (docs/deploying.md, "Tenants"). More models need the fleets in
+# stacks of their own. (The routes are in the deployment's catalog, cdk.catalog, not in any environment.)
 MAX_MODELS = 4
 MAX_SLUG_CHARS = 32
 
@@ -431,7 +430,7 @@ class AsyncInferenceServiceProps:
             return
         if len(self.models) > MAX_MODELS:
             raise ValueError(
-                f"models lists {len(self.models)} models; at most {MAX_MODELS} fit the functions' environment"
+                f"models lists {len(self.models)} models; at most {MAX_MODELS} fit one stack's 500 resources"
             )
         names = [spec.name for spec in self.models]
         if len(set(names)) != len(names):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from async_inference import settings
+from async_inference.catalog import MODELS, TENANTS
 from async_inference.config import (
     ENV_BATCH_TABLE,
-    ENV_MODEL_FLEETS,
     ENV_REQUEST_LIMITS,
     ENV_SERVED_MODELS,
     ServiceConfig,
@@ -19,6 +19,7 @@ from async_inference.config import (
 )
 from async_inference.limits import RequestLimits
 from cdk.batches import Batches
+from cdk.catalog import DeploymentCatalog
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
 from cdk.events_in import EventsIn
@@ -83,12 +84,9 @@ class AsyncInferenceService(Construct):
             payload_retention_days=props.retention_days,
         ).to_env()
         # Each fleet's workers serve their model under its name (vLLM's served_model_name defaults to it): every
-        # function checks requests against the names, so a job or batch line for another model is a 404.
-        environment = {
-            **runtime,
-            "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE,
-            ENV_SERVED_MODELS: json.dumps([spec.name for spec in specs]),
-        }
+        # function that takes requests checks them against the names (SERVED_MODELS, read from the deployment's
+        # catalog: ``_route``), so a job or batch line for another model is a 404.
+        environment = {**runtime, "POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE}
         if props.request_limits != RequestLimits():  # unset: every process holds requests to the defaults
             environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()
 
@@ -166,7 +164,7 @@ class AsyncInferenceService(Construct):
         shared = SharedResources(
             cluster=self.cluster,
             code=code,
-            worker_environment=environment,
+            worker_environment={**environment, ENV_SERVED_MODELS: json.dumps([spec.name for spec in specs])},
             bucket=self.bucket,
             table=self.table,
             results=self.results,
@@ -227,25 +225,48 @@ class AsyncInferenceService(Construct):
                 rules=props.event_rules,
                 environment={**environment, **self.batches.environment},
             )
+        self.catalog = DeploymentCatalog(self, "Catalog")
+        self._add_tenants()
         self._route(props)
+        self.catalog.seal()
         self.monitoring = self._monitoring(props)
         grant_functions(self)
+
+    def _add_tenants(self) -> None:
+        """Each tenant's entry of the catalog (its key ids, quotas and signing secret), and the functions that read
+        tenants: the authorizer and WebSocket functions (key ids), the dispatcher (secrets), and the API, upload
+        handler and batch controller (quotas; they read the models too: ``_route``)."""
+        for tenant, entry in self.api.tenant_entries.items():
+            secret = self.webhooks.signing_secrets[tenant]
+            self.catalog.add(TENANTS, tenant, {**entry, "webhook_secret_arn": secret.secret_arn})
+        readers = [self.api.authorizer_function, self.webhooks.handler]
+        if self.push is not None:
+            # The push functions read key ids to close, rather than tell, a connection whose key was revoked since.
+            readers += [self.push.routes_handler, self.push.push_handler]
+            if self.push.delta_push_handler is not None:
+                readers.append(self.push.delta_push_handler)
+        for function in readers:
+            self.catalog.bind(function, [TENANTS])
 
     def _route(self, props: AsyncInferenceServiceProps) -> None:
         """Every function that queues work routes it by its model (async_inference.fleets), the only way it finds a
         queue: the API (jobs, responses), the upload handler (uploaded jobs), the batch controller (chunks) and events
         in (jobs). With ``wake_from_zero``, each may wake any fleet from zero: the stack's wake settings in its
         variables (``async_inference.config.WakeSettings``), each fleet's service and group in its route."""
-        queuing = [*self.api.functions, self.uploads.handler, self.batches.controller]
+        # The API, upload handler and controller hold requests to their tenant's quotas; events in queues on behalf
+        # of a rule's tenant and reads none.
+        queuing = {function: [TENANTS, MODELS] for function in (*self.api.functions, self.uploads.handler)}
+        queuing[self.batches.controller] = [TENANTS, MODELS]
         if self.events_in is not None:
-            queuing.append(self.events_in.handler)
+            queuing[self.events_in.handler] = [MODELS]
         wake = props.wake_from_zero
-        routes = {fleet.spec.name: fleet.route(wake=wake) for fleet in self.fleets}
+        for fleet in self.fleets:
+            self.catalog.add(MODELS, fleet.spec.name, {"route": fleet.route(wake=wake)})
         wake_settings = WakeSettings(
             self.cluster.cluster.cluster_name, props.wake_check_interval_seconds, props.wake_hold_seconds
         )
-        for function in queuing:
-            function.add_environment(ENV_MODEL_FLEETS, Stack.of(self).to_json_string(routes))
+        for function, parts in queuing.items():
+            self.catalog.bind(function, parts)
             for name, value in wake_settings.to_env().items() if wake else ():
                 function.add_environment(name, value)
             for fleet in self.fleets if wake else ():

@@ -35,7 +35,8 @@ class WebhookDispatch(Construct):
     Signing secrets: each tenant gets a Secrets Manager secret whose value Secrets Manager generates at deploy
     (``SIGNING_SECRET_CHARS`` letters and digits: ``async_inference.webhooks.secrets`` reads it as a ``whsec_``
     secret), so the first deploy ends with every tenant's webhooks signed, and nobody has to write a value. The
-    dispatcher gets ``WEBHOOK_SECRET_ARNS`` (tenant -> ARN) and may read exactly these secrets; the stack output
+    dispatcher reads ``WEBHOOK_SECRET_ARNS`` (tenant -> ARN) from the deployment's catalog (``cdk.catalog``, each
+    tenant's entry) and may read exactly these secrets; the stack output
     ``WebhookSigningSecretArns`` gives the same map to the operator's ``python -m async_inference.cli
     webhook-secret``. A tenant added to the context gets its secret on the next deploy; rotating one is
     docs/deploying.md's.
@@ -111,7 +112,6 @@ class WebhookDispatch(Construct):
             service_name="async-inference-webhooks",
             environment={
                 **environment,
-                config.ENV_WEBHOOK_SECRET_ARNS: self.secret_arns_json,
                 config.ENV_WEBHOOK_QUEUE_URL: self.queue.queue_url,
             },
             timeout=FUNCTION_TIMEOUT,

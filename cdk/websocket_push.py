@@ -75,8 +75,8 @@ class WebSocketPush(Construct):
     :param code: the shared Lambda code.
     :param result_topic: the result topic (final states).
     :param topic_key: the KMS key of the result topic; the job event topic is encrypted with it too.
-    :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts, and the
-        tenant each one names.
+    :param api_keys: tenant -> its REST API keys (two during a rotation): the keys ``$connect`` accepts (their ids
+        are read from the deployment's catalog, ``cdk.catalog``: the functions may read their values).
     :param environment: Powertools settings for the functions.
     :param event_log: the job event log table (``JobStreams.table``, its stream of new images on): each segment the
         workers write to it is pushed as a ``job.delta`` to the job's tenant's connections that follow the job, by the
@@ -122,9 +122,6 @@ class WebSocketPush(Construct):
         )
         self._topic_key = topic_key
 
-        key_ids = Stack.of(self).to_json_string(
-            {tenant: [key.key_id for key in keys] for tenant, keys in api_keys.items()}
-        )
         self.routes_handler = code.new_function(
             self,
             "RoutesHandler",
@@ -134,7 +131,6 @@ class WebSocketPush(Construct):
             environment={
                 **environment,
                 config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
-                config.ENV_TENANT_API_KEY_IDS: key_ids,
                 # A subscription with starting_after is answered with the job's deltas since, from the log.
                 **({config.ENV_STREAM_TABLE: event_log.table_name} if event_log is not None else {}),
             },
@@ -170,8 +166,6 @@ class WebSocketPush(Construct):
             **environment,
             config.ENV_CONNECTIONS_TABLE: self.connections.table_name,
             config.ENV_WEBSOCKET_CALLBACK_URL: self.stage.callback_url,
-            # To close, rather than tell, a connection whose key was revoked since it opened.
-            config.ENV_TENANT_API_KEY_IDS: key_ids,
         }
         self.push_handler = code.new_function(
             self,

@@ -164,6 +164,7 @@ DELETERS: dict[str, Deleter] = {
     "AWS::SecretsManager::Secret": lambda d, p: d.client("secretsmanager").delete_secret(
         SecretId=p.ref, ForceDeleteWithoutRecovery=True
     ),
+    "AWS::SSM::Parameter": lambda d, p: d.client("ssm").delete_parameter(Name=p.ref),
     "AWS::Logs::LogGroup": lambda d, p: d.client("logs").delete_log_group(logGroupName=p.ref),
     "AWS::ApiGateway::RestApi": lambda d, p: d.client("apigateway").delete_rest_api(restApiId=p.ref),
     "AWS::ApiGateway::ApiKey": lambda d, p: d.client("apigateway").delete_api_key(apiKey=p.ref),

@@ -501,6 +501,17 @@ def _secret(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
     return Physical(logical_id, "AWS::SecretsManager::Secret", ref=arn, attributes={"Id": arn})
 
 
+def _parameter(d: Deployment, logical_id: str, props: dict[str, Any]) -> Physical:
+    """An ``AWS::SSM::Parameter`` (the deployment's catalog, cdk/catalog.py): its Ref is its name."""
+    name = props.get("Name") or f"/{d.name_for(logical_id)}"
+    request = {"Name": name, "Value": props["Value"], "Type": props["Type"]}
+    if "Description" in props:
+        request["Description"] = props["Description"]
+    d.client("ssm").put_parameter(**request)
+    attributes = {"Type": props["Type"], "Value": props["Value"]}
+    return Physical(logical_id, "AWS::SSM::Parameter", ref=name, attributes=attributes)
+
+
 def _generate_secret(spec: dict[str, Any]) -> str:
     """What GenerateSecretString gives: a random password, alone or as one key of the JSON template."""
     alphabet = string.ascii_letters + string.digits + ("" if spec.get("ExcludePunctuation") else "!#$%&*+-=?@^_")
@@ -717,6 +728,7 @@ RESOURCE_TYPES: dict[str, tuple[str, Handler | Skipped | None]] = {
     "AWS::DynamoDB::Table": ("deploy", _table),
     "AWS::KMS::Key": ("deploy", _key),
     "AWS::SecretsManager::Secret": ("deploy", _secret),
+    "AWS::SSM::Parameter": ("deploy", _parameter),
     "AWS::Logs::LogGroup": ("deploy", _log_group),
     "AWS::ApiGateway::RestApi": ("deploy", _rest_api),
     "AWS::ApiGateway::ApiKey": ("deploy", _api_key),
@@ -806,6 +818,7 @@ SKIPPED_PROPERTIES: dict[tuple[str, str], str] = {
     ("AWS::KMS::Key", "Tags"): "tags change nothing locally",
     ("AWS::SecretsManager::Secret", "Tags"): "tags change nothing locally",
     ("AWS::SecretsManager::Secret", "KmsKeyId"): "moto encrypts nothing",
+    ("AWS::SSM::Parameter", "Tier"): "moto stores a parameter of any tier alike",
     ("AWS::Logs::LogGroup", "Tags"): "tags change nothing locally",
     ("AWS::ApiGateway::RestApi", "EndpointConfiguration"): "the local gateway serves 127.0.0.1",
     ("AWS::ApiGateway::RestApi", "ApiKeySourceType"): "read by the local gateway from the template",
@@ -883,6 +896,7 @@ APPLIED_PROPERTIES: dict[str, set[str]] = {
     },
     "AWS::KMS::Key": {"Description", "KeyUsage", "KeySpec", "EnableKeyRotation"},
     "AWS::SecretsManager::Secret": {"Name", "Description", "SecretString", "GenerateSecretString"},
+    "AWS::SSM::Parameter": {"Name", "Description", "Type", "Value"},
     "AWS::Logs::LogGroup": {"LogGroupName", "RetentionInDays"},
     "AWS::ApiGateway::RestApi": {"Name", "Description"},
     "AWS::ApiGateway::ApiKey": {"Name", "Value", "Enabled", "Description"},

@@ -24,9 +24,10 @@ Local overrides, on top of what the template gives:
   default the CPU engine's ``SmolLM2-135M-Instruct``; ``*`` (any name) for the echo and simulated engines, which
   answer whatever model a request names; the template's own for vllm. The template's embedding models stay served
   beside them: their local engine runs the real all-MiniLM-L6-v2; and ``MODEL_FLEETS``, the routes by which work
-  finds its queue: each served name the template's routes lack gets the first model's route with its own kind, and
-  with ``*`` served, the ``*`` route (``async_inference.fleets.ANY_MODEL``, either kind) is the first model's (the
-  template's routes stay as they are);
+  finds its queue: each served name the template's routes (the deployed catalog's, ``async_inference.catalog``) lack
+  gets the first model's route with its own kind, and with ``*`` served, the ``*`` route
+  (``async_inference.fleets.ANY_MODEL``, either kind) is the first model's (the catalog stays as it is); both set in
+  the environment, where they win over the catalog;
 * the API keys' values (``api_keys``): API Gateway generates them at deploy; locally they are given, so that a test
   or a user knows them. Each tenant must be one the template has a key for.
 """
@@ -49,8 +50,8 @@ from typing import IO, Any
 import boto3
 from botocore.config import Config
 
+from async_inference import catalog, fleets
 from async_inference import config as runtime_config
-from async_inference import fleets
 from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
@@ -345,7 +346,9 @@ class LocalDeployment:
             return {}
         served = list(self.served_models)
         assert self.deployment is not None
-        routes = json.loads(environment_of(self.deployment, logical_id).get(runtime_config.ENV_MODEL_FLEETS) or "{}")
+        root = environment_of(self.deployment, logical_id).get(catalog.ENV_CATALOG_PATH)
+        models = catalog.read_part(self.client("ssm"), root, catalog.MODELS) if root else {}
+        routes = {name: entry["route"] for name, entry in models.items()}
         if not routes:
             return {runtime_config.ENV_SERVED_MODELS: json.dumps(served)}
         first = next(iter(routes.values()))

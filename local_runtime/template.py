@@ -32,7 +32,8 @@ class TemplateError(ValueError):
 
 @dataclass(frozen=True)
 class Assembly:
-    """One stack of a cloud assembly directory: its template and where its assets were staged."""
+    """One stack of a cloud assembly directory: its template (its nested stacks' resources inlined:
+    ``local_runtime.nested``) and where its assets were staged."""
 
     directory: Path
     stack_name: str
@@ -58,7 +59,10 @@ class Assembly:
         if stack_name not in stacks:
             raise TemplateError(f"{directory} has no stack {stack_name!r} (it has {', '.join(stacks)})")
         template_file = directory / stacks[stack_name]["properties"]["templateFile"]
-        return cls(directory=directory, stack_name=stack_name, template=json.loads(template_file.read_text()))
+        from local_runtime.nested import inline_nested_stacks  # it raises this module's TemplateError
+
+        template = inline_nested_stacks(directory, json.loads(template_file.read_text()))
+        return cls(directory=directory, stack_name=stack_name, template=template)
 
     @property
     def resources(self) -> dict[str, dict[str, Any]]:

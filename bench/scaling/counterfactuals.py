@@ -9,7 +9,6 @@ import copy
 import re
 from typing import Any
 
-from async_inference.config import ENV_MODEL_FLEETS
 from async_inference.keep_alive import ENV_KEEP_ALIVE_POLICY
 
 
@@ -32,10 +31,10 @@ def without(template: dict[str, Any], choice: str) -> dict[str, Any]:
     result = copy.deepcopy(template)
     if choice in ("instance_start", "hold_cap"):
         for resource in result["Resources"].values():
-            if resource["Type"] != "AWS::Lambda::Function":
+            # Each model's route: its parameter of the deployment's catalog (async_inference.catalog).
+            if resource["Type"] != "AWS::SSM::Parameter" or "/catalog/models/" not in str(resource["Properties"]):
                 continue
-            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-            routes = variables.get(ENV_MODEL_FLEETS)
+            routes = resource["Properties"]["Value"]
             if not (isinstance(routes, dict) and "Fn::Join" in routes):
                 continue
             parts = routes["Fn::Join"][1]

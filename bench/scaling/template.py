@@ -28,6 +28,7 @@ from typing import Any
 
 from async_inference import config as _env
 from async_inference import settings as _settings
+from async_inference.catalog_template import function_variables
 from async_inference.keep_alive import (
     ENV_KEEP_ALIVE_POLICY,
     ENV_KEEP_ALIVE_SERVICE,
@@ -363,7 +364,7 @@ def read_wake(template: Mapping[str, Any]) -> WakeSpec | None:
     group_id, _ = _single(template, "AWS::AutoScaling::AutoScalingGroup")
     functions, intervals, holds, starts, caps = [], set(), set(), set(), set()
     for function_id, function in _resources(template, "AWS::Lambda::Function").items():
-        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        variables = function_variables(template, function_id)  # the routes: from the catalog it reads
         routes = variables.get(_env.ENV_MODEL_FLEETS)
         if not _routes_service(routes, service):
             continue

@@ -7,8 +7,6 @@ requests. Refused (no key, an unknown or disabled one, a key header sent twice):
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -21,11 +19,11 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference.authorizer import TenantKeys
 from async_inference.aws import ApiKeyValues
-from async_inference.config import ENV_TENANT_API_KEY_IDS
+from async_inference.config import AuthorizerSettings
 
 logger = Logger()
 tracer = Tracer()
-keys = TenantKeys(json.loads(os.environ[ENV_TENANT_API_KEY_IDS]), ApiKeyValues())
+keys = TenantKeys(AuthorizerSettings.load().tenant_api_key_ids, ApiKeyValues())
 
 
 @logger.inject_lambda_context

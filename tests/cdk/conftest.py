@@ -19,6 +19,7 @@ from aws_cdk import App, Stack
 from aws_cdk.assertions import Template
 
 from app import build
+from async_inference.catalog_template import function_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,6 +52,13 @@ class Synthesized:
 
     def resources(self, type_: str) -> dict[str, dict[str, Any]]:
         return self.template.find_resources(type_)
+
+    def variables(self, function: str) -> dict[str, Any]:
+        """The environment of the function whose logical id or handler is ``function``, with what it reads from the
+        deployment's catalog (``async_inference.catalog_template``): what its code sees."""
+        functions = self.resources("AWS::Lambda::Function")
+        [logical_id] = [k for k, v in functions.items() if function in (k, v["Properties"].get("Handler"))]
+        return function_variables(self.json, logical_id)
 
     def logical_id(self, construct: Any) -> str:
         return self.stack.get_logical_id(construct.node.default_child)

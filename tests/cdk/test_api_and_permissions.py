@@ -119,6 +119,7 @@ def _prefixes(resources):
 
 
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # Tracing.ACTIVE, on every function
+CATALOG = "ssm:GetParametersByPath"  # its parts of the deployment's catalog (cdk.catalog)
 PUBLISH = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}  # an encrypted topic
 WAKE = ("ecs:DescribeServices", "ecs:UpdateService")  # async_inference.wake, on the worker service only
 # The wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py checks the statement).
@@ -169,6 +170,7 @@ def test_api_role_has_exactly_the_calls_the_api_makes(synthesized):
         "sqs:SendMessage",
         *PUBLISH,
         *XRAY,
+        CATALOG,
         *WAKE,
         *WAKE_HOLD,
         *WAKE_INSTANCE,
@@ -223,7 +225,7 @@ def test_the_authorizer_reads_the_api_key_collection_in_one_call_and_nothing_els
 
 def test_the_authorizer_role_has_only_the_key_reads(synthesized):
     """GIVEN the authorizer WHEN listing its role's actions THEN it reads API keys and traces, nothing else."""
-    assert set(_function_actions(synthesized, AUTHORIZER)) == {"apigateway:GET", *XRAY}
+    assert set(_function_actions(synthesized, AUTHORIZER)) == {"apigateway:GET", CATALOG, *XRAY}
 
 
 def test_the_keys_do_not_depend_on_the_stage_so_the_template_has_no_cycle(synthesized):
@@ -250,6 +252,7 @@ def test_upload_role_reads_and_deletes_uploads_only(synthesized):
         *PUBLISH,
         *DESTINATION,
         *XRAY,
+        CATALOG,
         *WAKE,
         *WAKE_HOLD,
         *WAKE_INSTANCE,
@@ -291,7 +294,7 @@ def test_the_functions_that_queue_jobs_know_the_service_to_wake(synthesized, han
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
-    env = function["Properties"]["Environment"]["Variables"]
+    env = synthesized.variables(handler)
     assert env[config.ENV_WORKER_CLUSTER] == {"Ref": synthesized.logical_id(workers.cluster)}
     assert (env[config.ENV_WAKE_CHECK_INTERVAL_S], env[config.ENV_WAKE_HOLD_S]) == ("60", "420")
     assert "WORKER_SERVICE_ARN" not in env and "WORKER_AUTO_SCALING_GROUP" not in env
@@ -313,7 +316,7 @@ def test_the_functions_that_queue_jobs_may_start_a_gpu_instance_in_the_one_group
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
-    parts = function["Properties"]["Environment"]["Variables"][config.ENV_MODEL_FLEETS]["Fn::Join"][1]
+    parts = synthesized.variables(handler)[config.ENV_MODEL_FLEETS]["Fn::Join"][1]
     assert any(
         str(before).endswith('"worker_group":"') and part == {"Ref": group_id}
         for before, part in zip(parts, parts[1:], strict=False)
@@ -418,6 +421,7 @@ def test_webhook_role_reads_its_secret_and_publishes_nothing(synthesized):
         "secretsmanager:GetSecretValue",
         *EVENT_SOURCE,
         *XRAY,
+        CATALOG,
     }
 
 

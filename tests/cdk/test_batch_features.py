@@ -15,10 +15,7 @@ UPLOAD = "lambdas.upload.handler.lambda_handler"
 
 
 def _variables(synthesized, handler):
-    [function] = synthesized.template.find_resources(
-        "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
-    ).values()
-    return function["Properties"]["Environment"]["Variables"]
+    return synthesized.variables(handler)
 
 
 @pytest.mark.parametrize("handler", [API, UPLOAD])

@@ -117,7 +117,7 @@ def test_api_and_controller_get_the_batch_resources_and_the_served_model(synthes
     """GIVEN the API and the controller WHEN reading their environment THEN they name the batch table, the control
     queue, the routes (each model's lane) and the served model (cdk.json's ``model``) that requests are checked
     against."""
-    variables = _function(synthesized, handler)["Properties"]["Environment"]["Variables"]
+    variables = synthesized.variables(handler)
     assert {config.ENV_BATCH_TABLE, config.ENV_MODEL_FLEETS, config.ENV_BATCH_CONTROL_QUEUE_URL} <= set(variables)
     assert json.loads(variables[config.ENV_SERVED_MODELS]) == [
         synthesized.stack.node.try_get_context("model") or "Qwen/Qwen2.5-1.5B-Instruct"
@@ -148,6 +148,7 @@ def test_the_controller_role_has_exactly_the_calls_the_controller_makes(synthesi
         *PUBLISH,
         *EVENT_SOURCE,
         *XRAY,
+        "ssm:GetParametersByPath",  # its parts of the deployment's catalog (cdk.catalog)
         "ecs:DescribeServices",
         "ecs:UpdateService",
         # the wake's hold of the scaling minimum (tests/cdk/test_scaling_hazards.py)
@@ -187,7 +188,7 @@ def test_the_authorizer_is_not_cached_by_the_gateway_and_needs_no_identity_sourc
 
 def test_the_authorizer_knows_this_stacks_keys_by_id(synthesized):
     """GIVEN the tenants' API keys WHEN reading the authorizer's environment THEN it maps each tenant to its key's id."""
-    variables = _function(synthesized, AUTHORIZER)["Properties"]["Environment"]["Variables"]
+    variables = synthesized.variables(AUTHORIZER)
     rendered = json.dumps(variables[config.ENV_TENANT_API_KEY_IDS])
     for key in synthesized.resources("AWS::ApiGateway::ApiKey"):
         assert key in rendered

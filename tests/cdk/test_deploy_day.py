@@ -28,10 +28,7 @@ def _joined(value: Any) -> str:
 
 
 def _dispatcher_env(synthesized) -> dict[str, Any]:
-    [function] = synthesized.template.find_resources(
-        "AWS::Lambda::Function", {"Properties": {"Handler": DISPATCHER}}
-    ).values()
-    return function["Properties"]["Environment"]["Variables"]
+    return synthesized.variables(DISPATCHER)
 
 
 # --- Defect 2: every tenant's webhook signing secret exists after the deploy ----------------------------------------
@@ -209,7 +206,7 @@ def test_the_functions_that_wake_the_workers_do_not_wait_for_the_worker_service(
     ]
     for needed in (logical_id, *policies):
         assert service not in _depends_on(template, needed) | {needed}, needed
-    variables = function["Properties"]["Environment"]["Variables"]
+    variables = synthesized.variables(logical_id)
     assert '/gpu-workers\\"' in json.dumps(variables["MODEL_FLEETS"])  # the route's worker_service
     statements = [
         s

@@ -42,7 +42,7 @@ def test_each_rule_is_an_object_created_notification_on_its_prefix_to_the_events
     ).items()
     assert function_id in prefixes["inbox/docs/"] and function_id in prefixes["inbox/nightly/"]
     assert all(entry["Events"] == ["s3:ObjectCreated:*"] for entry in lambdas)
-    env = function["Properties"]["Environment"]["Variables"]
+    env = with_rules.variables(function_id)
     assert [rule["prefix"] for rule in json.loads(env[config.ENV_EVENT_RULES])] == ["docs/", "nightly/"]
     assert config.ENV_MODEL_FLEETS in env and config.ENV_WORKER_CLUSTER in env
 

@@ -37,3 +37,19 @@ def test_an_environment_counts_references_as_resolved_and_joins_by_their_parts()
     the literal counts as written, the region as its longest name, the reference as a resolved ARN or URL."""
     value = {"Fn::Join": ["", ["https://", {"Ref": "AWS::Region"}, {"Ref": "Queue"}]]}
     assert limits.resolved_bytes(value) == len("https://") + 14 + limits.RESOLVED_TOKEN_BYTES
+
+
+def _largest_environment(synthesized) -> tuple[int, str]:
+    path = synthesized.outdir / synthesized.stack.template_file
+    found = limits.figures(json.loads(path.read_text()))
+    return found.largest_environment_bytes, found.largest_environment
+
+
+def test_no_function_environment_grows_with_the_tenants_or_the_models(synth_variant):
+    """GIVEN the app with 2 tenants and 1 model, and with 12 tenants and 3 models WHEN each template's function
+    environments are read THEN the largest is as large in both: the tenants' keys, quotas and secrets and the models'
+    routes and names are read from the deployment's catalog (cdk.catalog), not from the environment."""
+    few = _largest_environment(synth_variant(**limits.synthetic_context(2, 1)))
+    many = _largest_environment(synth_variant(**limits.synthetic_context(12, 3)))
+    assert many == few
+    assert few[0] <= limits.MAX_ENVIRONMENT_BYTES

@@ -146,7 +146,7 @@ def test_the_functions_that_queue_work_route_each_model_to_its_fleet(two, handle
     kind, job queue, batch lane and service to wake; SERVED_MODELS lists both models (GET /v1/models)."""
     service = two.stack.service
     first, fleet = service.fleets
-    env = _function(two, handler)["Properties"]["Environment"]["Variables"]
+    env = two.variables(handler)
     assert json.loads(env[config.ENV_SERVED_MODELS]) == [CHAT, EMBEDDING]
     rendered = json.dumps(env[config.ENV_MODEL_FLEETS])
     parts = env[config.ENV_MODEL_FLEETS]["Fn::Join"][1]
@@ -166,7 +166,7 @@ def test_a_wake_of_the_further_fleet_starts_an_instance_in_its_own_gpu_group(two
     service = two.stack.service
     first, fleet = service.fleets
     function = _function(two, handler)
-    rendered = json.dumps(function["Properties"]["Environment"]["Variables"][config.ENV_MODEL_FLEETS])
+    rendered = json.dumps(two.variables(handler)[config.ENV_MODEL_FLEETS])
     further_group = two.logical_id(fleet.capacity.auto_scaling_group)
     assert (
         rendered.index(json.dumps(EMBEDDING)[1:-1]) < rendered.rindex("worker_group") < rendered.rindex(further_group)

@@ -48,7 +48,7 @@ def test_every_waking_function_holds_the_maximum_at_what_the_pool_starts_and_kno
     variant = synth_variant(max_worker_tasks=3, max_gpu_instances=3)
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
-        variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
+        variables = variant.variables(variant.logical_id(function))
         routes = json.dumps(variables[ENV_MODEL_FLEETS])
         assert '\\"worker_hold_max_tasks\\":1,\\"worker_max_tasks\\":3' in routes, routes
 
@@ -65,7 +65,7 @@ def test_without_a_pool_or_with_one_that_starts_every_task_the_hold_holds_the_mi
     variant = synth_variant(**options)
     service = variant.stack.service
     for function in (service.api.handler, service.uploads.handler, service.batches.controller):
-        variables = variant.json["Resources"][variant.logical_id(function)]["Properties"]["Environment"]["Variables"]
+        variables = variant.variables(variant.logical_id(function))
         assert "max_tasks" not in json.dumps(variables[ENV_MODEL_FLEETS])
 
 

@@ -32,7 +32,7 @@ def test_each_tenants_limits_reach_the_api_and_the_batch_controller_from_the_ten
     synthesized = synth_variant(tenants={"small": small, "plain": {}})
     # WHEN the API function's and the batch controller's environments are read
     for handler in (API, CONTROLLER):
-        quotas = json.loads(function(synthesized, handler)["Properties"]["Environment"]["Variables"][ENV_TENANT_QUOTAS])
+        quotas = json.loads(synthesized.variables(handler)[ENV_TENANT_QUOTAS])
         # THEN each tenant has its limits, the defaults where its plan sets none
         assert quotas == {
             "small": small,
@@ -50,7 +50,7 @@ def test_the_request_limits_reach_the_api_and_the_upload_handler_per_deployment_
         request_limits={"context_tokens": 8192}, tenants={"big": {"request_limits": {"max_request_tokens": 32768}}}
     )
     for handler in (API, UPLOAD):
-        variables = function(synthesized, handler)["Properties"]["Environment"]["Variables"]
+        variables = synthesized.variables(handler)
         # THEN both functions hold requests to the deployment's limits, the defaults where it sets none
         assert RequestLimits.model_validate_json(variables[ENV_REQUEST_LIMITS]) == RequestLimits(context_tokens=8192)
         # AND the tenant's plan reaches them with its overrides
@@ -187,7 +187,7 @@ def test_a_tenant_with_two_keys_has_both_in_its_usage_plan_and_both_reach_the_au
     ]
     assert {by_name["acme"], by_name["acme-2026"], by_name["other"]} == set(plan_keys)
     # AND the authorizer maps both ids to acme
-    ids = function(synthesized, AUTHORIZER)["Properties"]["Environment"]["Variables"]["TENANT_API_KEY_IDS"]
+    ids = synthesized.variables(AUTHORIZER)["TENANT_API_KEY_IDS"]
     rendered = json.dumps(ids)
     assert by_name["acme"] in rendered and by_name["acme-2026"] in rendered and "[" in rendered
 

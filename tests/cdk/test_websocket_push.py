@@ -65,7 +65,7 @@ def test_connect_authenticates_with_the_tenants_api_keys(synthesized):
     [function] = synthesized.template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": ROUTES}}
     ).values()
-    ids = function["Properties"]["Environment"]["Variables"][config.ENV_TENANT_API_KEY_IDS]
+    ids = synthesized.variables(ROUTES)[config.ENV_TENANT_API_KEY_IDS]
     assert {part["Ref"] for part in ids["Fn::Join"][1] if isinstance(part, dict)} == set(keys)
     gets = role_actions(synthesized.template, function_role(synthesized.template, ROUTES))["apigateway:GET"]
     assert [resource["Fn::Join"][1][-1] for resource in gets] == ["::/apikeys"]  # GetApiKeys, one call for all
