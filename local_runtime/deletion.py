@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_inference import fleet_deploy_steps
-from local_runtime.deployer import RESOURCE_TYPES, Deployment, Physical
+from local_runtime.deployer import Deployment
+from local_runtime.physical import Physical
+from local_runtime.resource_types import RESOURCE_TYPES
 from local_runtime.template import TemplateError, deployment_order
 
 logger = logging.getLogger("local_runtime.deletion")

@@ -56,10 +56,11 @@ from async_inference.config import ENV_MODEL_KIND, ServiceConfig
 from async_inference.fleets import CHAT, EMBEDDING
 from async_inference.webhooks.secrets import read_tenant_secrets
 from gpu_worker.engines.cpu_embedding import MINILM_NAME
-from local_runtime.deployer import Deployment, deployable
+from local_runtime.deployer import Deployment
 from local_runtime.functions import LocalFunction, environment_of, function_ids
 from local_runtime.moto_server import LOCAL_CREDENTIALS, LOCAL_KEYS, MotoServer, free_port
 from local_runtime.pollers import SqsEventSource, event_sources
+from local_runtime.resource_types import deployable
 from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
 from local_runtime.websocket_api import WebSocketApi

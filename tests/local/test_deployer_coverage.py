@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from local_runtime.deployer import RESOURCE_TYPES, Skipped, deployable
+from local_runtime.resource_types import RESOURCE_TYPES, Skipped, deployable
 from local_runtime.template import Assembly, TemplateError
 
 ROOT = Path(__file__).resolve().parents[2]
