@@ -37,7 +37,7 @@ from typing import Protocol, TypeVar
 # long. A worker with one tenant's backlog then costs a receive, a batched send and a batched delete per pause, about
 # nine requests a second. Before, the pause doubled from 0.5 s to 2 s, and each pause came after up to five more full
 # receives in a row (to step over a backlog on moto's queues, which were not fair): as many requests a second, and
-# another tenant's 8-token job, 0.6 s alone, waited for the pause behind 40 of A's n-8 jobs, 1.9 s
+# another tenant's 8-token job, 0.6 s alone, took 1.9 s behind 40 of A's n-8 jobs, most of it waiting for the pause
 # (bench/attacks_stack.py). The batch lane's scout pauses FAIR_SCAN_PAUSE_S, doubling up to FAIR_SCAN_PAUSE_MAX_S
 # while each look finds only tenants holding messages there: with a fixed 0.5 s pause it made a 5,000-line
 # single-tenant embeddings batch cost 0.62 AWS requests per line, where a 500-line one cost 0.19 before the scout
