@@ -3,7 +3,8 @@ at start, so that no Lambda environment grows with the number of tenants or mode
 
 The stack (``cdk.catalog.DeploymentCatalog``) writes, under its path ``CATALOG_PATH`` (``/<stack name>/catalog/``):
 
-- ``tenants/<n>``: ``{"name": "<tenant>", "api_key_ids": [...], "quota": {...}, "webhook_secret_arn": "..."}``;
+- ``tenants/<n>``: ``{"name": "<tenant>", "api_key_ids": [...], "quota": {...}, "webhook_secret_arn": "...",
+  "webhook_queue_url": "..."}``;
 - ``models/<n>``: ``{"name": "<model>", "route": {...}}``, the model's ``async_inference.fleets.FleetRoute``.
 
 Each function gets only ``CATALOG_PATH`` and ``CATALOG_DIGEST``, a hash of what the stack wrote: a deploy that

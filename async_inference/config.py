@@ -32,7 +32,8 @@ ENV_TOPIC_ARN = "RESULT_TOPIC_ARN"
 # tenant -> the ARN of its signing secret, as JSON (async_inference.webhooks.secrets).
 ENV_WEBHOOK_SECRET_ARNS = "WEBHOOK_SECRET_ARNS"
 ENV_WEBHOOK_SECRETS_JSON = "WEBHOOK_SECRETS_JSON"
-ENV_WEBHOOK_QUEUE_URL = "WEBHOOK_QUEUE_URL"
+# tenant -> the URL of its webhook queue, as JSON (cdk/webhook_dispatch.py: a queue per tenant).
+ENV_WEBHOOK_QUEUE_URLS = "WEBHOOK_QUEUE_URLS"
 # Days the claim-check bucket keeps requests and results (its lifecycle rules): a job records when its result expires.
 ENV_PAYLOAD_RETENTION_DAYS = "PAYLOAD_RETENTION_DAYS"
 # The upload-deadline queue: the API schedules each upload job's expiry there; its handler expires late uploads.
@@ -171,6 +172,7 @@ CATALOG_VARIABLES: dict[str, tuple[catalog.Part, str | None]] = {
     ENV_TENANT_API_KEY_IDS: (catalog.TENANTS, "api_key_ids"),
     ENV_TENANT_QUOTAS: (catalog.TENANTS, "quota"),
     ENV_WEBHOOK_SECRET_ARNS: (catalog.TENANTS, "webhook_secret_arn"),
+    ENV_WEBHOOK_QUEUE_URLS: (catalog.TENANTS, "webhook_queue_url"),
     ENV_MODEL_FLEETS: (catalog.MODELS, "route"),
     ENV_SERVED_MODELS: (catalog.MODELS, None),
 }
@@ -390,7 +392,9 @@ class DispatcherSettings(EnvSettings):
     """The webhook dispatcher Lambda's settings."""
 
     table_name: str = Field(alias=ENV_TABLE, description="the job table's name")
-    webhook_queue_url: str = Field(alias=ENV_WEBHOOK_QUEUE_URL, description="the webhook queue's URL")
+    webhook_queue_urls: Json[dict[str, str]] = Field(
+        alias=ENV_WEBHOOK_QUEUE_URLS, description='{"tenant": "<URL of its webhook queue>"}'
+    )
     # Unset: batch events are dropped (a stack without batches).
     batch_table_name: str | None = Field(
         None, alias=ENV_BATCH_TABLE, description="the batch table's name (batch webhooks)"

@@ -12,8 +12,8 @@ what it saw, and when something is missing, how to fix it. The checks, and what 
 * ``ecs_service_linked_role``: the role ``AWSServiceRoleForECS`` (IAM GetRole), which the capacity provider's managed
   scaling needs; an account that never used ECS may lack it.
 * ``lambda_concurrency``: the account's Lambda concurrency (GetAccountSettings) against ``MIN_LAMBDA_CONCURRENCY``.
-  New accounts get 10; the queue-driven functions may take 11 at once (their event sources' caps) beside the API's.
-  Below it the preflight fails (exit status 1), so ``make deploy`` stops before ``cdk deploy``.
+  New accounts get 10; the queue-driven functions may take 8 at once, plus 2 per tenant (their event sources' caps),
+  beside the API's. Below it the preflight fails (exit status 1), so ``make deploy`` stops before ``cdk deploy``.
 * ``zones``: the zones that offer the GPU type (EC2 DescribeInstanceTypeOfferings), against the zones the VPC will
   use (``availability_zones``, or the region's first two, which is what the stack takes without it).
 * ``bootstrap``: the CDK bootstrap stack (CloudFormation ``CDKToolkit``) and its version parameter (SSM
@@ -249,8 +249,8 @@ def check_lambda_concurrency(lambda_: Any, plan: Plan) -> Finding:
     return Finding(
         "lambda_concurrency",
         False,
-        f"{limit} concurrent Lambda executions (a new account's): the queue-driven functions may take 11 at once, "
-        f"which would throttle the API",
+        f"{limit} concurrent Lambda executions (a new account's): the queue-driven functions may take 8 at once, "
+        "plus 2 per tenant, which would throttle the API",
         f"aws service-quotas request-service-quota-increase --service-code lambda --quota-code "
         f"{LAMBDA_CONCURRENCY_QUOTA_CODE} --desired-value 1000 (at least {plan.min_lambda_concurrency})",
     )

@@ -281,10 +281,17 @@ WEBHOOK_DELIVERY_TIMEOUT_S = 5
 WEBHOOK_BATCH_SIZE = 10
 WEBHOOK_DISPATCHER_TIMEOUT_S = 30
 WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S = 6 * WEBHOOK_DISPATCHER_TIMEOUT_S
-# Result notifications carry the message attribute webhook="true" when their job has a webhook; the dispatcher's
-# subscription filters on it, so jobs without webhooks cost the dispatcher nothing.
+# Result notifications carry the message attribute webhook="true" when their job has a webhook, and their tenant; each
+# tenant's webhook queue subscribes with a filter on both, so jobs without webhooks cost the dispatcher nothing, and a
+# tenant's events reach only its own queue (cdk/webhook_dispatch.py).
 WEBHOOK_ATTRIBUTE = "webhook"
 WEBHOOK_FILTER_POLICY = {WEBHOOK_ATTRIBUTE: ["true"]}
+TENANT_ATTRIBUTE = "tenant"
+
+
+def webhook_filter_policy(tenant: str) -> dict[str, list[str]]:
+    """The filter policy of ``tenant``'s webhook queue on the result topic."""
+    return {**WEBHOOK_FILTER_POLICY, TENANT_ATTRIBUTE: [tenant]}
 
 
 def webhook_retry_span_s() -> int:

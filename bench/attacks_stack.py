@@ -2,9 +2,12 @@
 moto, the API, one CPU-engine worker of 8 rows), as issue 30 measured them: tenant B's 8-token job time, from its
 ``POST /v1/jobs`` to ``GET /v1/jobs/{id}`` reading it final, under attack over its time alone (median of three, taken
 just before each attack). Each attack is tenant A's, submitted through the API just before B's job; what the API
-refuses (a 400) never reaches the worker. The webhook attack is bench/attacks.py's (the dispatcher directly).
+refuses (a 400) never reaches the worker. The webhook attack: B's job with a webhook, from its ``POST`` to its
+delivery at B's receiver, under attack over alone; the attack is 20 of A's jobs whose webhooks go to 20 receivers
+dripping one header line a second (bench/attacks.py), finished just before B submits, so that their deliveries are
+under way or queued when B's event is published.
 
-Prints one line per attack and ends with one JSON object: ``{attack: ratio}``; ``--only rows,grammar`` runs only
+Prints one line per attack and ends with one JSON object: ``{attack: ratio}``; ``--only rows,webhook`` runs only
 the attacks named.
 """
 
@@ -14,13 +17,15 @@ import concurrent.futures
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import requests
 
-from bench.attacks import LOOPING_TEMPLATE, patterned, schema_format
+from async_inference.webhooks.receiver import Receiver
+from bench.attacks import LOOPING_TEMPLATE, dripping_receiver, patterned, schema_format
 from local_runtime.moto_server import free_port
 from local_runtime.stack import LocalDeployment
 
@@ -69,6 +74,18 @@ class Client:
         self.wait(B, job_id)
         return time.monotonic() - started
 
+    def webhook_victim(self, receiver: Receiver) -> float:
+        """Seconds from B's job's submission to its webhook's delivery at ``receiver``."""
+        started = time.monotonic()
+        seen = len(receiver.wait_for(0, timeout_s=0))
+        webhook = {"url": receiver.url, "events": ["completed"]}
+        job_id = self.submit(
+            B, {"request": self.chat("What is the capital of France?", max_tokens=8), "webhook": webhook}
+        )
+        assert job_id is not None
+        receiver.wait_for(seen + 1, timeout_s=120)
+        return time.monotonic() - started
+
     def cancel_all(self, job_ids: list[str]) -> None:
         """A's jobs left: cancelled, and waited for, so that the next measurement alone is alone."""
         for job_id in job_ids:
@@ -113,6 +130,33 @@ def attacks(client: Client) -> dict[str, Callable[[], list[str | None]]]:
     }
 
 
+def webhook_attack(client: Client) -> tuple[float, float]:
+    """(B's webhook time alone, median of three; under attack): the attack is 20 of A's jobs whose webhooks go to 20
+    receivers dripping one header line a second, finished just before B submits."""
+    stop = threading.Event()
+    try:
+        with Receiver() as receiver:
+            alone = statistics.median(client.webhook_victim(receiver) for _ in range(3))
+            drips = [dripping_receiver(stop) for _ in range(20)]
+            attack = [
+                client.submit(
+                    A,
+                    {
+                        "request": client.chat(f"Say {i}.", max_tokens=1),
+                        "webhook": {"url": f"http://127.0.0.1:{port}/in", "events": ["completed"]},
+                    },
+                )
+                for i, port in enumerate(drips)
+            ]
+            for job_id in attack:
+                assert job_id is not None
+                client.wait(A, job_id)
+            took = client.webhook_victim(receiver)
+            return alone, took
+    finally:
+        stop.set()
+
+
 def main() -> int:
     stack = LocalDeployment.with_tenants(
         KEYS,
@@ -130,6 +174,10 @@ def main() -> int:
         client.victim()  # the worker's start and the first prefill
         ratios: dict[str, float] = {}
         only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+        if only is None or "webhook" in only:
+            alone, took = webhook_attack(client)
+            ratios["webhook"] = round(took / alone, 2)
+            print(f"webhook: {took:.2f} s under attack, {alone:.2f} s alone: {ratios['webhook']}x", flush=True)
         for name, attack in attacks(client).items():
             if only is not None and name not in only:
                 continue

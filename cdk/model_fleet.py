@@ -25,7 +25,7 @@ from async_inference.config import (
     ENV_QUEUE_URL,
     ENV_SERVED_MODELS,
     ENV_TOOL_CALL_PARSER,
-    ENV_WEBHOOK_QUEUE_URL,
+    ENV_WEBHOOK_QUEUE_URLS,
 )
 from cdk.batches import Batches
 from cdk.claim_check_bucket import ClaimCheckBucket
@@ -261,7 +261,7 @@ class ModelFleet(Construct):
         bucket.grant_put(worker, result_objects)
         table.grant_items(worker, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
         results.grant_publish(worker)
-        shared.webhooks.queue.grant(worker, "sqs:SendMessage")
+        shared.webhooks.grant_send(worker)
         shared.streams.grant_append(worker)  # streamed jobs' text, as it decodes
         if shared.push is not None:
             shared.push.grant_publish_events(worker)  # job.started, job.progress
@@ -293,7 +293,7 @@ class ModelFleet(Construct):
             **({ENV_TOOL_CALL_PARSER: parser} if parser else {}),
             **(dict(self.models.environment) if self.models is not None else {}),
             "MAX_NUM_SEQS": str(props.effective_max_num_seqs()),
-            ENV_WEBHOOK_QUEUE_URL: self.shared.webhooks.queue.queue_url,  # "started" events
+            ENV_WEBHOOK_QUEUE_URLS: self.shared.webhooks.queue_urls_json,  # "started" events, to each tenant's queue
             **self.shared.batches.environment,  # the batch table, its counters and finalize steps
             ENV_BATCH_QUEUE_URL: self.lane_queue.queue_url,
             ENV_PROGRESS_INTERVAL_S: str(props.progress_interval_s),

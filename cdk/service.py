@@ -237,8 +237,10 @@ class AsyncInferenceService(Construct):
         tenants: the authorizer and WebSocket functions (key ids), the dispatcher (secrets), and the API, upload
         handler and batch controller (quotas; they read the models too: ``_route``)."""
         for tenant, entry in self.api.tenant_entries.items():
-            secret = self.webhooks.signing_secrets[tenant]
-            self.catalog.add(TENANTS, tenant, {**entry, "webhook_secret_arn": secret.secret_arn})
+            secret, queue = self.webhooks.signing_secrets[tenant], self.webhooks.queues[tenant]
+            self.catalog.add(
+                TENANTS, tenant, {**entry, "webhook_secret_arn": secret.secret_arn, "webhook_queue_url": queue.queue_url}
+            )
         readers = [self.api.authorizer_function, self.webhooks.handler]
         if self.push is not None:
             # The push functions read key ids to close, rather than tell, a connection whose key was revoked since.

@@ -10,9 +10,10 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from async_inference import config, settings
+from async_inference import settings
 from cdk.job_queue import secure_dead_letter_queue, secure_queue
 from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
@@ -22,15 +23,21 @@ FUNCTION_TIMEOUT = Duration.seconds(settings.WEBHOOK_DISPATCHER_TIMEOUT_S)
 # Letters and digits only: 48 of them are the base64 of 36 random bytes (about 286 bits of entropy), a Standard Webhooks
 # secret once "whsec_" is put in front (async_inference.webhooks.secrets), within the 24 to 64 bytes the spec advises.
 SIGNING_SECRET_CHARS = 48
-# Concurrent invocations the event source may run (its ScalingConfig): each delivers a batch of WEBHOOK_BATCH_SIZE at
-# once, so 3 keep 30 deliveries in flight, and leave the account's Lambda concurrency (new accounts get little) to the
-# functions behind the API.
-MAX_CONCURRENCY = 3
+# Concurrent invocations each tenant's event source may run (its ScalingConfig; 2 is the least Lambda takes): each
+# delivers a batch of WEBHOOK_BATCH_SIZE at once, so a tenant keeps 20 deliveries in flight, and the tenants together
+# 2 invocations each of the account's Lambda concurrency (new accounts get little; the functions behind the API need
+# theirs).
+MAX_CONCURRENCY = 2
 
 
 class WebhookDispatch(Construct):
-    """A queue subscribed to the result topic (raw delivery), the dispatcher Lambda, its DLQ, and one signing secret
-    per tenant.
+    """One queue per tenant subscribed to the result topic (raw delivery, the tenant's events only), the dispatcher
+    Lambda with one event source per queue, their DLQ, and one signing secret per tenant.
+
+    A queue per tenant: an invocation ends with its slowest delivery, so on one shared queue a tenant whose receivers
+    hold each attempt to its deadline held the batches behind it, any tenant's, a deadline each (its pause,
+    ``async_inference.webhooks.slow_receivers``, cut that to one deadline a minute, not to none). Each tenant's events
+    now wait only behind its own, in its own queue, read by its own event source with its own concurrency.
 
     Signing secrets: each tenant gets a Secrets Manager secret whose value Secrets Manager generates at deploy
     (``SIGNING_SECRET_CHARS`` letters and digits: ``async_inference.webhooks.secrets`` reads it as a ``whsec_``
@@ -66,23 +73,26 @@ class WebhookDispatch(Construct):
     ) -> None:
         super().__init__(scope, id)
         self.dead_letter_queue = secure_dead_letter_queue(self, "DeadLetterQueue")
-        self.queue = secure_queue(
-            self,
-            "Queue",
-            dead_letter_queue=self.dead_letter_queue,
-            max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT,
-            # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS guidance).
-            # A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility), not from this value.
-            visibility_timeout=Duration.seconds(settings.WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S),
-        )
-        # Only notifications of jobs that have a webhook reach the dispatcher (the attribute is set by the publisher).
-        webhook_only = {
-            name: sns.SubscriptionFilter.string_filter(allowlist=values)
-            for name, values in settings.WEBHOOK_FILTER_POLICY.items()
-        }
-        topic.add_subscription(
-            subscriptions.SqsSubscription(self.queue, raw_message_delivery=True, filter_policy=webhook_only)
-        )
+        self.queues: dict[str, sqs.Queue] = {}  # by tenant
+        for tenant in sorted(tenants):
+            queue = secure_queue(
+                self,
+                f"Queue-{tenant}",
+                dead_letter_queue=self.dead_letter_queue,
+                max_receive_count=settings.WEBHOOK_MAX_RECEIVE_COUNT,
+                # Lambda requires at least the function timeout; 6x leaves room for throttled invocations (AWS
+                # guidance). A failed delivery gets its backoff from the dispatcher (ChangeMessageVisibility).
+                visibility_timeout=Duration.seconds(settings.WEBHOOK_QUEUE_VISIBILITY_TIMEOUT_S),
+            )
+            # Only the tenant's notifications of jobs that have a webhook (both attributes set by the publisher).
+            tenants_with_webhook = {
+                name: sns.SubscriptionFilter.string_filter(allowlist=values)
+                for name, values in settings.webhook_filter_policy(tenant).items()
+            }
+            topic.add_subscription(
+                subscriptions.SqsSubscription(queue, raw_message_delivery=True, filter_policy=tenants_with_webhook)
+            )
+            self.queues[tenant] = queue
         self.signing_secrets: dict[str, secretsmanager.Secret] = {}
         for tenant in sorted(tenants):
             secret = secretsmanager.Secret(
@@ -104,6 +114,9 @@ class WebhookDispatch(Construct):
         self.secret_arns_json = Stack.of(self).to_json_string(
             {tenant: secret.secret_arn for tenant, secret in self.signing_secrets.items()}
         )
+        self.queue_urls_json = Stack.of(self).to_json_string(
+            {tenant: queue.queue_url for tenant, queue in self.queues.items()}
+        )
         self.handler = code.new_function(
             self,
             "Handler",
@@ -112,18 +125,23 @@ class WebhookDispatch(Construct):
             service_name="async-inference-webhooks",
             environment={
                 **environment,
-                config.ENV_WEBHOOK_QUEUE_URL: self.queue.queue_url,
             },
             timeout=FUNCTION_TIMEOUT,
         )
-        self.handler.add_event_source(
-            event_sources.SqsEventSource(
-                self.queue,
-                batch_size=settings.WEBHOOK_BATCH_SIZE,
-                report_batch_item_failures=True,
-                max_concurrency=MAX_CONCURRENCY,
+        for queue in self.queues.values():
+            self.handler.add_event_source(
+                event_sources.SqsEventSource(
+                    queue,
+                    batch_size=settings.WEBHOOK_BATCH_SIZE,
+                    report_batch_item_failures=True,
+                    max_concurrency=MAX_CONCURRENCY,
+                )
             )
-        )
+
+    def grant_send(self, grantee: iam.IGrantable) -> None:
+        """sqs:SendMessage on every tenant's queue: the worker's "started" events."""
+        for queue in self.queues.values():
+            queue.grant(grantee, "sqs:SendMessage")
 
     def grant_read_signing_secrets(self, grantee: iam.IGrantable) -> iam.Grant:
         """secretsmanager:GetSecretValue on the tenants' signing secrets: what Powertools' get_secret calls

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from async_inference.aws import JobEvents, WebhookQueue
+from async_inference.aws import JobEvents, WebhookQueues
 from async_inference.jobs_service import JobOutcomes, JobResult
 from async_inference.schemas import Job, JobActivity
 from async_inference.webhooks.events import EVENT_STARTED, started_event
@@ -30,7 +30,7 @@ class Announcer:
     """Announces the starts and ends of jobs: ``started`` (fire and forget), ``finished`` (published or not)."""
 
     def __init__(
-        self, outcomes: JobOutcomes, *, webhooks: WebhookQueue | None, events: JobEvents | None, io: IO
+        self, outcomes: JobOutcomes, *, webhooks: WebhookQueues | None, events: JobEvents | None, io: IO
     ) -> None:
         """``webhooks``: where started webhooks go (None: jobs that ask for one do not get it, logged); ``events``:
         the job event topic (None: no job.started events)."""

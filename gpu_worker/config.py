@@ -59,8 +59,9 @@ class WorkerOptions(BaseModel):
 
     model_config = SettingsConfigDict(frozen=True, validate_by_name=True, arbitrary_types_allowed=True)
 
-    webhook_queue_url: str | None = Field(
-        None, alias=env.ENV_WEBHOOK_QUEUE_URL, description='the webhook queue, for "started" events'
+    # A dict: the environment's JSON is decoded by pydantic-settings (WorkerSettings), and WorkerConfig is built from it.
+    webhook_queue_urls: dict[str, str] | None = Field(
+        None, alias=env.ENV_WEBHOOK_QUEUE_URLS, description='each tenant\'s webhook queue, for "started" events'
     )
     interactive_reserve: int | None = Field(
         None,

@@ -15,7 +15,7 @@ of run first. Once the other tenant's message is held, the engine's admission (`
 it the next slot that frees, ahead of the waiting messages of the tenant holding more slots.
 
 The batch lane's budget counts lines waiting rather than messages, so it has a scout instead of a room: while the
-budget takes no more, the worker receives one message each ``FAIR_SCAN_PAUSE_S`` and holds it only if its tenant holds
+budget takes no more, the worker receives one message each scan pause and holds it only if its tenant holds
 none of the lane's messages here (a share of one), requeueing it otherwise. A batch queued behind another tenant's
 chunks is thus held within a few scouts, and its lines take the next slots that free (the admission's order).
 
@@ -30,46 +30,39 @@ import collections
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
-# After a receive in which every message belonged to tenants at their share (nothing else is visible, or not yet:
-# the backlog is stepped over one receive at a time), the receive loop waits before asking again: FAIR_SCAN_PAUSE_S
-# after a look that found something to hold, doubling up to FAIR_SCAN_PAUSE_MAX_S while each look finds only tenants
-# at their share. A worker with room and one tenant's backlog then costs a receive, a batched send and a batched
-# delete every 2 s per loop once the pause has grown, not two a second (with a fixed 0.5 s pause the batch lane's
-# scout made a 5,000-line single-tenant embeddings batch cost 0.62 AWS requests per line, where a 500-line one cost
-# 0.19 before the scout existed: bench/embed_bench.py), and another tenant's message is looked for at most
-# FAIR_SCAN_PAUSE_MAX_S late.
+# After a receive in which every message belonged to tenants at their share (nothing else is visible, or not yet),
+# the interactive lane waits INTERACTIVE_SCAN_PAUSE_S before it looks again, however often that happens: another
+# tenant's job arriving meanwhile is received at the next look, on a fair queue ahead of the backlog (AWS's fair queues
+# by message group, which the local runtime's moto emulates: local_runtime/moto_main.py), so it waits at most that
+# long. A worker with one tenant's backlog then costs a receive, a batched send and a batched delete per pause, about
+# nine requests a second. Before, the pause doubled from 0.5 s to 2 s, and each pause came after up to five more full
+# receives in a row (to step over a backlog on moto's queues, which were not fair): as many requests a second, and
+# another tenant's 8-token job, 0.6 s alone, took 1.9 s behind 40 of A's n-8 jobs, most of it waiting for the pause
+# (bench/attacks_stack.py). The batch lane's scout pauses FAIR_SCAN_PAUSE_S, doubling up to FAIR_SCAN_PAUSE_MAX_S
+# while each look finds only tenants holding messages there: with a fixed 0.5 s pause it made a 5,000-line
+# single-tenant embeddings batch cost 0.62 AWS requests per line, where a 500-line one cost 0.19 before the scout
+# existed (bench/embed_bench.py).
+INTERACTIVE_SCAN_PAUSE_S = 0.3
 FAIR_SCAN_PAUSE_S = 0.5
 FAIR_SCAN_PAUSE_MAX_S = 2.0
-# A receive that came back full of messages of tenants at their share has more behind it: the loop looks again at once,
-# up to FAIR_SCAN_STEPS full receives in a row before it pauses, so another tenant's message behind a backlog of up to
-# FAIR_SCAN_STEPS x 10 is held at once, not one pause per 10 messages in front of it (the local stack, whose moto queue
-# is not fair, kept tenant B's job behind 40 of A's n-8 jobs 7.5 s, 11x its time alone: bench/attacks_stack.py). A
-# worker with room and one tenant's backlog then costs FAIR_SCAN_STEPS receives, batched sends and batched deletes per
-# pause. On AWS the job queue is a fair queue by tenant (its message group), which puts the other tenant's message
-# near the front in the first place.
-FAIR_SCAN_STEPS = 5
 
 
 class ScanPause:
-    """How long a lane waits before it looks over the queue again (see FAIR_SCAN_PAUSE_S)."""
+    """How long a lane waits before it looks over the queue again (see INTERACTIVE_SCAN_PAUSE_S)."""
 
-    def __init__(self) -> None:
-        self.next_s = FAIR_SCAN_PAUSE_S
-        self.steps = 0  # full receives in a row looked past without a pause
+    def __init__(self, first_s: float = FAIR_SCAN_PAUSE_S, max_s: float = FAIR_SCAN_PAUSE_MAX_S) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self.next_s = first_s
 
     def found(self) -> None:
         """A look found a message to hold: the next pause is the shortest again."""
-        self.next_s = FAIR_SCAN_PAUSE_S
-        self.steps = 0
+        self.next_s = self.first_s
 
-    def nothing(self, *, full: bool = False) -> float:
-        """A look found only tenants at their share: the pause to wait now (none after a ``full`` receive, up to
-        FAIR_SCAN_STEPS in a row); the next one is twice as long, up to FAIR_SCAN_PAUSE_MAX_S."""
-        if full and self.steps < FAIR_SCAN_STEPS:
-            self.steps += 1
-            return 0.0
-        self.steps = 0
-        pause, self.next_s = self.next_s, min(2 * self.next_s, FAIR_SCAN_PAUSE_MAX_S)
+    def nothing(self) -> float:
+        """A look found only tenants at their share: the pause to wait now; the next one is twice as long, up to
+        ``max_s``."""
+        pause, self.next_s = self.next_s, min(2 * self.next_s, self.max_s)
         return pause
 
 

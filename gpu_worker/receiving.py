@@ -22,7 +22,7 @@ from async_inference.aws import JobQueue, QueueMessage
 from gpu_worker.batcher import Batcher, Slots
 from gpu_worker.claims import InFlight, parse_claim
 from gpu_worker.config import WorkerConfig
-from gpu_worker.fairness import ScanPause, TenantShare, rows_held
+from gpu_worker.fairness import INTERACTIVE_SCAN_PAUSE_S, ScanPause, TenantShare, rows_held
 from gpu_worker.lanes import BATCH, INTERACTIVE, Admission, BatchBudget
 
 __all__ = ["DELETE_BATCH_DELAY_S", "Lane", "Receiver", "open_lanes"]
@@ -111,7 +111,8 @@ class Receiver:
         self._received = received
         self._start = start
         self.share = share
-        self._scan_pause = ScanPause()  # the interactive lane's looks past tenants at their share
+        # The interactive lane's looks past tenants at their share: a short pause that does not grow.
+        self._scan_pause = ScanPause(INTERACTIVE_SCAN_PAUSE_S, INTERACTIVE_SCAN_PAUSE_S)
         self._visibility_timeout_s = visibility_timeout_s
         self._receive_wait_s = receive_wait_s
 
@@ -149,12 +150,20 @@ class Receiver:
                 await lane.held.give(len(messages))
                 return
             received = [self._parse(message, lane) for message in await self._fresh(messages, lane)]
-            if lane.name == INTERACTIVE:
-                full = len(messages) == taken
-                received = await self._share(lane, received, self.share, pause=self._scan_pause, full=full)
-            await self._received(len(received), held_before=len(self._held))
-            for flight, parse_error in received:
-                self._start(flight, lane, parse_error)
+            if lane.name != INTERACTIVE:
+                await self._hold(lane, received)
+                continue
+            # The kept messages start before the others are requeued: another tenant's job received among a
+            # backlog's waits for no send and delete of that backlog's messages.
+            received, requeue = self._split(lane, received, self.share)
+            await self._hold(lane, received)
+            await self._requeue(lane, requeue, pause=self._scan_pause, kept=bool(received))
+
+    async def _hold(self, lane: Lane, received: list[tuple[InFlight, Exception | None]]) -> None:
+        """Hand each received message to the worker's ``start``."""
+        await self._received(len(received), held_before=len(self._held))
+        for flight, parse_error in received:
+            self._start(flight, lane, parse_error)
 
     async def _fresh(self, messages: list[QueueMessage], lane: Lane) -> list[QueueMessage]:
         """The messages this worker does not hold already. One it holds, received again (its visibility lapsed before
@@ -196,14 +205,13 @@ class Receiver:
                 return
             budget.add(len(messages))  # held from here: every held message is given back once settled
             fresh = [self._parse(m, lane) for m in await self._fresh(messages, lane)]
-            received = await self._share(lane, fresh, TenantShare(1), pause=None)
+            received, requeue = self._split(lane, fresh, TenantShare(1))
             if received:
                 pause.found()
             elif messages:
                 pause.nothing()
-            await self._received(len(received), held_before=len(self._held))
-            for flight, parse_error in received:
-                self._start(flight, lane, parse_error)
+            await self._hold(lane, received)
+            await self._requeue(lane, requeue, pause=None)
 
     @staticmethod
     def _parse(message: QueueMessage, lane: Lane) -> tuple[InFlight, Exception | None]:
@@ -215,37 +223,36 @@ class Receiver:
             return flight, exc
         return flight, None
 
-    async def _share(
-        self,
-        lane: Lane,
-        received: list[tuple[InFlight, Exception | None]],
-        share: TenantShare,
-        *,
-        pause: ScanPause | None,
-        full: bool = False,
-    ) -> list[tuple[InFlight, Exception | None]]:
-        """The received messages to hold; those of tenants at their ``share`` are requeued (``gpu_worker.fairness``),
-        their places given back; ``pause``: wait before the next look when none was held, longer each time, unless
-        the receive was ``full`` (more may be behind it)."""
+    def _split(
+        self, lane: Lane, received: list[tuple[InFlight, Exception | None]], share: TenantShare
+    ) -> tuple[list[tuple[InFlight, Exception | None]], list[InFlight]]:
+        """(to hold, to requeue): the received messages, those of tenants at their ``share`` to requeue
+        (``gpu_worker.fairness``)."""
         holding = rows_held(f for f in self._held.values() if f.lane == lane.name)
         keep, requeue = share.split([flight for flight, _ in received], holding)
-        if not requeue:
-            if pause is not None and received:
-                pause.found()
-            return received
-        logger.debug("requeueing %d messages of tenants at their share", len(requeue))
-        try:
-            failed = await self._io(lane.queue.requeue, [(f.message, f.tenant or "") for f in requeue])
-            if failed:
-                logger.warning("%d messages not requeued; they return after their visibility timeout", len(failed))
-        except Exception:
-            logger.exception("requeue failed; those %d messages return after their visibility timeout", len(requeue))
-        await lane.held.give(len(requeue))
-        if pause is not None and keep:
-            pause.found()
-        elif pause is not None:
-            # Only tenants at their share are visible, or the backlog in front is being stepped over: look again soon,
-            # not at once, and later each time nothing new turns up.
-            await asyncio.sleep(pause.nothing(full=full))
         kept = {id(f) for f in keep}
-        return [(flight, error) for flight, error in received if id(flight) in kept]
+        return [(flight, error) for flight, error in received if id(flight) in kept], requeue
+
+    async def _requeue(
+        self, lane: Lane, requeue: list[InFlight], *, pause: ScanPause | None, kept: bool = False
+    ) -> None:
+        """Send ``requeue`` back to the tail of the queue and give their places back; ``pause``: wait before the next
+        look when none was ``kept``."""
+        if requeue:
+            logger.debug("requeueing %d messages of tenants at their share", len(requeue))
+            try:
+                failed = await self._io(lane.queue.requeue, [(f.message, f.tenant or "") for f in requeue])
+                if failed:
+                    logger.warning("%d messages not requeued; they return after their visibility timeout", len(failed))
+            except Exception:
+                logger.exception(
+                    "requeue failed; those %d messages return after their visibility timeout", len(requeue)
+                )
+            await lane.held.give(len(requeue))
+        if pause is None:
+            return
+        if kept:
+            pause.found()
+        elif requeue:
+            # Only tenants at their share are visible: look again soon, not at once (gpu_worker.fairness).
+            await asyncio.sleep(pause.nothing())

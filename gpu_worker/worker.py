@@ -48,7 +48,7 @@ from async_inference.aws import (
     JobEvents,
     JobQueue,
     QueueMessage,
-    WebhookQueue,
+    WebhookQueues,
 )
 from async_inference.jobs_service import JobService
 from async_inference.streaming.log import EventLog
@@ -168,7 +168,7 @@ class Worker:
                 self.service.outcomes,
                 events=events,
                 io=self._io,
-                webhooks=WebhookQueue(config.webhook_queue_url) if config.webhook_queue_url else None,
+                webhooks=WebhookQueues(config.webhook_queue_urls) if config.webhook_queue_urls else None,
             ),
             policy=self.policy,
             faults=self.faults,

@@ -385,12 +385,23 @@ class LocalDeployment:
                 logical_id,
                 extra_env=self._function_overrides(logical_id),
                 log=self._function_log,
-                instances=API_FUNCTION_INSTANCES if logical_id in scaled else 1,
+                instances=API_FUNCTION_INSTANCES if logical_id in scaled else self._event_sources_of(logical_id),
             ).start()
             for logical_id in function_ids(self.deployment)
         }
         with concurrent.futures.ThreadPoolExecutor() as pool:
             list(pool.map(LocalFunction.wait_ready, self.functions.values()))
+
+    def _event_sources_of(self, logical_id: str) -> int:
+        """Execution environments for a function not behind the API: one per SQS event source mapping of it (at least
+        one). Each mapping's poller invokes one batch at a time, and on AWS the mappings' invocations run beside each
+        other: with one environment, a tenant's webhook batch waited for another tenant's slowest delivery
+        (cdk/webhook_dispatch.py gives each tenant a queue and a mapping of its own)."""
+        assert self.deployment is not None
+        mappings = self.deployment.of_type("AWS::Lambda::EventSourceMapping").values()
+        return max(
+            1, sum(self.deployment.function_by_arn(m.properties["FunctionName"]) == logical_id for m in mappings)
+        )
 
     def _api_function_ids(self) -> set[str]:
         assert self.deployment is not None

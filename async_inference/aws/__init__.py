@@ -42,7 +42,7 @@ from async_inference.aws.sqs import (
     JobQueue,
     QueueMessage,
     UploadDeadlines,
-    WebhookQueue,
+    WebhookQueues,
 )
 from async_inference.aws.websocket import ConnectionPoster, ConnectionStore, TooManyConnections, TooManySubscriptions
 
@@ -69,7 +69,7 @@ __all__ = [
     "TooManyConnections",
     "TooManySubscriptions",
     "UploadDeadlines",
-    "WebhookQueue",
+    "WebhookQueues",
     "WorkerService",
     "activity_attributes",
     "append_webhook_attempt",

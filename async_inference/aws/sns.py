@@ -78,7 +78,7 @@ def notification_attributes(
 ) -> dict[str, dict[str, str]]:
     attributes = {
         "status": {"DataType": "String", "StringValue": notification.status.value},
-        "tenant": {"DataType": "String", "StringValue": notification.tenant},
+        settings.TENANT_ATTRIBUTE: {"DataType": "String", "StringValue": notification.tenant},
         settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "true" if has_webhook else "false"},
         settings.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": notification.event},
     }

@@ -1,9 +1,10 @@
 """The service's SQS queues: the claim-check queue (``JobQueue``, and the ``QueueMessage`` it receives), the batch
 control queue (``ControlQueue``), the upload-deadline queue (``UploadDeadlines``) and the webhook queue
-(``WebhookQueue``)."""
+(``WebhookQueues``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,16 +128,26 @@ class UploadDeadlines:
         self._sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt_handle, VisibilityTimeout=seconds)
 
 
-class WebhookQueue:
-    """The webhook dispatcher's queue: the result topic feeds it; the worker sends "started" events to it directly."""
+class WebhookQueues:
+    """The webhook dispatcher's queues, one per tenant (cdk/webhook_dispatch.py): the result topic feeds each its
+    tenant's events; the worker sends "started" events to them directly."""
 
-    def __init__(self, queue_url: str, sqs: Any | None = None) -> None:
-        self.url = queue_url
+    def __init__(self, queue_urls: Mapping[str, str], sqs: Any | None = None) -> None:
+        """``queue_urls``: tenant -> the URL of its webhook queue."""
+        self.urls = dict(queue_urls)
+        # A queue's URL ends with its name, as its ARN does: how a received record's queue is found.
+        self._by_name = {url.rstrip("/").rsplit("/", 1)[-1]: url for url in self.urls.values()}
         self._sqs = sqs or client("sqs")
 
-    def send(self, body: str) -> None:
-        self._sqs.send_message(QueueUrl=self.url, MessageBody=body)
+    def send(self, tenant: str, body: str) -> None:
+        """Queue ``body`` for ``tenant``'s receivers (KeyError: a tenant the stack has no webhook queue for)."""
+        self._sqs.send_message(QueueUrl=self.urls[tenant], MessageBody=body)
 
-    def hide(self, receipt_handle: str, seconds: int) -> None:
-        """Make a received message visible again only after ``seconds`` (the retry backoff)."""
-        self._sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt_handle, VisibilityTimeout=seconds)
+    def hide(self, queue_arn: str, receipt_handle: str, seconds: int) -> None:
+        """Make a message received from the queue ``queue_arn`` visible again only after ``seconds`` (the retry
+        backoff)."""
+        self._sqs.change_message_visibility(
+            QueueUrl=self._by_name[queue_arn.rsplit(":", 1)[-1]],
+            ReceiptHandle=receipt_handle,
+            VisibilityTimeout=seconds,
+        )

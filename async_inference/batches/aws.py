@@ -189,7 +189,7 @@ class BatchNotifier:
     def publish(self, notification: BatchNotification, *, has_webhook: bool = False) -> None:
         attributes = {
             "status": {"DataType": "String", "StringValue": notification.batch.status.value},
-            "tenant": {"DataType": "String", "StringValue": notification.tenant},
+            settings.TENANT_ATTRIBUTE: {"DataType": "String", "StringValue": notification.tenant},
             "event": {"DataType": "String", "StringValue": notification.type},
             settings.WEBHOOK_ATTRIBUTE: {"DataType": "String", "StringValue": "true" if has_webhook else "false"},
         }

@@ -104,15 +104,15 @@ class JobStartedEvent(BaseModel):
 
 
 def started_event(job: Job, queue: Any) -> bool:
-    """Queue the job's ``started`` webhook on ``queue`` (an ``aws.WebhookQueue``) if it asked for one; True when
-    queued. The worker calls it after the RUNNING transition.
+    """Queue the job's ``started`` webhook on its tenant's queue (``queue``: an ``aws.WebhookQueues``) if it asked
+    for one; True when queued. The worker calls it after the RUNNING transition.
 
     Never raises: a started notice is informational and must not cost the job its run.
     """
     if job.webhook is None or EVENT_STARTED not in job.webhook.events:
         return False
     try:
-        queue.send(JobStartedEvent.of(job).model_dump_json(exclude_none=True))
+        queue.send(job.tenant, JobStartedEvent.of(job).model_dump_json(exclude_none=True))
     except Exception:
         logger.exception("job %s: could not queue its started webhook", job.job_id)
         return False

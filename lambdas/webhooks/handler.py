@@ -22,7 +22,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from async_inference import settings
-from async_inference.aws import JobStore, WebhookQueue
+from async_inference.aws import JobStore, WebhookQueues
 from async_inference.batches.store import BatchStore
 from async_inference.config import DispatcherSettings
 from async_inference.webhooks.backoff import Backoff
@@ -36,7 +36,7 @@ processor = AsyncBatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_
 # A thread per record of a full batch: every delivery starts at once. The work is I/O (DNS, one POST, DynamoDB).
 deliveries = ThreadPoolExecutor(max_workers=settings.WEBHOOK_BATCH_SIZE, thread_name_prefix="webhook")
 config = DispatcherSettings.load()
-queue = WebhookQueue(config.webhook_queue_url)
+queues = WebhookQueues(config.webhook_queue_urls)
 dispatcher = Dispatcher(
     store=JobStore(config.table_name),
     batches=BatchStore(config.batch_table_name) if config.batch_table_name else None,
@@ -67,7 +67,7 @@ def deliver(record: SQSRecord) -> None:
             extra={"job_id": outcome.job_id, "reason": outcome.reason, "receive_count": receive_count},
         )
         return
-    queue.hide(record.receipt_handle, outcome.retry_in_s)
+    queues.hide(record.event_source_arn, record.receipt_handle, outcome.retry_in_s)
     logger.warning(
         "webhook delivery failed",
         extra={

@@ -461,9 +461,9 @@ def test_worker_reads_payloads_and_results_and_writes_results_only(synthesized):
     assert _prefixes(actions["s3:PutObject"]) == {f"{settings.RESULT_PREFIX}*", f"{settings.BATCH_PREFIX}*"}
 
 
-def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synthesized):
+def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queues(synthesized):
     """GIVEN the worker's SQS grants WHEN reading their resources THEN it consumes the job queue and the batch lane,
-    and sends only "started" events to the webhook queue, finalize steps to the batch control queue, and claim
+    and sends only "started" events to the webhook queues, finalize steps to the batch control queue, and claim
     checks of a tenant at its share back to the job queue and the batch lane (gpu_worker.fairness)."""
     actions = _worker_actions(synthesized)
     service = synthesized.stack.service
@@ -471,11 +471,11 @@ def test_worker_consumes_the_job_queue_and_sends_only_to_the_webhook_queue(synth
         synthesized.logical_id(service.fleets[0].jobs.queue),
         synthesized.logical_id(service.fleets[0].lane_queue),
     )
-    webhook_queue = synthesized.logical_id(service.webhooks.queue)
+    webhook_queues = {synthesized.logical_id(queue) for queue in service.webhooks.queues.values()}
     control = synthesized.logical_id(service.batches.control_queue)
     for action in ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"):
         assert {r["Fn::GetAtt"][0] for r in actions[action]} == {jobs, lane}
-    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {webhook_queue, control, jobs, lane}
+    assert {r["Fn::GetAtt"][0] for r in actions["sqs:SendMessage"]} == {*webhook_queues, control, jobs, lane}
 
 
 @pytest.mark.parametrize(

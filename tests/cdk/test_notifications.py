@@ -42,13 +42,35 @@ def test_sqs_arn_subscription_from_context_needs_no_filter(synthesized):
     assert "FilterPolicy" not in external[0]
 
 
-def test_webhook_queue_receives_raw_result_notifications(synthesized):
-    """GIVEN the webhook dispatcher WHEN results are published THEN its queue gets them raw."""
-    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
-    synthesized.template.has_resource_properties(
-        "AWS::SNS::Subscription",
-        {"Protocol": "sqs", "Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "RawMessageDelivery": True},
-    )
+def _webhook_queues(synthesized) -> dict[str, str]:
+    """Each tenant's webhook queue, by logical id."""
+    return {t: synthesized.logical_id(q) for t, q in synthesized.stack.service.webhooks.queues.items()}
+
+
+def test_webhook_queues_receive_raw_result_notifications(synthesized):
+    """GIVEN the webhook dispatcher WHEN results are published THEN its queues get them raw."""
+    for queue in _webhook_queues(synthesized).values():
+        synthesized.template.has_resource_properties(
+            "AWS::SNS::Subscription",
+            {"Protocol": "sqs", "Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "RawMessageDelivery": True},
+        )
+
+
+def test_each_tenant_has_its_own_webhook_queue_and_event_source_fed_only_its_own_events(synthesized):
+    """GIVEN the tenants of the context WHEN their jobs' events are published THEN each tenant's reach only its own
+    queue, which its own event source reads with its own concurrency: one tenant's slow receivers, holding an
+    invocation to its deadline, hold back no other tenant's delivery."""
+    queues = _webhook_queues(synthesized)
+    assert set(queues) == {"demo", "acme"}
+    for tenant, queue in queues.items():
+        synthesized.template.has_resource_properties(
+            "AWS::SNS::Subscription",
+            {"Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "FilterPolicy": settings.webhook_filter_policy(tenant)},
+        )
+        synthesized.template.has_resource_properties(
+            "AWS::Lambda::EventSourceMapping",
+            {"EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]}, "ScalingConfig": {"MaximumConcurrency": 2}},
+        )
 
 
 def test_webhook_retries_span_over_an_hour_before_the_dlq(synthesized):
@@ -67,12 +89,12 @@ def test_webhook_retries_span_over_an_hour_before_the_dlq(synthesized):
 
 
 def test_webhook_function_reports_batch_item_failures(synthesized):
-    """GIVEN the webhook event source WHEN a delivery fails THEN only that message is retried."""
-    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
-    synthesized.template.has_resource_properties(
-        "AWS::Lambda::EventSourceMapping",
-        {"EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
-    )
+    """GIVEN the webhook event sources WHEN a delivery fails THEN only that message is retried."""
+    for queue in _webhook_queues(synthesized).values():
+        synthesized.template.has_resource_properties(
+            "AWS::Lambda::EventSourceMapping",
+            {"EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]}, "FunctionResponseTypes": ["ReportBatchItemFailures"]},
+        )
 
 
 def test_webhook_function_runs_outside_any_vpc(synthesized):
@@ -186,11 +208,12 @@ def test_oldest_job_alarm_uses_the_threshold_from_context(synthesized):
 
 def test_only_notifications_of_jobs_with_a_webhook_reach_the_dispatcher(synthesized):
     """GIVEN the dispatcher's subscription WHEN a job without a webhook finishes THEN the filter keeps it away."""
-    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
-    synthesized.template.has_resource_properties(
-        "AWS::SNS::Subscription",
-        {"Endpoint": {"Fn::GetAtt": [queue, "Arn"]}, "FilterPolicy": settings.WEBHOOK_FILTER_POLICY},
-    )
+    for tenant, queue in _webhook_queues(synthesized).items():
+        policy = synthesized.template.find_resources(
+            "AWS::SNS::Subscription", {"Properties": {"Endpoint": {"Fn::GetAtt": [queue, "Arn"]}}}
+        )
+        [subscription] = policy.values()
+        assert subscription["Properties"]["FilterPolicy"][settings.WEBHOOK_ATTRIBUTE] == ["true"], tenant
 
 
 def test_dispatcher_has_time_for_a_full_batch_of_slow_receivers(synthesized):
@@ -203,21 +226,21 @@ def test_dispatcher_has_time_for_a_full_batch_of_slow_receivers(synthesized):
     timeout = function["Properties"]["Timeout"]
     assert timeout == settings.WEBHOOK_DISPATCHER_TIMEOUT_S
     assert timeout >= 3 * (settings.WEBHOOK_CONNECT_TIMEOUT_S + settings.WEBHOOK_DELIVERY_TIMEOUT_S)
-    [mapping] = [
+    mappings = [
         m["Properties"]
         for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
         if m["Properties"]["FunctionName"]
         == {"Ref": synthesized.logical_id(synthesized.stack.service.webhooks.handler)}
     ]
-    assert mapping["BatchSize"] == settings.WEBHOOK_BATCH_SIZE
-    queue = synthesized.logical_id(synthesized.stack.service.webhooks.queue)
-    visibility = synthesized.template.to_json()["Resources"][queue]["Properties"]["VisibilityTimeout"]
-    assert visibility >= 6 * timeout
+    assert [m["BatchSize"] for m in mappings] == [settings.WEBHOOK_BATCH_SIZE] * len(_webhook_queues(synthesized))
+    for queue in _webhook_queues(synthesized).values():
+        visibility = synthesized.template.to_json()["Resources"][queue]["Properties"]["VisibilityTimeout"]
+        assert visibility >= 6 * timeout
 
 
-def test_workers_know_the_webhook_queue_for_started_events(synthesized):
-    """GIVEN the worker task WHEN a job starts THEN the worker can find the webhook queue."""
+def test_workers_know_the_webhook_queues_for_started_events(synthesized):
+    """GIVEN the worker task WHEN a job starts THEN the worker can find its tenant's webhook queue."""
     [task] = synthesized.template.find_resources("AWS::ECS::TaskDefinition").values()
     [container] = task["Properties"]["ContainerDefinitions"]
     names = {variable["Name"] for variable in container["Environment"]}
-    assert "WEBHOOK_QUEUE_URL" in names
+    assert "WEBHOOK_QUEUE_URLS" in names

@@ -12,7 +12,6 @@ import pytest
 from gpu_worker.fairness import (
     FAIR_SCAN_PAUSE_MAX_S,
     FAIR_SCAN_PAUSE_S,
-    FAIR_SCAN_STEPS,
     ScanPause,
     TenantShare,
     rows_held,
@@ -149,19 +148,9 @@ def test_the_batch_budget_says_when_it_takes_no_more_and_counts_the_scouts_messa
 
 
 def test_the_scan_pause_doubles_while_only_tenants_at_their_share_turn_up_and_resets_when_one_is_held():
-    # GIVEN a lane's pause WHEN looks keep finding only tenants at their share THEN it waits 0.5, 1, 2, 2 s
+    # GIVEN the batch lane scout's pause WHEN looks keep finding only tenants at their share THEN it waits 0.5, 1, 2, 2 s
     pause = ScanPause()
     assert [pause.nothing() for _ in range(4)] == [FAIR_SCAN_PAUSE_S, 1.0, FAIR_SCAN_PAUSE_MAX_S, FAIR_SCAN_PAUSE_MAX_S]
     # WHEN a look finds a message to hold THEN the next pause is the shortest again
     pause.found()
     assert pause.nothing() == FAIR_SCAN_PAUSE_S
-
-
-def test_after_a_full_receive_of_tenants_at_their_share_the_lane_looks_again_at_once_a_few_times_then_pauses():
-    # GIVEN a lane's pause WHEN receives keep coming back full of messages of tenants at their share (a backlog in
-    # front of another tenant's message)
-    pause = ScanPause()
-    waits = [pause.nothing(full=True) for _ in range(FAIR_SCAN_STEPS + 2)]
-    # THEN it looks again at once FAIR_SCAN_STEPS times, then pauses as after any look that found nothing, and again
-    # looks at once after that pause
-    assert waits == [0.0] * FAIR_SCAN_STEPS + [FAIR_SCAN_PAUSE_S, 0.0]

@@ -136,7 +136,7 @@ def test_new_secret_has_the_whsec_prefix_and_32_random_bytes():
     Webhook(a)  # parses as a Standard Webhooks secret
 
 
-DISPATCHER_ENV = {"JOBS_TABLE_NAME": "jobs", "WEBHOOK_QUEUE_URL": "http://sqs/webhooks"}
+DISPATCHER_ENV = {"JOBS_TABLE_NAME": "jobs", "WEBHOOK_QUEUE_URLS": '{"t1": "http://sqs/webhooks-t1"}'}
 
 
 @pytest.fixture
@@ -277,13 +277,13 @@ def test_queued_messages_are_recognised_raw_inside_an_sns_envelope_and_as_starte
 
 class FakeQueue:
     def __init__(self, fail: bool = False) -> None:
-        self.sent: list[str] = []
+        self.sent: list[tuple[str, str]] = []  # (tenant, body)
         self.fail = fail
 
-    def send(self, body: str) -> None:
+    def send(self, tenant: str, body: str) -> None:
         if self.fail:
             raise ConnectionError("sqs down")
-        self.sent.append(body)
+        self.sent.append((tenant, body))
 
 
 def test_started_event_is_queued_only_for_jobs_that_asked_for_it():
@@ -293,7 +293,9 @@ def test_started_event_is_queued_only_for_jobs_that_asked_for_it():
     assert queue.sent == []
     job = make_job(events=["started", "completed"], status=JobStatus.RUNNING)
     assert events.started_event(job, queue=queue) is True
-    event = events.JobStartedEvent.model_validate_json(queue.sent[0])
+    [(tenant, body)] = queue.sent
+    assert tenant == job.tenant  # to its tenant's queue
+    event = events.JobStartedEvent.model_validate_json(body)
     assert (event.event, event.job_id, event.status, event.attempt) == ("job.started", job.job_id, JobStatus.RUNNING, 1)
 
 
