@@ -239,7 +239,9 @@ class AsyncInferenceService(Construct):
         for tenant, entry in self.api.tenant_entries.items():
             secret, queue = self.webhooks.signing_secrets[tenant], self.webhooks.queues[tenant]
             self.catalog.add(
-                TENANTS, tenant, {**entry, "webhook_secret_arn": secret.secret_arn, "webhook_queue_url": queue.queue_url}
+                TENANTS,
+                tenant,
+                {**entry, "webhook_secret_arn": secret.secret_arn, "webhook_queue_url": queue.queue_url},
             )
         readers = [self.api.authorizer_function, self.webhooks.handler]
         if self.push is not None:

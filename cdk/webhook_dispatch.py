@@ -123,9 +123,7 @@ class WebhookDispatch(Construct):
             handler="lambdas.webhooks.handler.lambda_handler",
             description="Delivers signed job webhooks with backoff",
             service_name="async-inference-webhooks",
-            environment={
-                **environment,
-            },
+            environment=dict(environment),
             timeout=FUNCTION_TIMEOUT,
         )
         for queue in self.queues.values():

@@ -46,10 +46,10 @@ def _largest_environment(synthesized) -> tuple[int, str]:
 
 
 def test_no_function_environment_grows_with_the_tenants_or_the_models(synth_variant):
-    """GIVEN the app with 2 tenants and 1 model, and with 12 tenants and 3 models WHEN each template's function
+    """GIVEN the app with 2 tenants and 1 model, and with 6 tenants and 3 models WHEN each template's function
     environments are read THEN the largest is as large in both: the tenants' keys, quotas and secrets and the models'
     routes and names are read from the deployment's catalog (cdk.catalog), not from the environment."""
     few = _largest_environment(synth_variant(**limits.synthetic_context(2, 1)))
-    many = _largest_environment(synth_variant(**limits.synthetic_context(12, 3)))
+    many = _largest_environment(synth_variant(**limits.synthetic_context(6, 3)))
     assert many == few
     assert few[0] <= limits.MAX_ENVIRONMENT_BYTES
