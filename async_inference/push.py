@@ -23,8 +23,9 @@ from pydantic import ValidationError
 
 from async_inference import settings
 from async_inference.authorizer import TenantKeys, key_hash, presented_keys
-from async_inference.aws import ConnectionPoster, ConnectionStore, TooManySubscriptions
+from async_inference.aws import ApiKeyValues, ConnectionPoster, ConnectionStore, TooManySubscriptions
 from async_inference.batches.models import BatchNotification
+from async_inference.config import PushSettings
 from async_inference.jobs_service import describe_validation_error
 from async_inference.schemas import (
     FINAL_EVENT_TYPES,
@@ -209,6 +210,15 @@ class Pusher:
         self.connections = connections
         self.poster = poster
         self.keys = keys
+
+    @classmethod
+    def from_settings(cls, config: PushSettings) -> Pusher:
+        """The push functions' pusher: the stack's connections and stage, and the key lookup of ``$connect``, so that a
+        connection whose key was revoked is closed rather than told."""
+        keys = TenantKeys(config.tenant_api_key_ids, ApiKeyValues()) if config.tenant_api_key_ids else None
+        return cls(
+            ConnectionStore(config.connections_table_name), ConnectionPoster(config.websocket_callback_url), keys
+        )
 
     def push(self, pushed: Pushed) -> PushOutcome:
         return self.push_all([pushed])

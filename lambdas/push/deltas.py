@@ -16,16 +16,13 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.data_classes import DynamoDBStreamEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from async_inference.authorizer import TenantKeys
-from async_inference.aws import ApiKeyValues, ConnectionPoster, ConnectionStore
 from async_inference.config import PushSettings
 from async_inference.push import Pusher, delta_of
 
 logger = Logger()
 tracer = Tracer()
 config = PushSettings.load()
-keys = TenantKeys(config.tenant_api_key_ids, ApiKeyValues()) if config.tenant_api_key_ids else None
-pusher = Pusher(ConnectionStore(config.connections_table_name), ConnectionPoster(config.websocket_callback_url), keys)
+pusher = Pusher.from_settings(config)
 
 
 @logger.inject_lambda_context
