@@ -63,11 +63,11 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-class Inbox(threading.Thread):
+class Subscriber(threading.Thread):
     """Drains a queue subscribed to the result topic and counts notifications by job id."""
 
     def __init__(self, queue_url: str) -> None:
-        super().__init__(name="soak-inbox", daemon=True)
+        super().__init__(name="soak-subscriber", daemon=True)
         self.queue_url = queue_url
         self.notes: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         assert stack.resources is not None
         config = stack.resources.config  # its bucket is versioned, as the template's is: each write leaves a version
-        inbox = Inbox(subscribe_queue(config.topic_arn, "soak-inbox"))
-        inbox.start()
+        subscriber = Subscriber(subscribe_queue(config.topic_arn, "soak-subscriber"))
+        subscriber.start()
         workers = [stack.start_worker() for _ in range(args.workers)]
         watched = workers[0]  # never killed: its RSS is the one compared
         # The API function's own settings: its routes (the local engine's "*" route among them) find the queue.
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def watch() -> None:
             while not done.wait(2):
-                notified = inbox.notified
+                notified = subscriber.notified
                 if progress["rss_baseline"] is None and notified >= args.rss_at:
                     progress["rss_baseline"] = {"at_notified": notified, "mb": rss_mb(watched.pid)}
                 if progress["killed"] is None and notified >= args.kill_at:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         def submit(_: int) -> str:
-            while submitted["n"] - inbox.notified >= args.backlog:
+            while submitted["n"] - subscriber.notified >= args.backlog:
                 time.sleep(0.05)
             job_id = service.api.submit(TENANT, submission, None).job.job_id
             submitted["n"] += 1  # a progress figure; Counter updates under the GIL are close enough
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.shutdown(cancel_futures=True)
         print(f"{time.monotonic() - started:7.1f} s all {len(job_ids)} submitted", file=sys.stderr, flush=True)
         deadline = started + args.timeout
-        while inbox.notified < len(set(job_ids)) and time.monotonic() < deadline:
+        while subscriber.notified < len(set(job_ids)) and time.monotonic() < deadline:
             time.sleep(1)
         elapsed = time.monotonic() - started
         rss_end = rss_mb(watched.pid)
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         watcher.join()
         # A redelivered copy of a job already finished by another worker may still be in flight: give it the
         # visibility timeout to come back and be settled before the books are closed.
-        inbox.drain(quiet_s=float(WORKER_ENV["VISIBILITY_TIMEOUT_S"]) + 5)
+        subscriber.drain(quiet_s=float(WORKER_ENV["VISIBILITY_TIMEOUT_S"]) + 5)
         states, attempts = final_states(config.table_name, job_ids)
         writes = result_writes(config.bucket_name)
         depths = queue_depths({"jobs": config.queue_url, "dead_letters": config.dlq_url})
@@ -262,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             "result_writes": sum(writes.values()),
             "jobs_without_result": sum(1 for j in job_ids if writes[j] == 0),
             "jobs_with_result_written_more_than_once": sum(1 for j in job_ids if writes[j] > 1),
-            "notifications": sum(inbox.notes.values()),
-            "notification_statuses": dict(inbox.statuses),
-            "jobs_not_notified": sum(1 for j in job_ids if inbox.notes[j] == 0),
-            "duplicate_notifications": sum(max(0, inbox.notes[j] - 1) for j in job_ids),
+            "notifications": sum(subscriber.notes.values()),
+            "notification_statuses": dict(subscriber.statuses),
+            "jobs_not_notified": sum(1 for j in job_ids if subscriber.notes[j] == 0),
+            "duplicate_notifications": sum(max(0, subscriber.notes[j] - 1) for j in job_ids),
             "queue_depths_at_end": depths,
             "watched_worker_rss_baseline": progress["rss_baseline"],
             "watched_worker_rss_mb_at_end": round(rss_end, 1),
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             and figures["jobs_without_result"] == 0
             and figures["jobs_with_result_written_more_than_once"] == 0
             and figures["jobs_not_notified"] == 0
-            and set(inbox.statuses) == {"succeeded"}
+            and set(subscriber.statuses) == {"succeeded"}
             and not any(depths.values())
             and progress["killed"] is not None
             and figures["rss_growth_pct"] is not None

@@ -76,7 +76,7 @@ def worker(stack: LocalDeployment) -> Iterator[subprocess.Popen[bytes]]:
         process.wait(timeout=30)
 
 
-class Inbox:
+class Subscriber:
     """An SQS queue subscribed to the result topic, as a subscriber would: notifications by job id."""
 
     def __init__(self, stack: LocalDeployment, filter_policy: dict[str, Any] | None = None) -> None:
@@ -85,7 +85,7 @@ class Inbox:
         assert stack.resources is not None
         self._sqs = client("sqs")
         self.url = subscribe_queue(
-            stack.resources.config.topic_arn, f"inbox-{free_port()}", filter_policy=filter_policy
+            stack.resources.config.topic_arn, f"subscriber-{free_port()}", filter_policy=filter_policy
         )
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.attributes: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -115,8 +115,8 @@ class Inbox:
 
 
 @pytest.fixture(scope="session")
-def inbox(stack: LocalDeployment) -> Inbox:
-    return Inbox(stack)
+def subscriber(stack: LocalDeployment) -> Subscriber:
+    return Subscriber(stack)
 
 
 def chat(prompt: str = "hello from the tests", **overrides: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import requests
 
 from async_inference.batches.store import BatchStore
 from local_runtime.stack import LocalDeployment
-from tests.e2e.conftest import SERVED_MODELS, TENANT_KEYS, Inbox
+from tests.e2e.conftest import SERVED_MODELS, TENANT_KEYS, Subscriber
 
 pytestmark = pytest.mark.e2e
 KEY_A, KEY_B = list(TENANT_KEYS)
@@ -334,7 +334,7 @@ def test_cancel_while_validating_ends_it_cancelled_with_nothing_run(stack, sdk):
         deadline=now + dt.timedelta(hours=24),
     )
     store.create(record)
-    inbox = Inbox(stack)
+    subscriber = Subscriber(stack)
     assert sdk.batches.cancel(record.id).status == "cancelling"
     lane = stack.resources.batch_queue_url
     config = ServiceSettings.load(
@@ -345,7 +345,7 @@ def test_cancel_while_validating_ends_it_cancelled_with_nothing_run(stack, sdk):
     final = sdk.batches.retrieve(record.id)
     assert (final.status, final.output_file_id, final.request_counts.total) == ("cancelled", None, 0)
     assert final.cancelled_at and final.cancelling_at
-    assert [e["type"] for e in inbox.for_job(record.id, wait_s=3)] == ["batch.cancelled"]
+    assert [e["type"] for e in subscriber.for_job(record.id, wait_s=3)] == ["batch.cancelled"]
 
 
 def test_an_input_file_of_another_purpose_or_not_uploaded_is_a_400(stack, sdk):
@@ -379,7 +379,7 @@ def test_record_chunk_counts_a_chunk_once_and_says_when_all_are_counted(stack, s
 
 
 def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk, worker):
-    inbox = Inbox(stack)
+    subscriber = Subscriber(stack)
     ids = [f"out-{i}" for i in range(120)]
     source = upload(sdk, jsonl([line(i) for i in ids]))
     batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -389,7 +389,7 @@ def test_a_batch_runs_to_completed_with_one_output_line_per_custom_id(stack, sdk
     rows = [json.loads(r) for r in sdk.files.content(done.output_file_id).read().splitlines()]
     assert sorted(r["custom_id"] for r in rows) == sorted(ids)
     assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in rows)
-    events = inbox.for_job(batch.id, wait_s=5)
+    events = subscriber.for_job(batch.id, wait_s=5)
     assert [e["type"] for e in events] == ["batch.completed"]
 
 
@@ -447,7 +447,7 @@ def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, 
     source = upload(sdk, jsonl([line(i) for i in ids]))
     batch = sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     settled(sdk, batch.id, "in_progress")
-    inbox = Inbox(stack)
+    subscriber = Subscriber(stack)
     _write_parts(
         stack,
         batch.id,
@@ -468,7 +468,7 @@ def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, 
     assert output == ids[:149] and errors == ids[149:]
     assert sdk.files.retrieve(done.output_file_id).purpose == "batch_output"
     assert done.finalizing_at and (done.completed_at if final == "completed" else done.expired_at)
-    assert [e["type"] for e in inbox.for_job(batch.id, wait_s=3)] == [f"batch.{final}"]
+    assert [e["type"] for e in subscriber.for_job(batch.id, wait_s=3)] == [f"batch.{final}"]
     # and a second finalize (a redelivery) changes nothing and notifies nothing more
     ControlQueue(stack.resources.batch_control_queue_url).send(
         BatchControl(kind="finalize", batch_id=batch.id, tenant="tenant-a")
@@ -476,7 +476,9 @@ def test_finalize_concatenates_the_parts_into_the_output_and_error_files(stack, 
     time.sleep(3)
     again = sdk.batches.retrieve(batch.id)
     assert (again.status, again.output_file_id, again.error_file_id) == (final, done.output_file_id, done.error_file_id)
-    assert inbox.for_job(batch.id, wait_s=1) == inbox.by_job[batch.id] and len(inbox.by_job[batch.id]) == 1
+    assert (
+        subscriber.for_job(batch.id, wait_s=1) == subscriber.by_job[batch.id] and len(subscriber.by_job[batch.id]) == 1
+    )
 
 
 def test_a_batch_with_no_errors_has_no_error_file(stack, sdk):

@@ -106,7 +106,7 @@ def test_a_batch_of_embeddings_lines_gives_one_384_vector_per_line_and_a_paraphr
     assert errors["short"]["response"]["body"]["error"]["message"].startswith("dimensions: ")
 
 
-def test_an_embeddings_job_ends_with_an_embedding_list_result_and_a_notification(stack, inbox, embedding_worker):
+def test_an_embeddings_job_ends_with_an_embedding_list_result_and_a_notification(stack, subscriber, embedding_worker):
     # GIVEN an embeddings job (POST /v1/jobs with endpoint /v1/embeddings), two texts in base64
     body = {
         "endpoint": "/v1/embeddings",
@@ -136,7 +136,7 @@ def test_an_embeddings_job_ends_with_an_embedding_list_result_and_a_notification
     parsed = openai.types.CreateEmbeddingResponse.model_validate(result)
     assert [len(d.embedding) for d in parsed.data] == [384, 384]
     assert cosine(parsed.data[0].embedding, parsed.data[1].embedding) > 0.6
-    notes = inbox.for_job(job_id, wait_s=5)
+    notes = subscriber.for_job(job_id, wait_s=5)
     assert [n["status"] for n in notes] == ["succeeded"] and notes[0]["result"]["object"] == "list"
 
 

@@ -13,7 +13,7 @@ from async_inference.aws import client
 from async_inference.schemas import ChatCompletion, ClaimCheck, Job
 from async_inference_client import ApiError, Client
 from local_runtime.stack import LocalDeployment
-from tests.e2e.conftest import Inbox, chat
+from tests.e2e.conftest import Subscriber, chat
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,9 @@ def result_objects(stack: LocalDeployment, tenant: str, job_id: str) -> list[dic
     ]
 
 
-def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notification(stack, api, inbox: Inbox, worker):
+def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notification(
+    stack, api, subscriber: Subscriber, worker
+):
     # GIVEN a running worker
     # WHEN a client submits a chat request inline
     submitted = api.submit(chat("one two three four", max_tokens=3), metadata={"team": "search"})
@@ -69,11 +71,11 @@ def test_inline_job_ends_with_result_in_s3_state_in_dynamodb_and_one_notificatio
     assert job.created_at <= job.started_at <= job.finished_at
     # AND exactly one result object and one notification, with filterable attributes
     assert len(result_objects(stack, "tenant-a", submitted.job_id)) == 1
-    notes = inbox.for_job(submitted.job_id)
+    notes = subscriber.for_job(submitted.job_id)
     assert [n["status"] for n in notes] == ["succeeded"]
     assert notes[0]["result_location"]["key"] == settings.result_key("tenant-a", submitted.job_id)
     assert notes[0]["metadata"] == {"team": "search"}
-    assert inbox.attributes[submitted.job_id][0] == {
+    assert subscriber.attributes[submitted.job_id][0] == {
         "status": "succeeded",
         "tenant": "tenant-a",
         "model": "echo-model",
@@ -131,14 +133,14 @@ def test_upload_job_runs_after_the_presigned_put(api, worker):
         ),
     ],
 )
-def test_bad_upload_fails_the_job_with_a_reason(api, inbox: Inbox, body, reason):
+def test_bad_upload_fails_the_job_with_a_reason(api, subscriber: Subscriber, body, reason):
     # WHEN the uploaded object is not a valid request
     created = api.submit_upload(body)
     final = api.wait(created.job_id, timeout_s=30)
     # THEN the job is failed, and the reason says what was wrong; the failure is notified
     assert final.status == "failed"
     assert reason in final.error
-    assert [n["status"] for n in inbox.for_job(created.job_id)] == ["failed"]
+    assert [n["status"] for n in subscriber.for_job(created.job_id)] == ["failed"]
 
 
 def test_upload_of_another_size_than_announced_fails_and_is_deleted(stack, api):
@@ -162,7 +164,7 @@ def test_upload_of_another_size_than_announced_fails_and_is_deleted(stack, api):
     assert listing.get("KeyCount", 0) == 0
 
 
-def test_job_cancelled_before_a_worker_reaches_it_never_runs(stack, api, inbox: Inbox):
+def test_job_cancelled_before_a_worker_reaches_it_never_runs(stack, api, subscriber: Subscriber):
     # GIVEN a queued job and no worker
     submitted = api.submit(chat("never run me"))
     # WHEN the client cancels it, and only then a worker starts
@@ -182,7 +184,7 @@ def test_job_cancelled_before_a_worker_reaches_it_never_runs(stack, api, inbox: 
     job = stored_job(stack, submitted.job_id)
     assert job.status.value == "cancelled" and job.attempts == 0 and job.started_at is None
     assert result_objects(stack, "tenant-a", submitted.job_id) == []
-    assert [n["status"] for n in inbox.for_job(submitted.job_id)] == ["cancelled"]
+    assert [n["status"] for n in subscriber.for_job(submitted.job_id)] == ["cancelled"]
     # AND cancelling again is a conflict
     with pytest.raises(ApiError) as conflict:
         api.cancel(submitted.job_id)
@@ -198,7 +200,7 @@ def _queue_depth(stack: LocalDeployment) -> int:
     return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
-def test_duplicate_delivery_of_one_message_produces_one_result_and_one_notification(stack, api, inbox: Inbox):
+def test_duplicate_delivery_of_one_message_produces_one_result_and_one_notification(stack, api, subscriber: Subscriber):
     # GIVEN a queued job whose claim check is delivered twice (SQS is at-least-once)
     submitted = api.submit(chat("say this once", max_tokens=3))
     job = stored_job(stack, submitted.job_id)
@@ -224,11 +226,11 @@ def test_duplicate_delivery_of_one_message_produces_one_result_and_one_notificat
     # THEN one result object, one notification, and both messages consumed
     assert final.status == "succeeded"
     assert len(result_objects(stack, "tenant-a", submitted.job_id)) == 1
-    assert [n["status"] for n in inbox.for_job(submitted.job_id, wait_s=2)] == ["succeeded"]
+    assert [n["status"] for n in subscriber.for_job(submitted.job_id, wait_s=2)] == ["succeeded"]
     assert _queue_depth(stack) == 0
 
 
-def test_dead_lettered_claim_check_fails_its_job_and_is_notified(stack, api, inbox: Inbox):
+def test_dead_lettered_claim_check_fails_its_job_and_is_notified(stack, api, subscriber: Subscriber):
     # GIVEN a queued job whose claim check lands in the DLQ (as SQS does after the max receive count)
     submitted = api.submit(chat("poisoned"))
     api_job = stored_job(stack, submitted.job_id)
@@ -244,7 +246,7 @@ def test_dead_lettered_claim_check_fails_its_job_and_is_notified(stack, api, inb
     final = api.get(submitted.job_id)
     assert final.status == "failed"
     assert final.error == f"dead-lettered after {settings.MAX_RECEIVE_COUNT} attempts"
-    assert [n["status"] for n in inbox.for_job(submitted.job_id)] == ["failed"]
+    assert [n["status"] for n in subscriber.for_job(submitted.job_id)] == ["failed"]
 
 
 def test_queue_has_a_redrive_policy_to_the_dlq_with_the_shared_receive_count(stack):

@@ -10,7 +10,7 @@ from async_inference.jobs_service import JobService
 from async_inference.schemas import JobView, ResultNotification
 from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
-from tests.e2e.conftest import Inbox, chat
+from tests.e2e.conftest import Subscriber, chat
 
 pytestmark = pytest.mark.e2e
 
@@ -25,10 +25,10 @@ def run_worker_until(stack: LocalDeployment, api: Client, job_id: str) -> JobVie
 
 
 def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscriber(
-    stack: LocalDeployment, api: Client, inbox: Inbox
+    stack: LocalDeployment, api: Client, subscriber: Subscriber
 ):
     # GIVEN an SQS subscriber that wants failed and cancelled jobs only
-    failures = Inbox(stack, filter_policy={"status": ["failed", "cancelled"]})
+    failures = Subscriber(stack, filter_policy={"status": ["failed", "cancelled"]})
     # WHEN one job is cancelled and another succeeds
     cancelled = api.cancel(api.submit(chat("cancel me")).job_id)
     succeeded = api.submit(chat("let me finish", max_tokens=2))
@@ -37,15 +37,15 @@ def test_status_filter_policy_delivers_only_matching_statuses_to_an_sqs_subscrib
     # THEN the filtered subscriber got the cancelled job only, while an unfiltered one got both
     assert [n["status"] for n in failures.for_job(cancelled.job_id)] == ["cancelled"]
     assert failures.for_job(succeeded.job_id, wait_s=1.5) == []
-    assert [n["status"] for n in inbox.for_job(succeeded.job_id)] == ["succeeded"]
-    assert [n["status"] for n in inbox.for_job(cancelled.job_id)] == ["cancelled"]
+    assert [n["status"] for n in subscriber.for_job(succeeded.job_id)] == ["succeeded"]
+    assert [n["status"] for n in subscriber.for_job(cancelled.job_id)] == ["cancelled"]
 
 
 def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that_model(
     stack: LocalDeployment, api: Client, other_api: Client
 ):
     # GIVEN a subscriber that wants tenant-b's jobs for one model
-    tenant_b = Inbox(stack, filter_policy={"tenant": ["tenant-b"], "model": ["model-x"]})
+    tenant_b = Subscriber(stack, filter_policy={"tenant": ["tenant-b"], "model": ["model-x"]})
     # WHEN each tenant's job for that model, and tenant-b's job for another model, end
     wanted = other_api.cancel(other_api.submit(chat("b", model="model-x")).job_id)
     other_model = other_api.cancel(other_api.submit(chat("b", model="model-y")).job_id)
@@ -61,14 +61,14 @@ def test_tenant_and_model_filter_policy_delivers_only_that_tenants_jobs_for_that
 
 
 def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_result(
-    stack: LocalDeployment, api: Client, inbox: Inbox
+    stack: LocalDeployment, api: Client, subscriber: Subscriber
 ):
     # GIVEN a job whose result is well under 128 KB
     submitted = api.submit(chat("inline result please", max_tokens=3))
     # WHEN it succeeds
     final = run_worker_until(stack, api, submitted.job_id)
     # THEN the notification validates against the versioned schema and carries the result itself and its location
-    [raw] = inbox.for_job(submitted.job_id)
+    [raw] = subscriber.for_job(submitted.job_id)
     note = ResultNotification.model_validate(raw)
     assert note.schema_version == "1" and note.status.value == "succeeded"
     assert note.result is not None and note.result.model_dump(mode="json") == api.result(final).model_dump(mode="json")
@@ -79,7 +79,9 @@ def test_small_result_travels_inline_in_the_notification_and_equals_the_stored_r
     assert note.timings.run_s is not None and note.timings.queue_s is not None
 
 
-def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalDeployment, api: Client, inbox: Inbox):
+def test_result_over_128_kb_is_not_inline_but_its_location_is(
+    stack: LocalDeployment, api: Client, subscriber: Subscriber
+):
     # GIVEN a job whose result is larger than the inline limit (4096 words of 35 characters)
     words = ["w" * 34] * settings.MAX_TOKENS_LIMIT
     submitted = api.submit(chat(" ".join(words), max_tokens=settings.MAX_TOKENS_LIMIT))
@@ -87,14 +89,14 @@ def test_result_over_128_kb_is_not_inline_but_its_location_is(stack: LocalDeploy
     final = run_worker_until(stack, api, submitted.job_id)
     assert final.status == "succeeded", final
     # THEN the notification leaves the result out and points at it in S3
-    [raw] = inbox.for_job(submitted.job_id)
+    [raw] = subscriber.for_job(submitted.job_id)
     assert "result" not in raw
     assert raw["result_location"]["key"] == settings.result_key("tenant-a", final.job_id)
     assert len(api.result(final).choices[0].message.content) > settings.MAX_INLINE_RESULT_BYTES
 
 
 def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_the_others(
-    stack: LocalDeployment, api: Client, inbox: Inbox
+    stack: LocalDeployment, api: Client, subscriber: Subscriber
 ):
     # GIVEN two final jobs whose notifications are not yet recorded, one of them since removed from the table (TTL)
     assert stack.resources is not None
@@ -116,6 +118,10 @@ def test_notified_marks_are_per_job_so_a_job_gone_from_the_table_does_not_block_
     # THEN both went out (after the one each got when cancelled), the job still in the table has its notification
     # recorded, and the gone job was not written back as a stub item
     assert published == [True, True]
-    assert [n["status"] for n in inbox.for_job(kept)] == [n["status"] for n in inbox.for_job(gone)] == ["cancelled"] * 2
+    assert (
+        [n["status"] for n in subscriber.for_job(kept)]
+        == [n["status"] for n in subscriber.for_job(gone)]
+        == ["cancelled"] * 2
+    )
     assert service.store.get(kept).notified is True
     assert service.store.get(gone) is None

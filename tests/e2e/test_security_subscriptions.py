@@ -8,7 +8,7 @@ import pytest
 
 from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
-from tests.e2e.conftest import Inbox, chat
+from tests.e2e.conftest import Subscriber, chat
 
 pytestmark = pytest.mark.e2e
 
@@ -17,8 +17,8 @@ def test_a_subscription_filtered_on_a_tenant_gets_that_tenants_notifications_onl
     stack: LocalDeployment, api: Client, other_api: Client
 ):
     # GIVEN a queue subscribed to the result topic for tenant-b only, and a queue subscribed for everyone
-    tenant_b_only = Inbox(stack, filter_policy={"tenant": ["tenant-b"]})
-    everyone = Inbox(stack)
+    tenant_b_only = Subscriber(stack, filter_policy={"tenant": ["tenant-b"]})
+    everyone = Subscriber(stack)
     # WHEN a job of each tenant ends (cancelled: no worker runs here)
     mine = api.cancel(api.submit(chat("a's job")).job_id)
     theirs = other_api.cancel(other_api.submit(chat("b's job")).job_id)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.fault_stack import FaultStack, Inbox
+from tests.faults.fault_stack import FaultStack, Subscriber
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +18,8 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, local_assembly: Path) -> It
 
 
 @pytest.fixture(scope="session")
-def inbox(fstack: FaultStack) -> Inbox:
-    return Inbox(fstack)
+def subscriber(fstack: FaultStack) -> Subscriber:
+    return Subscriber(fstack)
 
 
 @pytest.fixture

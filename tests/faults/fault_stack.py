@@ -160,13 +160,13 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.1)
 
 
-class Inbox:
+class Subscriber:
     """A queue subscribed to the result topic: every notification, by job id."""
 
     def __init__(self, stack: FaultStack) -> None:
         self._sqs = stack.client("sqs")
         self.url = subscribe_queue(
-            stack.config.topic_arn, f"faults-inbox-{free_port()}", sqs=self._sqs, sns=stack.client("sns")
+            stack.config.topic_arn, f"faults-subscriber-{free_port()}", sqs=self._sqs, sns=stack.client("sns")
         )
         self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
 

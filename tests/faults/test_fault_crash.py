@@ -6,13 +6,15 @@ import signal
 
 import pytest
 
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Subscriber, chat, wait_until
 
 JOBS = 5
 
 
 @pytest.mark.parametrize("point", ["before_engine", "after_result_write", "after_state_write", "before_delete"])
-def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultStack, inbox: Inbox, point: str):
+def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(
+    workers: FaultStack, subscriber: Subscriber, point: str
+):
     # GIVEN a batch of queued jobs, and a worker that will be killed with SIGKILL when the first of them reaches `point`
     api = workers.api()
     job_ids = [api.submit(chat(f"crash {point} job {i}")).job_id for i in range(JOBS)]
@@ -31,7 +33,7 @@ def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultSt
     # AND every job succeeded, with exactly one result object and exactly one notification
     assert {j.status.value for j in jobs.values()} == {"succeeded"}, jobs
     assert all(j.notified for j in jobs.values())
-    notes = inbox.drain()
+    notes = subscriber.drain()
     for job_id in job_ids:
         results = workers.result_objects(job_id)
         assert len(results) == 1 and results[0]["job_id"] == job_id
@@ -52,7 +54,7 @@ def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(workers: FaultSt
 
 @pytest.mark.parametrize("point", ["after_state_write", "before_delete"])
 def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(
-    workers: FaultStack, inbox: Inbox, point: str
+    workers: FaultStack, subscriber: Subscriber, point: str
 ):
     # GIVEN a job that can never succeed (its prompt is longer than the engine's context), and a worker that will be
     # killed when the job reaches `point` of the finish path that succeeded jobs take
@@ -76,5 +78,5 @@ def test_a_failing_job_ends_through_the_same_path_and_survives_the_same_kills(
     job = workers.job(job_id)
     assert job.status.value == "failed" and "maximum context length is 50 tokens" in (job.error or "")
     assert job.notified
-    assert [n["status"] for n in inbox.drain()[job_id]] == ["failed"]
+    assert [n["status"] for n in subscriber.drain()[job_id]] == ["failed"]
     workers.stop_worker(survivor)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Subscriber, chat, wait_until
 
 
-def test_expired_and_cancelled_jobs_never_reach_the_engine(workers: FaultStack, inbox: Inbox):
+def test_expired_and_cancelled_jobs_never_reach_the_engine(workers: FaultStack, subscriber: Subscriber):
     # GIVEN a job with a 1 s queue deadline and a job cancelled while queued, and no worker for 1.5 s
     api = workers.api()
     expiring = api.submit(chat("too late"), ttl_seconds=1).job_id
@@ -25,13 +25,15 @@ def test_expired_and_cancelled_jobs_never_reach_the_engine(workers: FaultStack, 
     for job in (expired_job, cancelled_job):
         assert job.attempts == 0 and job.started_at is None
         assert workers.result_objects(job.job_id) == []
-    notes = inbox.drain()
+    notes = subscriber.drain()
     assert [n["status"] for n in notes[expiring]] == ["expired"]
     assert [n["status"] for n in notes[cancelled]] == ["cancelled"]
     workers.stop_worker(worker)
 
 
-def test_cancel_during_a_run_aborts_the_generation_and_a_timeout_fails_the_job(workers: FaultStack, inbox: Inbox):
+def test_cancel_during_a_run_aborts_the_generation_and_a_timeout_fails_the_job(
+    workers: FaultStack, subscriber: Subscriber
+):
     # GIVEN a worker whose generations take 20 s, a job that may run that long and one with a 1 s execution timeout
     api = workers.api()
     worker = workers.start_worker("slow", ECHO_DELAY_S="20")
@@ -48,7 +50,7 @@ def test_cancel_during_a_run_aborts_the_generation_and_a_timeout_fails_the_job(w
     assert cancelled.status.value == "cancelled" and workers.result_objects(to_cancel) == []
     # AND the job over its execution timeout failed with the reason
     assert timed_out.status.value == "failed" and timed_out.error == "execution timed out after 1 s"
-    notes = inbox.drain()
+    notes = subscriber.drain()
     assert [n["status"] for n in notes[to_cancel]] == ["cancelled"]
     assert [n["status"] for n in notes[timed]] == ["failed"]
     workers.stop_worker(worker)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gpu_worker.worker import EXIT_ENGINE_DEAD
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Subscriber, chat, wait_until
 
 JOBS = 3
 
@@ -18,7 +18,7 @@ def visible_messages(stack: FaultStack, url: str) -> int:
 
 
 def test_a_dead_engine_stops_the_worker_and_its_jobs_go_to_the_next_one_unfailed(
-    workers: FaultStack, inbox: Inbox, tmp_path: Path
+    workers: FaultStack, subscriber: Subscriber, tmp_path: Path
 ):
     # GIVEN queued jobs, and a worker whose engine dies at its first generation (as a CUDA fault kills vLLM's), holding
     # its messages for a minute (the production visibility timeout) unless it hands them back
@@ -48,7 +48,7 @@ def test_a_dead_engine_stops_the_worker_and_its_jobs_go_to_the_next_one_unfailed
     assert max(j.attempts for j in jobs.values()) == 2  # the dead engine's jobs were started there
     wait_until(lambda: workers.queue_depth() == 0, 10, "the messages to be deleted")
     assert workers.queue_depth(workers.config.dlq_url) == 0
-    notes = inbox.drain()
+    notes = subscriber.drain()
     assert all([n["status"] for n in notes[j]] == ["succeeded"] for j in job_ids)
     assert all(n.get("error") is None for j in job_ids for n in notes[j])
     workers.stop_worker(fresh)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 from async_inference import settings
-from tests.faults.fault_stack import TENANT, FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import TENANT, FaultStack, Subscriber, chat, wait_until
 
 
-def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(workers: FaultStack, inbox: Inbox):
+def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
+    workers: FaultStack, subscriber: Subscriber
+):
     # GIVEN one batch of queued jobs: two good ones, and one of each kind that can never succeed. The API refuses
     # most of these at the door, so their stored payloads are spoiled after submission, as a bug or an operator might.
     api, s3 = workers.api(), workers.client("s3")
@@ -48,7 +50,7 @@ def test_each_poison_payload_fails_its_job_at_once_and_the_batch_still_succeeds(
     assert [jobs[j].status.value for j in good] == ["succeeded", "succeeded"]
     # AND every message was deleted (no retries burnt), and each job was notified once with its final state
     wait_until(lambda: workers.queue_depth() == 0, 10, "the batch's messages to be deleted")
-    notes = inbox.drain()
+    notes = subscriber.drain()
     assert {j: [n["status"] for n in notes[j]] for j in poison} == {j: ["failed"] for j in poison}
     assert {j: [n["status"] for n in notes[j]] for j in good} == {j: ["succeeded"] for j in good}
     assert not workers.client("sqs").receive_message(QueueUrl=workers.config.dlq_url).get("Messages")

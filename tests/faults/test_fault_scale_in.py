@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from local_runtime.moto_server import free_port
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Subscriber, chat, wait_until
 
 
 class FakeEcsAgent:
@@ -53,7 +53,7 @@ def ecs_agent() -> Iterator[FakeEcsAgent]:
 
 
 def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_them(
-    workers: FaultStack, inbox: Inbox, ecs_agent: FakeEcsAgent
+    workers: FaultStack, subscriber: Subscriber, ecs_agent: FakeEcsAgent
 ):
     # GIVEN a busy worker in ECS (task protection endpoint) with the production 60 s visibility timeout, whose jobs
     # take 20 s each, and which may drain for 1 s only
@@ -85,7 +85,7 @@ def test_sigterm_hands_unfinished_jobs_back_at_once_and_another_worker_finishes_
     assert time.monotonic() - stopped_at < 10
     assert {j.status.value for j in jobs.values()} == {"succeeded"}
     assert all(j.attempts == 2 for j in jobs.values())  # started on the busy worker, finished on the other
-    notes = inbox.drain()
+    notes = subscriber.drain()
     assert all([n["status"] for n in notes[j]] == ["succeeded"] for j in job_ids)
     workers.stop_worker(other)
 

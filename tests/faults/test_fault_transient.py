@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from async_inference import settings
-from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
+from tests.faults.fault_stack import FaultStack, Subscriber, chat, wait_until
 
 
 @pytest.mark.parametrize(
@@ -17,7 +17,7 @@ from tests.faults.fault_stack import FaultStack, Inbox, chat, wait_until
     ],
 )
 def test_transient_fault_is_retried_by_redelivery_and_the_job_succeeds(
-    workers: FaultStack, inbox: Inbox, fault, attempts
+    workers: FaultStack, subscriber: Subscriber, fault, attempts
 ):
     # GIVEN a worker whose S3 adapter, DynamoDB adapter or engine fails the first two times for each job
     worker = workers.start_worker(f"transient-{fault}", WORKER_FAULTS=fault, TRANSIENT_RETRY_DELAY_S="1")
@@ -29,12 +29,12 @@ def test_transient_fault_is_retried_by_redelivery_and_the_job_succeeds(
     assert job.attempts == attempts
     assert len(workers.result_objects(job_id)) == 1
     wait_until(lambda: workers.queue_depth() == 0, 10, "the message to be deleted")
-    assert [n["status"] for n in inbox.drain()[job_id]] == ["succeeded"]
+    assert [n["status"] for n in subscriber.drain()[job_id]] == ["succeeded"]
     assert "fails (2 of 2)" in worker.log_path.read_text()
     workers.stop_worker(worker)
 
 
-def test_fault_that_never_clears_ends_in_the_dlq_and_the_job_failed(workers: FaultStack, inbox: Inbox):
+def test_fault_that_never_clears_ends_in_the_dlq_and_the_job_failed(workers: FaultStack, subscriber: Subscriber):
     # GIVEN a worker whose S3 reads are always throttled, retrying at once
     worker = workers.start_worker("never-clears", WORKER_FAULTS="s3_get_fails=always", TRANSIENT_RETRY_DELAY_S="0")
     # WHEN a job is submitted
@@ -45,7 +45,7 @@ def test_fault_that_never_clears_ends_in_the_dlq_and_the_job_failed(workers: Fau
     assert job.error == f"dead-lettered after {settings.MAX_RECEIVE_COUNT} attempts"
     assert job.attempts == 0  # attempts counts runs: its payload, read while it was queued, never could be
     assert workers.result_objects(job_id) == []
-    assert [n["status"] for n in inbox.drain()[job_id]] == ["failed"]
+    assert [n["status"] for n in subscriber.drain()[job_id]] == ["failed"]
     # AND neither queue holds it any more (the DLQ handler consumed it)
     wait_until(
         lambda: workers.queue_depth() == 0 and workers.queue_depth(workers.config.dlq_url) == 0,
