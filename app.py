@@ -18,7 +18,7 @@ from typing import Any
 from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
-from async_inference.events_in import EventRule
+from async_inference.inbox import InboxRule
 from async_inference.limits import RequestLimits
 from cdk.ingestion_api import TenantPlan
 from cdk.options import AsyncInferenceServiceProps, ModelSpec
@@ -50,8 +50,8 @@ def _subscriptions(value: Any) -> tuple[TopicSubscription, ...]:
     return tuple(TopicSubscription(**entry) for entry in _json(value))
 
 
-def _event_rules(value: Any) -> tuple[EventRule, ...]:
-    return tuple(EventRule.model_validate(entry) for entry in _json(value))
+def _inbox_rules(value: Any) -> tuple[InboxRule, ...]:
+    return tuple(InboxRule.model_validate(entry) for entry in _json(value))
 
 
 def _models(value: Any) -> tuple[ModelSpec, ...]:
@@ -75,7 +75,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "request_limits": lambda v: RequestLimits.model_validate(_json(v)),
     "subscriptions": _subscriptions,
     "models": _models,
-    "event_rules": _event_rules,
+    "inbox_rules": _inbox_rules,
     "cors_allowed_origins": lambda v: tuple(_json(v)),
     "availability_zones": lambda v: tuple(_json(v)),
     "gpu_fallback_instance_types": lambda v: tuple(_json(v)),
@@ -104,6 +104,7 @@ _NOT_FROM_CONTEXT = {"log_retention"}
 # Options that no longer exist, and what replaced them: refused rather than silently ignored.
 _RETIRED = {
     "scale_out_steps": "scale-out now follows the backlog: set jobs_per_task (cdk.queue_scaling.QueueScaling)",
+    "event_rules": "the same rules are now inbox_rules (objects under inbox/ become jobs and batches): rename the key",
 }
 
 

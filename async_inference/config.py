@@ -52,9 +52,9 @@ ENV_SERVED_MODELS = "SERVED_MODELS"
 # a queue (JOBS_QUEUE_URL and BATCH_QUEUE_URL are a worker's own queues). The functions read it, SERVED_MODELS and
 # the tenants' variables below from the deployment's catalog (CATALOG_VARIABLES), not from their environment.
 ENV_MODEL_FLEETS = "MODEL_FLEETS"
-# Events in: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
-# async_inference.events_in.EventRule.
-ENV_EVENT_RULES = "EVENT_RULES"
+# The inbox: the rules that turn objects under settings.INBOX_PREFIX into jobs and batches, as a JSON list of
+# async_inference.inbox.InboxRule.
+ENV_INBOX_RULES = "INBOX_RULES"
 # The EventBridge bus the state-events function puts job and batch state changes on (async_inference.state_events).
 ENV_EVENT_BUS_NAME = "EVENT_BUS_NAME"
 # The worker container's model kind ("chat" or "embedding"): which engine family runs it (gpu_worker's engines).

@@ -3,7 +3,7 @@ lane and worker service (cdk/model_fleet.py), and whatever queues a job or a bat
 the request names.
 
 The stack writes each model's route in the deployment's catalog (``async_inference.catalog``); every function that
-queues work (the API, the upload handler, the batch controller, events in) reads them at start as one JSON object,
+queues work (the API, the upload handler, the batch controller, the inbox) reads them at start as one JSON object,
 ``MODEL_FLEETS`` (``async_inference.config``):
 ``{"<model>": {"kind": "chat", "queue_url": ..., "batch_queue_url": ..., "worker_service": ...}}``. The routes are
 the only way to a queue: a model without one is not served. The route named ``ANY_MODEL`` (``"*"``) takes every model

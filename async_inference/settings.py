@@ -135,13 +135,13 @@ def responses_request_key(tenant: str, job_id: str) -> str:
     return f"{REQUEST_PREFIX}{tenant}/{job_id}/{RESPONSES_REQUEST_NAME}"
 
 
-# Events in (async_inference.events_in): objects the platform's pipelines write under this prefix, then a rule's
-# (the event_rules context), become jobs and batches. Its own prefix: neither an upload nor an inline body.
+# The inbox (async_inference.inbox): objects the platform's pipelines write under this prefix, then a rule's
+# (the inbox_rules context), become jobs and batches. Its own prefix: neither an upload nor an inline body.
 INBOX_PREFIX = "inbox/"
 
 
 def inbox_marker_key(tenant: str, digest: str) -> str:
-    """Where events in records that an object (its key and ETag, hashed) was taken in as a batch: written once."""
+    """Where the inbox records that an object (its key and ETag, hashed) was taken in as a batch: written once."""
     return f"{REQUEST_PREFIX}{tenant}/inbox/{digest}.json"
 
 

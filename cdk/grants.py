@@ -77,12 +77,12 @@ def grant_functions(service: AsyncInferenceService) -> None:
         fleet.grant_send_jobs(upload)
         fleet.lane_queue.grant(service.batches.controller, "sqs:SendMessage")
     _grant_batches(service)
-    if service.events_in is not None:
-        _grant_events_in(service, service.events_in.handler)
+    if service.inbox is not None:
+        _grant_inbox(service, service.inbox.handler)
 
 
-def _grant_events_in(service: AsyncInferenceService, function: lambda_.Function) -> None:
-    """The events-in function: read the objects under the inbox, then what the API does to submit a job (its
+def _grant_inbox(service: AsyncInferenceService, function: lambda_.Function) -> None:
+    """The inbox function: read the objects under the inbox, then what the API does to submit a job (its
     record, its body, its claim check on any model's queue, a notification when it cannot be queued) or to
     create a batch (the file copied from the object, the file and batch records, the plan step)."""
     bucket, table, batches = service.bucket, service.table, service.batches
@@ -160,7 +160,7 @@ def _acknowledge_grant_wildcards(service: AsyncInferenceService) -> None:
             settings.BATCH_PREFIX,
             RESPONSES_BODIES,
             FILE_UPLOADS,
-            *((settings.INBOX_PREFIX,) if service.events_in is not None else ()),
+            *((settings.INBOX_PREFIX,) if service.inbox is not None else ()),
         )
     }
     acknowledge(service, findings)

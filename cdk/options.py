@@ -19,12 +19,12 @@ from async_inference.config import (
     DEFAULT_WAKE_HOLD_S,
     TASK_PROTECTION_MODES,
 )
-from async_inference.events_in import EventRule
 from async_inference.fleets import CHAT, MODEL_KINDS
+from async_inference.inbox import InboxRule
 from async_inference.limits import RequestLimits
 from cdk import capacity
-from cdk.events_in import validate_rules
 from cdk.gpu_worker_service import INSTANCE_WARMUP, WORKER_ECS_SERVICE_NAME, is_arm64
+from cdk.inbox import validate_rules
 from cdk.ingestion_api import TenantPlan
 from cdk.model_store import parse_s3_uri
 from cdk.queue_scaling import JOBS_PER_TASK_IN_BATCHES
@@ -119,11 +119,11 @@ class AsyncInferenceServiceProps:
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
-    Events in
-      event_rules: objects written under ``inbox/<prefix>`` of the claim-check bucket become jobs (any object) or
-        batches (``.jsonl``) of a tenant by rule (``async_inference.events_in.EventRule``: prefix, tenant, model,
-        endpoint, webhook_url), through an S3 notification per rule and the events-in function
-        (``cdk.events_in.EventsIn``). Default: none (no function, no notification).
+    The inbox
+      inbox_rules: objects written under ``inbox/<prefix>`` of the claim-check bucket become jobs (any object) or
+        batches (``.jsonl``) of a tenant by rule (``async_inference.inbox.InboxRule``: prefix, tenant, model,
+        endpoint, webhook_url), through an S3 notification per rule and the inbox function
+        (``cdk.inbox.Inbox``). Default: none (no function, no notification).
     Notifications
       eventbridge_events: put each job and batch state change (started, the final states, a batch's end) on the
         account's default EventBridge bus (``cdk.state_events.StateEvents``), source ``async-inference``. Default:
@@ -262,7 +262,7 @@ class AsyncInferenceServiceProps:
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
     subscriptions: Sequence[TopicSubscription] = ()
-    event_rules: Sequence[EventRule] = ()
+    inbox_rules: Sequence[InboxRule] = ()
     eventbridge_events: bool = False
     websocket_push: bool = True
     progress_interval_s: int = int(settings.PROGRESS_INTERVAL_S)
@@ -381,7 +381,7 @@ class AsyncInferenceServiceProps:
             )
         self._validate_scaling()
         self._validate_models()
-        validate_rules(self.event_rules, list(self.tenants), [spec.name for spec in self.model_specs()])
+        validate_rules(self.inbox_rules, list(self.tenants), [spec.name for spec in self.model_specs()])
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         """Every model the stack serves, the first one first; without ``models``, ``model`` with the stack's options."""

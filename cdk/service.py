@@ -22,9 +22,9 @@ from cdk.batches import Batches
 from cdk.catalog import DeploymentCatalog
 from cdk.claim_check_bucket import ClaimCheckBucket
 from cdk.dead_letter_handler import DeadLetterHandler
-from cdk.events_in import EventsIn
 from cdk.gpu_worker_service import MODELS_CONTAINER_PATH, WORKER_SERVICE_NAME
 from cdk.grants import grant_functions
+from cdk.inbox import Inbox
 from cdk.ingestion_api import IngestionApi
 from cdk.job_streams import JobStreams
 from cdk.job_table import JobTable
@@ -215,14 +215,14 @@ class AsyncInferenceService(Construct):
                 events_topic=self.push.events_topic if self.push else None,
                 environment={"POWERTOOLS_METRICS_NAMESPACE": settings.METRICS_NAMESPACE},
             )
-        self.events_in: EventsIn | None = None
-        if props.event_rules:
-            self.events_in = EventsIn(
+        self.inbox: Inbox | None = None
+        if props.inbox_rules:
+            self.inbox = Inbox(
                 self,
-                "EventsIn",
+                "EventsIn",  # the construct id it was deployed with: its failure queue keeps its logical id
                 code=code,
                 bucket=self.bucket.bucket,
-                rules=props.event_rules,
+                rules=props.inbox_rules,
                 environment={**environment, **self.batches.environment},
             )
         self.catalog = DeploymentCatalog(self, "Catalog")
@@ -257,12 +257,12 @@ class AsyncInferenceService(Construct):
         queue: the API (jobs, responses), the upload handler (uploaded jobs), the batch controller (chunks) and events
         in (jobs). With ``wake_from_zero``, each may wake any fleet from zero: the stack's wake settings in its
         variables (``async_inference.config.WakeSettings``), each fleet's service and group in its route."""
-        # The API, upload handler and controller hold requests to their tenant's quotas; events in queues on behalf
+        # The API, upload handler and controller hold requests to their tenant's quotas; the inbox queues on behalf
         # of a rule's tenant and reads none.
         queuing = {function: [TENANTS, MODELS] for function in (*self.api.functions, self.uploads.handler)}
         queuing[self.batches.controller] = [TENANTS, MODELS]
-        if self.events_in is not None:
-            queuing[self.events_in.handler] = [MODELS]
+        if self.inbox is not None:
+            queuing[self.inbox.handler] = [MODELS]
         wake = props.wake_from_zero
         for fleet in self.fleets:
             self.catalog.add(MODELS, fleet.spec.name, {"route": fleet.route(wake=wake)})
@@ -291,7 +291,7 @@ class AsyncInferenceService(Construct):
                 "UploadDeadlineDeadLetterQueue": self.upload_deadlines.dead_letter_queue,
                 "BatchControlDeadLetterQueue": self.batches.control_dead_letter_queue,
                 "UnhandledDeadLetterQueue": self.dead_letters.unhandled_queue,
-                **({"EventsInFailureQueue": self.events_in.failure_queue} if self.events_in else {}),
+                **({"EventsInFailureQueue": self.inbox.failure_queue} if self.inbox else {}),
             },
             fleets=self._monitored,
             worker_service_name=WORKER_SERVICE_NAME,

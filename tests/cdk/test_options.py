@@ -200,6 +200,15 @@ def test_the_retired_scale_out_steps_option_is_refused_naming_its_replacement(wo
         props_from_context(App(context=context))
 
 
+def test_the_renamed_event_rules_option_is_refused_naming_inbox_rules(worker_context):
+    """GIVEN a cdk.json that still sets event_rules WHEN reading context THEN it is refused naming inbox_rules: ignored,
+    the stack would drop the rules' notifications and function on the next deploy."""
+    rules = [{"prefix": "docs/", "tenant": "demo"}]
+    context = {**cdk_json_context(), "worker_image_context": str(worker_context), "event_rules": rules}
+    with pytest.raises(ValueError, match="event_rules was removed: .*inbox_rules"):
+        props_from_context(App(context=context))
+
+
 def test_context_strings_from_the_command_line_are_converted(worker_context):
     """GIVEN -c style string values WHEN reading context THEN numbers and JSON options get their types."""
     context = {

@@ -21,7 +21,7 @@ FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOU
 
 
 @pytest.fixture(scope="module")
-def events_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def inbox_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     assembly = synthesize(
         tmp_path_factory.mktemp("cdk.out.state-events"), {"tenants": {"events": {}}, "eventbridge_events": True}
     )
@@ -44,7 +44,7 @@ def events_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDepl
     local.stop()
 
 
-def test_each_job_state_change_reaches_an_eventbridge_rules_sqs_target(events_stack):
+def test_each_job_state_change_reaches_an_eventbridge_rules_sqs_target(inbox_stack):
     # GIVEN a consumer's rule on the default bus matching the service's events, with an SQS queue as its target
     sqs, events = client("sqs"), client("events")
     queue_url = sqs.create_queue(QueueName=f"job-events-{free_port()}")["QueueUrl"]
@@ -52,7 +52,7 @@ def test_each_job_state_change_reaches_an_eventbridge_rules_sqs_target(events_st
     events.put_rule(Name="job-events", EventPattern=json.dumps({"source": ["async-inference"]}), State="ENABLED")
     events.put_targets(Rule="job-events", Targets=[{"Id": "queue", "Arn": queue_arn}])
     # WHEN a job runs to its end
-    api = Client(events_stack.api_url, KEY)
+    api = Client(inbox_stack.api_url, KEY)
     job = api.submit({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert api.wait(job.job_id, timeout_s=60).status == "succeeded"
     # THEN the target receives its start and its success, each with the job in its detail
@@ -72,7 +72,7 @@ def test_each_job_state_change_reaches_an_eventbridge_rules_sqs_target(events_st
     assert "result" not in succeeded["detail"] and succeeded["detail"]["result_location"]["key"]
 
 
-def test_a_batchs_end_reaches_an_eventbridge_rules_sqs_target(events_stack):
+def test_a_batchs_end_reaches_an_eventbridge_rules_sqs_target(inbox_stack):
     # GIVEN a consumer's rule on the default bus for the service's batch events, with an SQS queue as its target
     sqs, events = client("sqs"), client("events")
     queue_url = sqs.create_queue(QueueName=f"batch-events-{free_port()}")["QueueUrl"]
@@ -81,7 +81,7 @@ def test_a_batchs_end_reaches_an_eventbridge_rules_sqs_target(events_stack):
     events.put_rule(Name="batch-events", EventPattern=json.dumps(pattern), State="ENABLED")
     events.put_targets(Rule="batch-events", Targets=[{"Id": "queue", "Arn": queue_arn}])
     # WHEN a batch of two lines runs to its end
-    api = Client(events_stack.api_url, KEY)
+    api = Client(inbox_stack.api_url, KEY)
     lines = [
         {
             "custom_id": f"l{n}",

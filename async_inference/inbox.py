@@ -1,8 +1,8 @@
-"""Events in: an object written under a rule's prefix of the claim-check bucket becomes a job or a batch.
+"""The inbox: an object written under a rule's prefix of the claim-check bucket becomes a job or a batch.
 
 The platform's own pipelines drop documents or JSONL files under ``settings.INBOX_PREFIX`` + a rule's ``prefix``; an
-S3 ObjectCreated notification with that prefix filter invokes the events-in function (cdk/events_in.py), which hands
-each object to ``EventIntake.accept``:
+S3 ObjectCreated notification with that prefix filter invokes the inbox function (cdk/inbox.py), which hands
+each object to ``InboxIntake.accept``:
 
 * a key ending in ``.jsonl`` becomes a batch: the object is copied into a file of the rule's tenant (purpose
   ``batch``) and a batch is created on it for the rule's endpoint, exactly as ``POST /v1/files`` then ``POST
@@ -39,10 +39,10 @@ from async_inference.batches.models import BatchCreate, BatchWebhookSpec
 from async_inference.jobs_service import ErrorKind, ServiceError
 from async_inference.schemas import ChatCompletionRequest, JobSubmission, utcnow
 
-logger = logging.getLogger("async_inference.events_in")
+logger = logging.getLogger("async_inference.inbox")
 JSONL_SUFFIX = ".jsonl"
 IDEMPOTENCY_NAMESPACE = "s3-event:"  # a job's Idempotency-Key: this, the key and the ETag
-# The events-in function's timeout (cdk/events_in.py): a batch's input file is copied (up to
+# The inbox function's timeout (cdk/inbox.py): a batch's input file is copied (up to
 # settings.BATCH_MAX_FILE_BYTES) before the batch is created. A batch's claim (its marker without a batch id) older
 # than it (plus slack for S3's whole-second LastModified) was left by an invocation that ended before its batch.
 FUNCTION_TIMEOUT_S = 120
@@ -53,8 +53,8 @@ class ClaimInProgress(RuntimeError):
     """Another invocation is taking the same object in: the event is retried later (Lambda's asynchronous retry)."""
 
 
-class EventRule(BaseModel):
-    """One rule of the ``event_rules`` context: which objects, for which tenant, run how, told to whom."""
+class InboxRule(BaseModel):
+    """One rule of the ``inbox_rules`` context: which objects, for which tenant, run how, told to whom."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -79,13 +79,13 @@ class Accepted:
     reason: str | None = None
 
 
-def rule_for(rules: list[EventRule], key: str) -> EventRule | None:
+def rule_for(rules: list[InboxRule], key: str) -> InboxRule | None:
     """The rule whose prefix the key starts with (the longest, when prefixes nest)."""
     matching = [rule for rule in rules if key.startswith(rule.key_prefix)]
     return max(matching, key=lambda rule: len(rule.key_prefix), default=None)
 
 
-def chat_request(body: bytes, rule: EventRule) -> ChatCompletionRequest:
+def chat_request(body: bytes, rule: InboxRule) -> ChatCompletionRequest:
     """The chat request an object's bytes stand for (module docstring); ValueError with the reason otherwise."""
     try:
         parsed = safe_json.loads(body)
@@ -108,11 +108,11 @@ def chat_request(body: bytes, rule: EventRule) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": rule.model, "messages": [{"role": "user", "content": text}]})
 
 
-class EventIntake:
+class InboxIntake:
     """Turns objects under the rules' prefixes into jobs and batches through the same services the API uses."""
 
     def __init__(  # noqa: ANN001
-        self, *, rules: list[EventRule], jobs, batches=None, claim_timeout_s: float = CLAIM_TIMEOUT_S
+        self, *, rules: list[InboxRule], jobs, batches=None, claim_timeout_s: float = CLAIM_TIMEOUT_S
     ) -> None:
         self.rules = rules
         self.claim_timeout_s = claim_timeout_s
@@ -123,17 +123,17 @@ class EventIntake:
     def accept(self, key: str, size: int, etag: str) -> Accepted:
         rule = rule_for(self.rules, key)
         if rule is None:
-            return self._refused(key, "no event rule's prefix matches it")
+            return self._refused(key, "no inbox rule's prefix matches it")
         if key.endswith(JSONL_SUFFIX):
             return self._batch(key, size, etag, rule)
         return self._job(key, size, etag, rule)
 
-    def _metadata(self, key: str, rule: EventRule) -> dict[str, str]:
+    def _metadata(self, key: str, rule: InboxRule) -> dict[str, str]:
         # Metadata values hold at most MAX_METADATA_VALUE_CHARS: a longer key keeps its end, where its name is.
         limit = settings.MAX_METADATA_VALUE_CHARS
         return {"source_key": key[-limit:], "rule": rule.prefix[:limit]}
 
-    def _job(self, key: str, size: int, etag: str, rule: EventRule) -> Accepted:
+    def _job(self, key: str, size: int, etag: str, rule: InboxRule) -> Accepted:
         if size > settings.MAX_UPLOAD_BYTES:
             return self._refused(key, f"{size} bytes is over the {settings.MAX_UPLOAD_BYTES} bytes a job's body may be")
         try:
@@ -159,7 +159,7 @@ class EventIntake:
         logger.info("object became a job", extra={"key": key, "job_id": submitted.job.job_id})
         return Accepted(key, job_id=submitted.job.job_id)
 
-    def _batch(self, key: str, size: int, etag: str, rule: EventRule) -> Accepted:
+    def _batch(self, key: str, size: int, etag: str, rule: InboxRule) -> Accepted:
         if self.batches is None:
             return self._refused(key, "this deployment has no batches")
         if size > settings.BATCH_MAX_FILE_BYTES:

@@ -1,5 +1,5 @@
-"""S3 "object created" events under the event rules' prefixes: each object becomes a job or a batch
-(async_inference.events_in)."""
+"""S3 "object created" events under the inbox rules' prefixes: each object becomes a job or a batch
+(async_inference.inbox)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import TypeAdapter
 
 from async_inference.batches.service import BatchService
-from async_inference.config import ENV_EVENT_RULES, ServiceSettings, SettingsError
-from async_inference.events_in import EventIntake, EventRule
+from async_inference.config import ENV_INBOX_RULES, ServiceSettings, SettingsError
+from async_inference.inbox import InboxIntake, InboxRule
 from async_inference.jobs_service import JobService
 
 logger = Logger()
 tracer = Tracer()
 config = ServiceSettings.load()
-if not os.environ.get(ENV_EVENT_RULES):
-    raise SettingsError(f"{ENV_EVENT_RULES} is not set (the event rules, a JSON list)")
-intake = EventIntake(
-    rules=TypeAdapter(list[EventRule]).validate_json(os.environ[ENV_EVENT_RULES]),
+if not os.environ.get(ENV_INBOX_RULES):
+    raise SettingsError(f"{ENV_INBOX_RULES} is not set (the inbox rules, a JSON list)")
+intake = InboxIntake(
+    rules=TypeAdapter(list[InboxRule]).validate_json(os.environ[ENV_INBOX_RULES]),
     jobs=JobService.from_config(
         config.service,
         allow_local_webhooks=config.allow_local_webhooks,

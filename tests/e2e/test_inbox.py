@@ -1,4 +1,4 @@
-"""Events in (issue 20): a file dropped under an event rule's prefix on the local stack becomes a job (any object) or a
+"""The inbox (issue 20): a file dropped under an inbox rule's prefix on the local stack becomes a job (any object) or a
 batch (a .jsonl), whose result and notification arrive; the S3 notification with its prefix filter is the template's,
 delivered by moto to the function's local event queue."""
 
@@ -24,9 +24,9 @@ FAST_WORKER = {"RECEIVE_WAIT_S": "1", "HEARTBEAT_INTERVAL_S": "1", "DRAIN_TIMEOU
 
 
 @pytest.fixture(scope="module")
-def events_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def inbox_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     assembly = synthesize(
-        tmp_path_factory.mktemp("cdk.out.events"), {"tenants": {"events": {}}, "event_rules": json.dumps(RULES)}
+        tmp_path_factory.mktemp("cdk.out.events"), {"tenants": {"events": {}}, "inbox_rules": json.dumps(RULES)}
     )
     logs = tmp_path_factory.mktemp("events-logs")
     local = LocalDeployment(
@@ -70,13 +70,13 @@ def _notifications(queue_url: str, subject: str, timeout_s: float = 30.0) -> lis
     return found
 
 
-def test_a_text_file_dropped_under_the_prefix_becomes_a_job_whose_result_and_notification_arrive(events_stack):
+def test_a_text_file_dropped_under_the_prefix_becomes_a_job_whose_result_and_notification_arrive(inbox_stack):
     # GIVEN the stack with a rule for inbox/docs/, and a subscriber of the result topic
-    api = Client(events_stack.api_url, KEY)
-    subscriber = subscribe_queue(events_stack.resources.config.topic_arn, f"events-{free_port()}")
+    api = Client(inbox_stack.api_url, KEY)
+    subscriber = subscribe_queue(inbox_stack.resources.config.topic_arn, f"events-{free_port()}")
     # WHEN a pipeline writes a text document under the prefix
     key = "inbox/docs/2026/report.txt"
-    client("s3").put_object(Bucket=events_stack.resources.config.bucket_name, Key=key, Body=b"summarise this report")
+    client("s3").put_object(Bucket=inbox_stack.resources.config.bucket_name, Key=key, Body=b"summarise this report")
     # THEN it becomes a job of the rule's tenant and model, which succeeds with the echo of the text
     job = _found(api, key)
     assert job.metadata == {"source_key": key, "rule": "docs/"}
@@ -87,14 +87,14 @@ def test_a_text_file_dropped_under_the_prefix_becomes_a_job_whose_result_and_not
     [notification] = _notifications(subscriber, job.job_id)
     assert notification["status"] == "succeeded" and notification["tenant"] == "events"
     # AND an object outside the prefix is no job
-    client("s3").put_object(Bucket=events_stack.resources.config.bucket_name, Key="inbox/other/x.txt", Body=b"x")
+    client("s3").put_object(Bucket=inbox_stack.resources.config.bucket_name, Key="inbox/other/x.txt", Body=b"x")
     time.sleep(3)
     assert [j.metadata.get("source_key") for j in api.list().jobs] == [key]
 
 
-def test_a_jsonl_file_dropped_under_the_prefix_becomes_a_batch_that_completes(events_stack):
+def test_a_jsonl_file_dropped_under_the_prefix_becomes_a_batch_that_completes(inbox_stack):
     # GIVEN the rule for inbox/docs/
-    api = Client(events_stack.api_url, KEY)
+    api = Client(inbox_stack.api_url, KEY)
     lines = [
         {
             "custom_id": f"line-{n}",
@@ -107,7 +107,7 @@ def test_a_jsonl_file_dropped_under_the_prefix_becomes_a_batch_that_completes(ev
     # WHEN a pipeline writes a JSONL file of three chat lines under the prefix
     key = "inbox/docs/nightly.jsonl"
     body = "\n".join(json.dumps(line) for line in lines).encode()
-    client("s3").put_object(Bucket=events_stack.resources.config.bucket_name, Key=key, Body=body)
+    client("s3").put_object(Bucket=inbox_stack.resources.config.bucket_name, Key=key, Body=body)
     # THEN it becomes one batch of the tenant, naming the object, that completes with three output lines
     deadline = time.monotonic() + 30
     batches = []

@@ -1,4 +1,4 @@
-"""Events in (async_inference.events_in): which object becomes what, and a batch taken in once, never lost."""
+"""The inbox (async_inference.inbox): which object becomes what, and a batch taken in once, never lost."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from async_inference.events_in import ClaimInProgress, EventIntake, EventRule, chat_request, rule_for
+from async_inference.inbox import ClaimInProgress, InboxIntake, InboxRule, chat_request, rule_for
 from async_inference.schemas import utcnow
 
-RULE = EventRule(prefix="docs/", tenant="t1", model="m")
+RULE = InboxRule(prefix="docs/", tenant="t1", model="m")
 
 
 def test_the_longest_matching_prefix_is_the_rule_and_a_key_outside_every_prefix_has_none():
-    nested = EventRule(prefix="docs/legal/", tenant="t2", model="m")
+    nested = InboxRule(prefix="docs/legal/", tenant="t2", model="m")
     assert rule_for([RULE, nested], "inbox/docs/legal/a.txt") is nested
     assert rule_for([RULE, nested], "inbox/docs/a.txt") is RULE
     assert rule_for([RULE], "docs/a.txt") is None and rule_for([RULE], "inbox/other/a.txt") is None
@@ -52,7 +52,7 @@ class Blobs:
 
 
 class Batches:
-    """BatchService's parts events in uses: a new file record, its copy and record, the batch."""
+    """BatchService's parts the inbox uses: a new file record, its copy and record, the batch."""
 
     def __init__(self) -> None:
         self.created: list[str] = []
@@ -67,8 +67,8 @@ class Batches:
         return SimpleNamespace(id=f"batch_{len(self.created)}")
 
 
-def _intake(blobs: Blobs, batches: Batches) -> EventIntake:
-    return EventIntake(rules=[RULE], jobs=SimpleNamespace(blobs=blobs), batches=batches)
+def _intake(blobs: Blobs, batches: Batches) -> InboxIntake:
+    return InboxIntake(rules=[RULE], jobs=SimpleNamespace(blobs=blobs), batches=batches)
 
 
 def test_a_jsonl_becomes_one_batch_and_its_redelivery_creates_none():

@@ -1,4 +1,4 @@
-"""Events in (issue 20): the template of a stack with event rules."""
+"""The inbox (issue 20): the template of a stack with inbox rules."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ RULES = [
     {"prefix": "docs/", "tenant": "demo", "model": MODEL},
     {"prefix": "nightly/", "tenant": "demo", "model": MODEL, "webhook_url": "https://hooks.example.com/done"},
 ]
-HANDLER = "lambdas.events_in.handler.lambda_handler"
+HANDLER = "lambdas.inbox.handler.lambda_handler"
 
 
 @pytest.fixture(scope="module")
 def with_rules(synth_variant):
-    return synth_variant(event_rules=json.dumps(RULES))
+    return synth_variant(inbox_rules=json.dumps(RULES))
 
 
 def test_each_rule_is_an_object_created_notification_on_its_prefix_to_the_events_in_function(with_rules):
-    """GIVEN two rules WHEN synthesized THEN the bucket notifies the events-in function of objects created under
+    """GIVEN two rules WHEN synthesized THEN the bucket notifies the inbox function of objects created under
     inbox/<prefix> of each, beside the upload notification; the function carries the rules."""
     [notifications] = with_rules.resources("Custom::S3BucketNotifications").values()
     lambdas = notifications["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
@@ -43,12 +43,12 @@ def test_each_rule_is_an_object_created_notification_on_its_prefix_to_the_events
     assert function_id in prefixes["inbox/docs/"] and function_id in prefixes["inbox/nightly/"]
     assert all(entry["Events"] == ["s3:ObjectCreated:*"] for entry in lambdas)
     env = with_rules.variables(function_id)
-    assert [rule["prefix"] for rule in json.loads(env[config.ENV_EVENT_RULES])] == ["docs/", "nightly/"]
+    assert [rule["prefix"] for rule in json.loads(env[config.ENV_INBOX_RULES])] == ["docs/", "nightly/"]
     assert config.ENV_MODEL_FLEETS in env and config.ENV_WORKER_CLUSTER in env
 
 
 def test_the_events_in_function_reads_the_inbox_and_queues_but_reads_no_other_payload(with_rules):
-    """GIVEN the events-in function's role WHEN reading its S3 and SQS grants THEN it reads objects under inbox/ (and
+    """GIVEN the inbox function's role WHEN reading its S3 and SQS grants THEN it reads objects under inbox/ (and
     its own markers and files), writes bodies, markers and files, and sends to the job queue, lane and control."""
     function = next(
         f for f in with_rules.resources("AWS::Lambda::Function").values() if f["Properties"]["Handler"] == HANDLER
@@ -78,9 +78,9 @@ def test_the_events_in_function_reads_the_inbox_and_queues_but_reads_no_other_pa
     ],
 )
 def test_rules_that_cannot_be_deployed_are_refused_naming_the_problem(rules, message):
-    """GIVEN event rules naming an unknown tenant or model, or overlapping prefixes WHEN the app reads them THEN a
+    """GIVEN inbox rules naming an unknown tenant or model, or overlapping prefixes WHEN the app reads them THEN a
     ValueError names the rule and what to fix."""
-    app = App(context={"event_rules": json.dumps(rules)})
-    with pytest.raises(ValueError, match="event_rules") as raised:
+    app = App(context={"inbox_rules": json.dumps(rules)})
+    with pytest.raises(ValueError, match="inbox_rules") as raised:
         props_from_context(app)
     assert message in str(raised.value)
