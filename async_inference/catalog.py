@@ -60,6 +60,6 @@ def deployed_part(part: Part) -> dict[str, dict[str, Any]] | None:
 @functools.cache
 def _deployed_part(root: str, endpoint: str | None, part: Part) -> dict[str, dict[str, Any]]:
     # Keyed by the endpoint too: a test process may read two local stacks (two moto servers) of the same path.
-    import boto3
+    from async_inference.aws import client  # the adapters import the settings, which import this module
 
-    return read_part(boto3.client("ssm"), root, part)
+    return read_part(client("ssm"), root, part)

@@ -136,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, client: Callable[[str], Any] | None = None) -> int:
-    """The smoke job ``args`` ask for, with ``client`` (default: boto3 clients of the caller's session) for the
+    """The smoke job ``args`` ask for, with ``client`` (default: the adapters' boto3 clients) for the
     stack's outputs and key; the exit status."""
     if bool(args.api_url) != bool(args.api_key):
         raise CliError("--api-url and --api-key go together (or neither: the stack's outputs give both)")
@@ -144,9 +144,9 @@ def run(args: argparse.Namespace, client: Callable[[str], Any] | None = None) ->
         target = Target(api_url=args.api_url, api_key=args.api_key, tenant=args.tenant or "")
     else:
         if client is None:
-            import boto3
+            from async_inference.aws import client as aws_client
 
-            client = boto3.session.Session().client
+            client = aws_client
         outputs = stack_outputs(client("cloudformation"), args.stack_name)
         target = target_from_outputs(outputs, args.tenant, client("apigateway"))
     lines: list[str] = []
