@@ -261,13 +261,7 @@ class LocalDeployment:
             self._deploy(assembly)
             self._start_functions()
             assert self.deployment is not None
-            self._pollers = event_sources(
-                self.deployment,
-                self.functions,
-                self.client("sqs"),
-                self.client("sns"),
-                self.client("dynamodbstreams"),
-            )
+            self._pollers = self._event_sources()
             for poller in self._pollers:
                 poller.start()
             self._serve_api()
@@ -468,14 +462,21 @@ class LocalDeployment:
             yield function
         finally:
             assert self.deployment is not None
-            fresh = [
-                p
-                for p in event_sources(self.deployment, self.functions, self.client("sqs"), self.client("sns"))
-                if isinstance(p, SqsEventSource) and p.queue_url == queue_url
-            ]
+            fresh = [p for p in self._event_sources() if isinstance(p, SqsEventSource) and p.queue_url == queue_url]
             for poller in fresh:
                 poller.start()
             self._pollers.extend(fresh)
+
+    def _event_sources(self) -> list[Any]:
+        """Every event source of the template's functions, queues', topics' and tables' streams alike, not started."""
+        assert self.deployment is not None
+        return event_sources(
+            self.deployment,
+            self.functions,
+            self.client("sqs"),
+            self.client("sns"),
+            self.client("dynamodbstreams"),
+        )
 
     # --- workers ----------------------------------------------------------------------------------------------------
 
