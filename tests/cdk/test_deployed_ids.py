@@ -107,7 +107,9 @@ def test_the_default_apps_stateful_resources_keep_their_deployed_logical_ids(syn
 def test_a_second_models_fleet_keeps_its_deployed_logical_ids(synth_variant):
     """GIVEN a chat and an embedding model WHEN synthesized THEN the stateful resources are the default app's and the
     second model's fleet's, as deployed."""
-    assert _stateful_ids(synth_variant(models=json.dumps(MODELS))) == (DEPLOYED - REPLACED) | DEPLOYED_SECOND_FLEET | ADDED
+    assert (
+        _stateful_ids(synth_variant(models=json.dumps(MODELS))) == (DEPLOYED - REPLACED) | DEPLOYED_SECOND_FLEET | ADDED
+    )
 
 
 def test_the_first_models_weights_bucket_keeps_its_deployed_logical_id(synth_variant):
