@@ -38,20 +38,22 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
-# `make test` runs on two processes (pytest-xdist, `-n 2`). What goes to one process whole, in its order: the
-# end-to-end folder (its tests share one session stack, and some leave it to the next as they found it) and each other
-# test file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot
-# say this: it marks a group in the test's node id, which pytest 9 no longer lets a plugin change.
-WHOLE_FOLDERS = ("tests/e2e/",)
-# Files that load the real model go out right after the whole folders: each costs a load and tens of seconds to
+# `make test` runs on three processes (pytest-xdist, `-n 3`; Makefile's TEST_PROCESSES says why three on two cores).
+# What goes to one process whole, in its order: each shard of the end-to-end folder (its tests share one session stack
+# per process; the files alternate between the shards in name order) and each other test file (a module's fixtures, a
+# model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say this: it marks a group in the
+# test's node id, which pytest 9 no longer lets a plugin change.
+E2E_FOLDER = "tests/e2e/"
+E2E_SHARDS = 2
+# Files that load the real model go out right after the end-to-end shards: each costs a load and tens of seconds to
 # minutes of decoding whatever its number of tests (the conformance corpus run alone about 3 minutes), so handed out by
-# test count, as xdist does, the heaviest could start last and run alone while the other process idles.
+# test count, as xdist does, the heaviest could start last and run alone while the other processes idle.
 LOADS_THE_MODEL = "pytest.mark.model"
 
 
 def _scope_rank(scope: str) -> int:
-    """0: a whole folder; 1: a file that loads the real model; 2: any other file."""
-    if scope in WHOLE_FOLDERS:
+    """0: an end-to-end shard; 1: a file that loads the real model; 2: any other file."""
+    if scope.startswith(E2E_FOLDER) and not scope.endswith(".py"):
         return 0
     path = Path(scope)
     return 1 if path.suffix == ".py" and LOADS_THE_MODEL in path.read_text(encoding="utf-8") else 2
@@ -60,15 +62,21 @@ def _scope_rank(scope: str) -> int:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    class FolderOrFile(LoadScopeScheduling):
-        """xdist's scope scheduling with the scopes above: the whole folders first, then the files that load the
+    class ShardOrFile(LoadScopeScheduling):
+        """xdist's scope scheduling with the scopes above: the end-to-end shards first, then the files that load the
         model, then the others, each rank largest first."""
 
         _ranked = False
+        _shards: dict[str, int] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            folder = next((f for f in WHOLE_FOLDERS if nodeid.startswith(f)), None)
-            return folder or nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            if not path.startswith(E2E_FOLDER):
+                return path
+            if self._shards is None:
+                files = sorted({n.split("::", 1)[0] for n in self.collection if n.startswith(E2E_FOLDER)})
+                self._shards = {file: i % E2E_SHARDS for i, file in enumerate(files)}
+            return f"{E2E_FOLDER}shard-{self._shards[path]}"
 
         def _assign_work_unit(self, node: Any) -> None:
             if not self._ranked:  # the first assignment: the queue is complete, in xdist's order (most tests first)
@@ -78,7 +86,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 self.workqueue.update(ranked)
             super()._assign_work_unit(node)
 
-    return FolderOrFile(config, log)
+    return ShardOrFile(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
