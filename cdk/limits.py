@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # "AWS CloudFormation quotas" (CloudFormation User Guide): resources, outputs and parameters declared in one template;
@@ -94,9 +95,10 @@ def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figu
     )
 
 
-def synthetic_context(tenants: int, models: int) -> dict[str, Any]:
+def synthetic_context(tenants: int, models: int, tenant_stacks: int = 0) -> dict[str, Any]:
     """Context for ``tenants`` tenants on the default plan and ``models`` chat models of one task each (the first is
-    ``model``): what the measurements in docs/deploying.md ("Tenants") synthesize."""
+    ``model``), the tenants in ``tenant_stacks`` nested stacks (0: in the stack itself): what the measurements in
+    docs/deploying.md ("Tenants") synthesize."""
     names = [f"org/model-{n}" for n in range(models)]
     specs = [{"name": name, "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1} for name in names]
     return {
@@ -104,6 +106,15 @@ def synthetic_context(tenants: int, models: int) -> dict[str, Any]:
         "model": names[0],
         "max_num_seqs": 64,
         "models": json.dumps(specs),
+        "tenant_stacks": tenant_stacks,
+    }
+
+
+def assembly_figures(outdir: Path) -> dict[str, Figures]:
+    """Every template of the cloud assembly in ``outdir`` (each stack's and each nested stack's), by file name."""
+    return {
+        path.name: figures(json.loads(path.read_text()), path.stat().st_size)
+        for path in sorted(outdir.glob("*.template.json"))
     }
 
 
@@ -112,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     and models and print each template's figures, or why the synth refused it."""
     import argparse
     import tempfile
-    from pathlib import Path
 
     from aws_cdk import App
 
@@ -121,19 +131,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cdk.limits", description=main.__doc__)
     parser.add_argument("--tenants", type=int, default=2)
     parser.add_argument("--models", type=int, default=1)
+    parser.add_argument("--tenant-stacks", type=int, default=0, help="nested stacks for the tenants (tenant_stacks)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
-    context = {**json.loads((root / "cdk.json").read_text())["context"], **synthetic_context(args.tenants, args.models)}
+    measured = synthetic_context(args.tenants, args.models, args.tenant_stacks)
+    context = {**json.loads((root / "cdk.json").read_text())["context"], **measured}
     with tempfile.TemporaryDirectory() as outdir:
         try:
             build(App(context=context, outdir=outdir)).node.root.synth()  # type: ignore[attr-defined]
         except (RuntimeError, ValueError) as exc:  # over 500 resources (the CDK), or more models than MAX_MODELS
             print(f"{args.tenants} tenants x {args.models} models: not synthesized: {str(exc).splitlines()[0]}")
             return 1
-        for path in sorted(Path(outdir).glob("*.template.json")):
-            found = figures(json.loads(path.read_text()), path.stat().st_size)
+        for name, found in assembly_figures(Path(outdir)).items():
             print(
-                f"{args.tenants} tenants x {args.models} models: {path.name}: {found.resources} resources, "
+                f"{args.tenants} tenants x {args.models} models: {name}: {found.resources} resources, "
                 f"{found.outputs} outputs, {found.template_bytes / 1024:.0f} KB, largest environment "
                 f"{found.largest_environment_bytes} bytes ({found.largest_environment}); over: {found.over() or 'none'}"
             )

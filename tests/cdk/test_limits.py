@@ -6,17 +6,64 @@ from __future__ import annotations
 import json
 
 from cdk import limits
+from tests.cdk.helpers import function_role, role_actions
+
+# Each tenant's resources in its nested stack: its API key, usage plan and usage-plan key, signing secret, catalog
+# parameter, webhook queue, the queue's policy, its subscription to the result topic and its event source.
+TENANT_RESOURCES = 9
 
 
 def test_every_stack_of_the_test_app_is_within_awss_deploy_time_quotas(synthesized):
     """GIVEN the test app synthesized (two tenants, one model) WHEN each template of its assembly is read THEN none
     passes CloudFormation's resource, output, parameter or size quota, nor any function Lambda's 4 KB environment."""
-    templates = sorted(synthesized.outdir.glob("*.template.json"))
-    assert templates
-    for path in templates:
-        figures = limits.figures(json.loads(path.read_text()), path.stat().st_size)
-        assert figures.resources > 100 and figures.largest_environment  # the stack itself, read
-        assert figures.over() == [], path.name
+    found = limits.assembly_figures(synthesized.outdir)
+    root = found[synthesized.stack.template_file]
+    assert root.resources > 100 and root.largest_environment  # the stack itself, read
+    for name, figures in found.items():
+        assert figures.over() == [], name
+
+
+def test_a_hundred_tenants_in_nested_stacks_and_four_models_are_within_every_quota(synth_variant):
+    """GIVEN 100 tenants spread over 4 nested stacks (tenant_stacks) and 4 models WHEN every template of the assembly
+    is read (the root's and each nested stack's) THEN each holds a share of the tenants' resources, and none passes a
+    CloudFormation quota nor any function Lambda's environment quota."""
+    synthesized = synth_variant(**limits.synthetic_context(100, 4, tenant_stacks=4))
+    found = limits.assembly_figures(synthesized.outdir)
+    nested = {name: figures for name, figures in found.items() if name.endswith(".nested.template.json")}
+    assert len(nested) == 4
+    assert sum(figures.resources for figures in nested.values()) == 100 * TENANT_RESOURCES
+    for name, figures in found.items():
+        assert figures.over() == [], name
+
+
+def test_a_tenants_nested_stack_does_not_move_when_another_tenant_is_added(synth_variant):
+    """GIVEN six tenants over three nested stacks WHEN a seventh is added THEN each of the six keeps its API key in
+    the same nested stack's template (moving it would replace its key, and its clients' key value)."""
+
+    def stack_of_each_key(tenants: int) -> dict[str, str]:
+        synthesized = synth_variant(**limits.synthetic_context(tenants, 1, tenant_stacks=3))
+        return {
+            resource["Properties"]["Name"]: path.name
+            for path in synthesized.outdir.glob("*.nested.template.json")
+            for resource in json.loads(path.read_text())["Resources"].values()
+            if resource["Type"] == "AWS::ApiGateway::ApiKey"
+        }
+
+    six, seven = stack_of_each_key(6), stack_of_each_key(7)
+    assert len(set(six.values())) > 1  # spread, not all in one
+    assert {tenant: seven[tenant] for tenant in six} == six
+
+
+def test_with_tenants_in_nested_stacks_the_dispatchers_grants_do_not_grow_with_the_tenants(synth_variant):
+    """GIVEN 100 tenants in nested stacks WHEN the dispatcher's role is read THEN it may read the signing secrets and
+    consume the webhook queues by one name prefix each, not a list of ARNs (IAM allows a role 10,240 bytes of inline
+    policy, which 100 tenants' ARNs pass)."""
+    synthesized = synth_variant(**limits.synthetic_context(100, 4, tenant_stacks=4))
+    role = role_actions(
+        synthesized.template, function_role(synthesized.template, "lambdas.webhooks.handler.lambda_handler")
+    )
+    assert len(role["secretsmanager:GetSecretValue"]) == 1
+    assert len(role["sqs:ReceiveMessage"]) == 1
 
 
 def test_each_quota_passed_is_named_with_its_figure():
