@@ -86,6 +86,25 @@ def test_an_environment_counts_references_as_resolved_and_joins_by_their_parts()
     assert limits.resolved_bytes(value) == len("https://") + 14 + limits.RESOLVED_TOKEN_BYTES
 
 
+def test_a_roles_inline_policies_count_together_with_references_as_resolved():
+    """GIVEN a role with a policy of its own and an AWS::IAM::Policy attached to it, whose resource is a reference
+    WHEN its inline policy size is counted THEN both documents count, as compact JSON, the reference as a resolved
+    ARN; and past IAM's 10,240 characters the role is named."""
+    own = {"Statement": [{"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": "*"}]}
+    attached = {"Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": {"Fn::GetAtt": ["B", "Arn"]}}]}
+    resources = {
+        "Role": {"Type": "AWS::IAM::Role", "Properties": {"Policies": [{"PolicyDocument": own}]}},
+        "Policy": {"Type": "AWS::IAM::Policy", "Properties": {"Roles": [{"Ref": "Role"}], "PolicyDocument": attached}},
+    }
+    resolved = {**attached["Statement"][0], "Resource": "r" * limits.RESOLVED_TOKEN_BYTES}
+    expected = len(json.dumps(own, separators=(",", ":"))) + len(
+        json.dumps({"Statement": [resolved]}, separators=(",", ":"))
+    )
+    assert limits.role_policy_bytes(resources) == {"Role": expected}
+    own["Statement"][0]["Resource"] = "x" * limits.MAX_ROLE_POLICY_BYTES
+    assert limits.figures({"Resources": resources}).over()[0].startswith("inline policy bytes of Role:")
+
+
 def _largest_environment(synthesized) -> tuple[int, str]:
     path = synthesized.outdir / synthesized.stack.template_file
     found = limits.figures(json.loads(path.read_text()))
