@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aws_cdk import App
 
-    from app import build
+    from app import build, synth
 
     parser = argparse.ArgumentParser(prog="python -m cdk.limits", description=main.__doc__)
     parser.add_argument("--tenants", type=int, default=2)
@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     context = {**json.loads((root / "cdk.json").read_text())["context"], **measured}
     with tempfile.TemporaryDirectory() as outdir:
         try:
-            build(App(context=context, outdir=outdir)).node.root.synth()  # type: ignore[attr-defined]
+            app = App(context=context, outdir=outdir)
+            build(app)
+            synth(app)
         except (RuntimeError, ValueError) as exc:  # over 500 resources (the CDK), or more models than MAX_MODELS
             print(f"{args.tenants} tenants x {args.models} models: not synthesized: {str(exc).splitlines()[0]}")
             return 1

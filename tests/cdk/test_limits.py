@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from aws_cdk import App
+
+from app import build, synth
 from cdk import limits
+from tests.cdk.conftest import cdk_json_context
 from tests.cdk.helpers import function_role, role_actions
 
 # Each tenant's resources in its nested stack: its API key, usage plan and usage-plan key, signing secret, catalog
@@ -52,6 +57,16 @@ def test_a_tenants_nested_stack_does_not_move_when_another_tenant_is_added(synth
     six, seven = stack_of_each_key(6), stack_of_each_key(7)
     assert len(set(six.values())) > 1  # spread, not all in one
     assert {tenant: seven[tenant] for tenant in six} == six
+
+
+def test_a_stack_over_500_resources_is_refused_naming_the_option_that_nests_the_tenants(worker_context, tmp_path):
+    """GIVEN 30 tenants in the stack itself (tenant_stacks 0) WHEN the app is synthesized THEN the synth is refused
+    with the stack's resource count and the option to set, not only the CDK's count."""
+    context = {**cdk_json_context(), "worker_image_context": str(worker_context), **limits.synthetic_context(30, 1)}
+    app = App(context=context, outdir=str(tmp_path))
+    build(app)
+    with pytest.raises(ValueError, match=r"holds \d+ resources, over CloudFormation's 500.*set tenant_stacks"):
+        synth(app)
 
 
 def test_with_tenants_in_nested_stacks_the_dispatchers_grants_do_not_grow_with_the_tenants(synth_variant):
