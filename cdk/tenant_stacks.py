@@ -24,7 +24,8 @@ from constructs import Construct
 
 from cdk.nag import rendered_account, rendered_arn_prefix
 
-# A nested stack of this many tenants holds 9 x 45 = 405 resources and 45 outputs, well under 500 and 200.
+# A nested stack of this many tenants holds 9 x 45 = 405 resources and 3 x 45 = 135 outputs (each tenant's key id,
+# secret ARN and queue URL, which the root stack reads; 180 with a second key each), under 500 and 200.
 MAX_TENANTS_PER_STACK = 45
 MAX_TENANT_STACKS = 50  # the root stack's own resources bound it first: each nested stack is one of them
 SQS_QUEUE_NAME_CHARS = 80  # SQS: "up to 80 characters: alphanumeric characters, hyphens, and underscores"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from aws_cdk import App
+from aws_cdk import App, Stack
 
 from app import build, synth
-from cdk import limits
+from cdk import limits, tenant_stacks
 from tests.cdk.conftest import cdk_json_context
 from tests.cdk.helpers import function_role, role_actions
 
@@ -134,3 +134,14 @@ def test_no_function_environment_grows_with_the_tenants_or_the_models(synth_vari
     many = _largest_environment(synth_variant(**limits.synthetic_context(6, 3)))
     assert many == few
     assert few[0] <= limits.MAX_ENVIRONMENT_BYTES
+
+
+def test_more_tenants_than_a_nested_stack_holds_are_refused_naming_tenant_stacks():
+    """GIVEN one nested stack for more tenants than one holds WHEN the tenant stacks are built THEN the synth is
+    refused, naming tenant_stacks and the most a nested stack holds."""
+    tenants = [f"tenant-{n}" for n in range(tenant_stacks.MAX_TENANTS_PER_STACK + 1)]
+    with pytest.raises(
+        ValueError,
+        match=rf"tenant_stacks = 1 places {len(tenants)} tenants.*at most {tenant_stacks.MAX_TENANTS_PER_STACK}.*raise",
+    ):
+        tenant_stacks.TenantStacks(Stack(App(), "S"), "Tenants", tenants=tenants, count=1)
