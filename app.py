@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,23 @@ def build(app: App) -> AsyncInferenceStack:
     )
 
 
+def synth(app: App) -> None:
+    """``app.synth()``; a stack over CloudFormation's 500 resources is refused with the option that moves the tenants'
+    resources out of it (the CDK's own error names only the count)."""
+    try:
+        app.synth()
+    except RuntimeError as exc:
+        over = re.search(r"Number of resources in stack '([^']+)': (\d+) is greater", str(exc))
+        if over is None or app.node.try_get_context("tenant_stacks"):
+            raise
+        raise ValueError(
+            f"stack {over[1]} holds {over[2]} resources, over CloudFormation's 500: each tenant takes 9 of them; set "
+            "tenant_stacks (e.g. -c tenant_stacks=4) to place the tenants' resources in nested stacks "
+            '(docs/deploying.md, "Tenants")'
+        ) from exc
+
+
 if __name__ == "__main__":
     application = App()
     build(application)
-    application.synth()
+    synth(application)

@@ -40,17 +40,30 @@ class DeploymentCatalog(Construct):
         self.parameters: dict[str, dict[str, ssm.StringParameter]] = {catalog.TENANTS: {}, catalog.MODELS: {}}
         self._bound: list[lambda_.Function] = []
 
-    def add(self, part: catalog.Part, name: str, entry: Mapping[str, Any]) -> ssm.StringParameter:
+    def add(
+        self,
+        part: catalog.Part,
+        name: str,
+        entry: Mapping[str, Any],
+        *,
+        scope: Construct | None = None,
+        folder: str | None = None,
+    ) -> ssm.StringParameter:
         """The parameter holding ``entry`` for the tenant or model ``name``: named after ``name`` made safe plus a
-        short hash of it, since a model name may hold characters (``:``, ``@``) a parameter name may not."""
+        short hash of it, since a model name may hold characters (``:``, ``@``) a parameter name may not.
+
+        :param scope: where the parameter is made (a nested stack's construct). Default: this construct.
+        :param folder: a path segment between the part's path and the name (the readers read the part's path
+            recursively). Default: none."""
         if name in self.entries[part]:
             raise ValueError(f"{part} {name!r} is in the catalog twice")
         safe = f"{_UNSAFE.sub('-', name)[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        within = f"{folder}/{safe}" if folder else safe
         parameter = ssm.StringParameter(
-            self,
+            scope or self,
             f"{part}-{safe}",
-            parameter_name=f"{catalog.part_path(self.path, part)}/{safe}",
-            string_value=Stack.of(self).to_json_string({"name": name, **entry}),
+            parameter_name=f"{catalog.part_path(self.path, part)}/{within}",
+            string_value=Stack.of(scope or self).to_json_string({"name": name, **entry}),
             description=f"{part[:-1]} {name}: read at start by the functions of this stack (async_inference.catalog)",
             tier=ssm.ParameterTier.STANDARD,
         )

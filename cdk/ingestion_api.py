@@ -23,6 +23,7 @@ from cdk.lambda_code import LambdaCode
 from cdk.nag import acknowledge
 from cdk.responses_routes import add_responses_routes
 from cdk.streaming_function import STREAM_TIMEOUT, new_streaming_function
+from cdk.tenant_stacks import TenantStacks
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # it becomes an S3 key segment and an API key name
 MAX_KEYS_PER_TENANT = 2  # the old and the new key while a rotation is under way
@@ -141,6 +142,8 @@ class IngestionApi(Construct):
         blocking an IP address over this many requests in 5 minutes (WAF's minimum is 10), AWS's IP reputation list
         and known-bad-inputs rule groups. Not AWS's common rule set: its 8 KB body limit would block job requests.
         None: no web ACL. Default: None.
+    :param tenant_stacks: the nested stacks that hold the tenants' keys and usage plans (``cdk.tenant_stacks``).
+        Default: None (this construct holds them).
     """
 
     def __init__(
@@ -155,8 +158,10 @@ class IngestionApi(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         create_cloudwatch_role: bool = False,
         waf_requests_per_5_min_per_ip: int | None = None,
+        tenant_stacks: TenantStacks | None = None,
     ) -> None:
         super().__init__(scope, id)
+        self._tenant_stacks = tenant_stacks
         if waf_requests_per_5_min_per_ip is not None and waf_requests_per_5_min_per_ip < 10:
             raise ValueError(
                 f"waf_requests_per_5_min_per_ip must be at least 10 (WAF's minimum), got "
@@ -396,23 +401,29 @@ class IngestionApi(Construct):
         # Not api.add_api_key: that also ties the key to the stage (StageKeys, which usage plans replace), and the
         # authorizer reads the keys' ids (its catalog's parameters), so a key depending on the stage would be a
         # dependency cycle.
+        # In the root stack, under the API, where they were always deployed; else in the tenant's nested stack.
+        scope = self._tenant_stacks.scope(tenant, "Ingestion") if self._tenant_stacks else self.api
         keys = [
             # The key named by the tenant keeps the logical id it always had: a rotation never replaces it by accident.
             apigw.ApiKey(
-                self.api,
+                scope,
                 f"ApiKey-{tenant}" if name == tenant else f"ApiKey-{tenant}-{name}",
                 api_key_name=name,
                 description=f"API key of tenant {tenant}",
             )
             for name in (plan.api_keys or (tenant,))
         ]
-        usage_plan = self.api.add_usage_plan(
-            f"UsagePlan-{tenant}",
-            name=f"{tenant}",
-            description=f"Throttling and quota of tenant {tenant}",
-            throttle=apigw.ThrottleSettings(rate_limit=plan.rate_limit, burst_limit=plan.burst_limit),
-            quota=apigw.QuotaSettings(limit=plan.quota_per_day, period=apigw.Period.DAY),
-            api_stages=[apigw.UsagePlanPerApiStage(api=self.api, stage=self.api.deployment_stage)],
+        options: dict[str, Any] = {
+            "name": tenant,
+            "description": f"Throttling and quota of tenant {tenant}",
+            "throttle": apigw.ThrottleSettings(rate_limit=plan.rate_limit, burst_limit=plan.burst_limit),
+            "quota": apigw.QuotaSettings(limit=plan.quota_per_day, period=apigw.Period.DAY),
+            "api_stages": [apigw.UsagePlanPerApiStage(api=self.api, stage=self.api.deployment_stage)],
+        }
+        usage_plan = (
+            apigw.UsagePlan(scope, f"UsagePlan-{tenant}", **options)
+            if self._tenant_stacks
+            else self.api.add_usage_plan(f"UsagePlan-{tenant}", **options)
         )
         for key in keys:
             usage_plan.add_api_key(key)

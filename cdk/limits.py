@@ -1,14 +1,15 @@
 """The AWS quotas a synthesized template meets or fails only at deploy time, and one template's figures against them.
 
 CloudFormation refuses a stack over its resource, output or parameter count, or a template over its size, when the
-deploy starts; Lambda refuses a function whose environment is over 4 KB when CloudFormation creates it, half-way
-through. ``figures`` reads them from the template JSON, so a test can hold every stack of the app under them.
+deploy starts; Lambda refuses a function whose environment is over 4 KB, and IAM a role whose inline policies pass
+10,240 characters, when CloudFormation creates them, half-way through. ``figures`` reads them from the template JSON, so a test can hold every stack of the app under them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # "AWS CloudFormation quotas" (CloudFormation User Guide): resources, outputs and parameters declared in one template;
@@ -20,6 +21,9 @@ MAX_TEMPLATE_BYTES = 1_048_576
 # "Lambda quotas" (Lambda Developer Guide): "Function environment variables: 4 KB, for all environment variables
 # associated with the function, in aggregate", counted over the resolved names and values.
 MAX_ENVIRONMENT_BYTES = 4096
+# "IAM and AWS STS quotas" (IAM User Guide): "Role policy size: the total size of all inline policies for a role
+# cannot exceed 10,240 characters" (white space not counted); each AWS::IAM::Policy of a template is an inline policy.
+MAX_ROLE_POLICY_BYTES = 10_240
 # What a Ref or Fn::GetAtt resolves to is not in the template: an ARN, a queue URL or a generated name. Each counts as
 # this many bytes (an SQS queue URL with a CloudFormation-generated 80-character name is about 135; a Lambda or SNS
 # ARN under 128), so an environment under the quota here is under it deployed.
@@ -29,7 +33,8 @@ _PSEUDO_BYTES = {"AWS::Region": 14, "AWS::Partition": 10, "AWS::AccountId": 12, 
 
 @dataclass(frozen=True)
 class Figures:
-    """One template against the quotas: counts, its size, and its largest function environment."""
+    """One template against the quotas: counts, its size, its largest function environment and its largest role's
+    inline policies."""
 
     resources: int
     outputs: int
@@ -37,6 +42,8 @@ class Figures:
     template_bytes: int
     largest_environment_bytes: int
     largest_environment: str  # the function's logical id ("" without functions)
+    largest_role_policy_bytes: int = 0
+    largest_role_policy: str = ""  # the role's logical id ("" without roles)
 
     def over(self) -> list[str]:
         """Each quota the template passes, named with its figure and the quota."""
@@ -46,6 +53,11 @@ class Figures:
             ("parameters", self.parameters, MAX_PARAMETERS),
             ("template bytes", self.template_bytes, MAX_TEMPLATE_BYTES),
             (f"environment bytes of {self.largest_environment}", self.largest_environment_bytes, MAX_ENVIRONMENT_BYTES),
+            (
+                f"inline policy bytes of {self.largest_role_policy}",
+                self.largest_role_policy_bytes,
+                MAX_ROLE_POLICY_BYTES,
+            ),
         ]
         return [f"{name}: {value} over {limit}" for name, value, limit in checks if value > limit]
 
@@ -69,6 +81,36 @@ def resolved_bytes(value: Any) -> int:
     return len(json.dumps(value))  # any other intrinsic: as written, a bound good enough for a rare case
 
 
+def resolved_json_bytes(value: Any) -> int:
+    """Bytes of ``value`` written as compact JSON once CloudFormation resolves it (an intrinsic as ``resolved_bytes``
+    counts it, in quotes): how IAM measures a policy document."""
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Ref", "Fn::GetAtt", "Fn::Join"):
+        return resolved_bytes(value) + 2
+    if isinstance(value, dict):
+        items = [len(json.dumps(key)) + 1 + resolved_json_bytes(item) for key, item in value.items()]
+        return 2 + sum(items) + max(len(items) - 1, 0)
+    if isinstance(value, list):
+        return 2 + sum(resolved_json_bytes(item) for item in value) + max(len(value) - 1, 0)
+    return len(json.dumps(value))
+
+
+def role_policy_bytes(resources: dict[str, Any]) -> dict[str, int]:
+    """Each role's inline policies once resolved, by the role's logical id: its own ``Policies`` and every
+    AWS::IAM::Policy of the template attached to it."""
+    sizes = {
+        logical_id: sum(resolved_json_bytes(p["PolicyDocument"]) for p in r.get("Properties", {}).get("Policies", []))
+        for logical_id, r in resources.items()
+        if r["Type"] == "AWS::IAM::Role"
+    }
+    for policy in resources.values():
+        if policy["Type"] != "AWS::IAM::Policy":
+            continue
+        for role in policy["Properties"].get("Roles", []):
+            if isinstance(role, dict) and role.get("Ref") in sizes:
+                sizes[role["Ref"]] += resolved_json_bytes(policy["Properties"]["PolicyDocument"])
+    return sizes
+
+
 def environment_bytes(function: dict[str, Any]) -> int:
     """A function resource's environment once resolved: every name and value (Lambda's quota counts both)."""
     variables = function.get("Properties", {}).get("Environment", {}).get("Variables", {})
@@ -84,6 +126,8 @@ def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figu
         if resource["Type"] == "AWS::Lambda::Function"
     }
     largest = max(environments, key=lambda k: environments[k], default="")
+    policies = role_policy_bytes(resources)
+    largest_role = max(policies, key=lambda k: policies[k], default="")
     return Figures(
         resources=len(resources),
         outputs=len(template.get("Outputs", {})),
@@ -91,12 +135,15 @@ def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figu
         template_bytes=template_bytes if template_bytes is not None else len(json.dumps(template).encode()),
         largest_environment_bytes=environments.get(largest, 0),
         largest_environment=largest,
+        largest_role_policy_bytes=policies.get(largest_role, 0),
+        largest_role_policy=largest_role,
     )
 
 
-def synthetic_context(tenants: int, models: int) -> dict[str, Any]:
+def synthetic_context(tenants: int, models: int, tenant_stacks: int = 0) -> dict[str, Any]:
     """Context for ``tenants`` tenants on the default plan and ``models`` chat models of one task each (the first is
-    ``model``): what the measurements in docs/deploying.md ("Tenants") synthesize."""
+    ``model``), the tenants in ``tenant_stacks`` nested stacks (0: in the stack itself): what the measurements in
+    docs/deploying.md ("Tenants") synthesize."""
     names = [f"org/model-{n}" for n in range(models)]
     specs = [{"name": name, "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1} for name in names]
     return {
@@ -104,6 +151,15 @@ def synthetic_context(tenants: int, models: int) -> dict[str, Any]:
         "model": names[0],
         "max_num_seqs": 64,
         "models": json.dumps(specs),
+        "tenant_stacks": tenant_stacks,
+    }
+
+
+def assembly_figures(outdir: Path) -> dict[str, Figures]:
+    """Every template of the cloud assembly in ``outdir`` (each stack's and each nested stack's), by file name."""
+    return {
+        path.name: figures(json.loads(path.read_text()), path.stat().st_size)
+        for path in sorted(outdir.glob("*.template.json"))
     }
 
 
@@ -112,30 +168,33 @@ def main(argv: list[str] | None = None) -> int:
     and models and print each template's figures, or why the synth refused it."""
     import argparse
     import tempfile
-    from pathlib import Path
 
     from aws_cdk import App
 
-    from app import build
+    from app import build, synth
 
     parser = argparse.ArgumentParser(prog="python -m cdk.limits", description=main.__doc__)
     parser.add_argument("--tenants", type=int, default=2)
     parser.add_argument("--models", type=int, default=1)
+    parser.add_argument("--tenant-stacks", type=int, default=0, help="nested stacks for the tenants (tenant_stacks)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
-    context = {**json.loads((root / "cdk.json").read_text())["context"], **synthetic_context(args.tenants, args.models)}
+    measured = synthetic_context(args.tenants, args.models, args.tenant_stacks)
+    context = {**json.loads((root / "cdk.json").read_text())["context"], **measured}
     with tempfile.TemporaryDirectory() as outdir:
         try:
-            build(App(context=context, outdir=outdir)).node.root.synth()  # type: ignore[attr-defined]
+            app = App(context=context, outdir=outdir)
+            build(app)
+            synth(app)
         except (RuntimeError, ValueError) as exc:  # over 500 resources (the CDK), or more models than MAX_MODELS
             print(f"{args.tenants} tenants x {args.models} models: not synthesized: {str(exc).splitlines()[0]}")
             return 1
-        for path in sorted(Path(outdir).glob("*.template.json")):
-            found = figures(json.loads(path.read_text()), path.stat().st_size)
+        for name, found in assembly_figures(Path(outdir)).items():
             print(
-                f"{args.tenants} tenants x {args.models} models: {path.name}: {found.resources} resources, "
+                f"{args.tenants} tenants x {args.models} models: {name}: {found.resources} resources, "
                 f"{found.outputs} outputs, {found.template_bytes / 1024:.0f} KB, largest environment "
-                f"{found.largest_environment_bytes} bytes ({found.largest_environment}); over: {found.over() or 'none'}"
+                f"{found.largest_environment_bytes} bytes ({found.largest_environment}), largest role policy "
+                f"{found.largest_role_policy_bytes} bytes ({found.largest_role_policy}); over: {found.over() or 'none'}"
             )
     return 0
 

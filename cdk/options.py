@@ -116,6 +116,10 @@ class AsyncInferenceServiceProps:
       waf_requests_per_5_min_per_ip: a WAF web ACL on the REST stage that blocks an IP address over this many
         requests in 5 minutes (authenticated or not) and requests from AWS's IP reputation list and with known bad
         inputs; unauthenticated floods then stop before the authorizer runs. None: no web ACL. Default: None.
+      tenant_stacks: nested stacks the tenants' own resources (keys, usage plans, signing secrets, webhook queues,
+        catalog entries) are spread over, each tenant's by a hash of its id (``cdk.tenant_stacks``); 0 keeps them in
+        the stack itself, which holds about 21 tenants with one model. Changing it replaces the keys and secrets of
+        the tenants it moves (docs/deploying.md, "Upgrading"). Default: 0.
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
@@ -258,6 +262,7 @@ class AsyncInferenceServiceProps:
     api_stage_name: str = "prod"
     create_api_gateway_cloudwatch_role: bool = False
     waf_requests_per_5_min_per_ip: int | None = None
+    tenant_stacks: int = 0
     request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)

@@ -35,6 +35,7 @@ from cdk.monitoring import MonitoredFleet, Monitoring
 from cdk.options import PROJECT_ROOT, AsyncInferenceServiceProps
 from cdk.result_topics import ResultTopics
 from cdk.state_events import StateEvents
+from cdk.tenant_stacks import TenantStacks
 from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
@@ -91,6 +92,12 @@ class AsyncInferenceService(Construct):
             environment[ENV_REQUEST_LIMITS] = props.request_limits.model_dump_json()
 
         code = LambdaCode(self, "LambdaCode", project_root=PROJECT_ROOT, log_retention=props.log_retention)
+        # With tenant_stacks, each tenant's own resources are in a nested stack (cdk.tenant_stacks); else here.
+        self.tenant_stacks = (
+            TenantStacks(self, "Tenants", tenants=list(props.tenants), count=props.tenant_stacks)
+            if props.tenant_stacks
+            else None
+        )
         self.upload_deadlines = UploadDeadlines(self, "UploadDeadlines", code=code, environment=environment)
         self.batches = Batches(
             self,
@@ -115,6 +122,7 @@ class AsyncInferenceService(Construct):
             log_retention=props.log_retention,
             create_cloudwatch_role=props.create_api_gateway_cloudwatch_role,
             waf_requests_per_5_min_per_ip=props.waf_requests_per_5_min_per_ip,
+            tenant_stacks=self.tenant_stacks,
         )
         self.uploads = UploadIntake(
             self,
@@ -135,6 +143,7 @@ class AsyncInferenceService(Construct):
             tenants=list(props.tenants),
             # Batch webhooks: the dispatcher reads the batch's webhook and records its attempts in the batch table.
             environment={**environment, ENV_BATCH_TABLE: self.batches.table.table_name},
+            tenant_stacks=self.tenant_stacks,
         )
         self.push: WebSocketPush | None = None
         if props.websocket_push:
@@ -238,10 +247,14 @@ class AsyncInferenceService(Construct):
         handler and batch controller (quotas; they read the models too: ``_route``)."""
         for tenant, entry in self.api.tenant_entries.items():
             secret, queue = self.webhooks.signing_secrets[tenant], self.webhooks.queues[tenant]
+            nested = self.tenant_stacks
             self.catalog.add(
                 TENANTS,
                 tenant,
                 {**entry, "webhook_secret_arn": secret.secret_arn, "webhook_queue_url": queue.queue_url},
+                # Beside the tenant's key, secret and queue, in its nested stack if it has one.
+                scope=nested.scope(tenant, "Catalog") if nested else None,
+                folder=nested.folder(tenant) if nested else None,
             )
         readers = [self.api.authorizer_function, self.webhooks.handler]
         if self.push is not None:
