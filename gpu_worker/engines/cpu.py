@@ -95,6 +95,7 @@ class CpuEngine(Engine):
         self._pending_lock = threading.Lock()
         self._rows: dict[str, list[Row]] = {}  # request id -> its n rows
         self._preparing: dict[str, bool] = {}  # request id -> aborted, while its prompt and grammar are made
+        self._compiling: set[str] = set()  # those of them waiting for their grammar's compile, which no prefill awaits
         self._vocab_size = 0
         self.grammars: Grammars | None = None  # made with the tokenizer
         self._longest_token_chars = 1  # the most characters a token stands for, read from the tokenizer
@@ -193,7 +194,7 @@ class CpuEngine(Engine):
             # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
             prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
             check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
-            grammar = await self._grammar_of(asks)
+            grammar = await self._grammar_of(request_id, asks)
         finally:
             aborted = self._preparing.pop(request_id)
         if aborted:
@@ -217,7 +218,7 @@ class CpuEngine(Engine):
             completion_tokens=sum(len(row.tokens) for row in rows),
         )
 
-    async def _grammar_of(self, asks: Asks) -> Any:
+    async def _grammar_of(self, request_id: str, asks: Asks) -> Any:
         """The compiled grammar of the request's output schema, or None for free text."""
         schema = asks.output_schema()
         if schema is None:
@@ -226,7 +227,14 @@ class CpuEngine(Engine):
         # goes to the grammars' own thread, within its budget (gpu_worker.engines.grammars).
         assert self.grammars is not None
         field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format"
-        return self.grammars.cached(schema) or await self.grammars.get(schema, field_name)
+        compiled = self.grammars.cached(schema)
+        if compiled is not None:
+            return compiled
+        self._compiling.add(request_id)
+        try:
+            return await self.grammars.get(schema, field_name)
+        finally:
+            self._compiling.discard(request_id)
 
     def _check(self, asks: Asks) -> None:
         """Refuse what the request asks beyond this engine (the schema has checked the ranges OpenAI documents)."""
@@ -273,12 +281,18 @@ class CpuEngine(Engine):
             if len(self._pending) < self._capacity and self._gather_s > 0:
                 await asyncio.sleep(self._gather_s)
                 # Callers whose prompts are still being built (a busy host's threads start late) join this prefill,
-                # not the next: up to GATHER_MAX_S, for a slow grammar compile must not hold the others for long.
+                # not the next, up to GATHER_MAX_S. Not those waiting for a grammar's compile: it may take seconds,
+                # and the rows it held back were another tenant's (up to GATHER_MAX_S, each time the batch started
+                # from empty, with a few schemas compiling one after the other: bench/attacks_stack.py's grammar).
                 waited = self._gather_s
-                while self._preparing and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
+                while self._building() and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
                     await asyncio.sleep(self._gather_s)
                     waited += self._gather_s
             await asyncio.to_thread(self._decode_loop_safely)
+
+    def _building(self) -> int:
+        """Requests whose prompts are being built: the gather before a prefill waits for them."""
+        return len(self._preparing) - len(self._compiling)
 
     def _take_pending(self, most: int) -> list[Row]:
         taken: list[Row] = []
