@@ -316,29 +316,40 @@ class CpuEngine(Engine):
 
     def _decode_loop(self, batch: Batch) -> None:
         """Continuous batching: every step decodes one token for each running row; between steps, finished rows
-        leave and pending ones join (prefilled, then merged into the running KV cache), up to ``capacity``."""
+        leave and pending ones join (prefilled, then merged into the running KV cache), up to ``capacity``.
+
+        A step's tokens are sampled, and the rows they finish answered, before pending requests are prefilled: a
+        prefill holds every running row for its length (about four decoding steps for a short chat prompt on two
+        cores), and a row that had its last token must not wait for it. Sampled after the join, as they were, another
+        tenant's requests joining one by one (schemas compiled one after the other) held a row's answer back by a
+        prefill each time one came at its last step."""
         import torch
 
         with torch.inference_mode():
-            logits = None
             while True:
                 joining = self._take_pending(self._capacity - len(batch.rows))
                 if joining:
-                    logits = self._join(batch, joining, logits)
-                if not batch.rows:
-                    return
-                self.steps_run += 1
-                self.largest_batch = max(self.largest_batch, len(batch.rows))
-                assert self._sampler is not None  # made by _load, before the scheduler starts
-                next_ids = self._sampler.sample_batch(logits, batch.rows)
-                keep = [i for i, row in enumerate(batch.rows) if not self._step_row(row, next_ids[i])]
-                batch.keep(keep)
-                batch.next_ids = [next_ids[i] for i in keep]
+                    self._advance(batch, self._join(batch, joining), first=len(batch.rows) - len(joining))
                 if not batch.rows:
                     # Requests that came while the last rows finished start the next run, behind the scheduler's
                     # gather window: taken here, at once, the first of several sent together would be prefilled alone.
                     return
-                logits = self._decode_step(batch)
+                self._advance(batch, self._decode_step(batch), first=0)
+                if not batch.rows:
+                    return
+
+    def _advance(self, batch: Batch, logits: Any, *, first: int) -> None:
+        """Sample the next token of the batch's rows from ``first`` on (``logits``: one row each), answer the rows it
+        finishes and drop them from the batch; the rows before ``first`` keep the tokens they were given."""
+        self.steps_run += 1
+        self.largest_batch = max(self.largest_batch, len(batch.rows))
+        assert self._sampler is not None  # made by _load, before the scheduler starts
+        rows = batch.rows[first:]
+        sampled = self._sampler.sample_batch(logits, rows)
+        next_ids = batch.next_ids[:first] + sampled
+        keep = list(range(first)) + [first + i for i, row in enumerate(rows) if not self._step_row(row, sampled[i])]
+        batch.keep(keep)
+        batch.next_ids = [next_ids[i] for i in keep]
 
     def _decode_step(self, batch: Batch) -> Any:
         """Feed each row its last sampled token; the logits of each row's next token."""
@@ -348,8 +359,9 @@ class CpuEngine(Engine):
         batch.positions = batch.positions + 1
         return self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
 
-    def _join(self, batch: Batch, rows: list[Row], running_logits: Any) -> Any:
-        """Prefill ``rows`` (left-padded to one width) and add them to ``batch``; the logits of all rows."""
+    def _join(self, batch: Batch, rows: list[Row]) -> Any:
+        """Prefill ``rows`` (left-padded to one width) and add them at the end of ``batch``; the logits of their first
+        tokens."""
         import torch
         from transformers import DynamicCache
 
@@ -378,9 +390,9 @@ class CpuEngine(Engine):
             logits, mask, positions = logits[spread], mask[spread], positions[spread]
         if not batch.rows:
             batch.rows, batch.cache, batch.mask, batch.positions = list(rows), cache, mask, positions[:, -1:]
-            return logits
-        batch.merge(rows, cache, mask, positions[:, -1:])
-        return torch.cat([running_logits, logits], dim=0)
+        else:
+            batch.merge(rows, cache, mask, positions[:, -1:])
+        return logits
 
     def _forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         return self._model(
