@@ -103,6 +103,7 @@ class CpuEngine(Engine):
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self.admissions = 0  # prefills: groups of requests that joined the batch together
+        self._prefill_s_per_token = 0.0  # the last prefill's seconds per prompt token: what a join is expected to cost
         self.steps_run = 0  # decoding steps
         self.largest_batch = 0
 
@@ -294,16 +295,38 @@ class CpuEngine(Engine):
         """Requests whose prompts are being built: the gather before a prefill waits for them."""
         return len(self._preparing) - len(self._compiling)
 
-    def _take_pending(self, most: int) -> list[Row]:
+    def _take_pending(self, most: int, running: list[Row]) -> list[Row]:
+        """Up to ``most`` pending rows, in the order they came, to join the ``running`` rows: as many as the running
+        rows can wait for (``_join_allowance``); all of them, up to ``most``, into an empty batch."""
+        allowance = self._join_allowance(running)
         taken: list[Row] = []
+        prompts: set[int] = set()  # the n rows of a request share its prompt, prefilled once
         with self._pending_lock:
             while self._pending and len(taken) < most:
-                row = self._pending.popleft()
+                row = self._pending[0]
+                if not row.aborted and id(row.prompt_ids) not in prompts:
+                    cost = len(row.prompt_ids) * self._prefill_s_per_token
+                    if cost > allowance:
+                        break  # it waits for the running rows to decode more (or finish); those behind it wait too
+                    allowance -= cost
+                    prompts.add(id(row.prompt_ids))
+                self._pending.popleft()
                 if row.aborted:  # its caller went away while it waited
                     row.deliver(GenerationAborted(row.request_id))
                 else:
                     taken.append(row)
         return taken
+
+    @staticmethod
+    def _join_allowance(running: list[Row]) -> float:
+        """Seconds of prefill the running rows can still wait for: a row waits for other requests' prefills at most
+        as long as the engine has worked on it (its own prefill and decoding steps), so that newcomers joining one by
+        one cannot more than double a running row's time in the engine, whoever sent them. Each prefill holds every
+        running row for its length (about four decoding steps for a short chat prompt on two cores): another tenant's
+        four requests, joining one after the other as their schemas compiled (bench/attacks_stack.py's grammar), held
+        an 8-token job for four prefills. A newcomer waits at most about its own prefill's length of decoding steps,
+        or until the rows that waited most finish. An empty batch takes any."""
+        return min((row.own_s - row.stalled_s for row in running), default=float("inf"))
 
     def _decode_loop_safely(self) -> None:
         batch = Batch()
@@ -327,7 +350,7 @@ class CpuEngine(Engine):
 
         with torch.inference_mode():
             while True:
-                joining = self._take_pending(self._capacity - len(batch.rows))
+                joining = self._take_pending(self._capacity - len(batch.rows), batch.rows)
                 if joining:
                     self._advance(batch, self._join(batch, joining), first=len(batch.rows) - len(joining))
                 if not batch.rows:
@@ -355,9 +378,14 @@ class CpuEngine(Engine):
         """Feed each row its last sampled token; the logits of each row's next token."""
         import torch
 
+        started = time.monotonic()
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
         batch.positions = batch.positions + 1
-        return self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
+        logits = self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
+        took = time.monotonic() - started
+        for row in batch.rows:
+            row.own_s += took
+        return logits
 
     def _join(self, batch: Batch, rows: list[Row]) -> Any:
         """Prefill ``rows`` (left-padded to one width) and add them at the end of ``batch``; the logits of their first
@@ -366,6 +394,7 @@ class CpuEngine(Engine):
         from transformers import DynamicCache
 
         self.admissions += 1
+        started = time.monotonic()
         # The n rows of one request share its prompt (one list): it is prefilled once and its cache copied to each
         # row, as vLLM's parallel sampling shares the prompt's blocks. Prefilled n times, a request of n 8 held the
         # engine for eight prompts, and another tenant's request that came during it waited for all eight.
@@ -388,6 +417,12 @@ class CpuEngine(Engine):
             spread = torch.tensor([distinct[id(row.prompt_ids)] for row in rows])
             cache.batch_select_indices(spread)
             logits, mask, positions = logits[spread], mask[spread], positions[spread]
+        took = time.monotonic() - started
+        self._prefill_s_per_token = took / sum(len(prompt) for prompt in prompts)
+        for row in batch.rows:
+            row.stalled_s += took
+        for row in rows:
+            row.own_s += took
         if not batch.rows:
             batch.rows, batch.cache, batch.mask, batch.positions = list(rows), cache, mask, positions[:, -1:]
         else:

@@ -223,8 +223,8 @@ def test_requests_sent_together_as_a_batch_drains_are_prefilled_together(engine,
             first_pending.wait(5)  # the decoding thread lags: the first new request is queued before it looks
         return finished
 
-    def signalling_take_pending(most):
-        rows = take_pending(most)
+    def signalling_take_pending(most, running):
+        rows = take_pending(most, running)
         if rows and first_pending.is_set():
             taken.set()
         return rows
