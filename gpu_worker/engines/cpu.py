@@ -326,7 +326,7 @@ class CpuEngine(Engine):
         four requests, joining one after the other as their schemas compiled (bench/attacks_stack.py's grammar), held
         an 8-token job for four prefills. A newcomer waits at most about its own prefill's length of decoding steps,
         or until the rows that waited most finish. An empty batch takes any."""
-        return min((row.own_s - row.stalled_s for row in running), default=float("inf"))
+        return min((row.own_s - row.stalled_s for row in running if not row.aborted), default=float("inf"))
 
     def _decode_loop_safely(self) -> None:
         batch = Batch()

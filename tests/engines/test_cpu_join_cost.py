@@ -76,3 +76,14 @@ def test_an_empty_batch_takes_every_pending_request_up_to_its_room(loop):
     # WHEN the loop starts a batch, THEN it takes them all, up to the room it has
     assert len(engine._take_pending(2, [])) == 2
     assert len(engine._take_pending(2, [])) == 1
+
+
+def test_a_row_being_aborted_does_not_hold_a_request_back(loop):
+    # GIVEN a running row that cannot wait any more but is being aborted (its request preempted for the newcomer, or
+    # cancelled), and a request pending
+    aborted = row(loop, "a", own_s=0.2, stalled_s=0.2)
+    aborted.aborted = True
+    engine = engine_with_pending(row(loop, "b"))
+
+    # WHEN the loop looks for rows to join, THEN the request joins: the aborted row leaves at this step
+    assert [r.request_id for r in engine._take_pending(7, [aborted])] == ["b/0"]
