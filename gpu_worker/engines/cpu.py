@@ -8,7 +8,8 @@ Batching: on two cores a batch of 8 gives several times the tokens/s of single r
 continuously, as vLLM does, up to ``capacity`` rows: a hand-written decoding loop (not ``model.generate``, because
 each row has its own sampling parameters, stop strings and abort) runs in a thread and, between two decoding steps,
 lets finished rows leave (their callers are answered at once and their KV cache rows dropped) and pending requests
-join (prefilled together, their KV cache left-padded and stacked onto the running one). A run that starts from an
+join (prefilled together, their KV cache left-padded and stacked onto the running one), as far as the running rows
+can wait for their prefill (``_join_allowance``). A run that starts from an
 empty batch (the engine idle, or its last rows just finished) waits ``gather_s`` first, so that concurrent callers are
 prefilled together. Padding is masked out, so a request's greedy output is the same alone, in a batch, or joining a running batch.
 
