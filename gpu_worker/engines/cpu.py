@@ -8,7 +8,8 @@ Batching: on two cores a batch of 8 gives several times the tokens/s of single r
 continuously, as vLLM does, up to ``capacity`` rows: a hand-written decoding loop (not ``model.generate``, because
 each row has its own sampling parameters, stop strings and abort) runs in a thread and, between two decoding steps,
 lets finished rows leave (their callers are answered at once and their KV cache rows dropped) and pending requests
-join (prefilled together, their KV cache left-padded and stacked onto the running one). A run that starts from an
+join (prefilled together, their KV cache left-padded and stacked onto the running one), as far as the running rows
+can wait for their prefill (``_join_allowance``). A run that starts from an
 empty batch (the engine idle, or its last rows just finished) waits ``gather_s`` first, so that concurrent callers are
 prefilled together. Padding is masked out, so a request's greedy output is the same alone, in a batch, or joining a running batch.
 
@@ -95,6 +96,7 @@ class CpuEngine(Engine):
         self._pending_lock = threading.Lock()
         self._rows: dict[str, list[Row]] = {}  # request id -> its n rows
         self._preparing: dict[str, bool] = {}  # request id -> aborted, while its prompt and grammar are made
+        self._compiling: set[str] = set()  # those of them waiting for their grammar's compile, which no prefill awaits
         self._vocab_size = 0
         self.grammars: Grammars | None = None  # made with the tokenizer
         self._longest_token_chars = 1  # the most characters a token stands for, read from the tokenizer
@@ -102,6 +104,7 @@ class CpuEngine(Engine):
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self.admissions = 0  # prefills: groups of requests that joined the batch together
+        self._prefill_s_per_token = 0.0  # the last prefill's seconds per prompt token: what a join is expected to cost
         self.steps_run = 0  # decoding steps
         self.largest_batch = 0
 
@@ -193,7 +196,7 @@ class CpuEngine(Engine):
             # Templating and tokenising take a thread, not the event loop every other request's progress runs on.
             prompt_ids = await asyncio.to_thread(self.prompt_ids, asks)
             check_context(len(prompt_ids), asks.max_tokens, self._max_model_len)
-            grammar = await self._grammar_of(asks)
+            grammar = await self._grammar_of(request_id, asks)
         finally:
             aborted = self._preparing.pop(request_id)
         if aborted:
@@ -217,7 +220,7 @@ class CpuEngine(Engine):
             completion_tokens=sum(len(row.tokens) for row in rows),
         )
 
-    async def _grammar_of(self, asks: Asks) -> Any:
+    async def _grammar_of(self, request_id: str, asks: Asks) -> Any:
         """The compiled grammar of the request's output schema, or None for free text."""
         schema = asks.output_schema()
         if schema is None:
@@ -226,7 +229,14 @@ class CpuEngine(Engine):
         # goes to the grammars' own thread, within its budget (gpu_worker.engines.grammars).
         assert self.grammars is not None
         field_name = "tools[].function.parameters" if asks.forces_tool_call else "response_format"
-        return self.grammars.cached(schema) or await self.grammars.get(schema, field_name)
+        compiled = self.grammars.cached(schema)
+        if compiled is not None:
+            return compiled
+        self._compiling.add(request_id)
+        try:
+            return await self.grammars.get(schema, field_name)
+        finally:
+            self._compiling.discard(request_id)
 
     def _check(self, asks: Asks) -> None:
         """Refuse what the request asks beyond this engine (the schema has checked the ranges OpenAI documents)."""
@@ -273,23 +283,51 @@ class CpuEngine(Engine):
             if len(self._pending) < self._capacity and self._gather_s > 0:
                 await asyncio.sleep(self._gather_s)
                 # Callers whose prompts are still being built (a busy host's threads start late) join this prefill,
-                # not the next: up to GATHER_MAX_S, for a slow grammar compile must not hold the others for long.
+                # not the next, up to GATHER_MAX_S. Not those waiting for a grammar's compile: it may take seconds,
+                # and the rows it held back were another tenant's (up to GATHER_MAX_S, each time the batch started
+                # from empty, with a few schemas compiling one after the other: bench/attacks_stack.py's grammar).
                 waited = self._gather_s
-                while self._preparing and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
+                while self._building() and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
                     await asyncio.sleep(self._gather_s)
                     waited += self._gather_s
             await asyncio.to_thread(self._decode_loop_safely)
 
-    def _take_pending(self, most: int) -> list[Row]:
+    def _building(self) -> int:
+        """Requests whose prompts are being built: the gather before a prefill waits for them."""
+        return len(self._preparing) - len(self._compiling)
+
+    def _take_pending(self, most: int, running: list[Row]) -> list[Row]:
+        """Up to ``most`` pending rows, in the order they came, to join the ``running`` rows: as many as the running
+        rows can wait for (``_join_allowance``); all of them, up to ``most``, into an empty batch."""
+        allowance = self._join_allowance(running)
         taken: list[Row] = []
+        prompts: set[int] = set()  # the n rows of a request share its prompt, prefilled once
         with self._pending_lock:
             while self._pending and len(taken) < most:
-                row = self._pending.popleft()
+                row = self._pending[0]
+                if not row.aborted and id(row.prompt_ids) not in prompts:
+                    cost = len(row.prompt_ids) * self._prefill_s_per_token
+                    if cost > allowance:
+                        break  # it waits for the running rows to decode more (or finish); those behind it wait too
+                    allowance -= cost
+                    prompts.add(id(row.prompt_ids))
+                self._pending.popleft()
                 if row.aborted:  # its caller went away while it waited
                     row.deliver(GenerationAborted(row.request_id))
                 else:
                     taken.append(row)
         return taken
+
+    @staticmethod
+    def _join_allowance(running: list[Row]) -> float:
+        """Seconds of prefill the running rows can still wait for: a row waits for other requests' prefills at most
+        as long as the engine has worked on it (its own prefill and decoding steps), so that newcomers joining one by
+        one cannot more than double a running row's time in the engine, whoever sent them. Each prefill holds every
+        running row for its length (about four decoding steps for a short chat prompt on two cores): another tenant's
+        four requests, joining one after the other as their schemas compiled (bench/attacks_stack.py's grammar), held
+        an 8-token job for four prefills. A newcomer waits at most about its own prefill's length of decoding steps,
+        or until the rows that waited most finish. An empty batch takes any."""
+        return min((row.own_s - row.stalled_s for row in running if not row.aborted), default=float("inf"))
 
     def _decode_loop_safely(self) -> None:
         batch = Batch()
@@ -302,44 +340,62 @@ class CpuEngine(Engine):
 
     def _decode_loop(self, batch: Batch) -> None:
         """Continuous batching: every step decodes one token for each running row; between steps, finished rows
-        leave and pending ones join (prefilled, then merged into the running KV cache), up to ``capacity``."""
+        leave and pending ones join (prefilled, then merged into the running KV cache), up to ``capacity``.
+
+        A step's tokens are sampled, and the rows they finish answered, before pending requests are prefilled: a
+        prefill holds every running row for its length (about four decoding steps for a short chat prompt on two
+        cores), and a row that had its last token must not wait for it. Sampled after the join, as they were, another
+        tenant's requests joining one by one (schemas compiled one after the other) held a row's answer back by a
+        prefill each time one came at its last step."""
         import torch
 
         with torch.inference_mode():
-            logits = None
             while True:
-                joining = self._take_pending(self._capacity - len(batch.rows))
+                joining = self._take_pending(self._capacity - len(batch.rows), batch.rows)
                 if joining:
-                    logits = self._join(batch, joining, logits)
-                if not batch.rows:
-                    return
-                self.steps_run += 1
-                self.largest_batch = max(self.largest_batch, len(batch.rows))
-                assert self._sampler is not None  # made by _load, before the scheduler starts
-                next_ids = self._sampler.sample_batch(logits, batch.rows)
-                keep = [i for i, row in enumerate(batch.rows) if not self._step_row(row, next_ids[i])]
-                batch.keep(keep)
-                batch.next_ids = [next_ids[i] for i in keep]
+                    self._advance(batch, self._join(batch, joining), first=len(batch.rows) - len(joining))
                 if not batch.rows:
                     # Requests that came while the last rows finished start the next run, behind the scheduler's
                     # gather window: taken here, at once, the first of several sent together would be prefilled alone.
                     return
-                logits = self._decode_step(batch)
+                self._advance(batch, self._decode_step(batch), first=0)
+                if not batch.rows:
+                    return
+
+    def _advance(self, batch: Batch, logits: Any, *, first: int) -> None:
+        """Sample the next token of the batch's rows from ``first`` on (``logits``: one row each), answer the rows it
+        finishes and drop them from the batch; the rows before ``first`` keep the tokens they were given."""
+        self.steps_run += 1
+        self.largest_batch = max(self.largest_batch, len(batch.rows))
+        assert self._sampler is not None  # made by _load, before the scheduler starts
+        rows = batch.rows[first:]
+        sampled = self._sampler.sample_batch(logits, rows)
+        next_ids = batch.next_ids[:first] + sampled
+        keep = list(range(first)) + [first + i for i, row in enumerate(rows) if not self._step_row(row, sampled[i])]
+        batch.keep(keep)
+        batch.next_ids = [next_ids[i] for i in keep]
 
     def _decode_step(self, batch: Batch) -> Any:
         """Feed each row its last sampled token; the logits of each row's next token."""
         import torch
 
+        started = time.monotonic()
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
         batch.positions = batch.positions + 1
-        return self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
+        logits = self._forward(torch.tensor(batch.next_ids).unsqueeze(1), batch.mask, batch.positions, batch.cache)
+        took = time.monotonic() - started
+        for row in batch.rows:
+            row.own_s += took
+        return logits
 
-    def _join(self, batch: Batch, rows: list[Row], running_logits: Any) -> Any:
-        """Prefill ``rows`` (left-padded to one width) and add them to ``batch``; the logits of all rows."""
+    def _join(self, batch: Batch, rows: list[Row]) -> Any:
+        """Prefill ``rows`` (left-padded to one width) and add them at the end of ``batch``; the logits of their first
+        tokens."""
         import torch
         from transformers import DynamicCache
 
         self.admissions += 1
+        started = time.monotonic()
         # The n rows of one request share its prompt (one list): it is prefilled once and its cache copied to each
         # row, as vLLM's parallel sampling shares the prompt's blocks. Prefilled n times, a request of n 8 held the
         # engine for eight prompts, and another tenant's request that came during it waited for all eight.
@@ -362,11 +418,17 @@ class CpuEngine(Engine):
             spread = torch.tensor([distinct[id(row.prompt_ids)] for row in rows])
             cache.batch_select_indices(spread)
             logits, mask, positions = logits[spread], mask[spread], positions[spread]
+        took = time.monotonic() - started
+        self._prefill_s_per_token = took / sum(len(prompt) for prompt in prompts)
+        for row in batch.rows:
+            row.stalled_s += took
+        for row in rows:
+            row.own_s += took
         if not batch.rows:
             batch.rows, batch.cache, batch.mask, batch.positions = list(rows), cache, mask, positions[:, -1:]
-            return logits
-        batch.merge(rows, cache, mask, positions[:, -1:])
-        return torch.cat([running_logits, logits], dim=0)
+        else:
+            batch.merge(rows, cache, mask, positions[:, -1:])
+        return logits
 
     def _forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         return self._model(

@@ -47,6 +47,8 @@ class Row:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     aborted: bool = False  # set from the event loop, read by the batch thread between steps
+    own_s: float = 0.0  # seconds of engine time on this row's own work: its prefill and the steps that decoded it
+    stalled_s: float = 0.0  # seconds it waited in the batch for other requests' prefills
 
     @property
     def plain(self) -> bool:

@@ -104,6 +104,49 @@ def test_a_request_joins_a_running_batch_and_gets_its_greedy_answer(engine, run)
     assert joined.text == alone.text
 
 
+def test_a_row_at_its_last_token_is_answered_before_a_request_that_came_meanwhile_is_prefilled(
+    engine, run, monkeypatch
+):
+    # GIVEN a request of two tokens, and spies on the engine's forward passes and on the rows it finishes
+    import threading
+    import time
+
+    events: list[str] = []
+    decoding = threading.Event()
+    forward, step_row = engine._forward, engine._step_row
+
+    def spying_forward(input_ids, *args):
+        if input_ids.shape[1] == 1:  # a decoding step: the short request's last, the other request comes during it
+            decoding.set()
+            deadline = time.monotonic() + 60
+            while not engine._pending and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            events.append(f"prefill of {input_ids.shape[0]} row(s)")
+        return forward(input_ids, *args)
+
+    def spying_step_row(row, token):
+        finished = step_row(row, token)
+        if finished:
+            events.append(f"{row.request_id} answered")
+        return finished
+
+    monkeypatch.setattr(engine, "_forward", spying_forward)
+    monkeypatch.setattr(engine, "_step_row", spying_step_row)
+
+    async def body():
+        short = asyncio.create_task(engine.generate("last-step", chat(FRANCE, max_tokens=2)))
+        while not decoding.is_set():
+            await asyncio.sleep(0.01)
+        # WHEN another request comes while its last token is being decoded
+        await asyncio.gather(short, engine.generate("came-meanwhile", chat(FRANCE, max_tokens=1)))
+
+    run(body())
+
+    # THEN the short request is answered before the newcomer's prompt is prefilled, which would hold it for as long
+    assert events == ["prefill of 1 row(s)", "last-step/0 answered", "prefill of 1 row(s)", "came-meanwhile/0 answered"]
+
+
 def test_stop_string_is_trimmed_with_finish_reason_stop(engine, run):
     # GIVEN the greedy answer "The capital of France is Paris."
     result = run(engine.generate("stop", chat(FRANCE, max_tokens=16, stop=[" is", "zzz"])))

@@ -223,8 +223,8 @@ def test_requests_sent_together_as_a_batch_drains_are_prefilled_together(engine,
             first_pending.wait(5)  # the decoding thread lags: the first new request is queued before it looks
         return finished
 
-    def signalling_take_pending(most):
-        rows = take_pending(most)
+    def signalling_take_pending(most, running):
+        rows = take_pending(most, running)
         if rows and first_pending.is_set():
             taken.set()
         return rows
@@ -358,6 +358,47 @@ def test_a_schema_whose_compile_outlasts_the_budget_fails_its_request_while_a_pl
 
     # THEN it fails as the client's (the job fails, no retry), naming the field; the plain request answers
     assert isinstance(refused, PermanentEngineError) and str(refused).startswith("response_format: ")
+    assert "Paris" in plain.text
+
+
+def test_a_request_waiting_for_its_grammars_compile_does_not_hold_back_another_requests_prefill(
+    engine, run, monkeypatch
+):
+    # GIVEN a request whose grammar's compile does not end until released (a costly schema, or several queued), and a
+    # gather before each prefill that would wait a long while for requests not ready yet
+    from gpu_worker.engines import cpu
+
+    monkeypatch.setattr(cpu, "GATHER_MAX_S", 600.0)
+    asked, released = asyncio.Event(), asyncio.Event()
+    compile_schema = engine.grammars.get
+
+    async def held_compile(schema, field):
+        asked.set()
+        await released.wait()
+        return await compile_schema(schema, field)
+
+    monkeypatch.setattr(engine.grammars, "get", held_compile)
+    fresh = {"type": "object", "properties": {"held": {"type": "string"}}, "required": ["held"]}
+    constrained = request(
+        "Any.", max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": fresh}}
+    )
+
+    async def body():
+        compiling = asyncio.create_task(engine.generate("held-compile", constrained))
+        await asyncio.wait_for(asked.wait(), 60)
+        # WHEN another request comes while that compile runs
+        try:
+            plain = await asyncio.wait_for(engine.generate("beside-held-compile", request(FRANCE_Q, max_tokens=8)), 60)
+        finally:
+            still_compiling = not compiling.done()
+            released.set()
+            await asyncio.gather(compiling, return_exceptions=True)
+        return plain, still_compiling
+
+    # THEN it is prefilled and answered while the compile still runs: the gather waits for prompts being built, never
+    # for a compile (it waited up to GATHER_MAX_S for one, each time the batch started from empty)
+    plain, still_compiling = run(body())
+    assert still_compiling
     assert "Paris" in plain.text
 
 
