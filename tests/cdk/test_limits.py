@@ -41,6 +41,24 @@ def test_a_hundred_tenants_in_nested_stacks_and_four_models_are_within_every_quo
         assert figures.over() == [], name
 
 
+def test_a_hundred_tenants_and_eight_models_each_fleet_in_a_nested_stack_are_within_every_quota(synth_variant):
+    """GIVEN 100 tenants over 4 nested stacks and 8 models, each model's fleet in a nested stack of its own
+    (fleet_stacks) WHEN every template of the assembly is read THEN every fleet, the first included, is in its own
+    stack with its own cluster and worker service, none in the root, and no template passes a CloudFormation quota,
+    Lambda's environment quota or IAM's inline policy quota."""
+    synthesized = synth_variant(**limits.synthetic_context(100, 8, tenant_stacks=4, fleet_stacks=True))
+    found = limits.assembly_figures(synthesized.outdir)
+    services = {
+        path.name: sum(r["Type"] in ("AWS::ECS::Service", "AWS::ECS::Cluster") for r in resources.values())
+        for path in synthesized.outdir.glob("*.template.json")
+        for resources in [json.loads(path.read_text())["Resources"]]
+    }
+    assert sorted(services.values()) == [0] * 4 + [1] + [2] * 8  # tenants' stacks; the root (its VPC's cluster)
+    assert len(found) == 1 + 4 + 8
+    for name, figures in found.items():
+        assert figures.over() == [], name
+
+
 def test_a_tenants_nested_stack_does_not_move_when_another_tenant_is_added(synth_variant):
     """GIVEN six tenants over three nested stacks WHEN a seventh is added THEN each of the six keeps its API key in
     the same nested stack's template (moving it would replace its key, and its clients' key value)."""
