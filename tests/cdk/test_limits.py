@@ -99,6 +99,28 @@ def test_with_tenants_in_nested_stacks_the_dispatchers_grants_do_not_grow_with_t
     assert len(role["sqs:ReceiveMessage"]) == 1
 
 
+def test_with_tenants_in_nested_stacks_the_workers_name_each_webhook_queue_by_the_url_of_its_name(synth_variant):
+    """GIVEN three tenants in nested stacks WHEN the worker's WEBHOOK_QUEUE_URLS is read THEN each tenant's URL is
+    SQS's for the name its queue is created with, built from that name and the pseudo parameters (no reference to
+    the tenants' stacks, which a fleet's own stack would wait on: fleet_stacks)."""
+    synthesized = synth_variant(**limits.synthetic_context(3, 1, tenant_stacks=2))
+    names = {
+        resource["Properties"]["QueueName"].rsplit("-", 1)[-1]: resource["Properties"]["QueueName"]
+        for path in synthesized.outdir.glob("*.nested.template.json")
+        for resource in json.loads(path.read_text())["Resources"].values()
+        if resource["Type"] == "AWS::SQS::Queue"
+    }
+    [definition] = synthesized.template.find_resources("AWS::ECS::TaskDefinition").values()
+    [variable] = [
+        v for v in definition["Properties"]["ContainerDefinitions"][0]["Environment"] if v["Name"] == "WEBHOOK_QUEUE_URLS"
+    ]
+    resolved = json.dumps(variable["Value"])
+    assert sorted(names) == ["0", "1", "2"]
+    for name in names.values():
+        assert f"/{name}" in resolved
+    assert "Outputs." not in resolved and '"Ref": "AWS::URLSuffix"' in resolved
+
+
 def test_each_quota_passed_is_named_with_its_figure():
     """GIVEN a template of 501 resources, one a function whose environment resolves past 4 KB WHEN its figures are
     read THEN both quotas are named, with the figure and the quota."""
