@@ -112,7 +112,9 @@ def test_with_tenants_in_nested_stacks_the_workers_name_each_webhook_queue_by_th
     }
     [definition] = synthesized.template.find_resources("AWS::ECS::TaskDefinition").values()
     [variable] = [
-        v for v in definition["Properties"]["ContainerDefinitions"][0]["Environment"] if v["Name"] == "WEBHOOK_QUEUE_URLS"
+        v
+        for v in definition["Properties"]["ContainerDefinitions"][0]["Environment"]
+        if v["Name"] == "WEBHOOK_QUEUE_URLS"
     ]
     resolved = json.dumps(variable["Value"])
     assert sorted(names) == ["0", "1", "2"]
