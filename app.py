@@ -93,6 +93,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "websocket_push": _bool,
     "wake_from_zero": _bool,
     "eventbridge_events": _bool,
+    "fleet_stacks": _bool,
 }
 _BY_TYPE: dict[str, Callable[[Any], Any]] = {
     "int": int,

@@ -238,7 +238,8 @@ class WakeTarget:
 @dataclass(frozen=True)
 class WakeSettings:
     """The stack's wake from zero, the same for every fleet: the cluster, how often one process may check a service,
-    and how long a wake holds it. Each fleet's service, GPU group and maxima are in its route (``FleetRoute``)."""
+    and how long a wake holds it. Each fleet's service, GPU group and maxima are in its route (``FleetRoute``), and
+    its cluster where it has one of its own (``fleet_stacks``)."""
 
     cluster: str
     check_interval_s: float = DEFAULT_WAKE_CHECK_INTERVAL_S
@@ -249,7 +250,7 @@ class WakeSettings:
         if not route.worker_service:
             return None
         return WakeTarget(
-            self.cluster,
+            route.worker_cluster or self.cluster,
             route.worker_service,
             self.check_interval_s,
             self.hold_s,

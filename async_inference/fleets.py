@@ -36,7 +36,8 @@ class FleetRoute(BaseModel):
     kind: ModelKind = CHAT
     queue_url: str  # the model's job queue
     batch_queue_url: str | None = None  # its batch lane (chunks, and jobs submitted with priority "batch")
-    worker_service: str | None = None  # its ECS service's ARN, woken from zero (the cluster is WORKER_CLUSTER_NAME)
+    worker_service: str | None = None  # its ECS service's ARN, woken from zero
+    worker_cluster: str | None = None  # the service's cluster when the fleet has its own (else WORKER_CLUSTER_NAME)
     worker_group: str | None = None  # its GPU Auto Scaling group, where a wake from zero starts an instance
     worker_max_tasks: int | None = None  # its service's scaling maximum, restored when a wake's hold ends
     worker_hold_max_tasks: int | None = None  # its service's maximum while a wake's hold lasts (None: not held)

@@ -18,7 +18,7 @@ from cdk.fleet_lifecycle import FleetLifecycle
 from cdk.gpu_worker_service import MODEL_CACHE_HOST_PATH, MODELS_CONTAINER_PATH, GpuWorkerService, group_arn
 from cdk.lambda_code import LambdaCode
 from cdk.model_store import ModelStore
-from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
+from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix, rendered_reference
 
 # vLLM keeps its torch.compile cache under VLLM_CACHE_ROOT (default ~/.cache/vllm, inside the container, lost with it).
 # Under the host volume that holds the weights, it survives the task: a later task on the same instance skips the
@@ -236,14 +236,15 @@ class GpuCapacity(Construct):
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["autoscaling:DescribeAutoScalingGroups"], resources=["*"])
         )
-        stack = Stack.of(self)
+        stack = Stack.of(function)  # the group's name as the function's template refers to it (cdk.nag)
+        name = rendered_reference(function, group.node.default_child)
         acknowledge(
             function,
             {
                 "AwsSolutions-IAM5[Resource::*]": "DescribeAutoScalingGroups supports no resource-level permission; "
                 "the wake reads only the GPU group's desired capacity.",
                 f"AwsSolutions-IAM5[Resource::{rendered_arn_prefix(stack, 'autoscaling')}:{rendered_account(stack)}:"
-                f"autoScalingGroup:*:autoScalingGroupName/<{stack.get_logical_id(group.node.default_child)}>]": "An "
+                f"autoScalingGroup:*:autoScalingGroupName/{name}]": "An "
                 "Auto Scaling group's ARN holds a generated id; the statement names the one GPU group by name.",
             },
         )

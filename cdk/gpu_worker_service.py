@@ -24,7 +24,7 @@ from async_inference.config import (
     TASK_PROTECTION_MODES,
 )
 from cdk.nag import acknowledge, rendered_account, rendered_arn_prefix
-from cdk.worker_cluster import WorkerCluster
+from cdk.worker_cluster import FleetCluster, WorkerCluster
 from cdk.worker_image import context_patterns
 
 # EC2 caps a container's stop timeout at 120 s: the time the worker gets after SIGTERM to finish or release its jobs.
@@ -167,7 +167,7 @@ class GpuWorkerService(Construct):
         task_protection_tokens_per_s: float = DEFAULT_TASK_PROTECTION_TOKENS_PER_S,
         memory_reservation_mib: int = 12288,
         root_volume_gib: int = 100,
-        cluster: WorkerCluster,
+        cluster: WorkerCluster | FleetCluster,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         ecs_service_name: str = WORKER_ECS_SERVICE_NAME,
     ) -> None:

@@ -10,7 +10,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 
 from async_inference import settings
-from cdk.nag import acknowledge
+from cdk.nag import acknowledge, rendered_reference
 
 if TYPE_CHECKING:
     from cdk.service import AsyncInferenceService
@@ -147,11 +147,9 @@ def _grant_batches(service: AsyncInferenceService) -> None:
 
 def _acknowledge_grant_wildcards(service: AsyncInferenceService) -> None:
     """The wildcards the grants above write: key prefixes of the claim-check bucket."""
-    stack = Stack.of(service)
-    bucket = stack.get_logical_id(service.bucket.bucket.node.default_child)
+    bucket = service.bucket.bucket.node.default_child
     findings = {
-        f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{prefix}*]": f"Objects under the {prefix} prefix only: keys "
-        "hold tenant and job ids assigned at run time."
+        prefix: f"Objects under the {prefix} prefix only: keys hold tenant and job ids assigned at run time."
         for prefix in (
             settings.REQUEST_PREFIX,
             settings.UPLOAD_PREFIX,
@@ -163,4 +161,7 @@ def _acknowledge_grant_wildcards(service: AsyncInferenceService) -> None:
             *((settings.INBOX_PREFIX,) if service.inbox is not None else ()),
         )
     }
-    acknowledge(service, findings)
+    # A fleet in a nested stack (fleet_stacks) refers to the bucket by a parameter of its stack (cdk.nag).
+    for scope in (service, *(fleet for fleet in service.fleets if Stack.of(fleet) is not Stack.of(service))):
+        arn = rendered_reference(scope, bucket, "Arn")
+        acknowledge(scope, {f"AwsSolutions-IAM5[Resource::{arn}/{prefix}*]": why for prefix, why in findings.items()})

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -167,7 +167,17 @@ class LambdaCode(Construct):
             compatible_architectures=[ARCHITECTURE],
             description="pydantic, Powertools and standardwebhooks for the inference service's functions",
         )
-        self.code = lambda_.Code.from_asset(str(_stage_sources(project_root, packages, cache_root)))
+        self._sources = str(_stage_sources(project_root, packages, cache_root))
+        self.code = lambda_.Code.from_asset(self._sources)
+        self._nested_code: dict[str, lambda_.Code] = {}
+
+    def code_for(self, scope: Construct) -> lambda_.Code:
+        """The source asset for a function in ``scope``'s stack: ``code`` in this construct's own stack, else one of
+        that stack's (CDK binds an asset to one stack; the same sources make the same asset, uploaded once)."""
+        stack = Stack.of(scope)
+        if stack is Stack.of(self):
+            return self.code
+        return self._nested_code.setdefault(stack.node.path, lambda_.Code.from_asset(self._sources))
 
     def new_function(
         self,
@@ -193,7 +203,7 @@ class LambdaCode(Construct):
             runtime=RUNTIME,
             architecture=ARCHITECTURE,
             handler=handler,
-            code=self.code,
+            code=self.code_for(scope),
             layers=[self.layer],
             description=description,
             environment={"POWERTOOLS_SERVICE_NAME": service_name, **environment},

@@ -140,10 +140,13 @@ def figures(template: dict[str, Any], template_bytes: int | None = None) -> Figu
     )
 
 
-def synthetic_context(tenants: int, models: int, tenant_stacks: int = 0) -> dict[str, Any]:
+def synthetic_context(
+    tenants: int, models: int, tenant_stacks: int = 0, *, fleet_stacks: bool = False
+) -> dict[str, Any]:
     """Context for ``tenants`` tenants on the default plan and ``models`` chat models of one task each (the first is
-    ``model``), the tenants in ``tenant_stacks`` nested stacks (0: in the stack itself): what the measurements in
-    docs/deploying.md ("Tenants") synthesize."""
+    ``model``), the tenants in ``tenant_stacks`` nested stacks (0: in the stack itself), each model's fleet in a
+    nested stack of its own with ``fleet_stacks``: what the measurements in docs/deploying.md ("Tenants")
+    synthesize."""
     names = [f"org/model-{n}" for n in range(models)]
     specs = [{"name": name, "max_num_seqs": 64, "max_worker_tasks": 1, "max_gpu_instances": 1} for name in names]
     return {
@@ -152,6 +155,7 @@ def synthetic_context(tenants: int, models: int, tenant_stacks: int = 0) -> dict
         "max_num_seqs": 64,
         "models": json.dumps(specs),
         "tenant_stacks": tenant_stacks,
+        "fleet_stacks": fleet_stacks,
     }
 
 
@@ -177,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=2)
     parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--tenant-stacks", type=int, default=0, help="nested stacks for the tenants (tenant_stacks)")
+    parser.add_argument("--fleet-stacks", action="store_true", help="each model's fleet in a nested stack")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
-    measured = synthetic_context(args.tenants, args.models, args.tenant_stacks)
+    measured = synthetic_context(args.tenants, args.models, args.tenant_stacks, fleet_stacks=args.fleet_stacks)
     context = {**json.loads((root / "cdk.json").read_text())["context"], **measured}
     with tempfile.TemporaryDirectory() as outdir:
         try:

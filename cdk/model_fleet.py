@@ -42,7 +42,7 @@ from cdk.queue_scaling import CountedQueue, QueueScaling
 from cdk.result_topics import ResultTopics
 from cdk.webhook_dispatch import WebhookDispatch
 from cdk.websocket_push import WebSocketPush
-from cdk.worker_cluster import WorkerCluster
+from cdk.worker_cluster import FleetCluster, WorkerCluster
 
 # The first model's resources were built in the service itself before every model had a fleet. Its fleet's id is
 # "Default", which CDK leaves out of logical ids, and its lane lies in a scope named as the service's Batches construct
@@ -67,11 +67,12 @@ class DeployedNames:
     lane_dead_letters: str
 
 
-def deployed_names(index: int, spec: ModelSpec) -> DeployedNames:
+def deployed_names(index: int, spec: ModelSpec, *, nested: bool = False) -> DeployedNames:
     """``DEPLOYED_FIRST_FLEET_ID``, ``Models``, ``WORKER_ECS_SERVICE_NAME`` and unsuffixed alarms for the first model;
     ``construct_id``, ``Models<construct_id>``, ``ecs_service_name`` of its spec and alarms suffixed with its
-    construct id for the others."""
-    if index == 0:
+    construct id for the others, and for every model when the fleets are ``nested`` (``fleet_stacks``: none was
+    deployed there before)."""
+    if index == 0 and not nested:
         return DeployedNames(
             DEPLOYED_FIRST_FLEET_ID,
             "Models",
@@ -97,7 +98,7 @@ class SharedResources:
     the worker environment the service gives every model (runtime configuration, webhook queue, batch table and
     control queue, progress and push settings), and the resources its worker is granted on."""
 
-    cluster: WorkerCluster
+    cluster: WorkerCluster | FleetCluster
     code: LambdaCode
     worker_environment: Mapping[str, str]
     bucket: ClaimCheckBucket
@@ -233,6 +234,8 @@ class ModelFleet(Construct):
                 route["worker_hold_max_tasks"] = target.hold_max_tasks
                 route["worker_max_tasks"] = target.max_tasks  # type: ignore[assignment]  # set with the hold maximum
             route["worker_group"] = self.capacity.auto_scaling_group.auto_scaling_group_name
+            if isinstance(self.shared.cluster, FleetCluster):  # its own cluster, not the stack's
+                route["worker_cluster"] = self.workers.cluster.cluster_name
         return route
 
     def grant_send_jobs(self, function: lambda_.Function) -> None:

@@ -45,8 +45,11 @@ SECRET_ARN_PATTERN = r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.
 
 # Every model's fleet is about 49 resources of the one stack's 500 (CloudFormation's quota), beside about 270 shared
 # and 5 a tenant: `python -m cdk.limits` measures them (docs/deploying.md, "Tenants"). More models need the fleets in
-# stacks of their own. (The routes are in the deployment's catalog, cdk.catalog, not in any environment.)
-MAX_MODELS = 4
+# stacks of their own (fleet_stacks), which leaves 10 a model in the stack itself; there the API role's inline policy,
+# which grows about 300 bytes a model, bounds them (10,025 of IAM's 10,240 at 8 models, with 100 tenants). (The routes
+# are in the deployment's catalog, cdk.catalog, not in any environment.)
+MAX_MODELS_IN_STACK = 4
+MAX_MODELS = 8
 MAX_SLUG_CHARS = 32
 
 
@@ -120,6 +123,10 @@ class AsyncInferenceServiceProps:
         catalog entries) are spread over, each tenant's by a hash of its id (``cdk.tenant_stacks``); 0 keeps them in
         the stack itself, which holds about 21 tenants with one model. Changing it replaces the keys and secrets of
         the tenants it moves (docs/deploying.md, "Upgrading"). Default: 0.
+      fleet_stacks: each model's fleet (queues, batch lane, GPU group, an ECS cluster of its own, worker service,
+        scaling and capacity) in a nested stack of its own, every model alike, so that eight models fit beside the
+        shared resources within CloudFormation's 500 resources per stack. False keeps every fleet in the stack itself,
+        in the one cluster; changing it replaces every fleet. Default: False.
     Payloads
       retention_days: days before requests, uploads and results expire. Default: ``settings.PAYLOAD_RETENTION_DAYS``.
       cors_allowed_origins: browser origins allowed to PUT presigned uploads. Default: ``("*",)``.
@@ -263,6 +270,7 @@ class AsyncInferenceServiceProps:
     create_api_gateway_cloudwatch_role: bool = False
     waf_requests_per_5_min_per_ip: int | None = None
     tenant_stacks: int = 0
+    fleet_stacks: bool = False
     request_limits: RequestLimits = RequestLimits()
     retention_days: int = settings.PAYLOAD_RETENTION_DAYS
     cors_allowed_origins: Sequence[str] = ("*",)
@@ -434,8 +442,11 @@ class AsyncInferenceServiceProps:
         if not self.models:
             return
         if len(self.models) > MAX_MODELS:
+            raise ValueError(f"models lists {len(self.models)} models; at most {MAX_MODELS} fit")
+        if len(self.models) > MAX_MODELS_IN_STACK and not self.fleet_stacks:
             raise ValueError(
-                f"models lists {len(self.models)} models; at most {MAX_MODELS} fit one stack's 500 resources"
+                f"models lists {len(self.models)} models; at most {MAX_MODELS_IN_STACK} fit one stack's 500 "
+                f"resources: set fleet_stacks (each fleet in a nested stack of its own) for up to {MAX_MODELS}"
             )
         names = [spec.name for spec in self.models]
         if len(set(names)) != len(names):

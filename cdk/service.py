@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, NestedStack, RemovalPolicy
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -40,7 +41,7 @@ from cdk.upload_deadlines import UploadDeadlines
 from cdk.upload_intake import UploadIntake
 from cdk.webhook_dispatch import WebhookDispatch
 from cdk.websocket_push import WebSocketPush
-from cdk.worker_cluster import WorkerCluster
+from cdk.worker_cluster import FleetCluster, WorkerCluster
 
 
 class AsyncInferenceService(Construct):
@@ -184,18 +185,23 @@ class AsyncInferenceService(Construct):
         )
         self.models: dict[str, ModelStore | None] = {}
         for index, spec in enumerate(specs):
-            names = deployed_names(index, spec)
+            names = deployed_names(index, spec, nested=props.fleet_stacks)
             self.models[spec.name] = self._model_store(props.for_model(spec), names.store_id, removal)
+            scope, fleet_shared = self, shared
+            if props.fleet_stacks:
+                # A nested stack of its own per fleet, with a cluster of its own (cdk.worker_cluster.FleetCluster).
+                scope = NestedStack(self, f"{names.fleet_id}Stack", description=f"The fleet of {spec.name}")
+                fleet_shared = replace(shared, cluster=FleetCluster(scope, "Cluster", network=self.cluster))
             fleet = ModelFleet(
-                self,
+                scope,
                 names.fleet_id,
                 spec=spec,
                 ecs_service_name=names.ecs_service_name,
                 props=props.for_model(spec),
-                shared=shared,
+                shared=fleet_shared,
                 models=self.models[spec.name],
                 # One release function releases the cluster's empty instances, every fleet's group included.
-                release_with=self.fleets[0].capacity.release_function if self.fleets else None,
+                release_with=self.fleets[0].capacity.release_function if self.fleets and scope is self else None,
             )
             self.fleets.append(fleet)
             self._monitored.append(

@@ -87,6 +87,12 @@ class TenantStacks(Construct):
             return name
         return f"{name[: SQS_QUEUE_NAME_CHARS - 9]}-{_digest(tenant, 8)}"
 
+    def queue_url(self, tenant: str) -> str:
+        """``tenant``'s webhook queue's URL, from its name: what the workers send to, so that a stack beside the
+        tenants' (a fleet's, ``fleet_stacks``) needs no reference to theirs, which would wait on the API."""
+        stack = Stack.of(self)
+        return f"https://sqs.{stack.region}.{stack.url_suffix}/{stack.account}/{self.queue_name(tenant)}"
+
     def secret_name(self, tenant: str) -> str:
         """``tenant``'s signing secret's name, under the root stack's name."""
         return f"{self._secret_prefix}{self.folder(tenant)}/{tenant}"

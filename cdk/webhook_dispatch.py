@@ -113,7 +113,10 @@ class WebhookDispatch(Construct):
             {tenant: secret.secret_arn for tenant, secret in self.signing_secrets.items()}
         )
         self.queue_urls_json = Stack.of(self).to_json_string(
-            {tenant: queue.queue_url for tenant, queue in self.queues.items()}
+            {
+                tenant: tenant_stacks.queue_url(tenant) if tenant_stacks else queue.queue_url
+                for tenant, queue in self.queues.items()
+            }
         )
         if tenant_stacks is not None:
             # By the queues' name prefix: one statement for every tenant (cdk.tenant_stacks). Lambda checks the

@@ -88,3 +88,17 @@ class WorkerCluster(Construct):
                 },
             )
         return vpc
+
+
+class FleetCluster(Construct):
+    """An ECS cluster of one fleet's own in ``network``'s VPC, for a fleet in a nested stack (``fleet_stacks``).
+
+    A cluster's capacity providers are one resource (``AWS::ECS::ClusterCapacityProviderAssociations``) that each
+    service waits on: with the cluster in the root stack, it would list every nested fleet's capacity provider while
+    each nested service waited on it, a cycle between the stacks. A cluster costs nothing.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, network: WorkerCluster) -> None:
+        super().__init__(scope, id)
+        self.public_subnets, self.vpc = network.public_subnets, network.vpc
+        self.cluster = ecs.Cluster(self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED)

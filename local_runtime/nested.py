@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,14 @@ def _rewrite(value: Any, rewrite: Callable[[dict[str, Any]], Any]) -> Any:
         replaced = rewrite(node)
         return node if replaced is None else replaced
     return value
+
+
+def _sub_names_local(sub: Any, parameters: Mapping[str, Any], resources: Mapping[str, Any]) -> bool:
+    """Whether an ``Fn::Sub`` names one of the nested template's parameters or resources (``${Name}``,
+    ``${Name.Attribute}``), which inlining would have to rename: its own variables and pseudo parameters are not."""
+    text, variables = (sub, {}) if isinstance(sub, str) else (sub[0], sub[1])
+    names = {name.split(".")[0] for name in re.findall(r"\$\{([^!}][^}]*)\}", text)}
+    return any(name in parameters or name in resources for name in names - set(variables))
 
 
 def _inline_one(
@@ -73,6 +82,8 @@ def _inline_one(
             return {"Condition": stack_id + target}
         if key == "Fn::If" and target[0] in conditions:
             return {"Fn::If": [stack_id + target[0], *target[1:]]}
+        if key == "Fn::Sub" and not _sub_names_local(target, parameters, resources):
+            return None  # pseudo parameters only (the image repository's name): the same in the parent
         if key == "Fn::Sub":
             raise TemplateError(f"{stack_id}: Fn::Sub in a nested stack is not inlined locally: {node}")
         return None

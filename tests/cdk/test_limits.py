@@ -41,6 +41,24 @@ def test_a_hundred_tenants_in_nested_stacks_and_four_models_are_within_every_quo
         assert figures.over() == [], name
 
 
+def test_a_hundred_tenants_and_eight_models_each_fleet_in_a_nested_stack_are_within_every_quota(synth_variant):
+    """GIVEN 100 tenants over 4 nested stacks and 8 models, each model's fleet in a nested stack of its own
+    (fleet_stacks) WHEN every template of the assembly is read THEN every fleet, the first included, is in its own
+    stack with its own cluster and worker service, none in the root, and no template passes a CloudFormation quota,
+    Lambda's environment quota or IAM's inline policy quota."""
+    synthesized = synth_variant(**limits.synthetic_context(100, 8, tenant_stacks=4, fleet_stacks=True))
+    found = limits.assembly_figures(synthesized.outdir)
+    services = {
+        path.name: sum(r["Type"] in ("AWS::ECS::Service", "AWS::ECS::Cluster") for r in resources.values())
+        for path in synthesized.outdir.glob("*.template.json")
+        for resources in [json.loads(path.read_text())["Resources"]]
+    }
+    assert sorted(services.values()) == [0] * 4 + [1] + [2] * 8  # tenants' stacks; the root (its VPC's cluster)
+    assert len(found) == 1 + 4 + 8
+    for name, figures in found.items():
+        assert figures.over() == [], name
+
+
 def test_a_tenants_nested_stack_does_not_move_when_another_tenant_is_added(synth_variant):
     """GIVEN six tenants over three nested stacks WHEN a seventh is added THEN each of the six keeps its API key in
     the same nested stack's template (moving it would replace its key, and its clients' key value)."""
@@ -79,6 +97,30 @@ def test_with_tenants_in_nested_stacks_the_dispatchers_grants_do_not_grow_with_t
     )
     assert len(role["secretsmanager:GetSecretValue"]) == 1
     assert len(role["sqs:ReceiveMessage"]) == 1
+
+
+def test_with_tenants_in_nested_stacks_the_workers_name_each_webhook_queue_by_the_url_of_its_name(synth_variant):
+    """GIVEN three tenants in nested stacks WHEN the worker's WEBHOOK_QUEUE_URLS is read THEN each tenant's URL is
+    SQS's for the name its queue is created with, built from that name and the pseudo parameters (no reference to
+    the tenants' stacks, which a fleet's own stack would wait on: fleet_stacks)."""
+    synthesized = synth_variant(**limits.synthetic_context(3, 1, tenant_stacks=2))
+    names = {
+        resource["Properties"]["QueueName"].rsplit("-", 1)[-1]: resource["Properties"]["QueueName"]
+        for path in synthesized.outdir.glob("*.nested.template.json")
+        for resource in json.loads(path.read_text())["Resources"].values()
+        if resource["Type"] == "AWS::SQS::Queue"
+    }
+    [definition] = synthesized.template.find_resources("AWS::ECS::TaskDefinition").values()
+    [variable] = [
+        v
+        for v in definition["Properties"]["ContainerDefinitions"][0]["Environment"]
+        if v["Name"] == "WEBHOOK_QUEUE_URLS"
+    ]
+    resolved = json.dumps(variable["Value"])
+    assert sorted(names) == ["0", "1", "2"]
+    for name in names.values():
+        assert f"/{name}" in resolved
+    assert "Outputs." not in resolved and '"Ref": "AWS::URLSuffix"' in resolved
 
 
 def test_each_quota_passed_is_named_with_its_figure():

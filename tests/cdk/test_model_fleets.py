@@ -219,7 +219,8 @@ def test_the_further_workers_may_take_from_their_own_queues_only(two):
         ([{"name": CHAT}, {"name": "x/e", "kind": "rerank", "max_num_seqs": 8}], "kind 'rerank'"),
         ([{"name": CHAT}, {"name": "x/unknown"}], "max_num_seqs is not set"),
         ([{"name": CHAT}, {"name": "x/e", "colour": "red"}], "colour"),
-        ([{"name": CHAT}, *({"name": f"x/m{n}", "max_num_seqs": 8} for n in range(4))], "at most 4 fit"),
+        ([{"name": CHAT}, *({"name": f"x/m{n}", "max_num_seqs": 8} for n in range(4))], "set fleet_stacks"),
+        ([{"name": CHAT}, *({"name": f"x/m{n}", "max_num_seqs": 8} for n in range(8))], "at most 8 fit"),
     ],
 )
 def test_models_that_cannot_be_deployed_are_refused_naming_the_problem(models, message):

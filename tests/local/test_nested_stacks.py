@@ -3,6 +3,7 @@ resources, synthesized by the CDK, deployed into moto and deleted, as CloudForma
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import boto3
@@ -13,9 +14,10 @@ from aws_cdk import aws_ssm as ssm
 
 from local_runtime.deployer import Deployment
 from local_runtime.moto_server import MotoServer
+from local_runtime.nested import NESTED_STACK, inline_nested_stacks
 from local_runtime.stack import LOCAL_KEYS
 from local_runtime.synth import CLI_CONTEXT
-from local_runtime.template import LOCAL_REGION, Assembly
+from local_runtime.template import LOCAL_REGION, Assembly, TemplateError
 
 pytestmark = pytest.mark.cdk
 
@@ -59,3 +61,32 @@ def test_a_nested_stack_deploys_with_its_parent_each_reading_the_others_resource
     deletion = deployment.delete()
     assert deletion.failed == {} and sqs_client.list_queues().get("QueueUrls", []) == []
     assert ssm_client.describe_parameters()["Parameters"] == []
+
+
+def _nested_with_sub(directory: Path, sub: object) -> dict:
+    """A parent template whose one nested stack holds a queue named by ``sub`` (an ``Fn::Sub``) beside another."""
+    nested = {
+        "Resources": {
+            "Other": {"Type": "AWS::SQS::Queue"},
+            "Named": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": {"Fn::Sub": sub}}},
+        }
+    }
+    (directory / "nested.json").write_text(json.dumps(nested))
+    stack = {"Type": NESTED_STACK, "Metadata": {"aws:asset:path": "nested.json"}}
+    return {"Resources": {"Fleet": stack}}
+
+
+def test_an_fn_sub_of_pseudo_parameters_in_a_nested_stack_is_inlined_as_written(tmp_path):
+    # GIVEN a nested stack naming a queue by an Fn::Sub of pseudo parameters only (as the CDK names its image
+    # repository) WHEN it is inlined THEN the Fn::Sub is kept as written: the pseudo parameters are the parent's too
+    inlined = inline_nested_stacks(tmp_path, _nested_with_sub(tmp_path, "repo-${AWS::AccountId}-${AWS::Region}"))
+    assert inlined["Resources"]["FleetNamed"]["Properties"]["QueueName"] == {
+        "Fn::Sub": "repo-${AWS::AccountId}-${AWS::Region}"
+    }
+
+
+def test_an_fn_sub_naming_a_nested_resource_is_refused_rather_than_left_unrenamed(tmp_path):
+    # GIVEN a nested stack naming a queue by an Fn::Sub of another of its resources WHEN it is inlined THEN it is
+    # refused naming the Fn::Sub (its ${Other} would name no resource of the parent)
+    with pytest.raises(TemplateError, match="Fn::Sub"):
+        inline_nested_stacks(tmp_path, _nested_with_sub(tmp_path, "copy-of-${Other.QueueName}"))

@@ -181,3 +181,32 @@ def test_the_any_model_route_takes_a_model_no_other_route_names_of_either_kind(s
     # THEN both are on the second model's queue, and a routed model still goes to its own
     service.api.submit("tenant-a", _submission(CHAT), None)
     assert [_depth(queues[name]) for name in ("chat", "second")] == [before[0] + 1, before[1] + 2]
+
+
+def test_a_fleet_with_a_cluster_of_its_own_is_woken_in_its_cluster(stack, monkeypatch):
+    # GIVEN a model whose fleet has a cluster of its own (fleet_stacks: its route names it), its service there at zero
+    ecs = client("ecs")
+    ecs.create_cluster(clusterName="own-fleet")
+    arn = _service(ecs, "own-fleet", "gpu-workers-own")
+    queue = client("sqs").create_queue(QueueName="own")["QueueUrl"]
+    route = {"kind": "chat", "queue_url": queue, "worker_service": arn, "worker_cluster": "own-fleet"}
+    env = {
+        **ServiceConfig(
+            table_name="routing-jobs",
+            bucket_name="routing-claims",
+            topic_arn=client("sns").create_topic(Name="routing-results")["TopicArn"],
+            queue_url=None,
+            wake=WakeSettings("routing", 60),  # the stack's cluster, which does not hold this service
+        ).to_env(),
+        ENV_MODEL_FLEETS: json.dumps({CHAT: route}),
+        ENV_SERVED_MODELS: json.dumps([CHAT]),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = ServiceSettings.load()
+    service = JobService.from_config(config.service, served_models=config.served_models)
+    # WHEN a job for it is submitted
+    service.api.submit("tenant-a", _submission(CHAT), None)
+    # THEN its service is woken in its own cluster
+    assert _depth(queue) == 1
+    assert _desired("own-fleet", arn) == 1
