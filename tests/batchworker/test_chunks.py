@@ -167,7 +167,16 @@ def test_a_chunk_costs_a_bounded_number_of_requests_whatever_its_lines(batches: 
     assert used["PutObject"] == 3 * batch.chunks
     assert used["UpdateItem"] == batch.chunks
     assert used["SendMessage"] == 1  # the finalize
-    assert used["ReceiveMessage"] <= batch.chunks and used["DeleteMessageBatch"] <= batch.chunks
+    # (the lane's scout looks past a tenant's chunks while its budget is full: a look that finds this batch's next
+    # chunk hands it back at once, one receive and one requeue, more of them the slower the host: gpu_worker.fairness)
+    looks = sum(
+        1
+        for op, params, _ in requests.calls
+        if op == "ChangeMessageVisibilityBatch"
+        and params["QueueUrl"] == batches.batch_queue_url
+        and all(entry["VisibilityTimeout"] == 0 for entry in params["Entries"])
+    )
+    assert used["ReceiveMessage"] <= batch.chunks + looks and used["DeleteMessageBatch"] <= batch.chunks
     per_chunk = sum(used.values()) / batch.chunks
     assert per_chunk <= 12, used
 
