@@ -34,19 +34,20 @@ def healthy(path: Path) -> subprocess.CompletedProcess[str]:
 def test_the_worker_is_unhealthy_while_its_engine_loads_healthy_once_it_runs_and_unhealthy_when_its_loop_stops(
     workers: FaultStack, tmp_path: Path
 ):
-    # GIVEN a worker whose engine start blocks its event loop for 8 s (as vLLM's engine build does), with a health
-    # file that must be at most 3 s old
+    # GIVEN a worker whose engine start blocks its event loop for 15 s (as vLLM's engine build does), with a health
+    # file that must be at most 3 s old (15, not 8: the checks below spawn a process each, and on a busy host the
+    # last one, begun within the first 5 s of the load, ended after an 8 s load had ended)
     path = tmp_path / "health"
     worker = workers.start_worker(
         "health",
-        WORKER_FAULTS="slow_start=8",
+        WORKER_FAULTS="slow_start=15",
         WORKER_HEALTH_FILE=str(path),
         HEALTH_MAX_AGE_S=MAX_AGE_S,
         HEARTBEAT_INTERVAL_S="0.5",
     )
     wait_until(lambda: "the engine start blocks" in worker.log_path.read_text(), 20, "the engine start to begin")
     # THEN the health check fails throughout the load: no engine has started
-    loading_until = time.monotonic() + 5  # of the 8
+    loading_until = time.monotonic() + 5  # of the 15
     while time.monotonic() < loading_until:
         result = healthy(path)
         assert result.returncode == 1, "healthy before the engine started"
