@@ -38,7 +38,7 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
-# `make test` runs on three processes (pytest-xdist, `-n 3`; Makefile's TEST_PROCESSES says why three on two cores).
+# `make test` runs on two processes (pytest-xdist, `-n 2`; Makefile's TEST_PROCESSES).
 # What goes to one process whole, in its order: each shard of the end-to-end folder (its tests share one session stack
 # per process; the files alternate between the shards in name order) and each other test file (a module's fixtures, a
 # model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say this: it marks a group in the
