@@ -18,6 +18,8 @@ from tests.faults.fault_stack import TENANT, chat, wait_until
 
 pytestmark = pytest.mark.e2e
 STEP_S = 0.02
+LINE_TOKENS = 4000
+LINE_S = LINE_TOKENS * STEP_S  # a batch line's generation: 80 s
 
 
 class Stepped(SimulatedEngine):
@@ -46,7 +48,9 @@ class Stepped(SimulatedEngine):
 @pytest.mark.parametrize("reserve", [0, 1])
 def test_an_interactive_job_overtakes_a_batch_that_keeps_the_engine_busy(batches: BatchStack, reserve: int):
     # GIVEN a worker whose engine is kept busy by a batch: 60 lines of 4000 tokens (80 s each) for 8 slots
-    batch = batches.submit([input_line(f"long-{i}", body("x " * 4000, max_tokens=4000)) for i in range(60)])
+    batch = batches.submit(
+        [input_line(f"long-{i}", body("x " * LINE_TOKENS, max_tokens=LINE_TOKENS)) for i in range(60)]
+    )
     engine = Stepped(capacity=8, step_s=STEP_S)
     with batches.worker(engine, interactive_reserve=reserve) as worker:
         wait_until(lambda: engine.generating == 8 - reserve, 30, "the batch to fill the engine")
@@ -58,11 +62,12 @@ def test_an_interactive_job_overtakes_a_batch_that_keeps_the_engine_busy(batches
     # THEN it succeeded while the batch lines were still generating
     assert job.status.value == "succeeded"
     assert still_running >= 8 - reserve - 1
-    # AND the worker sent it to the engine as soon as it held it (its payload read away from its running state), and
-    # it generated in its own 3 steps plus at most one to enter the batch: nothing of the batch queued ahead of it
+    # AND the worker sent it to the engine once it held it (its payload read away from its running state), not after a
+    # batch line's 80 s (a bound of an eighth of that: a loaded host's S3 read took 2.4 s), and it generated in its own
+    # 3 steps plus at most one to enter the batch: nothing of the batch queued ahead of it
     assert job.started_at is not None
     began_step, began_at = engine.began[job_id]
-    assert began_at - job.started_at.timestamp() < 2.0
+    assert began_at - job.started_at.timestamp() < LINE_S / 8
     assert engine.ended[job_id] - began_step <= 3 + 2
     # AND a free reserved slot took it without aborting anything; with no reserve, one batch line was preempted
     assert preemptions == (1 if reserve == 0 else 0)

@@ -31,10 +31,14 @@ def tracebacks(*texts: str) -> int:
     return sum(text.count("Traceback (most recent call last)") for text in texts)
 
 
-@pytest.fixture
-def make_up(tmp_path: Path, local_assembly: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+@pytest.fixture(scope="module")
+def make_up(
+    tmp_path_factory: pytest.TempPathFactory, local_assembly: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
     """`python -m local_runtime up` with the echo engine and two workers, serving; yields it, its output file and its
-    log folder (given as one that does not exist yet). Whatever it started is killed afterwards if still there."""
+    log folder (given as one that does not exist yet). Whatever it started is killed afterwards if still there. One
+    for the module (a start is half a minute): the log folder it made stays there after the Ctrl-C test stops it."""
+    tmp_path = tmp_path_factory.mktemp("up")
     log_dir = tmp_path / "not" / "yet" / "logs"
     outputs, output = tmp_path / "outputs.json", tmp_path / "up.out"
     env = {

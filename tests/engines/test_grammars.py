@@ -65,11 +65,10 @@ def test_a_compile_over_the_budget_fails_its_request_naming_the_field_and_the_sa
     with pytest.raises(PermanentEngineError, match=r"^response_format: .*did not compile within 0.01 s"):
         asyncio.run(g.get(schema, "response_format"))
 
-    # AND the same schema asked again fails at once, without a second compile
-    started = time.monotonic()
+    # AND the same schema asked again fails at once, without a second compile (counted, not timed: a loaded host's
+    # event loop alone can take the 50 ms this once read)
     with pytest.raises(PermanentEngineError, match="did not compile within"):
         asyncio.run(g.get(schema, "response_format"))
-    assert time.monotonic() - started < 0.05
     assert g.compiles == 1
 
 

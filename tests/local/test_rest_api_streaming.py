@@ -21,7 +21,7 @@ from local_runtime.rest_api import RestApi, serve
 from local_runtime.template import Assembly
 from tests.local.assemblies import python_function, write_assembly
 
-# Three pieces, 0.4 s apart: a client that gets the first piece before 0.4 s got it while the function still ran.
+# Three pieces, 0.4 s apart: a client that gets the first piece long before the last got it while the function still ran.
 HANDLER = {
     "handler.py": (
         "import time\n"
@@ -127,10 +127,12 @@ def test_a_stream_integration_sends_the_first_piece_while_the_function_still_run
     first = response.read1(65536)
     first_at = time.monotonic() - started
     rest = response.read()
-    # THEN the status and headers are the stream metadata's, the body is chunked, and the first piece came at once
+    rest_at = time.monotonic() - started
+    # THEN the status and headers are the stream metadata's, the body is chunked, and the first piece came while the
+    # function still ran, well before the last piece 0.8 s later (sent together at the end, they would come together)
     assert response.status == 201 and response.getheader("Content-Type") == "text/event-stream"
     assert response.getheader("Transfer-Encoding") == "chunked"
-    assert first == b"data: 0\n\n" and first_at < 0.4
+    assert first == b"data: 0\n\n" and rest_at - first_at >= 0.4
     assert rest == b"data: 1\n\ndata: 2\n\n"
 
 

@@ -198,7 +198,7 @@ def test_the_default_reserve_is_one_slot_in_64_and_at_least_one():
     assert [default_reserve(c) for c in (1, 2, 64, 256)] == [0, 1, 1, 4]
 
 
-# A step long enough that a loaded machine's scheduling delays (tens of ms on CI) stay well inside the one-step bound.
+# Counted in the engine's steps, not in seconds: a loaded host stretches a step, not the count.
 STEP_S = 0.1
 
 
@@ -206,7 +206,7 @@ def test_on_a_simulated_engine_an_interactive_job_starts_within_one_step_of_a_fu
     """The bound the worker states: with every slot held by batch lines, an interactive request starts generating
     within one engine step (the youngest line is aborted for it) and ends after its own tokens only."""
 
-    async def scenario() -> tuple[float, float, int]:
+    async def scenario() -> tuple[int, int, int]:
         engine = SimulatedEngine(capacity=4, step_s=STEP_S)
         await engine.start()
         admission = Admission(4, reserve=0, abort=engine.abort)
@@ -231,23 +231,22 @@ def test_on_a_simulated_engine_an_interactive_job_starts_within_one_step_of_a_fu
 
         lines = [asyncio.create_task(batch_line(i)) for i in range(6)]
         await asyncio.sleep(5 * STEP_S)
-        loop = asyncio.get_running_loop()
-        asked = loop.time()
+        asked = engine.stats.steps
         async with admission:
-            started = loop.time()
+            started = engine.stats.steps
             await engine.generate("job", request(3))
-            ended = loop.time()
+            ended = engine.stats.steps
         for line in lines:
             line.cancel()
         await asyncio.gather(*lines, return_exceptions=True)
         await engine.close()
         return started - asked, ended - asked, admission.preemptions
 
-    wait_s, total_s, preemptions = run(scenario())
-    # THEN it got a slot at once (a batch line was preempted), and finished in about its own 3 steps (+1 to enter)
+    wait_steps, total_steps, preemptions = run(scenario())
+    # THEN it got a slot within one step (a batch line was preempted), and finished in its own 3 steps (+1 to enter)
     assert preemptions == 1
-    assert wait_s < STEP_S
-    assert total_s < 6 * STEP_S
+    assert wait_steps <= 1
+    assert total_steps <= 3 + 1 + 1
 
 
 @dataclass
