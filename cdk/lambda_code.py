@@ -177,7 +177,10 @@ class LambdaCode(Construct):
         stack = Stack.of(scope)
         if stack is Stack.of(self):
             return self.code
-        return self._nested_code.setdefault(stack.node.path, lambda_.Code.from_asset(self._sources))
+        key = stack.node.path
+        if key not in self._nested_code:
+            self._nested_code[key] = lambda_.Code.from_asset(self._sources)
+        return self._nested_code[key]
 
     def new_function(
         self,
