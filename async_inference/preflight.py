@@ -65,7 +65,7 @@ class GpuDemand:
 
     instance_type: str
     instances: int
-    # Types the group launches when EC2 has none of ``instance_type`` (its mixed instances policy's further overrides):
+    # Types the group launches when EC2 has none of ``instance_type`` (its mixed instances policy's other overrides):
     # the quota must hold the largest.
     fallbacks: tuple[str, ...] = ()
 

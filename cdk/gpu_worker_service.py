@@ -126,7 +126,7 @@ class GpuWorkerService(Construct):
     :param machine_image: AMI of the GPU instances. Default: ECS's GPU-optimized Amazon Linux 2023 AMI, which exists
         for x86_64 only; required for an arm64 ``instance_type`` (an AMI with the NVIDIA driver, the NVIDIA container
         toolkit and the ECS agent with GPU support).
-    :param fallback_instance_types: further types of the same GPUs, launched in this order when EC2 has no capacity
+    :param fallback_instance_types: other types of the same GPUs, launched in this order when EC2 has no capacity
         of ``instance_type`` (a mixed instances policy, on-demand ``prioritized``). Default: none (one type).
     :param max_instances: most GPU instances at once. Default: 2.
     :param start_before_stop: deployments start new tasks before stopping old ones (needs spare GPUs, see above).
@@ -330,7 +330,7 @@ class GpuWorkerService(Construct):
             # own address; its security group admits nothing inbound.
             associate_public_ip_address=True if self.public_subnets else None,
             require_imdsv2=True,
-            # 1: IMDS answers the instance (its ECS agent) only. Containers in bridge mode are one hop further, so
+            # 1: IMDS answers the instance (its ECS agent) only. Containers in bridge mode are one hop farther, so
             # they cannot take the instance role; the worker needs no instance metadata (its credentials come from
             # the task role through the ECS agent, its region from the task definition).
             http_put_response_hop_limit=1,

@@ -187,7 +187,7 @@ class AsyncInferenceServiceProps:
         the launch template (docs/deploying.md, "The GPU instances' AMI").
       gpu_ami_id: the AMI of the GPU instances, pinned (``ami-...``, of the deploy's region): it changes only when this
         option does. Conflicts with ``gpu_ami_parameter_name``. Default: none (the AMI floats, as above).
-      gpu_fallback_instance_types: further instance types of the same GPUs as ``gpu_instance_type`` (the same
+      gpu_fallback_instance_types: other instance types of the same GPUs as ``gpu_instance_type`` (the same
         ``cdk.capacity.INSTANCE_GPUS`` entry: the task's GPU and ``max_num_seqs`` hold on each), tried in order when
         EC2 has no capacity of the first (the group's mixed instances policy, on-demand ``prioritized``), e.g.
         ``["g5.2xlarge", "g5.4xlarge"]`` for g5.xlarge. The fleets on ``gpu_instance_type`` take them; a model of
@@ -252,7 +252,7 @@ class AsyncInferenceServiceProps:
       wake_check_interval_seconds: how often one function execution environment may check. Default: 60.
       wake_hold_seconds: how long a wake holds the service's scaling bounds: its minimum at 1, so that the keep-alive
         alarm, still in ALARM from the idle minutes before, cannot set the count back to 0; and, with a warm pool of
-        fewer instances than ``max_worker_tasks``, its maximum at the pool's size, so that a further task waits for the
+        fewer instances than ``max_worker_tasks``, its maximum at the pool's size, so that one more task waits for the
         pool's replacement instead of a fresh instance (``cdk.queue_scaling``). 0: no hold. Default: 420 (the pool's
         replacement initializes in about 7 minutes: boot, image pull, weights; docs/scaling.md).
     Monitoring
@@ -496,7 +496,7 @@ class AsyncInferenceServiceProps:
             return
         if isinstance(fallbacks, str) or self.gpu_instance_type in fallbacks or len(set(fallbacks)) != len(fallbacks):
             raise ValueError(
-                f"gpu_fallback_instance_types ({fallbacks!r}) is a list of further types, each once, without "
+                f"gpu_fallback_instance_types ({fallbacks!r}) is a list of other types, each once, without "
                 f"gpu_instance_type ({self.gpu_instance_type})"
             )
         gpus = capacity.INSTANCE_GPUS.get(self.gpu_instance_type)
@@ -521,7 +521,7 @@ class AsyncInferenceServiceProps:
 
     def wake_hold_maximum(self) -> int | None:
         """The most tasks a wake's hold allows: one per pooled instance, when the pool starts fewer than the most
-        tasks (None: the hold raises the minimum only; without a pool a further task comes from a fresh instance
+        tasks (None: the hold raises the minimum only; without a pool one more task comes from a fresh instance
         whenever it is asked for)."""
         pool = self.effective_warm_pool_instances()
         return pool if 0 < pool < self.max_worker_tasks else None

@@ -12,7 +12,7 @@ atomically, so here the DynamoDB backend's writes take one lock.
 moto's SQS rebuilds a queue's whole attribute summary (three passes over every message it holds, in flight or not,
 each message asking the clock twice) for each message it receives and for each message sent, only to read one
 setting from it. The cost per message grows with the queue's depth, and under load a queue that falls behind (a
-function's event queue) made every request slower, so it fell further behind: the soak's rate fell from 8.5 to 2.6
+function's event queue) made every request slower, so it fell farther behind: the soak's rate fell from 8.5 to 2.6
 jobs/s. Here the retention check reads its one setting, and the scans ask the clock once: same answers, a cost per
 message that does not grow with the depth (tests/local/test_moto_sqs_cost.py). And moto lists its own package
 directory (a stat per service) on every request to route it; the listing is made once.

@@ -305,7 +305,7 @@ class JobStore:
         return jobs, _encode_token(start)
 
     def count_active(self, tenant: str, *, up_to: int) -> int:
-        """How many of the tenant's jobs are unfinished, counted up to ``up_to`` (reading no further)."""
+        """How many of the tenant's jobs are unfinished, counted up to ``up_to`` (reading no more)."""
         count, start = 0, None
         while count < up_to:
             kwargs: dict[str, Any] = {
