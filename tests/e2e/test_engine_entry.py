@@ -51,9 +51,10 @@ def test_jobs_held_beyond_the_engines_slots_stay_queued_and_run_for_their_genera
     jobs = store.get_many(ids)
     assert all(job.status.value == "succeeded" for job in jobs.values())
     assert engine.peak == 2
-    # THEN each job became running as it entered the engine, not when the worker received it
+    # THEN each job became running as it entered the engine, not when the worker received it (which, for the ten held
+    # beyond the two slots, is one to five generations earlier: a bound of one generation, as a loaded host took 0.9 s)
     late = {job.job_id: (engine.entered[job.job_id] - job.started_at).total_seconds() for job in jobs.values()}
-    assert all(0 <= s < 0.5 for s in late.values()), late
+    assert all(0 <= s < DELAY_S for s in late.values()), late
     # AND the jobs the worker held beyond its two slots were queued meanwhile
     assert any(held >= 6 and queued >= held - 2 - 2 for held, queued in samples), samples
     # AND every job ran for its generation, not for its wait in the buffer
