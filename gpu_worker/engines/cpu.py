@@ -65,6 +65,12 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 # The longest a run that starts from an empty batch waits for callers still building their prompts (``_schedule``).
 GATHER_MAX_S = 0.25
+# A running row waits for other requests' prefills at most this share of the engine's time on its own work
+# (``_join_allowance``). A quarter, because batch mates also slow each of its steps, up to 1.6 times on two cores (one
+# row's step 0.036 s, two to eight rows' 0.057 s): prefills and batch mates together keep a row's time in the engine
+# within about twice its own, 1.25 x 1.6. At 1, another tenant's requests joining one by one took an 8-token job
+# through the local stack to 2.6x its time alone; at 0.5, to 1.0x to 2.2x.
+JOIN_STALL_SHARE = 0.25
 
 
 class CpuEngine(Engine):
@@ -321,13 +327,16 @@ class CpuEngine(Engine):
     @staticmethod
     def _join_allowance(running: list[Row]) -> float:
         """Seconds of prefill the running rows can still wait for: a row waits for other requests' prefills at most
-        as long as the engine has worked on it (its own prefill and decoding steps), so that newcomers joining one by
-        one cannot more than double a running row's time in the engine, whoever sent them. Each prefill holds every
-        running row for its length (about four decoding steps for a short chat prompt on two cores): another tenant's
-        four requests, joining one after the other as their schemas compiled (bench/attacks_stack.py's grammar), held
-        an 8-token job for four prefills. A newcomer waits at most about its own prefill's length of decoding steps,
-        or until the rows that waited most finish. An empty batch takes any."""
-        return min((row.own_s - row.stalled_s for row in running if not row.aborted), default=float("inf"))
+        ``JOIN_STALL_SHARE`` of the time the engine has worked on it (its own prefill and decoding steps), so that
+        newcomers joining one by one cannot stretch a running row's time in the engine by more than that share,
+        whoever sent them. Each prefill holds every running row for its length (about three decoding steps for a
+        short chat prompt on two cores): another tenant's four requests, joining one after the other as their schemas
+        compiled (bench/attacks_stack.py's grammar), held an 8-token job for four prefills under a share of 1, and
+        their rows slowed its steps 1.5 to 2 times besides. A newcomer waits at most about four times its own
+        prefill's length of decoding steps, or until the rows that waited most finish. An empty batch takes any."""
+        return min(
+            (JOIN_STALL_SHARE * row.own_s - row.stalled_s for row in running if not row.aborted), default=float("inf")
+        )
 
     def _decode_loop_safely(self) -> None:
         batch = Batch()
