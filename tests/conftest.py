@@ -38,25 +38,28 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
-# `make test` runs on three processes (pytest-xdist, `-n 3`; Makefile's TEST_PROCESSES).
+# `make test` runs on four processes (pytest-xdist, `-n 4`; Makefile's TEST_PROCESSES).
 # What goes to one process whole, in its order: each shard of the end-to-end folder (its tests share one session stack
 # per process; the files alternate between the shards in name order), each folder of STACK_FOLDERS, and each other test
-# file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say this: it marks a group in the
-# test's node id, which pytest 9 no longer lets a plugin change.
+# file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say
+# this: it marks a group in the test's node id, which pytest 9 no longer lets a plugin change.
 E2E_FOLDER = "tests/e2e/"
 E2E_SHARDS = 2
 # Folders whose tests share a session stack of their own (a local stack's start costs about 18 s of CPU): each goes to
 # one process whole, so that its stack starts once, not once on every process that runs one of its files.
 STACK_FOLDERS = ("tests/faults/", "tests/batchworker/", "tests/worker/", "tests/client/")
 # Files that load the real model go out right after the end-to-end shards: each costs a load and tens of seconds to
-# minutes of decoding whatever its number of tests (the conformance corpus run alone about 3 minutes), so handed out by
-# test count, as xdist does, the heaviest could start last and run alone while the other processes idle.
+# minutes of decoding whatever its number of tests, so handed out by test count, as xdist does, the heaviest could start
+# last and run alone while the other processes idle. The conformance corpus run, the longest of them (4.6 minutes of a
+# clean clone's 13 on three processes, where it started last), goes out with the shards.
 LOADS_THE_MODEL = "pytest.mark.model"
+LONGEST_FILES = ("tests/conformance/test_engine_execution.py",)
 
 
 def _scope_rank(scope: str) -> int:
-    """0: an end-to-end shard; 1: a folder of one stack, or a file that loads the real model; 2: any other file."""
-    if scope.startswith(E2E_FOLDER) and not scope.endswith(".py"):
+    """0: an end-to-end shard or one of LONGEST_FILES; 1: a folder of one stack, or a file that loads the real model;
+    2: any other file."""
+    if (scope.startswith(E2E_FOLDER) and not scope.endswith(".py")) or scope in LONGEST_FILES:
         return 0
     if scope in STACK_FOLDERS:
         return 1
@@ -68,8 +71,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class ShardOrFile(LoadScopeScheduling):
-        """xdist's scope scheduling with the scopes above: the end-to-end shards first, then the stack folders and the
-        files that load the model, then the others, each rank largest first."""
+        """xdist's scope scheduling with the scopes above: the end-to-end shards and the longest files first, then the
+        stack folders and the files that load the model, then the others, each rank largest first."""
 
         _ranked = False
         _shards: dict[str, int] | None = None
