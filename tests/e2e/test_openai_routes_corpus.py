@@ -89,7 +89,7 @@ def _post_all(stack: LocalDeployment, endpoint: str, bodies: list[dict]) -> list
     def post(body: dict) -> tuple[int, dict]:
         answer = requests.post(stack.api_url + endpoint, data=json.dumps(body), headers=headers, timeout=60)
         if answer.status_code >= 500:
-            print(f"\n{answer.status_code} for {json.dumps(body)[:300]}")
+            print(f"\n{answer.status_code} for {json.dumps(body)[:300]}: {answer.text[:1000]}")
         error = answer.json().get("error", {}) if answer.status_code == 504 else {}
         if error.get("code") == "job_still_running":
             # accepted and still running past the route's hold (a loaded machine): the job goes on, and its result is
