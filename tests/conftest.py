@@ -38,7 +38,7 @@ def _synthesizes(path: Path, cache: dict[Path, bool]) -> bool:
     return cache[path]
 
 
-# `make test` runs on four processes (pytest-xdist, `-n 4`; Makefile's TEST_PROCESSES).
+# `make test` runs on three processes (pytest-xdist, `-n 3`; Makefile's TEST_PROCESSES).
 # What goes to one process whole, in its order: each shard of the end-to-end folder (its tests share one session stack
 # per process; the files alternate between the shards in name order), each folder of STACK_FOLDERS, and each other test
 # file (a module's fixtures, a model loaded or a corpus run, are then made once). xdist's own `loadgroup` cannot say
