@@ -123,7 +123,9 @@ def test_a_newer_deployment_clears_protection_and_leaves_long_jobs_to_it(stack, 
     assert engine.seen == [first.job_id]
     assert (api.get(second.job_id).status, api.get(second.job_id).attempts) == ("queued", 0)
     assert api.get(first.job_id).status == "succeeded"
-    assert agent.protection == [True, False]
+    # (renewed once or more before the newer deployment was seen, as a loaded host may; never after)
+    cleared = agent.protection.index(False)
+    assert all(agent.protection[:cleared]) and agent.protection[cleared:] == [False], agent.protection
     api.cancel(second.job_id)
     # AND it went back as a new message, so that leaving it spent none of the receives that lead to the dead-letter
     # queue (each old task's refusal once counted one: a deployment could dead-letter a long job)
