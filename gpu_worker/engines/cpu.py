@@ -343,8 +343,9 @@ class CpuEngine(Engine):
         try:
             self._decode_loop(batch)
         except Exception as exc:  # out of memory and the like: the jobs may succeed on a retry
-            logger.exception("cpu engine: decoding failed with %d requests in the batch", len(batch.rows))
-            for row in batch.rows:  # pending requests stay queued for the next run of the loop
+            failed = batch.rows + batch.joining  # pending requests stay queued for the next run of the loop
+            logger.exception("cpu engine: decoding failed with %d rows in the batch or joining it", len(failed))
+            for row in failed:
                 row.deliver(TransientEngineError(f"CPU engine batch failed: {exc!r}"))
 
     def _decode_loop(self, batch: Batch) -> None:
@@ -362,7 +363,10 @@ class CpuEngine(Engine):
             while True:
                 joining = self._take_pending(self._capacity - len(batch.rows), batch.rows)
                 if joining:
-                    self._advance(batch, self._join(batch, joining), first=len(batch.rows) - len(joining))
+                    batch.joining = joining  # answered by _decode_loop_safely if the prefill fails
+                    logits = self._join(batch, joining)
+                    batch.joining = []
+                    self._advance(batch, logits, first=len(batch.rows) - len(joining))
                 if not batch.rows:
                     # Requests that came while the last rows finished start the next run, behind the scheduler's
                     # gather window: taken here, at once, the first of several sent together would be prefilled alone.

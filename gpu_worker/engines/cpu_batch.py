@@ -79,6 +79,7 @@ class Batch:
     mask: Any = None
     positions: Any = None
     next_ids: list[int] = field(default_factory=list)  # each row's last sampled token, fed at the next step
+    joining: list[Row] = field(default_factory=list)  # rows taken from the pending ones and being prefilled
 
     def keep(self, indices: list[int]) -> None:
         """Keep only the rows at ``indices``; drop cache columns that no remaining row uses."""

