@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import inspect
 import logging
 import threading
@@ -67,41 +66,11 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # The longest a run that starts from an empty batch waits for callers still building their prompts (``_schedule``).
 GATHER_MAX_S = 0.25
 # A running row waits for other requests' prefills at most this share of the engine's time on its own work
-# (``_join_allowance``). A quarter, because batch mates also slow each of its steps (on two cores, one row's step
-# 0.024 s, two to four rows' 0.023 to 0.026 s, eight rows' 0.046 s: ``make bench-cpu-engine``): prefills and batch mates
-# together keep a row's time in the engine within about twice its own. At 1, another tenant's requests joining one by
-# one took an 8-token job through the local stack to 2.6x its time alone; at 0.5, to 1.0x to 2.2x.
+# (``_join_allowance``). A quarter, because batch mates also slow each of its steps, up to 1.6 times on two cores (one
+# row's step 0.036 s, two to eight rows' 0.057 s): prefills and batch mates together keep a row's time in the engine
+# within about twice its own, 1.25 x 1.6. At 1, another tenant's requests joining one by one took an 8-token job
+# through the local stack to 2.6x its time alone; at 0.5, to 1.0x to 2.2x.
 JOIN_STALL_SHARE = 0.25
-# A linear layer over at most this many rows (a decoding step's, a short prompt's) is computed as the weight times the
-# rows' transpose (``_narrow_linear``).
-NARROW_ROWS = 64
-
-
-def _narrow_linear(layer: Any) -> None:
-    """Compute ``layer`` (a ``torch.nn.Linear``) over a few rows as ``weight @ rows.T``, a single row padded to two.
-
-    The same product, several times faster on the CPU build of torch than ``F.linear``'s ``rows @ weight.T`` for a
-    few rows, whose kernel (a matrix-vector product for one row) reads the weight at a fraction of the memory's
-    bandwidth. Measured on two cores (SmolLM2-135M, a decoding step's median over 20): one row 37 -> 22 ms, two rows
-    66 -> 30 ms, five 53 -> 40 ms, eight 58 -> 47 ms; the output head alone, one row 6.6 -> 2.6 ms. Over more than
-    ``NARROW_ROWS`` rows the two take the same time, and ``F.linear`` is kept."""
-    import torch
-    import torch.nn.functional as F
-
-    def forward(x: Any) -> Any:
-        rows = x.reshape(-1, x.shape[-1])
-        count = rows.shape[0]
-        if count > NARROW_ROWS:
-            return F.linear(x, layer.weight, layer.bias)
-        if count == 1:  # a single column is the matrix-vector product again
-            rows = rows.expand(2, -1).contiguous()
-        # contiguous, as what reads the logits in place expects (xgrammar's token bitmask, for one)
-        out = torch.mm(layer.weight, rows.t()).t()[:count].contiguous()
-        if layer.bias is not None:
-            out = out + layer.bias
-        return out.reshape(*x.shape[:-1], layer.weight.shape[0])
-
-    layer.forward = forward
 
 
 class CpuEngine(Engine):
@@ -140,8 +109,6 @@ class CpuEngine(Engine):
         self._sampler: Sampler | None = None  # made with the model
         self._wake: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
-        # The model's one thread: its load and every decoding loop (``_in_model_thread``).
-        self._model_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self.admissions = 0  # prefills: groups of requests that joined the batch together
         self._prefill_s_per_token = 0.0  # the last prefill's seconds per prompt token: what a join is expected to cost
         self.steps_run = 0  # decoding steps
@@ -158,10 +125,8 @@ class CpuEngine(Engine):
     # -- lifecycle --
 
     async def start(self) -> None:
-        if self._model_thread is None:
-            self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cpu-engine")
         if self._model is None:
-            await self._in_model_thread(self._load)
+            await asyncio.to_thread(self._load)
         if self._scheduler is None:
             self._wake = asyncio.Event()
             self._scheduler = asyncio.create_task(self._schedule(), name="cpu-engine-batches")
@@ -178,9 +143,6 @@ class CpuEngine(Engine):
         self._tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
         model.eval()
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                _narrow_linear(module)
         # transformers 5 calls the KV cache argument `cache`; 4.x called it `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -219,9 +181,6 @@ class CpuEngine(Engine):
             self._pending.clear()
         if self.grammars is not None:
             self.grammars.close()
-        if self._model_thread is not None:
-            self._model_thread.shutdown(wait=False)
-            self._model_thread = None
 
     # -- requests --
 
@@ -337,14 +296,7 @@ class CpuEngine(Engine):
                 while self._building() and len(self._pending) < self._capacity and waited < GATHER_MAX_S:
                     await asyncio.sleep(self._gather_s)
                     waited += self._gather_s
-            await self._in_model_thread(self._decode_loop_safely)
-
-    async def _in_model_thread(self, work: Any) -> None:
-        """Run ``work`` on the model's one thread. torch's CPU kernels run in an OpenMP team of the thread that calls
-        them; a second thread's team ran a decoding step about 1.8 times as long (measured on two cores, a step of one
-        row 24 -> 43 ms) once another thread had used one, as the load did when it took a thread of its own."""
-        assert self._model_thread is not None  # made by start
-        await asyncio.get_running_loop().run_in_executor(self._model_thread, work)
+            await asyncio.to_thread(self._decode_loop_safely)
 
     def _building(self) -> int:
         """Requests whose prompts are being built: the gather before a prefill waits for them."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import threading
 
 import pytest
 
@@ -246,24 +245,6 @@ def test_an_abort_while_the_prompt_is_built_stops_the_request_before_it_reaches_
     # THEN it ends aborted instead of running to its end
     [outcome] = run(body())
     assert isinstance(outcome, GenerationAborted)
-
-
-def test_the_model_loads_and_decodes_on_one_thread(engine, run, monkeypatch):
-    """torch's kernels run in an OpenMP team of the calling thread; a second thread's team ran the steps about 1.8
-    times as long, so the load and every decoding loop share the model's one thread."""
-    threads: set[int] = set()
-    forward = engine._forward
-
-    def recorded(*args, **kwargs):
-        threads.add(threading.get_ident())
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "_forward", recorded)
-    for i in range(3):  # three runs of the decoding loop, each from an empty batch
-        run(engine.generate(f"thread-{i}", chat("Say hi.", max_tokens=2)))
-    assert len(threads) == 1
-    assert engine._model_thread is not None
-    assert threads == {thread.ident for thread in engine._model_thread._threads}
 
 
 def test_a_prefill_that_fails_answers_the_requests_it_was_joining(engine, run, monkeypatch):
