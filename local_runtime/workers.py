@@ -25,12 +25,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from async_inference.config import DEFAULT_HEALTH_FILE, ENV_HEALTH_FILE
 from local_runtime.deployer import Deployment
 from local_runtime.template import TemplateError
 
@@ -336,6 +338,14 @@ class _Slot:
         fleet = self._fleet
         # Read once per start: the health check runs in the same environment, as in the container.
         env = self._env = fleet.environment(self._extra_env, self._unset)
+        # A container's /tmp is its own, and a replacement's starts empty: the health file the worker keeps fresh
+        # (WORKER_HEALTH_FILE, /tmp/gpu-worker-health unless the task sets it) goes to a directory of this start's
+        # own. In the host's /tmp, every local worker touched one file, and a frozen worker passed its checks on
+        # another's heartbeat (another task's, or another stack's on the same host).
+        if ENV_HEALTH_FILE not in env:
+            fleet._volumes_dir.mkdir(parents=True, exist_ok=True)
+            container_tmp = Path(tempfile.mkdtemp(prefix="container-tmp-", dir=fleet._volumes_dir))
+            env[ENV_HEALTH_FILE] = str(container_tmp / Path(DEFAULT_HEALTH_FILE).name)
         self._started = time.monotonic()
         self._health_failures = 0
         self._kill_at: float | None = None

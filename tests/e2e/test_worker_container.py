@@ -7,9 +7,11 @@ import dataclasses
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
+from async_inference.config import DEFAULT_HEALTH_FILE
 from async_inference_client import Client
 from local_runtime.stack import LocalDeployment
 from local_runtime.workers import ECS_PROVIDED, WorkerFleet
@@ -114,10 +116,14 @@ def test_a_worker_failing_its_health_check_is_stopped_and_replaced(stack: LocalD
         time.sleep(3)
         assert fleet.replacements == 0  # healthy while it runs
         os.kill(frozen.pid, signal.SIGSTOP)
-        # WHEN its checks keep failing THEN the supervisor stops it and starts a replacement
+        # WHEN its checks keep failing, while another task's worker on the same host keeps its own health file fresh
+        # at the default path (a container's /tmp is its own; every local worker shared the host's, and a frozen
+        # worker passed its checks on another's heartbeat: make test's other stacks made this test fail or wait)
         deadline = time.monotonic() + 60
         while fleet.replacements == 0 and time.monotonic() < deadline:
+            Path(DEFAULT_HEALTH_FILE).touch()
             time.sleep(0.2)
+        # THEN the supervisor stops it and starts a replacement
         assert fleet.replacements == 1
         assert frozen.poll() is not None
         assert any(p is not frozen and p.poll() is None for p in fleet.processes)
