@@ -168,10 +168,11 @@ def test_another_tenant_resuming_a_job_gets_no_deltas(stack: LocalDeployment, ap
     assert api.wait(job.job_id, timeout_s=60).status.value == "succeeded"
     # WHEN tenant-b subscribes to it from the start, and tenant-a does
     with socket(stack, KEY_B) as other, socket(stack, KEY_A) as mine:
-        theirs, _ = resume(other, job_ids=[job.job_id], starting_after=0)
+        theirs, pushed_to_them = resume(other, job_ids=[job.job_id], starting_after=0)
         own, _ = resume(mine, job_ids=[job.job_id], starting_after=0)  # its last events may come first: not deltas
     # THEN tenant-b's reply carries nothing, as for a job that does not exist; tenant-a's the whole answer
     assert theirs["type"] == "subscribed" and theirs["missed"] == [] and theirs["more"] is False
+    assert pushed_to_them == []  # and nothing of the job was pushed to it before the reply either
     assert _text(own["missed"]) == "one two three four" and "end" in own["missed"][-1]
 
 
