@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
+from gpu_worker.engines.torch_env import before_torch
 from local_runtime.synth import synthesize
+
+# Before any test module imports torch, as the CPU engines set it before they load it: torch reads it once.
+before_torch()
 
 TEST_TENANTS = ("demo", "tenant-a", "tenant-b", "faults")
 

@@ -29,7 +29,6 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import threading
 import zipfile
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from typing import Any
 from gpu_worker.engines.base import PermanentEngineError, PromptTooLongError
 from gpu_worker.engines.cpu_weights import cached_model_dir, model_cache_dir
 from gpu_worker.engines.embedding import EmbeddingEngine, Embeddings
+from gpu_worker.engines.torch_env import before_torch
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,6 @@ def next_pass(waiting: Sequence[Waiting], size: int, candidates: int = PASS_CAND
     window = waiting[: max(size, candidates)]
     oldest = window[0]
     return sorted(window, key=lambda w: (abs(len(w.ids) - len(oldest.ids)), w.order))[:size]
-
-
-def _offline() -> None:
-    """No hub at run time: a missing file must fail, not start a download."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def minilm_zip_path() -> Path:
@@ -168,7 +162,7 @@ class CpuEmbeddingEngine(EmbeddingEngine):
         await asyncio.to_thread(self._load)
 
     def _load(self) -> None:
-        _offline()
+        before_torch()
         import torch
         from transformers import AutoModel, AutoTokenizer
 

