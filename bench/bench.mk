@@ -16,3 +16,8 @@ bench-attacks: venv
 .PHONY: bench-attacks-stack
 bench-attacks-stack: venv
 	$(PY) -m bench.attacks_stack
+
+# The CPU engine's decoding step and batch with its narrow linear layers against torch.nn.Linear's (bench/cpu_engine_steps.py).
+.PHONY: bench-cpu-engine
+bench-cpu-engine: venv
+	$(PY) -m bench.cpu_engine_steps
