@@ -129,7 +129,7 @@ async def engine_attacks(engine: CpuEngine) -> dict[str, float]:
         "constrained": lambda: bench.job("b", constrained),
     }
     # Not an attack: four of A's ordinary 8-token requests, as the grammar attack's four but without their schemas. What
-    # sharing the engine costs B in itself (on two cores one row's step takes about 0.036 s, two to eight rows' 0.057 s),
+    # sharing the engine costs B in itself (on two cores one row's step takes about 0.028 s, eight rows' 0.053 s),
     # printed beside the grammar attack so that what the schemas add shows apart from it; not held to the 2x goal.
     references: dict[str, Callable[[], list[Awaitable[Any]]]] = {
         "grammar": lambda: [bench.job("a", chat(f"x{bench.ids}s{i}", max_tokens=8)) for i in range(4)],
