@@ -159,6 +159,8 @@ def test_a_dropped_connection_resumes_after_the_last_delta_it_had(stack: LocalDe
                 got.append(message)
     seqs = [d["seq"] for d in got]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+    # the end delta is written as the engine ends, before the result and the final state: read them once written
+    assert api.wait(job.job_id, timeout_s=60).status.value == "succeeded"
     assert _text(got) == api.result(job.job_id).choices[0].message.content == WORDS
 
 
